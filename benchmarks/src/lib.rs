@@ -1,0 +1,1 @@
+//! Shared fixtures for the benchmarks: synthetic selector sets and DNS answers.

@@ -1,0 +1,586 @@
+//! The IpCache: prefix metadata in, prefix → identity and per-endpoint policy out.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+use crate::config::Config;
+use crate::datapath::{Datapath, DatapathChange, PolicyKey};
+use crate::endpoint::{Endpoint, EndpointId};
+use crate::endpoint_policy::{EndpointPolicy, PolicyState, contributions};
+use crate::error::{Breaker, Error};
+use crate::identity::{Allocator, Identity, Scope};
+use crate::labels::{Label, LabelId, LabelSet, LabelTable};
+use crate::metadata::{Metadata, OwnerKind, ResourceOwner};
+use crate::policy::{PeerSelector, Rule};
+use crate::selector::{SelectorCache, SelectorIdx};
+
+/// How often a tripped breaker may log a warning.
+const BREAKER_WARNING_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Counters of what the IpCache did, for metrics and replay summaries.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Prefix → identity entries written to the datapath.
+    pub ipcache_upserts: u64,
+    /// Prefix entries removed from the datapath.
+    pub ipcache_deletes: u64,
+    /// Policy-map entries added.
+    pub policy_upserts: u64,
+    /// Policy-map entries removed.
+    pub policy_deletes: u64,
+    /// Times a selector gained or lost an identity.
+    pub selector_updates: u64,
+    /// DNS-driven changes a circuit breaker rejected.
+    pub breaker_trips: u64,
+    /// Batches handed to the datapath.
+    pub batches: u64,
+}
+
+/// Changes waiting for the next [`IpCache::commit`], coalesced per key (last write wins).
+#[derive(Debug, Default)]
+struct Pending {
+    ipcache: BTreeMap<IpNet, Option<Identity>>,
+    policy: BTreeMap<(EndpointId, PolicyKey), bool>,
+}
+
+impl Pending {
+    fn is_empty(&self) -> bool {
+        self.ipcache.is_empty() && self.policy.is_empty()
+    }
+}
+
+/// The parts that identity changes touch, borrowed apart from the rest of the IpCache.
+struct Identities<'a> {
+    labels: &'a LabelTable,
+    alloc: &'a mut Allocator,
+    selectors: &'a mut SelectorCache,
+    policy: &'a mut PolicyState,
+    pending: &'a mut Pending,
+    stats: &'a mut Stats,
+    scratch: &'a mut Vec<SelectorIdx>,
+}
+
+impl Identities<'_> {
+    fn acquire(&mut self, labels: &LabelSet, scope: Scope, from_dns: bool) -> Result<Identity, Error> {
+        let allocation = self.alloc.allocate(labels, scope, None, from_dns)?;
+        if allocation.created {
+            let id = allocation.identity;
+            self.scratch.clear();
+            self.selectors.identity_added(id, labels, self.labels, self.scratch);
+            for idx in self.scratch.iter() {
+                self.stats.selector_updates += 1;
+                let pending = &mut *self.pending;
+                self.policy.selector_gained(*idx, id, |ep, key, up| {
+                    pending.policy.insert((ep, key), up);
+                });
+            }
+        }
+        Ok(allocation.identity)
+    }
+
+    fn release(&mut self, id: Identity) {
+        let Some(labels) = self.alloc.release(id) else { return };
+        self.scratch.clear();
+        self.selectors.identity_removed(id, &labels, self.scratch);
+        for idx in self.scratch.iter() {
+            self.stats.selector_updates += 1;
+            let pending = &mut *self.pending;
+            self.policy.selector_lost(*idx, id, |ep, key, up| {
+                pending.policy.insert((ep, key), up);
+            });
+        }
+    }
+}
+
+/// The IpCache. Generic over the datapath it writes to.
+#[derive(Debug)]
+pub struct IpCache<D> {
+    config: Config,
+    labels: LabelTable,
+    alloc: Allocator,
+    meta: Metadata,
+    selectors: SelectorCache,
+    policy: PolicyState,
+    rules: Vec<Rule>,
+    endpoints: BTreeMap<EndpointId, Endpoint>,
+    policy_cidrs: BTreeSet<IpNet>,
+    preallocated: HashMap<LabelId, [Identity; 2]>,
+    pending: Pending,
+    batch: Vec<DatapathChange>,
+    scratch: Vec<SelectorIdx>,
+    datapath: D,
+    stats: Stats,
+    revision: u64,
+    last_breaker_warning: Option<Duration>,
+}
+
+impl<D: Datapath> IpCache<D> {
+    /// An empty IpCache writing to `datapath`.
+    pub fn new(config: Config, datapath: D) -> Self {
+        Self {
+            config,
+            labels: LabelTable::default(),
+            alloc: Allocator::default(),
+            meta: Metadata::default(),
+            selectors: SelectorCache::default(),
+            policy: PolicyState::default(),
+            rules: Vec::new(),
+            endpoints: BTreeMap::new(),
+            policy_cidrs: BTreeSet::new(),
+            preallocated: HashMap::new(),
+            pending: Pending::default(),
+            batch: Vec::new(),
+            scratch: Vec::new(),
+            datapath,
+            stats: Stats::default(),
+            revision: 0,
+            last_breaker_warning: None,
+        }
+    }
+
+    fn identities(&mut self) -> Identities<'_> {
+        Identities {
+            labels: &self.labels,
+            alloc: &mut self.alloc,
+            selectors: &mut self.selectors,
+            policy: &mut self.policy,
+            pending: &mut self.pending,
+            stats: &mut self.stats,
+            scratch: &mut self.scratch,
+        }
+    }
+
+    /// The interned `fqdn:<key>` label, for owners that label prefixes with it.
+    pub fn fqdn_label(&mut self, key: &str) -> LabelId {
+        self.labels.intern(Label::fqdn(key))
+    }
+
+    /// Sets `owner`'s labels on `prefix` (host bits are cleared) and re-resolves its identity.
+    ///
+    /// A NameManager owner's change that would create an identity past the FQDN identity
+    /// breaker is rejected: the metadata is left as it was and [`Error::BreakerTripped`] is
+    /// returned. `now` only paces the breaker's warning.
+    pub fn upsert_metadata(
+        &mut self,
+        prefix: IpNet,
+        owner: &ResourceOwner,
+        labels: LabelSet,
+        now: Duration,
+    ) -> Result<(), Error> {
+        let prefix = prefix.trunc();
+        let previous = self.meta.upsert(prefix, owner, labels);
+        let from_dns = owner.kind == OwnerKind::NameManager;
+        match self.resolve(prefix, from_dns, from_dns) {
+            Ok(()) => Ok(()),
+            Err(err) => {
+                match previous {
+                    Some(labels) => {
+                        self.meta.upsert(prefix, owner, labels);
+                    }
+                    None => {
+                        self.meta.remove(&prefix, owner);
+                        self.meta.prune(&prefix);
+                    }
+                }
+                if let Error::BreakerTripped { .. } = err {
+                    self.stats.breaker_trips += 1;
+                    self.warn_breaker(now, &err);
+                }
+                Err(err)
+            }
+        }
+    }
+
+    /// Drops `owner`'s labels on `prefix` and re-resolves its identity. Never trips a breaker.
+    pub fn remove_metadata(&mut self, prefix: IpNet, owner: &ResourceOwner) -> Result<(), Error> {
+        let prefix = prefix.trunc();
+        if self.meta.remove(&prefix, owner).is_none() {
+            return Ok(());
+        }
+        self.resolve(prefix, owner.kind == OwnerKind::NameManager, false)
+    }
+
+    /// Replaces the endpoints (or client groups). Unchanged endpoints keep their identities.
+    pub fn set_endpoints(&mut self, endpoints: Vec<Endpoint>) -> Result<(), Error> {
+        let mut touched = BTreeSet::new();
+        for old in self.endpoints.values() {
+            let owner = endpoint_owner(old.id);
+            for addr in &old.addresses {
+                if self.meta.remove(&addr.trunc(), &owner).is_some() {
+                    touched.insert(addr.trunc());
+                }
+            }
+        }
+        for ep in &endpoints {
+            let owner = endpoint_owner(ep.id);
+            let labels: LabelSet =
+                ep.labels.iter().map(|l| self.labels.intern(Label::Endpoint(l.clone()))).collect();
+            for addr in &ep.addresses {
+                self.meta.upsert(addr.trunc(), &owner, labels.clone());
+                touched.insert(addr.trunc());
+            }
+        }
+        self.endpoints = endpoints.into_iter().map(|ep| (ep.id, ep)).collect();
+        for prefix in touched {
+            self.resolve(prefix, false, false)?;
+        }
+        self.rebuild_policy();
+        Ok(())
+    }
+
+    /// Replaces the policy rules: CIDR labels, pre-allocated FQDN identities, selectors and
+    /// every endpoint's policy follow.
+    pub fn set_policy(&mut self, rules: Vec<Rule>) -> Result<(), Error> {
+        self.rules = rules;
+        self.sync_policy_cidrs()?;
+        self.sync_preallocation()?;
+        self.rebuild_policy();
+        Ok(())
+    }
+
+    /// Hands the pending changes to the datapath in one ordered batch; returns the revision
+    /// that is now in the datapath.
+    pub fn commit(&mut self) -> Result<u64, Error> {
+        if self.pending.is_empty() {
+            return Ok(self.revision);
+        }
+        self.batch.clear();
+        for ((endpoint, key), _) in self.pending.policy.iter().filter(|(_, up)| **up) {
+            self.batch.push(DatapathChange::PolicyUpsert { endpoint: *endpoint, key: *key });
+            self.stats.policy_upserts += 1;
+        }
+        for (prefix, identity) in &self.pending.ipcache {
+            if let Some(identity) = identity {
+                self.batch.push(DatapathChange::IpcacheUpsert { prefix: *prefix, identity: *identity });
+                self.stats.ipcache_upserts += 1;
+            }
+        }
+        for (prefix, _) in self.pending.ipcache.iter().filter(|(_, id)| id.is_none()) {
+            self.batch.push(DatapathChange::IpcacheDelete { prefix: *prefix });
+            self.stats.ipcache_deletes += 1;
+        }
+        for ((endpoint, key), _) in self.pending.policy.iter().filter(|(_, up)| !**up) {
+            self.batch.push(DatapathChange::PolicyDelete { endpoint: *endpoint, key: *key });
+            self.stats.policy_deletes += 1;
+        }
+        self.pending.ipcache.clear();
+        self.pending.policy.clear();
+        self.stats.batches += 1;
+        self.datapath.apply(&self.batch)?;
+        self.revision += 1;
+        Ok(self.revision)
+    }
+
+    fn resolve(&mut self, prefix: IpNet, from_dns: bool, enforce_breaker: bool) -> Result<(), Error> {
+        let current = self.meta.get(&prefix).and_then(|e| e.identity);
+        match self.desired_labels(&prefix) {
+            None => {
+                if let Some(old) = current {
+                    if let Some(entry) = self.meta.get_mut(&prefix) {
+                        entry.identity = None;
+                    }
+                    self.pending.ipcache.insert(prefix, None);
+                    self.identities().release(old);
+                }
+            }
+            Some((labels, scope)) => {
+                if current.is_some_and(|id| self.alloc.labels(id) == Some(&labels)) {
+                    return Ok(());
+                }
+                if enforce_breaker
+                    && self.alloc.lookup(&labels).is_none()
+                    && self.alloc.from_dns_live() >= self.config.max_fqdn_identities
+                {
+                    return Err(Error::BreakerTripped {
+                        breaker: Breaker::FqdnIdentities,
+                        limit: self.config.max_fqdn_identities,
+                        prefix,
+                    });
+                }
+                let id = self.identities().acquire(&labels, scope, from_dns)?;
+                if let Some(entry) = self.meta.get_mut(&prefix) {
+                    entry.identity = Some(id);
+                }
+                self.pending.ipcache.insert(prefix, Some(id));
+                if let Some(old) = current {
+                    self.identities().release(old);
+                }
+            }
+        }
+        self.meta.prune(&prefix);
+        Ok(())
+    }
+
+    /// The label set a prefix should carry, and the identity scope it belongs to.
+    ///
+    /// An endpoint's prefix carries its endpoint labels only. Any other prefix carries the
+    /// union of its owners' labels, the `cidr:` label of the closest labelled CIDR that
+    /// contains it (only the longest one), and the world label of its family.
+    fn desired_labels(&self, prefix: &IpNet) -> Option<(LabelSet, Scope)> {
+        let entry = self.meta.get(prefix)?;
+        if entry.owners.iter().any(|(o, _)| o.kind == OwnerKind::Endpoint) {
+            let mut set = LabelSet::new();
+            for (_, labels) in entry.owners.iter().filter(|(o, _)| o.kind == OwnerKind::Endpoint) {
+                set.extend(labels);
+            }
+            return Some((set, Scope::Cluster));
+        }
+        let mut set = LabelSet::new();
+        for (_, labels) in &entry.owners {
+            set.extend(labels);
+        }
+        if let Some(cidr) = self.meta.cidr_label_for(prefix) {
+            set.insert(cidr);
+        }
+        if set.is_empty() {
+            return None;
+        }
+        set.insert(LabelTable::world(matches!(prefix, IpNet::V4(_))));
+        Some((set, Scope::Local))
+    }
+
+    fn sync_policy_cidrs(&mut self) -> Result<(), Error> {
+        let wanted: BTreeSet<IpNet> = self
+            .rules
+            .iter()
+            .flat_map(|r| &r.egress)
+            .flat_map(|e| &e.peers)
+            .filter_map(|p| match p {
+                PeerSelector::Cidr { cidr, except } => Some(std::iter::once(cidr).chain(except)),
+                _ => None,
+            })
+            .flatten()
+            .map(IpNet::trunc)
+            .collect();
+        let mut affected = BTreeSet::new();
+        for gone in self.policy_cidrs.difference(&wanted) {
+            self.meta.clear_cidr_label(gone);
+            self.meta.remove(gone, &policy_owner(gone));
+            affected.insert(*gone);
+        }
+        for new in wanted.difference(&self.policy_cidrs) {
+            let label = self.labels.intern(Label::Cidr(*new));
+            self.meta.set_cidr_label(*new, label);
+            self.meta.upsert(*new, &policy_owner(new), LabelSet::new());
+            affected.insert(*new);
+        }
+        self.policy_cidrs = wanted;
+        let mut prefixes = BTreeSet::new();
+        for cidr in affected {
+            prefixes.extend(self.meta.descendants(cidr));
+            prefixes.insert(cidr);
+        }
+        for prefix in prefixes {
+            self.resolve(prefix, false, false)?;
+        }
+        Ok(())
+    }
+
+    fn sync_preallocation(&mut self) -> Result<(), Error> {
+        let wanted: BTreeSet<LabelId> = if self.config.preallocate_fqdn_identities {
+            let keys: BTreeSet<String> = self.fqdn_selector_keys().into_iter().collect();
+            keys.iter().map(|k| self.labels.intern(Label::fqdn(k))).collect()
+        } else {
+            BTreeSet::new()
+        };
+        let gone: Vec<LabelId> = self.preallocated.keys().filter(|l| !wanted.contains(l)).copied().collect();
+        for label in gone {
+            if let Some(ids) = self.preallocated.remove(&label) {
+                for id in ids {
+                    self.identities().release(id);
+                }
+            }
+        }
+        for label in wanted {
+            if self.preallocated.contains_key(&label) {
+                continue;
+            }
+            let mut ids = [Identity::ANY; 2];
+            for (slot, world) in [LabelTable::WORLD_IPV4, LabelTable::WORLD_IPV6].into_iter().enumerate() {
+                let set: LabelSet = [label, world].into_iter().collect();
+                ids[slot] = self.identities().acquire(&set, Scope::Local, false)?;
+            }
+            self.preallocated.insert(label, ids);
+        }
+        Ok(())
+    }
+
+    /// Re-resolves every endpoint's policy from the rules and diffs it into pending changes.
+    fn rebuild_policy(&mut self) {
+        let mut fresh: BTreeMap<EndpointId, EndpointPolicy> = BTreeMap::new();
+        let mut users: HashMap<SelectorIdx, Vec<(EndpointId, Vec<_>)>> = HashMap::new();
+        for endpoint in self.endpoints.values() {
+            let (enforcing, contribs) = contributions(&self.rules, endpoint);
+            let mut policy = EndpointPolicy { enforcing, ..EndpointPolicy::default() };
+            if !enforcing {
+                policy.entries.insert(PolicyKey::ALLOW_ALL, 1);
+                fresh.insert(endpoint.id, policy);
+                continue;
+            }
+            for contrib in contribs {
+                match contrib.peer {
+                    None => policy.add(Identity::ANY, &contrib.ports, |_, _| {}),
+                    Some(peer) => {
+                        let all = self.alloc.iter().map(|(id, labels, _)| (id, labels));
+                        let idx = self.selectors.register(peer, &mut self.labels, all);
+                        policy.selectors.push(idx);
+                        for id in self.selectors.identities(idx) {
+                            policy.add(id, &contrib.ports, |_, _| {});
+                        }
+                        users.entry(idx).or_default().push((endpoint.id, contrib.ports));
+                    }
+                }
+            }
+            fresh.insert(endpoint.id, policy);
+        }
+        let old = std::mem::replace(&mut self.policy.endpoints, BTreeMap::new());
+        for (ep, policy) in &old {
+            let new_entries = fresh.get(ep).map(|p| &p.entries);
+            for key in policy.entries.keys() {
+                if !new_entries.is_some_and(|n| n.contains_key(key)) {
+                    self.pending.policy.insert((*ep, *key), false);
+                }
+            }
+        }
+        for (ep, policy) in &fresh {
+            let old_entries = old.get(ep).map(|p| &p.entries);
+            for key in policy.entries.keys() {
+                if !old_entries.is_some_and(|o| o.contains_key(key)) {
+                    self.pending.policy.insert((*ep, *key), true);
+                }
+            }
+        }
+        for idx in old.values().flat_map(|p| &p.selectors) {
+            self.selectors.unregister(*idx);
+        }
+        self.policy.endpoints = fresh;
+        self.policy.users = users;
+    }
+
+    fn warn_breaker(&mut self, now: Duration, err: &Error) {
+        let due = self
+            .last_breaker_warning
+            .is_none_or(|last| now.saturating_sub(last) >= BREAKER_WARNING_INTERVAL);
+        if due {
+            self.last_breaker_warning = Some(now);
+            tracing::warn!(error = %err, trips = self.stats.breaker_trips, "circuit breaker tripped");
+        }
+    }
+}
+
+impl<D> IpCache<D> {
+    /// The FQDN selector keys the current policy uses, sorted and deduplicated.
+    pub fn fqdn_selector_keys(&self) -> Vec<String> {
+        let keys: BTreeSet<&String> = self
+            .rules
+            .iter()
+            .flat_map(|r| &r.egress)
+            .flat_map(|e| &e.peers)
+            .filter_map(|p| match p {
+                PeerSelector::Fqdn(key) => Some(key),
+                _ => None,
+            })
+            .collect();
+        keys.into_iter().cloned().collect()
+    }
+
+    /// The identity currently resolved for `prefix`.
+    pub fn identity_of(&self, prefix: &IpNet) -> Option<Identity> {
+        self.meta.get(&prefix.trunc()).and_then(|e| e.identity)
+    }
+
+    /// Every prefix with its identity and owners, ordered by prefix.
+    pub fn prefixes(&self) -> impl Iterator<Item = (IpNet, Option<Identity>, Vec<&ResourceOwner>)> + '_ {
+        self.meta.iter().map(|(p, e)| (*p, e.identity, e.owners.iter().map(|(o, _)| o).collect()))
+    }
+
+    /// Number of prefixes with metadata.
+    pub fn prefix_count(&self) -> usize {
+        self.meta.len()
+    }
+
+    /// The labels of an identity, rendered `a,b,c`.
+    pub fn labels_of(&self, id: Identity) -> Option<String> {
+        self.alloc.labels(id).map(|set| self.labels.display(set))
+    }
+
+    /// Whether an identity's labels include any `fqdn:` label.
+    pub fn has_fqdn_label(&self, id: Identity) -> bool {
+        self.alloc
+            .labels(id)
+            .is_some_and(|set| set.iter().any(|l| matches!(self.labels.label(l), Some(Label::Fqdn(_)))))
+    }
+
+    /// The identity allocator (read only).
+    pub fn allocator(&self) -> &Allocator {
+        &self.alloc
+    }
+
+    /// The identities a peer selector selects (empty if policy does not use it).
+    pub fn selected(&self, selector: &PeerSelector) -> Vec<Identity> {
+        self.selectors
+            .lookup(selector)
+            .map(|idx| self.selectors.identities(idx).collect())
+            .unwrap_or_default()
+    }
+
+    /// Every selector in use with the identities it selects.
+    pub fn selectors(&self) -> impl Iterator<Item = (&PeerSelector, &BTreeSet<Identity>)> + '_ {
+        self.selectors.iter()
+    }
+
+    /// An endpoint's resolved policy keys, sorted; `None` for an unknown endpoint.
+    pub fn endpoint_policy(&self, endpoint: EndpointId) -> Option<Vec<PolicyKey>> {
+        self.policy.endpoints.get(&endpoint).map(|p| {
+            let mut keys: Vec<PolicyKey> = p.entries.keys().copied().collect();
+            keys.sort();
+            keys
+        })
+    }
+
+    /// Whether an endpoint is under egress policy (default deny); `None` if unknown.
+    pub fn endpoint_enforcing(&self, endpoint: EndpointId) -> Option<bool> {
+        self.policy.endpoints.get(&endpoint).map(|p| p.enforcing)
+    }
+
+    /// The endpoints, by id.
+    pub fn endpoints(&self) -> &BTreeMap<EndpointId, Endpoint> {
+        &self.endpoints
+    }
+
+    /// The policy rules in force.
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// The datapath.
+    pub fn datapath(&self) -> &D {
+        &self.datapath
+    }
+
+    /// The datapath, mutably (for its own maintenance, never to bypass the IpCache).
+    pub fn datapath_mut(&mut self) -> &mut D {
+        &mut self.datapath
+    }
+
+    /// The revision last committed to the datapath.
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+}
+
+fn endpoint_owner(id: EndpointId) -> ResourceOwner {
+    ResourceOwner { kind: OwnerKind::Endpoint, name: Arc::from(id.to_string()) }
+}
+
+fn policy_owner(cidr: &IpNet) -> ResourceOwner {
+    ResourceOwner { kind: OwnerKind::Policy, name: Arc::from(cidr.to_string()) }
+}

@@ -1,0 +1,58 @@
+//! Errors of the IpCache.
+
+use ipnet::IpNet;
+
+use crate::identity::Scope;
+
+/// Which circuit breaker tripped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Breaker {
+    /// Too many identities created from DNS answers.
+    FqdnIdentities,
+}
+
+/// What can go wrong in the IpCache.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A circuit breaker rejected a DNS-driven change; existing state is untouched.
+    #[error("circuit breaker {breaker:?} tripped at {limit} for {prefix}: mapping rejected")]
+    BreakerTripped {
+        /// The breaker.
+        breaker: Breaker,
+        /// Its configured limit.
+        limit: usize,
+        /// The prefix whose change was rejected.
+        prefix: IpNet,
+    },
+    /// No free identity number is left in the range.
+    #[error("no free identity number left in the {scope:?} range")]
+    IdentitiesExhausted {
+        /// The range.
+        scope: Scope,
+    },
+    /// The datapath refused a batch.
+    #[error(transparent)]
+    Datapath(#[from] DatapathError),
+}
+
+/// A datapath failure.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DatapathError {
+    /// A map has no room for a new entry (fail closed: the entry is not there).
+    #[error("datapath map {map} is full")]
+    MapFull {
+        /// Map name.
+        map: &'static str,
+    },
+    /// A kernel or I/O error.
+    #[error("datapath {operation} failed: {source}")]
+    Io {
+        /// What was being done.
+        operation: &'static str,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+}

@@ -1,0 +1,278 @@
+//! Behaviour of the IpCache through its public API, on the scenarios of the FQDN-identities
+//! design (shared/design/000).
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fqdnd_ipcache::policy::{EgressRule, LabelSelector, Operator, PeerSelector, PortProtocol, PortRule, Protocol, Requirement, Rule};
+use fqdnd_ipcache::{
+    Config, DatapathChange, Endpoint, EndpointId, EndpointLabel, Error, Identity, IpCache, LabelSet, MemoryDatapath,
+    ResourceOwner, host_prefix,
+};
+use ipnet::IpNet;
+
+const NOW: Duration = Duration::from_secs(1);
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn net(s: &str) -> IpNet {
+    s.parse().unwrap()
+}
+
+fn cache() -> IpCache<MemoryDatapath> {
+    IpCache::new(Config::default(), MemoryDatapath::default())
+}
+
+/// What the NameManager does for `name` → `addr` with the given selector keys.
+fn learn(c: &mut IpCache<MemoryDatapath>, name: &str, addr: &str, selectors: &[&str]) -> Result<(), Error> {
+    let labels: LabelSet = selectors.iter().map(|s| c.fqdn_label(s)).collect();
+    c.upsert_metadata(host_prefix(ip(addr)), &ResourceOwner::name_manager(Arc::from(name)), labels, NOW)
+}
+
+fn forget(c: &mut IpCache<MemoryDatapath>, name: &str, addr: &str) {
+    c.remove_metadata(host_prefix(ip(addr)), &ResourceOwner::name_manager(Arc::from(name))).unwrap();
+}
+
+fn id(c: &IpCache<MemoryDatapath>, addr: &str) -> Identity {
+    c.identity_of(&host_prefix(ip(addr))).unwrap()
+}
+
+fn endpoint(id: u16, app: &str, addr: &str) -> Endpoint {
+    Endpoint {
+        id: EndpointId(id),
+        name: app.into(),
+        addresses: vec![host_prefix(ip(addr))],
+        labels: vec![EndpointLabel { source: "k8s".into(), key: "app".into(), value: app.into() }],
+    }
+}
+
+fn app(value: &str) -> LabelSelector {
+    LabelSelector {
+        requirements: vec![Requirement { key: "app".into(), operator: Operator::In(vec![value.into()]) }],
+    }
+}
+
+fn tcp(port: u16) -> Vec<PortRule> {
+    vec![PortRule { ports: vec![PortProtocol { port, end_port: port, protocol: Protocol::Tcp }], dns: None }]
+}
+
+fn rule(selector: LabelSelector, peers: Vec<PeerSelector>, ports: Vec<PortRule>) -> Rule {
+    Rule {
+        origin: "test".into(),
+        endpoint_selector: selector,
+        egress: vec![EgressRule { peers, ports }],
+        default_deny_egress: true,
+    }
+}
+
+fn fqdn(key: &str) -> PeerSelector {
+    PeerSelector::Fqdn(key.into())
+}
+
+#[test]
+fn overlapping_selectors_give_one_identity_per_label_set() {
+    // CFP: *.cilium.io and www.cilium.io; www → IP1, IP2; dev → IP2, IP3.
+    let mut c = cache();
+    learn(&mut c, "www.cilium.io.", "192.0.2.1", &["*.cilium.io.", "www.cilium.io."]).unwrap();
+    learn(&mut c, "www.cilium.io.", "192.0.2.2", &["*.cilium.io.", "www.cilium.io."]).unwrap();
+    learn(&mut c, "dev.cilium.io.", "192.0.2.2", &["*.cilium.io."]).unwrap();
+    learn(&mut c, "dev.cilium.io.", "192.0.2.3", &["*.cilium.io."]).unwrap();
+    c.commit().unwrap();
+    assert_eq!(id(&c, "192.0.2.1"), id(&c, "192.0.2.2"));
+    assert_ne!(id(&c, "192.0.2.1"), id(&c, "192.0.2.3"));
+    assert_eq!(c.allocator().len(), 2);
+    assert_eq!(
+        c.labels_of(id(&c, "192.0.2.1")).unwrap(),
+        "reserved:world-ipv4,fqdn:*.cilium.io.,fqdn:www.cilium.io."
+    );
+    // Owners are independent: dropping www's claim on IP2 leaves dev's label.
+    forget(&mut c, "www.cilium.io.", "192.0.2.2");
+    assert_eq!(id(&c, "192.0.2.2"), id(&c, "192.0.2.3"));
+    forget(&mut c, "dev.cilium.io.", "192.0.2.2");
+    assert_eq!(c.identity_of(&host_prefix(ip("192.0.2.2"))), None);
+    c.commit().unwrap();
+    assert_eq!(c.datapath().identity_of(ip("192.0.2.2")), Identity::WORLD_IPV4);
+}
+
+#[test]
+fn many_ips_of_one_name_share_one_identity() {
+    let mut c = cache();
+    for i in 0..500u32 {
+        let addr = IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i)).to_string();
+        learn(&mut c, "bucket.s3.amazonaws.com.", &addr, &["*.s3.amazonaws.com."]).unwrap();
+    }
+    c.commit().unwrap();
+    assert_eq!(c.allocator().len(), 1);
+    assert_eq!(c.datapath().ipcache().len(), 500);
+}
+
+#[test]
+fn cidr_labels_flow_down_and_only_the_longest_is_kept() {
+    let mut c = cache();
+    c.set_endpoints(vec![endpoint(1, "web", "10.1.0.1")]).unwrap();
+    learn(&mut c, "www.cilium.io.", "52.58.254.253", &["*.cilium.io."]).unwrap();
+    c.set_policy(vec![rule(
+        LabelSelector::default(),
+        vec![
+            PeerSelector::Cidr { cidr: net("52.58.0.0/16"), except: vec![] },
+            PeerSelector::Cidr { cidr: net("52.58.254.0/24"), except: vec![] },
+        ],
+        vec![],
+    )])
+    .unwrap();
+    c.commit().unwrap();
+    assert_eq!(
+        c.labels_of(id(&c, "52.58.254.253")).unwrap(),
+        "reserved:world-ipv4,fqdn:*.cilium.io.,cidr:52.58.254.0/24"
+    );
+    // Both CIDR selectors select the FQDN IP's identity; the /16 also selects the /24's.
+    let ip_id = id(&c, "52.58.254.253");
+    let wide = c.selected(&PeerSelector::Cidr { cidr: net("52.58.0.0/16"), except: vec![] });
+    let narrow = c.selected(&PeerSelector::Cidr { cidr: net("52.58.254.0/24"), except: vec![] });
+    assert!(wide.contains(&ip_id) && narrow.contains(&ip_id));
+    assert!(wide.contains(&c.identity_of(&net("52.58.254.0/24")).unwrap()));
+    assert!(!narrow.contains(&c.identity_of(&net("52.58.0.0/16")).unwrap()));
+    // Removing the /24 selector re-labels only what lies under it.
+    c.set_policy(vec![rule(
+        LabelSelector::default(),
+        vec![PeerSelector::Cidr { cidr: net("52.58.0.0/16"), except: vec![] }],
+        vec![],
+    )])
+    .unwrap();
+    assert_eq!(
+        c.labels_of(id(&c, "52.58.254.253")).unwrap(),
+        "reserved:world-ipv4,fqdn:*.cilium.io.,cidr:52.58.0.0/16"
+    );
+    assert_eq!(c.identity_of(&net("52.58.254.0/24")), None);
+}
+
+#[test]
+fn except_blocks_are_carved_out() {
+    let mut c = cache();
+    c.set_endpoints(vec![endpoint(1, "web", "10.1.0.1")]).unwrap();
+    c.set_policy(vec![rule(
+        app("web"),
+        vec![PeerSelector::Cidr { cidr: net("192.0.2.0/24"), except: vec![net("192.0.2.128/25")] }],
+        tcp(443),
+    )])
+    .unwrap();
+    c.commit().unwrap();
+    let dp = c.datapath();
+    assert!(dp.allows(EndpointId(1), ip("192.0.2.1"), Protocol::Tcp, 443));
+    assert!(!dp.allows(EndpointId(1), ip("192.0.2.200"), Protocol::Tcp, 443));
+    assert!(!dp.allows(EndpointId(1), ip("192.0.2.1"), Protocol::Tcp, 80));
+}
+
+#[test]
+fn fqdn_policy_allows_learned_ips_only_on_allowed_ports() {
+    let mut c = cache();
+    c.set_endpoints(vec![endpoint(1, "web", "10.1.0.1"), endpoint(2, "batch", "10.1.0.2")]).unwrap();
+    c.set_policy(vec![rule(app("web"), vec![fqdn("api.github.com.")], tcp(443))]).unwrap();
+    c.commit().unwrap();
+    let web = EndpointId(1);
+    assert!(!c.datapath().allows(web, ip("140.82.112.5"), Protocol::Tcp, 443));
+    // Pre-allocation: the selector's identity exists before any answer.
+    let identities_before = c.allocator().len();
+    learn(&mut c, "api.github.com.", "140.82.112.5", &["api.github.com."]).unwrap();
+    c.commit().unwrap();
+    assert_eq!(c.allocator().len(), identities_before, "a new IP for one selector allocates nothing");
+    assert!(c.datapath().allows(web, ip("140.82.112.5"), Protocol::Tcp, 443));
+    assert!(!c.datapath().allows(web, ip("140.82.112.5"), Protocol::Tcp, 80));
+    assert!(!c.datapath().allows(web, ip("140.82.112.6"), Protocol::Tcp, 443));
+    // batch is under no policy: allow all.
+    assert_eq!(c.endpoint_enforcing(EndpointId(2)), Some(false));
+    assert!(c.datapath().allows(EndpointId(2), ip("1.1.1.1"), Protocol::Udp, 53));
+    // Dropping the rule removes access.
+    c.set_policy(vec![]).unwrap();
+    c.commit().unwrap();
+    assert_eq!(c.endpoint_enforcing(web), Some(false));
+}
+
+#[test]
+fn batches_put_policy_before_the_ipcache_flip() {
+    let mut c = cache();
+    c.set_endpoints(vec![endpoint(1, "web", "10.1.0.1")]).unwrap();
+    c.set_policy(vec![rule(app("web"), vec![fqdn("a.example."), fqdn("b.example.")], tcp(443))]).unwrap();
+    c.commit().unwrap();
+    // An IP selected by both selectors needs a new identity {a, b}: its policy entry must
+    // reach the datapath before the IP flips to it.
+    struct Recorder(Vec<DatapathChange>);
+    impl fqdnd_ipcache::Datapath for Recorder {
+        fn apply(&mut self, changes: &[DatapathChange]) -> Result<(), fqdnd_ipcache::DatapathError> {
+            self.0.extend_from_slice(changes);
+            Ok(())
+        }
+    }
+    let mut r = IpCache::new(Config::default(), Recorder(Vec::new()));
+    r.set_endpoints(vec![endpoint(1, "web", "10.1.0.1")]).unwrap();
+    r.set_policy(vec![rule(app("web"), vec![fqdn("a.example."), fqdn("b.example.")], tcp(443))]).unwrap();
+    r.commit().unwrap();
+    r.datapath_mut().0.clear();
+    let labels: LabelSet = ["a.example.", "b.example."].iter().map(|k| r.fqdn_label(k)).collect();
+    r.upsert_metadata(host_prefix(ip("192.0.2.9")), &ResourceOwner::name_manager(Arc::from("x.example.")), labels, NOW)
+        .unwrap();
+    r.commit().unwrap();
+    let changes = &r.datapath().0;
+    let flip = changes.iter().position(|c| matches!(c, DatapathChange::IpcacheUpsert { .. })).unwrap();
+    let new_id = match changes[flip] {
+        DatapathChange::IpcacheUpsert { identity, .. } => identity,
+        _ => unreachable!(),
+    };
+    let policy = changes
+        .iter()
+        .position(|c| matches!(c, DatapathChange::PolicyUpsert { key, .. } if key.identity == new_id))
+        .unwrap();
+    assert!(policy < flip, "{changes:?}");
+}
+
+#[test]
+fn identity_breaker_fails_closed_and_keeps_state() {
+    let mut c = IpCache::new(
+        Config { max_fqdn_identities: 2, preallocate_fqdn_identities: false },
+        MemoryDatapath::default(),
+    );
+    learn(&mut c, "a.", "192.0.2.1", &["s1."]).unwrap();
+    learn(&mut c, "b.", "192.0.2.2", &["s2."]).unwrap();
+    // A third distinct label set would be a third DNS identity.
+    let err = learn(&mut c, "c.", "192.0.2.3", &["s3."]).unwrap_err();
+    assert!(matches!(err, Error::BreakerTripped { limit: 2, .. }));
+    assert_eq!(c.stats().breaker_trips, 1);
+    assert_eq!(c.identity_of(&host_prefix(ip("192.0.2.3"))), None);
+    // Relabelling an existing IP into a new set is rejected too, leaving its old identity.
+    let before = id(&c, "192.0.2.1");
+    assert!(learn(&mut c, "c.", "192.0.2.1", &["s3."]).is_err());
+    assert_eq!(id(&c, "192.0.2.1"), before);
+    // Existing label sets still work.
+    learn(&mut c, "a.", "192.0.2.4", &["s1."]).unwrap();
+    assert_eq!(id(&c, "192.0.2.4"), before);
+}
+
+#[test]
+fn to_endpoints_selects_endpoint_identities() {
+    let mut c = cache();
+    c.set_endpoints(vec![endpoint(1, "web", "10.1.0.1"), endpoint(2, "db", "10.1.0.2")]).unwrap();
+    c.set_policy(vec![rule(app("web"), vec![PeerSelector::Endpoints(app("db"))], tcp(5432))]).unwrap();
+    c.commit().unwrap();
+    let dp = c.datapath();
+    assert!(dp.allows(EndpointId(1), ip("10.1.0.2"), Protocol::Tcp, 5432));
+    assert!(!dp.allows(EndpointId(1), ip("10.1.0.1"), Protocol::Tcp, 5432));
+    assert!(Identity::scope(id(&c, "10.1.0.2")) == Some(fqdnd_ipcache::Scope::Cluster));
+    // Re-declaring the same endpoints keeps their identities.
+    let before = id(&c, "10.1.0.2");
+    c.set_endpoints(vec![endpoint(1, "web", "10.1.0.1"), endpoint(2, "db", "10.1.0.2")]).unwrap();
+    assert_eq!(id(&c, "10.1.0.2"), before);
+}
+
+#[test]
+fn zero_prefix_cidr_selects_the_world() {
+    let mut c = cache();
+    c.set_endpoints(vec![endpoint(1, "web", "10.1.0.1")]).unwrap();
+    c.set_policy(vec![rule(app("web"), vec![PeerSelector::Cidr { cidr: net("0.0.0.0/0"), except: vec![] }], vec![])])
+        .unwrap();
+    c.commit().unwrap();
+    assert!(c.datapath().allows(EndpointId(1), ip("8.8.8.8"), Protocol::Udp, 53));
+    assert!(!c.datapath().allows(EndpointId(1), ip("2001:db8::1"), Protocol::Udp, 53));
+}
