@@ -320,7 +320,7 @@ impl<D: Datapath> IpCache<D> {
     /// union of its owners' labels, the `cidr:` label of the closest labelled CIDR that
     /// contains it (only the longest one), and the world label of its family.
     fn desired_labels(&self, prefix: &IpNet) -> Option<(LabelSet, Scope)> {
-        let entry = self.meta.get(prefix)?;
+        let entry = self.meta.get(prefix).filter(|e| !e.owners.is_empty())?;
         if entry.owners.iter().any(|(o, _)| o.kind == OwnerKind::Endpoint) {
             let mut set = LabelSet::new();
             for (_, labels) in entry.owners.iter().filter(|(o, _)| o.kind == OwnerKind::Endpoint) {

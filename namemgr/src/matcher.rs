@@ -280,3 +280,217 @@ impl Matcher {
         self.len
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::name::canonicalize;
+    use crate::pattern::tests::{
+        cilium_regex, fills_strategy, instantiate, name_strategy, pattern_strategy,
+    };
+    use proptest::prelude::*;
+    use regex::Regex;
+    use std::collections::{BTreeSet, HashMap as StdHashMap};
+
+    fn pat(p: &str) -> FqdnSelector {
+        FqdnSelector::match_pattern(p).unwrap()
+    }
+
+    fn ids(m: &Matcher, name: &str) -> Vec<u32> {
+        let mut out = Vec::new();
+        m.for_each_match(name, |SelectorId(id)| out.push(id));
+        out.sort_unstable();
+        out
+    }
+
+    fn sample() -> Matcher {
+        let mut m = Matcher::new();
+        for (id, p) in [
+            (1, "www.cilium.io"),
+            (2, "*.cilium.io"),
+            (3, "**.cilium.io"),
+            (4, "*cilium.io"),
+            (5, "*"),
+            (6, "api-*.cilium.io"),
+            (7, "*.*.cilium.io"),
+            (8, "cilium.io"),
+            (9, "a..b"),
+            (10, "."),
+        ] {
+            assert!(m.insert(&pat(p), SelectorId(id)));
+        }
+        m
+    }
+
+    #[test]
+    fn matches_like_single_selectors() {
+        let m = sample();
+        assert_eq!(m.len(), 10);
+        assert_eq!(ids(&m, "www.cilium.io."), [1, 2, 3, 5]);
+        assert_eq!(ids(&m, "api-v1.cilium.io."), [2, 3, 5, 6]);
+        assert_eq!(ids(&m, "a.b.cilium.io."), [3, 5, 7]);
+        assert_eq!(ids(&m, "cilium.io."), [4, 5, 8]);
+        assert_eq!(ids(&m, "xcilium.io."), [4, 5]);
+        assert_eq!(ids(&m, ".cilium.io."), [2, 4]);
+        assert_eq!(ids(&m, "a..b."), [9]);
+        assert_eq!(ids(&m, "."), [5, 10]);
+        assert_eq!(ids(&m, "www.cilium.io"), Vec::<u32>::new());
+        assert_eq!(ids(&m, "bucket.cilium.io.evil.com."), [5]);
+        assert_eq!(ids(&m, "a b.cilium.io."), Vec::<u32>::new());
+        assert_eq!(m.matches(&canonicalize("WWW.Cilium.IO")), ids_of(&[1, 2, 3, 5]));
+        assert!(m.is_match("anything."));
+        assert!(!m.is_match("ü."));
+    }
+
+    fn ids_of(v: &[u32]) -> Vec<SelectorId> {
+        v.iter().copied().map(SelectorId).collect()
+    }
+
+    #[test]
+    fn each_id_once_even_when_shared() {
+        let mut m = Matcher::new();
+        // Same key through matchName and matchPattern: one registration.
+        assert!(m.insert(&FqdnSelector::match_name("a.com").unwrap(), SelectorId(1)));
+        assert!(!m.insert(&pat("A.com."), SelectorId(1)));
+        assert_eq!(m.len(), 1);
+        // Several selectors at one node, and one id under several selectors.
+        assert!(m.insert(&pat("a.com"), SelectorId(2)));
+        assert!(m.insert(&pat("*.com"), SelectorId(1)));
+        assert!(m.insert(&pat("**.com"), SelectorId(1)));
+        assert!(m.insert(&pat("*"), SelectorId(1)));
+        assert!(m.insert(&pat("a*.com"), SelectorId(1)));
+        assert!(m.insert(&pat("*a.com"), SelectorId(3)));
+        assert_eq!(m.len(), 7);
+        let mut seen = Vec::new();
+        m.for_each_match("a.com.", |id| seen.push(id));
+        seen.sort_unstable();
+        assert_eq!(seen, ids_of(&[1, 2, 3]));
+        // Once the sharing is gone, no deduplication is needed and still none is repeated.
+        for p in ["*.com", "**.com", "*", "a*.com"] {
+            assert!(m.remove(&pat(p), SelectorId(1)));
+        }
+        assert_eq!(m.shared_ids, 0);
+        assert_eq!(ids(&m, "a.com."), [1, 2, 3]);
+    }
+
+    #[test]
+    fn remove_prunes_and_reports() {
+        let mut m = sample();
+        assert!(!m.remove(&pat("www.cilium.io"), SelectorId(99)));
+        assert!(!m.remove(&pat("nothere.cilium.io"), SelectorId(1)));
+        assert!(!m.remove(&pat("*x.cilium.io"), SelectorId(6)));
+        assert!(!m.remove(&pat("**.cilium.io"), SelectorId(2)));
+        assert_eq!(m.len(), 10);
+        // matchName and matchPattern with the same key are the same selector.
+        assert!(m.remove(&FqdnSelector::match_name("WWW.cilium.io").unwrap(), SelectorId(1)));
+        assert!(!m.remove(&pat("www.cilium.io"), SelectorId(1)));
+        assert_eq!(ids(&m, "www.cilium.io."), [2, 3, 5]);
+        assert!(m.remove(&pat("*"), SelectorId(5)));
+        assert_eq!(ids(&m, "www.cilium.io."), [2, 3]);
+        // Removing one glob keeps the other glob at the same node.
+        assert!(m.remove(&pat("*.cilium.io"), SelectorId(2)));
+        assert_eq!(ids(&m, "api-x.cilium.io."), [3, 6]);
+        for (id, p) in [
+            (3, "**.cilium.io"),
+            (4, "*cilium.io"),
+            (6, "api-*.cilium.io"),
+            (7, "*.*.cilium.io"),
+            (8, "cilium.io"),
+            (9, "a..b"),
+            (10, "."),
+        ] {
+            assert!(m.remove(&pat(p), SelectorId(id)), "{p}");
+        }
+        assert!(m.is_empty());
+        assert_eq!(m.len(), 0);
+        assert!(m.root.is_empty());
+        assert!(m.all.is_empty());
+        assert!(m.id_uses.is_empty());
+        assert_eq!(ids(&m, "www.cilium.io."), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn deep_names_and_many_selectors() {
+        let mut m = Matcher::new();
+        for i in 0..2000 {
+            m.insert(&pat(&format!("host{i}.example.com")), SelectorId(i));
+            m.insert(&pat(&format!("*.svc{i}.cluster.local")), SelectorId(10_000 + i));
+        }
+        m.insert(&pat("**.local"), SelectorId(50_000));
+        assert_eq!(ids(&m, "host42.example.com."), [42]);
+        assert_eq!(ids(&m, "db.svc7.cluster.local."), [10_007, 50_000]);
+        let deep = format!("{}svc7.cluster.local.", "a.".repeat(40));
+        assert_eq!(ids(&m, &deep), [50_000]);
+        let huge = format!("{}.", "a.".repeat(10_000));
+        assert_eq!(ids(&m, &huge), Vec::<u32>::new());
+    }
+
+    /// One registration in the model: the original pattern text, its regex and its id.
+    struct Reg {
+        text: String,
+        re: Regex,
+        id: u32,
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(500))]
+
+        #[test]
+        fn matcher_agrees_with_cilium_regex(
+            regs in proptest::collection::vec((pattern_strategy(), 0u32..12), 1..40),
+            removals in proptest::collection::vec(any::<bool>(), 40),
+            names in proptest::collection::vec(name_strategy(), 1..12),
+            fills in proptest::collection::vec(fills_strategy(), 8),
+            dots in proptest::collection::vec(any::<bool>(), 8),
+        ) {
+            let mut m = Matcher::new();
+            // Model: registered (key, id) pairs, with the regex of the first text for the key.
+            let mut model: StdHashMap<(String, u32), Reg> = StdHashMap::new();
+            for (text, id) in &regs {
+                let Ok(sel) = FqdnSelector::match_pattern(text) else { continue };
+                let fresh = !model.contains_key(&(sel.key().to_owned(), *id));
+                prop_assert_eq!(m.insert(&sel, SelectorId(*id)), fresh);
+                model.entry((sel.key().to_owned(), *id)).or_insert_with(|| Reg {
+                    text: text.clone(),
+                    re: cilium_regex(text),
+                    id: *id,
+                });
+                prop_assert_eq!(m.len(), model.len());
+            }
+            for ((text, id), remove) in regs.iter().zip(&removals) {
+                if !remove {
+                    continue;
+                }
+                let Ok(sel) = FqdnSelector::match_pattern(text) else { continue };
+                let present = model.remove(&(sel.key().to_owned(), *id)).is_some();
+                prop_assert_eq!(m.remove(&sel, SelectorId(*id)), present);
+                prop_assert_eq!(m.len(), model.len());
+            }
+            // Names: random ones, plus near misses built from registered patterns.
+            let mut all_names = names.clone();
+            for ((reg, fill), dot) in model.values().zip(&fills).zip(&dots) {
+                all_names.push(instantiate(&reg.text, fill, *dot));
+            }
+            for name in &all_names {
+                for name in [name.clone(), canonicalize(name).into_owned()] {
+                    let mut got = Vec::new();
+                    m.for_each_match(&name, |SelectorId(id)| got.push(id));
+                    let got_set: BTreeSet<u32> = got.iter().copied().collect();
+                    prop_assert_eq!(got.len(), got_set.len(), "duplicate ids for {:?}: {:?}", name, got);
+                    let want: BTreeSet<u32> =
+                        model.values().filter(|r| r.re.is_match(&name)).map(|r| r.id).collect();
+                    prop_assert_eq!(&got_set, &want, "name {:?}", name);
+                }
+            }
+            // Remove everything left: the trie is pruned to nothing.
+            for reg in model.values() {
+                prop_assert!(m.remove(&pat(&reg.text), SelectorId(reg.id)));
+            }
+            prop_assert!(m.is_empty());
+            prop_assert!(m.root.is_empty());
+            prop_assert!(m.all.is_empty());
+            prop_assert!(m.id_uses.is_empty());
+            prop_assert_eq!(m.shared_ids, 0);
+        }
+    }
+}
