@@ -17,6 +17,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod answer;
 mod cache;
 mod config;
 mod error;
@@ -25,6 +26,7 @@ pub mod matcher;
 pub mod name;
 pub mod pattern;
 
+pub use answer::{Answer, AnswerError, Record, RecordData};
 pub use cache::IpEntry;
 pub use config::Config;
 pub use error::{Breaker, Error};
