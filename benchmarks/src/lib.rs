@@ -1,1 +1,59 @@
-//! Shared fixtures for the benchmarks: synthetic selector sets and DNS answers.
+//! Shared fixtures for fqdnd's benchmarks: synthetic selector sets, names and addresses, so
+//! each benchmark states its workload once.
+
+#![forbid(unsafe_code)]
+
+use std::net::{IpAddr, Ipv4Addr};
+
+/// A mixed set of `n` FQDN patterns: half exact names, 40 % `*.suffix`, 10 % general
+/// patterns (a `*` inside a label, a leading `**.`, or a `*` prefix).
+pub fn mixed_selectors(n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| match i % 10 {
+            0..=4 => format!("host{i}.svc{}.example.com", i % 97),
+            5..=8 => format!("*.tenant{i}.example.net"),
+            _ => match i % 3 {
+                0 => format!("api-*.region{i}.example.org"),
+                1 => format!("**.zone{i}.corp.example"),
+                _ => format!("*cdn{i}.example.io"),
+            },
+        })
+        .collect()
+}
+
+/// Names to look up against [`mixed_selectors`]: one hit of each kind and a miss, canonical.
+pub fn probe_names(n: usize) -> [(&'static str, String); 4] {
+    let exact = (n / 2) / 5 * 10; // an index with i % 10 == 0
+    let suffix = 5 + 10 * (n / 20);
+    let general = 9 + 10 * (n / 30);
+    [
+        (
+            "exact",
+            format!("host{exact}.svc{}.example.com.", exact % 97),
+        ),
+        ("suffix", format!("bucket.tenant{suffix}.example.net.")),
+        ("general", general_name(general)),
+        ("miss", "www.not-selected.example.".to_owned()),
+    ]
+}
+
+fn general_name(i: usize) -> String {
+    match i % 3 {
+        0 => format!("api-eu.region{i}.example.org."),
+        1 => format!("a.b.zone{i}.corp.example."),
+        _ => format!("edgecdn{i}.example.io."),
+    }
+}
+
+/// The `i`-th address of a large IPv4 pool (never repeats below 2^32).
+pub fn addr(i: u32) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::from(0x0b00_0000_u32.wrapping_add(i)))
+}
+
+/// Resident set size of this process in bytes, from /proc/self/status.
+pub fn rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}

@@ -64,12 +64,18 @@ struct Identities<'a> {
 }
 
 impl Identities<'_> {
-    fn acquire(&mut self, labels: &LabelSet, scope: Scope, from_dns: bool) -> Result<Identity, Error> {
+    fn acquire(
+        &mut self,
+        labels: &LabelSet,
+        scope: Scope,
+        from_dns: bool,
+    ) -> Result<Identity, Error> {
         let allocation = self.alloc.allocate(labels, scope, None, from_dns)?;
         if allocation.created {
             let id = allocation.identity;
             self.scratch.clear();
-            self.selectors.identity_added(id, labels, self.labels, self.scratch);
+            self.selectors
+                .identity_added(id, labels, self.labels, self.scratch);
             for idx in self.scratch.iter() {
                 self.stats.selector_updates += 1;
                 let pending = &mut *self.pending;
@@ -82,7 +88,9 @@ impl Identities<'_> {
     }
 
     fn release(&mut self, id: Identity) {
-        let Some(labels) = self.alloc.release(id) else { return };
+        let Some(labels) = self.alloc.release(id) else {
+            return;
+        };
         self.scratch.clear();
         self.selectors.identity_removed(id, &labels, self.scratch);
         for idx in self.scratch.iter() {
@@ -216,8 +224,11 @@ impl<D: Datapath> IpCache<D> {
         }
         for ep in &endpoints {
             let owner = endpoint_owner(ep.id);
-            let labels: LabelSet =
-                ep.labels.iter().map(|l| self.labels.intern(Label::Endpoint(l.clone()))).collect();
+            let labels: LabelSet = ep
+                .labels
+                .iter()
+                .map(|l| self.labels.intern(Label::Endpoint(l.clone())))
+                .collect();
             for addr in &ep.addresses {
                 self.meta.upsert(addr.trunc(), &owner, labels.clone());
                 touched.insert(addr.trunc());
@@ -249,21 +260,31 @@ impl<D: Datapath> IpCache<D> {
         }
         self.batch.clear();
         for ((endpoint, key), _) in self.pending.policy.iter().filter(|(_, up)| **up) {
-            self.batch.push(DatapathChange::PolicyUpsert { endpoint: *endpoint, key: *key });
+            self.batch.push(DatapathChange::PolicyUpsert {
+                endpoint: *endpoint,
+                key: *key,
+            });
             self.stats.policy_upserts += 1;
         }
         for (prefix, identity) in &self.pending.ipcache {
             if let Some(identity) = identity {
-                self.batch.push(DatapathChange::IpcacheUpsert { prefix: *prefix, identity: *identity });
+                self.batch.push(DatapathChange::IpcacheUpsert {
+                    prefix: *prefix,
+                    identity: *identity,
+                });
                 self.stats.ipcache_upserts += 1;
             }
         }
         for (prefix, _) in self.pending.ipcache.iter().filter(|(_, id)| id.is_none()) {
-            self.batch.push(DatapathChange::IpcacheDelete { prefix: *prefix });
+            self.batch
+                .push(DatapathChange::IpcacheDelete { prefix: *prefix });
             self.stats.ipcache_deletes += 1;
         }
         for ((endpoint, key), _) in self.pending.policy.iter().filter(|(_, up)| !**up) {
-            self.batch.push(DatapathChange::PolicyDelete { endpoint: *endpoint, key: *key });
+            self.batch.push(DatapathChange::PolicyDelete {
+                endpoint: *endpoint,
+                key: *key,
+            });
             self.stats.policy_deletes += 1;
         }
         self.pending.ipcache.clear();
@@ -274,7 +295,12 @@ impl<D: Datapath> IpCache<D> {
         Ok(self.revision)
     }
 
-    fn resolve(&mut self, prefix: IpNet, from_dns: bool, enforce_breaker: bool) -> Result<(), Error> {
+    fn resolve(
+        &mut self,
+        prefix: IpNet,
+        from_dns: bool,
+        enforce_breaker: bool,
+    ) -> Result<(), Error> {
         let current = self.meta.get(&prefix).and_then(|e| e.identity);
         match self.desired_labels(&prefix) {
             None => {
@@ -321,9 +347,17 @@ impl<D: Datapath> IpCache<D> {
     /// contains it (only the longest one), and the world label of its family.
     fn desired_labels(&self, prefix: &IpNet) -> Option<(LabelSet, Scope)> {
         let entry = self.meta.get(prefix).filter(|e| !e.owners.is_empty())?;
-        if entry.owners.iter().any(|(o, _)| o.kind == OwnerKind::Endpoint) {
+        if entry
+            .owners
+            .iter()
+            .any(|(o, _)| o.kind == OwnerKind::Endpoint)
+        {
             let mut set = LabelSet::new();
-            for (_, labels) in entry.owners.iter().filter(|(o, _)| o.kind == OwnerKind::Endpoint) {
+            for (_, labels) in entry
+                .owners
+                .iter()
+                .filter(|(o, _)| o.kind == OwnerKind::Endpoint)
+            {
                 set.extend(labels);
             }
             return Some((set, Scope::Cluster));
@@ -382,11 +416,18 @@ impl<D: Datapath> IpCache<D> {
     fn sync_preallocation(&mut self) -> Result<(), Error> {
         let wanted: BTreeSet<LabelId> = if self.config.preallocate_fqdn_identities {
             let keys: BTreeSet<String> = self.fqdn_selector_keys().into_iter().collect();
-            keys.iter().map(|k| self.labels.intern(Label::fqdn(k))).collect()
+            keys.iter()
+                .map(|k| self.labels.intern(Label::fqdn(k)))
+                .collect()
         } else {
             BTreeSet::new()
         };
-        let gone: Vec<LabelId> = self.preallocated.keys().filter(|l| !wanted.contains(l)).copied().collect();
+        let gone: Vec<LabelId> = self
+            .preallocated
+            .keys()
+            .filter(|l| !wanted.contains(l))
+            .copied()
+            .collect();
         for label in gone {
             if let Some(ids) = self.preallocated.remove(&label) {
                 for id in ids {
@@ -399,7 +440,10 @@ impl<D: Datapath> IpCache<D> {
                 continue;
             }
             let mut ids = [Identity::ANY; 2];
-            for (slot, world) in [LabelTable::WORLD_IPV4, LabelTable::WORLD_IPV6].into_iter().enumerate() {
+            for (slot, world) in [LabelTable::WORLD_IPV4, LabelTable::WORLD_IPV6]
+                .into_iter()
+                .enumerate()
+            {
                 let set: LabelSet = [label, world].into_iter().collect();
                 ids[slot] = self.identities().acquire(&set, Scope::Local, false)?;
             }
@@ -414,7 +458,10 @@ impl<D: Datapath> IpCache<D> {
         let mut users: HashMap<SelectorIdx, Vec<(EndpointId, Vec<_>)>> = HashMap::new();
         for endpoint in self.endpoints.values() {
             let (enforcing, contribs) = contributions(&self.rules, endpoint);
-            let mut policy = EndpointPolicy { enforcing, ..EndpointPolicy::default() };
+            let mut policy = EndpointPolicy {
+                enforcing,
+                ..EndpointPolicy::default()
+            };
             if !enforcing {
                 policy.entries.insert(PolicyKey::ALLOW_ALL, 1);
                 fresh.insert(endpoint.id, policy);
@@ -430,13 +477,16 @@ impl<D: Datapath> IpCache<D> {
                         for id in self.selectors.identities(idx) {
                             policy.add(id, &contrib.ports, |_, _| {});
                         }
-                        users.entry(idx).or_default().push((endpoint.id, contrib.ports));
+                        users
+                            .entry(idx)
+                            .or_default()
+                            .push((endpoint.id, contrib.ports));
                     }
                 }
             }
             fresh.insert(endpoint.id, policy);
         }
-        let old = std::mem::replace(&mut self.policy.endpoints, BTreeMap::new());
+        let old = std::mem::take(&mut self.policy.endpoints);
         for (ep, policy) in &old {
             let new_entries = fresh.get(ep).map(|p| &p.entries);
             for key in policy.entries.keys() {
@@ -493,8 +543,12 @@ impl<D> IpCache<D> {
     }
 
     /// Every prefix with its identity and owners, ordered by prefix.
-    pub fn prefixes(&self) -> impl Iterator<Item = (IpNet, Option<Identity>, Vec<&ResourceOwner>)> + '_ {
-        self.meta.iter().map(|(p, e)| (*p, e.identity, e.owners.iter().map(|(o, _)| o).collect()))
+    pub fn prefixes(
+        &self,
+    ) -> impl Iterator<Item = (IpNet, Option<Identity>, Vec<&ResourceOwner>)> + '_ {
+        self.meta
+            .iter()
+            .map(|(p, e)| (*p, e.identity, e.owners.iter().map(|(o, _)| o).collect()))
     }
 
     /// Number of prefixes with metadata.
@@ -509,9 +563,10 @@ impl<D> IpCache<D> {
 
     /// Whether an identity's labels include any `fqdn:` label.
     pub fn has_fqdn_label(&self, id: Identity) -> bool {
-        self.alloc
-            .labels(id)
-            .is_some_and(|set| set.iter().any(|l| matches!(self.labels.label(l), Some(Label::Fqdn(_)))))
+        self.alloc.labels(id).is_some_and(|set| {
+            set.iter()
+                .any(|l| matches!(self.labels.label(l), Some(Label::Fqdn(_))))
+        })
     }
 
     /// The identity allocator (read only).
@@ -578,9 +633,15 @@ impl<D> IpCache<D> {
 }
 
 fn endpoint_owner(id: EndpointId) -> ResourceOwner {
-    ResourceOwner { kind: OwnerKind::Endpoint, name: Arc::from(id.to_string()) }
+    ResourceOwner {
+        kind: OwnerKind::Endpoint,
+        name: Arc::from(id.to_string()),
+    }
 }
 
 fn policy_owner(cidr: &IpNet) -> ResourceOwner {
-    ResourceOwner { kind: OwnerKind::Policy, name: Arc::from(cidr.to_string()) }
+    ResourceOwner {
+        kind: OwnerKind::Policy,
+        name: Arc::from(cidr.to_string()),
+    }
 }

@@ -13,6 +13,9 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Self {
-        Self { max_fqdn_identities: 2048, preallocate_fqdn_identities: true }
+        Self {
+            max_fqdn_identities: 2048,
+            preallocate_fqdn_identities: true,
+        }
     }
 }

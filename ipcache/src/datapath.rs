@@ -34,8 +34,12 @@ pub struct PolicyKey {
 
 impl PolicyKey {
     /// The key that allows everything.
-    pub const ALLOW_ALL: PolicyKey =
-        PolicyKey { identity: Identity::ANY, protocol: Protocol::Any, port: 0, end_port: 0 };
+    pub const ALLOW_ALL: PolicyKey = PolicyKey {
+        identity: Identity::ANY,
+        protocol: Protocol::Any,
+        port: 0,
+        end_port: 0,
+    };
 
     /// Whether this entry allows a packet to `identity` on `protocol`/`port`.
     pub fn allows(&self, identity: Identity, protocol: Protocol, port: u16) -> bool {
@@ -102,7 +106,13 @@ impl MemoryDatapath {
     }
 
     /// Whether `endpoint` may send to `addr` on `protocol`/`port` (default deny).
-    pub fn allows(&self, endpoint: EndpointId, addr: IpAddr, protocol: Protocol, port: u16) -> bool {
+    pub fn allows(
+        &self,
+        endpoint: EndpointId,
+        addr: IpAddr,
+        protocol: Protocol,
+        port: u16,
+    ) -> bool {
         let identity = self.identity_of(addr);
         self.policy
             .get(&endpoint)

@@ -22,7 +22,10 @@ pub(crate) struct Contribution<'a> {
 }
 
 /// Whether the rules put `endpoint` under egress policy, and what they allow it.
-pub(crate) fn contributions<'a>(rules: &'a [Rule], endpoint: &Endpoint) -> (bool, Vec<Contribution<'a>>) {
+pub(crate) fn contributions<'a>(
+    rules: &'a [Rule],
+    endpoint: &Endpoint,
+) -> (bool, Vec<Contribution<'a>>) {
     let mut enforcing = false;
     let mut out = Vec::new();
     for rule in rules {
@@ -35,7 +38,17 @@ pub(crate) fn contributions<'a>(rules: &'a [Rule], endpoint: &Endpoint) -> (bool
                 .ports
                 .iter()
                 .flat_map(|p| p.ports.iter())
-                .map(|p| (p.protocol, p.port, if p.port == 0 { 0 } else { p.end_port.max(p.port) }))
+                .map(|p| {
+                    (
+                        p.protocol,
+                        p.port,
+                        if p.port == 0 {
+                            0
+                        } else {
+                            p.end_port.max(p.port)
+                        },
+                    )
+                })
                 .collect();
             if ports.is_empty() {
                 ports.push((Protocol::Any, 0, 0));
@@ -44,7 +57,10 @@ pub(crate) fn contributions<'a>(rules: &'a [Rule], endpoint: &Endpoint) -> (bool
                 out.push(Contribution { peer: None, ports });
             } else {
                 for peer in &egress.peers {
-                    out.push(Contribution { peer: Some(peer), ports: ports.clone() });
+                    out.push(Contribution {
+                        peer: Some(peer),
+                        ports: ports.clone(),
+                    });
                 }
             }
         }
@@ -61,9 +77,19 @@ pub(crate) struct EndpointPolicy {
 }
 
 impl EndpointPolicy {
-    pub(crate) fn add(&mut self, identity: Identity, ports: &[PortTemplate], mut changed: impl FnMut(PolicyKey, bool)) {
+    pub(crate) fn add(
+        &mut self,
+        identity: Identity,
+        ports: &[PortTemplate],
+        mut changed: impl FnMut(PolicyKey, bool),
+    ) {
         for &(protocol, port, end_port) in ports {
-            let key = PolicyKey { identity, protocol, port, end_port };
+            let key = PolicyKey {
+                identity,
+                protocol,
+                port,
+                end_port,
+            };
             let count = self.entries.entry(key).or_insert(0);
             *count += 1;
             if *count == 1 {
@@ -72,9 +98,19 @@ impl EndpointPolicy {
         }
     }
 
-    pub(crate) fn remove(&mut self, identity: Identity, ports: &[PortTemplate], mut changed: impl FnMut(PolicyKey, bool)) {
+    pub(crate) fn remove(
+        &mut self,
+        identity: Identity,
+        ports: &[PortTemplate],
+        mut changed: impl FnMut(PolicyKey, bool),
+    ) {
         for &(protocol, port, end_port) in ports {
-            let key = PolicyKey { identity, protocol, port, end_port };
+            let key = PolicyKey {
+                identity,
+                protocol,
+                port,
+                end_port,
+            };
             if let Some(count) = self.entries.get_mut(&key) {
                 *count -= 1;
                 if *count == 0 {
@@ -95,8 +131,15 @@ pub(crate) struct PolicyState {
 
 impl PolicyState {
     /// A selector started selecting `identity`.
-    pub(crate) fn selector_gained(&mut self, idx: SelectorIdx, identity: Identity, mut changed: impl FnMut(EndpointId, PolicyKey, bool)) {
-        let Some(users) = self.users.get(&idx) else { return };
+    pub(crate) fn selector_gained(
+        &mut self,
+        idx: SelectorIdx,
+        identity: Identity,
+        mut changed: impl FnMut(EndpointId, PolicyKey, bool),
+    ) {
+        let Some(users) = self.users.get(&idx) else {
+            return;
+        };
         for (ep, ports) in users {
             if let Some(policy) = self.endpoints.get_mut(ep) {
                 policy.add(identity, ports, |k, up| changed(*ep, k, up));
@@ -105,8 +148,15 @@ impl PolicyState {
     }
 
     /// A selector stopped selecting `identity`.
-    pub(crate) fn selector_lost(&mut self, idx: SelectorIdx, identity: Identity, mut changed: impl FnMut(EndpointId, PolicyKey, bool)) {
-        let Some(users) = self.users.get(&idx) else { return };
+    pub(crate) fn selector_lost(
+        &mut self,
+        idx: SelectorIdx,
+        identity: Identity,
+        mut changed: impl FnMut(EndpointId, PolicyKey, bool),
+    ) {
+        let Some(users) = self.users.get(&idx) else {
+            return;
+        };
         for (ep, ports) in users {
             if let Some(policy) = self.endpoints.get_mut(ep) {
                 policy.remove(identity, ports, |k, up| changed(*ep, k, up));

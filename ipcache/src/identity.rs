@@ -26,12 +26,18 @@ impl Identity {
 
     /// The scope the number belongs to.
     pub fn scope(self) -> Option<Scope> {
-        [Scope::Reserved, Scope::Cluster, Scope::Local].into_iter().find(|s| s.contains(self))
+        [Scope::Reserved, Scope::Cluster, Scope::Local]
+            .into_iter()
+            .find(|s| s.contains(self))
     }
 
     /// The world identity of an address family.
     pub fn world(is_ipv4: bool) -> Self {
-        if is_ipv4 { Self::WORLD_IPV4 } else { Self::WORLD_IPV6 }
+        if is_ipv4 {
+            Self::WORLD_IPV4
+        } else {
+            Self::WORLD_IPV6
+        }
     }
 }
 
@@ -156,22 +162,35 @@ impl Allocator {
         requested: Option<Identity>,
         from_dns: bool,
     ) -> Result<Allocation, Error> {
-        if let Some(id) = self.by_labels.get(labels).copied() {
-            if let Some(entry) = self.by_id.get_mut(&id) {
-                entry.refs += 1;
-                return Ok(Allocation { identity: id, created: false });
-            }
+        if let Some(id) = self.by_labels.get(labels).copied()
+            && let Some(entry) = self.by_id.get_mut(&id)
+        {
+            entry.refs += 1;
+            return Ok(Allocation {
+                identity: id,
+                created: false,
+            });
         }
         let id = match requested.filter(|id| scope.contains(*id) && !self.by_id.contains_key(id)) {
             Some(id) => id,
             None => self.next_free(scope)?,
         };
-        self.by_id.insert(id, Entry { labels: labels.clone(), refs: 1, from_dns });
+        self.by_id.insert(
+            id,
+            Entry {
+                labels: labels.clone(),
+                refs: 1,
+                from_dns,
+            },
+        );
         self.by_labels.insert(labels.clone(), id);
         self.from_dns_live += usize::from(from_dns);
         self.created_total += 1;
         self.peak_live = self.peak_live.max(self.by_id.len());
-        Ok(Allocation { identity: id, created: true })
+        Ok(Allocation {
+            identity: id,
+            created: true,
+        })
     }
 
     /// Takes one more reference on an allocated identity; false if it is not allocated.
@@ -239,7 +258,10 @@ impl Allocator {
         }
         match withheld_fallback {
             Some(id) => {
-                tracing::warn!(identity = id.0, "identity space full: taking a withheld number");
+                tracing::warn!(
+                    identity = id.0,
+                    "identity space full: taking a withheld number"
+                );
                 Ok(id)
             }
             None => Err(Error::IdentitiesExhausted { scope }),
@@ -281,7 +303,9 @@ mod tests {
         a.withhold([first]);
         let x = a.allocate(&set(&[1]), Scope::Local, None, false).unwrap();
         assert_ne!(x.identity, first);
-        let y = a.allocate(&set(&[2]), Scope::Local, Some(first), false).unwrap();
+        let y = a
+            .allocate(&set(&[2]), Scope::Local, Some(first), false)
+            .unwrap();
         assert_eq!(y.identity, first);
     }
 
@@ -294,7 +318,9 @@ mod tests {
         }
         assert!(matches!(
             a.allocate(&set(&[0]), Scope::Cluster, None, false),
-            Err(Error::IdentitiesExhausted { scope: Scope::Cluster })
+            Err(Error::IdentitiesExhausted {
+                scope: Scope::Cluster
+            })
         ));
     }
 

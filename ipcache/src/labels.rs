@@ -67,7 +67,10 @@ pub struct LabelTable {
 
 impl Default for LabelTable {
     fn default() -> Self {
-        let mut table = Self { labels: Vec::new(), ids: HashMap::new() };
+        let mut table = Self {
+            labels: Vec::new(),
+            ids: HashMap::new(),
+        };
         // Fixed ids for the reserved labels, in this order.
         table.intern(Label::Reserved(Reserved::WorldIpv4));
         table.intern(Label::Reserved(Reserved::WorldIpv6));
@@ -104,7 +107,11 @@ impl LabelTable {
 
     /// The world label of an address family.
     pub fn world(is_ipv4: bool) -> LabelId {
-        if is_ipv4 { Self::WORLD_IPV4 } else { Self::WORLD_IPV6 }
+        if is_ipv4 {
+            Self::WORLD_IPV4
+        } else {
+            Self::WORLD_IPV6
+        }
     }
 
     /// Renders a set as `a,b,c` in the set's order.
@@ -207,8 +214,14 @@ mod tests {
         let a = t.intern(Label::fqdn("*.cilium.io."));
         let b = t.intern(Label::fqdn("*.cilium.io."));
         assert_eq!(a, b);
-        assert_eq!(t.get(&Label::Reserved(Reserved::WorldIpv4)), Some(LabelTable::WORLD_IPV4));
-        assert_eq!(t.label(a).map(ToString::to_string).as_deref(), Some("fqdn:*.cilium.io."));
+        assert_eq!(
+            t.get(&Label::Reserved(Reserved::WorldIpv4)),
+            Some(LabelTable::WORLD_IPV4)
+        );
+        assert_eq!(
+            t.label(a).map(ToString::to_string).as_deref(),
+            Some("fqdn:*.cilium.io.")
+        );
     }
 
     #[test]

@@ -40,7 +40,10 @@ pub struct ResourceOwner {
 impl ResourceOwner {
     /// The NameManager's owner for one DNS name.
     pub fn name_manager(name: Arc<str>) -> Self {
-        Self { kind: OwnerKind::NameManager, name }
+        Self {
+            kind: OwnerKind::NameManager,
+            name,
+        }
     }
 }
 
@@ -112,7 +115,11 @@ impl Metadata {
 
     /// Forgets a prefix that has neither owners nor identity.
     pub(crate) fn prune(&mut self, prefix: &IpNet) {
-        if self.prefixes.get(prefix).is_some_and(|e| e.owners.is_empty() && e.identity.is_none()) {
+        if self
+            .prefixes
+            .get(prefix)
+            .is_some_and(|e| e.owners.is_empty() && e.identity.is_none())
+        {
             self.prefixes.remove(prefix);
         }
     }
@@ -160,4 +167,3 @@ pub fn host_prefix(addr: IpAddr) -> IpNet {
         IpAddr::V6(a) => IpNet::V6(Ipv6Net::from(a)),
     }
 }
-

@@ -155,11 +155,18 @@ mod tests {
     use super::*;
 
     fn label(source: &str, key: &str, value: &str) -> EndpointLabel {
-        EndpointLabel { source: source.into(), key: key.into(), value: value.into() }
+        EndpointLabel {
+            source: source.into(),
+            key: key.into(),
+            value: value.into(),
+        }
     }
 
     fn req(key: &str, operator: Operator) -> Requirement {
-        Requirement { key: key.into(), operator }
+        Requirement {
+            key: key.into(),
+            operator,
+        }
     }
 
     #[test]

@@ -57,19 +57,27 @@ impl SelectorCache {
         }
         let compiled = match selector {
             PeerSelector::Fqdn(key) => Compiled::Fqdn(table.intern(Label::fqdn(key))),
-            PeerSelector::Cidr { cidr, except } => {
-                Compiled::Cidr { cidr: *cidr, except: except.clone() }
-            }
+            PeerSelector::Cidr { cidr, except } => Compiled::Cidr {
+                cidr: *cidr,
+                except: except.clone(),
+            },
             PeerSelector::Endpoints(sel) => Compiled::Endpoints(sel.clone()),
         };
-        let mut identities: BTreeSet<Identity> =
-            all.filter(|(id, labels)| matches(&compiled, *id, labels, table)).map(|(id, _)| id).collect();
-        if let Compiled::Cidr { cidr, .. } = &compiled {
-            if cidr.prefix_len() == 0 {
-                identities.insert(Identity::world(matches!(cidr, IpNet::V4(_))));
-            }
+        let mut identities: BTreeSet<Identity> = all
+            .filter(|(id, labels)| matches(&compiled, *id, labels, table))
+            .map(|(id, _)| id)
+            .collect();
+        if let Compiled::Cidr { cidr, .. } = &compiled
+            && cidr.prefix_len() == 0
+        {
+            identities.insert(Identity::world(matches!(cidr, IpNet::V4(_))));
         }
-        let entry = Entry { selector: selector.clone(), compiled, refs: 1, identities };
+        let entry = Entry {
+            selector: selector.clone(),
+            compiled,
+            refs: 1,
+            identities,
+        };
         let idx = match self.free.pop() {
             Some(slot) => {
                 self.slots[slot] = Some(entry);
@@ -92,12 +100,16 @@ impl SelectorCache {
 
     /// Drops a reference; the selector is forgotten when none is left.
     pub(crate) fn unregister(&mut self, idx: SelectorIdx) {
-        let Some(entry) = self.entry_mut(idx) else { return };
+        let Some(entry) = self.entry_mut(idx) else {
+            return;
+        };
         entry.refs = entry.refs.saturating_sub(1);
         if entry.refs > 0 {
             return;
         }
-        let Some(entry) = self.slots.get_mut(idx.0).and_then(Option::take) else { return };
+        let Some(entry) = self.slots.get_mut(idx.0).and_then(Option::take) else {
+            return;
+        };
         self.index.remove(&entry.selector);
         match entry.compiled {
             Compiled::Fqdn(label) => {
@@ -123,10 +135,10 @@ impl SelectorCache {
             }
         }
         for idx in &self.scanned {
-            if let Some(entry) = self.slots.get(idx.0).and_then(Option::as_ref) {
-                if matches(&entry.compiled, id, labels, table) {
-                    out.push(*idx);
-                }
+            if let Some(entry) = self.slots.get(idx.0).and_then(Option::as_ref)
+                && matches(&entry.compiled, id, labels, table)
+            {
+                out.push(*idx);
             }
         }
         for idx in &out[start..] {
@@ -137,7 +149,12 @@ impl SelectorCache {
     }
 
     /// Records a freed identity; pushes every selector that selected it onto `out`.
-    pub(crate) fn identity_removed(&mut self, id: Identity, labels: &LabelSet, out: &mut Vec<SelectorIdx>) {
+    pub(crate) fn identity_removed(
+        &mut self,
+        id: Identity,
+        labels: &LabelSet,
+        out: &mut Vec<SelectorIdx>,
+    ) {
         let start = out.len();
         for label in labels.iter() {
             if let Some(idx) = self.by_fqdn_label.get(&label) {
@@ -148,11 +165,11 @@ impl SelectorCache {
         let mut keep = start;
         for i in start..out.len() {
             let idx = out[i];
-            if let Some(entry) = self.slots.get_mut(idx.0).and_then(Option::as_mut) {
-                if entry.identities.remove(&id) {
-                    out[keep] = idx;
-                    keep += 1;
-                }
+            if let Some(entry) = self.slots.get_mut(idx.0).and_then(Option::as_mut)
+                && entry.identities.remove(&id)
+            {
+                out[keep] = idx;
+                keep += 1;
             }
         }
         out.truncate(keep);
@@ -160,7 +177,9 @@ impl SelectorCache {
 
     /// The identities `idx` selects.
     pub(crate) fn identities(&self, idx: SelectorIdx) -> impl Iterator<Item = Identity> + '_ {
-        self.entry(idx).into_iter().flat_map(|e| e.identities.iter().copied())
+        self.entry(idx)
+            .into_iter()
+            .flat_map(|e| e.identities.iter().copied())
     }
 
     /// The index of a registered selector.
@@ -170,7 +189,10 @@ impl SelectorCache {
 
     /// Every registered selector with its identities.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&PeerSelector, &BTreeSet<Identity>)> + '_ {
-        self.slots.iter().flatten().map(|e| (&e.selector, &e.identities))
+        self.slots
+            .iter()
+            .flatten()
+            .map(|e| (&e.selector, &e.identities))
     }
 
     fn entry(&self, idx: SelectorIdx) -> Option<&Entry> {

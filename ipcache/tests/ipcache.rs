@@ -1,14 +1,23 @@
 //! Behaviour of the IpCache through its public API, on the scenarios of the FQDN-identities
 //! design (shared/design/000).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed step should panic"
+)]
+
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fqdnd_ipcache::policy::{EgressRule, LabelSelector, Operator, PeerSelector, PortProtocol, PortRule, Protocol, Requirement, Rule};
+use fqdnd_ipcache::policy::{
+    EgressRule, LabelSelector, Operator, PeerSelector, PortProtocol, PortRule, Protocol,
+    Requirement, Rule,
+};
 use fqdnd_ipcache::{
-    Config, DatapathChange, Endpoint, EndpointId, EndpointLabel, Error, Identity, IpCache, LabelSet, MemoryDatapath,
-    ResourceOwner, host_prefix,
+    Config, DatapathChange, Endpoint, EndpointId, EndpointLabel, Error, Identity, IpCache,
+    LabelSet, MemoryDatapath, ResourceOwner, host_prefix,
 };
 use ipnet::IpNet;
 
@@ -27,13 +36,27 @@ fn cache() -> IpCache<MemoryDatapath> {
 }
 
 /// What the NameManager does for `name` → `addr` with the given selector keys.
-fn learn(c: &mut IpCache<MemoryDatapath>, name: &str, addr: &str, selectors: &[&str]) -> Result<(), Error> {
+fn learn(
+    c: &mut IpCache<MemoryDatapath>,
+    name: &str,
+    addr: &str,
+    selectors: &[&str],
+) -> Result<(), Error> {
     let labels: LabelSet = selectors.iter().map(|s| c.fqdn_label(s)).collect();
-    c.upsert_metadata(host_prefix(ip(addr)), &ResourceOwner::name_manager(Arc::from(name)), labels, NOW)
+    c.upsert_metadata(
+        host_prefix(ip(addr)),
+        &ResourceOwner::name_manager(Arc::from(name)),
+        labels,
+        NOW,
+    )
 }
 
 fn forget(c: &mut IpCache<MemoryDatapath>, name: &str, addr: &str) {
-    c.remove_metadata(host_prefix(ip(addr)), &ResourceOwner::name_manager(Arc::from(name))).unwrap();
+    c.remove_metadata(
+        host_prefix(ip(addr)),
+        &ResourceOwner::name_manager(Arc::from(name)),
+    )
+    .unwrap();
 }
 
 fn id(c: &IpCache<MemoryDatapath>, addr: &str) -> Identity {
@@ -45,18 +68,32 @@ fn endpoint(id: u16, app: &str, addr: &str) -> Endpoint {
         id: EndpointId(id),
         name: app.into(),
         addresses: vec![host_prefix(ip(addr))],
-        labels: vec![EndpointLabel { source: "k8s".into(), key: "app".into(), value: app.into() }],
+        labels: vec![EndpointLabel {
+            source: "k8s".into(),
+            key: "app".into(),
+            value: app.into(),
+        }],
     }
 }
 
 fn app(value: &str) -> LabelSelector {
     LabelSelector {
-        requirements: vec![Requirement { key: "app".into(), operator: Operator::In(vec![value.into()]) }],
+        requirements: vec![Requirement {
+            key: "app".into(),
+            operator: Operator::In(vec![value.into()]),
+        }],
     }
 }
 
 fn tcp(port: u16) -> Vec<PortRule> {
-    vec![PortRule { ports: vec![PortProtocol { port, end_port: port, protocol: Protocol::Tcp }], dns: None }]
+    vec![PortRule {
+        ports: vec![PortProtocol {
+            port,
+            end_port: port,
+            protocol: Protocol::Tcp,
+        }],
+        dns: None,
+    }]
 }
 
 fn rule(selector: LabelSelector, peers: Vec<PeerSelector>, ports: Vec<PortRule>) -> Rule {
@@ -76,8 +113,20 @@ fn fqdn(key: &str) -> PeerSelector {
 fn overlapping_selectors_give_one_identity_per_label_set() {
     // CFP: *.cilium.io and www.cilium.io; www → IP1, IP2; dev → IP2, IP3.
     let mut c = cache();
-    learn(&mut c, "www.cilium.io.", "192.0.2.1", &["*.cilium.io.", "www.cilium.io."]).unwrap();
-    learn(&mut c, "www.cilium.io.", "192.0.2.2", &["*.cilium.io.", "www.cilium.io."]).unwrap();
+    learn(
+        &mut c,
+        "www.cilium.io.",
+        "192.0.2.1",
+        &["*.cilium.io.", "www.cilium.io."],
+    )
+    .unwrap();
+    learn(
+        &mut c,
+        "www.cilium.io.",
+        "192.0.2.2",
+        &["*.cilium.io.", "www.cilium.io."],
+    )
+    .unwrap();
     learn(&mut c, "dev.cilium.io.", "192.0.2.2", &["*.cilium.io."]).unwrap();
     learn(&mut c, "dev.cilium.io.", "192.0.2.3", &["*.cilium.io."]).unwrap();
     c.commit().unwrap();
@@ -94,7 +143,10 @@ fn overlapping_selectors_give_one_identity_per_label_set() {
     forget(&mut c, "dev.cilium.io.", "192.0.2.2");
     assert_eq!(c.identity_of(&host_prefix(ip("192.0.2.2"))), None);
     c.commit().unwrap();
-    assert_eq!(c.datapath().identity_of(ip("192.0.2.2")), Identity::WORLD_IPV4);
+    assert_eq!(
+        c.datapath().identity_of(ip("192.0.2.2")),
+        Identity::WORLD_IPV4
+    );
 }
 
 #[test]
@@ -102,7 +154,13 @@ fn many_ips_of_one_name_share_one_identity() {
     let mut c = cache();
     for i in 0..500u32 {
         let addr = IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i)).to_string();
-        learn(&mut c, "bucket.s3.amazonaws.com.", &addr, &["*.s3.amazonaws.com."]).unwrap();
+        learn(
+            &mut c,
+            "bucket.s3.amazonaws.com.",
+            &addr,
+            &["*.s3.amazonaws.com."],
+        )
+        .unwrap();
     }
     c.commit().unwrap();
     assert_eq!(c.allocator().len(), 1);
@@ -112,13 +170,20 @@ fn many_ips_of_one_name_share_one_identity() {
 #[test]
 fn cidr_labels_flow_down_and_only_the_longest_is_kept() {
     let mut c = cache();
-    c.set_endpoints(vec![endpoint(1, "web", "10.1.0.1")]).unwrap();
+    c.set_endpoints(vec![endpoint(1, "web", "10.1.0.1")])
+        .unwrap();
     learn(&mut c, "www.cilium.io.", "52.58.254.253", &["*.cilium.io."]).unwrap();
     c.set_policy(vec![rule(
         LabelSelector::default(),
         vec![
-            PeerSelector::Cidr { cidr: net("52.58.0.0/16"), except: vec![] },
-            PeerSelector::Cidr { cidr: net("52.58.254.0/24"), except: vec![] },
+            PeerSelector::Cidr {
+                cidr: net("52.58.0.0/16"),
+                except: vec![],
+            },
+            PeerSelector::Cidr {
+                cidr: net("52.58.254.0/24"),
+                except: vec![],
+            },
         ],
         vec![],
     )])
@@ -130,15 +195,24 @@ fn cidr_labels_flow_down_and_only_the_longest_is_kept() {
     );
     // Both CIDR selectors select the FQDN IP's identity; the /16 also selects the /24's.
     let ip_id = id(&c, "52.58.254.253");
-    let wide = c.selected(&PeerSelector::Cidr { cidr: net("52.58.0.0/16"), except: vec![] });
-    let narrow = c.selected(&PeerSelector::Cidr { cidr: net("52.58.254.0/24"), except: vec![] });
+    let wide = c.selected(&PeerSelector::Cidr {
+        cidr: net("52.58.0.0/16"),
+        except: vec![],
+    });
+    let narrow = c.selected(&PeerSelector::Cidr {
+        cidr: net("52.58.254.0/24"),
+        except: vec![],
+    });
     assert!(wide.contains(&ip_id) && narrow.contains(&ip_id));
     assert!(wide.contains(&c.identity_of(&net("52.58.254.0/24")).unwrap()));
     assert!(!narrow.contains(&c.identity_of(&net("52.58.0.0/16")).unwrap()));
     // Removing the /24 selector re-labels only what lies under it.
     c.set_policy(vec![rule(
         LabelSelector::default(),
-        vec![PeerSelector::Cidr { cidr: net("52.58.0.0/16"), except: vec![] }],
+        vec![PeerSelector::Cidr {
+            cidr: net("52.58.0.0/16"),
+            except: vec![],
+        }],
         vec![],
     )])
     .unwrap();
@@ -152,10 +226,14 @@ fn cidr_labels_flow_down_and_only_the_longest_is_kept() {
 #[test]
 fn except_blocks_are_carved_out() {
     let mut c = cache();
-    c.set_endpoints(vec![endpoint(1, "web", "10.1.0.1")]).unwrap();
+    c.set_endpoints(vec![endpoint(1, "web", "10.1.0.1")])
+        .unwrap();
     c.set_policy(vec![rule(
         app("web"),
-        vec![PeerSelector::Cidr { cidr: net("192.0.2.0/24"), except: vec![net("192.0.2.128/25")] }],
+        vec![PeerSelector::Cidr {
+            cidr: net("192.0.2.0/24"),
+            except: vec![net("192.0.2.128/25")],
+        }],
         tcp(443),
     )])
     .unwrap();
@@ -169,22 +247,56 @@ fn except_blocks_are_carved_out() {
 #[test]
 fn fqdn_policy_allows_learned_ips_only_on_allowed_ports() {
     let mut c = cache();
-    c.set_endpoints(vec![endpoint(1, "web", "10.1.0.1"), endpoint(2, "batch", "10.1.0.2")]).unwrap();
-    c.set_policy(vec![rule(app("web"), vec![fqdn("api.github.com.")], tcp(443))]).unwrap();
+    c.set_endpoints(vec![
+        endpoint(1, "web", "10.1.0.1"),
+        endpoint(2, "batch", "10.1.0.2"),
+    ])
+    .unwrap();
+    c.set_policy(vec![rule(
+        app("web"),
+        vec![fqdn("api.github.com.")],
+        tcp(443),
+    )])
+    .unwrap();
     c.commit().unwrap();
     let web = EndpointId(1);
-    assert!(!c.datapath().allows(web, ip("140.82.112.5"), Protocol::Tcp, 443));
+    assert!(
+        !c.datapath()
+            .allows(web, ip("140.82.112.5"), Protocol::Tcp, 443)
+    );
     // Pre-allocation: the selector's identity exists before any answer.
     let identities_before = c.allocator().len();
-    learn(&mut c, "api.github.com.", "140.82.112.5", &["api.github.com."]).unwrap();
+    learn(
+        &mut c,
+        "api.github.com.",
+        "140.82.112.5",
+        &["api.github.com."],
+    )
+    .unwrap();
     c.commit().unwrap();
-    assert_eq!(c.allocator().len(), identities_before, "a new IP for one selector allocates nothing");
-    assert!(c.datapath().allows(web, ip("140.82.112.5"), Protocol::Tcp, 443));
-    assert!(!c.datapath().allows(web, ip("140.82.112.5"), Protocol::Tcp, 80));
-    assert!(!c.datapath().allows(web, ip("140.82.112.6"), Protocol::Tcp, 443));
+    assert_eq!(
+        c.allocator().len(),
+        identities_before,
+        "a new IP for one selector allocates nothing"
+    );
+    assert!(
+        c.datapath()
+            .allows(web, ip("140.82.112.5"), Protocol::Tcp, 443)
+    );
+    assert!(
+        !c.datapath()
+            .allows(web, ip("140.82.112.5"), Protocol::Tcp, 80)
+    );
+    assert!(
+        !c.datapath()
+            .allows(web, ip("140.82.112.6"), Protocol::Tcp, 443)
+    );
     // batch is under no policy: allow all.
     assert_eq!(c.endpoint_enforcing(EndpointId(2)), Some(false));
-    assert!(c.datapath().allows(EndpointId(2), ip("1.1.1.1"), Protocol::Udp, 53));
+    assert!(
+        c.datapath()
+            .allows(EndpointId(2), ip("1.1.1.1"), Protocol::Udp, 53)
+    );
     // Dropping the rule removes access.
     c.set_policy(vec![]).unwrap();
     c.commit().unwrap();
@@ -194,36 +306,64 @@ fn fqdn_policy_allows_learned_ips_only_on_allowed_ports() {
 #[test]
 fn batches_put_policy_before_the_ipcache_flip() {
     let mut c = cache();
-    c.set_endpoints(vec![endpoint(1, "web", "10.1.0.1")]).unwrap();
-    c.set_policy(vec![rule(app("web"), vec![fqdn("a.example."), fqdn("b.example.")], tcp(443))]).unwrap();
+    c.set_endpoints(vec![endpoint(1, "web", "10.1.0.1")])
+        .unwrap();
+    c.set_policy(vec![rule(
+        app("web"),
+        vec![fqdn("a.example."), fqdn("b.example.")],
+        tcp(443),
+    )])
+    .unwrap();
     c.commit().unwrap();
     // An IP selected by both selectors needs a new identity {a, b}: its policy entry must
     // reach the datapath before the IP flips to it.
     struct Recorder(Vec<DatapathChange>);
     impl fqdnd_ipcache::Datapath for Recorder {
-        fn apply(&mut self, changes: &[DatapathChange]) -> Result<(), fqdnd_ipcache::DatapathError> {
+        fn apply(
+            &mut self,
+            changes: &[DatapathChange],
+        ) -> Result<(), fqdnd_ipcache::DatapathError> {
             self.0.extend_from_slice(changes);
             Ok(())
         }
     }
     let mut r = IpCache::new(Config::default(), Recorder(Vec::new()));
-    r.set_endpoints(vec![endpoint(1, "web", "10.1.0.1")]).unwrap();
-    r.set_policy(vec![rule(app("web"), vec![fqdn("a.example."), fqdn("b.example.")], tcp(443))]).unwrap();
+    r.set_endpoints(vec![endpoint(1, "web", "10.1.0.1")])
+        .unwrap();
+    r.set_policy(vec![rule(
+        app("web"),
+        vec![fqdn("a.example."), fqdn("b.example.")],
+        tcp(443),
+    )])
+    .unwrap();
     r.commit().unwrap();
     r.datapath_mut().0.clear();
-    let labels: LabelSet = ["a.example.", "b.example."].iter().map(|k| r.fqdn_label(k)).collect();
-    r.upsert_metadata(host_prefix(ip("192.0.2.9")), &ResourceOwner::name_manager(Arc::from("x.example.")), labels, NOW)
-        .unwrap();
+    let labels: LabelSet = ["a.example.", "b.example."]
+        .iter()
+        .map(|k| r.fqdn_label(k))
+        .collect();
+    r.upsert_metadata(
+        host_prefix(ip("192.0.2.9")),
+        &ResourceOwner::name_manager(Arc::from("x.example.")),
+        labels,
+        NOW,
+    )
+    .unwrap();
     r.commit().unwrap();
     let changes = &r.datapath().0;
-    let flip = changes.iter().position(|c| matches!(c, DatapathChange::IpcacheUpsert { .. })).unwrap();
+    let flip = changes
+        .iter()
+        .position(|c| matches!(c, DatapathChange::IpcacheUpsert { .. }))
+        .unwrap();
     let new_id = match changes[flip] {
         DatapathChange::IpcacheUpsert { identity, .. } => identity,
         _ => unreachable!(),
     };
     let policy = changes
         .iter()
-        .position(|c| matches!(c, DatapathChange::PolicyUpsert { key, .. } if key.identity == new_id))
+        .position(
+            |c| matches!(c, DatapathChange::PolicyUpsert { key, .. } if key.identity == new_id),
+        )
         .unwrap();
     assert!(policy < flip, "{changes:?}");
 }
@@ -231,7 +371,10 @@ fn batches_put_policy_before_the_ipcache_flip() {
 #[test]
 fn identity_breaker_fails_closed_and_keeps_state() {
     let mut c = IpCache::new(
-        Config { max_fqdn_identities: 2, preallocate_fqdn_identities: false },
+        Config {
+            max_fqdn_identities: 2,
+            preallocate_fqdn_identities: false,
+        },
         MemoryDatapath::default(),
     );
     learn(&mut c, "a.", "192.0.2.1", &["s1."]).unwrap();
@@ -253,8 +396,17 @@ fn identity_breaker_fails_closed_and_keeps_state() {
 #[test]
 fn to_endpoints_selects_endpoint_identities() {
     let mut c = cache();
-    c.set_endpoints(vec![endpoint(1, "web", "10.1.0.1"), endpoint(2, "db", "10.1.0.2")]).unwrap();
-    c.set_policy(vec![rule(app("web"), vec![PeerSelector::Endpoints(app("db"))], tcp(5432))]).unwrap();
+    c.set_endpoints(vec![
+        endpoint(1, "web", "10.1.0.1"),
+        endpoint(2, "db", "10.1.0.2"),
+    ])
+    .unwrap();
+    c.set_policy(vec![rule(
+        app("web"),
+        vec![PeerSelector::Endpoints(app("db"))],
+        tcp(5432),
+    )])
+    .unwrap();
     c.commit().unwrap();
     let dp = c.datapath();
     assert!(dp.allows(EndpointId(1), ip("10.1.0.2"), Protocol::Tcp, 5432));
@@ -262,17 +414,35 @@ fn to_endpoints_selects_endpoint_identities() {
     assert!(Identity::scope(id(&c, "10.1.0.2")) == Some(fqdnd_ipcache::Scope::Cluster));
     // Re-declaring the same endpoints keeps their identities.
     let before = id(&c, "10.1.0.2");
-    c.set_endpoints(vec![endpoint(1, "web", "10.1.0.1"), endpoint(2, "db", "10.1.0.2")]).unwrap();
+    c.set_endpoints(vec![
+        endpoint(1, "web", "10.1.0.1"),
+        endpoint(2, "db", "10.1.0.2"),
+    ])
+    .unwrap();
     assert_eq!(id(&c, "10.1.0.2"), before);
 }
 
 #[test]
 fn zero_prefix_cidr_selects_the_world() {
     let mut c = cache();
-    c.set_endpoints(vec![endpoint(1, "web", "10.1.0.1")]).unwrap();
-    c.set_policy(vec![rule(app("web"), vec![PeerSelector::Cidr { cidr: net("0.0.0.0/0"), except: vec![] }], vec![])])
+    c.set_endpoints(vec![endpoint(1, "web", "10.1.0.1")])
         .unwrap();
+    c.set_policy(vec![rule(
+        app("web"),
+        vec![PeerSelector::Cidr {
+            cidr: net("0.0.0.0/0"),
+            except: vec![],
+        }],
+        vec![],
+    )])
+    .unwrap();
     c.commit().unwrap();
-    assert!(c.datapath().allows(EndpointId(1), ip("8.8.8.8"), Protocol::Udp, 53));
-    assert!(!c.datapath().allows(EndpointId(1), ip("2001:db8::1"), Protocol::Udp, 53));
+    assert!(
+        c.datapath()
+            .allows(EndpointId(1), ip("8.8.8.8"), Protocol::Udp, 53)
+    );
+    assert!(
+        !c.datapath()
+            .allows(EndpointId(1), ip("2001:db8::1"), Protocol::Udp, 53)
+    );
 }

@@ -67,15 +67,23 @@ impl Answer {
     /// Follows the CNAME chain from `question` through `records`.
     pub fn from_records(question: &str, records: &[Record]) -> Result<Self, AnswerError> {
         let question = canonicalize(question).into_owned();
-        let owners: Vec<String> = records.iter().map(|r| canonicalize(&r.owner).into_owned()).collect();
+        let owners: Vec<String> = records
+            .iter()
+            .map(|r| canonicalize(&r.owner).into_owned())
+            .collect();
         let mut chain = vec![question.clone()];
         let mut ttl: Option<u32> = None;
         loop {
             let current = chain.last().cloned().unwrap_or_default();
-            let next = records.iter().zip(&owners).find_map(|(r, owner)| match &r.data {
-                RecordData::Cname(target) if *owner == current => Some(canonicalize(target).into_owned()),
-                _ => None,
-            });
+            let next = records
+                .iter()
+                .zip(&owners)
+                .find_map(|(r, owner)| match &r.data {
+                    RecordData::Cname(target) if *owner == current => {
+                        Some(canonicalize(target).into_owned())
+                    }
+                    _ => None,
+                });
             let Some(next) = next else { break };
             if chain.len() > MAX_CHAIN || chain.contains(&next) {
                 return Err(AnswerError::ChainTooLong { question });
@@ -86,16 +94,24 @@ impl Answer {
         let mut addrs = Vec::new();
         for (record, owner) in records.iter().zip(&owners) {
             if !chain.contains(owner) {
-                return Err(AnswerError::OffChain { question, owner: owner.clone() });
+                return Err(AnswerError::OffChain {
+                    question,
+                    owner: owner.clone(),
+                });
             }
             ttl = Some(ttl.map_or(record.ttl, |t| t.min(record.ttl)));
-            if let RecordData::Addr(addr) = record.data {
-                if *owner == last && !addrs.contains(&addr) {
-                    addrs.push(addr);
-                }
+            if let RecordData::Addr(addr) = record.data
+                && *owner == last
+                && !addrs.contains(&addr)
+            {
+                addrs.push(addr);
             }
         }
-        Ok(Self { name: question, addrs, ttl: ttl.unwrap_or(0) })
+        Ok(Self {
+            name: question,
+            addrs,
+            ttl: ttl.unwrap_or(0),
+        })
     }
 }
 
@@ -104,35 +120,62 @@ mod tests {
     use super::*;
 
     fn addr(owner: &str, ttl: u32, ip: &str) -> Record {
-        Record { owner: owner.into(), ttl, data: RecordData::Addr(ip.parse().unwrap()) }
+        Record {
+            owner: owner.into(),
+            ttl,
+            data: RecordData::Addr(ip.parse().unwrap()),
+        }
     }
 
     fn cname(owner: &str, ttl: u32, target: &str) -> Record {
-        Record { owner: owner.into(), ttl, data: RecordData::Cname(target.into()) }
+        Record {
+            owner: owner.into(),
+            ttl,
+            data: RecordData::Cname(target.into()),
+        }
     }
 
     #[test]
     fn chain_ttl_is_its_minimum_and_addresses_come_from_its_end() {
         let a = Answer::from_records(
             "WWW.Example.com",
-            &[cname("www.example.com.", 300, "edge.cdn.net."), cname("edge.cdn.net", 60, "e1.cdn.net"), addr("e1.cdn.net.", 20, "192.0.2.1"), addr("E1.cdn.net.", 120, "192.0.2.2"), addr("e1.cdn.net.", 120, "192.0.2.2")],
+            &[
+                cname("www.example.com.", 300, "edge.cdn.net."),
+                cname("edge.cdn.net", 60, "e1.cdn.net"),
+                addr("e1.cdn.net.", 20, "192.0.2.1"),
+                addr("E1.cdn.net.", 120, "192.0.2.2"),
+                addr("e1.cdn.net.", 120, "192.0.2.2"),
+            ],
         )
         .unwrap();
         assert_eq!(a.name, "www.example.com.");
         assert_eq!(a.ttl, 20);
-        assert_eq!(a.addrs, vec!["192.0.2.1".parse::<IpAddr>().unwrap(), "192.0.2.2".parse().unwrap()]);
+        assert_eq!(
+            a.addrs,
+            vec![
+                "192.0.2.1".parse::<IpAddr>().unwrap(),
+                "192.0.2.2".parse().unwrap()
+            ]
+        );
     }
 
     #[test]
     fn records_off_the_chain_reject_the_answer() {
-        let err = Answer::from_records("a.example.", &[addr("a.example.", 5, "192.0.2.1"), addr("bank.example.", 5, "192.0.2.9")])
-            .unwrap_err();
+        let err = Answer::from_records(
+            "a.example.",
+            &[
+                addr("a.example.", 5, "192.0.2.1"),
+                addr("bank.example.", 5, "192.0.2.9"),
+            ],
+        )
+        .unwrap_err();
         assert!(matches!(err, AnswerError::OffChain { owner, .. } if owner == "bank.example."));
     }
 
     #[test]
     fn loops_are_rejected_and_empty_answers_are_empty() {
-        let err = Answer::from_records("a.", &[cname("a.", 5, "b."), cname("b.", 5, "a.")]).unwrap_err();
+        let err =
+            Answer::from_records("a.", &[cname("a.", 5, "b."), cname("b.", 5, "a.")]).unwrap_err();
         assert!(matches!(err, AnswerError::ChainTooLong { .. }));
         let empty = Answer::from_records("a.", &[]).unwrap();
         assert!(empty.addrs.is_empty() && empty.ttl == 0);

@@ -316,11 +316,11 @@ impl NameManager {
             .cloned()
             .collect();
         for key in gone {
-            if let Some(id) = self.by_key.remove(&key) {
-                if let Some(reg) = self.selectors.remove(&id) {
-                    self.matcher.remove(&reg.selector, id);
-                    changed.push(reg.selector);
-                }
+            if let Some(id) = self.by_key.remove(&key)
+                && let Some(reg) = self.selectors.remove(&id)
+            {
+                self.matcher.remove(&reg.selector, id);
+                changed.push(reg.selector);
             }
         }
         for (key, selector) in wanted {

@@ -13,16 +13,18 @@
 //! **Cost.** A lookup walks the name's labels once: one hash lookup per label and node, plus one
 //! glob test per glob child of each visited node. It grows with the depth of the name and with
 //! the number of distinct glob labels sharing one trie node (e.g. many `*foo.example.com`
-//! patterns under `example.com`), not with the number of selectors. Names of up to 16 labels
-//! are matched without heap allocation.
+//! patterns under `example.com`), not with the number of selectors. A leading `**.` costs O(1)
+//! per visited node (the name's labels are checked once, up front). Names of up to 16 labels
+//! are matched without heap allocation (unless one id is registered with several selectors and
+//! more than 16 distinct ids match, when the deduplication list spills to the heap).
 //!
 //! The answers are exactly those of [`FqdnSelector::matches`] for every input string.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use smallvec::SmallVec;
 
-use crate::pattern::{Compiled, FqdnSelector, Glob, LabelPattern, SplitName};
+use crate::pattern::{Compiled, FqdnSelector, Glob, LabelPattern, SplitName, is_class_label};
 
 /// Caller-chosen identifier of a registered selector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -37,21 +39,31 @@ pub struct SelectorId(pub u32);
 pub struct Matcher {
     root: Node,
     /// Pure wildcards.
-    all: Vec<SelectorId>,
-    /// Number of `(selector, id)` pairs registered.
-    len: usize,
+    all: Vec<Slot>,
+    /// Every registered `(selector, id)` pair.
+    registered: HashSet<(FqdnSelector, SelectorId)>,
     /// Number of distinct selectors each id is registered with.
     id_uses: HashMap<SelectorId, u32>,
     /// Ids registered with more than one selector: matching must then deduplicate.
     shared_ids: usize,
 }
 
+/// An id at one place of the trie, with the number of registrations that put it there.
+///
+/// Different keys can compile to the same place (`*` and `**.` are both pure wildcards,
+/// `a**b` and `a*b` are the same glob), so one id may be placed there more than once.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    id: SelectorId,
+    count: u32,
+}
+
 #[derive(Debug, Clone, Default)]
 struct Node {
     literals: HashMap<Box<str>, Node>,
     globs: Vec<(Glob, Node)>,
-    terminals: Vec<SelectorId>,
-    multi: Vec<SelectorId>,
+    terminals: Vec<Slot>,
+    multi: Vec<Slot>,
 }
 
 impl Node {
@@ -87,7 +99,7 @@ impl Node {
             } else {
                 &mut self.terminals
             };
-            return remove_id(list, id);
+            return remove_slot(list, id);
         };
         match first {
             LabelPattern::Literal(text) => {
@@ -120,46 +132,47 @@ impl Node {
         let n = name.labels.len();
         let remaining = n - depth;
         if remaining == 0 {
-            self.terminals.iter().copied().for_each(&mut *f);
+            self.terminals.iter().for_each(|s| f(s.id));
             return;
         }
         if !self.multi.is_empty() && name.multi_covers(remaining) {
-            self.multi.iter().copied().for_each(&mut *f);
+            self.multi.iter().for_each(|s| f(s.id));
         }
         let label = name.labels[remaining - 1];
         if let Some(child) = self.literals.get(label) {
             child.walk(name, depth + 1, f);
         }
-        for (glob, child) in &self.globs {
-            if glob.is_match(label) {
-                child.walk(name, depth + 1, f);
+        if !self.globs.is_empty() && is_class_label(label) {
+            for (glob, child) in &self.globs {
+                if glob.is_match_class_label(label) {
+                    child.walk(name, depth + 1, f);
+                }
             }
         }
     }
 }
 
-/// Pushes `id` unless present; returns whether it was added.
-fn insert_id(list: &mut Vec<SelectorId>, id: SelectorId) -> bool {
-    if list.contains(&id) {
-        false
-    } else {
-        list.push(id);
-        true
+/// Places `id` in `list` once more.
+fn insert_slot(list: &mut Vec<Slot>, id: SelectorId) {
+    match list.iter_mut().find(|s| s.id == id) {
+        Some(slot) => slot.count += 1,
+        None => list.push(Slot { id, count: 1 }),
     }
 }
 
-/// Removes `id` if present; returns whether it was there.
-fn remove_id(list: &mut Vec<SelectorId>, id: SelectorId) -> bool {
-    match list.iter().position(|&x| x == id) {
-        Some(pos) => {
-            list.swap_remove(pos);
-            if list.is_empty() {
-                *list = Vec::new();
-            }
-            true
+/// Takes one placement of `id` out of `list`; returns whether there was one.
+fn remove_slot(list: &mut Vec<Slot>, id: SelectorId) -> bool {
+    let Some(pos) = list.iter().position(|s| s.id == id) else {
+        return false;
+    };
+    list[pos].count -= 1;
+    if list[pos].count == 0 {
+        list.swap_remove(pos);
+        if list.is_empty() {
+            *list = Vec::new();
         }
-        None => false,
     }
+    true
 }
 
 impl Matcher {
@@ -175,8 +188,11 @@ impl Matcher {
     /// One id may be registered with several selectors; [`for_each_match`](Self::for_each_match)
     /// still reports it once per call.
     pub fn insert(&mut self, selector: &FqdnSelector, id: SelectorId) -> bool {
-        let added = match selector.compiled() {
-            Compiled::All => insert_id(&mut self.all, id),
+        if !self.registered.insert((selector.clone(), id)) {
+            return false;
+        }
+        match selector.compiled() {
+            Compiled::All => insert_slot(&mut self.all, id),
             Compiled::Labels { labels, multi } => {
                 let node = labels
                     .iter()
@@ -186,41 +202,42 @@ impl Matcher {
                 } else {
                     &mut node.terminals
                 };
-                insert_id(list, id)
-            }
-        };
-        if added {
-            self.len += 1;
-            let uses = self.id_uses.entry(id).or_insert(0);
-            *uses += 1;
-            if *uses == 2 {
-                self.shared_ids += 1;
+                insert_slot(list, id);
             }
         }
-        added
+        let uses = self.id_uses.entry(id).or_insert(0);
+        *uses += 1;
+        if *uses == 2 {
+            self.shared_ids += 1;
+        }
+        true
     }
 
     /// Unregisters `selector` under `id`, pruning trie nodes left empty. Returns whether the
     /// pair was registered.
     pub fn remove(&mut self, selector: &FqdnSelector, id: SelectorId) -> bool {
-        let removed = match selector.compiled() {
-            Compiled::All => remove_id(&mut self.all, id),
+        if !self.registered.remove(&(selector.clone(), id)) {
+            return false;
+        }
+        let placed = match selector.compiled() {
+            Compiled::All => remove_slot(&mut self.all, id),
             Compiled::Labels { labels, multi } => self.root.remove(labels, *multi, id),
         };
-        if removed {
-            self.len -= 1;
-            if let Some(uses) = self.id_uses.get_mut(&id) {
-                *uses -= 1;
-                match *uses {
-                    0 => {
-                        self.id_uses.remove(&id);
-                    }
-                    1 => self.shared_ids -= 1,
-                    _ => {}
+        debug_assert!(
+            placed,
+            "registered selector {selector} missing from the trie"
+        );
+        if let Some(uses) = self.id_uses.get_mut(&id) {
+            *uses -= 1;
+            match *uses {
+                0 => {
+                    self.id_uses.remove(&id);
                 }
+                1 => self.shared_ids -= 1,
+                _ => {}
             }
         }
-        removed
+        true
     }
 
     /// Calls `f` once for each id with a selector matching `canonical_name` (see
@@ -246,7 +263,7 @@ impl Matcher {
 
     fn report(&self, name: &SplitName<'_>, f: &mut impl FnMut(SelectorId)) {
         if !self.all.is_empty() && name.matches_all() {
-            self.all.iter().copied().for_each(&mut *f);
+            self.all.iter().for_each(|s| f(s.id));
         }
         self.root.walk(name, 0, f);
     }
@@ -271,13 +288,13 @@ impl Matcher {
     /// Is nothing registered?
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.registered.is_empty()
     }
 
     /// Number of registered `(selector, id)` pairs.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.len
+        self.registered.len()
     }
 }
 
@@ -331,13 +348,16 @@ mod tests {
         assert_eq!(ids(&m, "a.b.cilium.io."), [3, 5, 7]);
         assert_eq!(ids(&m, "cilium.io."), [4, 5, 8]);
         assert_eq!(ids(&m, "xcilium.io."), [4, 5]);
-        assert_eq!(ids(&m, ".cilium.io."), [2, 4]);
+        assert_eq!(ids(&m, ".cilium.io."), [2]);
         assert_eq!(ids(&m, "a..b."), [9]);
         assert_eq!(ids(&m, "."), [5, 10]);
         assert_eq!(ids(&m, "www.cilium.io"), Vec::<u32>::new());
         assert_eq!(ids(&m, "bucket.cilium.io.evil.com."), [5]);
         assert_eq!(ids(&m, "a b.cilium.io."), Vec::<u32>::new());
-        assert_eq!(m.matches(&canonicalize("WWW.Cilium.IO")), ids_of(&[1, 2, 3, 5]));
+        assert_eq!(
+            m.matches(&canonicalize("WWW.Cilium.IO")),
+            ids_of(&[1, 2, 3, 5])
+        );
         assert!(m.is_match("anything."));
         assert!(!m.is_match("ü."));
     }
@@ -374,6 +394,42 @@ mod tests {
     }
 
     #[test]
+    fn distinct_keys_compiling_to_one_place() {
+        // Pure wildcards, equal globs and equal `**.` prefixes share a trie slot.
+        let groups: [&[&str]; 4] = [
+            &["*", "**", "*.", "**."],
+            &["a**b.com", "a*b.com"],
+            &["**.x", "***.x"],
+            &["*.**.x", "*.*.x"],
+        ];
+        for group in groups {
+            let mut m = Matcher::new();
+            let sels: Vec<_> = group.iter().map(|p| pat(p)).collect();
+            for s in &sels {
+                assert!(m.insert(s, SelectorId(7)), "{s}");
+                assert!(m.insert(s, SelectorId(8)), "{s}");
+            }
+            assert_eq!(m.len(), 2 * sels.len());
+            let probe = match group[0] {
+                "a**b.com" => "ab.com.",
+                "**.x" => "y.x.",
+                "*.**.x" => "y.z.x.",
+                _ => "a.a-b.com.",
+            };
+            for (i, s) in sels.iter().enumerate() {
+                assert_eq!(ids(&m, probe), [7, 8], "{group:?} after removing {i}");
+                assert!(m.remove(s, SelectorId(7)));
+                assert!(!m.remove(s, SelectorId(7)));
+            }
+            assert_eq!(ids(&m, probe), [8]);
+            for s in &sels {
+                assert!(m.remove(s, SelectorId(8)));
+            }
+            assert!(m.is_empty() && m.root.is_empty() && m.all.is_empty());
+        }
+    }
+
+    #[test]
     fn remove_prunes_and_reports() {
         let mut m = sample();
         assert!(!m.remove(&pat("www.cilium.io"), SelectorId(99)));
@@ -382,7 +438,10 @@ mod tests {
         assert!(!m.remove(&pat("**.cilium.io"), SelectorId(2)));
         assert_eq!(m.len(), 10);
         // matchName and matchPattern with the same key are the same selector.
-        assert!(m.remove(&FqdnSelector::match_name("WWW.cilium.io").unwrap(), SelectorId(1)));
+        assert!(m.remove(
+            &FqdnSelector::match_name("WWW.cilium.io").unwrap(),
+            SelectorId(1)
+        ));
         assert!(!m.remove(&pat("www.cilium.io"), SelectorId(1)));
         assert_eq!(ids(&m, "www.cilium.io."), [2, 3, 5]);
         assert!(m.remove(&pat("*"), SelectorId(5)));
@@ -406,6 +465,7 @@ mod tests {
         assert!(m.root.is_empty());
         assert!(m.all.is_empty());
         assert!(m.id_uses.is_empty());
+        assert!(m.registered.is_empty());
         assert_eq!(ids(&m, "www.cilium.io."), Vec::<u32>::new());
     }
 
@@ -414,7 +474,10 @@ mod tests {
         let mut m = Matcher::new();
         for i in 0..2000 {
             m.insert(&pat(&format!("host{i}.example.com")), SelectorId(i));
-            m.insert(&pat(&format!("*.svc{i}.cluster.local")), SelectorId(10_000 + i));
+            m.insert(
+                &pat(&format!("*.svc{i}.cluster.local")),
+                SelectorId(10_000 + i),
+            );
         }
         m.insert(&pat("**.local"), SelectorId(50_000));
         assert_eq!(ids(&m, "host42.example.com."), [42]);

@@ -44,7 +44,9 @@ pub fn canonicalize(name: &str) -> Cow<'_, str> {
 #[non_exhaustive]
 pub enum NameError {
     /// The name is the root `.` (or empty): fqdnd stores no answers for the root.
-    #[error("the root name '.' cannot be stored: expected at least one label such as 'example.com'")]
+    #[error(
+        "the root name '.' cannot be stored: expected at least one label such as 'example.com'"
+    )]
     Root,
     /// The name is longer than 255 bytes on the wire.
     #[error("name is {len} bytes long on the wire: at most 255 are allowed")]
@@ -53,7 +55,9 @@ pub enum NameError {
         len: usize,
     },
     /// Two dots in a row, or a leading dot.
-    #[error("empty label (two dots in a row or a leading dot): every label needs 1 to 63 characters")]
+    #[error(
+        "empty label (two dots in a row or a leading dot): every label needs 1 to 63 characters"
+    )]
     EmptyLabel,
     /// A label longer than 63 bytes.
     #[error("label is {label_len} bytes long: a label may be at most 63")]
@@ -200,7 +204,10 @@ mod tests {
         assert_eq!(n.label_count(), 3);
         assert_eq!(n, DnsName::parse("www.cilium.io.").unwrap());
         assert_eq!(&**n.as_arc(), "www.cilium.io.");
-        assert_eq!("_srv-1.a_b.x".parse::<DnsName>().unwrap().as_str(), "_srv-1.a_b.x.");
+        assert_eq!(
+            "_srv-1.a_b.x".parse::<DnsName>().unwrap().as_str(),
+            "_srv-1.a_b.x."
+        );
         let set: HashSet<DnsName> = [n.clone()].into_iter().collect();
         assert!(set.contains("www.cilium.io."));
     }
@@ -229,7 +236,10 @@ mod tests {
             Err(NameError::InvalidCharacter { ch: '*' })
         );
         let msg = DnsName::parse("a!b").unwrap_err().to_string();
-        assert!(msg.contains("'!'") && msg.contains("letters, digits"), "{msg}");
+        assert!(
+            msg.contains("'!'") && msg.contains("letters, digits"),
+            "{msg}"
+        );
     }
 
     #[test]

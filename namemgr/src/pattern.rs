@@ -32,7 +32,9 @@ pub const MAX_PATTERN_LEN: usize = 255;
 #[non_exhaustive]
 pub enum PatternError {
     /// Nothing but whitespace.
-    #[error("empty pattern: expected a DNS name such as 'example.com' or a pattern such as '*.example.com'")]
+    #[error(
+        "empty pattern: expected a DNS name such as 'example.com' or a pattern such as '*.example.com'"
+    )]
     Empty,
     /// More than 255 characters after trimming.
     #[error("pattern is {len} characters long: at most 255 are allowed")]
@@ -105,7 +107,14 @@ pub(crate) enum LabelPattern {
 
 /// A label with at least one `*`, runs of stars collapsed into one (same language).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) struct Glob(Box<str>);
+pub(crate) struct Glob {
+    /// The normalised text.
+    text: Box<str>,
+    /// Length of the literal text before the first star.
+    prefix: usize,
+    /// Length of the literal text after the last star.
+    suffix: usize,
+}
 
 impl Glob {
     fn new(segment: &str) -> Self {
@@ -115,23 +124,40 @@ impl Glob {
                 text.push(c);
             }
         }
-        Self(text.into_boxed_str())
+        let prefix = text.find('*').unwrap_or(text.len());
+        let suffix = text.len() - text.rfind('*').map_or(0, |i| i + 1);
+        Self {
+            text: text.into_boxed_str(),
+            prefix,
+            suffix,
+        }
     }
 
     /// Does this glob match the whole `label`?
     pub(crate) fn is_match(&self, label: &str) -> bool {
         // Literal characters of a pattern are all in the class, so any label matched is made
-        // of class characters only: check that once, then match `*` as "anything".
-        let label = label.as_bytes();
-        if !label.iter().all(|&b| is_class_byte(b)) {
+        // of class characters only: check that first, then match `*` as "anything".
+        is_class_label(label) && self.is_match_class_label(label)
+    }
+
+    /// [`Self::is_match`] for a label already known to pass [`is_class_label`].
+    pub(crate) fn is_match_class_label(&self, label: &str) -> bool {
+        let (pat, s) = (self.text.as_bytes(), label.as_bytes());
+        if s.len() < self.prefix + self.suffix
+            || !s.starts_with(&pat[..self.prefix])
+            || !s.ends_with(&pat[pat.len() - self.suffix..])
+        {
             return false;
         }
-        let pat = self.0.as_bytes();
-        if pat == b"*" {
-            return true;
-        }
-        glob_match(pat, label)
+        // What is left of the pattern starts and ends with a star.
+        let middle = &pat[self.prefix..pat.len() - self.suffix];
+        middle == b"*" || glob_match(middle, &s[self.prefix..s.len() - self.suffix])
     }
+}
+
+/// Is every byte of `label` in `[-a-zA-Z0-9_]` (true for the empty label)?
+pub(crate) fn is_class_label(label: &str) -> bool {
+    label.bytes().all(is_class_byte)
 }
 
 /// Classic wildcard matching with backtracking to the last star; `*` matches any run.
@@ -240,7 +266,11 @@ impl FqdnSelector {
     pub fn match_pattern(pattern: &str) -> Result<Self, PatternError> {
         let text = validate(pattern, SelectorKind::MatchPattern)?;
         if is_pure_wildcard(&text) {
-            return Ok(Self::from_parts(text, SelectorKind::MatchPattern, Compiled::All));
+            return Ok(Self::from_parts(
+                text,
+                SelectorKind::MatchPattern,
+                Compiled::All,
+            ));
         }
         let key = sanitize(text);
         let stars = key.bytes().take_while(|&b| b == b'*').count();
@@ -458,11 +488,17 @@ pub(crate) mod tests {
         let re = cilium_regex(pattern);
         for name in yes {
             assert!(sel.matches(name), "{pattern:?} should match {name:?}");
-            assert!(re.is_match(name), "oracle: {pattern:?} should match {name:?}");
+            assert!(
+                re.is_match(name),
+                "oracle: {pattern:?} should match {name:?}"
+            );
         }
         for name in no {
             assert!(!sel.matches(name), "{pattern:?} should not match {name:?}");
-            assert!(!re.is_match(name), "oracle: {pattern:?} should not match {name:?}");
+            assert!(
+                !re.is_match(name),
+                "oracle: {pattern:?} should not match {name:?}"
+            );
         }
     }
 
@@ -470,7 +506,12 @@ pub(crate) mod tests {
     fn single_star_label() {
         check(
             "*.cilium.io",
-            &["sub.cilium.io.", ".cilium.io.", "a-b_c.cilium.io.", "A.cilium.io."],
+            &[
+                "sub.cilium.io.",
+                ".cilium.io.",
+                "a-b_c.cilium.io.",
+                "A.cilium.io.",
+            ],
             &[
                 "cilium.io.",
                 "a.b.cilium.io.",
@@ -501,7 +542,13 @@ pub(crate) mod tests {
         check(
             "**.cilium.io",
             &["a.cilium.io.", "a.b.cilium.io.", "a-1.b_2.c.cilium.io."],
-            &["cilium.io.", ".cilium.io.", "a..cilium.io.", "a b.cilium.io.", "..cilium.io."],
+            &[
+                "cilium.io.",
+                ".cilium.io.",
+                "a..cilium.io.",
+                "a b.cilium.io.",
+                "..cilium.io.",
+            ],
         );
         check("***.x", &["a.x.", "a.b.x."], &["x.", ".x."]);
         let sel = pat("***.x");
@@ -517,7 +564,12 @@ pub(crate) mod tests {
             &["a.b.cilium.io.", "..cilium.io."],
             &["a.cilium.io.", "a.b.c.cilium.io."],
         );
-        for name in ["a.b.cilium.io.", "a.cilium.io.", "a.b.c.cilium.io.", "..cilium.io."] {
+        for name in [
+            "a.b.cilium.io.",
+            "a.cilium.io.",
+            "a.b.c.cilium.io.",
+            "..cilium.io.",
+        ] {
             assert_eq!(
                 pat("*.**.cilium.io").matches(name),
                 pat("*.*.cilium.io").matches(name)
@@ -616,17 +668,29 @@ pub(crate) mod tests {
         );
         assert_eq!(
             FqdnSelector::match_name("a b"),
-            Err(PatternError::InvalidCharacter { ch: ' ', position: 1 })
+            Err(PatternError::InvalidCharacter {
+                ch: ' ',
+                position: 1
+            })
         );
     }
 
     #[test]
     fn validation_errors() {
         assert_eq!(FqdnSelector::match_pattern(""), Err(PatternError::Empty));
-        assert_eq!(FqdnSelector::match_pattern(" \t\n"), Err(PatternError::Empty));
+        assert_eq!(
+            FqdnSelector::match_pattern(" \t\n"),
+            Err(PatternError::Empty)
+        );
         assert_eq!(FqdnSelector::match_name(""), Err(PatternError::Empty));
         let err = FqdnSelector::match_pattern("  abc!.com").unwrap_err();
-        assert_eq!(err, PatternError::InvalidCharacter { ch: '!', position: 3 });
+        assert_eq!(
+            err,
+            PatternError::InvalidCharacter {
+                ch: '!',
+                position: 3
+            }
+        );
         assert_eq!(
             err.to_string(),
             "invalid character '!' at position 3: a name or pattern may contain only letters, \
@@ -659,10 +723,17 @@ pub(crate) mod tests {
         // Length is counted in characters.
         assert_eq!(
             FqdnSelector::match_pattern(&"ü".repeat(200)),
-            Err(PatternError::InvalidCharacter { ch: 'ü', position: 0 })
+            Err(PatternError::InvalidCharacter {
+                ch: 'ü',
+                position: 0
+            })
         );
         assert!(PatternError::Empty.to_string().contains("expected"));
-        assert!(PatternError::WildcardInName.to_string().contains("matchPattern"));
+        assert!(
+            PatternError::WildcardInName
+                .to_string()
+                .contains("matchPattern")
+        );
     }
 
     #[test]
@@ -677,9 +748,20 @@ pub(crate) mod tests {
 
     #[test]
     fn glob_matching_backtracks() {
-        check("*a*a*b", &["aab.", "xaxaxb.", "aaaab.", "abab."], &["ab.", "aaba.", "baa."]);
+        check(
+            "*a*a*b",
+            &["aab.", "xaxaxb.", "aaaab.", "abab."],
+            &["ab.", "aaba.", "baa."],
+        );
         check("a*", &["a.", "abc.", "a-."], &["ba.", "."]);
         check("*-", &["-.", "a-."], &["a.", "-a."]);
+        // Prefix and suffix may not overlap.
+        check(
+            "ab*ba",
+            &["abba.", "ab-ba.", "abababa."],
+            &["aba.", "ab.", "ba."],
+        );
+        check("a*b*a", &["aba.", "abba.", "a-b-a."], &["ab.", "aa."]);
     }
 
     /// Patterns over `{a, b, -, _, ., *}`, sometimes with a leading `**.` or similar, random

@@ -7,11 +7,19 @@
 //! - an identity number never changes label set while prefixes hold it;
 //! - the same answers in another order give the same state.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed step should panic"
+)]
+
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::time::Duration;
 
-use fqdnd_ipcache::policy::{EgressRule, LabelSelector, PeerSelector, PortProtocol, PortRule, Protocol, Rule};
+use fqdnd_ipcache::policy::{
+    EgressRule, LabelSelector, PeerSelector, PortProtocol, PortRule, Protocol, Rule,
+};
 use fqdnd_ipcache::{Endpoint, EndpointId, Identity, IpCache, MemoryDatapath, host_prefix};
 use fqdnd_namemgr::{Config, FqdnSelector, NameManager};
 use ipnet::IpNet;
@@ -26,12 +34,23 @@ const NAMES: &[&str] = &[
     "www.cilium.io",
     "bucket.s3.amazonaws.com",
 ];
-const SELECTORS: &[&str] = &["*.example.com", "**.example.com", "cilium.io", "*.cilium.io", "*", "*.s3.amazonaws.com", "www.cilium.io", "*cilium.io"];
+const SELECTORS: &[&str] = &[
+    "*.example.com",
+    "**.example.com",
+    "cilium.io",
+    "*.cilium.io",
+    "*",
+    "*.s3.amazonaws.com",
+    "www.cilium.io",
+    "*cilium.io",
+];
 const CIDR: &str = "10.0.0.0/24";
 const EP: EndpointId = EndpointId(1);
 
 fn pool() -> Vec<IpAddr> {
-    let mut ips: Vec<IpAddr> = (1..=5).map(|i| format!("10.0.0.{i}").parse().unwrap()).collect();
+    let mut ips: Vec<IpAddr> = (1..=5)
+        .map(|i| format!("10.0.0.{i}").parse().unwrap())
+        .collect();
     ips.extend((1..=5).map(|i| format!("10.0.1.{i}").parse::<IpAddr>().unwrap()));
     ips.extend((1..=3).map(|i| format!("fd00::{i}").parse::<IpAddr>().unwrap()));
     ips
@@ -39,9 +58,15 @@ fn pool() -> Vec<IpAddr> {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Answer { name: usize, ips: Vec<usize>, ttl: u32 },
+    Answer {
+        name: usize,
+        ips: Vec<usize>,
+        ttl: u32,
+    },
     Advance(u64),
-    Gc { in_use: Vec<usize> },
+    Gc {
+        in_use: Vec<usize>,
+    },
     AddSelector(usize),
     RemoveSelector(usize),
 }
@@ -67,7 +92,11 @@ struct Engine {
 
 impl Engine {
     fn new(initial: &BTreeSet<usize>) -> Self {
-        let config = Config { max_ips_per_hostname: 1000, max_ips_per_name: 1000, ..Config::default() };
+        let config = Config {
+            max_ips_per_hostname: 1000,
+            max_ips_per_name: 1000,
+            ..Config::default()
+        };
         let mut ipcache = IpCache::new(fqdnd_ipcache::Config::default(), MemoryDatapath::default());
         ipcache
             .set_endpoints(vec![Endpoint {
@@ -77,14 +106,26 @@ impl Engine {
                 labels: vec![],
             }])
             .unwrap();
-        let mut engine = Self { names: NameManager::new(config), ipcache, selectors: BTreeSet::new(), now: Duration::from_secs(1000) };
+        let mut engine = Self {
+            names: NameManager::new(config),
+            ipcache,
+            selectors: BTreeSet::new(),
+            now: Duration::from_secs(1000),
+        };
         engine.set_selectors(initial.clone());
         engine
     }
 
     fn policy(&self) -> Vec<PeerSelector> {
-        let mut peers: Vec<PeerSelector> = self.selectors.iter().map(|i| PeerSelector::Fqdn(key(*i))).collect();
-        peers.push(PeerSelector::Cidr { cidr: CIDR.parse().unwrap(), except: vec![] });
+        let mut peers: Vec<PeerSelector> = self
+            .selectors
+            .iter()
+            .map(|i| PeerSelector::Fqdn(key(*i)))
+            .collect();
+        peers.push(PeerSelector::Cidr {
+            cidr: CIDR.parse().unwrap(),
+            except: vec![],
+        });
         peers
     }
 
@@ -95,25 +136,46 @@ impl Engine {
             endpoint_selector: LabelSelector::default(),
             egress: vec![EgressRule {
                 peers: self.policy(),
-                ports: vec![PortRule { ports: vec![PortProtocol { port: 443, end_port: 443, protocol: Protocol::Tcp }], dns: None }],
+                ports: vec![PortRule {
+                    ports: vec![PortProtocol {
+                        port: 443,
+                        end_port: 443,
+                        protocol: Protocol::Tcp,
+                    }],
+                    dns: None,
+                }],
             }],
             default_deny_egress: true,
         };
         self.ipcache.set_policy(vec![rule]).unwrap();
-        let fqdn: Vec<FqdnSelector> = self.selectors.iter().map(|i| FqdnSelector::match_pattern(SELECTORS[*i]).unwrap()).collect();
-        self.names.set_selectors(&fqdn, self.now, &mut self.ipcache).unwrap();
+        let fqdn: Vec<FqdnSelector> = self
+            .selectors
+            .iter()
+            .map(|i| FqdnSelector::match_pattern(SELECTORS[*i]).unwrap())
+            .collect();
+        self.names
+            .set_selectors(&fqdn, self.now, &mut self.ipcache)
+            .unwrap();
         self.ipcache.commit().unwrap();
     }
 
     fn answer(&mut self, name: usize, ips: &[usize], ttl: u32) {
         let pool = pool();
         let addrs: Vec<IpAddr> = ips.iter().map(|i| pool[*i]).collect();
-        self.names.observe(EP, NAMES[name], &addrs, ttl, self.now, &mut self.ipcache).unwrap();
+        self.names
+            .observe(EP, NAMES[name], &addrs, ttl, self.now, &mut self.ipcache)
+            .unwrap();
         self.ipcache.commit().unwrap();
     }
 
     fn gc(&mut self, in_use: &HashSet<IpAddr>) {
-        self.names.gc(self.now, &|a: IpAddr| in_use.contains(&a), &mut self.ipcache).unwrap();
+        self.names
+            .gc(
+                self.now,
+                &|a: IpAddr| in_use.contains(&a),
+                &mut self.ipcache,
+            )
+            .unwrap();
         self.ipcache.commit().unwrap();
     }
 
@@ -131,7 +193,10 @@ impl Engine {
 }
 
 fn key(selector: usize) -> String {
-    FqdnSelector::match_pattern(SELECTORS[selector]).unwrap().key().to_owned()
+    FqdnSelector::match_pattern(SELECTORS[selector])
+        .unwrap()
+        .key()
+        .to_owned()
 }
 
 /// The naive model: (name, IP) → expiry for live mappings, and the zombie set.
@@ -154,7 +219,12 @@ impl Model {
     }
 
     fn gc(&mut self, now: u64, in_use: &HashSet<IpAddr>) {
-        let expired: Vec<_> = self.live.iter().filter(|(_, e)| **e <= now).map(|(k, _)| *k).collect();
+        let expired: Vec<_> = self
+            .live
+            .iter()
+            .filter(|(_, e)| **e <= now)
+            .map(|(k, _)| *k)
+            .collect();
         for k in expired {
             self.live.remove(&k);
             self.zombies.insert(k);
@@ -163,7 +233,10 @@ impl Model {
     }
 
     fn cached(&self) -> impl Iterator<Item = (usize, IpAddr)> + '_ {
-        self.live.keys().copied().chain(self.zombies.iter().copied())
+        self.live
+            .keys()
+            .copied()
+            .chain(self.zombies.iter().copied())
     }
 
     /// The labels the design says each IP carries.
@@ -175,7 +248,9 @@ impl Model {
             for s in selectors {
                 let sel = FqdnSelector::match_pattern(SELECTORS[*s]).unwrap();
                 if sel.matches(&canonical) {
-                    out.entry(ip).or_default().insert(format!("fqdn:{}", sel.key()));
+                    out.entry(ip)
+                        .or_default()
+                        .insert(format!("fqdn:{}", sel.key()));
                 }
             }
         }
@@ -183,14 +258,22 @@ impl Model {
             if cidr.contains(ip) {
                 labels.insert(format!("cidr:{CIDR}"));
             }
-            labels.insert(if ip.is_ipv4() { "reserved:world-ipv4" } else { "reserved:world-ipv6" }.to_owned());
+            labels.insert(
+                if ip.is_ipv4() {
+                    "reserved:world-ipv4"
+                } else {
+                    "reserved:world-ipv6"
+                }
+                .to_owned(),
+            );
         }
         out
     }
 
     fn selects(&self, selector: usize, ip: IpAddr) -> bool {
         let sel = FqdnSelector::match_pattern(SELECTORS[selector]).unwrap();
-        self.cached().any(|(name, x)| x == ip && sel.matches(&format!("{}.", NAMES[name])))
+        self.cached()
+            .any(|(name, x)| x == ip && sel.matches(&format!("{}.", NAMES[name])))
     }
 }
 
@@ -201,13 +284,33 @@ fn check(engine: &Engine, model: &Model) -> Result<(), TestCaseError> {
     for ip in pool() {
         let identity = dp.identity_of(ip);
         for s in &engine.selectors {
-            let selected = engine.ipcache.selected(&PeerSelector::Fqdn(key(*s))).contains(&identity);
-            prop_assert_eq!(selected, model.selects(*s, ip), "selector {} ip {}", SELECTORS[*s], ip);
+            let selected = engine
+                .ipcache
+                .selected(&PeerSelector::Fqdn(key(*s)))
+                .contains(&identity);
+            prop_assert_eq!(
+                selected,
+                model.selects(*s, ip),
+                "selector {} ip {}",
+                SELECTORS[*s],
+                ip
+            );
         }
-        let by_cidr = engine.ipcache.selected(&PeerSelector::Cidr { cidr, except: vec![] }).contains(&identity);
+        let by_cidr = engine
+            .ipcache
+            .selected(&PeerSelector::Cidr {
+                cidr,
+                except: vec![],
+            })
+            .contains(&identity);
         prop_assert_eq!(by_cidr, cidr.contains(&ip), "cidr selector ip {}", ip);
         let allowed = model.selects_any(&engine.selectors, ip) || cidr.contains(&ip);
-        prop_assert_eq!(dp.allows(EP, ip, Protocol::Tcp, 443), allowed, "policy for {}", ip);
+        prop_assert_eq!(
+            dp.allows(EP, ip, Protocol::Tcp, 443),
+            allowed,
+            "policy for {}",
+            ip
+        );
         prop_assert!(!dp.allows(EP, ip, Protocol::Tcp, 80));
     }
     // Live FQDN identities are exactly the label sets held by prefixes, plus pre-allocation.
@@ -227,7 +330,11 @@ fn check(engine: &Engine, model: &Model) -> Result<(), TestCaseError> {
         if labels.len() == 2 && engine.ipcache.has_fqdn_label(id) {
             // {fqdn:<sel>, world-ipvX}: pre-allocated for a selector in force.
             let text = engine.ipcache.labels_of(id).unwrap();
-            if engine.selectors.iter().any(|s| text.contains(&format!("fqdn:{}", key(*s)))) {
+            if engine
+                .selectors
+                .iter()
+                .any(|s| text.contains(&format!("fqdn:{}", key(*s))))
+            {
                 expected.insert(id);
             }
         }

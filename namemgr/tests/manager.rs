@@ -1,5 +1,11 @@
 //! NameManager behaviour: TTLs, caps, zombies, breakers, relabelling.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed step should panic"
+)]
+
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -15,8 +21,13 @@ fn ip(i: u32) -> IpAddr {
 fn setup(config: Config, selectors: &[&str]) -> (NameManager, IpCache<MemoryDatapath>) {
     let mut ipcache = IpCache::new(fqdnd_ipcache::Config::default(), MemoryDatapath::default());
     let mut names = NameManager::new(config);
-    let sels: Vec<FqdnSelector> = selectors.iter().map(|s| FqdnSelector::match_pattern(s).unwrap()).collect();
-    names.set_selectors(&sels, Duration::ZERO, &mut ipcache).unwrap();
+    let sels: Vec<FqdnSelector> = selectors
+        .iter()
+        .map(|s| FqdnSelector::match_pattern(s).unwrap())
+        .collect();
+    names
+        .set_selectors(&sels, Duration::ZERO, &mut ipcache)
+        .unwrap();
     (names, ipcache)
 }
 
@@ -30,16 +41,29 @@ fn nothing_in_use(_: IpAddr) -> bool {
 
 #[test]
 fn ttl_is_raised_to_the_minimum_and_expires_on_gc() {
-    let (mut n, mut c) = setup(Config { min_ttl: 60, ..Config::default() }, &["*.example.com"]);
-    let learned = n.observe(EP, "A.Example.com", &[ip(1)], 5, at(100), &mut c).unwrap();
+    let (mut n, mut c) = setup(
+        Config {
+            min_ttl: 60,
+            ..Config::default()
+        },
+        &["*.example.com"],
+    );
+    let learned = n
+        .observe(EP, "A.Example.com", &[ip(1)], 5, at(100), &mut c)
+        .unwrap();
     assert_eq!((learned.new, learned.is_new_state()), (1, true));
     let entry = n.entries().next().unwrap();
     assert_eq!(&*entry.name, "a.example.com.");
     assert_eq!(entry.ip.expires, 160);
     assert!(c.identity_of(&host_prefix(ip(1))).is_some());
     // A refresh only extends the lifetime.
-    let again = n.observe(EP, "a.example.com.", &[ip(1)], 100, at(110), &mut c).unwrap();
-    assert_eq!((again.new, again.refreshed, again.is_new_state()), (0, 1, false));
+    let again = n
+        .observe(EP, "a.example.com.", &[ip(1)], 100, at(110), &mut c)
+        .unwrap();
+    assert_eq!(
+        (again.new, again.refreshed, again.is_new_state()),
+        (0, 1, false)
+    );
     n.gc(at(209), &nothing_in_use, &mut c).unwrap();
     assert_eq!(n.mapping_count(), 1);
     let gc = n.gc(at(210), &nothing_in_use, &mut c).unwrap();
@@ -51,14 +75,20 @@ fn ttl_is_raised_to_the_minimum_and_expires_on_gc() {
 #[test]
 fn expired_ips_in_use_stay_as_zombies_until_unused() {
     let (mut n, mut c) = setup(Config::default(), &["*.example.com"]);
-    n.observe(EP, "a.example.com", &[ip(1), ip(2)], 10, at(0), &mut c).unwrap();
+    n.observe(EP, "a.example.com", &[ip(1), ip(2)], 10, at(0), &mut c)
+        .unwrap();
     let in_use = |a: IpAddr| a == ip(1);
     n.gc(at(10), &in_use, &mut c).unwrap();
     assert_eq!(n.zombie_count(), 1);
-    assert!(c.identity_of(&host_prefix(ip(1))).is_some(), "a zombie keeps its labels");
+    assert!(
+        c.identity_of(&host_prefix(ip(1))).is_some(),
+        "a zombie keeps its labels"
+    );
     assert_eq!(c.identity_of(&host_prefix(ip(2))), None);
     // A new answer revives the zombie.
-    let learned = n.observe(EP, "a.example.com", &[ip(1)], 10, at(11), &mut c).unwrap();
+    let learned = n
+        .observe(EP, "a.example.com", &[ip(1)], 10, at(11), &mut c)
+        .unwrap();
     assert_eq!(learned.revived, 1);
     assert_eq!(n.zombie_count(), 0);
     n.gc(at(30), &nothing_in_use, &mut c).unwrap();
@@ -67,24 +97,59 @@ fn expired_ips_in_use_stay_as_zombies_until_unused() {
 
 #[test]
 fn the_hostname_cap_evicts_the_earliest_expiring_into_zombies() {
-    let (mut n, mut c) = setup(Config { max_ips_per_hostname: 2, ..Config::default() }, &["*.s3.amazonaws.com"]);
-    n.observe(EP, "b.s3.amazonaws.com", &[ip(1)], 5, at(0), &mut c).unwrap();
-    n.observe(EP, "b.s3.amazonaws.com", &[ip(2)], 5, at(1), &mut c).unwrap();
-    n.observe(EP, "b.s3.amazonaws.com", &[ip(3)], 5, at(2), &mut c).unwrap();
+    let (mut n, mut c) = setup(
+        Config {
+            max_ips_per_hostname: 2,
+            ..Config::default()
+        },
+        &["*.s3.amazonaws.com"],
+    );
+    n.observe(EP, "b.s3.amazonaws.com", &[ip(1)], 5, at(0), &mut c)
+        .unwrap();
+    n.observe(EP, "b.s3.amazonaws.com", &[ip(2)], 5, at(1), &mut c)
+        .unwrap();
+    n.observe(EP, "b.s3.amazonaws.com", &[ip(3)], 5, at(2), &mut c)
+        .unwrap();
     assert_eq!(n.zombie_count(), 1);
-    let live: Vec<IpAddr> = n.entries().filter(|e| !e.zombie).map(|e| e.ip.addr).collect();
+    let live: Vec<IpAddr> = n
+        .entries()
+        .filter(|e| !e.zombie)
+        .map(|e| e.ip.addr)
+        .collect();
     assert!(live.contains(&ip(2)) && live.contains(&ip(3)));
     // One answer with more IPs than the cap keeps the first ones.
-    let (mut n, mut c) = setup(Config { max_ips_per_hostname: 2, ..Config::default() }, &[]);
-    let learned = n.observe(EP, "x.example", &[ip(1), ip(2), ip(3)], 5, at(0), &mut c).unwrap();
+    let (mut n, mut c) = setup(
+        Config {
+            max_ips_per_hostname: 2,
+            ..Config::default()
+        },
+        &[],
+    );
+    let learned = n
+        .observe(EP, "x.example", &[ip(1), ip(2), ip(3)], 5, at(0), &mut c)
+        .unwrap();
     assert_eq!((learned.new, learned.capped), (2, 1));
 }
 
 #[test]
 fn zombie_cap_releases_the_oldest() {
-    let (mut n, mut c) = setup(Config { max_zombies: 2, ..Config::default() }, &["*"]);
+    let (mut n, mut c) = setup(
+        Config {
+            max_zombies: 2,
+            ..Config::default()
+        },
+        &["*"],
+    );
     for i in 0..4 {
-        n.observe(EP, &format!("n{i}.example"), &[ip(i)], 1, at(u64::from(i)), &mut c).unwrap();
+        n.observe(
+            EP,
+            &format!("n{i}.example"),
+            &[ip(i)],
+            1,
+            at(u64::from(i)),
+            &mut c,
+        )
+        .unwrap();
     }
     let all = |_: IpAddr| true;
     let gc = n.gc(at(100), &all, &mut c).unwrap();
@@ -97,17 +162,39 @@ fn zombie_cap_releases_the_oldest() {
 
 #[test]
 fn breakers_reject_without_touching_existing_state() {
-    let (mut n, mut c) = setup(Config { max_names_per_endpoint: 2, max_ips_per_name: 3, ..Config::default() }, &["*"]);
-    n.observe(EP, "a.example", &[ip(1)], 60, at(0), &mut c).unwrap();
-    n.observe(EP, "b.example", &[ip(2)], 60, at(0), &mut c).unwrap();
-    let err = n.observe(EP, "c.example", &[ip(3)], 60, at(0), &mut c).unwrap_err();
-    assert!(matches!(err, Error::BreakerTripped { breaker: Breaker::NamesPerEndpoint, limit: 2, .. }));
+    let (mut n, mut c) = setup(
+        Config {
+            max_names_per_endpoint: 2,
+            max_ips_per_name: 3,
+            ..Config::default()
+        },
+        &["*"],
+    );
+    n.observe(EP, "a.example", &[ip(1)], 60, at(0), &mut c)
+        .unwrap();
+    n.observe(EP, "b.example", &[ip(2)], 60, at(0), &mut c)
+        .unwrap();
+    let err = n
+        .observe(EP, "c.example", &[ip(3)], 60, at(0), &mut c)
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        Error::BreakerTripped {
+            breaker: Breaker::NamesPerEndpoint,
+            limit: 2,
+            ..
+        }
+    ));
     assert_eq!(n.name_count(), 2);
     // A known name still refreshes; another endpoint is not affected.
-    n.observe(EP, "a.example", &[ip(1)], 60, at(1), &mut c).unwrap();
-    n.observe(EndpointId(8), "c.example", &[ip(3)], 60, at(1), &mut c).unwrap();
+    n.observe(EP, "a.example", &[ip(1)], 60, at(1), &mut c)
+        .unwrap();
+    n.observe(EndpointId(8), "c.example", &[ip(3)], 60, at(1), &mut c)
+        .unwrap();
     // Per-name IP breaker.
-    let learned = n.observe(EP, "a.example", &[ip(4), ip(5), ip(6)], 60, at(2), &mut c).unwrap();
+    let learned = n
+        .observe(EP, "a.example", &[ip(4), ip(5), ip(6)], 60, at(2), &mut c)
+        .unwrap();
     assert_eq!((learned.new, learned.rejected), (2, 1));
     assert_eq!(c.identity_of(&host_prefix(ip(6))), None);
     assert_eq!(n.stats().breaker_trips, 2);
@@ -128,14 +215,26 @@ fn invalid_names_are_not_stored() {
 #[test]
 fn selector_changes_relabel_cached_ips() {
     let (mut n, mut c) = setup(Config::default(), &[]);
-    n.observe(EP, "www.cilium.io", &[ip(1)], 60, at(0), &mut c).unwrap();
-    assert_eq!(c.identity_of(&host_prefix(ip(1))), None, "unselected names stay out of the ipcache");
+    n.observe(EP, "www.cilium.io", &[ip(1)], 60, at(0), &mut c)
+        .unwrap();
+    assert_eq!(
+        c.identity_of(&host_prefix(ip(1))),
+        None,
+        "unselected names stay out of the ipcache"
+    );
     let add = [FqdnSelector::match_pattern("*.cilium.io").unwrap()];
     n.set_selectors(&add, at(1), &mut c).unwrap();
     let id = c.identity_of(&host_prefix(ip(1))).unwrap();
-    assert_eq!(c.labels_of(id).unwrap(), "reserved:world-ipv4,fqdn:*.cilium.io.");
+    assert_eq!(
+        c.labels_of(id).unwrap(),
+        "reserved:world-ipv4,fqdn:*.cilium.io."
+    );
     assert_eq!(n.names_of(ip(1)).len(), 1);
     n.set_selectors(&[], at(2), &mut c).unwrap();
     assert_eq!(c.identity_of(&host_prefix(ip(1))), None);
-    assert_eq!(n.mapping_count(), 1, "the cache keeps the name for future selectors");
+    assert_eq!(
+        n.mapping_count(),
+        1,
+        "the cache keeps the name for future selectors"
+    );
 }

@@ -1,0 +1,47 @@
+//! Matching one name against 10k FQDN selectors compiled into one Matcher.
+//! `cargo bench -p fqdnd-benchmarks --bench matcher`
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "benchmark fixtures are fixed; a failure should stop the run"
+)]
+#![allow(clippy::disallowed_types, reason = "a benchmark measures wall time")]
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use fqdnd_benchmarks::{mixed_selectors, probe_names};
+use fqdnd_namemgr::{FqdnSelector, Matcher, SelectorId};
+use std::hint::black_box;
+
+fn bench(c: &mut Criterion) {
+    for n in [1_000usize, 10_000] {
+        let mut matcher = Matcher::new();
+        for (i, pattern) in mixed_selectors(n).iter().enumerate() {
+            let selector =
+                FqdnSelector::match_pattern(pattern).expect("fixture patterns are valid");
+            matcher.insert(&selector, SelectorId(i as u32));
+        }
+        let mut group = c.benchmark_group(format!("match/{n}-selectors"));
+        for (kind, name) in probe_names(n) {
+            let mut hits = 0;
+            matcher.for_each_match(&name, |_| hits += 1);
+            assert_eq!(
+                hits > 0,
+                kind != "miss",
+                "{kind} probe {name} must {}match",
+                if kind == "miss" { "not " } else { "" }
+            );
+            group.bench_function(kind, |b| {
+                b.iter(|| {
+                    let mut count = 0u32;
+                    matcher.for_each_match(black_box(&name), |_| count += 1);
+                    count
+                })
+            });
+        }
+        group.finish();
+    }
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

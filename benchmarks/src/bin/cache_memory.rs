@@ -1,0 +1,102 @@
+//! Memory per cached (name, IP) entry and the cost of a full GC pass.
+//!
+//! `cargo run --release -p fqdnd-benchmarks --bin cache_memory -- [ENTRIES] [IPS_PER_NAME]`
+//! (defaults: 1,000,000 entries, 10 IPs per name). Fills the engine (NameManager + IpCache,
+//! every name selected, the datapath counting only — in production its maps live in the
+//! kernel), reads VmRSS before and after, then times a GC pass that keeps everything and one
+//! that expires everything.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "benchmark fixtures are fixed; a failure should stop the run"
+)]
+#![allow(clippy::disallowed_types, reason = "a benchmark measures wall time")]
+
+use std::time::{Duration, Instant};
+
+use fqdnd_benchmarks::{addr, rss_bytes};
+use fqdnd_ipcache::{CountingDatapath, EndpointId, IpCache};
+use fqdnd_namemgr::{Config, FqdnSelector, NameManager};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let entries: u32 = args
+        .get(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(1_000_000);
+    let per_name: u32 = args
+        .get(2)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(10)
+        .max(1);
+    let mut ipcache = IpCache::new(
+        fqdnd_ipcache::Config::default(),
+        CountingDatapath::default(),
+    );
+    let config = Config {
+        max_names_per_endpoint: usize::MAX,
+        ..Config::default()
+    };
+    let mut names = NameManager::new(config);
+    let selector = FqdnSelector::match_pattern("*.s3.amazonaws.com").expect("valid pattern");
+    names
+        .set_selectors(&[selector], Duration::ZERO, &mut ipcache)
+        .expect("selectors");
+    let now = Duration::from_secs(1);
+    let name_list: Vec<String> = (0..entries.div_ceil(per_name))
+        .map(|i| format!("bucket{i}.s3.amazonaws.com"))
+        .collect();
+    let before = rss_bytes().unwrap_or(0);
+    let start = Instant::now();
+    let mut ips = Vec::with_capacity(per_name as usize);
+    for (n, name) in name_list.iter().enumerate() {
+        ips.clear();
+        let first = n as u32 * per_name;
+        ips.extend((first..(first + per_name).min(entries)).map(addr));
+        names
+            .observe(EndpointId(1), name, &ips, 300, now, &mut ipcache)
+            .expect("learn");
+        ipcache.commit().expect("commit");
+    }
+    let fill = start.elapsed();
+    drop(ips);
+    let after = rss_bytes().unwrap_or(0);
+    let mappings = names.mapping_count();
+    assert_eq!(mappings, entries as usize);
+    let none = |_: std::net::IpAddr| false;
+    let start = Instant::now();
+    let kept = names.gc(now, &none, &mut ipcache).expect("gc");
+    ipcache.commit().expect("commit");
+    let gc_keep = start.elapsed();
+    assert_eq!(kept.released, 0);
+    let start = Instant::now();
+    let all = names
+        .gc(now + Duration::from_secs(301), &none, &mut ipcache)
+        .expect("gc");
+    ipcache.commit().expect("commit");
+    let gc_expire = start.elapsed();
+    assert_eq!(all.released, entries as usize);
+    println!(
+        "entries: {entries} ({per_name} IPs per name, {} names)",
+        name_list.len()
+    );
+    println!(
+        "fill: {:.2} s ({:.0} ns per entry)",
+        fill.as_secs_f64(),
+        fill.as_nanos() as f64 / f64::from(entries)
+    );
+    println!(
+        "rss growth: {:.1} MiB = {:.0} bytes per entry",
+        (after - before) as f64 / 1048576.0,
+        (after - before) as f64 / f64::from(entries)
+    );
+    println!(
+        "gc pass, nothing expired: {:.1} ms",
+        gc_keep.as_secs_f64() * 1e3
+    );
+    println!(
+        "gc pass, everything expired and released: {:.1} ms",
+        gc_expire.as_secs_f64() * 1e3
+    );
+}
