@@ -42,7 +42,8 @@ pub struct Stats {
 /// Changes waiting for the next [`IpCache::commit`], coalesced per key (last write wins).
 #[derive(Debug, Default)]
 struct Pending {
-    ipcache: BTreeMap<IpNet, Option<Identity>>,
+    /// In the order made; coalesced (last write wins) at commit.
+    ipcache: Vec<(IpNet, Option<Identity>)>,
     policy: BTreeMap<(EndpointId, PolicyKey), bool>,
 }
 
@@ -174,8 +175,8 @@ impl<D: Datapath> IpCache<D> {
     pub fn upsert_metadata(
         &mut self,
         prefix: IpNet,
-        owner: &ResourceOwner,
-        labels: LabelSet,
+        owner: &Arc<ResourceOwner>,
+        labels: Arc<LabelSet>,
         now: Duration,
     ) -> Result<(), Error> {
         let prefix = prefix.trunc();
@@ -223,12 +224,13 @@ impl<D: Datapath> IpCache<D> {
             }
         }
         for ep in &endpoints {
-            let owner = endpoint_owner(ep.id);
-            let labels: LabelSet = ep
-                .labels
-                .iter()
-                .map(|l| self.labels.intern(Label::Endpoint(l.clone())))
-                .collect();
+            let owner = Arc::new(endpoint_owner(ep.id));
+            let labels: Arc<LabelSet> = Arc::new(
+                ep.labels
+                    .iter()
+                    .map(|l| self.labels.intern(Label::Endpoint(l.clone())))
+                    .collect(),
+            );
             for addr in &ep.addresses {
                 self.meta.upsert(addr.trunc(), &owner, labels.clone());
                 touched.insert(addr.trunc());
@@ -266,8 +268,16 @@ impl<D: Datapath> IpCache<D> {
             });
             self.stats.policy_upserts += 1;
         }
-        for (prefix, identity) in &self.pending.ipcache {
-            if let Some(identity) = identity {
+        // Stable sort, then keep the last change of each prefix.
+        self.pending.ipcache.sort_by_key(|(prefix, _)| *prefix);
+        let changes = &self.pending.ipcache;
+        let last = |i: usize| {
+            changes
+                .get(i + 1)
+                .is_none_or(|(next, _)| *next != changes[i].0)
+        };
+        for (i, (prefix, identity)) in changes.iter().enumerate() {
+            if let (true, Some(identity)) = (last(i), identity) {
                 self.batch.push(DatapathChange::IpcacheUpsert {
                     prefix: *prefix,
                     identity: *identity,
@@ -275,10 +285,12 @@ impl<D: Datapath> IpCache<D> {
                 self.stats.ipcache_upserts += 1;
             }
         }
-        for (prefix, _) in self.pending.ipcache.iter().filter(|(_, id)| id.is_none()) {
-            self.batch
-                .push(DatapathChange::IpcacheDelete { prefix: *prefix });
-            self.stats.ipcache_deletes += 1;
+        for (i, (prefix, identity)) in changes.iter().enumerate() {
+            if last(i) && identity.is_none() {
+                self.batch
+                    .push(DatapathChange::IpcacheDelete { prefix: *prefix });
+                self.stats.ipcache_deletes += 1;
+            }
         }
         for ((endpoint, key), _) in self.pending.policy.iter().filter(|(_, up)| !**up) {
             self.batch.push(DatapathChange::PolicyDelete {
@@ -308,7 +320,7 @@ impl<D: Datapath> IpCache<D> {
                     if let Some(entry) = self.meta.get_mut(&prefix) {
                         entry.identity = None;
                     }
-                    self.pending.ipcache.insert(prefix, None);
+                    self.pending.ipcache.push((prefix, None));
                     self.identities().release(old);
                 }
             }
@@ -330,7 +342,7 @@ impl<D: Datapath> IpCache<D> {
                 if let Some(entry) = self.meta.get_mut(&prefix) {
                     entry.identity = Some(id);
                 }
-                self.pending.ipcache.insert(prefix, Some(id));
+                self.pending.ipcache.push((prefix, Some(id)));
                 if let Some(old) = current {
                     self.identities().release(old);
                 }
@@ -398,7 +410,11 @@ impl<D: Datapath> IpCache<D> {
         for new in wanted.difference(&self.policy_cidrs) {
             let label = self.labels.intern(Label::Cidr(*new));
             self.meta.set_cidr_label(*new, label);
-            self.meta.upsert(*new, &policy_owner(new), LabelSet::new());
+            self.meta.upsert(
+                *new,
+                &Arc::new(policy_owner(new)),
+                Arc::new(LabelSet::new()),
+            );
             affected.insert(*new);
         }
         self.policy_cidrs = wanted;
@@ -548,7 +564,7 @@ impl<D> IpCache<D> {
     ) -> impl Iterator<Item = (IpNet, Option<Identity>, Vec<&ResourceOwner>)> + '_ {
         self.meta
             .iter()
-            .map(|(p, e)| (*p, e.identity, e.owners.iter().map(|(o, _)| o).collect()))
+            .map(|(p, e)| (*p, e.identity, e.owners.iter().map(|(o, _)| &**o).collect()))
     }
 
     /// Number of prefixes with metadata.

@@ -61,7 +61,8 @@ impl fmt::Display for ResourceOwner {
 /// What is known about one prefix.
 #[derive(Debug, Default)]
 pub(crate) struct PrefixEntry {
-    pub(crate) owners: SmallVec<[(ResourceOwner, LabelSet); 1]>,
+    /// Owners and their labels; both shared (one `Arc` per DNS name serves all its IPs).
+    pub(crate) owners: SmallVec<[(Arc<ResourceOwner>, Arc<LabelSet>); 1]>,
     pub(crate) identity: Option<Identity>,
 }
 
@@ -93,11 +94,15 @@ impl Metadata {
     pub(crate) fn upsert(
         &mut self,
         prefix: IpNet,
-        owner: &ResourceOwner,
-        labels: LabelSet,
-    ) -> Option<LabelSet> {
+        owner: &Arc<ResourceOwner>,
+        labels: Arc<LabelSet>,
+    ) -> Option<Arc<LabelSet>> {
         let entry = self.prefixes.entry(prefix).or_default();
-        match entry.owners.iter_mut().find(|(o, _)| o == owner) {
+        match entry
+            .owners
+            .iter_mut()
+            .find(|(o, _)| Arc::ptr_eq(o, owner) || **o == **owner)
+        {
             Some((_, old)) => Some(std::mem::replace(old, labels)),
             None => {
                 entry.owners.push((owner.clone(), labels));
@@ -107,9 +112,13 @@ impl Metadata {
     }
 
     /// Drops `owner`'s claim on `prefix`; returns its labels if it had one.
-    pub(crate) fn remove(&mut self, prefix: &IpNet, owner: &ResourceOwner) -> Option<LabelSet> {
+    pub(crate) fn remove(
+        &mut self,
+        prefix: &IpNet,
+        owner: &ResourceOwner,
+    ) -> Option<Arc<LabelSet>> {
         let entry = self.prefixes.get_mut(prefix)?;
-        let at = entry.owners.iter().position(|(o, _)| o == owner)?;
+        let at = entry.owners.iter().position(|(o, _)| **o == *owner)?;
         Some(entry.owners.remove(at).1)
     }
 

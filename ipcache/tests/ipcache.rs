@@ -45,8 +45,8 @@ fn learn(
     let labels: LabelSet = selectors.iter().map(|s| c.fqdn_label(s)).collect();
     c.upsert_metadata(
         host_prefix(ip(addr)),
-        &ResourceOwner::name_manager(Arc::from(name)),
-        labels,
+        &Arc::new(ResourceOwner::name_manager(Arc::from(name))),
+        Arc::new(labels),
         NOW,
     )
 }
@@ -344,8 +344,8 @@ fn batches_put_policy_before_the_ipcache_flip() {
         .collect();
     r.upsert_metadata(
         host_prefix(ip("192.0.2.9")),
-        &ResourceOwner::name_manager(Arc::from("x.example.")),
-        labels,
+        &Arc::new(ResourceOwner::name_manager(Arc::from("x.example."))),
+        Arc::new(labels),
         NOW,
     )
     .unwrap();

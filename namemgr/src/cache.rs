@@ -4,11 +4,11 @@
 //! IP cap evicts it, it becomes a *zombie* and stays only while the datapath reports the IP
 //! in use. Times are whole seconds on the caller's clock.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use fqdnd_ipcache::LabelSet;
+use fqdnd_ipcache::{LabelSet, ResourceOwner};
 use smallvec::SmallVec;
 
 /// Seconds on the caller's clock.
@@ -24,29 +24,41 @@ pub struct IpEntry {
 }
 
 /// What the cache holds for one name.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct NameEntry {
+    /// This name's resource owner in the IpCache, shared by all its IPs.
+    pub(crate) owner: Arc<ResourceOwner>,
     /// Live mappings.
     pub(crate) live: SmallVec<[IpEntry; 1]>,
     /// Zombies: expired or evicted, kept while in use.
     pub(crate) zombies: Vec<IpEntry>,
     /// The `fqdn:` labels of the selectors matching this name.
-    pub(crate) labels: LabelSet,
+    pub(crate) labels: Arc<LabelSet>,
     /// When this name was last answered.
     pub(crate) last_lookup: Secs,
 }
 
 impl NameEntry {
+    pub(crate) fn new(name: Arc<str>, labels: LabelSet) -> Self {
+        Self {
+            owner: Arc::new(ResourceOwner::name_manager(name)),
+            live: SmallVec::new(),
+            zombies: Vec::new(),
+            labels: Arc::new(labels),
+            last_lookup: 0,
+        }
+    }
+
     pub(crate) fn holds(&self) -> usize {
         self.live.len() + self.zombies.len()
     }
 }
 
-/// Name → entries, and IP → names.
+/// Name → entries, and IP → names (ordered: denser in memory than a hash map of this size).
 #[derive(Debug, Default)]
 pub(crate) struct DnsCache {
     pub(crate) names: HashMap<Arc<str>, NameEntry>,
-    pub(crate) reverse: HashMap<IpAddr, SmallVec<[Arc<str>; 1]>>,
+    pub(crate) reverse: BTreeMap<IpAddr, SmallVec<[Arc<str>; 1]>>,
 }
 
 impl DnsCache {

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fqdnd_ipcache::{Datapath, EndpointId, IpCache, LabelId, LabelSet, ResourceOwner, host_prefix};
+use fqdnd_ipcache::{Datapath, EndpointId, IpCache, LabelId, LabelSet, host_prefix};
 
 use crate::cache::{DnsCache, IpEntry, NameEntry, Secs};
 use crate::config::Config;
@@ -196,19 +196,14 @@ impl NameManager {
             None => {
                 let key = parsed.as_arc().clone();
                 let labels = labels_for(&self.matcher, &self.selectors, &key);
-                self.cache.names.insert(
-                    key.clone(),
-                    NameEntry {
-                        labels,
-                        ..NameEntry::default()
-                    },
-                );
+                self.cache
+                    .names
+                    .insert(key.clone(), NameEntry::new(key.clone(), labels));
                 key
             }
         };
         let mut learned = Learned::default();
         let mut tripped = None;
-        let owner = ResourceOwner::name_manager(key.clone());
         for &addr in addrs {
             let Some(entry) = self.cache.names.get_mut(&key) else {
                 break;
@@ -256,8 +251,12 @@ impl NameManager {
                 }
             }
             if !entry.labels.is_empty() {
-                match ipcache.upsert_metadata(host_prefix(addr), &owner, entry.labels.clone(), now)
-                {
+                match ipcache.upsert_metadata(
+                    host_prefix(addr),
+                    &entry.owner,
+                    entry.labels.clone(),
+                    now,
+                ) {
                     Ok(()) => {}
                     Err(fqdnd_ipcache::Error::BreakerTripped { .. }) => {
                         learned.rejected += 1;
@@ -349,16 +348,16 @@ impl NameManager {
                 continue;
             }
             let labels = labels_for(&self.matcher, &self.selectors, name);
-            if labels == entry.labels {
+            if labels == *entry.labels {
                 continue;
             }
-            let owner = ResourceOwner::name_manager(name.clone());
+            let labels = Arc::new(labels);
             for ip in entry.live.iter().chain(&entry.zombies) {
                 let prefix = host_prefix(ip.addr);
                 let result = if labels.is_empty() {
-                    ipcache.remove_metadata(prefix, &owner)
+                    ipcache.remove_metadata(prefix, &entry.owner)
                 } else {
-                    ipcache.upsert_metadata(prefix, &owner, labels.clone(), now)
+                    ipcache.upsert_metadata(prefix, &entry.owner, labels.clone(), now)
                 };
                 match result {
                     Ok(()) => {}
@@ -438,16 +437,8 @@ impl NameManager {
             );
         }
         for (name, addr) in &released {
-            let labelled = self
-                .cache
-                .names
-                .get(name)
-                .is_some_and(|e| !e.labels.is_empty());
-            if labelled {
-                ipcache.remove_metadata(
-                    host_prefix(*addr),
-                    &ResourceOwner::name_manager(name.clone()),
-                )?;
+            if let Some(entry) = self.cache.names.get(name).filter(|e| !e.labels.is_empty()) {
+                ipcache.remove_metadata(host_prefix(*addr), &entry.owner)?;
             }
             self.cache.unlink(*addr, name);
         }
