@@ -1,1 +1,66 @@
-//! placeholder
+//! fqdnd's policy language and daemon configuration, read from YAML (or JSON).
+//!
+//! **What this crate owns.** Loading and validating everything fqdnd is told:
+//!
+//! - Cilium's own policies, `apiVersion: cilium.io/v2`, `kind: CiliumNetworkPolicy` or
+//!   `CiliumClusterwideNetworkPolicy`, accepted as they are written for Cilium and turned into
+//!   the policy model of [`fqdnd_ipcache::policy`] (one [`Rule`] per `spec` / `specs[]`);
+//! - fqdnd's own declarations, `apiVersion: fqdnd.io/v1`: `kind: Endpoint` and
+//!   `kind: ClientGroup` (the workloads enforced, as [`Endpoint`]s) and `kind: Settings` (the
+//!   daemon's tunables, as [`Settings`], with Cilium's defaults).
+//!
+//! Any number of documents of any kind may share a file (`---` between them). Every problem is
+//! reported with its `file:line:column`, and loading goes on after one so that a single run
+//! shows them all ([`Errors`]).
+//!
+//! **What it must never do.**
+//!
+//! - Never ignore a field that changes what a policy allows: fields fqdnd does not implement
+//!   (`ingress`, `toServices`, `toEntities`, `rules.http`, …) are errors naming the field, and
+//!   unknown fields (typos) are errors listing the expected ones.
+//! - No global configuration: [`load`] returns a [`Config`] value and the caller passes it on.
+//! - No I/O outside [`load`] (which only reads the paths it is given); [`load_str`] and
+//!   everything else is pure.
+//! - Never panic, whatever the input.
+//!
+//! ```
+//! let config = fqdnd_config::load_str(fqdnd_config::EXAMPLE_POLICY, "policy.yaml".as_ref())
+//!     .expect("the example is valid");
+//! assert_eq!(config.endpoints.len(), 2);
+//! ```
+
+#![forbid(unsafe_code)]
+
+mod cnp;
+mod convert;
+mod endpoint;
+mod error;
+mod load;
+mod settings;
+mod yaml;
+
+use std::path::PathBuf;
+
+use fqdnd_ipcache::Endpoint;
+use fqdnd_ipcache::policy::Rule;
+
+pub use error::{Duplicated, Error, Errors};
+pub use load::{CILIUM_API_VERSION, FQDND_API_VERSION, load, load_str};
+pub use settings::{MAX_PROXY_RESPONSE_DELAY, MIN_GC_INTERVAL, RejectResponseCode, Settings};
+
+/// A realistic policy file: Settings, two Endpoints and CiliumNetworkPolicies for DNS
+/// interception, FQDN egress and a CIDR set. Loads without error.
+pub const EXAMPLE_POLICY: &str = include_str!("../examples/policy.yaml");
+
+/// Everything loaded: settings, endpoints and policy rules.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// The `Settings` document, or the defaults if there was none.
+    pub settings: Settings,
+    /// Every `Endpoint` and `ClientGroup`, in the order read.
+    pub endpoints: Vec<Endpoint>,
+    /// One rule per `spec` / `specs[]` of every policy, in the order read.
+    pub rules: Vec<Rule>,
+    /// The files read, in order (a directory contributes its files).
+    pub sources: Vec<PathBuf>,
+}

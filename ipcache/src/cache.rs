@@ -13,7 +13,7 @@ use crate::endpoint_policy::{EndpointPolicy, PolicyState, contributions};
 use crate::error::{Breaker, Error};
 use crate::identity::{Allocator, Identity, Scope};
 use crate::labels::{Label, LabelId, LabelSet, LabelTable};
-use crate::metadata::{Metadata, OwnerKind, ResourceOwner};
+use crate::metadata::{CidrLabels, Metadata, OwnerKind, PrefixEntry, ResourceOwner};
 use crate::policy::{PeerSelector, Rule};
 use crate::selector::{SelectorCache, SelectorIdx};
 
@@ -307,85 +307,63 @@ impl<D: Datapath> IpCache<D> {
         Ok(self.revision)
     }
 
+    /// Brings `prefix`'s identity in line with its metadata: one map lookup for the prefix,
+    /// then identity references move and the change is queued for the datapath.
     fn resolve(
         &mut self,
         prefix: IpNet,
         from_dns: bool,
         enforce_breaker: bool,
     ) -> Result<(), Error> {
-        let current = self.meta.get(&prefix).and_then(|e| e.identity);
-        match self.desired_labels(&prefix) {
+        let Some(entry) = self.meta.prefixes.get_mut(&prefix) else {
+            return Ok(());
+        };
+        let current = entry.identity;
+        let desired = desired_labels(entry, &self.meta.cidr_labels, &prefix);
+        let mut ids = Identities {
+            labels: &self.labels,
+            alloc: &mut self.alloc,
+            selectors: &mut self.selectors,
+            policy: &mut self.policy,
+            pending: &mut self.pending,
+            stats: &mut self.stats,
+            scratch: &mut self.scratch,
+        };
+        match desired {
             None => {
+                entry.identity = None;
+                if entry.owners.is_empty() {
+                    self.meta.prefixes.remove(&prefix);
+                }
                 if let Some(old) = current {
-                    if let Some(entry) = self.meta.get_mut(&prefix) {
-                        entry.identity = None;
-                    }
-                    self.pending.ipcache.push((prefix, None));
-                    self.identities().release(old);
+                    ids.pending.ipcache.push((prefix, None));
+                    ids.release(old);
                 }
             }
             Some((labels, scope)) => {
-                if current.is_some_and(|id| self.alloc.labels(id) == Some(&labels)) {
+                if current.is_some_and(|id| ids.alloc.labels(id) == Some(&labels)) {
                     return Ok(());
                 }
+                let limit = self.config.max_fqdn_identities;
                 if enforce_breaker
-                    && self.alloc.lookup(&labels).is_none()
-                    && self.alloc.from_dns_live() >= self.config.max_fqdn_identities
+                    && ids.alloc.lookup(&labels).is_none()
+                    && ids.alloc.from_dns_live() >= limit
                 {
                     return Err(Error::BreakerTripped {
                         breaker: Breaker::FqdnIdentities,
-                        limit: self.config.max_fqdn_identities,
+                        limit,
                         prefix,
                     });
                 }
-                let id = self.identities().acquire(&labels, scope, from_dns)?;
-                if let Some(entry) = self.meta.get_mut(&prefix) {
-                    entry.identity = Some(id);
-                }
-                self.pending.ipcache.push((prefix, Some(id)));
+                let id = ids.acquire(&labels, scope, from_dns)?;
+                entry.identity = Some(id);
+                ids.pending.ipcache.push((prefix, Some(id)));
                 if let Some(old) = current {
-                    self.identities().release(old);
+                    ids.release(old);
                 }
             }
         }
-        self.meta.prune(&prefix);
         Ok(())
-    }
-
-    /// The label set a prefix should carry, and the identity scope it belongs to.
-    ///
-    /// An endpoint's prefix carries its endpoint labels only. Any other prefix carries the
-    /// union of its owners' labels, the `cidr:` label of the closest labelled CIDR that
-    /// contains it (only the longest one), and the world label of its family.
-    fn desired_labels(&self, prefix: &IpNet) -> Option<(LabelSet, Scope)> {
-        let entry = self.meta.get(prefix).filter(|e| !e.owners.is_empty())?;
-        if entry
-            .owners
-            .iter()
-            .any(|(o, _)| o.kind == OwnerKind::Endpoint)
-        {
-            let mut set = LabelSet::new();
-            for (_, labels) in entry
-                .owners
-                .iter()
-                .filter(|(o, _)| o.kind == OwnerKind::Endpoint)
-            {
-                set.extend(labels);
-            }
-            return Some((set, Scope::Cluster));
-        }
-        let mut set = LabelSet::new();
-        for (_, labels) in &entry.owners {
-            set.extend(labels);
-        }
-        if let Some(cidr) = self.meta.cidr_label_for(prefix) {
-            set.insert(cidr);
-        }
-        if set.is_empty() {
-            return None;
-        }
-        set.insert(LabelTable::world(matches!(prefix, IpNet::V4(_))));
-        Some((set, Scope::Local))
     }
 
     fn sync_policy_cidrs(&mut self) -> Result<(), Error> {
@@ -646,6 +624,47 @@ impl<D> IpCache<D> {
     pub fn revision(&self) -> u64 {
         self.revision
     }
+}
+
+/// The label set a prefix should carry, and the identity scope it belongs to.
+///
+/// An endpoint's prefix carries its endpoint labels only. Any other prefix carries the union
+/// of its owners' labels, the `cidr:` label of the closest labelled CIDR that contains it (only
+/// the longest one), and the world label of its family. A prefix without owners carries none.
+fn desired_labels(
+    entry: &PrefixEntry,
+    cidr: &CidrLabels,
+    prefix: &IpNet,
+) -> Option<(LabelSet, Scope)> {
+    if entry.owners.is_empty() {
+        return None;
+    }
+    let mut set = LabelSet::new();
+    if entry
+        .owners
+        .iter()
+        .any(|(o, _)| o.kind == OwnerKind::Endpoint)
+    {
+        for (_, labels) in entry
+            .owners
+            .iter()
+            .filter(|(o, _)| o.kind == OwnerKind::Endpoint)
+        {
+            set.extend(labels);
+        }
+        return Some((set, Scope::Cluster));
+    }
+    for (_, labels) in &entry.owners {
+        set.extend(labels);
+    }
+    if let Some(label) = cidr.longest_match(prefix) {
+        set.insert(label);
+    }
+    if set.is_empty() {
+        return None;
+    }
+    set.insert(LabelTable::world(matches!(prefix, IpNet::V4(_))));
+    Some((set, Scope::Local))
 }
 
 fn endpoint_owner(id: EndpointId) -> ResourceOwner {

@@ -69,17 +69,27 @@ pub(crate) struct PrefixEntry {
 /// The metadata store.
 #[derive(Debug, Default)]
 pub(crate) struct Metadata {
-    prefixes: BTreeMap<IpNet, PrefixEntry>,
-    cidr_labels: JointPrefixMap<IpNet, LabelId>,
+    pub(crate) prefixes: BTreeMap<IpNet, PrefixEntry>,
+    pub(crate) cidr_labels: CidrLabels,
+}
+
+/// Prefixes that carry their own `cidr:` label, for longest-prefix lookups.
+#[derive(Debug, Default)]
+pub(crate) struct CidrLabels(JointPrefixMap<IpNet, LabelId>);
+
+impl CidrLabels {
+    /// The `cidr:` label of the longest labelled CIDR containing `prefix` (itself included).
+    pub(crate) fn longest_match(&self, prefix: &IpNet) -> Option<LabelId> {
+        if self.0.is_empty() {
+            return None;
+        }
+        self.0.get_lpm(prefix).map(|(_, id)| *id)
+    }
 }
 
 impl Metadata {
     pub(crate) fn get(&self, prefix: &IpNet) -> Option<&PrefixEntry> {
         self.prefixes.get(prefix)
-    }
-
-    pub(crate) fn get_mut(&mut self, prefix: &IpNet) -> Option<&mut PrefixEntry> {
-        self.prefixes.get_mut(prefix)
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -152,20 +162,12 @@ impl Metadata {
             .collect()
     }
 
-    /// The `cidr:` label of the longest labelled CIDR containing `prefix` (itself included).
-    pub(crate) fn cidr_label_for(&self, prefix: &IpNet) -> Option<LabelId> {
-        if self.cidr_labels.is_empty() {
-            return None;
-        }
-        self.cidr_labels.get_lpm(prefix).map(|(_, id)| *id)
-    }
-
     pub(crate) fn set_cidr_label(&mut self, prefix: IpNet, label: LabelId) {
-        self.cidr_labels.insert(prefix, label);
+        self.cidr_labels.0.insert(prefix, label);
     }
 
     pub(crate) fn clear_cidr_label(&mut self, prefix: &IpNet) {
-        self.cidr_labels.remove(prefix);
+        self.cidr_labels.0.remove(prefix);
     }
 }
 

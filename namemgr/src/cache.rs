@@ -70,10 +70,10 @@ impl DnsCache {
     }
 
     pub(crate) fn unlink(&mut self, addr: IpAddr, name: &str) {
-        if let Some(names) = self.reverse.get_mut(&addr) {
-            names.retain(|n| &**n != name);
-            if names.is_empty() {
-                self.reverse.remove(&addr);
+        if let std::collections::btree_map::Entry::Occupied(mut names) = self.reverse.entry(addr) {
+            names.get_mut().retain(|n| &**n != name);
+            if names.get().is_empty() {
+                names.remove();
             }
         }
     }
