@@ -1,5 +1,6 @@
 //! The IpCache: prefix metadata in, prefix → identity and per-endpoint policy out.
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -104,6 +105,21 @@ impl Identities<'_> {
     }
 }
 
+/// Borrows the fields identity changes touch, leaving `meta` free for the caller.
+macro_rules! identities {
+    ($cache:ident) => {
+        Identities {
+            labels: &$cache.labels,
+            alloc: &mut $cache.alloc,
+            selectors: &mut $cache.selectors,
+            policy: &mut $cache.policy,
+            pending: &mut $cache.pending,
+            stats: &mut $cache.stats,
+            scratch: &mut $cache.scratch,
+        }
+    };
+}
+
 /// The IpCache. Generic over the datapath it writes to.
 #[derive(Debug)]
 pub struct IpCache<D> {
@@ -151,15 +167,7 @@ impl<D: Datapath> IpCache<D> {
     }
 
     fn identities(&mut self) -> Identities<'_> {
-        Identities {
-            labels: &self.labels,
-            alloc: &mut self.alloc,
-            selectors: &mut self.selectors,
-            policy: &mut self.policy,
-            pending: &mut self.pending,
-            stats: &mut self.stats,
-            scratch: &mut self.scratch,
-        }
+        identities!(self)
     }
 
     /// The interned `fqdn:<key>` label, for owners that label prefixes with it.
@@ -180,36 +188,62 @@ impl<D: Datapath> IpCache<D> {
         now: Duration,
     ) -> Result<(), Error> {
         let prefix = prefix.trunc();
-        let previous = self.meta.upsert(prefix, owner, labels);
         let from_dns = owner.kind == OwnerKind::NameManager;
-        match self.resolve(prefix, from_dns, from_dns) {
-            Ok(()) => Ok(()),
-            Err(err) => {
-                match previous {
-                    Some(labels) => {
-                        self.meta.upsert(prefix, owner, labels);
-                    }
-                    None => {
-                        self.meta.remove(&prefix, owner);
-                        self.meta.prune(&prefix);
-                    }
+        let breaker = from_dns.then_some(self.config.max_fqdn_identities);
+        let mut ids = identities!(self);
+        let entry = self.meta.prefixes.entry(prefix).or_default();
+        let previous = entry.set_owner(owner, labels);
+        let Err(err) = resolve_entry(
+            &mut ids,
+            entry,
+            &self.meta.cidr_labels,
+            prefix,
+            from_dns,
+            breaker,
+        ) else {
+            return Ok(());
+        };
+        match previous {
+            Some(labels) => {
+                entry.set_owner(owner, labels);
+            }
+            None => {
+                entry.remove_owner(owner);
+                if entry.owners.is_empty() && entry.identity.is_none() {
+                    self.meta.prefixes.remove(&prefix);
                 }
-                if let Error::BreakerTripped { .. } = err {
-                    self.stats.breaker_trips += 1;
-                    self.warn_breaker(now, &err);
-                }
-                Err(err)
             }
         }
+        if let Error::BreakerTripped { .. } = err {
+            self.stats.breaker_trips += 1;
+            self.warn_breaker(now, &err);
+        }
+        Err(err)
     }
 
     /// Drops `owner`'s labels on `prefix` and re-resolves its identity. Never trips a breaker.
     pub fn remove_metadata(&mut self, prefix: IpNet, owner: &ResourceOwner) -> Result<(), Error> {
         let prefix = prefix.trunc();
-        if self.meta.remove(&prefix, owner).is_none() {
+        let mut ids = identities!(self);
+        let Entry::Occupied(mut entry) = self.meta.prefixes.entry(prefix) else {
+            return Ok(());
+        };
+        if entry.get_mut().remove_owner(owner).is_none() {
             return Ok(());
         }
-        self.resolve(prefix, owner.kind == OwnerKind::NameManager, false)
+        let from_dns = owner.kind == OwnerKind::NameManager;
+        let result = resolve_entry(
+            &mut ids,
+            entry.get_mut(),
+            &self.meta.cidr_labels,
+            prefix,
+            from_dns,
+            None,
+        );
+        if entry.get().owners.is_empty() && entry.get().identity.is_none() {
+            entry.remove();
+        }
+        result
     }
 
     /// Replaces the endpoints (or client groups). Unchanged endpoints keep their identities.
@@ -238,7 +272,7 @@ impl<D: Datapath> IpCache<D> {
         }
         self.endpoints = endpoints.into_iter().map(|ep| (ep.id, ep)).collect();
         for prefix in touched {
-            self.resolve(prefix, false, false)?;
+            self.resolve(prefix)?;
         }
         self.rebuild_policy();
         Ok(())
@@ -307,63 +341,24 @@ impl<D: Datapath> IpCache<D> {
         Ok(self.revision)
     }
 
-    /// Brings `prefix`'s identity in line with its metadata: one map lookup for the prefix,
-    /// then identity references move and the change is queued for the datapath.
-    fn resolve(
-        &mut self,
-        prefix: IpNet,
-        from_dns: bool,
-        enforce_breaker: bool,
-    ) -> Result<(), Error> {
-        let Some(entry) = self.meta.prefixes.get_mut(&prefix) else {
+    /// Brings `prefix`'s identity in line with its metadata.
+    fn resolve(&mut self, prefix: IpNet) -> Result<(), Error> {
+        let mut ids = identities!(self);
+        let Entry::Occupied(mut entry) = self.meta.prefixes.entry(prefix) else {
             return Ok(());
         };
-        let current = entry.identity;
-        let desired = desired_labels(entry, &self.meta.cidr_labels, &prefix);
-        let mut ids = Identities {
-            labels: &self.labels,
-            alloc: &mut self.alloc,
-            selectors: &mut self.selectors,
-            policy: &mut self.policy,
-            pending: &mut self.pending,
-            stats: &mut self.stats,
-            scratch: &mut self.scratch,
-        };
-        match desired {
-            None => {
-                entry.identity = None;
-                if entry.owners.is_empty() {
-                    self.meta.prefixes.remove(&prefix);
-                }
-                if let Some(old) = current {
-                    ids.pending.ipcache.push((prefix, None));
-                    ids.release(old);
-                }
-            }
-            Some((labels, scope)) => {
-                if current.is_some_and(|id| ids.alloc.labels(id) == Some(&labels)) {
-                    return Ok(());
-                }
-                let limit = self.config.max_fqdn_identities;
-                if enforce_breaker
-                    && ids.alloc.lookup(&labels).is_none()
-                    && ids.alloc.from_dns_live() >= limit
-                {
-                    return Err(Error::BreakerTripped {
-                        breaker: Breaker::FqdnIdentities,
-                        limit,
-                        prefix,
-                    });
-                }
-                let id = ids.acquire(&labels, scope, from_dns)?;
-                entry.identity = Some(id);
-                ids.pending.ipcache.push((prefix, Some(id)));
-                if let Some(old) = current {
-                    ids.release(old);
-                }
-            }
+        let result = resolve_entry(
+            &mut ids,
+            entry.get_mut(),
+            &self.meta.cidr_labels,
+            prefix,
+            false,
+            None,
+        );
+        if entry.get().owners.is_empty() && entry.get().identity.is_none() {
+            entry.remove();
         }
-        Ok(())
+        result
     }
 
     fn sync_policy_cidrs(&mut self) -> Result<(), Error> {
@@ -402,7 +397,7 @@ impl<D: Datapath> IpCache<D> {
             prefixes.insert(cidr);
         }
         for prefix in prefixes {
-            self.resolve(prefix, false, false)?;
+            self.resolve(prefix)?;
         }
         Ok(())
     }
@@ -624,6 +619,50 @@ impl<D> IpCache<D> {
     pub fn revision(&self) -> u64 {
         self.revision
     }
+}
+
+/// Brings one prefix's identity in line with its metadata: identity references move, the
+/// selector cache and policy follow, and the change is queued for the datapath. With
+/// `breaker: Some(limit)`, creating a DNS identity past `limit` fails before anything changes.
+fn resolve_entry(
+    ids: &mut Identities<'_>,
+    entry: &mut PrefixEntry,
+    cidr: &CidrLabels,
+    prefix: IpNet,
+    from_dns: bool,
+    breaker: Option<usize>,
+) -> Result<(), Error> {
+    let current = entry.identity;
+    match desired_labels(entry, cidr, &prefix) {
+        None => {
+            entry.identity = None;
+            if let Some(old) = current {
+                ids.pending.ipcache.push((prefix, None));
+                ids.release(old);
+            }
+        }
+        Some((labels, scope)) => {
+            if current.is_some_and(|id| ids.alloc.labels(id) == Some(&labels)) {
+                return Ok(());
+            }
+            if let Some(limit) = breaker {
+                if ids.alloc.lookup(&labels).is_none() && ids.alloc.from_dns_live() >= limit {
+                    return Err(Error::BreakerTripped {
+                        breaker: Breaker::FqdnIdentities,
+                        limit,
+                        prefix,
+                    });
+                }
+            }
+            let id = ids.acquire(&labels, scope, from_dns)?;
+            entry.identity = Some(id);
+            ids.pending.ipcache.push((prefix, Some(id)));
+            if let Some(old) = current {
+                ids.release(old);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The label set a prefix should carry, and the identity scope it belongs to.

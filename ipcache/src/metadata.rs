@@ -66,6 +66,33 @@ pub(crate) struct PrefixEntry {
     pub(crate) identity: Option<Identity>,
 }
 
+impl PrefixEntry {
+    /// Sets `owner`'s labels; returns what the owner had before.
+    pub(crate) fn set_owner(
+        &mut self,
+        owner: &Arc<ResourceOwner>,
+        labels: Arc<LabelSet>,
+    ) -> Option<Arc<LabelSet>> {
+        match self
+            .owners
+            .iter_mut()
+            .find(|(o, _)| Arc::ptr_eq(o, owner) || **o == **owner)
+        {
+            Some((_, old)) => Some(std::mem::replace(old, labels)),
+            None => {
+                self.owners.push((owner.clone(), labels));
+                None
+            }
+        }
+    }
+
+    /// Drops `owner`'s claim; returns its labels if it had one.
+    pub(crate) fn remove_owner(&mut self, owner: &ResourceOwner) -> Option<Arc<LabelSet>> {
+        let at = self.owners.iter().position(|(o, _)| **o == *owner)?;
+        Some(self.owners.remove(at).1)
+    }
+}
+
 /// The metadata store.
 #[derive(Debug, Default)]
 pub(crate) struct Metadata {
@@ -107,18 +134,10 @@ impl Metadata {
         owner: &Arc<ResourceOwner>,
         labels: Arc<LabelSet>,
     ) -> Option<Arc<LabelSet>> {
-        let entry = self.prefixes.entry(prefix).or_default();
-        match entry
-            .owners
-            .iter_mut()
-            .find(|(o, _)| Arc::ptr_eq(o, owner) || **o == **owner)
-        {
-            Some((_, old)) => Some(std::mem::replace(old, labels)),
-            None => {
-                entry.owners.push((owner.clone(), labels));
-                None
-            }
-        }
+        self.prefixes
+            .entry(prefix)
+            .or_default()
+            .set_owner(owner, labels)
     }
 
     /// Drops `owner`'s claim on `prefix`; returns its labels if it had one.
@@ -127,20 +146,7 @@ impl Metadata {
         prefix: &IpNet,
         owner: &ResourceOwner,
     ) -> Option<Arc<LabelSet>> {
-        let entry = self.prefixes.get_mut(prefix)?;
-        let at = entry.owners.iter().position(|(o, _)| **o == *owner)?;
-        Some(entry.owners.remove(at).1)
-    }
-
-    /// Forgets a prefix that has neither owners nor identity.
-    pub(crate) fn prune(&mut self, prefix: &IpNet) {
-        if self
-            .prefixes
-            .get(prefix)
-            .is_some_and(|e| e.owners.is_empty() && e.identity.is_none())
-        {
-            self.prefixes.remove(prefix);
-        }
+        self.prefixes.get_mut(prefix)?.remove_owner(owner)
     }
 
     /// Every known prefix inside `outer`, `outer` included.

@@ -384,27 +384,33 @@ impl NameManager {
         let now_s = secs(now);
         let mut stats = GcStats::default();
         let mut released: Vec<(Arc<str>, IpAddr)> = Vec::new();
+        let mut dead_zombies = 0;
         for (name, entry) in &mut self.cache.names {
-            let mut i = 0;
-            while i < entry.live.len() {
-                if entry.live[i].expires <= now_s {
-                    let e = entry.live.swap_remove(i);
-                    entry.zombies.push(e);
-                    self.zombies += 1;
-                    stats.expired += 1;
-                } else {
-                    i += 1;
-                }
-            }
             entry.zombies.retain(|z| {
                 let keep = connections.in_use(z.addr);
                 if !keep {
                     released.push((name.clone(), z.addr));
+                    dead_zombies += 1;
                 }
                 keep
             });
+            let mut i = 0;
+            while i < entry.live.len() {
+                if entry.live[i].expires > now_s {
+                    i += 1;
+                    continue;
+                }
+                let expired = entry.live.swap_remove(i);
+                stats.expired += 1;
+                if connections.in_use(expired.addr) {
+                    entry.zombies.push(expired);
+                    self.zombies += 1;
+                } else {
+                    released.push((name.clone(), expired.addr));
+                }
+            }
         }
-        self.zombies -= released.len();
+        self.zombies -= dead_zombies;
         if self.zombies > self.config.max_zombies {
             let mut all: Vec<(Secs, Arc<str>, IpAddr)> = self
                 .cache
@@ -436,6 +442,9 @@ impl NameManager {
                 "zombie cap reached: releasing the oldest IPs still in use; raise maxDeferredConnectionDeletes"
             );
         }
+        // In address order, the IpCache's and the reverse index's ordered maps are walked
+        // front to back instead of at random: several times faster for large passes.
+        released.sort_unstable_by_key(|(_, addr)| *addr);
         for (name, addr) in &released {
             if let Some(entry) = self.cache.names.get(name).filter(|e| !e.labels.is_empty()) {
                 ipcache.remove_metadata(host_prefix(*addr), &entry.owner)?;
