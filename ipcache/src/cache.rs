@@ -645,14 +645,15 @@ fn resolve_entry(
             if current.is_some_and(|id| ids.alloc.labels(id) == Some(&labels)) {
                 return Ok(());
             }
-            if let Some(limit) = breaker {
-                if ids.alloc.lookup(&labels).is_none() && ids.alloc.from_dns_live() >= limit {
-                    return Err(Error::BreakerTripped {
-                        breaker: Breaker::FqdnIdentities,
-                        limit,
-                        prefix,
-                    });
-                }
+            if let Some(limit) = breaker
+                && ids.alloc.lookup(&labels).is_none()
+                && ids.alloc.from_dns_live() >= limit
+            {
+                return Err(Error::BreakerTripped {
+                    breaker: Breaker::FqdnIdentities,
+                    limit,
+                    prefix,
+                });
             }
             let id = ids.acquire(&labels, scope, from_dns)?;
             entry.identity = Some(id);
