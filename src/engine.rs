@@ -14,28 +14,33 @@ use fqdnd_ipcache::{Datapath, EndpointId, IpCache};
 use fqdnd_namemgr::{Answer, Connections, FqdnSelector, GcStats, Learned, NameManager};
 
 /// NameManager + IpCache over a datapath.
-pub struct Engine<D> {
+pub(crate) struct Engine<D> {
     /// The NameManager.
-    pub names: NameManager,
+    pub(crate) names: NameManager,
     /// The IpCache.
-    pub ipcache: IpCache<D>,
+    pub(crate) ipcache: IpCache<D>,
 }
 
 impl<D: Datapath> Engine<D> {
     /// Builds the engine from a loaded configuration: endpoints, then policy.
-    pub fn new(config: &Config, datapath: D, now: Duration) -> Result<Self> {
+    pub(crate) fn new(config: &Config, datapath: D, now: Duration) -> Result<Self> {
         let mut engine = Self {
             names: NameManager::new(config.settings.namemgr()),
             ipcache: IpCache::new(config.settings.ipcache(), datapath),
         };
-        engine.ipcache.set_endpoints(config.endpoints.clone()).context("installing endpoints")?;
+        engine
+            .ipcache
+            .set_endpoints(config.endpoints.clone())
+            .context("installing endpoints")?;
         engine.set_policy(config.rules.clone(), now)?;
         Ok(engine)
     }
 
     /// Replaces the policy and commits the result.
-    pub fn set_policy(&mut self, rules: Vec<Rule>, now: Duration) -> Result<()> {
-        self.ipcache.set_policy(rules).context("installing policy")?;
+    pub(crate) fn set_policy(&mut self, rules: Vec<Rule>, now: Duration) -> Result<()> {
+        self.ipcache
+            .set_policy(rules)
+            .context("installing policy")?;
         let selectors = self
             .ipcache
             .fqdn_selector_keys()
@@ -43,13 +48,14 @@ impl<D: Datapath> Engine<D> {
             .map(|key| FqdnSelector::match_pattern(key))
             .collect::<Result<Vec<_>, _>>()
             .context("policy holds an FQDN selector the NameManager rejects")?;
-        self.names.set_selectors(&selectors, now, &mut self.ipcache)?;
+        self.names
+            .set_selectors(&selectors, now, &mut self.ipcache)?;
         self.ipcache.commit()?;
         Ok(())
     }
 
     /// The endpoint whose addresses contain `client` (the longest match).
-    pub fn endpoint_of(&self, client: IpAddr) -> Option<EndpointId> {
+    pub(crate) fn endpoint_of(&self, client: IpAddr) -> Option<EndpointId> {
         self.ipcache
             .endpoints()
             .values()
@@ -60,15 +66,27 @@ impl<D: Datapath> Engine<D> {
     }
 
     /// Learns an answer for `endpoint` and commits it to the datapath.
-    pub fn observe(&mut self, endpoint: EndpointId, answer: &Answer, now: Duration) -> Result<Learned> {
-        let learned = self.names.observe(endpoint, &answer.name, &answer.addrs, answer.ttl, now, &mut self.ipcache);
+    pub(crate) fn observe(
+        &mut self,
+        endpoint: EndpointId,
+        answer: &Answer,
+        now: Duration,
+    ) -> Result<Learned> {
+        let learned = self.names.observe(
+            endpoint,
+            &answer.name,
+            &answer.addrs,
+            answer.ttl,
+            now,
+            &mut self.ipcache,
+        );
         // Commit whatever was applied, even when the NameManager stopped part-way.
         self.ipcache.commit()?;
         Ok(learned?)
     }
 
     /// Runs a GC pass and commits it.
-    pub fn gc(&mut self, now: Duration, connections: &impl Connections) -> Result<GcStats> {
+    pub(crate) fn gc(&mut self, now: Duration, connections: &impl Connections) -> Result<GcStats> {
         let stats = self.names.gc(now, connections, &mut self.ipcache)?;
         self.ipcache.commit()?;
         Ok(stats)

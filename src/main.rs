@@ -75,20 +75,27 @@ enum PolicyCommand {
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("FQDND_LOG").unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_env("FQDND_LOG")
+                .unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Policy(PolicyCommand::Check { paths }) => policy_cmd::check(&paths),
-        Command::Policy(PolicyCommand::Match { json, pattern, names }) => policy_cmd::matches(&pattern, &names, json),
-        Command::Simulate { config, answers, end } => {
-            simulate::run(&config, answers.as_deref(), end).map(|out| {
-                print!("{out}");
-                ExitCode::SUCCESS
-            })
-        }
+        Command::Policy(PolicyCommand::Match {
+            json,
+            pattern,
+            names,
+        }) => policy_cmd::matches(&pattern, &names, json),
+        Command::Simulate {
+            config,
+            answers,
+            end,
+        } => simulate::run(&config, answers.as_deref(), end).map(|out| {
+            print!("{out}");
+            ExitCode::SUCCESS
+        }),
     };
     match result {
         Ok(code) => code,

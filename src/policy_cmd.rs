@@ -9,7 +9,7 @@ use fqdnd_namemgr::{FqdnSelector, canonicalize};
 use serde::Serialize;
 
 /// `policy check`: loads every file (or directory) and prints every error.
-pub fn check(paths: &[PathBuf]) -> Result<ExitCode> {
+pub(crate) fn check(paths: &[PathBuf]) -> Result<ExitCode> {
     match fqdnd_config::load(paths) {
         Ok(config) => {
             let fqdn_selectors: std::collections::BTreeSet<_> = config
@@ -46,7 +46,7 @@ struct MatchRow<'a> {
 }
 
 /// `policy match`: whether `pattern` matches each name, canonicalised as the proxy does.
-pub fn matches(pattern: &str, names: &[String], json: bool) -> Result<ExitCode> {
+pub(crate) fn matches(pattern: &str, names: &[String], json: bool) -> Result<ExitCode> {
     let selector = match FqdnSelector::match_pattern(pattern) {
         Ok(s) => s,
         Err(e) => {
@@ -56,7 +56,10 @@ pub fn matches(pattern: &str, names: &[String], json: bool) -> Result<ExitCode> 
     };
     let rows: Vec<MatchRow<'_>> = names
         .iter()
-        .map(|name| MatchRow { name, matches: selector.matches(&canonicalize(name)) })
+        .map(|name| MatchRow {
+            name,
+            matches: selector.matches(&canonicalize(name)),
+        })
         .collect();
     let mut out = std::io::stdout().lock();
     if json {

@@ -14,7 +14,7 @@ use fqdnd_namemgr::Answer;
 use crate::engine::Engine;
 
 /// The answers the README's main job replays when no file is given.
-pub const EXAMPLE_ANSWERS: &str = include_str!("../examples/answers.txt");
+pub(crate) const EXAMPLE_ANSWERS: &str = include_str!("../examples/answers.txt");
 
 /// One line of an answers file.
 struct Line {
@@ -36,29 +36,44 @@ fn parse_answers(text: &str, file: &str) -> Result<Vec<Line>> {
         let [secs, client, name, ttl, addrs @ ..] = fields.as_slice() else {
             bail!(at("expected `seconds client name ttl address...`"));
         };
-        let secs: f64 = secs.parse().ok().filter(|s: &f64| s.is_finite() && *s >= 0.0).with_context(|| at("time must be seconds ≥ 0"))?;
+        let secs: f64 = secs
+            .parse()
+            .ok()
+            .filter(|s: &f64| s.is_finite() && *s >= 0.0)
+            .with_context(|| at("time must be seconds ≥ 0"))?;
         let time = Duration::from_secs_f64(secs);
         if time < last {
             bail!(at("times must not go backwards"));
         }
         last = time;
-        let client = client.parse().with_context(|| at("client must be an IP address"))?;
-        let ttl = ttl.parse().with_context(|| at("ttl must be whole seconds"))?;
+        let client = client
+            .parse()
+            .with_context(|| at("client must be an IP address"))?;
+        let ttl = ttl
+            .parse()
+            .with_context(|| at("ttl must be whole seconds"))?;
         let addrs = addrs
             .iter()
             .map(|a| a.parse::<IpAddr>())
             .collect::<Result<Vec<_>, _>>()
             .with_context(|| at("addresses must be IP addresses"))?;
         let name = fqdnd_namemgr::canonicalize(name).into_owned();
-        lines.push(Line { at: time, client, answer: Answer { name, addrs, ttl } });
+        lines.push(Line {
+            at: time,
+            client,
+            answer: Answer { name, addrs, ttl },
+        });
     }
     Ok(lines)
 }
 
 /// Runs the simulation and prints what happened.
-pub fn run(configs: &[PathBuf], answers: Option<&Path>, end: Option<f64>) -> Result<String> {
+pub(crate) fn run(configs: &[PathBuf], answers: Option<&Path>, end: Option<f64>) -> Result<String> {
     let config = if configs.is_empty() {
-        fqdnd_config::load_str(fqdnd_config::EXAMPLE_POLICY, Path::new("<embedded example policy>"))
+        fqdnd_config::load_str(
+            fqdnd_config::EXAMPLE_POLICY,
+            Path::new("<embedded example policy>"),
+        )
     } else {
         fqdnd_config::load(configs)
     }
@@ -68,7 +83,10 @@ pub fn run(configs: &[PathBuf], answers: Option<&Path>, end: Option<f64>) -> Res
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
             path.display().to_string(),
         ),
-        None => (EXAMPLE_ANSWERS.to_owned(), "<embedded example answers>".to_owned()),
+        None => (
+            EXAMPLE_ANSWERS.to_owned(),
+            "<embedded example answers>".to_owned(),
+        ),
     };
     let lines = parse_answers(&text, &file)?;
     let gc_interval = config.settings.gc_interval.max(Duration::from_secs(1));
@@ -81,12 +99,23 @@ pub fn run(configs: &[PathBuf], answers: Option<&Path>, end: Option<f64>) -> Res
         while line.at >= next_gc {
             let gc = engine.gc(next_gc, &nothing_in_use)?;
             if gc.released > 0 {
-                writeln!(out, "{:>6.1}s  gc: {} mapping(s) expired, {} released", next_gc.as_secs_f64(), gc.expired, gc.released)?;
+                writeln!(
+                    out,
+                    "{:>6.1}s  gc: {} mapping(s) expired, {} released",
+                    next_gc.as_secs_f64(),
+                    gc.expired,
+                    gc.released
+                )?;
             }
             next_gc += gc_interval;
         }
         let Some(endpoint) = engine.endpoint_of(line.client) else {
-            writeln!(out, "{:>6.1}s  {} is in no endpoint or client group: not learned", line.at.as_secs_f64(), line.client)?;
+            writeln!(
+                out,
+                "{:>6.1}s  {} is in no endpoint or client group: not learned",
+                line.at.as_secs_f64(),
+                line.client
+            )?;
             continue;
         };
         answered += 1;
@@ -103,7 +132,10 @@ pub fn run(configs: &[PathBuf], answers: Option<&Path>, end: Option<f64>) -> Res
                 let identities = if identities.is_empty() {
                     "no selector matches: not in the ipcache".to_owned()
                 } else {
-                    format!("identity {}", identities.into_iter().collect::<Vec<_>>().join(", "))
+                    format!(
+                        "identity {}",
+                        identities.into_iter().collect::<Vec<_>>().join(", ")
+                    )
                 };
                 writeln!(
                     out,
@@ -113,13 +145,23 @@ pub fn run(configs: &[PathBuf], answers: Option<&Path>, end: Option<f64>) -> Res
                     learned.refreshed
                 )?;
             }
-            Err(e) => writeln!(out, "{:>6.1}s  endpoint {endpoint} {name}: {e:#}", line.at.as_secs_f64())?,
+            Err(e) => writeln!(
+                out,
+                "{:>6.1}s  endpoint {endpoint} {name}: {e:#}",
+                line.at.as_secs_f64()
+            )?,
         }
     }
     if let Some(end) = end.filter(|e| e.is_finite() && *e >= 0.0) {
         let end = Duration::from_secs_f64(end);
         let gc = engine.gc(end, &nothing_in_use)?;
-        writeln!(out, "{:>6.1}s  gc: {} mapping(s) expired, {} released", end.as_secs_f64(), gc.expired, gc.released)?;
+        writeln!(
+            out,
+            "{:>6.1}s  gc: {} mapping(s) expired, {} released",
+            end.as_secs_f64(),
+            gc.expired,
+            gc.released
+        )?;
     }
     report(&mut out, &engine, answered)?;
     Ok(out)
@@ -128,8 +170,11 @@ pub fn run(configs: &[PathBuf], answers: Option<&Path>, end: Option<f64>) -> Res
 fn report(out: &mut String, engine: &Engine<MemoryDatapath>, answered: usize) -> Result<()> {
     let ipc = &engine.ipcache;
     writeln!(out, "\nidentities (one per label set):")?;
-    let mut ids: Vec<(Identity, String, u32)> =
-        ipc.allocator().iter().map(|(id, _, refs)| (id, ipc.labels_of(id).unwrap_or_default(), refs)).collect();
+    let mut ids: Vec<(Identity, String, u32)> = ipc
+        .allocator()
+        .iter()
+        .map(|(id, _, refs)| (id, ipc.labels_of(id).unwrap_or_default(), refs))
+        .collect();
     ids.sort();
     for (id, labels, refs) in &ids {
         writeln!(out, "  {id:<9} refs {refs:<3} {labels}")?;
@@ -138,7 +183,12 @@ fn report(out: &mut String, engine: &Engine<MemoryDatapath>, answered: usize) ->
     for (prefix, identity, owners) in ipc.prefixes() {
         let Some(identity) = identity else { continue };
         let owners: Vec<String> = owners.iter().map(ToString::to_string).collect();
-        writeln!(out, "  {:<20} {identity:<9} {}", prefix.to_string(), owners.join(" "))?;
+        writeln!(
+            out,
+            "  {:<20} {identity:<9} {}",
+            prefix.to_string(),
+            owners.join(" ")
+        )?;
     }
     writeln!(out, "\npolicy (what each endpoint may reach):")?;
     for (id, ep) in ipc.endpoints() {
@@ -146,7 +196,11 @@ fn report(out: &mut String, engine: &Engine<MemoryDatapath>, answered: usize) ->
         let rendered: Vec<String> = keys
             .iter()
             .map(|k| {
-                let who = if k.identity == Identity::ANY { "any".to_owned() } else { k.identity.to_string() };
+                let who = if k.identity == Identity::ANY {
+                    "any".to_owned()
+                } else {
+                    k.identity.to_string()
+                };
                 let proto = match k.protocol {
                     Protocol::Tcp => "TCP",
                     Protocol::Udp => "UDP",
@@ -161,8 +215,14 @@ fn report(out: &mut String, engine: &Engine<MemoryDatapath>, answered: usize) ->
             .collect();
         writeln!(out, "  endpoint {id} ({}): {}", ep.name, rendered.join(" "))?;
     }
-    let fqdn_ips = ipc.prefixes().filter(|(_, id, _)| id.is_some_and(|id| ipc.has_fqdn_label(id))).count();
-    let fqdn_ids = ids.iter().filter(|(id, _, _)| ipc.has_fqdn_label(*id)).count();
+    let fqdn_ips = ipc
+        .prefixes()
+        .filter(|(_, id, _)| id.is_some_and(|id| ipc.has_fqdn_label(id)))
+        .count();
+    let fqdn_ids = ids
+        .iter()
+        .filter(|(id, _, _)| ipc.has_fqdn_label(*id))
+        .count();
     writeln!(
         out,
         "\nsummary: {answered} answer(s), {} name(s), {} cached IP(s), {fqdn_ips} IP(s) selected, \

@@ -23,9 +23,9 @@ pub fn mixed_selectors(n: usize) -> Vec<String> {
 
 /// Names to look up against [`mixed_selectors`]: one hit of each kind and a miss, canonical.
 pub fn probe_names(n: usize) -> [(&'static str, String); 4] {
-    let exact = (n / 2) / 5 * 10; // an index with i % 10 == 0
-    let suffix = 5 + 10 * (n / 20);
-    let general = 9 + 10 * (n / 30);
+    // Indices from the middle of the set, one of each kind (see `mixed_selectors`).
+    let base = n / 2 - (n / 2) % 10;
+    let (exact, suffix, general) = (base, base + 5, base + 9);
     [
         (
             "exact",

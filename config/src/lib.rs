@@ -53,7 +53,7 @@ pub use settings::{MAX_PROXY_RESPONSE_DELAY, MIN_GC_INTERVAL, RejectResponseCode
 pub const EXAMPLE_POLICY: &str = include_str!("../examples/policy.yaml");
 
 /// Everything loaded: settings, endpoints and policy rules.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     /// The `Settings` document, or the defaults if there was none.
     pub settings: Settings,

@@ -29,7 +29,7 @@ pub(crate) fn contributions<'a>(
     let mut enforcing = false;
     let mut out = Vec::new();
     for rule in rules {
-        if rule.egress.is_empty() || !rule.endpoint_selector.matches(endpoint.labels.iter()) {
+        if !rule.endpoint_selector.matches(endpoint.labels.iter()) {
             continue;
         }
         enforcing |= rule.default_deny_egress;

@@ -15,8 +15,9 @@ pub struct Rule {
     pub origin: String,
     /// The endpoints the rule applies to.
     pub endpoint_selector: LabelSelector,
-    /// Egress sections. A rule with at least one puts the endpoints it selects under egress
-    /// policy (default deny) unless `default_deny_egress` is false.
+    /// What the selected endpoints may reach. Every rule is an egress rule: selecting an
+    /// endpoint puts it under egress policy (default deny) unless `default_deny_egress` is
+    /// false, even when this list is empty (CiliumNetworkPolicy `egress: [{}]`).
     pub egress: Vec<EgressRule>,
     /// Whether selecting an endpoint puts it into egress default deny
     /// (CiliumNetworkPolicy `enableDefaultDeny.egress`, true unless set to false).

@@ -446,3 +446,36 @@ fn zero_prefix_cidr_selects_the_world() {
             .allows(EndpointId(1), ip("2001:db8::1"), Protocol::Udp, 53)
     );
 }
+
+#[test]
+fn a_rule_without_egress_entries_still_denies_by_default() {
+    let mut c = cache();
+    c.set_endpoints(vec![endpoint(1, "web", "10.1.0.1")])
+        .unwrap();
+    c.set_policy(vec![Rule {
+        origin: "egress: [{}]".into(),
+        endpoint_selector: app("web"),
+        egress: vec![],
+        default_deny_egress: true,
+    }])
+    .unwrap();
+    c.commit().unwrap();
+    assert_eq!(c.endpoint_enforcing(EndpointId(1)), Some(true));
+    assert!(
+        !c.datapath()
+            .allows(EndpointId(1), ip("192.0.2.1"), Protocol::Tcp, 443)
+    );
+    // enableDefaultDeny.egress: false adds nothing and denies nothing.
+    c.set_policy(vec![Rule {
+        origin: "no default deny".into(),
+        endpoint_selector: app("web"),
+        egress: vec![],
+        default_deny_egress: false,
+    }])
+    .unwrap();
+    c.commit().unwrap();
+    assert!(
+        c.datapath()
+            .allows(EndpointId(1), ip("192.0.2.1"), Protocol::Tcp, 443)
+    );
+}

@@ -1,0 +1,248 @@
+//! What can go wrong while loading, each problem with the file and position it concerns.
+//!
+//! Loading never stops at the first problem: [`Errors`] carries every one found, in file order.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use ipnet::IpNet;
+
+/// One problem found while loading policy and configuration files.
+///
+/// Every variant that points into a file displays as `file:line:column: message`, with 1-based
+/// line and column (the column counts characters), so editors and CI logs can jump to it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A file or directory could not be read.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// What the operating system said.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The text is not well-formed YAML (or JSON), or is not UTF-8 / UTF-16.
+    #[error("{}:{line}:{column}: {message}", file.display())]
+    Syntax {
+        /// The file.
+        file: PathBuf,
+        /// 1-based line.
+        line: u64,
+        /// 1-based column.
+        column: u64,
+        /// What is wrong.
+        message: String,
+    },
+
+    /// Well-formed YAML that is not a valid policy or configuration document: an unknown or
+    /// unsupported field, a value of the wrong type or out of range, a bad pattern or CIDR.
+    #[error("{}:{line}:{column}: {message}", file.display())]
+    Invalid {
+        /// The file.
+        file: PathBuf,
+        /// 1-based line.
+        line: u64,
+        /// 1-based column.
+        column: u64,
+        /// What is wrong, naming the field.
+        message: String,
+    },
+
+    /// A file with no documents: empty, only comments, or only `---` separators.
+    #[error("{}:1:1: no policy or configuration documents (the file is empty or holds only comments)", file.display())]
+    EmptyFile {
+        /// The file.
+        file: PathBuf,
+    },
+
+    /// A directory that holds no `*.yaml`, `*.yml` or `*.json` file.
+    #[error("{}: no policy or configuration files (*.yaml, *.yml, *.json) in this directory", dir.display())]
+    EmptyDirectory {
+        /// The directory.
+        dir: PathBuf,
+    },
+
+    /// A document whose `apiVersion` and `kind` fqdnd does not read.
+    #[error(
+        "{}:{line}:{column}: unknown document type: apiVersion {api_version:?}, kind {kind:?}; \
+         fqdnd reads apiVersion cilium.io/v2 with kind CiliumNetworkPolicy or \
+         CiliumClusterwideNetworkPolicy, and apiVersion fqdnd.io/v1 with kind Endpoint, \
+         ClientGroup or Settings (one object per document)",
+        file.display()
+    )]
+    UnknownKind {
+        /// The file.
+        file: PathBuf,
+        /// 1-based line of the `kind` value.
+        line: u64,
+        /// 1-based column of the `kind` value.
+        column: u64,
+        /// The document's `apiVersion`.
+        api_version: String,
+        /// The document's `kind`.
+        kind: String,
+    },
+
+    /// Something declared twice where it must be unique (across all files loaded together).
+    #[error(
+        "{}:{line}:{column}: {item} is already declared at {}:{first_line}:{first_column}",
+        file.display(),
+        first_file.display()
+    )]
+    Duplicate {
+        /// The file of the second declaration.
+        file: PathBuf,
+        /// 1-based line of the second declaration.
+        line: u64,
+        /// 1-based column of the second declaration.
+        column: u64,
+        /// What is duplicated.
+        item: Duplicated,
+        /// The file of the first declaration.
+        first_file: PathBuf,
+        /// 1-based line of the first declaration.
+        first_line: u64,
+        /// 1-based column of the first declaration.
+        first_column: u64,
+    },
+}
+
+/// What an [`Error::Duplicate`] is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Duplicated {
+    /// An endpoint id (`spec.id`), unique across `Endpoint` and `ClientGroup` documents.
+    EndpointId(u16),
+    /// An endpoint name (`metadata.name`), unique across `Endpoint` and `ClientGroup`.
+    EndpointName(String),
+    /// An address or prefix claimed by two endpoints: the source address would be ambiguous.
+    Address(IpNet),
+    /// A second `kind: Settings` document; there may be at most one.
+    Settings,
+    /// A second policy of the same kind, namespace and name (Kubernetes would have replaced
+    /// the first; applying both would allow more than either).
+    Policy {
+        /// `CiliumNetworkPolicy` or `CiliumClusterwideNetworkPolicy`.
+        kind: &'static str,
+        /// `namespace/name`, or `name` without a namespace.
+        name: String,
+    },
+}
+
+impl fmt::Display for Duplicated {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::EndpointId(id) => write!(f, "endpoint id {id}"),
+            Self::EndpointName(name) => write!(f, "endpoint name {name:?}"),
+            Self::Address(net) => write!(f, "address {net}"),
+            Self::Settings => f.write_str("a `kind: Settings` document (at most one is allowed)"),
+            Self::Policy { kind, name } => write!(f, "{kind} {name:?}"),
+        }
+    }
+}
+
+impl Error {
+    /// The file (or directory) the error concerns.
+    #[must_use]
+    pub fn file(&self) -> &Path {
+        match self {
+            Self::Io { path, .. } => path,
+            Self::EmptyDirectory { dir } => dir,
+            Self::Syntax { file, .. }
+            | Self::Invalid { file, .. }
+            | Self::EmptyFile { file }
+            | Self::UnknownKind { file, .. }
+            | Self::Duplicate { file, .. } => file,
+        }
+    }
+
+    /// The 1-based `(line, column)` the error points at, if it points into a file.
+    #[must_use]
+    pub fn position(&self) -> Option<(u64, u64)> {
+        match self {
+            Self::Syntax { line, column, .. }
+            | Self::Invalid { line, column, .. }
+            | Self::UnknownKind { line, column, .. }
+            | Self::Duplicate { line, column, .. } => Some((*line, *column)),
+            Self::EmptyFile { .. } => Some((1, 1)),
+            Self::Io { .. } | Self::EmptyDirectory { .. } => None,
+        }
+    }
+}
+
+/// Every error found by one [`load`](crate::load) or [`load_str`](crate::load_str) call.
+///
+/// Never empty when returned. Displays one error per line.
+#[derive(Debug)]
+pub struct Errors(Vec<Error>);
+
+impl Errors {
+    pub(crate) fn new(errors: Vec<Error>) -> Self {
+        Self(errors)
+    }
+
+    /// The errors, in the order found (file by file, top to bottom; checks across documents,
+    /// such as duplicate endpoint ids, after the documents they concern).
+    #[must_use]
+    pub fn as_slice(&self) -> &[Error] {
+        &self.0
+    }
+
+    /// Iterates over the errors.
+    pub fn iter(&self) -> std::slice::Iter<'_, Error> {
+        self.0.iter()
+    }
+
+    /// How many errors.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there are none (never, for a value returned by the loader).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The errors as a vector.
+    #[must_use]
+    pub fn into_vec(self) -> Vec<Error> {
+        self.0
+    }
+}
+
+impl fmt::Display for Errors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, error) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{error}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Errors {}
+
+impl IntoIterator for Errors {
+    type Item = Error;
+    type IntoIter = std::vec::IntoIter<Error>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
+
+impl<'a> IntoIterator for &'a Errors {
+    type Item = &'a Error;
+    type IntoIter = std::slice::Iter<'a, Error>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}

@@ -1,0 +1,267 @@
+//! `kind: Settings` (`apiVersion: fqdnd.io/v1`): the daemon's tunables, every one optional with
+//! Cilium's default. At most one such document across all files.
+//!
+//! ```yaml
+//! apiVersion: fqdnd.io/v1
+//! kind: Settings
+//! spec:
+//!   dns:
+//!     minTTL: 0
+//!     maxIPsPerHostname: 1000
+//!     maxDeferredConnectionDeletes: 10000
+//!     proxyResponseMaxDelay: 100ms
+//!     rejectResponseCode: refused       # or nameError
+//!     concurrencyLimit: 0               # 0: unlimited
+//!     preallocateIdentities: true
+//!   breakers:
+//!     maxFQDNIdentities: 2048
+//!     maxIPsPerName: 2000
+//!     maxNamesPerEndpoint: 50000
+//!   gcInterval: 60s
+//! ```
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+use serde_saphyr::Spanned;
+
+use crate::cnp::ObjectMeta;
+use crate::yaml::{Diag, Scalar, Text, at, duration, int_in_range, sanitize};
+
+/// Longest `proxyResponseMaxDelay` accepted: holding answers longer than this outlasts the
+/// retry timeout of common resolvers (5 s) and Cilium's own forward timeout (10 s).
+pub const MAX_PROXY_RESPONSE_DELAY: Duration = Duration::from_secs(10);
+/// Shortest `gcInterval` accepted.
+pub const MIN_GC_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The daemon's settings, with Cilium's defaults for everything not given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    /// `dns.minTTL`: lowest TTL (seconds) a cached answer keeps. Mirrors Cilium's
+    /// `tofqdns-min-ttl` (default 0: honour the upstream TTL).
+    pub min_ttl: u32,
+    /// `dns.maxIPsPerHostname`: live IPs kept per name, per endpoint. Mirrors Cilium's
+    /// `tofqdns-endpoint-max-ip-per-hostname` (default 1000, at least 1).
+    pub max_ips_per_hostname: usize,
+    /// `dns.maxDeferredConnectionDeletes`: expired IPs kept while connections still use them
+    /// (zombies). Mirrors Cilium's `tofqdns-max-deferred-connection-deletes` (default 10000).
+    pub max_deferred_connection_deletes: usize,
+    /// `dns.proxyResponseMaxDelay`: longest time a DNS answer is held while the datapath learns
+    /// its IPs. Mirrors Cilium's `tofqdns-proxy-response-max-delay` (default 100ms, at most
+    /// [`MAX_PROXY_RESPONSE_DELAY`]).
+    pub proxy_response_max_delay: Duration,
+    /// `dns.rejectResponseCode`: the answer to a query policy denies. Mirrors Cilium's
+    /// `tofqdns-dns-reject-response-code` (default `refused`).
+    pub reject_response_code: RejectResponseCode,
+    /// `dns.concurrencyLimit`: DNS messages in flight at once in the proxy; past it, SERVFAIL.
+    /// Mirrors Cilium's `dnsproxy-concurrency-limit` (default 0: unlimited).
+    pub concurrency_limit: usize,
+    /// `dns.preallocateIdentities`: allocate `{fqdn:<selector>, world}` identities as soon as a
+    /// selector appears. Mirrors Cilium's `tofqdns-preallocate-identities` (default true).
+    pub preallocate_identities: bool,
+    /// `breakers.maxFQDNIdentities`: identities DNS answers may create, live at once; past it
+    /// a new one is refused (fail closed). fqdnd's own circuit breaker (default 2048).
+    pub max_fqdn_identities: usize,
+    /// `breakers.maxIPsPerName`: IPs one name may hold, live and zombie together, before new
+    /// ones are refused. fqdnd's own circuit breaker (default 2000).
+    pub max_ips_per_name: usize,
+    /// `breakers.maxNamesPerEndpoint`: names one endpoint may have live in the cache before
+    /// answers for new names are not learned. fqdnd's own circuit breaker (default 50000).
+    pub max_names_per_endpoint: usize,
+    /// `gcInterval`: how often expired DNS data is collected. Mirrors Cilium's fixed
+    /// `DNSGCJobInterval` (default 60s, at least [`MIN_GC_INTERVAL`]).
+    pub gc_interval: Duration,
+}
+
+/// The DNS response code for a query that policy denies.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum RejectResponseCode {
+    /// `refused`: REFUSED (rcode 5), Cilium's default.
+    #[default]
+    Refused,
+    /// `nameError`: NXDOMAIN (rcode 3); musl stops walking search domains on REFUSED.
+    NameError,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            min_ttl: 0,
+            max_ips_per_hostname: 1000,
+            max_deferred_connection_deletes: 10_000,
+            proxy_response_max_delay: Duration::from_millis(100),
+            reject_response_code: RejectResponseCode::Refused,
+            concurrency_limit: 0,
+            preallocate_identities: true,
+            max_fqdn_identities: 2048,
+            max_ips_per_name: 2000,
+            max_names_per_endpoint: 50_000,
+            gc_interval: Duration::from_secs(60),
+        }
+    }
+}
+
+impl Settings {
+    /// The NameManager's settings.
+    #[must_use]
+    pub fn namemgr(&self) -> fqdnd_namemgr::Config {
+        fqdnd_namemgr::Config {
+            min_ttl: self.min_ttl,
+            max_ips_per_hostname: self.max_ips_per_hostname,
+            max_zombies: self.max_deferred_connection_deletes,
+            max_ips_per_name: self.max_ips_per_name,
+            max_names_per_endpoint: self.max_names_per_endpoint,
+        }
+    }
+
+    /// The IPCache's settings.
+    #[must_use]
+    pub fn ipcache(&self) -> fqdnd_ipcache::Config {
+        fqdnd_ipcache::Config {
+            max_fqdn_identities: self.max_fqdn_identities,
+            preallocate_fqdn_identities: self.preallocate_identities,
+        }
+    }
+}
+
+/// A whole `Settings` document.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SettingsDoc {
+    #[serde(rename = "apiVersion")]
+    _api_version: Option<IgnoredAny>,
+    #[serde(rename = "kind")]
+    _kind: Option<IgnoredAny>,
+    #[serde(rename = "metadata")]
+    _metadata: Option<ObjectMeta>,
+    spec: Option<SettingsSpec>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct SettingsSpec {
+    dns: Option<DnsSpec>,
+    breakers: Option<BreakersSpec>,
+    gc_interval: Option<Text>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct DnsSpec {
+    #[serde(rename = "minTTL")]
+    min_ttl: Option<Spanned<Scalar>>,
+    #[serde(rename = "maxIPsPerHostname")]
+    max_ips_per_hostname: Option<Spanned<Scalar>>,
+    max_deferred_connection_deletes: Option<Spanned<Scalar>>,
+    proxy_response_max_delay: Option<Text>,
+    reject_response_code: Option<Text>,
+    concurrency_limit: Option<Spanned<Scalar>>,
+    preallocate_identities: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct BreakersSpec {
+    #[serde(rename = "maxFQDNIdentities")]
+    max_fqdn_identities: Option<Spanned<Scalar>>,
+    #[serde(rename = "maxIPsPerName")]
+    max_ips_per_name: Option<Spanned<Scalar>>,
+    max_names_per_endpoint: Option<Spanned<Scalar>>,
+}
+
+/// Largest count accepted: far beyond any sane setting, and fits `usize` on every target.
+const MAX_COUNT: i128 = u32::MAX as i128;
+
+/// Converts the `Settings` document; `None` if anything in it is wrong.
+pub(crate) fn settings(doc: &SettingsDoc, diag: &mut Diag<'_>) -> Option<Settings> {
+    let before = diag.count();
+    let mut s = Settings::default();
+    let Some(spec) = &doc.spec else {
+        return Some(s);
+    };
+
+    let count = |field: &str, v: &Option<Spanned<Scalar>>, min: i128, diag: &mut Diag<'_>| {
+        v.as_ref()
+            .and_then(|v| int_in_range(field, v, min, MAX_COUNT, diag))
+            .and_then(|n| usize::try_from(n).ok())
+    };
+
+    if let Some(dns) = &spec.dns {
+        if let Some(v) = dns
+            .min_ttl
+            .as_ref()
+            .and_then(|v| int_in_range("minTTL", v, 0, u32::MAX.into(), diag))
+        {
+            s.min_ttl = u32::try_from(v).unwrap_or(u32::MAX);
+        }
+        if let Some(n) = count("maxIPsPerHostname", &dns.max_ips_per_hostname, 1, diag) {
+            s.max_ips_per_hostname = n;
+        }
+        if let Some(n) = count(
+            "maxDeferredConnectionDeletes",
+            &dns.max_deferred_connection_deletes,
+            0,
+            diag,
+        ) {
+            s.max_deferred_connection_deletes = n;
+        }
+        if let Some(text) = &dns.proxy_response_max_delay
+            && let Some(d) = duration("proxyResponseMaxDelay", text, diag)
+        {
+            if d > MAX_PROXY_RESPONSE_DELAY {
+                diag.invalid(
+                    at(text),
+                    format!(
+                        "`proxyResponseMaxDelay` {} is too long: at most {} (clients would \
+                         give up on the answer first)",
+                        humantime::format_duration(d),
+                        humantime::format_duration(MAX_PROXY_RESPONSE_DELAY)
+                    ),
+                );
+            } else {
+                s.proxy_response_max_delay = d;
+            }
+        }
+        if let Some(text) = &dns.reject_response_code {
+            match text.value.as_str() {
+                "refused" => s.reject_response_code = RejectResponseCode::Refused,
+                "nameError" => s.reject_response_code = RejectResponseCode::NameError,
+                other => diag.invalid(
+                    at(text),
+                    format!(
+                        "`rejectResponseCode` {:?}: expected `refused` or `nameError`",
+                        sanitize(other)
+                    ),
+                ),
+            }
+        }
+        if let Some(n) = count("concurrencyLimit", &dns.concurrency_limit, 0, diag) {
+            s.concurrency_limit = n;
+        }
+        if let Some(b) = dns.preallocate_identities {
+            s.preallocate_identities = b;
+        }
+    }
+    if let Some(b) = &spec.breakers {
+        if let Some(n) = count("maxFQDNIdentities", &b.max_fqdn_identities, 1, diag) {
+            s.max_fqdn_identities = n;
+        }
+        if let Some(n) = count("maxIPsPerName", &b.max_ips_per_name, 1, diag) {
+            s.max_ips_per_name = n;
+        }
+        if let Some(n) = count("maxNamesPerEndpoint", &b.max_names_per_endpoint, 1, diag) {
+            s.max_names_per_endpoint = n;
+        }
+    }
+    if let Some(text) = &spec.gc_interval
+        && let Some(d) = duration("gcInterval", text, diag)
+    {
+        if d < MIN_GC_INTERVAL {
+            diag.invalid(at(text), "`gcInterval` must be at least 1s");
+        } else {
+            s.gc_interval = d;
+        }
+    }
+    (diag.count() == before).then_some(s)
+}

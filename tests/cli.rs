@@ -1,0 +1,123 @@
+//! The `fqdnd` command line, run as a user runs it.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed step should panic"
+)]
+
+use std::process::{Command, Output};
+
+fn fqdnd(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fqdnd"))
+        .args(args)
+        .output()
+        .expect("fqdnd runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn policy_match_follows_cilium_semantics_and_canonicalises_names() {
+    let out = fqdnd(&[
+        "policy",
+        "match",
+        "--json",
+        "*.cilium.io",
+        "WWW.Cilium.io",
+        "cilium.io",
+        "a.b.cilium.io.",
+        "sub.cilium.io",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let got: Vec<(String, bool)> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["name"].as_str().unwrap().to_owned(),
+                r["matches"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("WWW.Cilium.io".to_owned(), true),
+            ("cilium.io".to_owned(), false),
+            ("a.b.cilium.io.".to_owned(), false),
+            ("sub.cilium.io".to_owned(), true),
+        ]
+    );
+    let out = fqdnd(&[
+        "policy",
+        "match",
+        "**.cilium.io",
+        "a.b.cilium.io",
+        "cilium.io",
+    ]);
+    assert_eq!(
+        text(&out.stdout),
+        "match\ta.b.cilium.io.\nno match\tcilium.io.\n"
+    );
+}
+
+#[test]
+fn policy_match_rejects_an_invalid_pattern() {
+    let out = fqdnd(&["policy", "match", "*.exa!mple.com", "x.example.com"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("invalid character '!'"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn policy_check_reports_every_error_with_its_location() {
+    let bad = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/bad.yaml");
+    let out = fqdnd(&["policy", "check", bad]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("bad.yaml:11:"), "{stderr}");
+    assert!(stderr.contains("egressDeny"), "{stderr}");
+    assert!(stderr.contains("bad.yaml:19:"), "{stderr}");
+}
+
+#[test]
+fn policy_check_accepts_the_bundled_example() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/config/examples/policy.yaml");
+    let out = fqdnd(&["policy", "check", example]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).starts_with("ok: 1 file(s)"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn policy_check_fails_cleanly_on_a_missing_file() {
+    let out = fqdnd(&["policy", "check", "/nonexistent/policy.yaml"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("/nonexistent/policy.yaml"));
+}
+
+#[test]
+fn simulate_runs_the_embedded_example_and_shares_identities() {
+    let out = fqdnd(&["simulate"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    // 24 rotating S3 addresses end up under the one pre-allocated *.s3.amazonaws.com identity.
+    let s3_line = stdout
+        .lines()
+        .find(|l| l.contains("fqdn:*.s3.amazonaws.com.") && l.contains("world-ipv4"))
+        .unwrap();
+    assert!(s3_line.contains("refs 25"), "{s3_line}");
+    assert!(stdout.contains("10.0.9.9 is in no endpoint"), "{stdout}");
+    assert!(stdout.contains("summary: 7 answer(s)"), "{stdout}");
+}
