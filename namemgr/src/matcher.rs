@@ -3,17 +3,17 @@
 //! [`Matcher`] compiles every registered [`FqdnSelector`] into one trie over labels read from
 //! the right (TLD first). Each node holds:
 //! - literal children in a hash map keyed by the label text,
-//! - glob children (labels containing `*`) in a small vec, shared by equal globs,
+//! - glob children (labels containing `*`) filed by their literal ends, shared by equal globs,
 //! - terminals: selectors whose labels end exactly here,
 //! - "multi" terminals: selectors with a leading `**.`, matching when one or more further
 //!   labels remain and all of them are non-empty `[-a-zA-Z0-9_]` text.
 //!
 //! Pure wildcards (`*`, `**.`, …) sit in one list beside the trie.
 //!
-//! **Cost.** A lookup walks the name's labels once: one hash lookup per label and node, plus one
-//! glob test per glob child of each visited node. It grows with the depth of the name and with
-//! the number of distinct glob labels sharing one trie node (e.g. many `*foo.example.com`
-//! patterns under `example.com`), not with the number of selectors. A leading `**.` costs O(1)
+//! **Cost.** A lookup walks the name's labels once: one hash lookup per label and node, plus
+//! glob tests for the glob children of each visited node whose two literal end bytes agree
+//! with the label (or that have none). It grows with the depth of the name and with the number
+//! of glob labels sharing one trie node *and* one bucket, not with the number of selectors. A leading `**.` costs O(1)
 //! per visited node (the name's labels are checked once, up front). Names of up to 16 labels
 //! are matched without heap allocation (unless one id is registered with several selectors and
 //! more than 16 distinct ids match, when the deduplication list spills to the heap).
@@ -24,7 +24,9 @@ use std::collections::{HashMap, HashSet};
 
 use smallvec::SmallVec;
 
-use crate::pattern::{Compiled, FqdnSelector, Glob, LabelPattern, SplitName, is_class_label};
+use crate::pattern::{
+    Compiled, FqdnSelector, Glob, GlobBucket, LabelPattern, SplitName, is_class_label,
+};
 
 /// Caller-chosen identifier of a registered selector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -61,7 +63,7 @@ struct Slot {
 #[derive(Debug, Clone, Default)]
 struct Node {
     literals: HashMap<Box<str>, Node>,
-    globs: Vec<(Glob, Node)>,
+    globs: Globs,
     terminals: Vec<Slot>,
     multi: Vec<Slot>,
 }
@@ -78,14 +80,15 @@ impl Node {
         match label {
             LabelPattern::Literal(text) => self.literals.entry(text.clone()).or_default(),
             LabelPattern::Glob(glob) => {
-                let pos = match self.globs.iter().position(|(g, _)| g == glob) {
+                let bucket = self.globs.buckets.entry(glob.bucket()).or_default();
+                let pos = match bucket.iter().position(|(g, _)| g == glob) {
                     Some(pos) => pos,
                     None => {
-                        self.globs.push((glob.clone(), Node::default()));
-                        self.globs.len() - 1
+                        bucket.push((glob.clone(), Node::default()));
+                        bucket.len() - 1
                     }
                 };
-                &mut self.globs[pos].1
+                &mut bucket[pos].1
             }
         }
     }
@@ -113,13 +116,20 @@ impl Node {
                 removed
             }
             LabelPattern::Glob(glob) => {
-                let Some(pos) = self.globs.iter().position(|(g, _)| g == glob) else {
+                let key = glob.bucket();
+                let Some(bucket) = self.globs.buckets.get_mut(&key) else {
                     return false;
                 };
-                let child = &mut self.globs[pos].1;
+                let Some(pos) = bucket.iter().position(|(g, _)| g == glob) else {
+                    return false;
+                };
+                let child = &mut bucket[pos].1;
                 let removed = child.remove(rest, multi, id);
                 if child.is_empty() {
-                    self.globs.swap_remove(pos);
+                    bucket.swap_remove(pos);
+                    if bucket.is_empty() {
+                        self.globs.buckets.remove(&key);
+                    }
                 }
                 removed
             }
@@ -143,12 +153,46 @@ impl Node {
             child.walk(name, depth + 1, f);
         }
         if !self.globs.is_empty() && is_class_label(label) {
-            for (glob, child) in &self.globs {
+            for (glob, child) in self.globs.candidates(label) {
                 if glob.is_match_class_label(label) {
                     child.walk(name, depth + 1, f);
                 }
             }
         }
+    }
+}
+
+/// The glob-label children of a node, filed by [`GlobBucket`] so that a lookup tests only the
+/// globs whose literal ends agree with the label: many `*cdnN.example.io` selectors under one
+/// node cost a hash lookup and a few glob tests, not one test each.
+#[derive(Debug, Clone, Default)]
+struct Globs {
+    buckets: HashMap<GlobBucket, Vec<(Glob, Node)>>,
+}
+
+impl Globs {
+    fn is_empty(&self) -> bool {
+        self.buckets.is_empty()
+    }
+
+    /// Every glob child that may match `label` (a superset of those that do).
+    fn candidates<'a>(&'a self, label: &str) -> impl Iterator<Item = &'a (Glob, Node)> + 'a {
+        let bytes = label.as_bytes();
+        let (suffix, prefix) = match bytes {
+            [a, b, ..] if bytes.len() >= 2 => (
+                Some(GlobBucket::Suffix([
+                    bytes[bytes.len() - 2],
+                    bytes[bytes.len() - 1],
+                ])),
+                Some(GlobBucket::Prefix([*a, *b])),
+            ),
+            _ => (None, None),
+        };
+        [suffix, prefix, Some(GlobBucket::Any)]
+            .into_iter()
+            .flatten()
+            .filter_map(|key| self.buckets.get(&key))
+            .flatten()
     }
 }
 

@@ -105,6 +105,17 @@ pub(crate) enum LabelPattern {
     Glob(Glob),
 }
 
+/// Where a matcher files a glob label so that a lookup tests only globs that can match.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum GlobBucket {
+    /// Matching labels end with these two bytes.
+    Suffix([u8; 2]),
+    /// Matching labels start with these two bytes.
+    Prefix([u8; 2]),
+    /// No two-byte literal end: tested against every label.
+    Any,
+}
+
 /// A label with at least one `*`, runs of stars collapsed into one (same language).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Glob {
@@ -130,6 +141,19 @@ impl Glob {
             text: text.into_boxed_str(),
             prefix,
             suffix,
+        }
+    }
+
+    /// The bucket a matcher files this glob under: two literal bytes every label it matches
+    /// must end (or else start) with, or none when its literal ends are shorter than that.
+    pub(crate) fn bucket(&self) -> GlobBucket {
+        let bytes = self.text.as_bytes();
+        if self.suffix >= 2 {
+            GlobBucket::Suffix([bytes[bytes.len() - 2], bytes[bytes.len() - 1]])
+        } else if self.prefix >= 2 {
+            GlobBucket::Prefix([bytes[0], bytes[1]])
+        } else {
+            GlobBucket::Any
         }
     }
 
