@@ -39,12 +39,12 @@ pub(crate) struct NameEntry {
 }
 
 impl NameEntry {
-    pub(crate) fn new(name: Arc<str>, labels: LabelSet) -> Self {
+    pub(crate) fn new(name: Arc<str>, labels: Arc<LabelSet>) -> Self {
         Self {
             owner: Arc::new(ResourceOwner::name_manager(name)),
             live: SmallVec::new(),
             zombies: Vec::new(),
-            labels: Arc::new(labels),
+            labels,
             last_lookup: 0,
         }
     }
@@ -57,11 +57,27 @@ impl NameEntry {
 /// Name → entries, and IP → names (ordered: denser in memory than a hash map of this size).
 #[derive(Debug, Default)]
 pub(crate) struct DnsCache {
+    /// One shared copy of each label set names carry (few: one per selector combination).
+    pub(crate) label_sets: HashMap<LabelSet, Arc<LabelSet>>,
     pub(crate) names: HashMap<Arc<str>, NameEntry>,
     pub(crate) reverse: BTreeMap<IpAddr, SmallVec<[Arc<str>; 1]>>,
 }
 
 impl DnsCache {
+    /// The shared copy of `labels`.
+    pub(crate) fn share(&mut self, labels: LabelSet) -> Arc<LabelSet> {
+        self.label_sets
+            .entry(labels)
+            .or_insert_with_key(|l| Arc::new(l.clone()))
+            .clone()
+    }
+
+    /// Forgets label sets no name carries any more.
+    pub(crate) fn forget_unused_label_sets(&mut self) {
+        self.label_sets
+            .retain(|_, shared| Arc::strong_count(shared) > 1);
+    }
+
     pub(crate) fn link(&mut self, addr: IpAddr, name: &Arc<str>) {
         let names = self.reverse.entry(addr).or_default();
         if !names.iter().any(|n| n == name) {

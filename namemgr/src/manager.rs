@@ -195,7 +195,9 @@ impl NameManager {
             Some((key, _)) => key.clone(),
             None => {
                 let key = parsed.as_arc().clone();
-                let labels = labels_for(&self.matcher, &self.selectors, &key);
+                let labels = self
+                    .cache
+                    .share(labels_for(&self.matcher, &self.selectors, &key));
                 self.cache
                     .names
                     .insert(key.clone(), NameEntry::new(key.clone(), labels));
@@ -343,7 +345,12 @@ impl NameManager {
         if changed.is_empty() {
             return Ok(());
         }
-        for (name, entry) in &mut self.cache.names {
+        let DnsCache {
+            names,
+            label_sets: shared,
+            ..
+        } = &mut self.cache;
+        for (name, entry) in names.iter_mut() {
             if !changed.iter().any(|s| s.matches(name)) {
                 continue;
             }
@@ -351,7 +358,10 @@ impl NameManager {
             if labels == *entry.labels {
                 continue;
             }
-            let labels = Arc::new(labels);
+            let labels = shared
+                .entry(labels)
+                .or_insert_with_key(|l| Arc::new(l.clone()))
+                .clone();
             for ip in entry.live.iter().chain(&entry.zombies) {
                 let prefix = host_prefix(ip.addr);
                 let result = if labels.is_empty() {
@@ -369,6 +379,7 @@ impl NameManager {
             }
             entry.labels = labels;
         }
+        self.cache.forget_unused_label_sets();
         Ok(())
     }
 
@@ -455,6 +466,7 @@ impl NameManager {
         self.stats.gc_releases += released.len() as u64;
         let before = self.cache.names.len();
         self.cache.names.retain(|_, e| e.holds() > 0);
+        self.cache.forget_unused_label_sets();
         stats.names_removed = before - self.cache.names.len();
         for names in self.endpoint_names.values_mut() {
             names.retain(|_, expires| *expires > now_s);
