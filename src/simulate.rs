@@ -215,20 +215,26 @@ fn report(out: &mut String, engine: &Engine<MemoryDatapath>, answered: usize) ->
             .collect();
         writeln!(out, "  endpoint {id} ({}): {}", ep.name, rendered.join(" "))?;
     }
-    let fqdn_ips = ipc
+    let selected: Vec<Identity> = ipc
         .prefixes()
-        .filter(|(_, id, _)| id.is_some_and(|id| ipc.has_fqdn_label(id)))
-        .count();
+        .filter_map(|(_, id, _)| id)
+        .filter(|id| ipc.has_fqdn_label(*id))
+        .collect();
+    let held: std::collections::BTreeSet<&Identity> = selected.iter().collect();
     let fqdn_ids = ids
         .iter()
         .filter(|(id, _, _)| ipc.has_fqdn_label(*id))
         .count();
     writeln!(
         out,
-        "\nsummary: {answered} answer(s), {} name(s), {} cached IP(s), {fqdn_ips} IP(s) selected, \
-         {fqdn_ids} FQDN identit(ies) — one identity per IP would need {fqdn_ips}",
+        "\nsummary: {answered} answer(s), {} name(s), {} cached IP(s), {} IP(s) selected by FQDN \
+         selectors under {} identit(ies) ({fqdn_ids} FQDN identities with the pre-allocated); \
+         one identity per IP would need {}",
         engine.names.name_count(),
         engine.names.ip_count(),
+        selected.len(),
+        held.len(),
+        selected.len(),
     )?;
     Ok(())
 }

@@ -41,7 +41,7 @@ pub struct Settings {
     /// `dns.minTTL`: lowest TTL (seconds) a cached answer keeps. Mirrors Cilium's
     /// `tofqdns-min-ttl` (default 0: honour the upstream TTL).
     pub min_ttl: u32,
-    /// `dns.maxIPsPerHostname`: live IPs kept per name, per endpoint. Mirrors Cilium's
+    /// `dns.maxIPsPerHostname`: live IPs kept per name (earliest-expiring evicted). Mirrors Cilium's
     /// `tofqdns-endpoint-max-ip-per-hostname` (default 1000, at least 1).
     pub max_ips_per_hostname: usize,
     /// `dns.maxDeferredConnectionDeletes`: expired IPs kept while connections still use them
