@@ -81,7 +81,7 @@ impl Identities<'_> {
             for idx in self.scratch.iter() {
                 self.stats.selector_updates += 1;
                 let pending = &mut *self.pending;
-                self.policy.selector_gained(*idx, id, |ep, key, up| {
+                self.policy.selector_changed(*idx, id, true, |ep, key, up| {
                     pending.policy.insert((ep, key), up);
                 });
             }
@@ -98,9 +98,10 @@ impl Identities<'_> {
         for idx in self.scratch.iter() {
             self.stats.selector_updates += 1;
             let pending = &mut *self.pending;
-            self.policy.selector_lost(*idx, id, |ep, key, up| {
-                pending.policy.insert((ep, key), up);
-            });
+            self.policy
+                .selector_changed(*idx, id, false, |ep, key, up| {
+                    pending.policy.insert((ep, key), up);
+                });
         }
     }
 }

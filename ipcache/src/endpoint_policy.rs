@@ -130,11 +130,13 @@ pub(crate) struct PolicyState {
 }
 
 impl PolicyState {
-    /// A selector started selecting `identity`.
-    pub(crate) fn selector_gained(
+    /// A selector started (`gained`) or stopped selecting `identity`: every endpoint using it
+    /// adjusts its key counts; `changed` hears each key that appears or disappears.
+    pub(crate) fn selector_changed(
         &mut self,
         idx: SelectorIdx,
         identity: Identity,
+        gained: bool,
         mut changed: impl FnMut(EndpointId, PolicyKey, bool),
     ) {
         let Some(users) = self.users.get(&idx) else {
@@ -142,24 +144,12 @@ impl PolicyState {
         };
         for (ep, ports) in users {
             if let Some(policy) = self.endpoints.get_mut(ep) {
-                policy.add(identity, ports, |k, up| changed(*ep, k, up));
-            }
-        }
-    }
-
-    /// A selector stopped selecting `identity`.
-    pub(crate) fn selector_lost(
-        &mut self,
-        idx: SelectorIdx,
-        identity: Identity,
-        mut changed: impl FnMut(EndpointId, PolicyKey, bool),
-    ) {
-        let Some(users) = self.users.get(&idx) else {
-            return;
-        };
-        for (ep, ports) in users {
-            if let Some(policy) = self.endpoints.get_mut(ep) {
-                policy.remove(identity, ports, |k, up| changed(*ep, k, up));
+                let report = |k, up| changed(*ep, k, up);
+                if gained {
+                    policy.add(identity, ports, report);
+                } else {
+                    policy.remove(identity, ports, report);
+                }
             }
         }
     }
