@@ -122,6 +122,8 @@ pub enum Duplicated {
     Address(IpNet),
     /// A second `kind: Settings` document; there may be at most one.
     Settings,
+    /// A second `kind: Gateway` document; there may be at most one.
+    Gateway,
     /// A second policy of the same kind, namespace and name (Kubernetes would have replaced
     /// the first; applying both would allow more than either).
     Policy {
@@ -139,6 +141,7 @@ impl fmt::Display for Duplicated {
             Self::EndpointName(name) => write!(f, "endpoint name {name:?}"),
             Self::Address(net) => write!(f, "address {net}"),
             Self::Settings => f.write_str("a `kind: Settings` document (at most one is allowed)"),
+            Self::Gateway => f.write_str("a `kind: Gateway` document (at most one is allowed)"),
             Self::Policy { kind, name } => write!(f, "{kind} {name:?}"),
         }
     }

@@ -35,6 +35,7 @@ mod cnp;
 mod convert;
 mod endpoint;
 mod error;
+mod gateway;
 mod load;
 mod settings;
 mod yaml;
@@ -45,6 +46,10 @@ use fqdnd_ipcache::Endpoint;
 use fqdnd_ipcache::policy::Rule;
 
 pub use error::{Duplicated, Error, Errors};
+pub use gateway::{
+    DEFAULT_ADMIN_SOCKET, Gateway, HoldTimeoutAction, Lists, StaticZone, TruncatedAction,
+    UpstreamTimeoutAction, ZoneSource,
+};
 pub use load::{CILIUM_API_VERSION, FQDND_API_VERSION, load, load_str};
 pub use settings::{MAX_PROXY_RESPONSE_DELAY, MIN_GC_INTERVAL, RejectResponseCode, Settings};
 
@@ -61,6 +66,8 @@ pub struct Config {
     pub endpoints: Vec<Endpoint>,
     /// One rule per `spec` / `specs[]` of every policy, in the order read.
     pub rules: Vec<Rule>,
+    /// The `Gateway` document, if any (`fqdnd gateway` needs one).
+    pub gateway: Option<Gateway>,
     /// The files read, in order (a directory contributes its files).
     pub sources: Vec<PathBuf>,
 }

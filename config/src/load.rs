@@ -22,6 +22,7 @@ use crate::cnp::PolicyDoc;
 use crate::convert::{self, PolicyKind};
 use crate::endpoint::{self, Declared, EndpointDoc, EndpointKind};
 use crate::error::{Duplicated, Error, Errors};
+use crate::gateway::{self, Gateway, GatewayDoc};
 use crate::settings::{self, Settings, SettingsDoc};
 use crate::yaml::{Diag, Text, at, position, sanitize};
 
@@ -126,6 +127,7 @@ enum Kind {
     Policy(PolicyKind),
     Endpoint(EndpointKind),
     Settings,
+    Gateway,
 }
 
 impl Kind {
@@ -138,6 +140,7 @@ impl Kind {
             (FQDND_API_VERSION, "Endpoint") => Self::Endpoint(EndpointKind::Endpoint),
             (FQDND_API_VERSION, "ClientGroup") => Self::Endpoint(EndpointKind::ClientGroup),
             (FQDND_API_VERSION, "Settings") => Self::Settings,
+            (FQDND_API_VERSION, "Gateway") => Self::Gateway,
             _ => return None,
         })
     }
@@ -173,6 +176,9 @@ struct Loader {
     settings: Option<Settings>,
     /// Where the first `Settings` document is, valid or not.
     settings_at: Option<(PathBuf, Location)>,
+    /// The `Gateway` document, once valid, and where the first one is.
+    gateway: Option<Gateway>,
+    gateway_at: Option<(PathBuf, Location)>,
     endpoints: Vec<(Declared, PathBuf)>,
     policies: Vec<(PolicyKind, String, PathBuf, Location)>,
     rules: Vec<Rule>,
@@ -216,6 +222,10 @@ impl Loader {
         );
         pass::<SettingsDoc>(bytes, &mut slots, &mut diag, is_settings, |_, doc, diag| {
             self.add_settings(&doc, diag);
+        });
+        let is_gateway: fn(Kind) -> bool = |k| k == Kind::Gateway;
+        pass::<GatewayDoc>(bytes, &mut slots, &mut diag, is_gateway, |_, doc, diag| {
+            self.add_gateway(&doc, diag);
         });
         for slot in &slots {
             if let Slot::Pending {
@@ -309,6 +319,22 @@ impl Loader {
         self.settings = settings::settings(&doc.value, diag);
     }
 
+    fn add_gateway(&mut self, doc: &Spanned<GatewayDoc>, diag: &mut Diag<'_>) {
+        let file = diag.file();
+        if let Some((first_file, first_at)) = &self.gateway_at {
+            diag.push(duplicate(
+                Duplicated::Gateway,
+                file,
+                at(doc),
+                first_file,
+                *first_at,
+            ));
+            return;
+        }
+        self.gateway_at = Some((file.to_path_buf(), at(doc)));
+        self.gateway = gateway::gateway(doc, diag);
+    }
+
     fn finish(self) -> Result<Config, Errors> {
         if !self.errors.is_empty() {
             return Err(Errors::new(self.errors));
@@ -321,6 +347,7 @@ impl Loader {
                 .map(|(d, _)| d.endpoint)
                 .collect(),
             rules: self.rules,
+            gateway: self.gateway,
             sources: self.sources,
         })
     }

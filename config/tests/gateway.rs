@@ -1,0 +1,103 @@
+//! `kind: Gateway`.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed step should panic"
+)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use fqdnd_config::{
+    HoldTimeoutAction, TruncatedAction, UpstreamTimeoutAction, ZoneSource, load_str,
+};
+
+fn gateway(spec: &str) -> String {
+    format!("apiVersion: fqdnd.io/v1\nkind: Gateway\nspec:\n{spec}")
+}
+
+fn file() -> &'static Path {
+    Path::new("/etc/fqdnd/gateway.yaml")
+}
+
+#[test]
+fn every_field_is_read_and_paths_are_relative_to_the_file() {
+    let text = gateway(
+        "  listen: [\"127.0.0.1:5353\", \"[::1]:5353\"]\n  upstreams: [\"192.0.2.53:53\"]\n  staticZones:\n  - origin: Example.TEST.\n    file: zones/example.zone\n  - origin: inline.test\n    records: |\n      @ 60 IN A 192.0.2.1\n  lists:\n    deny: [lists/ads.txt]\n    allowNames: [\"ok.example\"]\n  adminSocket: admin.sock\n  metrics: 127.0.0.1:9967\n  queryLog: /var/log/q.jsonl\n  upstreamTimeout: 2s\n  onUpstreamTimeout: noReply\n  onHoldTimeout: servfail\n  onTruncated: passThrough\n",
+    );
+    let config = load_str(&text, file()).unwrap();
+    let g = config.gateway.unwrap();
+    assert_eq!(g.listen.len(), 2);
+    assert_eq!(g.upstreams, vec!["192.0.2.53:53".parse().unwrap()]);
+    assert_eq!(g.static_zones[0].origin, "example.test.");
+    assert_eq!(
+        g.static_zones[0].source,
+        ZoneSource::File(PathBuf::from("/etc/fqdnd/zones/example.zone"))
+    );
+    assert!(matches!(&g.static_zones[1].source, ZoneSource::Inline(t) if t.contains("192.0.2.1")));
+    assert_eq!(
+        g.lists.deny,
+        vec![PathBuf::from("/etc/fqdnd/lists/ads.txt")]
+    );
+    assert_eq!(g.lists.allow_names, vec!["ok.example".to_owned()]);
+    assert_eq!(g.admin_socket, PathBuf::from("/etc/fqdnd/admin.sock"));
+    assert_eq!(g.metrics, Some("127.0.0.1:9967".parse().unwrap()));
+    assert_eq!(g.query_log, Some(PathBuf::from("/var/log/q.jsonl")));
+    assert_eq!(g.upstream_timeout, Duration::from_secs(2));
+    assert_eq!(g.on_upstream_timeout, UpstreamTimeoutAction::NoReply);
+    assert_eq!(g.on_hold_timeout, HoldTimeoutAction::ServFail);
+    assert_eq!(g.on_truncated, TruncatedAction::PassThrough);
+}
+
+#[test]
+fn no_gateway_document_means_none() {
+    let config = load_str(
+        "apiVersion: fqdnd.io/v1\nkind: Settings\nspec: {}\n",
+        file(),
+    )
+    .unwrap();
+    assert!(config.gateway.is_none());
+}
+
+#[test]
+fn mistakes_are_located_errors() {
+    let bad = gateway(
+        "  listen: [\"127.0.0.1\"]\n  upstreams: [\"192.0.2.53:53\"]\n  onHoldTimeout: drop\n",
+    );
+    let text = load_str(&bad, file()).unwrap_err().to_string();
+    assert!(text.contains("gateway.yaml:4:"), "{text}");
+    assert!(text.contains("not an address with a port"), "{text}");
+    assert!(
+        text.contains("gateway.yaml:6:") && text.contains("`release` or `servfail`"),
+        "{text}"
+    );
+
+    let no_upstream = gateway("  listen: [\"127.0.0.1:53\"]\n");
+    let text = load_str(&no_upstream, file()).unwrap_err().to_string();
+    assert!(
+        text.contains("needs `upstreams`, `staticZones`, or both"),
+        "{text}"
+    );
+
+    let both = gateway(
+        "  listen: [\"127.0.0.1:53\"]\n  staticZones:\n  - origin: a.test\n    file: a\n    records: x\n",
+    );
+    let text = load_str(&both, file()).unwrap_err().to_string();
+    assert!(
+        text.contains("exactly one of `file` and `records`"),
+        "{text}"
+    );
+
+    let typo = gateway("  listen: [\"127.0.0.1:53\"]\n  upstream: [\"192.0.2.53:53\"]\n");
+    let text = load_str(&typo, file()).unwrap_err().to_string();
+    assert!(text.contains("unknown field `upstream`"), "{text}");
+
+    let twice = format!(
+        "{}---\n{}",
+        gateway("  listen: [\"127.0.0.1:53\"]\n  upstreams: [\"192.0.2.53:53\"]\n"),
+        gateway("  listen: [\"127.0.0.1:54\"]\n  upstreams: [\"192.0.2.53:53\"]\n")
+    );
+    let text = load_str(&twice, file()).unwrap_err().to_string();
+    assert!(text.contains("at most one is allowed"), "{text}");
+}
