@@ -5,8 +5,15 @@
 
 #![forbid(unsafe_code)]
 
+mod admin;
+mod clock;
+mod demo;
 mod engine;
+mod gateway;
+mod list_cmd;
+mod metrics;
 mod policy_cmd;
+mod replay_cmd;
 mod simulate;
 
 use std::path::PathBuf;
@@ -25,6 +32,39 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run fqdnd as a standalone DNS firewall (needs a `kind: Gateway` document).
+    ///
+    /// Client groups (by CIDR) may ask only the names their CiliumNetworkPolicy DNS rules and
+    /// the allow/deny lists permit; every allowed answer is learned (name → IPs → identities)
+    /// before the client gets it. Reload the policy with SIGHUP or `fqdnd policy reload`.
+    Gateway {
+        /// Configuration files or directories.
+        #[arg(
+            long = "config",
+            short = 'c',
+            value_name = "PATH",
+            required_unless_present = "demo"
+        )]
+        config: Vec<PathBuf>,
+        /// Run the embedded demo (static zones, no network): ask a few questions, print the
+        /// answers and the identities they created, and exit.
+        #[arg(long, conflicts_with = "config")]
+        demo: bool,
+        /// The admin API socket (default: the Gateway document's `adminSocket`).
+        #[arg(long, value_name = "PATH")]
+        admin_socket: Option<PathBuf>,
+    },
+    /// Show the running gateway's state.
+    Status(ListArgs),
+    /// The DNS cache (`cache list`).
+    #[command(subcommand)]
+    Cache(CacheCommand),
+    /// Identities (`identity list`).
+    #[command(subcommand)]
+    Identity(IdentityCommand),
+    /// The ipcache (`ipcache list`).
+    #[command(subcommand)]
+    Ipcache(IpcacheCommand),
     /// Validate policies and test FQDN patterns.
     #[command(subcommand)]
     Policy(PolicyCommand),
@@ -44,10 +84,50 @@ enum Command {
         #[arg(long, value_name = "SECONDS")]
         end: Option<f64>,
     },
+    /// Replay pcap/pcapng captures of DNS through the engine on the capture's clock and report
+    /// identities, cache and churn; or, with --live, send their queries to a DNS server.
+    ///
+    /// Every DNS response with addresses is learned as the daemon would learn it (NameManager,
+    /// IpCache, in-memory datapath), with TTL expiry and GC on capture time. `--compare` runs
+    /// one-identity-per-label-set and one-identity-per-IP side by side. See docs/replay.md.
+    Replay(replay_cmd::ReplayArgs),
+}
+
+/// Options of the commands that read the admin API.
+#[derive(clap::Args, Clone)]
+struct ListArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// The admin API socket.
+    #[arg(long, value_name = "PATH", default_value = fqdnd_config::DEFAULT_ADMIN_SOCKET)]
+    admin_socket: PathBuf,
+}
+
+#[derive(Subcommand)]
+enum CacheCommand {
+    /// Every cached name with its IPs: endpoint, source (lookup or connection), FQDN, TTL,
+    /// expiration, IPs — Cilium's `fqdn cache list` columns.
+    List(ListArgs),
+}
+
+#[derive(Subcommand)]
+enum IdentityCommand {
+    /// Every identity with its labels and references.
+    List(ListArgs),
+}
+
+#[derive(Subcommand)]
+enum IpcacheCommand {
+    /// Every prefix the datapath knows, with its identity and owners.
+    List(ListArgs),
 }
 
 #[derive(Subcommand)]
 enum PolicyCommand {
+    /// Ask the running gateway to reload its configuration files. A file with errors is
+    /// rejected with its errors and the policy in force stays.
+    Reload(ListArgs),
     /// Load policy and configuration files (or directories of them) and print every error
     /// as `file:line:column: message`. Exits 1 if there is any.
     Check {
@@ -72,6 +152,13 @@ enum PolicyCommand {
     },
 }
 
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("fqdnd")
+        .build()?)
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -79,9 +166,35 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Gateway {
+            config,
+            demo,
+            admin_socket,
+        } => runtime().and_then(|rt| {
+            rt.block_on(async {
+                if demo {
+                    print!("{}", demo::run().await?);
+                } else {
+                    gateway::run(config, admin_socket).await?;
+                }
+                Ok(ExitCode::SUCCESS)
+            })
+        }),
+        Command::Status(args) => list_cmd::status(&args.admin_socket, args.json),
+        Command::Cache(CacheCommand::List(args)) => list_cmd::cache(&args.admin_socket, args.json),
+        Command::Identity(IdentityCommand::List(args)) => {
+            list_cmd::identities(&args.admin_socket, args.json)
+        }
+        Command::Ipcache(IpcacheCommand::List(args)) => {
+            list_cmd::ipcache(&args.admin_socket, args.json)
+        }
+        Command::Policy(PolicyCommand::Reload(args)) => {
+            list_cmd::reload(&args.admin_socket, args.json)
+        }
         Command::Policy(PolicyCommand::Check { paths }) => policy_cmd::check(&paths),
         Command::Policy(PolicyCommand::Match {
             json,
@@ -96,6 +209,7 @@ fn main() -> ExitCode {
             print!("{out}");
             ExitCode::SUCCESS
         }),
+        Command::Replay(args) => replay_cmd::run(args),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# vs-peers.sh — fqdnd gateway against dnsdist, same NSD upstream, same 2k-suffix policy, cache
+# off, in one run. Prints QPS at saturation and p50/p99 at fixed rates for both; the last line is
+#   ratio fqdnd/dnsdist qps: X.XX
+#
+#   NSD (authoritative, example.test: 10k A records)   127.0.0.1:5300
+#   dnsdist 1.7 (2 listeners, no packet cache)          127.0.0.1:5301
+#   fqdnd gateway (full FQDN engine on)                 127.0.0.1:5305
+#
+# Policy on both: allowed suffixes = example.test + 1000 others; denied = 500 suffixes inside
+# example.test + 500 elsewhere. fqdnd additionally learns every answer (NameManager → IpCache)
+# under a `toFQDNs: *.example.test` selector; a warm-up pass makes the names known first
+# (steady state). Queries: the 10k names of the zone, shuffled.
+#
+# Knobs (env): DURATION=15 (s per saturation run), LAT_QPS="5000 20000", LAT_DURATION=10,
+# CLIENTS=4, OUTSTANDING=200, RUN=/tmp/fqdnd-vs-peers. Every process started here is stopped
+# on exit; every dnsperf run is bounded by -l and an outer timeout. Traffic stays on loopback.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/.." && pwd)"
+RUN="${RUN:-/tmp/fqdnd-vs-peers}"
+DURATION="${DURATION:-15}"
+LAT_QPS="${LAT_QPS:-5000 20000}"
+LAT_DURATION="${LAT_DURATION:-10}"
+CLIENTS="${CLIENTS:-4}"
+OUTSTANDING="${OUTSTANDING:-200}"
+AUTH=5300 DNSDIST=5301 FQDND=5305
+
+log() { printf '[vs-peers] %s\n' "$*" >&2; }
+
+need() {
+  local missing=()
+  command -v nsd >/dev/null || missing+=(nsd)
+  command -v dnsdist >/dev/null || missing+=(dnsdist)
+  command -v dnsperf >/dev/null || missing+=(dnsperf)
+  if ((${#missing[@]})); then
+    log "installing ${missing[*]}"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  sleep 0.3
+  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+}
+trap cleanup EXIT INT TERM
+
+setup() {
+  rm -rf "$RUN" && mkdir -p "$RUN"
+  {
+    printf '$TTL 3600\n@ IN SOA ns.example.test. admin.example.test. 1 3600 600 86400 60\n@ IN NS ns.example.test.\nns IN A 127.0.0.1\n'
+    awk 'BEGIN{for(i=0;i<10000;i++) printf "h%05d IN A 198.18.%d.%d\n", i, int(i/250), (i%250)+1}'
+  } >"$RUN/example.test.zone"
+  { echo example.test; awk 'BEGIN{for(i=0;i<1000;i++) printf "allow%04d.corp.test\n", i}'; } >"$RUN/allow.txt"
+  awk 'BEGIN{for(i=0;i<500;i++) printf "blocked%04d.example.test\n", i; for(i=0;i<500;i++) printf "tracker%04d.ads.test\n", i}' >"$RUN/deny.txt"
+  awk 'BEGIN{srand(7); for(i=0;i<10000;i++) printf "%f h%05d.example.test A\n", rand(), i}' | sort -n | cut -d' ' -f2- >"$RUN/queries.txt"
+
+  cat >"$RUN/nsd.conf" <<NSD
+server:
+    ip-address: 127.0.0.1@$AUTH
+    port: $AUTH
+    do-ip6: no
+    server-count: 1
+    username: ""
+    chroot: ""
+    zonesdir: "$RUN"
+    database: ""
+    zonelistfile: "$RUN/nsd.zonelist"
+    xfrdfile: "$RUN/nsd.xfrd.state"
+    pidfile: "$RUN/nsd.pid"
+    logfile: "$RUN/nsd.log"
+    verbosity: 0
+remote-control:
+    control-enable: no
+zone:
+    name: "example.test"
+    zonefile: "$RUN/example.test.zone"
+NSD
+
+  cat >"$RUN/dnsdist.conf" <<DD
+setACL({"127.0.0.0/8"})
+setLocal("127.0.0.1:$DNSDIST", {reusePort=true})
+addLocal("127.0.0.1:$DNSDIST", {reusePort=true})
+newServer({address="127.0.0.1:$AUTH", name="auth", sockets=2, checkName="example.test.", checkType="SOA", checkInterval=5})
+setServerPolicy(firstAvailable)
+allow = newSuffixMatchNode()
+for line in io.lines("$RUN/allow.txt") do allow:add(line) end
+deny = newSuffixMatchNode()
+for line in io.lines("$RUN/deny.txt") do deny:add(line) end
+addAction(SuffixMatchNodeRule(deny, true), RCodeAction(DNSRCode.REFUSED))
+addAction(NotRule(SuffixMatchNodeRule(allow, true)), RCodeAction(DNSRCode.REFUSED))
+DD
+
+  {
+    cat <<GW
+apiVersion: fqdnd.io/v1
+kind: Gateway
+spec:
+  listen: ["127.0.0.1:$FQDND"]
+  upstreams: ["127.0.0.1:$AUTH"]
+  adminSocket: $RUN/fqdnd.sock
+  lists:
+    deny: [$RUN/deny.txt]
+---
+apiVersion: fqdnd.io/v1
+kind: ClientGroup
+metadata: {name: bench}
+spec: {id: 1, addresses: ["127.0.0.0/8"], labels: {app: bench}}
+---
+apiVersion: cilium.io/v2
+kind: CiliumClusterwideNetworkPolicy
+metadata: {name: bench}
+spec:
+  endpointSelector: {matchLabels: {app: bench}}
+  egress:
+  - toPorts:
+    - ports: [{port: "53", protocol: ANY}]
+      rules:
+        dns:
+GW
+    while read -r d; do printf '        - matchName: "%s"\n        - matchPattern: "**.%s"\n' "$d" "$d"; done <"$RUN/allow.txt"
+    cat <<GW
+  - toFQDNs: [{matchPattern: "*.example.test"}]
+    toPorts: [{ports: [{port: "443", protocol: TCP}]}]
+GW
+  } >"$RUN/fqdnd.yaml"
+}
+
+field() { awk -F': *' -v k="$1" '$0 ~ k {print $2; exit}' "$2"; }
+
+saturate() { # name port
+  local out="$RUN/sat-$1.txt"
+  timeout $((DURATION + 30)) dnsperf -s 127.0.0.1 -p "$2" -d "$RUN/queries.txt" -l "$DURATION" -c "$CLIENTS" -q "$OUTSTANDING" -t 2 >"$out" 2>&1 || true
+  field 'Queries per second' "$out" | awk '{printf "%.0f", $1}'
+}
+
+latency() { # name port rate -> "p50 p99" in ms
+  local out="$RUN/lat-$1-$3.txt"
+  timeout $((LAT_DURATION + 30)) dnsperf -s 127.0.0.1 -p "$2" -d "$RUN/queries.txt" -l "$LAT_DURATION" -c "$CLIENTS" -q "$OUTSTANDING" -Q "$3" -t 2 -v >"$out" 2>&1 || true
+  awk '$1==">" && $2!="T" {print $NF}' "$out" | sort -g | awk '{v[NR]=$1} END{ if(NR==0){print "NA NA"; exit}
+    i50=int(NR*0.50); i99=int(NR*0.99); if(i50<1)i50=1; if(i99<1)i99=1; printf "%.3f %.3f\n", v[i50]*1000, v[i99]*1000 }'
+}
+
+wait_port() { # port
+  for _ in $(seq 100); do
+    dig +time=1 +tries=1 -p "$1" @127.0.0.1 h00001.example.test A >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  log "nothing answers on $1"; return 1
+}
+
+main() {
+  need
+  log "building fqdnd (release)"
+  (cd "$ROOT" && cargo build --release --locked --quiet)
+  setup
+  nsd -c "$RUN/nsd.conf" -d >"$RUN/nsd.out" 2>&1 & PIDS+=($!)
+  wait_port $AUTH
+  dnsdist --supervised --disable-syslog -C "$RUN/dnsdist.conf" >"$RUN/dnsdist.out" 2>&1 & PIDS+=($!)
+  "$ROOT/target/release/fqdnd" gateway --config "$RUN/fqdnd.yaml" 2>"$RUN/fqdnd.err" & PIDS+=($!)
+  wait_port $DNSDIST
+  wait_port $FQDND
+  log "warm-up: every name once through fqdnd (steady state: names known)"
+  timeout 60 dnsperf -s 127.0.0.1 -p $FQDND -d "$RUN/queries.txt" -n 1 -c 1 -q 100 >/dev/null 2>&1 || true
+
+  declare -A QPS P50_5 P99_5 P50_20 P99_20
+  for s in dnsdist fqdnd; do
+    port=$([[ $s == dnsdist ]] && echo $DNSDIST || echo $FQDND)
+    log "$s: saturation ${DURATION}s"
+    QPS[$s]=$(saturate "$s" "$port")
+    for rate in $LAT_QPS; do
+      log "$s: ${rate} qps for ${LAT_DURATION}s"
+      read -r p50 p99 < <(latency "$s" "$port" "$rate")
+      if [[ $rate == 5000 ]]; then P50_5[$s]=$p50; P99_5[$s]=$p99; else P50_20[$s]=$p50; P99_20[$s]=$p99; fi
+    done
+  done
+  "$ROOT/target/release/fqdnd" status --admin-socket "$RUN/fqdnd.sock" >"$RUN/fqdnd-status.txt" 2>&1 || true
+  printf '\n%-8s %10s %18s %18s\n' server qps "p50/p99 ms @5k" "p50/p99 ms @20k"
+  for s in dnsdist fqdnd; do
+    printf '%-8s %10s %18s %18s\n' "$s" "${QPS[$s]:-NA}" "${P50_5[$s]:-NA}/${P99_5[$s]:-NA}" "${P50_20[$s]:-NA}/${P99_20[$s]:-NA}"
+  done
+  grep -E 'queries:|identities:|dns cache:' "$RUN/fqdnd-status.txt" | sed 's/^/fqdnd /' || true
+  awk -v a="${QPS[fqdnd]:-0}" -v b="${QPS[dnsdist]:-0}" 'BEGIN{ if (b>0) printf "ratio fqdnd/dnsdist qps: %.2f\n", a/b; else print "ratio fqdnd/dnsdist qps: NA" }'
+}
+
+main "$@"

@@ -1,0 +1,109 @@
+//! The proxy's own settings, passed in at construction.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// What the proxy does when an upstream does not answer in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UpstreamTimeoutAction {
+    /// Answer SERVFAIL, so the client gives up at once.
+    #[default]
+    ServFail,
+    /// Send nothing, as Cilium does; the client retries on its own timer.
+    NoReply,
+}
+
+/// What the proxy does when the observer has not finished within `response_max_delay`, or
+/// failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HoldFallback {
+    /// Release the answer anyway (Cilium's behaviour): the first packet may race the policy.
+    #[default]
+    Release,
+    /// Answer SERVFAIL instead: nothing the datapath does not know reaches the client.
+    ServFail,
+}
+
+/// What the proxy does with an upstream UDP answer that has TC=1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TruncatedAction {
+    /// Ask the same upstream again over TCP, observe the full answer, then reply (truncated
+    /// again if it does not fit the client's UDP size).
+    #[default]
+    RetryTcp,
+    /// Pass the truncated answer back; the client retries over TCP itself.
+    PassThrough,
+}
+
+/// The response code for a query policy denies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RejectCode {
+    /// REFUSED (rcode 5), Cilium's default.
+    #[default]
+    Refused,
+    /// NXDOMAIN (rcode 3).
+    NxDomain,
+}
+
+/// The DNS proxy's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Addresses to serve DNS over UDP on (port 0 picks a free port; see `DnsProxy::udp_addrs`).
+    pub listen_udp: Vec<SocketAddr>,
+    /// Addresses to serve DNS over TCP on.
+    pub listen_tcp: Vec<SocketAddr>,
+    /// UDP sockets per listen address, sharing the port with SO_REUSEPORT (default: one per
+    /// CPU).
+    pub udp_sockets_per_address: usize,
+    /// Upstream servers, tried in order of health (the gateway's pool).
+    pub upstreams: Vec<SocketAddr>,
+    /// Long-lived UDP sockets per upstream, each on its own random source port.
+    pub upstream_sockets: usize,
+    /// How long an upstream may take to answer.
+    pub upstream_timeout: Duration,
+    /// What to do when it does not.
+    pub on_upstream_timeout: UpstreamTimeoutAction,
+    /// How often a dead upstream is probed, and a live one checked when idle.
+    pub health_check_interval: Duration,
+    /// Consecutive failures (timeouts or failed probes) that mark an upstream dead.
+    pub health_check_failures: u32,
+    /// Longest time an answer is held while the observer works
+    /// (Cilium `tofqdns-proxy-response-max-delay`, default 100 ms).
+    pub response_max_delay: Duration,
+    /// What to do past that delay, or when the observer fails.
+    pub on_hold_timeout: HoldFallback,
+    /// Upstream answers with TC=1.
+    pub on_truncated: TruncatedAction,
+    /// The answer to a denied query.
+    pub reject_code: RejectCode,
+    /// Queries in flight at once; 0 = no limit (Cilium `dnsproxy-concurrency-limit`). Past it,
+    /// SERVFAIL.
+    pub concurrency_limit: usize,
+    /// A TCP client connection idle this long is closed.
+    pub tcp_idle_timeout: Duration,
+    /// TCP client connections open at once; past it new ones are refused (closed).
+    pub max_tcp_connections: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen_udp: Vec::new(),
+            listen_tcp: Vec::new(),
+            udp_sockets_per_address: std::thread::available_parallelism().map_or(1, usize::from),
+            upstreams: Vec::new(),
+            upstream_sockets: 4,
+            upstream_timeout: Duration::from_secs(5),
+            on_upstream_timeout: UpstreamTimeoutAction::ServFail,
+            health_check_interval: Duration::from_secs(5),
+            health_check_failures: 3,
+            response_max_delay: Duration::from_millis(100),
+            on_hold_timeout: HoldFallback::Release,
+            on_truncated: TruncatedAction::RetryTcp,
+            reject_code: RejectCode::Refused,
+            concurrency_limit: 0,
+            tcp_idle_timeout: Duration::from_secs(10),
+            max_tcp_connections: 1024,
+        }
+    }
+}

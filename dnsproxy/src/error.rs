@@ -1,0 +1,67 @@
+//! Errors of the DNS proxy.
+
+use std::io;
+use std::net::SocketAddr;
+
+use crate::policy::Transport;
+
+/// What can go wrong binding or running the proxy. Per-query failures never surface here: they
+/// are answered (SERVFAIL, FORMERR, …), counted and logged.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The configuration cannot work.
+    #[error("invalid DNS proxy configuration: {reason}")]
+    InvalidConfig {
+        /// What is wrong, naming the field.
+        reason: String,
+    },
+    /// A listener could not be created or bound.
+    #[error("cannot listen for DNS over {transport} on {addr}: {source}")]
+    Bind {
+        /// UDP or TCP.
+        transport: Transport,
+        /// The address asked for.
+        addr: SocketAddr,
+        /// The system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// A socket towards an upstream could not be created, bound or connected.
+    #[error("cannot open a UDP socket to upstream {upstream}: {source}")]
+    UpstreamSocket {
+        /// The upstream.
+        upstream: SocketAddr,
+        /// The system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// A listener failed while running (not a per-packet error).
+    #[error("DNS {transport} listener on {addr} failed: {source}")]
+    Listener {
+        /// UDP or TCP.
+        transport: Transport,
+        /// Its local address.
+        addr: SocketAddr,
+        /// The system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// A socket towards an upstream failed while running.
+    #[error("UDP socket to upstream {upstream} failed: {source}")]
+    Upstream {
+        /// The upstream.
+        upstream: SocketAddr,
+        /// The system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// One of the proxy's tasks panicked.
+    #[error("DNS proxy task {task} panicked: {reason}")]
+    TaskPanicked {
+        /// Which task.
+        task: &'static str,
+        /// The panic message, if any.
+        reason: String,
+    },
+}

@@ -1,0 +1,220 @@
+//! Client-facing sockets: UDP listeners sharing a port through SO_REUSEPORT, and TCP
+//! listeners with RFC 7766 pipelining.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::task::JoinSet;
+
+use crate::error::Error;
+use crate::policy::Transport;
+use crate::proxy::{BATCH, Handled, Shared, Worker, is_transient, send_udp};
+use crate::upstream::{ReplyTo, TcpOut, TcpReply};
+
+/// Queries one TCP connection may have in flight at once; reading pauses past it.
+pub(crate) const TCP_PIPELINE: usize = 128;
+
+/// Binds one UDP socket with SO_REUSEPORT (IPv6 sockets are v6-only, so `0.0.0.0` and `[::]`
+/// can both be listed).
+pub(crate) fn bind_udp(addr: SocketAddr) -> io::Result<UdpSocket> {
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.set_reuse_port(true)?;
+    // Bursts of queries must not overflow the default buffer; best effort.
+    let _ = socket.set_recv_buffer_size(4 << 20);
+    socket.bind(&SockAddr::from(addr))?;
+    socket.set_nonblocking(true)?;
+    UdpSocket::from_std(socket.into())
+}
+
+/// Binds one TCP listener.
+pub(crate) fn bind_tcp(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.set_reuse_address(true)?;
+    socket.bind(&SockAddr::from(addr))?;
+    socket.listen(1024)?;
+    socket.set_nonblocking(true)?;
+    TcpListener::from_std(socket.into())
+}
+
+/// Serves one UDP listener socket: after each readiness wake, reads until the socket is empty.
+pub(crate) async fn udp_loop(shared: Arc<Shared>, index: usize) -> Result<(), Error> {
+    let listener = &shared.udp[index];
+    let local = listener.local;
+    let fail = |source| Error::Listener {
+        transport: Transport::Udp,
+        addr: local,
+        source,
+    };
+    let mut buf = vec![0u8; 65_536];
+    let mut worker = Worker::new(index);
+    loop {
+        listener.socket.readable().await.map_err(fail)?;
+        let mut batch = 0;
+        loop {
+            let (n, client) = match listener.socket.try_recv_from(&mut buf) {
+                Ok(received) => received,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if is_transient(&e) => continue,
+                Err(e) => return Err(fail(e)),
+            };
+            let raw = &mut buf[..n];
+            let handled = shared
+                .handle_query(&mut worker, raw, client, local, Transport::Udp, || {
+                    ReplyTo::Udp(index)
+                })
+                .await;
+            if handled == Handled::Reply {
+                send_udp(&listener.socket, &worker.scratch, client).await;
+            }
+            batch += 1;
+            if batch == BATCH {
+                batch = 0;
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+}
+
+/// Accepts TCP clients up to `max_tcp_connections`; past it new connections are closed at
+/// once.
+pub(crate) async fn tcp_accept_loop(
+    shared: Arc<Shared>,
+    listener: TcpListener,
+    local: SocketAddr,
+) -> Result<(), Error> {
+    let slots = Arc::new(Semaphore::new(shared.config.max_tcp_connections));
+    let mut connections = JoinSet::new();
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            // Out of file descriptors, a connection reset before accept, …: keep serving.
+            Err(e) => {
+                tracing::warn!(addr = %local, error = %e, "DNS TCP accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        while connections.try_join_next().is_some() {}
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            shared.metrics.tcp_refused.inc();
+            tracing::debug!(client = %peer, "DNS TCP connection refused: too many open");
+            drop(stream);
+            continue;
+        };
+        connections.spawn(tcp_connection(shared.clone(), stream, peer, local, permit));
+    }
+}
+
+/// Serves one TCP client: queries are read and handled as they come (up to
+/// [`TCP_PIPELINE`] at once), replies written as they finish, in any order (RFC 7766 §6.2.1.1).
+/// The connection closes after `tcp_idle_timeout` without a query while nothing is in flight.
+async fn tcp_connection(
+    shared: Arc<Shared>,
+    stream: TcpStream,
+    client: SocketAddr,
+    listen: SocketAddr,
+    _permit: OwnedSemaphorePermit,
+) {
+    shared.tcp_open.fetch_add(1, Ordering::Relaxed);
+    // For a redirected connection the local address is the resolver the client dialled.
+    let server = stream.local_addr().unwrap_or(listen);
+    let _ = stream.set_nodelay(true);
+    let (mut rd, mut wr) = stream.into_split();
+    let (tx, mut rx) = mpsc::unbounded_channel::<TcpOut>();
+    let pipeline = Semaphore::new(TCP_PIPELINE);
+    let idle = shared.config.tcp_idle_timeout;
+
+    let reader = {
+        let (shared, pipeline) = (&shared, &pipeline);
+        async move {
+            let mut worker = Worker::new(0);
+            let mut buf = vec![0u8; 2 + 65_535];
+            let mut filled = 0;
+            loop {
+                // Handle every complete frame in the buffer.
+                while filled >= 2 {
+                    let len = usize::from(u16::from_be_bytes([buf[0], buf[1]]));
+                    if len == 0 {
+                        return;
+                    }
+                    if filled < 2 + len {
+                        break;
+                    }
+                    let Ok(slot) = pipeline.acquire().await else {
+                        return;
+                    };
+                    slot.forget();
+                    let raw = &mut buf[2..2 + len];
+                    let handled = shared
+                        .handle_query(&mut worker, raw, client, server, Transport::Tcp, || {
+                            ReplyTo::Tcp(TcpReply::new(tx.clone()))
+                        })
+                        .await;
+                    match handled {
+                        Handled::Forwarded => {}
+                        Handled::Reply => {
+                            let _ = tx.send(Some(worker.scratch.clone()));
+                        }
+                        Handled::Dropped => {
+                            let _ = tx.send(None);
+                        }
+                    }
+                    buf.copy_within(2 + len..filled, 0);
+                    filled -= 2 + len;
+                }
+                match tokio::time::timeout(idle, rd.read(&mut buf[filled..])).await {
+                    Ok(Ok(0) | Err(_)) => return,
+                    Ok(Ok(n)) => filled += n,
+                    // Idle: close unless queries are still in flight.
+                    Err(_) if pipeline.available_permits() == TCP_PIPELINE => return,
+                    Err(_) => {}
+                }
+            }
+        }
+    };
+
+    let writer = {
+        let pipeline = &pipeline;
+        async move {
+            let mut out = Vec::with_capacity(4096);
+            while let Some(first) = rx.recv().await {
+                let mut done = 0;
+                let mut next = Some(first);
+                while let Some(message) = next {
+                    done += 1;
+                    if let Some(reply) = message
+                        && let Ok(len) = u16::try_from(reply.len())
+                    {
+                        out.extend_from_slice(&len.to_be_bytes());
+                        out.extend_from_slice(&reply);
+                    }
+                    next = rx.try_recv().ok();
+                }
+                if !out.is_empty() {
+                    if wr.write_all(&out).await.is_err() {
+                        pipeline.close();
+                        return;
+                    }
+                    out.clear();
+                }
+                pipeline.add_permits(done);
+            }
+            let _ = wr.shutdown().await;
+        }
+    };
+
+    tokio::join!(reader, writer);
+    shared.tcp_open.fetch_sub(1, Ordering::Relaxed);
+}

@@ -1,0 +1,268 @@
+//! The proxy's metrics (through the `metrics` facade) and the counters behind
+//! [`crate::DnsProxy::stats`].
+//!
+//! Every handle is registered once when the proxy binds, so a query costs a few atomic adds and
+//! no string formatting. Install the recorder (the binary's Prometheus exporter) before
+//! [`crate::DnsProxy::bind`]: handles taken before that are no-ops.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use metrics::{Counter, Gauge, Histogram, Unit};
+
+use crate::querylog::QueryResult;
+
+/// Queries by how they ended (`result` label: [`QueryResult::as_str`]).
+pub const QUERIES: &str = "fqdnd_dns_queries_total";
+/// Time from forwarding a query to its validated answer, seconds.
+pub const UPSTREAM_LATENCY: &str = "fqdnd_dns_upstream_latency_seconds";
+/// Time from a validated answer to the reply leaving, seconds (the hold for the observer).
+pub const HOLD: &str = "fqdnd_dns_hold_seconds";
+/// Time the observer took, seconds.
+pub const OBSERVER: &str = "fqdnd_dns_observer_seconds";
+/// Upstream answers dropped by validation (`reason` label: [`DropReason::as_str`]).
+pub const DROPPED_ANSWERS: &str = "fqdnd_dns_dropped_answers_total";
+/// Queries answered SERVFAIL because the concurrency limit was reached.
+pub const CONCURRENCY_LIMITED: &str = "fqdnd_dns_concurrency_limited_total";
+/// Queries forwarded and not yet finished (sampled by the timeout sweep).
+pub const INFLIGHT: &str = "fqdnd_dns_inflight";
+/// 1 while an upstream is considered alive (`upstream` label: its address).
+pub const UPSTREAM_UP: &str = "fqdnd_dns_upstream_up";
+/// Held answers whose observer did not finish in time or failed (`reason` label: `timeout`,
+/// `observer_error`), whatever the fallback.
+pub const HOLD_FALLBACKS: &str = "fqdnd_dns_hold_fallbacks_total";
+/// TCP client connections closed at once because `max_tcp_connections` were open.
+pub const TCP_REFUSED: &str = "fqdnd_dns_tcp_connections_refused_total";
+
+/// Describes every metric once; the binary calls it after installing its recorder.
+pub fn describe_metrics() {
+    metrics::describe_counter!(QUERIES, Unit::Count, "DNS queries by how they ended");
+    metrics::describe_histogram!(
+        UPSTREAM_LATENCY,
+        Unit::Seconds,
+        "time from forwarding a query to its validated upstream answer"
+    );
+    metrics::describe_histogram!(
+        HOLD,
+        Unit::Seconds,
+        "time an answer was held for the observer before the reply left"
+    );
+    metrics::describe_histogram!(OBSERVER, Unit::Seconds, "time the response observer took");
+    metrics::describe_counter!(
+        DROPPED_ANSWERS,
+        Unit::Count,
+        "upstream answers dropped by validation, by reason"
+    );
+    metrics::describe_counter!(
+        CONCURRENCY_LIMITED,
+        Unit::Count,
+        "queries answered SERVFAIL past the concurrency limit"
+    );
+    metrics::describe_gauge!(
+        INFLIGHT,
+        Unit::Count,
+        "queries forwarded and not yet finished"
+    );
+    metrics::describe_gauge!(UPSTREAM_UP, "1 while the upstream is considered alive");
+    metrics::describe_counter!(
+        HOLD_FALLBACKS,
+        Unit::Count,
+        "held answers whose observer timed out or failed"
+    );
+    metrics::describe_counter!(
+        TCP_REFUSED,
+        Unit::Count,
+        "TCP client connections closed because too many were open"
+    );
+}
+
+/// Why an upstream answer was dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DropReason {
+    /// No query with this ID is outstanding on the socket.
+    UnknownId,
+    /// The query with this ID was answered already.
+    Duplicate,
+    /// The query with this ID timed out before the answer came.
+    Late,
+    /// The ID matched but the question (name, type, class) did not.
+    QuestionMismatch,
+    /// Not a well-formed DNS response.
+    Malformed,
+    /// From an address other than the upstream's (the connected socket should make this
+    /// impossible; checked anyway).
+    WrongSource,
+}
+
+impl DropReason {
+    /// Every reason, in declaration order.
+    pub const ALL: [Self; 6] = [
+        Self::UnknownId,
+        Self::Duplicate,
+        Self::Late,
+        Self::QuestionMismatch,
+        Self::Malformed,
+        Self::WrongSource,
+    ];
+
+    /// The `reason` label.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::UnknownId => "unknown_id",
+            Self::Duplicate => "duplicate",
+            Self::Late => "late",
+            Self::QuestionMismatch => "question_mismatch",
+            Self::Malformed => "malformed",
+            Self::WrongSource => "wrong_source",
+        }
+    }
+}
+
+/// Why a held answer got the fallback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HoldFailure {
+    /// `response_max_delay` passed.
+    Timeout,
+    /// The observer returned an error.
+    ObserverError,
+}
+
+/// One upstream's health, as [`crate::DnsProxy::stats`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamHealth {
+    /// The upstream's address.
+    pub addr: SocketAddr,
+    /// Whether queries are sent to it.
+    pub alive: bool,
+    /// Timeouts and failed probes since its last good answer.
+    pub consecutive_failures: u32,
+    /// Round-trip time of its last good answer.
+    pub last_rtt: Option<Duration>,
+}
+
+/// A snapshot of the proxy's counters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyStats {
+    /// Finished queries per result, in [`QueryResult::ALL`] order.
+    pub queries: Vec<(QueryResult, u64)>,
+    /// Dropped upstream answers per reason, in [`DropReason::ALL`] order.
+    pub dropped_answers: Vec<(DropReason, u64)>,
+    /// Queries refused by the concurrency limit.
+    pub concurrency_limited: u64,
+    /// Held answers whose observer did not finish within `response_max_delay`.
+    pub hold_timeouts: u64,
+    /// Held answers whose observer returned an error.
+    pub observer_errors: u64,
+    /// Queries forwarded and not yet finished.
+    pub inflight: usize,
+    /// TCP client connections open.
+    pub tcp_connections: usize,
+    /// TCP client connections closed at once because the limit was reached.
+    pub tcp_refused: u64,
+    /// Every upstream, in configuration order.
+    pub upstreams: Vec<UpstreamHealth>,
+}
+
+impl ProxyStats {
+    /// Queries that ended with `result`.
+    pub fn queries(&self, result: QueryResult) -> u64 {
+        self.queries
+            .iter()
+            .find(|(r, _)| *r == result)
+            .map_or(0, |(_, n)| *n)
+    }
+
+    /// Answers dropped for `reason`.
+    pub fn dropped(&self, reason: DropReason) -> u64 {
+        self.dropped_answers
+            .iter()
+            .find(|(r, _)| *r == reason)
+            .map_or(0, |(_, n)| *n)
+    }
+
+    /// Answers dropped for any reason.
+    pub fn dropped_total(&self) -> u64 {
+        self.dropped_answers.iter().map(|(_, n)| n).sum()
+    }
+}
+
+/// A counter exported both to the recorder and to [`ProxyStats`].
+pub(crate) struct Count {
+    handle: Counter,
+    value: AtomicU64,
+}
+
+impl Count {
+    fn new(handle: Counter) -> Self {
+        Self {
+            handle,
+            value: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn inc(&self) {
+        self.handle.increment(1);
+        self.value.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn get(&self) -> u64 {
+        self.value.load(Ordering::Relaxed)
+    }
+}
+
+/// Every handle the proxy uses, registered once.
+pub(crate) struct Metrics {
+    pub(crate) queries: [Count; 9],
+    pub(crate) dropped: [Count; 6],
+    pub(crate) concurrency_limited: Count,
+    pub(crate) hold_timeouts: Count,
+    pub(crate) observer_errors: Count,
+    pub(crate) tcp_refused: Count,
+    pub(crate) upstream_latency: Histogram,
+    pub(crate) hold: Histogram,
+    pub(crate) observer: Histogram,
+    pub(crate) inflight: Gauge,
+}
+
+impl Metrics {
+    pub(crate) fn new() -> Self {
+        Self {
+            queries: QueryResult::ALL
+                .map(|r| Count::new(metrics::counter!(QUERIES, "result" => r.as_str()))),
+            dropped: DropReason::ALL
+                .map(|r| Count::new(metrics::counter!(DROPPED_ANSWERS, "reason" => r.as_str()))),
+            concurrency_limited: Count::new(metrics::counter!(CONCURRENCY_LIMITED)),
+            hold_timeouts: Count::new(metrics::counter!(HOLD_FALLBACKS, "reason" => "timeout")),
+            observer_errors: Count::new(
+                metrics::counter!(HOLD_FALLBACKS, "reason" => "observer_error"),
+            ),
+            tcp_refused: Count::new(metrics::counter!(TCP_REFUSED)),
+            upstream_latency: metrics::histogram!(UPSTREAM_LATENCY),
+            hold: metrics::histogram!(HOLD),
+            observer: metrics::histogram!(OBSERVER),
+            inflight: metrics::gauge!(INFLIGHT),
+        }
+    }
+
+    pub(crate) fn query(&self, result: QueryResult) {
+        self.queries[result.index()].inc();
+    }
+
+    pub(crate) fn drop_answer(&self, reason: DropReason) {
+        self.dropped[reason as usize].inc();
+    }
+
+    pub(crate) fn hold_failure(&self, failure: HoldFailure) {
+        match failure {
+            HoldFailure::Timeout => self.hold_timeouts.inc(),
+            HoldFailure::ObserverError => self.observer_errors.inc(),
+        }
+    }
+
+    /// The `fqdnd_dns_upstream_up` gauge of one upstream.
+    pub(crate) fn upstream_up(addr: SocketAddr) -> Gauge {
+        metrics::gauge!(UPSTREAM_UP, "upstream" => addr.to_string())
+    }
+}

@@ -1,0 +1,97 @@
+//! One record per finished query, for an optional query log.
+
+use std::net::SocketAddr;
+
+use crate::policy::Transport;
+
+/// How a query ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QueryResult {
+    /// Forwarded, answered, released.
+    Answered,
+    /// Denied by policy.
+    Denied,
+    /// From a client in no endpoint or client group.
+    UnknownClient,
+    /// The upstream did not answer in time.
+    UpstreamTimeout,
+    /// No upstream is alive.
+    NoUpstream,
+    /// Over the concurrency limit.
+    ConcurrencyLimited,
+    /// The observer did not finish in time and the fallback was SERVFAIL.
+    HoldTimeout,
+    /// The observer failed and the fallback was SERVFAIL.
+    ObserverFailed,
+    /// The query could not be parsed (FORMERR sent when an ID could be read).
+    Malformed,
+}
+
+impl QueryResult {
+    /// Every result, in declaration order (the order of [`crate::ProxyStats::queries`]).
+    pub const ALL: [Self; 9] = [
+        Self::Answered,
+        Self::Denied,
+        Self::UnknownClient,
+        Self::UpstreamTimeout,
+        Self::NoUpstream,
+        Self::ConcurrencyLimited,
+        Self::HoldTimeout,
+        Self::ObserverFailed,
+        Self::Malformed,
+    ];
+
+    /// The name used in logs and as the `result` label of `fqdnd_dns_queries_total`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Answered => "answered",
+            Self::Denied => "denied",
+            Self::UnknownClient => "unknown_client",
+            Self::UpstreamTimeout => "upstream_timeout",
+            Self::NoUpstream => "no_upstream",
+            Self::ConcurrencyLimited => "concurrency_limited",
+            Self::HoldTimeout => "hold_timeout",
+            Self::ObserverFailed => "observer_failed",
+            Self::Malformed => "malformed",
+        }
+    }
+
+    /// Position in [`Self::ALL`].
+    pub(crate) const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One finished query.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct QueryLogEntry {
+    /// Milliseconds since the Unix epoch when the query arrived.
+    pub time_ms: u64,
+    /// Client address.
+    pub client: SocketAddr,
+    /// Transport.
+    pub transport: Transport,
+    /// Question name (canonical), empty if unparsable.
+    pub name: String,
+    /// Question type, e.g. `A`.
+    pub qtype: String,
+    /// How it ended.
+    pub result: QueryResult,
+    /// Response code sent, e.g. `NOERROR`; empty when nothing was sent.
+    pub rcode: String,
+    /// Upstream that answered, if any.
+    pub upstream: Option<SocketAddr>,
+    /// Microseconds from the query's arrival to the reply leaving (or the end).
+    pub total_us: u64,
+    /// Microseconds the answer was held for the observer.
+    pub hold_us: u64,
+    /// Addresses in the answer.
+    pub answers: usize,
+}
+
+/// Receives a record per finished query. Must not block: queue and write elsewhere.
+pub trait QueryLog: Send + Sync + 'static {
+    /// One query ended.
+    fn record(&self, entry: QueryLogEntry);
+}

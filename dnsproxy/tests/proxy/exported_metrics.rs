@@ -1,0 +1,181 @@
+//! The exported metrics: names, labels, and that a query moves them. The proxy takes its
+//! metric handles in `bind`, so a thread-local recorder installed around `bind` sees
+//! everything without touching the process-wide one.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fqdnd_dnsproxy::metrics as m;
+use hickory_proto::rr::RecordType;
+use metrics::{
+    Counter, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+};
+
+use crate::harness::{Harness, Mode, ask_udp, eventually};
+use crate::upstream::{Fault, Rule, answer};
+
+#[derive(Default)]
+struct Samples(Mutex<Vec<f64>>);
+
+impl HistogramFn for Samples {
+    fn record(&self, value: f64) {
+        self.0.lock().unwrap().push(value);
+    }
+}
+
+/// Keeps every registered metric under `name{label=value,…}`.
+#[derive(Default)]
+struct TestRecorder {
+    described: Mutex<Vec<String>>,
+    counters: Mutex<BTreeMap<String, Arc<AtomicU64>>>,
+    gauges: Mutex<BTreeMap<String, Arc<AtomicU64>>>,
+    histograms: Mutex<BTreeMap<String, Arc<Samples>>>,
+}
+
+fn render(key: &Key) -> String {
+    let labels: Vec<String> = key
+        .labels()
+        .map(|l| format!("{}={}", l.key(), l.value()))
+        .collect();
+    if labels.is_empty() {
+        key.name().to_owned()
+    } else {
+        format!("{}{{{}}}", key.name(), labels.join(","))
+    }
+}
+
+impl Recorder for TestRecorder {
+    fn describe_counter(&self, key: KeyName, _: Option<Unit>, _: SharedString) {
+        self.described.lock().unwrap().push(key.as_str().to_owned());
+    }
+    fn describe_gauge(&self, key: KeyName, _: Option<Unit>, _: SharedString) {
+        self.described.lock().unwrap().push(key.as_str().to_owned());
+    }
+    fn describe_histogram(&self, key: KeyName, _: Option<Unit>, _: SharedString) {
+        self.described.lock().unwrap().push(key.as_str().to_owned());
+    }
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        Counter::from_arc(
+            self.counters
+                .lock()
+                .unwrap()
+                .entry(render(key))
+                .or_default()
+                .clone(),
+        )
+    }
+    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::from_arc(
+            self.gauges
+                .lock()
+                .unwrap()
+                .entry(render(key))
+                .or_default()
+                .clone(),
+        )
+    }
+    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+        Histogram::from_arc(
+            self.histograms
+                .lock()
+                .unwrap()
+                .entry(render(key))
+                .or_default()
+                .clone(),
+        )
+    }
+}
+
+impl TestRecorder {
+    fn counter(&self, key: &str) -> u64 {
+        self.counters
+            .lock()
+            .unwrap()
+            .get(key)
+            .map_or(u64::MAX, |c| c.load(Ordering::SeqCst))
+    }
+    fn gauge(&self, key: &str) -> f64 {
+        self.gauges
+            .lock()
+            .unwrap()
+            .get(key)
+            .map_or(f64::NAN, |g| f64::from_bits(g.load(Ordering::SeqCst)))
+    }
+    fn samples(&self, key: &str) -> usize {
+        self.histograms
+            .lock()
+            .unwrap()
+            .get(key)
+            .map_or(0, |h| h.0.lock().unwrap().len())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queries_move_the_described_metrics() {
+    let recorder = TestRecorder::default();
+    let h = {
+        let _guard = metrics::set_default_local_recorder(&recorder);
+        m::describe_metrics();
+        Harness::start(Mode::Done, |_| {}).await
+    };
+    for name in [
+        m::QUERIES,
+        m::UPSTREAM_LATENCY,
+        m::HOLD,
+        m::OBSERVER,
+        m::DROPPED_ANSWERS,
+        m::CONCURRENCY_LIMITED,
+        m::INFLIGHT,
+        m::UPSTREAM_UP,
+        m::HOLD_FALLBACKS,
+        m::TCP_REFUSED,
+    ] {
+        assert!(
+            recorder.described.lock().unwrap().iter().any(|d| d == name),
+            "{name} described"
+        );
+    }
+    let ip = Ipv4Addr::new(192, 0, 2, 1);
+    h.upstream.rule(
+        "www.example.",
+        Rule {
+            faults: vec![Fault::WrongId],
+            ..answer("www.example.", [ip])
+        },
+    );
+    ask_udp(h.udp, "www.example.", RecordType::A).await;
+    ask_udp(h.udp, "denied.example.", RecordType::A).await;
+    h.settled().await;
+
+    assert_eq!(
+        recorder.counter("fqdnd_dns_queries_total{result=answered}"),
+        1
+    );
+    assert_eq!(
+        recorder.counter("fqdnd_dns_queries_total{result=denied}"),
+        1
+    );
+    assert_eq!(
+        recorder.counter("fqdnd_dns_queries_total{result=upstream_timeout}"),
+        0
+    );
+    assert_eq!(
+        recorder.counter("fqdnd_dns_dropped_answers_total{reason=unknown_id}"),
+        1
+    );
+    assert_eq!(recorder.counter("fqdnd_dns_concurrency_limited_total"), 0);
+    assert_eq!(recorder.samples(m::UPSTREAM_LATENCY), 1);
+    assert_eq!(recorder.samples(m::HOLD), 1);
+    assert_eq!(recorder.samples(m::OBSERVER), 1);
+    let up = format!("fqdnd_dns_upstream_up{{upstream={}}}", h.upstream.addr);
+    assert!((recorder.gauge(&up) - 1.0).abs() < f64::EPSILON);
+    // The sweep samples the in-flight gauge.
+    assert!(
+        eventually(Duration::from_secs(1), || recorder.gauge(m::INFLIGHT)
+            == 0.0)
+        .await
+    );
+}

@@ -1,0 +1,367 @@
+//! The proxy under test, a test policy, a recording observer and query log, and DNS clients
+//! (UDP and TCP) built on hickory-proto.
+
+use std::collections::HashSet;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fqdnd_dnsproxy::{
+    Config, DnsProxy, Observation, ObserveError, ProxyStats, QueryInfo, QueryLog, QueryLogEntry,
+    QueryPolicy, ResponseContext, ResponseObserver, StatsHandle, Transport, Verdict,
+};
+use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};
+use hickory_proto::rr::rdata::opt::{EdnsCode, EdnsOption};
+use hickory_proto::rr::{Name, RecordType};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpStream, UdpSocket};
+use tokio::sync::{Semaphore, oneshot};
+
+use crate::upstream::TestUpstream;
+
+/// Clients from this address are unknown to the test policy.
+pub(crate) const UNKNOWN_CLIENT: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+
+/// Denies names starting with `denied.`; clients from [`UNKNOWN_CLIENT`] are unknown; every
+/// other query is allowed with tag 7.
+pub(crate) struct TestPolicy;
+
+impl QueryPolicy for TestPolicy {
+    fn check(&self, query: &QueryInfo<'_>) -> Verdict {
+        if query.client.ip() == UNKNOWN_CLIENT {
+            Verdict::UnknownClient
+        } else if query.name.starts_with("denied.") {
+            Verdict::Deny
+        } else {
+            Verdict::Allow { tag: 7 }
+        }
+    }
+}
+
+/// What the observer saw of one answer.
+#[derive(Debug, Clone)]
+pub(crate) struct Observed {
+    pub(crate) name: String,
+    pub(crate) tag: u64,
+    pub(crate) transport: Transport,
+    pub(crate) rcode: hickory_proto::op::ResponseCode,
+    pub(crate) truncated: bool,
+    pub(crate) answers: usize,
+    pub(crate) upstream: SocketAddr,
+}
+
+/// How the observer answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// `Done(Ok)` at once.
+    Done,
+    /// `Done(Err)`.
+    Fail,
+    /// `Pending` until the test calls [`TestObserver::release`] once per answer.
+    Gated,
+    /// `Pending` forever.
+    Never,
+}
+
+/// Records every answer it is shown.
+pub(crate) struct TestObserver {
+    pub(crate) mode: Mutex<Mode>,
+    pub(crate) seen: Mutex<Vec<Observed>>,
+    gate: Arc<Semaphore>,
+    /// Pending observations that finished.
+    pub(crate) finished: Arc<AtomicU64>,
+}
+
+impl TestObserver {
+    pub(crate) fn new(mode: Mode) -> Arc<Self> {
+        Arc::new(Self {
+            mode: Mutex::new(mode),
+            seen: Mutex::new(Vec::new()),
+            gate: Arc::new(Semaphore::new(0)),
+            finished: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    /// Lets one gated observation finish.
+    pub(crate) fn release(&self) {
+        self.gate.add_permits(1);
+    }
+
+    pub(crate) fn seen(&self) -> Vec<Observed> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    pub(crate) fn seen_name(&self, name: &str) -> Vec<Observed> {
+        self.seen().into_iter().filter(|o| o.name == name).collect()
+    }
+}
+
+impl ResponseObserver for TestObserver {
+    fn observe(&self, answer: &ResponseContext<'_>) -> Observation {
+        self.seen.lock().unwrap().push(Observed {
+            name: answer.name.to_owned(),
+            tag: answer.tag,
+            transport: answer.transport,
+            rcode: answer.response.metadata.response_code,
+            truncated: answer.response.metadata.truncation,
+            answers: answer.response.answers.len(),
+            upstream: answer.upstream,
+        });
+        match *self.mode.lock().unwrap() {
+            Mode::Done => Observation::Done(Ok(())),
+            Mode::Fail => Observation::Done(Err(ObserveError {
+                reason: "test failure".into(),
+            })),
+            Mode::Gated => {
+                let gate = self.gate.clone();
+                let finished = self.finished.clone();
+                Observation::Pending(Box::pin(async move {
+                    gate.acquire().await.unwrap().forget();
+                    finished.fetch_add(1, Ordering::SeqCst);
+                    Ok(())
+                }))
+            }
+            Mode::Never => Observation::Pending(Box::pin(std::future::pending())),
+        }
+    }
+}
+
+/// Keeps every query log entry.
+#[derive(Default)]
+pub(crate) struct TestLog {
+    pub(crate) entries: Mutex<Vec<QueryLogEntry>>,
+}
+
+impl QueryLog for TestLog {
+    fn record(&self, entry: QueryLogEntry) {
+        self.entries.lock().unwrap().push(entry);
+    }
+}
+
+/// Test defaults: loopback, port 0, short timeouts.
+pub(crate) fn test_config(upstreams: Vec<SocketAddr>) -> Config {
+    Config {
+        listen_udp: vec!["127.0.0.1:0".parse().unwrap()],
+        listen_tcp: vec!["127.0.0.1:0".parse().unwrap()],
+        udp_sockets_per_address: 2,
+        upstreams,
+        upstream_sockets: 2,
+        upstream_timeout: Duration::from_millis(400),
+        health_check_interval: Duration::from_millis(200),
+        health_check_failures: 3,
+        response_max_delay: Duration::from_secs(2),
+        tcp_idle_timeout: Duration::from_secs(5),
+        ..Config::default()
+    }
+}
+
+/// A running proxy in front of one [`TestUpstream`].
+pub(crate) struct Harness {
+    pub(crate) udp: SocketAddr,
+    pub(crate) tcp: SocketAddr,
+    pub(crate) upstream: TestUpstream,
+    pub(crate) observer: Arc<TestObserver>,
+    pub(crate) log: Arc<TestLog>,
+    stats: StatsHandle,
+    shutdown: Option<oneshot::Sender<()>>,
+    run: Option<tokio::task::JoinHandle<Result<(), fqdnd_dnsproxy::Error>>>,
+}
+
+impl Harness {
+    /// Starts an upstream and a proxy with [`test_config`] changed by `tweak`.
+    pub(crate) async fn start(mode: Mode, tweak: impl FnOnce(&mut Config)) -> Self {
+        let upstream = TestUpstream::start().await;
+        let mut config = test_config(vec![upstream.addr]);
+        tweak(&mut config);
+        Self::with(upstream, config, mode).await
+    }
+
+    pub(crate) async fn with(upstream: TestUpstream, config: Config, mode: Mode) -> Self {
+        let observer = TestObserver::new(mode);
+        let log = Arc::new(TestLog::default());
+        let proxy = DnsProxy::bind(
+            config,
+            Arc::new(TestPolicy),
+            observer.clone(),
+            Some(log.clone()),
+        )
+        .await
+        .unwrap();
+        let udp = proxy.udp_addrs()[0];
+        let tcp = proxy.tcp_addrs()[0];
+        let stats = proxy.stats_handle();
+        let (tx, rx) = oneshot::channel();
+        let run = tokio::spawn(proxy.run(async move {
+            let _ = rx.await;
+        }));
+        Self {
+            udp,
+            tcp,
+            upstream,
+            observer,
+            log,
+            stats,
+            shutdown: Some(tx),
+            run: Some(run),
+        }
+    }
+
+    pub(crate) fn stats(&self) -> ProxyStats {
+        self.stats.stats()
+    }
+
+    /// The stats once nothing is in flight (a reply leaves just before its query is
+    /// counted).
+    pub(crate) async fn settled(&self) -> ProxyStats {
+        eventually(Duration::from_secs(3), || self.stats().inflight == 0).await;
+        self.stats()
+    }
+
+    /// Stops the proxy and checks `run` returned `Ok`.
+    pub(crate) async fn stop(mut self) {
+        let _ = self.shutdown.take().unwrap().send(());
+        let run = self.run.take().unwrap();
+        tokio::time::timeout(Duration::from_secs(2), run)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// A query for `name`/`qtype` with RD=1, a random ID, and an OPT record when `edns` is given
+/// (payload size, DO bit).
+pub(crate) fn query(name: &str, qtype: RecordType, edns: Option<(u16, bool)>) -> Vec<u8> {
+    let mut msg = Message::new(fastish_id(), MessageType::Query, OpCode::Query);
+    msg.metadata.recursion_desired = true;
+    msg.add_query(Query::query(Name::from_ascii(name).unwrap(), qtype));
+    if let Some((payload, dnssec_ok)) = edns {
+        let mut e = Edns::new();
+        e.set_max_payload(payload);
+        e.set_dnssec_ok(dnssec_ok);
+        e.options_mut().insert(EdnsOption::Unknown(
+            u16::from(EdnsCode::Unknown(65_001)),
+            b"fqdnd".to_vec(),
+        ));
+        msg.set_edns(e);
+    }
+    msg.to_vec().unwrap()
+}
+
+fn fastish_id() -> u16 {
+    static NEXT: AtomicU64 = AtomicU64::new(0x1234);
+    #[allow(clippy::cast_possible_truncation, reason = "wraps on purpose")]
+    let id = NEXT.fetch_add(7919, Ordering::Relaxed) as u16;
+    id
+}
+
+/// A UDP client socket on `ip`.
+pub(crate) async fn udp_client(ip: IpAddr) -> UdpSocket {
+    UdpSocket::bind(SocketAddr::new(ip, 0)).await.unwrap()
+}
+
+/// Sends `raw` over UDP from 127.0.0.1 and waits up to `wait` for one reply.
+pub(crate) async fn udp_exchange(
+    server: SocketAddr,
+    raw: &[u8],
+    wait: Duration,
+) -> Option<Vec<u8>> {
+    let socket = udp_client(IpAddr::V4(Ipv4Addr::LOCALHOST)).await;
+    socket.send_to(raw, server).await.unwrap();
+    udp_recv(&socket, wait).await
+}
+
+/// One datagram within `wait`.
+pub(crate) async fn udp_recv(socket: &UdpSocket, wait: Duration) -> Option<Vec<u8>> {
+    let mut buf = vec![0u8; 65_536];
+    match tokio::time::timeout(wait, socket.recv_from(&mut buf)).await {
+        Ok(Ok((n, _))) => Some(buf[..n].to_vec()),
+        _ => None,
+    }
+}
+
+/// Parses a reply and checks it answers `query` (same ID).
+pub(crate) fn parse_reply(query: &[u8], reply: &[u8]) -> Message {
+    let msg = Message::from_vec(reply).unwrap();
+    assert_eq!(&reply[..2], &query[..2], "reply carries the client's ID");
+    assert_eq!(msg.metadata.message_type, MessageType::Response);
+    msg
+}
+
+/// UDP query → parsed reply (panics after 3 s without one).
+pub(crate) async fn ask_udp(server: SocketAddr, name: &str, qtype: RecordType) -> Message {
+    let q = query(name, qtype, Some((1232, false)));
+    let r = udp_exchange(server, &q, Duration::from_secs(3))
+        .await
+        .expect("a reply");
+    parse_reply(&q, &r)
+}
+
+/// A TCP connection speaking RFC 1035 §4.2.2 framing.
+pub(crate) struct TcpClient {
+    pub(crate) stream: TcpStream,
+}
+
+impl TcpClient {
+    pub(crate) async fn connect(server: SocketAddr) -> Self {
+        let stream = TcpStream::connect(server).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        Self { stream }
+    }
+
+    /// Sends several framed messages in one write.
+    pub(crate) async fn send_all(&mut self, messages: &[&[u8]]) {
+        let mut out = Vec::new();
+        for m in messages {
+            out.extend_from_slice(&u16::try_from(m.len()).unwrap().to_be_bytes());
+            out.extend_from_slice(m);
+        }
+        self.stream.write_all(&out).await.unwrap();
+    }
+
+    /// One framed message within `wait`; `None` on timeout or EOF.
+    pub(crate) async fn recv(&mut self, wait: Duration) -> Option<Vec<u8>> {
+        tokio::time::timeout(wait, async {
+            let mut len = [0u8; 2];
+            self.stream.read_exact(&mut len).await.ok()?;
+            let mut msg = vec![0u8; usize::from(u16::from_be_bytes(len))];
+            self.stream.read_exact(&mut msg).await.ok()?;
+            Some(msg)
+        })
+        .await
+        .ok()
+        .flatten()
+    }
+}
+
+/// IPv4 addresses of the A records in an answer.
+pub(crate) fn ips(msg: &Message) -> HashSet<Ipv4Addr> {
+    msg.answers
+        .iter()
+        .filter_map(|r| match r.data.ip_addr() {
+            Some(IpAddr::V4(ip)) => Some(ip),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Waits until `cond` holds, up to `wait`.
+pub(crate) async fn eventually(wait: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + wait;
+    while tokio::time::Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    cond()
+}

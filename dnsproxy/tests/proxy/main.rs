@@ -1,0 +1,16 @@
+//! The proxy end to end over real loopback sockets, against a programmable upstream.
+//! One test binary (faster to link); each module covers one concern.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
+mod harness;
+mod upstream;
+
+mod answers;
+mod exported_metrics;
+mod faults;
+mod hold;
+mod limits;
+mod policy;
+mod tcp;
+mod truncation;

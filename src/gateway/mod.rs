@@ -1,0 +1,300 @@
+//! `fqdnd gateway`: fqdnd as a standalone DNS firewall. Client groups by CIDR, CNP-style DNS
+//! rules and allow/deny lists decide what each group may ask; every allowed answer is learned
+//! by the engine (NameManager → IpCache → datapath) before the client gets it.
+
+mod lists;
+pub(crate) mod observer;
+pub(crate) mod policy;
+mod querylog;
+mod zone;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use fqdnd_config::{
+    Config, Gateway, HoldTimeoutAction, RejectResponseCode, TruncatedAction, UpstreamTimeoutAction,
+};
+use fqdnd_dnsproxy::{DnsProxy, HoldFallback, QueryLog, RejectCode};
+use fqdnd_ipcache::MemoryDatapath;
+use tokio::sync::watch;
+
+use crate::admin::{self, AdminState};
+use crate::clock::Clock;
+use crate::engine::Engine;
+use observer::{EngineObserver, SharedEngine};
+use policy::{CompiledPolicy, GatewayPolicy};
+use zone::ZoneServer;
+
+/// The demo configuration behind `fqdnd gateway --demo` (the README's main job).
+pub(crate) const DEMO_CONFIG: &str = include_str!("../../examples/gateway-demo.yaml");
+
+/// A gateway, bound and serving.
+pub(crate) struct RunningGateway {
+    /// Where it answers DNS over UDP.
+    pub(crate) udp: Vec<std::net::SocketAddr>,
+    /// Shared engine, for listings.
+    pub(crate) engine: SharedEngine,
+    stop: watch::Sender<bool>,
+    tasks: tokio::task::JoinSet<Result<()>>,
+    zones: Option<ZoneServer>,
+}
+
+impl RunningGateway {
+    /// Stops every task and waits for them.
+    pub(crate) async fn shutdown(mut self) -> Result<()> {
+        let _ = self.stop.send(true);
+        while let Some(result) = self.tasks.join_next().await {
+            result.context("gateway task panicked")??;
+        }
+        if let Some(zones) = self.zones.take() {
+            zones.stop().await;
+        }
+        Ok(())
+    }
+}
+
+/// Listen addresses with port 0 get one free port for both UDP and TCP, so clients can use
+/// either transport on the address `fqdnd status` shows.
+fn concrete_listen(addrs: &[std::net::SocketAddr]) -> Result<Vec<std::net::SocketAddr>> {
+    addrs
+        .iter()
+        .map(|addr| {
+            if addr.port() != 0 {
+                return Ok(*addr);
+            }
+            for _ in 0..32 {
+                let udp =
+                    std::net::UdpSocket::bind(addr).with_context(|| format!("binding {addr}"))?;
+                let port = udp.local_addr()?.port();
+                let candidate = std::net::SocketAddr::new(addr.ip(), port);
+                if std::net::TcpListener::bind(candidate).is_ok() {
+                    return Ok(candidate);
+                }
+            }
+            bail!("no port free for both UDP and TCP on {}", addr.ip())
+        })
+        .collect()
+}
+
+fn proxy_config(
+    settings: &fqdnd_config::Settings,
+    gateway: &Gateway,
+    listen: &[std::net::SocketAddr],
+    upstreams: Vec<std::net::SocketAddr>,
+) -> fqdnd_dnsproxy::Config {
+    fqdnd_dnsproxy::Config {
+        listen_udp: listen.to_vec(),
+        listen_tcp: listen.to_vec(),
+        upstreams,
+        upstream_timeout: gateway.upstream_timeout,
+        on_upstream_timeout: match gateway.on_upstream_timeout {
+            UpstreamTimeoutAction::ServFail => fqdnd_dnsproxy::UpstreamTimeoutAction::ServFail,
+            UpstreamTimeoutAction::NoReply => fqdnd_dnsproxy::UpstreamTimeoutAction::NoReply,
+        },
+        response_max_delay: settings.proxy_response_max_delay,
+        on_hold_timeout: match gateway.on_hold_timeout {
+            HoldTimeoutAction::Release => HoldFallback::Release,
+            HoldTimeoutAction::ServFail => HoldFallback::ServFail,
+        },
+        on_truncated: match gateway.on_truncated {
+            TruncatedAction::RetryTcp => fqdnd_dnsproxy::TruncatedAction::RetryTcp,
+            TruncatedAction::PassThrough => fqdnd_dnsproxy::TruncatedAction::PassThrough,
+        },
+        reject_code: match settings.reject_response_code {
+            RejectResponseCode::Refused => RejectCode::Refused,
+            RejectResponseCode::NameError => RejectCode::NxDomain,
+        },
+        concurrency_limit: settings.concurrency_limit,
+        ..fqdnd_dnsproxy::Config::default()
+    }
+}
+
+/// Loads the configuration; a gateway needs a `Gateway` document.
+pub(crate) fn load(paths: &[PathBuf], demo: bool) -> Result<(Config, Gateway)> {
+    let config = if demo {
+        fqdnd_config::load_str(DEMO_CONFIG, std::path::Path::new("<embedded gateway demo>"))
+    } else {
+        fqdnd_config::load(paths)
+    }
+    .map_err(|errors| anyhow!("{errors}"))?;
+    let Some(gateway) = config.gateway.clone() else {
+        bail!(
+            "no `kind: Gateway` document in the configuration: `fqdnd gateway` needs one (see docs/operations.md)"
+        );
+    };
+    Ok((config, gateway))
+}
+
+/// Starts the gateway: static zones, engine, proxy, GC, admin API, metrics, query log.
+pub(crate) async fn start(
+    paths: Vec<PathBuf>,
+    demo: bool,
+    admin_socket: Option<PathBuf>,
+) -> Result<RunningGateway> {
+    let clock = Clock::start();
+    let (config, gateway) = load(&paths, demo)?;
+    let compiled = CompiledPolicy::compile(&config, &gateway.lists)?;
+    let policy = Arc::new(GatewayPolicy::default());
+    policy.replace(compiled);
+
+    let mut upstreams = gateway.upstreams.clone();
+    let zones = if gateway.static_zones.is_empty() {
+        None
+    } else {
+        let server = ZoneServer::start(&gateway.static_zones).await?;
+        tracing::info!(addr = %server.addr, zones = gateway.static_zones.len(), "static zones served");
+        upstreams.push(server.addr);
+        Some(server)
+    };
+
+    let engine: SharedEngine = Arc::new(Mutex::new(Engine::new(
+        &config,
+        MemoryDatapath::default(),
+        clock.now(),
+    )?));
+    let observer = Arc::new(EngineObserver {
+        engine: Arc::clone(&engine),
+        clock,
+    });
+    let query_log: Option<Arc<dyn QueryLog>> = match &gateway.query_log {
+        Some(path) => Some(Arc::new(querylog::JsonLines::open(path)?)),
+        None => None,
+    };
+    if let Some(addr) = gateway.metrics {
+        crate::metrics::install(addr)?;
+    }
+    fqdnd_dnsproxy::describe_metrics();
+    let proxy = DnsProxy::bind(
+        proxy_config(
+            &config.settings,
+            &gateway,
+            &concrete_listen(&gateway.listen)?,
+            upstreams,
+        ),
+        Arc::clone(&policy) as Arc<dyn fqdnd_dnsproxy::QueryPolicy>,
+        observer,
+        query_log,
+    )
+    .await
+    .context("starting the DNS proxy")?;
+    let udp = proxy.udp_addrs();
+    tracing::info!(udp = ?udp, tcp = ?proxy.tcp_addrs(), "gateway listening");
+
+    let (stop, stopped) = watch::channel(false);
+    let mut tasks = tokio::task::JoinSet::new();
+    let proxy_stats = proxy.stats_handle();
+    {
+        let mut stopped = stopped.clone();
+        tasks.spawn(async move {
+            proxy
+                .run(async move { while stopped.changed().await.is_ok() && !*stopped.borrow() {} })
+                .await?;
+            Ok(())
+        });
+    }
+    {
+        let engine = Arc::clone(&engine);
+        let interval = config.settings.gc_interval;
+        let mut stopped = stopped.clone();
+        tasks.spawn(async move {
+            let mut tick =
+                tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => gc(&engine, clock),
+                    _ = stopped.changed() => return Ok(()),
+                }
+            }
+        });
+    }
+    {
+        let engine = Arc::clone(&engine);
+        let mut stopped = stopped.clone();
+        tasks.spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => crate::metrics::record_engine(&engine),
+                    _ = stopped.changed() => return Ok(()),
+                }
+            }
+        });
+    }
+    let state = Arc::new(AdminState {
+        engine: Arc::clone(&engine),
+        policy: Arc::clone(&policy),
+        paths: paths.clone(),
+        demo,
+        clock,
+        proxy: proxy_stats,
+        gateway: gateway.clone(),
+        listen: udp.clone(),
+        reloads: Mutex::new(admin::ReloadHistory::default()),
+    });
+    let socket = admin_socket.unwrap_or_else(|| gateway.admin_socket.clone());
+    if !demo {
+        let listener = admin::bind(&socket)?;
+        {
+            let state = Arc::clone(&state);
+            let mut stopped = stopped.clone();
+            tasks.spawn(async move {
+                admin::serve(listener, state, async move {
+                    let _ = stopped.changed().await;
+                })
+                .await
+            });
+        }
+        {
+            let state = Arc::clone(&state);
+            let mut stopped = stopped.clone();
+            tasks.spawn(async move {
+                let mut hangup =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+                        .context("installing the SIGHUP handler")?;
+                loop {
+                    tokio::select! {
+                        _ = hangup.recv() => {
+                            tracing::info!("SIGHUP: reloading policy");
+                            let _ = admin::reload(&state);
+                        }
+                        _ = stopped.changed() => return Ok(()),
+                    }
+                }
+            });
+        }
+    }
+    Ok(RunningGateway {
+        udp,
+        engine,
+        stop,
+        tasks,
+        zones,
+    })
+}
+
+fn gc(engine: &SharedEngine, clock: Clock) {
+    let Ok(mut engine) = engine.lock() else {
+        return;
+    };
+    let nothing_in_use = |_: std::net::IpAddr| false;
+    match engine.gc(clock.now(), &nothing_in_use) {
+        Ok(stats) if stats.released > 0 => {
+            tracing::debug!(expired = stats.expired, released = stats.released, "dns gc");
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "dns gc failed"),
+    }
+}
+
+/// Runs the gateway until SIGINT or SIGTERM.
+pub(crate) async fn run(paths: Vec<PathBuf>, admin_socket: Option<PathBuf>) -> Result<()> {
+    let gateway = start(paths, false, admin_socket).await?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
+        _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+    }
+    gateway.shutdown().await
+}
