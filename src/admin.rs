@@ -220,13 +220,14 @@ async fn cache(State(state): State<Arc<AdminState>>) -> Json<Vec<CacheRow>> {
 }
 
 /// Rows in Cilium's `fqdn cache list` shape: one per (endpoint, name, source).
+/// (endpoint, name, source) → (TTL, expiry, IPs), while building cache rows.
+type CacheRows<'a> = std::collections::BTreeMap<(String, String, &'a str), (u32, u32, Vec<String>)>;
+
 pub(crate) fn cache_rows(engine: &SharedEngine, clock: Clock) -> Vec<CacheRow> {
-    use std::collections::BTreeMap;
     let Ok(engine) = engine.lock() else {
         return Vec::new();
     };
-    let mut rows: BTreeMap<(String, String, &'static str), (u32, u32, Vec<String>)> =
-        BTreeMap::new();
+    let mut rows = CacheRows::new();
     for entry in engine.names.entries() {
         let source = if entry.zombie { "connection" } else { "lookup" };
         let endpoints = engine.names.endpoints_of(&entry.name);

@@ -90,7 +90,7 @@ enum Command {
     /// Every DNS response with addresses is learned as the daemon would learn it (NameManager,
     /// IpCache, in-memory datapath), with TTL expiry and GC on capture time. `--compare` runs
     /// one-identity-per-label-set and one-identity-per-IP side by side. See docs/replay.md.
-    Replay(replay_cmd::ReplayArgs),
+    Replay(Box<replay_cmd::ReplayArgs>),
 }
 
 /// Options of the commands that read the admin API.
@@ -209,7 +209,7 @@ fn main() -> ExitCode {
             print!("{out}");
             ExitCode::SUCCESS
         }),
-        Command::Replay(args) => replay_cmd::run(args),
+        Command::Replay(args) => replay_cmd::run(*args),
     };
     match result {
         Ok(code) => code,

@@ -192,33 +192,51 @@ fn encode_query(id: u16, name: &str) -> Vec<u8> {
     q
 }
 
-/// Nanoseconds on CPU of this process's threads, by thread name.
-fn cpu_by_thread() -> Vec<(String, u64)> {
+/// Per thread of this process: name, nanoseconds on CPU (schedstat), and utime+stime in
+/// clock ticks (what the peers' benchmark reads per process).
+fn cpu_by_thread() -> Vec<(String, u64, u64)> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-        let path = entry.path();
-        let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
-        let sched = std::fs::read_to_string(path.join("schedstat")).unwrap_or_default();
-        let ns = sched
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        out.push((comm.trim().to_owned(), ns));
+        out.push(thread_cpu(&entry.path()));
     }
     out
 }
 
-fn cpu_of(prefix: &str, snapshot: &[(String, u64)]) -> u64 {
+fn thread_cpu(path: &std::path::Path) -> (String, u64, u64) {
+    let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+    let sched = std::fs::read_to_string(path.join("schedstat")).unwrap_or_default();
+    let ns = sched
+        .split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let stat = std::fs::read_to_string(path.join("stat")).unwrap_or_default();
+    let after_comm = stat.rsplit(") ").next().unwrap_or("");
+    let fields: Vec<u64> = after_comm
+        .split_whitespace()
+        .map(|f| f.parse().unwrap_or(0))
+        .collect();
+    // After "pid (comm) ": the state is field 0, utime field 11, stime field 12.
+    let ticks = fields.get(11).copied().unwrap_or(0) + fields.get(12).copied().unwrap_or(0);
+    (comm.trim().to_owned(), ns, ticks)
+}
+
+fn cpu_of(prefix: &str, snapshot: &[(String, u64, u64)]) -> (u64, u64) {
     snapshot
         .iter()
-        .filter(|(n, _)| n.starts_with(prefix))
-        .map(|(_, ns)| ns)
-        .sum()
+        .filter(|(n, _, _)| n.starts_with(prefix))
+        .fold((0, 0), |(a, b), (_, ns, t)| (a + ns, b + t))
 }
 
 /// One closed-loop client: keeps `window` queries outstanding until `count` are answered.
-fn client(proxy: SocketAddr, count: u64, window: u64, seed: u64, deadline: Instant) -> (u64, u64) {
+/// Returns (answered, lost, its own CPU nanoseconds).
+fn client(
+    proxy: SocketAddr,
+    count: u64,
+    window: u64,
+    seed: u64,
+    deadline: Instant,
+) -> (u64, u64, u64) {
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
     socket.connect(proxy).unwrap();
     socket
@@ -244,7 +262,8 @@ fn client(proxy: SocketAddr, count: u64, window: u64, seed: u64, deadline: Insta
             Err(_) => lost += sent.saturating_sub(answered + lost),
         }
     }
-    (answered, lost)
+    let (_, ns, _) = thread_cpu(std::path::Path::new("/proc/thread-self"));
+    (answered, lost, ns)
 }
 
 fn main() {
@@ -259,7 +278,7 @@ fn main() {
         .unwrap();
     let config = Config {
         listen_udp: vec![a.listen],
-        listen_tcp: vec![],
+        listen_tcp: if a.serve { vec![a.listen] } else { vec![] },
         udp_sockets_per_address: a.udp_sockets,
         upstreams: vec![upstream],
         upstream_sockets: a.upstream_sockets,
@@ -283,7 +302,7 @@ fn main() {
         let _ = rx.await;
     }));
     if a.serve {
-        eprintln!("serving DNS on {addr} (UDP), upstream {upstream}; Ctrl-C to stop");
+        eprintln!("serving DNS on {addr} (UDP and TCP), upstream {upstream}; Ctrl-C to stop");
         rt.block_on(async {
             let _ = tokio::signal::ctrl_c().await;
         });
@@ -306,27 +325,34 @@ fn main() {
                 .unwrap()
         })
         .collect();
-    let (mut answered, mut lost) = (0, 0);
+    let (mut answered, mut lost, mut loadgen_ns) = (0, 0, 0);
     for h in handles {
-        let (ok, l) = h.join().unwrap();
+        let (ok, l, ns) = h.join().unwrap();
         answered += ok;
         lost += l;
+        loadgen_ns += ns;
     }
     let elapsed = start.elapsed();
     let after = cpu_by_thread();
-    let proxy_ns = cpu_of("proxy-worker", &after) - cpu_of("proxy-worker", &before);
-    let upstream_ns = cpu_of("upstream", &after) - cpu_of("upstream", &before);
-    let loadgen_ns = cpu_of("loadgen", &after);
+    let (proxy_ns, proxy_ticks) = {
+        let (a, b) = (
+            cpu_of("proxy-worker", &after),
+            cpu_of("proxy-worker", &before),
+        );
+        (a.0 - b.0, a.1 - b.1)
+    };
+    let upstream_ns = cpu_of("upstream", &after).0 - cpu_of("upstream", &before).0;
 
     let s = stats.stats();
     #[allow(clippy::cast_precision_loss, reason = "a report")]
     {
         let qps = answered as f64 / elapsed.as_secs_f64();
         println!(
-            "answered {answered} lost {lost} in {:.2} s: {qps:.0} qps; proxy CPU {:.2} s = {:.2} µs/query ({:.0}% of a core); upstream {:.2} µs/q, load generator {:.2} µs/q",
+            "answered {answered} lost {lost} in {:.2} s: {qps:.0} qps; proxy CPU {:.2} s = {:.2} µs/query (utime+stime {:.2} µs/query; {:.0}% of a core); upstream {:.2} µs/q, load generator {:.2} µs/q",
             elapsed.as_secs_f64(),
             proxy_ns as f64 / 1e9,
             proxy_ns as f64 / 1e3 / answered as f64,
+            proxy_ticks as f64 * 1e4 / answered as f64,
             proxy_ns as f64 / elapsed.as_nanos() as f64 * 100.0,
             upstream_ns as f64 / 1e3 / answered as f64,
             loadgen_ns as f64 / 1e3 / answered as f64,

@@ -33,7 +33,13 @@
 //! - a failed TCP retry is answered like an upstream timeout but does not mark the upstream
 //!   down (its UDP side answered);
 //! - after the hold fallback the observation is not cancelled: it runs to its end;
-//! - an answer without a question is accepted only for a health probe.
+//! - an answer without a question is accepted only for a health probe; an answer that does
+//!   not parse is dropped (counted) and the query keeps waiting for a good one or its timeout;
+//! - a UDP reply leaves from the listener socket the query came in on, and
+//!   [`QueryInfo::server`] is that socket's bound address (bind specific addresses, not a
+//!   wildcard, until the transparent mode reads the original destination);
+//! - the `fqdnd_dns_inflight` gauge is sampled by the timeout sweep rather than moved per
+//!   query.
 
 #![forbid(unsafe_code)]
 
@@ -176,7 +182,9 @@ impl DnsProxy {
     }
 
     /// Serves until `shutdown` resolves, then stops every listener and drops the work in
-    /// flight. Returns an error if a socket fails for good or a task panics.
+    /// flight; returns once every task has stopped and the sockets are closed. Per-packet
+    /// socket errors are logged and serving goes on; an error is returned only if a socket can
+    /// no longer be polled or a task panics.
     pub async fn run(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,

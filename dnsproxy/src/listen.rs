@@ -14,11 +14,14 @@ use tokio::task::JoinSet;
 
 use crate::error::Error;
 use crate::policy::Transport;
-use crate::proxy::{BATCH, Handled, Shared, Worker, is_transient, send_udp};
+use crate::proxy::{BATCH, ERROR_PAUSE, Handled, Shared, Worker, is_transient, send_udp};
 use crate::upstream::{ReplyTo, TcpOut, TcpReply};
 
 /// Queries one TCP connection may have in flight at once; reading pauses past it.
 pub(crate) const TCP_PIPELINE: usize = 128;
+
+/// A TCP connection's read buffer to start with.
+const TCP_INITIAL_BUFFER: usize = 2048;
 
 /// Binds one UDP socket with SO_REUSEPORT (IPv6 sockets are v6-only, so `0.0.0.0` and `[::]`
 /// can both be listed).
@@ -67,7 +70,11 @@ pub(crate) async fn udp_loop(shared: Arc<Shared>, index: usize) -> Result<(), Er
                 Ok(received) => received,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if is_transient(&e) => continue,
-                Err(e) => return Err(fail(e)),
+                Err(e) => {
+                    tracing::warn!(addr = %local, error = %e, "DNS UDP listener error");
+                    tokio::time::sleep(ERROR_PAUSE).await;
+                    break;
+                }
             };
             let raw = &mut buf[..n];
             let handled = shared
@@ -102,7 +109,7 @@ pub(crate) async fn tcp_accept_loop(
             // Out of file descriptors, a connection reset before accept, …: keep serving.
             Err(e) => {
                 tracing::warn!(addr = %local, error = %e, "DNS TCP accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                tokio::time::sleep(ERROR_PAUSE).await;
                 continue;
             }
         };
@@ -140,7 +147,9 @@ async fn tcp_connection(
         let (shared, pipeline) = (&shared, &pipeline);
         async move {
             let mut worker = Worker::new(0);
-            let mut buf = vec![0u8; 2 + 65_535];
+            // Grows to the largest frame seen (at most 2 + 65535 bytes): idle connections stay
+            // small.
+            let mut buf = vec![0u8; TCP_INITIAL_BUFFER];
             let mut filled = 0;
             loop {
                 // Handle every complete frame in the buffer.
@@ -150,6 +159,9 @@ async fn tcp_connection(
                         return;
                     }
                     if filled < 2 + len {
+                        if buf.len() < 2 + len {
+                            buf.resize(2 + len, 0);
+                        }
                         break;
                     }
                     let Ok(slot) = pipeline.acquire().await else {

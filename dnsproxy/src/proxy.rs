@@ -134,10 +134,12 @@ pub(crate) fn is_transient(e: &io::Error) -> bool {
             | io::ErrorKind::Interrupted
             | io::ErrorKind::HostUnreachable
             | io::ErrorKind::NetworkUnreachable
-    ) || e
-        .raw_os_error()
-        .is_some_and(|code| code == 90 /* EMSGSIZE */ || code == 113)
+    )
 }
+
+/// After an unexpected receive error the task logs it and pauses this long rather than stop
+/// serving (or spin on an error that repeats).
+pub(crate) const ERROR_PAUSE: Duration = Duration::from_millis(10);
 
 impl Shared {
     // ---- the query's way in -------------------------------------------------------------
@@ -458,11 +460,10 @@ impl Shared {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     // ICMP port unreachable and the like: the sweep counts the timeouts.
                     Err(e) if is_transient(&e) => {}
-                    Err(source) => {
-                        return Err(crate::Error::Upstream {
-                            upstream: upstream.addr,
-                            source,
-                        });
+                    Err(e) => {
+                        tracing::warn!(upstream = %upstream.addr, error = %e, "DNS upstream socket error");
+                        tokio::time::sleep(ERROR_PAUSE).await;
+                        break;
                     }
                 }
             }

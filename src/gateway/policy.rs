@@ -64,12 +64,12 @@ impl Grant {
     fn allows(&self, server: SocketAddr, transport: Transport, name: &str) -> bool {
         let port_ok = self.ports.is_empty()
             || self.ports.iter().any(|p| {
-                let proto_ok = match (p.protocol, transport) {
+                let proto_ok = matches!(
+                    (p.protocol, transport),
                     (Protocol::Any, _)
-                    | (Protocol::Tcp, Transport::Tcp)
-                    | (Protocol::Udp, Transport::Udp) => true,
-                    _ => false,
-                };
+                        | (Protocol::Tcp, Transport::Tcp)
+                        | (Protocol::Udp, Transport::Udp)
+                );
                 proto_ok && (p.port == 0 || (p.port..=p.end_port.max(p.port)).contains(&DNS_PORT))
             });
         port_ok
@@ -374,14 +374,10 @@ spec:
         assert_eq!(guest("x.ads.example.com."), Verdict::Deny);
         assert_eq!(guest("pixel.tracker.test."), Verdict::Deny);
         assert_eq!(guest("good.ads.example.com."), Verdict::Allow { tag: 11 });
-        // An allow list grants nothing policy denies.
-        let lan = p.verdict(&query(
-            "10.1.2.3",
-            "10.0.0.53:53",
-            "good.ads.example.com.",
-            Transport::Udp,
-        ));
-        assert_eq!(lan, Verdict::Allow { tag: 10 });
+        // An allow list grants nothing policy denies: lan may ask *.example.com only.
+        let lan = |name| p.verdict(&query("10.1.2.3", "10.0.0.53:53", name, Transport::Udp));
+        assert_eq!(lan("good.ads.example.com."), Verdict::Deny);
+        assert_eq!(lan("www.example.com."), Verdict::Allow { tag: 10 });
         assert_eq!(
             p.verdict(&query(
                 "10.1.2.3",

@@ -33,7 +33,10 @@ async fn past_the_concurrency_limit_servfail_at_once() {
         let start = Instant::now();
         let msg = ask_udp(h.udp, "slow.example.", RecordType::A).await;
         assert_eq!(msg.metadata.response_code, ResponseCode::ServFail);
-        assert!(start.elapsed() < Duration::from_millis(150));
+        assert!(
+            start.elapsed() < Duration::from_millis(250),
+            "not after the 300 ms upstream"
+        );
     }
     for t in tasks {
         assert_eq!(ips(&t.await.unwrap()).len(), 1);

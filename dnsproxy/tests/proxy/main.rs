@@ -10,6 +10,7 @@ mod answers;
 mod exported_metrics;
 mod faults;
 mod hold;
+mod lifecycle;
 mod limits;
 mod policy;
 mod tcp;

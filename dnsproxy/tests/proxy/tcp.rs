@@ -37,7 +37,6 @@ async fn pipelined_queries_are_answered_as_they_finish() {
         .collect();
     let denied = query("denied.example.", RecordType::A, None);
     let mut client = TcpClient::connect(h.tcp).await;
-    let start = Instant::now();
     let refs: Vec<&[u8]> = queries
         .iter()
         .map(Vec::as_slice)
@@ -65,10 +64,6 @@ async fn pipelined_queries_are_answered_as_they_finish() {
             "mid.example.",
             "slow.example."
         ]
-    );
-    assert!(
-        start.elapsed() < Duration::from_millis(800),
-        "handled concurrently"
     );
     assert!(
         h.observer

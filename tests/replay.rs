@@ -1,0 +1,145 @@
+//! `fqdnd replay` as a user runs it.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed step should panic"
+)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn fqdnd(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fqdnd"))
+        .args(args)
+        .output()
+        .expect("fqdnd runs")
+}
+
+fn path(rel: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join(rel)
+        .display()
+        .to_string()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+const POLICY: &str = "replay/tests/policies/fixtures.yaml";
+
+#[test]
+fn json_report_parses_and_compare_holds_both_modes() {
+    let out = fqdnd(&[
+        "replay",
+        &path("replay/tests/fixtures/debsrc-dnscap/dnso1tcp.pcap"),
+        &path("replay/tests/fixtures/debian-pathspider/dns_valid_response.pcap"),
+        "--policy",
+        &path(POLICY),
+        "--compare",
+        "--json",
+        "--min-ttl",
+        "86400",
+        "--progress",
+        "0",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["schema_version"], 1);
+    assert_eq!(v["responses"], 42);
+    assert_eq!(v["identity_mode"], "selector");
+    assert_eq!(v["compare"]["identity_mode"], "per-ip");
+    // google.com's IP and the eight soundcloud IPs are selected; per IP, each is an identity.
+    assert_eq!(v["selected_ips"], 9);
+    assert_eq!(v["compare"]["selected_ips"], 9);
+    let pre = 2 * 6;
+    assert_eq!(v["compare"]["fqdn_identities_live_end"], pre + 9);
+    assert!(v["label_sets_live_end"].as_u64().unwrap() <= 2);
+    for key in [
+        "processing_ns_p50",
+        "processing_ns_p99",
+        "breaker_trips",
+        "gc_evictions",
+    ] {
+        assert!(v[key].is_number(), "{key}");
+    }
+}
+
+#[test]
+fn summary_plot_and_time_series() {
+    let dir = std::env::temp_dir().join(format!("fqdnd-cli-replay-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("ids.svg");
+    let csv = dir.join("ts.csv");
+    let out = fqdnd(&[
+        "replay",
+        &path("replay/tests/fixtures/debsrc-dnscap/dns.pcap"),
+        "--policy",
+        &path(POLICY),
+        "--identity-mode",
+        "per-ip",
+        "--compare",
+        "--plot",
+        svg.to_str().unwrap(),
+        "--csv-timeseries",
+        csv.to_str().unwrap(),
+        "--gc-interval",
+        "10s",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.starts_with("Statistics:"), "{stdout}");
+    assert!(stdout.contains("Responses:             41"), "{stdout}");
+    let modes = stdout
+        .lines()
+        .find(|l| l.contains("Identity mode:"))
+        .unwrap();
+    assert!(modes.find("per-ip") < modes.find("selector"), "{modes}");
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg.starts_with("<svg") && svg.matches("<path ").count() == 2);
+    assert!(
+        std::fs::read_to_string(&csv)
+            .unwrap()
+            .starts_with("second,mode,")
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_input_is_an_error_with_the_file_named() {
+    let out = fqdnd(&["replay", &path(POLICY), "--policy", &path(POLICY)]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("fixtures.yaml"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = fqdnd(&[
+        "replay",
+        &path("replay/tests/fixtures/debsrc-dnscap/dns.pcap"),
+    ]);
+    assert!(!out.status.success(), "--policy is required");
+    let out = fqdnd(&[
+        "replay",
+        &path("replay/tests/fixtures/debsrc-dnscap/dns.pcap"),
+        "--policy",
+        &path(POLICY),
+        "--gc-interval",
+        "200ms",
+    ]);
+    assert!(!out.status.success());
+    // A capture cut off in its last record: used up to there, with a warning.
+    let out = fqdnd(&[
+        "replay",
+        &path("replay/tests/fixtures/debian-python3-dpkt/truncated_dns_2.pcap"),
+        "--policy",
+        &path(POLICY),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("cut off"),
+        "{}",
+        text(&out.stderr)
+    );
+}
