@@ -121,6 +121,8 @@ impl Settings {
         fqdnd_ipcache::Config {
             max_fqdn_identities: self.max_fqdn_identities,
             preallocate_fqdn_identities: self.preallocate_identities,
+            // Per-IP identities are for `fqdnd replay --identity-mode per-ip` only.
+            identity_per_prefix: false,
         }
     }
 }

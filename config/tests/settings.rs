@@ -88,7 +88,8 @@ fn every_field() {
         s.ipcache(),
         fqdnd_ipcache::Config {
             max_fqdn_identities: 10,
-            preallocate_fqdn_identities: false
+            preallocate_fqdn_identities: false,
+            identity_per_prefix: false,
         }
     );
 }

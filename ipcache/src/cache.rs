@@ -56,7 +56,9 @@ impl Pending {
 
 /// The parts that identity changes touch, borrowed apart from the rest of the IpCache.
 struct Identities<'a> {
-    labels: &'a LabelTable,
+    labels: &'a mut LabelTable,
+    /// Give each prefix with `fqdn:` labels its own `cidr:<prefix>` label too (per-IP mode).
+    per_prefix: bool,
     alloc: &'a mut Allocator,
     selectors: &'a mut SelectorCache,
     policy: &'a mut PolicyState,
@@ -77,7 +79,7 @@ impl Identities<'_> {
             let id = allocation.identity;
             self.scratch.clear();
             self.selectors
-                .identity_added(id, labels, self.labels, self.scratch);
+                .identity_added(id, labels, &*self.labels, self.scratch);
             for idx in self.scratch.iter() {
                 self.stats.selector_updates += 1;
                 let pending = &mut *self.pending;
@@ -110,7 +112,8 @@ impl Identities<'_> {
 macro_rules! identities {
     ($cache:ident) => {
         Identities {
-            labels: &$cache.labels,
+            labels: &mut $cache.labels,
+            per_prefix: $cache.config.identity_per_prefix,
             alloc: &mut $cache.alloc,
             selectors: &mut $cache.selectors,
             policy: &mut $cache.policy,
@@ -642,7 +645,15 @@ fn resolve_entry(
                 ids.release(old);
             }
         }
-        Some((labels, scope)) => {
+        Some((mut labels, scope)) => {
+            if ids.per_prefix
+                && scope == Scope::Local
+                && labels
+                    .iter()
+                    .any(|l| matches!(ids.labels.label(l), Some(Label::Fqdn(_))))
+            {
+                labels.insert(ids.labels.intern(Label::Cidr(prefix)));
+            }
             if current.is_some_and(|id| ids.alloc.labels(id) == Some(&labels)) {
                 return Ok(());
             }

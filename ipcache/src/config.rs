@@ -9,6 +9,14 @@ pub struct Config {
     /// Allocate `{fqdn:<sel>, world-ipvX}` as soon as an FQDN selector is added
     /// (`tofqdns-preallocate-identities`, default true).
     pub preallocate_fqdn_identities: bool,
+    /// Per-IP identities, as Cilium ≤ 1.15 gave them: a prefix that carries `fqdn:` labels
+    /// also carries its own `cidr:<prefix>` label, so every selected IP gets an identity of
+    /// its own while selectors still select by their `fqdn:` label (and CIDR selectors that
+    /// contain the IP select it too, as they did then). For measuring and comparing (`fqdnd
+    /// replay --identity-mode per-ip`), not for production: each such host label is interned
+    /// and never freed, and every new IP creates an identity (the FQDN identity breaker trips
+    /// accordingly). Default false.
+    pub identity_per_prefix: bool,
 }
 
 impl Default for Config {
@@ -16,6 +24,7 @@ impl Default for Config {
         Self {
             max_fqdn_identities: 2048,
             preallocate_fqdn_identities: true,
+            identity_per_prefix: false,
         }
     }
 }

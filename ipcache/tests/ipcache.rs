@@ -168,6 +168,60 @@ fn many_ips_of_one_name_share_one_identity() {
 }
 
 #[test]
+fn per_prefix_mode_gives_each_selected_ip_its_own_identity_still_selected_by_fqdn_label() {
+    let mut c = IpCache::new(
+        Config {
+            identity_per_prefix: true,
+            ..Config::default()
+        },
+        MemoryDatapath::default(),
+    );
+    c.set_endpoints(vec![endpoint(1, "web", "10.0.0.1")])
+        .unwrap();
+    c.set_policy(vec![rule(
+        app("web"),
+        vec![fqdn("*.s3.amazonaws.com.")],
+        tcp(443),
+    )])
+    .unwrap();
+    c.commit().unwrap();
+    let before = c.allocator().len();
+    for i in 0..20u32 {
+        let addr = IpAddr::from(std::net::Ipv4Addr::from(0x0a01_0000 + i)).to_string();
+        learn(
+            &mut c,
+            "bucket.s3.amazonaws.com.",
+            &addr,
+            &["*.s3.amazonaws.com."],
+        )
+        .unwrap();
+    }
+    c.commit().unwrap();
+    assert_eq!(
+        c.allocator().len(),
+        before + 20,
+        "one identity per selected IP"
+    );
+    let first = id(&c, "10.1.0.0");
+    assert_ne!(first, id(&c, "10.1.0.1"));
+    assert_eq!(
+        c.labels_of(first).unwrap(),
+        "reserved:world-ipv4,fqdn:*.s3.amazonaws.com.,cidr:10.1.0.0/32"
+    );
+    // The selector selects every one of them, and policy allows each.
+    let selected = c.selected(&fqdn("*.s3.amazonaws.com."));
+    for i in 0..20u32 {
+        let addr = IpAddr::from(std::net::Ipv4Addr::from(0x0a01_0000 + i));
+        assert!(selected.contains(&id(&c, &addr.to_string())));
+        assert!(c.datapath().allows(EndpointId(1), addr, Protocol::Tcp, 443));
+    }
+    // Forgetting an IP frees its identity.
+    forget(&mut c, "bucket.s3.amazonaws.com.", "10.1.0.0");
+    c.commit().unwrap();
+    assert_eq!(c.allocator().len(), before + 19);
+}
+
+#[test]
 fn cidr_labels_flow_down_and_only_the_longest_is_kept() {
     let mut c = cache();
     c.set_endpoints(vec![endpoint(1, "web", "10.1.0.1")])
@@ -374,6 +428,7 @@ fn identity_breaker_fails_closed_and_keeps_state() {
         Config {
             max_fqdn_identities: 2,
             preallocate_fqdn_identities: false,
+            identity_per_prefix: false,
         },
         MemoryDatapath::default(),
     );

@@ -1,0 +1,447 @@
+//! A small DNS message decoder: the header, the question and the answer section, which is all
+//! replay needs. It never panics and never allocates once its buffers have grown to the largest
+//! message seen (a [`Decoder`] is reused across messages).
+//!
+//! Names are decoded to canonical text (ASCII-lowercase, trailing dot). A label byte that
+//! cannot appear in presentation form as it is (a dot, a space, a non-printable byte) is written
+//! `\DDD`, so such a name never equals a valid one and the NameManager refuses to store it.
+//! Compression pointers must point backwards, at most 64 of them per name, and a name is at
+//! most 255 bytes on the wire (RFC 1035 §4.1.4, §3.1).
+//!
+//! Only records of class IN are kept with their data (A, AAAA, and names for CNAME, DNAME, NS
+//! and PTR); other records keep their raw RDATA for comparisons.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::ops::Range;
+
+/// Record type A.
+pub const TYPE_A: u16 = 1;
+/// Record type NS.
+pub const TYPE_NS: u16 = 2;
+/// Record type CNAME.
+pub const TYPE_CNAME: u16 = 5;
+/// Record type PTR.
+pub const TYPE_PTR: u16 = 12;
+/// Record type AAAA.
+pub const TYPE_AAAA: u16 = 28;
+/// Record type DNAME.
+pub const TYPE_DNAME: u16 = 39;
+/// Class IN.
+pub const CLASS_IN: u16 = 1;
+
+/// Response code NOERROR.
+pub const RCODE_NOERROR: u8 = 0;
+/// Response code NXDOMAIN.
+pub const RCODE_NXDOMAIN: u8 = 3;
+
+/// The most compression pointers followed in one name.
+const MAX_POINTERS: usize = 64;
+/// Longest name on the wire.
+const MAX_NAME_WIRE: usize = 255;
+
+/// Why a message could not be decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DnsError {
+    /// Shorter than the 12-byte header.
+    #[error("shorter than a DNS header")]
+    ShortHeader,
+    /// A section runs past the end of the message.
+    #[error("message ends inside a record")]
+    Truncated,
+    /// A name is malformed: a pointer loop or a forward pointer, a reserved label type, or
+    /// longer than 255 bytes.
+    #[error("malformed name")]
+    BadName,
+    /// Not exactly one question.
+    #[error("expected exactly one question")]
+    QuestionCount,
+    /// A record's data does not fit its type (an A record that is not 4 bytes long, …).
+    #[error("record data does not fit its type")]
+    BadRdata,
+}
+
+/// The fixed header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Header {
+    /// Transaction id.
+    pub id: u16,
+    /// QR: this is a response.
+    pub response: bool,
+    /// OPCODE.
+    pub opcode: u8,
+    /// TC: the message was truncated.
+    pub truncated: bool,
+    /// RCODE (the low 4 bits; EDNS extended codes are not decoded).
+    pub rcode: u8,
+    /// QDCOUNT.
+    pub qdcount: u16,
+    /// ANCOUNT.
+    pub ancount: u16,
+    /// NSCOUNT.
+    pub nscount: u16,
+    /// ARCOUNT.
+    pub arcount: u16,
+}
+
+impl Header {
+    /// Decodes the 12-byte header.
+    pub fn parse(msg: &[u8]) -> Result<Self, DnsError> {
+        let h = msg.get(..12).ok_or(DnsError::ShortHeader)?;
+        let u16_at = |i: usize| u16::from_be_bytes([h[i], h[i + 1]]);
+        Ok(Self {
+            id: u16_at(0),
+            response: h[2] & 0x80 != 0,
+            opcode: (h[2] >> 3) & 0x0f,
+            truncated: h[2] & 0x02 != 0,
+            rcode: h[3] & 0x0f,
+            qdcount: u16_at(4),
+            ancount: u16_at(6),
+            nscount: u16_at(8),
+            arcount: u16_at(10),
+        })
+    }
+}
+
+/// The data of an answer record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Data {
+    /// An A or AAAA address.
+    Addr(IpAddr),
+    /// A CNAME, DNAME, NS or PTR target: a range of [`Decoded::text`].
+    Name(Range<usize>),
+    /// Any other type (or another class): a range of the message (raw RDATA).
+    Raw(Range<usize>),
+}
+
+/// One answer record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rr {
+    /// Owner name: a range of [`Decoded::text`].
+    pub owner: Range<usize>,
+    /// TYPE.
+    pub rtype: u16,
+    /// CLASS.
+    pub class: u16,
+    /// TTL in seconds (the top bit cleared, as RFC 2181 §8 asks).
+    pub ttl: u32,
+    /// RDATA.
+    pub data: Data,
+}
+
+/// A decoded message: header, question and answers. Names live in `text`.
+#[derive(Debug, Clone, Default)]
+pub struct Decoded {
+    /// The header.
+    pub header: Header,
+    /// The question name: a range of `text`.
+    pub qname: Range<usize>,
+    /// QTYPE.
+    pub qtype: u16,
+    /// QCLASS.
+    pub qclass: u16,
+    /// The answer section.
+    pub answers: Vec<Rr>,
+    /// Every decoded name, back to back.
+    pub text: String,
+}
+
+impl Decoded {
+    /// The question name, canonical.
+    pub fn qname(&self) -> &str {
+        self.name(&self.qname)
+    }
+
+    /// A name decoded into `text`.
+    pub fn name(&self, range: &Range<usize>) -> &str {
+        self.text.get(range.clone()).unwrap_or_default()
+    }
+}
+
+/// Decodes messages, reusing its buffers.
+#[derive(Debug, Default)]
+pub struct Decoder {
+    out: Decoded,
+}
+
+impl Decoder {
+    /// A decoder with empty buffers.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Decodes `msg`: header, one question, and the answer section (the authority and
+    /// additional sections are not read).
+    pub fn decode(&mut self, msg: &[u8]) -> Result<&Decoded, DnsError> {
+        let out = &mut self.out;
+        out.answers.clear();
+        out.text.clear();
+        out.header = Header::parse(msg)?;
+        if out.header.qdcount != 1 {
+            return Err(DnsError::QuestionCount);
+        }
+        let mut pos = 12;
+        out.qname = read_name(msg, &mut pos, &mut out.text)?;
+        let q = msg.get(pos..pos + 4).ok_or(DnsError::Truncated)?;
+        out.qtype = u16::from_be_bytes([q[0], q[1]]);
+        out.qclass = u16::from_be_bytes([q[2], q[3]]);
+        pos += 4;
+        for _ in 0..out.header.ancount {
+            let rr = read_rr(msg, &mut pos, &mut out.text)?;
+            out.answers.push(rr);
+        }
+        Ok(&self.out)
+    }
+}
+
+fn read_rr(msg: &[u8], pos: &mut usize, text: &mut String) -> Result<Rr, DnsError> {
+    let owner = read_name(msg, pos, text)?;
+    let f = msg.get(*pos..*pos + 10).ok_or(DnsError::Truncated)?;
+    let rtype = u16::from_be_bytes([f[0], f[1]]);
+    let class = u16::from_be_bytes([f[2], f[3]]);
+    let ttl = u32::from_be_bytes([f[4], f[5], f[6], f[7]]) & 0x7fff_ffff;
+    let rdlen = usize::from(u16::from_be_bytes([f[8], f[9]]));
+    let start = *pos + 10;
+    let end = start + rdlen;
+    let rdata = msg.get(start..end).ok_or(DnsError::Truncated)?;
+    let data = match (class, rtype) {
+        (CLASS_IN, TYPE_A) => {
+            let b: [u8; 4] = rdata.try_into().map_err(|_| DnsError::BadRdata)?;
+            Data::Addr(IpAddr::V4(Ipv4Addr::from(b)))
+        }
+        (CLASS_IN, TYPE_AAAA) => {
+            let b: [u8; 16] = rdata.try_into().map_err(|_| DnsError::BadRdata)?;
+            Data::Addr(IpAddr::V6(Ipv6Addr::from(b)))
+        }
+        (CLASS_IN, TYPE_CNAME | TYPE_DNAME | TYPE_NS | TYPE_PTR) => {
+            let mut p = start;
+            let name = read_name(msg, &mut p, text)?;
+            if p != end {
+                return Err(DnsError::BadRdata);
+            }
+            Data::Name(name)
+        }
+        _ => Data::Raw(start..end),
+    };
+    *pos = end;
+    Ok(Rr {
+        owner,
+        rtype,
+        class,
+        ttl,
+        data,
+    })
+}
+
+/// Reads the name at `*pos` into `text` (canonical form) and moves `*pos` past it.
+fn read_name(msg: &[u8], pos: &mut usize, text: &mut String) -> Result<Range<usize>, DnsError> {
+    let start = text.len();
+    let mut at = *pos;
+    let mut end_of_name = None;
+    let mut pointers = 0;
+    let mut wire = 0usize;
+    loop {
+        let len = *msg.get(at).ok_or(DnsError::Truncated)?;
+        match len & 0xc0 {
+            0x00 => {
+                let len = usize::from(len);
+                wire += len + 1;
+                if wire > MAX_NAME_WIRE {
+                    return Err(DnsError::BadName);
+                }
+                if len == 0 {
+                    if end_of_name.is_none() {
+                        end_of_name = Some(at + 1);
+                    }
+                    break;
+                }
+                let label = msg.get(at + 1..at + 1 + len).ok_or(DnsError::Truncated)?;
+                push_label(text, label);
+                at += 1 + len;
+            }
+            0xc0 => {
+                let low = *msg.get(at + 1).ok_or(DnsError::Truncated)?;
+                let target = (usize::from(len & 0x3f) << 8) | usize::from(low);
+                if end_of_name.is_none() {
+                    end_of_name = Some(at + 2);
+                }
+                pointers += 1;
+                // Backwards only: no loops, and every hop lands on earlier bytes.
+                if target >= at || pointers > MAX_POINTERS {
+                    return Err(DnsError::BadName);
+                }
+                at = target;
+            }
+            _ => return Err(DnsError::BadName),
+        }
+    }
+    if text.len() == start {
+        text.push('.');
+    }
+    *pos = end_of_name.unwrap_or(at + 1);
+    Ok(start..text.len())
+}
+
+fn push_label(text: &mut String, label: &[u8]) {
+    for &b in label {
+        match b {
+            b'A'..=b'Z' => text.push(char::from(b.to_ascii_lowercase())),
+            b'.' | b'\\' => {
+                text.push('\\');
+                text.push(char::from(b));
+            }
+            0x21..=0x7e => text.push(char::from(b)),
+            _ => {
+                text.push('\\');
+                text.push(char::from(b'0' + b / 100));
+                text.push(char::from(b'0' + (b / 10) % 10));
+                text.push(char::from(b'0' + b % 10));
+            }
+        }
+    }
+    text.push('.');
+}
+
+/// Whether `msg` is a whole, well-formed DNS message: every section decodes and the last
+/// record ends exactly at the end. Used to find message boundaries in a TCP stream after a gap.
+pub fn is_whole_message(msg: &[u8]) -> bool {
+    let Ok(header) = Header::parse(msg) else {
+        return false;
+    };
+    let mut text = String::new();
+    let mut pos = 12;
+    for _ in 0..header.qdcount {
+        text.clear();
+        if read_name(msg, &mut pos, &mut text).is_err() {
+            return false;
+        }
+        pos += 4;
+        if pos > msg.len() {
+            return false;
+        }
+    }
+    let records = u32::from(header.ancount) + u32::from(header.nscount) + u32::from(header.arcount);
+    for _ in 0..records {
+        text.clear();
+        if read_name(msg, &mut pos, &mut text).is_err() {
+            return false;
+        }
+        let Some(f) = msg.get(pos..pos + 10) else {
+            return false;
+        };
+        pos += 10 + usize::from(u16::from_be_bytes([f[8], f[9]]));
+        if pos > msg.len() {
+            return false;
+        }
+    }
+    pos == msg.len()
+}
+
+/// Whether the 12 bytes at the start of `msg` could begin a DNS message of `len` bytes: a
+/// standard query or its response with one question and record counts that fit.
+pub fn plausible_header(msg: &[u8], len: usize) -> bool {
+    let Ok(h) = Header::parse(msg) else {
+        return false;
+    };
+    let z = msg.get(3).is_some_and(|b| b & 0x40 != 0);
+    let fits = |n: u16| usize::from(n) * 11 <= len;
+    h.opcode == 0
+        && !z
+        && h.qdcount == 1
+        && len >= 17
+        && fits(h.ancount)
+        && fits(h.nscount)
+        && fits(h.arcount)
+        && usize::from(h.ancount) + usize::from(h.nscount) + usize::from(h.arcount) <= len / 11
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(labels: &[&[u8]]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for l in labels {
+            out.push(l.len() as u8);
+            out.extend_from_slice(l);
+        }
+        out.push(0);
+        out
+    }
+
+    fn response(qname: &[u8], answers: &[Vec<u8>]) -> Vec<u8> {
+        let mut m = vec![
+            0x12,
+            0x34,
+            0x81,
+            0x80,
+            0,
+            1,
+            0,
+            answers.len() as u8,
+            0,
+            0,
+            0,
+            0,
+        ];
+        m.extend_from_slice(qname);
+        m.extend_from_slice(&[0, 1, 0, 1]);
+        for a in answers {
+            m.extend_from_slice(a);
+        }
+        m
+    }
+
+    fn a_rr_ptr(to: u16, ttl: u32, ip: [u8; 4]) -> Vec<u8> {
+        let mut r = vec![0xc0 | (to >> 8) as u8, to as u8, 0, 1, 0, 1];
+        r.extend_from_slice(&ttl.to_be_bytes());
+        r.extend_from_slice(&[0, 4]);
+        r.extend_from_slice(&ip);
+        r
+    }
+
+    #[test]
+    fn decodes_compressed_answers_in_canonical_form() {
+        let q = name(&[b"WWW", b"Example", b"com"]);
+        let m = response(
+            &q,
+            &[
+                a_rr_ptr(12, 60, [192, 0, 2, 1]),
+                a_rr_ptr(12, 30, [192, 0, 2, 2]),
+            ],
+        );
+        let mut d = Decoder::new();
+        let out = d.decode(&m).unwrap();
+        assert!(out.header.response);
+        assert_eq!(out.qname(), "www.example.com.");
+        assert_eq!(out.answers.len(), 2);
+        assert_eq!(out.name(&out.answers[1].owner), "www.example.com.");
+        assert_eq!(out.answers[1].ttl, 30);
+        assert_eq!(
+            out.answers[0].data,
+            Data::Addr("192.0.2.1".parse().unwrap())
+        );
+        assert!(is_whole_message(&m));
+        assert!(!is_whole_message(&m[..m.len() - 1]));
+    }
+
+    #[test]
+    fn pointer_loops_and_forward_pointers_are_rejected() {
+        let mut m = vec![0, 0, 0x81, 0x80, 0, 1, 0, 0, 0, 0, 0, 0];
+        m.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1]);
+        assert_eq!(Decoder::new().decode(&m).unwrap_err(), DnsError::BadName);
+        let mut m = vec![0, 0, 0x81, 0x80, 0, 1, 0, 0, 0, 0, 0, 0];
+        m.extend_from_slice(&[0xc0, 14, 0, 0, 1, 0, 1]);
+        assert_eq!(Decoder::new().decode(&m).unwrap_err(), DnsError::BadName);
+    }
+
+    #[test]
+    fn odd_label_bytes_are_escaped() {
+        let q = name(&[b"a.b", b"c d"]);
+        let m = response(&q, &[]);
+        let mut d = Decoder::new();
+        assert_eq!(d.decode(&m).unwrap().qname(), "a\\.b.c\\032d.");
+        let root = response(&[0], &[]);
+        assert_eq!(d.decode(&root).unwrap().qname(), ".");
+    }
+}

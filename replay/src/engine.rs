@@ -1,0 +1,456 @@
+//! The engine as the daemon runs it — NameManager + IpCache over an in-memory datapath — driven
+//! by a capture's clock.
+//!
+//! The wiring follows the binary's engine (`src/engine.rs`): endpoints, then policy into the
+//! IpCache, then the NameManager's selectors from the IpCache's FQDN selector keys, then one
+//! commit; every answer is observed and committed at once; a GC pass runs every `gcInterval`
+//! of capture time with no connection in use (a capture says nothing about conntrack).
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fqdnd_config::Settings;
+use fqdnd_ipcache::policy::{LabelSelector, Rule};
+use fqdnd_ipcache::{Endpoint, EndpointId, Identity, IpCache, MemoryDatapath};
+use fqdnd_namemgr::{FqdnSelector, NameManager};
+use ipnet::IpNet;
+use serde::Serialize;
+
+use crate::Error;
+use crate::histogram::Histogram;
+use crate::timeseries::Row;
+use crate::wall::WallTime;
+
+/// How identities are given to the IPs FQDN selectors select.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum IdentityMode {
+    /// One identity per distinct label set (Cilium ≥ 1.16, fqdnd's own).
+    #[serde(rename = "selector")]
+    Selector,
+    /// One identity per selected IP (Cilium ≤ 1.15), via the IpCache's `identity_per_prefix`.
+    #[serde(rename = "per-ip")]
+    PerIp,
+}
+
+impl IdentityMode {
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Selector => "selector",
+            Self::PerIp => "per-ip",
+        }
+    }
+}
+
+/// The endpoint of the synthetic "every client" setup.
+pub const ALL_CLIENTS: EndpointId = EndpointId(1);
+
+/// Who the clients are.
+#[derive(Debug, Clone)]
+pub enum Clients {
+    /// Every client is one synthetic endpoint, and every rule applies to it (its policy is the
+    /// union of all rules).
+    All,
+    /// Declared endpoints and client groups; a client in none of them is not learned from.
+    Declared(Vec<Endpoint>),
+}
+
+#[derive(Debug)]
+enum ClientMap {
+    All,
+    Declared {
+        hosts: HashMap<IpAddr, EndpointId>,
+        /// Longest prefix first.
+        groups: Vec<(IpNet, EndpointId)>,
+    },
+}
+
+impl ClientMap {
+    fn lookup(&self, client: IpAddr) -> Option<EndpointId> {
+        match self {
+            Self::All => Some(ALL_CLIENTS),
+            Self::Declared { hosts, groups } => hosts.get(&client).copied().or_else(|| {
+                groups
+                    .iter()
+                    .find(|(net, _)| net.contains(&client))
+                    .map(|(_, id)| *id)
+            }),
+        }
+    }
+}
+
+/// What one engine run counted. Every field is documented in `docs/replay.md`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct RunReport {
+    /// `selector` or `per-ip`.
+    pub identity_mode: String,
+    /// Answers given to the NameManager (their client is in an endpoint).
+    pub responses_learned: u64,
+    /// Answers whose client is in no endpoint or client group (not learned).
+    pub responses_without_endpoint: u64,
+    /// Answers the NameManager refused for their name (not a name fqdnd stores).
+    pub invalid_names: u64,
+    /// Engine errors other than breakers (identity space exhausted, datapath refused).
+    pub engine_errors: u64,
+    /// New (name, IP) mappings learned.
+    pub new_mappings: u64,
+    /// IPs that carry at least one `fqdn:` label at the end.
+    pub selected_ips: usize,
+    /// Identities created since the start (all scopes, pre-allocated ones included).
+    pub identities_allocated_total: u64,
+    /// Most identities alive at once.
+    pub identities_peak: usize,
+    /// Identities alive at the end.
+    pub identities_live_end: usize,
+    /// Of them, identities whose labels include an `fqdn:` label.
+    pub fqdn_identities_live_end: usize,
+    /// Distinct non-empty sets of `fqdn:` labels held by live IPs at the end.
+    pub label_sets_live_end: usize,
+    /// Prefix → identity entries written to the datapath.
+    pub ipcache_upserts: u64,
+    /// Prefix entries deleted from the datapath.
+    pub ipcache_deletes: u64,
+    /// Policy-map entries added.
+    pub policy_upserts: u64,
+    /// Policy-map entries removed.
+    pub policy_deletes: u64,
+    /// Times a selector gained or lost an identity.
+    pub selector_updates: u64,
+    /// Circuit-breaker trips seen by the NameManager (all three breakers).
+    pub breaker_trips: u64,
+    /// Of them, upserts refused by the FQDN identity breaker (counted by the IpCache).
+    pub breaker_trips_fqdn_identities: u64,
+    /// GC passes run.
+    pub gc_runs: u64,
+    /// (name, IP) mappings released by GC.
+    pub gc_evictions: u64,
+    /// Names in the DNS cache at the end.
+    pub cache_names_end: usize,
+    /// Distinct IPs in the DNS cache at the end.
+    pub cache_ips_end: usize,
+    /// (name, IP) mappings in the DNS cache at the end.
+    pub cache_mappings_end: usize,
+    /// Most distinct IPs in the DNS cache at once.
+    pub cache_ips_peak: usize,
+    /// Prefixes with IpCache metadata at the end.
+    pub ipcache_prefixes_end: usize,
+    /// Per-answer engine time (observe + commit), wall clock: median.
+    pub processing_ns_p50: u64,
+    /// 90th percentile.
+    pub processing_ns_p90: u64,
+    /// 99th percentile.
+    pub processing_ns_p99: u64,
+    /// Largest.
+    pub processing_ns_max: u64,
+    /// Mean.
+    pub processing_ns_mean: f64,
+    /// Total engine time (answers and GC), seconds.
+    pub engine_seconds: f64,
+}
+
+/// The state at the last time-series sample, for per-second deltas.
+#[derive(Debug, Default, Clone)]
+struct Snapshot {
+    responses: u64,
+    upserts: u64,
+    deletes: u64,
+    created: u64,
+    live: usize,
+    gc_released: u64,
+    trips: u64,
+}
+
+/// One engine fed by a capture.
+#[derive(Debug)]
+pub struct EngineRun {
+    mode: IdentityMode,
+    names: NameManager,
+    ipcache: IpCache<MemoryDatapath>,
+    clients: ClientMap,
+    gc_interval: Duration,
+    next_gc: Duration,
+    hist: Histogram,
+    gc_nanos: u128,
+    report: RunReport,
+    snap: Snapshot,
+}
+
+impl EngineRun {
+    /// Builds the engine: endpoints, then policy, then selectors, then one commit.
+    ///
+    /// # Errors
+    /// The policy or endpoints are refused by the IpCache or NameManager.
+    pub fn new(
+        settings: &Settings,
+        rules: &[Rule],
+        clients: &Clients,
+        mode: IdentityMode,
+    ) -> Result<Self, Error> {
+        let ipcache_config = fqdnd_ipcache::Config {
+            identity_per_prefix: mode == IdentityMode::PerIp,
+            ..settings.ipcache()
+        };
+        let mut ipcache = IpCache::new(ipcache_config, MemoryDatapath::default());
+        let (endpoints, rules, clients) = match clients {
+            Clients::All => {
+                let all = Endpoint {
+                    id: ALL_CLIENTS,
+                    name: "all-clients".into(),
+                    addresses: Vec::new(),
+                    labels: Vec::new(),
+                };
+                let rules = rules
+                    .iter()
+                    .map(|r| Rule {
+                        endpoint_selector: LabelSelector::default(),
+                        ..r.clone()
+                    })
+                    .collect();
+                (vec![all], rules, ClientMap::All)
+            }
+            Clients::Declared(endpoints) => {
+                let mut hosts = HashMap::new();
+                let mut groups = Vec::new();
+                for ep in endpoints {
+                    for net in &ep.addresses {
+                        if net.prefix_len() == net.max_prefix_len() {
+                            hosts.insert(net.addr(), ep.id);
+                        } else {
+                            groups.push((net.trunc(), ep.id));
+                        }
+                    }
+                }
+                groups.sort_by_key(|(net, _)| std::cmp::Reverse(net.prefix_len()));
+                (
+                    endpoints.clone(),
+                    rules.to_vec(),
+                    ClientMap::Declared { hosts, groups },
+                )
+            }
+        };
+        let engine_err =
+            |what: &str, e: &dyn std::fmt::Display| Error::Engine(format!("{what}: {e}"));
+        ipcache
+            .set_endpoints(endpoints)
+            .map_err(|e| engine_err("installing endpoints", &e))?;
+        ipcache
+            .set_policy(rules)
+            .map_err(|e| engine_err("installing policy", &e))?;
+        let selectors = ipcache
+            .fqdn_selector_keys()
+            .iter()
+            .map(|key| FqdnSelector::match_pattern(key))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| engine_err("policy holds an FQDN selector the NameManager rejects", &e))?;
+        let mut names = NameManager::new(settings.namemgr());
+        names
+            .set_selectors(&selectors, Duration::ZERO, &mut ipcache)
+            .map_err(|e| engine_err("installing selectors", &e))?;
+        ipcache
+            .commit()
+            .map_err(|e| engine_err("committing policy", &e))?;
+        let gc_interval = settings.gc_interval.max(Duration::from_secs(1));
+        Ok(Self {
+            mode,
+            names,
+            ipcache,
+            clients,
+            gc_interval,
+            next_gc: gc_interval,
+            hist: Histogram::default(),
+            gc_nanos: 0,
+            report: RunReport {
+                identity_mode: mode.name().to_owned(),
+                ..RunReport::default()
+            },
+            snap: Snapshot::default(),
+        })
+    }
+
+    /// The identity mode.
+    pub fn mode(&self) -> IdentityMode {
+        self.mode
+    }
+
+    /// The NameManager (read only).
+    pub fn names(&self) -> &NameManager {
+        &self.names
+    }
+
+    /// The IpCache (read only).
+    pub fn ipcache(&self) -> &IpCache<MemoryDatapath> {
+        &self.ipcache
+    }
+
+    /// Runs the GC passes due by `now` (capture time since the start). When several are due
+    /// at once (a quiet stretch of the capture), only the last runs: with no connection in use
+    /// a pass at time T leaves the state every earlier pass would have left plus its own.
+    pub fn advance(&mut self, now: Duration) {
+        if now < self.next_gc {
+            return;
+        }
+        let behind = (now - self.next_gc).as_nanos() / self.gc_interval.as_nanos().max(1);
+        let steps = u32::try_from(behind).unwrap_or(u32::MAX);
+        let tick = self
+            .next_gc
+            .checked_add(self.gc_interval.saturating_mul(steps))
+            .unwrap_or(now);
+        self.gc(tick);
+        self.next_gc = tick.saturating_add(self.gc_interval);
+    }
+
+    /// One GC pass at `now` and its commit.
+    pub fn gc(&mut self, now: Duration) {
+        let started = WallTime::now();
+        let nothing_in_use = |_: IpAddr| false;
+        match self.names.gc(now, &nothing_in_use, &mut self.ipcache) {
+            Ok(stats) => self.report.gc_evictions += stats.released as u64,
+            Err(e) => self.engine_error(&e),
+        }
+        if let Err(e) = self.ipcache.commit() {
+            self.engine_error(&e);
+        }
+        self.gc_nanos += started.elapsed().as_nanos();
+    }
+
+    /// Learns one answer for `client` at `now`: `addrs` for `name` with `ttl`.
+    pub fn observe(
+        &mut self,
+        client: IpAddr,
+        name: &str,
+        addrs: &[IpAddr],
+        ttl: u32,
+        now: Duration,
+    ) {
+        let Some(endpoint) = self.clients.lookup(client) else {
+            self.report.responses_without_endpoint += 1;
+            return;
+        };
+        self.report.responses_learned += 1;
+        let started = WallTime::now();
+        let result = self
+            .names
+            .observe(endpoint, name, addrs, ttl, now, &mut self.ipcache);
+        let committed = self.ipcache.commit();
+        self.hist
+            .record(u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX));
+        match result {
+            Ok(_) => {}
+            Err(fqdnd_namemgr::Error::InvalidName { .. }) => self.report.invalid_names += 1,
+            Err(fqdnd_namemgr::Error::BreakerTripped { .. }) => {}
+            Err(e) => self.engine_error(&e),
+        }
+        if let Err(e) = committed {
+            self.engine_error(&e);
+        }
+        self.report.cache_ips_peak = self.report.cache_ips_peak.max(self.names.ip_count());
+    }
+
+    fn engine_error(&mut self, e: &dyn std::fmt::Display) {
+        if self.report.engine_errors == 0 {
+            tracing::warn!(mode = self.mode.name(), error = %e, "engine error (counted; later ones are not logged)");
+        }
+        self.report.engine_errors += 1;
+    }
+
+    /// A time-series row for capture second `t`, with changes since the previous row.
+    pub fn sample(&mut self, t: u64) -> Row {
+        let stats = self.ipcache.stats();
+        let alloc = self.ipcache.allocator();
+        let name_stats = self.names.stats();
+        let now = Snapshot {
+            responses: self.report.responses_learned,
+            upserts: stats.ipcache_upserts,
+            deletes: stats.ipcache_deletes,
+            created: alloc.created_total(),
+            live: alloc.len(),
+            gc_released: self.report.gc_evictions,
+            trips: name_stats.breaker_trips,
+        };
+        let prev = std::mem::replace(&mut self.snap, now.clone());
+        let created = now.created - prev.created;
+        // live = previous live + created - released.
+        let released = (prev.live as u64 + created).saturating_sub(now.live as u64);
+        Row {
+            t,
+            mode: self.mode,
+            responses: now.responses - prev.responses,
+            identities: now.live,
+            identities_from_dns: alloc.from_dns_live(),
+            identities_created: created,
+            identities_released: released,
+            cache_names: self.names.name_count(),
+            cache_ips: self.names.ip_count(),
+            ipcache_prefixes: self.ipcache.prefix_count(),
+            ipcache_upserts: now.upserts - prev.upserts,
+            ipcache_deletes: now.deletes - prev.deletes,
+            gc_evictions: now.gc_released - prev.gc_released,
+            breaker_trips: now.trips - prev.trips,
+        }
+    }
+
+    /// The final report (after the caller's last GC pass).
+    pub fn report(&self) -> RunReport {
+        let mut r = self.report.clone();
+        let stats = self.ipcache.stats();
+        let alloc = self.ipcache.allocator();
+        r.identities_allocated_total = alloc.created_total();
+        r.identities_peak = alloc.peak_live();
+        r.identities_live_end = alloc.len();
+        r.fqdn_identities_live_end = alloc
+            .iter()
+            .filter(|(id, _, _)| self.ipcache.has_fqdn_label(*id))
+            .count();
+        let mut fqdn_labels: HashMap<Identity, Option<Arc<str>>> = HashMap::new();
+        let mut sets: HashSet<Arc<str>> = HashSet::new();
+        let mut selected = 0;
+        for (_, identity, _) in self.ipcache.prefixes() {
+            let Some(identity) = identity else { continue };
+            let labels = fqdn_labels
+                .entry(identity)
+                .or_insert_with(|| fqdn_label_set(&self.ipcache, identity));
+            if let Some(labels) = labels {
+                selected += 1;
+                sets.insert(labels.clone());
+            }
+        }
+        r.selected_ips = selected;
+        r.label_sets_live_end = sets.len();
+        r.ipcache_upserts = stats.ipcache_upserts;
+        r.ipcache_deletes = stats.ipcache_deletes;
+        r.policy_upserts = stats.policy_upserts;
+        r.policy_deletes = stats.policy_deletes;
+        r.selector_updates = stats.selector_updates;
+        r.breaker_trips = self.names.stats().breaker_trips;
+        r.breaker_trips_fqdn_identities = stats.breaker_trips;
+        r.gc_runs = self.names.stats().gc_runs;
+        r.new_mappings = self.names.stats().new_mappings;
+        r.cache_names_end = self.names.name_count();
+        r.cache_ips_end = self.names.ip_count();
+        r.cache_mappings_end = self.names.mapping_count();
+        r.ipcache_prefixes_end = self.ipcache.prefix_count();
+        r.processing_ns_p50 = self.hist.quantile(0.50);
+        r.processing_ns_p90 = self.hist.quantile(0.90);
+        r.processing_ns_p99 = self.hist.quantile(0.99);
+        r.processing_ns_max = self.hist.max();
+        r.processing_ns_mean = self.hist.mean();
+        r.engine_seconds = (self.hist.sum() + self.gc_nanos) as f64 / 1e9;
+        r
+    }
+}
+
+/// The `fqdn:` labels of an identity as one string (sorted), or `None` if it has none.
+fn fqdn_label_set(ipcache: &IpCache<MemoryDatapath>, id: Identity) -> Option<Arc<str>> {
+    let rendered = ipcache.labels_of(id)?;
+    let mut labels: Vec<&str> = rendered
+        .split(',')
+        .filter(|l| l.starts_with("fqdn:"))
+        .collect();
+    if labels.is_empty() {
+        return None;
+    }
+    labels.sort_unstable();
+    Some(Arc::from(labels.join(",")))
+}
