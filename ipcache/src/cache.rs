@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::IpNet;
+use smallvec::SmallVec;
 
 use crate::config::Config;
 use crate::datapath::{Datapath, DatapathChange, PolicyKey};
@@ -196,7 +197,17 @@ impl<D: Datapath> IpCache<D> {
         let breaker = from_dns.then_some(self.config.max_fqdn_identities);
         let mut ids = identities!(self);
         let entry = self.meta.prefixes.entry(prefix).or_default();
-        let previous = entry.set_owner(owner, labels);
+        // Fast path: the labels only grew and the prefix's identity already carries them all
+        // (another name answered with this IP under the same selectors): nothing changes.
+        let unchanged = |previous: &Option<Arc<LabelSet>>, current: Option<&LabelSet>| {
+            previous.as_ref().is_none_or(|p| p.is_subset(&labels))
+                && current.is_some_and(|c| labels.is_subset(c))
+        };
+        let current = entry.identity.and_then(|id| ids.alloc.labels(id));
+        let previous = entry.set_owner(owner, Arc::clone(&labels));
+        if unchanged(&previous, current) {
+            return Ok(());
+        }
         let Err(err) = resolve_entry(
             &mut ids,
             entry,
@@ -706,8 +717,17 @@ fn desired_labels(
         }
         return Some((set, Scope::Cluster));
     }
+    // Owners of one prefix mostly share a handful of label sets (the NameManager shares one
+    // `Arc` per distinct set): merge each distinct set once.
+    let mut merged: SmallVec<[*const LabelSet; 4]> = SmallVec::new();
     for (_, labels) in &entry.owners {
-        set.extend(labels);
+        let ptr = Arc::as_ptr(labels);
+        if !merged.contains(&ptr) {
+            if merged.len() < merged.inline_size() {
+                merged.push(ptr);
+            }
+            set.extend(labels);
+        }
     }
     if let Some(label) = cidr.longest_match(prefix) {
         set.insert(label);

@@ -166,6 +166,11 @@ impl LabelSet {
         self.0.binary_search(&id).is_ok()
     }
 
+    /// Whether every label of `self` is in `other`.
+    pub fn is_subset(&self, other: &LabelSet) -> bool {
+        self.0.iter().all(|id| other.contains(*id))
+    }
+
     /// Adds every label of `other`.
     pub fn extend(&mut self, other: &LabelSet) {
         for id in other.iter() {

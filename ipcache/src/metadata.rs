@@ -67,20 +67,24 @@ pub(crate) struct PrefixEntry {
 }
 
 impl PrefixEntry {
+    /// Where `owner` is (or would go) in the owner list, which is kept sorted so that an IP
+    /// shared by hundreds of names (S3 buckets on one region's addresses) is searched, not
+    /// scanned.
+    fn find(&self, owner: &ResourceOwner) -> Result<usize, usize> {
+        self.owners
+            .binary_search_by(|(o, _)| (o.kind, &*o.name).cmp(&(owner.kind, &*owner.name)))
+    }
+
     /// Sets `owner`'s labels; returns what the owner had before.
     pub(crate) fn set_owner(
         &mut self,
         owner: &Arc<ResourceOwner>,
         labels: Arc<LabelSet>,
     ) -> Option<Arc<LabelSet>> {
-        match self
-            .owners
-            .iter_mut()
-            .find(|(o, _)| Arc::ptr_eq(o, owner) || **o == **owner)
-        {
-            Some((_, old)) => Some(std::mem::replace(old, labels)),
-            None => {
-                self.owners.push((owner.clone(), labels));
+        match self.find(owner) {
+            Ok(at) => Some(std::mem::replace(&mut self.owners[at].1, labels)),
+            Err(at) => {
+                self.owners.insert(at, (owner.clone(), labels));
                 None
             }
         }
@@ -88,7 +92,7 @@ impl PrefixEntry {
 
     /// Drops `owner`'s claim; returns its labels if it had one.
     pub(crate) fn remove_owner(&mut self, owner: &ResourceOwner) -> Option<Arc<LabelSet>> {
-        let at = self.owners.iter().position(|(o, _)| **o == *owner)?;
+        let at = self.find(owner).ok()?;
         Some(self.owners.remove(at).1)
     }
 }

@@ -28,10 +28,10 @@ pub struct IpEntry {
 pub(crate) struct NameEntry {
     /// This name's resource owner in the IpCache, shared by all its IPs.
     pub(crate) owner: Arc<ResourceOwner>,
-    /// Live mappings.
+    /// Live mappings, sorted by address.
     pub(crate) live: SmallVec<[IpEntry; 1]>,
-    /// Zombies: expired or evicted, kept while in use.
-    pub(crate) zombies: Vec<IpEntry>,
+    /// Zombies (expired or evicted, kept while in use), sorted by address.
+    pub(crate) zombies: SmallVec<[IpEntry; 0]>,
     /// The `fqdn:` labels of the selectors matching this name.
     pub(crate) labels: Arc<LabelSet>,
     /// When this name was last answered.
@@ -43,7 +43,7 @@ impl NameEntry {
         Self {
             owner: Arc::new(ResourceOwner::name_manager(name)),
             live: SmallVec::new(),
-            zombies: Vec::new(),
+            zombies: SmallVec::new(),
             labels,
             last_lookup: 0,
         }
@@ -52,6 +52,12 @@ impl NameEntry {
     pub(crate) fn holds(&self) -> usize {
         self.live.len() + self.zombies.len()
     }
+}
+
+/// The reverse index orders an IP's names by their `Arc`'s address: the cache holds one `Arc`
+/// per name for as long as any of its IPs is linked, so identity is the pointer.
+fn name_key(name: &Arc<str>) -> usize {
+    Arc::as_ptr(name).cast::<u8>() as usize
 }
 
 /// Name → entries, and IP → names (ordered: denser in memory than a hash map of this size).
@@ -78,16 +84,20 @@ impl DnsCache {
             .retain(|_, shared| Arc::strong_count(shared) > 1);
     }
 
+    /// Records that `addr` is known under `name` (an IP shared by hundreds of names costs a
+    /// binary search over pointers, not string compares).
     pub(crate) fn link(&mut self, addr: IpAddr, name: &Arc<str>) {
         let names = self.reverse.entry(addr).or_default();
-        if !names.iter().any(|n| n == name) {
-            names.push(name.clone());
+        if let Err(at) = names.binary_search_by_key(&name_key(name), name_key) {
+            names.insert(at, name.clone());
         }
     }
 
-    pub(crate) fn unlink(&mut self, addr: IpAddr, name: &str) {
+    pub(crate) fn unlink(&mut self, addr: IpAddr, name: &Arc<str>) {
         if let std::collections::btree_map::Entry::Occupied(mut names) = self.reverse.entry(addr) {
-            names.get_mut().retain(|n| &**n != name);
+            if let Ok(at) = names.get().binary_search_by_key(&name_key(name), name_key) {
+                names.get_mut().remove(at);
+            }
             if names.get().is_empty() {
                 names.remove();
             }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fqdnd_ipcache::{Datapath, EndpointId, IpCache, LabelId, LabelSet, host_prefix};
+use smallvec::SmallVec;
 
 use crate::cache::{DnsCache, IpEntry, NameEntry, Secs};
 use crate::config::Config;
@@ -118,6 +119,17 @@ pub struct NameManager {
     last_warning: Option<Duration>,
 }
 
+/// Where `addr` is, or would go, in a list kept sorted by address.
+fn find(list: &[IpEntry], addr: IpAddr) -> Result<usize, usize> {
+    list.binary_search_by_key(&addr, |e| e.addr)
+}
+
+/// Inserts into a list kept sorted by address (the caller checked `addr` is absent).
+fn insert<A: smallvec::Array<Item = IpEntry>>(list: &mut SmallVec<A>, entry: IpEntry) {
+    let at = find(list, entry.addr).unwrap_or_else(|at| at);
+    list.insert(at, entry);
+}
+
 fn secs(now: Duration) -> Secs {
     u32::try_from(now.as_secs()).unwrap_or(u32::MAX)
 }
@@ -211,17 +223,18 @@ impl NameManager {
                 break;
             };
             entry.last_lookup = secs(now);
-            if let Some(live) = entry.live.iter_mut().find(|e| e.addr == addr) {
+            if let Ok(at) = find(&entry.live, addr) {
+                let live = &mut entry.live[at];
                 if expires > live.expires {
                     live.expires = expires;
                     learned.refreshed += 1;
                 }
                 continue;
             }
-            if let Some(at) = entry.zombies.iter().position(|z| z.addr == addr) {
-                entry.zombies.swap_remove(at);
+            if let Ok(at) = find(&entry.zombies, addr) {
+                entry.zombies.remove(at);
                 self.zombies -= 1;
-                entry.live.push(IpEntry { addr, expires });
+                insert(&mut entry.live, IpEntry { addr, expires });
                 learned.revived += 1;
                 continue;
             }
@@ -239,11 +252,14 @@ impl NameManager {
                     .map(|(i, e)| (i, *e));
                 match oldest {
                     Some((at, e)) if e.expires < expires => {
-                        entry.live.swap_remove(at);
-                        entry.zombies.push(IpEntry {
-                            addr: e.addr,
-                            expires: secs(now),
-                        });
+                        entry.live.remove(at);
+                        insert(
+                            &mut entry.zombies,
+                            IpEntry {
+                                addr: e.addr,
+                                expires: secs(now),
+                            },
+                        );
                         self.zombies += 1;
                     }
                     _ => {
@@ -268,7 +284,7 @@ impl NameManager {
                     Err(err) => return Err(err.into()),
                 }
             }
-            entry.live.push(IpEntry { addr, expires });
+            insert(&mut entry.live, IpEntry { addr, expires });
             self.cache.link(addr, &key);
             learned.new += 1;
             self.stats.new_mappings += 1;
@@ -405,20 +421,23 @@ impl NameManager {
                 }
                 keep
             });
-            let mut i = 0;
-            while i < entry.live.len() {
-                if entry.live[i].expires > now_s {
-                    i += 1;
-                    continue;
+            let NameEntry { live, zombies, .. } = entry;
+            let before = zombies.len();
+            live.retain(|e| {
+                if e.expires > now_s {
+                    return true;
                 }
-                let expired = entry.live.swap_remove(i);
                 stats.expired += 1;
-                if connections.in_use(expired.addr) {
-                    entry.zombies.push(expired);
-                    self.zombies += 1;
+                if connections.in_use(e.addr) {
+                    zombies.push(*e);
                 } else {
-                    released.push((name.clone(), expired.addr));
+                    released.push((name.clone(), e.addr));
                 }
+                false
+            });
+            if zombies.len() > before {
+                self.zombies += zombies.len() - before;
+                zombies.sort_unstable_by_key(|z| z.addr);
             }
         }
         self.zombies -= dead_zombies;
