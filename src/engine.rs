@@ -72,14 +72,21 @@ impl<D: Datapath> Engine<D> {
         answer: &Answer,
         now: Duration,
     ) -> Result<Learned> {
-        let learned = self.names.observe(
-            endpoint,
-            &answer.name,
-            &answer.addrs,
-            answer.ttl,
-            now,
-            &mut self.ipcache,
-        );
+        self.observe_parts(endpoint, &answer.name, &answer.addrs, answer.ttl, now)
+    }
+
+    /// [`Engine::observe`] for an answer already taken apart: `addrs` for `name`, `ttl`.
+    pub(crate) fn observe_parts(
+        &mut self,
+        endpoint: EndpointId,
+        name: &str,
+        addrs: &[IpAddr],
+        ttl: u32,
+        now: Duration,
+    ) -> Result<Learned> {
+        let learned = self
+            .names
+            .observe(endpoint, name, addrs, ttl, now, &mut self.ipcache);
         // Commit whatever was applied, even when the NameManager stopped part-way.
         self.ipcache.commit()?;
         Ok(learned?)

@@ -180,42 +180,50 @@ impl NameManager {
         ipcache: &mut IpCache<D>,
     ) -> Result<Learned, Error> {
         self.stats.answers += 1;
-        let parsed = DnsName::parse(name).map_err(|source| {
-            self.stats.invalid_names += 1;
-            Error::InvalidName {
-                name: name.to_owned(),
-                source,
+        // A name already in the cache was validated when it was stored: look it up as given
+        // (the proxy hands over canonical names) before paying for parsing and allocation.
+        let cached = self
+            .cache
+            .names
+            .get_key_value(name)
+            .map(|(key, _)| key.clone());
+        let (key, is_new) = match cached {
+            Some(key) => (key, false),
+            None => {
+                let parsed = DnsName::parse(name).map_err(|source| {
+                    self.stats.invalid_names += 1;
+                    Error::InvalidName {
+                        name: name.to_owned(),
+                        source,
+                    }
+                })?;
+                match self.cache.names.get_key_value(parsed.as_str()) {
+                    Some((key, _)) => (key.clone(), false),
+                    None => (parsed.as_arc().clone(), true),
+                }
             }
-        })?;
+        };
         let expires = secs(now).saturating_add(ttl.max(self.config.min_ttl));
 
         let ep_names = self.endpoint_names.entry(endpoint).or_default();
-        if !ep_names.contains_key(parsed.as_str())
-            && ep_names.len() >= self.config.max_names_per_endpoint
-        {
+        if !ep_names.contains_key(&*key) && ep_names.len() >= self.config.max_names_per_endpoint {
             self.stats.breaker_trips += 1;
             let err = Error::BreakerTripped {
                 breaker: Breaker::NamesPerEndpoint,
                 limit: self.config.max_names_per_endpoint,
-                name: parsed.to_string(),
+                name: key.to_string(),
             };
             self.warn(now, &err);
             return Err(err);
         }
-
-        let key: Arc<str> = match self.cache.names.get_key_value(parsed.as_str()) {
-            Some((key, _)) => key.clone(),
-            None => {
-                let key = parsed.as_arc().clone();
-                let labels = self
-                    .cache
-                    .share(labels_for(&self.matcher, &self.selectors, &key));
-                self.cache
-                    .names
-                    .insert(key.clone(), NameEntry::new(key.clone(), labels));
-                key
-            }
-        };
+        if is_new {
+            let labels = self
+                .cache
+                .share(labels_for(&self.matcher, &self.selectors, &key));
+            self.cache
+                .names
+                .insert(key.clone(), NameEntry::new(key.clone(), labels));
+        }
         let mut learned = Learned::default();
         let mut tripped = None;
         for &addr in addrs {

@@ -8,6 +8,7 @@ use fqdnd_dnsproxy::{Observation, ObserveError, ResponseContext, ResponseObserve
 use fqdnd_ipcache::{EndpointId, MemoryDatapath};
 use fqdnd_namemgr::{Answer, Record, RecordData};
 use hickory_proto::rr::RData;
+use smallvec::SmallVec;
 
 use crate::clock::Clock;
 use crate::engine::Engine;
@@ -43,8 +44,50 @@ pub(crate) fn answer_records(response: &hickory_proto::op::Message) -> Vec<Recor
         .collect()
 }
 
+/// The addresses and minimum TTL of an answer whose records all belong to the question (no
+/// CNAME): the common case, read without allocating. `None` when the answer needs the chain
+/// walk of [`Answer::from_records`].
+fn direct_answer(response: &hickory_proto::op::Message) -> Option<(SmallVec<[IpAddr; 8]>, u32)> {
+    let question = &response.queries.first()?.name;
+    let mut addrs = SmallVec::new();
+    let mut ttl = u32::MAX;
+    for rr in &response.answers {
+        let addr = match &rr.data {
+            RData::A(a) => IpAddr::V4(a.0),
+            RData::AAAA(a) => IpAddr::V6(a.0),
+            RData::CNAME(_) => return None,
+            _ => continue,
+        };
+        if rr.name != *question {
+            return None;
+        }
+        if !addrs.contains(&addr) {
+            addrs.push(addr);
+        }
+        ttl = ttl.min(rr.ttl);
+    }
+    Some((addrs, ttl))
+}
+
 impl ResponseObserver for EngineObserver {
     fn observe(&self, ctx: &ResponseContext<'_>) -> Observation {
+        let endpoint = EndpointId(u16::try_from(ctx.tag).unwrap_or(u16::MAX));
+        if let Some((addrs, ttl)) = direct_answer(ctx.response) {
+            if addrs.is_empty() {
+                return Observation::Done(Ok(()));
+            }
+            let Ok(mut engine) = self.engine.lock() else {
+                return Observation::Done(Err(ObserveError {
+                    reason: "engine lock poisoned".into(),
+                }));
+            };
+            return match engine.observe_parts(endpoint, ctx.name, &addrs, ttl, self.clock.now()) {
+                Ok(_) => Observation::Done(Ok(())),
+                Err(e) => Observation::Done(Err(ObserveError {
+                    reason: format!("{e:#}"),
+                })),
+            };
+        }
         let records = answer_records(ctx.response);
         if !records
             .iter()
@@ -61,7 +104,6 @@ impl ResponseObserver for EngineObserver {
                 }));
             }
         };
-        let endpoint = EndpointId(u16::try_from(ctx.tag).unwrap_or(u16::MAX));
         let Ok(mut engine) = self.engine.lock() else {
             return Observation::Done(Err(ObserveError {
                 reason: "engine lock poisoned".into(),
@@ -73,5 +115,60 @@ impl ResponseObserver for EngineObserver {
                 reason: format!("{e:#}"),
             })),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hickory_proto::op::{Message, MessageType, OpCode, Query};
+    use hickory_proto::rr::rdata::{A, CNAME};
+    use hickory_proto::rr::{Name, Record, RecordType};
+
+    fn response(records: Vec<Record>) -> Message {
+        let mut m = Message::new(1, MessageType::Response, OpCode::Query);
+        m.queries.push(Query::query(
+            Name::from_ascii("www.example.test.").unwrap(),
+            RecordType::A,
+        ));
+        m.answers = records;
+        m
+    }
+
+    fn a(owner: &str, ttl: u32, ip: [u8; 4]) -> Record {
+        Record::from_rdata(
+            Name::from_ascii(owner).unwrap(),
+            ttl,
+            RData::A(A::new(ip[0], ip[1], ip[2], ip[3])),
+        )
+    }
+
+    #[test]
+    fn plain_answers_are_read_directly_and_chains_are_not() {
+        let plain = response(vec![
+            a("WWW.example.test.", 60, [192, 0, 2, 1]),
+            a("www.example.test.", 30, [192, 0, 2, 2]),
+        ]);
+        let (addrs, ttl) = direct_answer(&plain).unwrap();
+        assert_eq!(addrs.len(), 2);
+        assert_eq!(ttl, 30);
+        let cname = Record::from_rdata(
+            Name::from_ascii("www.example.test.").unwrap(),
+            60,
+            RData::CNAME(CNAME(Name::from_ascii("edge.example.test.").unwrap())),
+        );
+        assert!(
+            direct_answer(&response(vec![
+                cname,
+                a("edge.example.test.", 60, [192, 0, 2, 3])
+            ]))
+            .is_none()
+        );
+        // A record for another name goes the strict way (and is rejected there).
+        assert!(
+            direct_answer(&response(vec![a("bank.example.test.", 60, [192, 0, 2, 9])])).is_none()
+        );
+        let (none, _) = direct_answer(&response(vec![])).unwrap();
+        assert!(none.is_empty());
     }
 }
