@@ -31,41 +31,13 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_saphyr::Spanned;
 
+use fqdnd_dnsproxy::{HoldFallback, TruncatedAction, UpstreamTimeoutAction};
+
 use crate::cnp::ObjectMeta;
 use crate::yaml::{Diag, Text, at, duration, sanitize};
 
 /// Where the admin API listens unless told otherwise.
 pub const DEFAULT_ADMIN_SOCKET: &str = "/run/fqdnd/admin.sock";
-
-/// What to do when no upstream answers in time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum UpstreamTimeoutAction {
-    /// SERVFAIL (default).
-    #[default]
-    ServFail,
-    /// No reply, as Cilium.
-    NoReply,
-}
-
-/// What to do when the engine has not learned an answer within `proxyResponseMaxDelay`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum HoldTimeoutAction {
-    /// Release the answer anyway (Cilium's default).
-    #[default]
-    Release,
-    /// SERVFAIL.
-    ServFail,
-}
-
-/// What to do with an upstream answer that has TC=1.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum TruncatedAction {
-    /// Ask again over TCP (default).
-    #[default]
-    RetryTcp,
-    /// Pass TC back to the client.
-    PassThrough,
-}
 
 /// Where a static zone's records come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,7 +92,7 @@ pub struct Gateway {
     /// What to do when it takes longer.
     pub on_upstream_timeout: UpstreamTimeoutAction,
     /// What to do when the engine is slower than `proxyResponseMaxDelay`.
-    pub on_hold_timeout: HoldTimeoutAction,
+    pub on_hold_timeout: HoldFallback,
     /// What to do with truncated upstream answers.
     pub on_truncated: TruncatedAction,
 }
@@ -137,7 +109,7 @@ impl Default for Gateway {
             query_log: None,
             upstream_timeout: Duration::from_secs(5),
             on_upstream_timeout: UpstreamTimeoutAction::default(),
-            on_hold_timeout: HoldTimeoutAction::default(),
+            on_hold_timeout: HoldFallback::default(),
             on_truncated: TruncatedAction::default(),
         }
     }
@@ -289,8 +261,8 @@ pub(crate) fn gateway(doc: &Spanned<GatewayDoc>, diag: &mut Diag<'_>) -> Option<
     }
     if let Some(text) = &spec.on_hold_timeout {
         match text.value.as_str() {
-            "release" => g.on_hold_timeout = HoldTimeoutAction::Release,
-            "servfail" => g.on_hold_timeout = HoldTimeoutAction::ServFail,
+            "release" => g.on_hold_timeout = HoldFallback::Release,
+            "servfail" => g.on_hold_timeout = HoldFallback::ServFail,
             other => choice(
                 "onHoldTimeout",
                 other,

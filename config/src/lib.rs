@@ -46,12 +46,9 @@ use fqdnd_ipcache::Endpoint;
 use fqdnd_ipcache::policy::Rule;
 
 pub use error::{Duplicated, Error, Errors};
-pub use gateway::{
-    DEFAULT_ADMIN_SOCKET, Gateway, HoldTimeoutAction, Lists, StaticZone, TruncatedAction,
-    UpstreamTimeoutAction, ZoneSource,
-};
+pub use gateway::{DEFAULT_ADMIN_SOCKET, Gateway, Lists, StaticZone, ZoneSource};
 pub use load::{CILIUM_API_VERSION, FQDND_API_VERSION, load, load_str};
-pub use settings::{MAX_PROXY_RESPONSE_DELAY, MIN_GC_INTERVAL, RejectResponseCode, Settings};
+pub use settings::{MAX_PROXY_RESPONSE_DELAY, MIN_GC_INTERVAL, Settings};
 
 /// A realistic policy file: Settings, two Endpoints and CiliumNetworkPolicies for DNS
 /// interception, FQDN egress and a CIDR set. Loads without error.

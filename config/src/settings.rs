@@ -22,6 +22,7 @@
 
 use std::time::Duration;
 
+use fqdnd_dnsproxy::RejectCode;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_saphyr::Spanned;
@@ -53,7 +54,7 @@ pub struct Settings {
     pub proxy_response_max_delay: Duration,
     /// `dns.rejectResponseCode`: the answer to a query policy denies. Mirrors Cilium's
     /// `tofqdns-dns-reject-response-code` (default `refused`).
-    pub reject_response_code: RejectResponseCode,
+    pub reject_response_code: RejectCode,
     /// `dns.concurrencyLimit`: DNS messages in flight at once in the proxy; past it, SERVFAIL.
     /// Mirrors Cilium's `dnsproxy-concurrency-limit` (default 0: unlimited).
     pub concurrency_limit: usize,
@@ -74,16 +75,6 @@ pub struct Settings {
     pub gc_interval: Duration,
 }
 
-/// The DNS response code for a query that policy denies.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub enum RejectResponseCode {
-    /// `refused`: REFUSED (rcode 5), Cilium's default.
-    #[default]
-    Refused,
-    /// `nameError`: NXDOMAIN (rcode 3); musl stops walking search domains on REFUSED.
-    NameError,
-}
-
 impl Default for Settings {
     fn default() -> Self {
         Self {
@@ -91,7 +82,7 @@ impl Default for Settings {
             max_ips_per_hostname: 1000,
             max_deferred_connection_deletes: 10_000,
             proxy_response_max_delay: Duration::from_millis(100),
-            reject_response_code: RejectResponseCode::Refused,
+            reject_response_code: RejectCode::Refused,
             concurrency_limit: 0,
             preallocate_identities: true,
             max_fqdn_identities: 2048,
@@ -227,8 +218,8 @@ pub(crate) fn settings(doc: &SettingsDoc, diag: &mut Diag<'_>) -> Option<Setting
         }
         if let Some(text) = &dns.reject_response_code {
             match text.value.as_str() {
-                "refused" => s.reject_response_code = RejectResponseCode::Refused,
-                "nameError" => s.reject_response_code = RejectResponseCode::NameError,
+                "refused" => s.reject_response_code = RejectCode::Refused,
+                "nameError" => s.reject_response_code = RejectCode::NxDomain,
                 other => diag.invalid(
                     at(text),
                     format!(

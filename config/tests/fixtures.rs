@@ -10,7 +10,8 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use fqdnd_config::{EXAMPLE_POLICY, Error, RejectResponseCode, Settings, load, load_str};
+use fqdnd_config::{EXAMPLE_POLICY, Error, Settings, load, load_str};
+use fqdnd_dnsproxy::RejectCode;
 use fqdnd_ipcache::policy::{DnsRule, PeerSelector, PortProtocol, Protocol};
 use fqdnd_ipcache::{EndpointId, EndpointLabel};
 
@@ -26,7 +27,7 @@ fn the_example_loads() {
     assert_eq!(
         config.settings,
         Settings {
-            reject_response_code: RejectResponseCode::Refused,
+            reject_response_code: RejectCode::Refused,
             ..Settings::default()
         }
     );

@@ -9,9 +9,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use fqdnd_config::{
-    HoldTimeoutAction, TruncatedAction, UpstreamTimeoutAction, ZoneSource, load_str,
-};
+use fqdnd_config::{ZoneSource, load_str};
+use fqdnd_dnsproxy::{HoldFallback, TruncatedAction, UpstreamTimeoutAction};
 
 fn gateway(spec: &str) -> String {
     format!("apiVersion: fqdnd.io/v1\nkind: Gateway\nspec:\n{spec}")
@@ -46,7 +45,7 @@ fn every_field_is_read_and_paths_are_relative_to_the_file() {
     assert_eq!(g.query_log, Some(PathBuf::from("/var/log/q.jsonl")));
     assert_eq!(g.upstream_timeout, Duration::from_secs(2));
     assert_eq!(g.on_upstream_timeout, UpstreamTimeoutAction::NoReply);
-    assert_eq!(g.on_hold_timeout, HoldTimeoutAction::ServFail);
+    assert_eq!(g.on_hold_timeout, HoldFallback::ServFail);
     assert_eq!(g.on_truncated, TruncatedAction::PassThrough);
 }
 

@@ -11,7 +11,8 @@ mod common;
 use std::time::Duration;
 
 use common::{find, ok, one_err, pos};
-use fqdnd_config::{RejectResponseCode, Settings};
+use fqdnd_config::Settings;
+use fqdnd_dnsproxy::RejectCode;
 
 fn settings(spec: &str) -> String {
     format!("apiVersion: fqdnd.io/v1\nkind: Settings\nspec:\n{spec}")
@@ -24,7 +25,7 @@ fn defaults_are_ciliums() {
     assert_eq!(s.max_ips_per_hostname, 1000);
     assert_eq!(s.max_deferred_connection_deletes, 10_000);
     assert_eq!(s.proxy_response_max_delay, Duration::from_millis(100));
-    assert_eq!(s.reject_response_code, RejectResponseCode::Refused);
+    assert_eq!(s.reject_response_code, RejectCode::Refused);
     assert_eq!(s.concurrency_limit, 0);
     assert!(s.preallocate_identities);
     assert_eq!(s.max_fqdn_identities, 2048);
@@ -65,7 +66,7 @@ fn every_field() {
             max_ips_per_hostname: 50,
             max_deferred_connection_deletes: 0,
             proxy_response_max_delay: Duration::from_millis(1500),
-            reject_response_code: RejectResponseCode::NameError,
+            reject_response_code: RejectCode::NxDomain,
             concurrency_limit: 64,
             preallocate_identities: false,
             max_fqdn_identities: 10,

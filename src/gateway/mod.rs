@@ -13,10 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
-use fqdnd_config::{
-    Config, Gateway, HoldTimeoutAction, RejectResponseCode, TruncatedAction, UpstreamTimeoutAction,
-};
-use fqdnd_dnsproxy::{DnsProxy, HoldFallback, QueryLog, RejectCode};
+use fqdnd_config::{Config, Gateway};
+use fqdnd_dnsproxy::{DnsProxy, QueryLog};
 use fqdnd_ipcache::MemoryDatapath;
 use tokio::sync::watch;
 
@@ -89,23 +87,11 @@ fn proxy_config(
         listen_tcp: listen.to_vec(),
         upstreams,
         upstream_timeout: gateway.upstream_timeout,
-        on_upstream_timeout: match gateway.on_upstream_timeout {
-            UpstreamTimeoutAction::ServFail => fqdnd_dnsproxy::UpstreamTimeoutAction::ServFail,
-            UpstreamTimeoutAction::NoReply => fqdnd_dnsproxy::UpstreamTimeoutAction::NoReply,
-        },
+        on_upstream_timeout: gateway.on_upstream_timeout,
         response_max_delay: settings.proxy_response_max_delay,
-        on_hold_timeout: match gateway.on_hold_timeout {
-            HoldTimeoutAction::Release => HoldFallback::Release,
-            HoldTimeoutAction::ServFail => HoldFallback::ServFail,
-        },
-        on_truncated: match gateway.on_truncated {
-            TruncatedAction::RetryTcp => fqdnd_dnsproxy::TruncatedAction::RetryTcp,
-            TruncatedAction::PassThrough => fqdnd_dnsproxy::TruncatedAction::PassThrough,
-        },
-        reject_code: match settings.reject_response_code {
-            RejectResponseCode::Refused => RejectCode::Refused,
-            RejectResponseCode::NameError => RejectCode::NxDomain,
-        },
+        on_hold_timeout: gateway.on_hold_timeout,
+        on_truncated: gateway.on_truncated,
+        reject_code: settings.reject_response_code,
         concurrency_limit: settings.concurrency_limit,
         ..fqdnd_dnsproxy::Config::default()
     }
