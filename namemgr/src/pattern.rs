@@ -24,7 +24,8 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-/// Longest pattern or name accepted in a selector, in characters (after trimming).
+/// Longest pattern or name accepted in a selector, in characters (after trimming, not
+/// counting one trailing dot, so that a selector's key — which always has one — parses again).
 pub const MAX_PATTERN_LEN: usize = 255;
 
 /// Why a `matchName` or `matchPattern` is rejected.
@@ -378,7 +379,7 @@ fn validate(input: &str, kind: SelectorKind) -> Result<String, PatternError> {
         return Err(PatternError::Empty);
     }
     let len = text.chars().count();
-    if len > MAX_PATTERN_LEN {
+    if len - usize::from(text.ends_with('.') && len > 1) > MAX_PATTERN_LEN {
         return Err(PatternError::TooLong { len });
     }
     for (position, ch) in text.chars().enumerate() {
@@ -740,9 +741,11 @@ pub(crate) mod tests {
             FqdnSelector::match_pattern(&"a".repeat(256)),
             Err(PatternError::TooLong { len: 256 })
         );
+        // A trailing dot does not count: the key of a 255-character name parses again.
+        assert!(FqdnSelector::match_name(&format!("{}.", "a".repeat(255))).is_ok());
         assert_eq!(
-            FqdnSelector::match_name(&format!("{}.", "a".repeat(255))),
-            Err(PatternError::TooLong { len: 256 })
+            FqdnSelector::match_name(&format!("{}.", "a".repeat(256))),
+            Err(PatternError::TooLong { len: 257 })
         );
         // Length is counted in characters.
         assert_eq!(
@@ -899,5 +902,31 @@ pub(crate) mod tests {
             }
             let _ = FqdnSelector::match_name(&p);
         }
+    }
+}
+
+#[cfg(test)]
+mod key_round_trip {
+    use super::*;
+
+    /// Found by the `fqdn_pattern` fuzz target: a 255-character pattern was accepted, but its
+    /// key (with the trailing dot, 256 characters) did not parse again.
+    #[test]
+    fn the_longest_accepted_pattern_has_a_key_that_parses_again() {
+        let longest = "a".repeat(MAX_PATTERN_LEN);
+        for selector in [
+            FqdnSelector::match_pattern(&longest),
+            FqdnSelector::match_name(&longest),
+        ] {
+            let selector = selector.unwrap();
+            assert_eq!(
+                FqdnSelector::match_pattern(selector.key()).unwrap().key(),
+                selector.key()
+            );
+        }
+        assert!(FqdnSelector::match_pattern(&"a".repeat(MAX_PATTERN_LEN + 1)).is_err());
+        assert!(
+            FqdnSelector::match_pattern(&format!("{}..", "a".repeat(MAX_PATTERN_LEN))).is_err()
+        );
     }
 }
