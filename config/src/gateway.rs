@@ -21,6 +21,7 @@
 //!   onUpstreamTimeout: servfail               # or noReply (Cilium)
 //!   onHoldTimeout: release                    # or servfail
 //!   onTruncated: retryTcp                     # or passThrough
+//!   rateLimit: {qps: 200, burst: 400, action: drop}   # per client address; or refused
 //! ```
 
 use std::net::SocketAddr;
@@ -31,7 +32,7 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_saphyr::Spanned;
 
-use fqdnd_dnsproxy::{HoldFallback, TruncatedAction, UpstreamTimeoutAction};
+use fqdnd_dnsproxy::{HoldFallback, RateLimitAction, TruncatedAction, UpstreamTimeoutAction};
 
 use crate::cnp::ObjectMeta;
 use crate::yaml::{Diag, Text, at, duration, sanitize};
@@ -70,6 +71,19 @@ pub struct Lists {
     pub allow_names: Vec<String>,
 }
 
+/// A per-client rate limit (dnsdist's `MaxQPSIPRule`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateLimit {
+    /// Queries per second per client address.
+    pub qps: u32,
+    /// Burst before the rate applies (default: `qps`).
+    pub burst: u32,
+    /// Client addresses tracked at most.
+    pub clients: usize,
+    /// What happens over the limit.
+    pub action: RateLimitAction,
+}
+
 /// The gateway's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Gateway {
@@ -95,6 +109,8 @@ pub struct Gateway {
     pub on_hold_timeout: HoldFallback,
     /// What to do with truncated upstream answers.
     pub on_truncated: TruncatedAction,
+    /// The per-client rate limit, if any.
+    pub rate_limit: Option<RateLimit>,
 }
 
 impl Default for Gateway {
@@ -111,6 +127,7 @@ impl Default for Gateway {
             on_upstream_timeout: UpstreamTimeoutAction::default(),
             on_hold_timeout: HoldFallback::default(),
             on_truncated: TruncatedAction::default(),
+            rate_limit: None,
         }
     }
 }
@@ -142,6 +159,16 @@ struct GatewaySpec {
     on_upstream_timeout: Option<Text>,
     on_hold_timeout: Option<Text>,
     on_truncated: Option<Text>,
+    rate_limit: Option<Spanned<RateLimitSpec>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RateLimitSpec {
+    qps: u32,
+    burst: Option<u32>,
+    clients: Option<u32>,
+    action: Option<Text>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -283,6 +310,32 @@ pub(crate) fn gateway(doc: &Spanned<GatewayDoc>, diag: &mut Diag<'_>) -> Option<
                 text,
                 diag,
             ),
+        }
+    }
+    if let Some(spec) = &spec.rate_limit {
+        let r = &spec.value;
+        let action = match r.action.as_ref().map(|t| t.value.as_str()) {
+            None | Some("drop") => Some(RateLimitAction::Drop),
+            Some("refused") => Some(RateLimitAction::Refused),
+            Some(other) => {
+                if let Some(text) = &r.action {
+                    choice("rateLimit.action", other, "`drop` or `refused`", text, diag);
+                }
+                None
+            }
+        };
+        if r.qps == 0 {
+            diag.invalid(
+                at(spec),
+                "`rateLimit.qps` must be at least 1 (leave `rateLimit` out for no limit)",
+            );
+        } else if let Some(action) = action {
+            g.rate_limit = Some(RateLimit {
+                qps: r.qps,
+                burst: r.burst.unwrap_or(r.qps).max(1),
+                clients: r.clients.map_or(65_536, |c| c.max(1) as usize),
+                action,
+            });
         }
     }
     if diag.count() == before {

@@ -46,7 +46,7 @@ use fqdnd_ipcache::Endpoint;
 use fqdnd_ipcache::policy::Rule;
 
 pub use error::{Duplicated, Error, Errors};
-pub use gateway::{DEFAULT_ADMIN_SOCKET, Gateway, Lists, StaticZone, ZoneSource};
+pub use gateway::{DEFAULT_ADMIN_SOCKET, Gateway, Lists, RateLimit, StaticZone, ZoneSource};
 pub use load::{CILIUM_API_VERSION, FQDND_API_VERSION, load, load_str};
 pub use settings::{MAX_PROXY_RESPONSE_DELAY, MIN_GC_INTERVAL, Settings};
 

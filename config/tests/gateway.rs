@@ -23,7 +23,7 @@ fn file() -> &'static Path {
 #[test]
 fn every_field_is_read_and_paths_are_relative_to_the_file() {
     let text = gateway(
-        "  listen: [\"127.0.0.1:5353\", \"[::1]:5353\"]\n  upstreams: [\"192.0.2.53:53\"]\n  staticZones:\n  - origin: Example.TEST.\n    file: zones/example.zone\n  - origin: inline.test\n    records: |\n      @ 60 IN A 192.0.2.1\n  lists:\n    deny: [lists/ads.txt]\n    allowNames: [\"ok.example\"]\n  adminSocket: admin.sock\n  metrics: 127.0.0.1:9967\n  queryLog: /var/log/q.jsonl\n  upstreamTimeout: 2s\n  onUpstreamTimeout: noReply\n  onHoldTimeout: servfail\n  onTruncated: passThrough\n",
+        "  listen: [\"127.0.0.1:5353\", \"[::1]:5353\"]\n  upstreams: [\"192.0.2.53:53\"]\n  staticZones:\n  - origin: Example.TEST.\n    file: zones/example.zone\n  - origin: inline.test\n    records: |\n      @ 60 IN A 192.0.2.1\n  lists:\n    deny: [lists/ads.txt]\n    allowNames: [\"ok.example\"]\n  adminSocket: admin.sock\n  metrics: 127.0.0.1:9967\n  queryLog: /var/log/q.jsonl\n  upstreamTimeout: 2s\n  onUpstreamTimeout: noReply\n  onHoldTimeout: servfail\n  onTruncated: passThrough\n  rateLimit: {qps: 50, action: refused}\n",
     );
     let config = load_str(&text, file()).unwrap();
     let g = config.gateway.unwrap();
@@ -47,6 +47,11 @@ fn every_field_is_read_and_paths_are_relative_to_the_file() {
     assert_eq!(g.on_upstream_timeout, UpstreamTimeoutAction::NoReply);
     assert_eq!(g.on_hold_timeout, HoldFallback::ServFail);
     assert_eq!(g.on_truncated, TruncatedAction::PassThrough);
+    let rate = g.rate_limit.unwrap();
+    assert_eq!(
+        (rate.qps, rate.burst, rate.action),
+        (50, 50, fqdnd_dnsproxy::RateLimitAction::Refused)
+    );
 }
 
 #[test]

@@ -45,6 +45,16 @@ pub enum RejectCode {
     NxDomain,
 }
 
+/// What happens to a query over its client's rate limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RateLimitAction {
+    /// Drop it silently (no reply to reflect at a spoofed source).
+    #[default]
+    Drop,
+    /// Answer REFUSED.
+    Refused,
+}
+
 /// The DNS proxy's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -79,6 +89,15 @@ pub struct Config {
     /// Queries in flight at once; 0 = no limit (Cilium `dnsproxy-concurrency-limit`). Past it,
     /// SERVFAIL.
     pub concurrency_limit: usize,
+    /// Queries per second one client address may send; 0 = no limit (dnsdist's
+    /// `MaxQPSIPRule`). Unknown clients are refused before this applies.
+    pub rate_limit_qps: u32,
+    /// Queries a client may send at once before the rate applies; 0 = `rate_limit_qps`.
+    pub rate_limit_burst: u32,
+    /// Client addresses tracked at most (bounded memory under floods of new sources).
+    pub rate_limit_clients: usize,
+    /// What happens to a query over the limit.
+    pub rate_limit_action: RateLimitAction,
     /// A TCP client connection idle this long is closed.
     pub tcp_idle_timeout: Duration,
     /// TCP client connections open at once; past it new ones are refused (closed).
@@ -102,6 +121,10 @@ impl Default for Config {
             on_truncated: TruncatedAction::RetryTcp,
             reject_code: RejectCode::Refused,
             concurrency_limit: 0,
+            rate_limit_qps: 0,
+            rate_limit_burst: 0,
+            rate_limit_clients: 65_536,
+            rate_limit_action: RateLimitAction::Drop,
             tcp_idle_timeout: Duration::from_secs(10),
             max_tcp_connections: 1024,
         }

@@ -52,6 +52,7 @@ mod observer;
 mod policy;
 mod proxy;
 mod querylog;
+mod ratelimit;
 mod upstream;
 mod wire;
 
@@ -65,7 +66,9 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 pub use crate::metrics::{DropReason, ProxyStats, UpstreamHealth, describe_metrics};
-pub use config::{Config, HoldFallback, RejectCode, TruncatedAction, UpstreamTimeoutAction};
+pub use config::{
+    Config, HoldFallback, RateLimitAction, RejectCode, TruncatedAction, UpstreamTimeoutAction,
+};
 pub use error::Error;
 pub use observer::{Observation, ObserveError, ObserveFuture, ResponseContext, ResponseObserver};
 pub use policy::{QueryInfo, QueryPolicy, Transport, Verdict};
@@ -73,6 +76,7 @@ pub use querylog::{QueryLog, QueryLogEntry, QueryResult};
 
 use crate::metrics::Metrics;
 use crate::proxy::{Shared, UdpListener};
+use crate::ratelimit::RateLimiter;
 use crate::upstream::Upstream;
 
 /// A bound DNS proxy; [`DnsProxy::run`] serves until shut down.
@@ -138,6 +142,11 @@ impl DnsProxy {
                 Metrics::upstream_up(addr),
             )?);
         }
+        let rate_limit = RateLimiter::new(
+            config.rate_limit_qps,
+            config.rate_limit_burst,
+            config.rate_limit_clients,
+        );
         let shared = Arc::new(Shared {
             config,
             policy,
@@ -149,6 +158,7 @@ impl DnsProxy {
             tcp_open: AtomicUsize::new(0),
             metrics: Metrics::new(),
             start: Instant::now(),
+            rate_limit,
         });
         Ok(Self { shared, tcp })
     }

@@ -214,7 +214,7 @@ impl Count {
 
 /// Every handle the proxy uses, registered once.
 pub(crate) struct Metrics {
-    pub(crate) queries: [Count; 9],
+    pub(crate) queries: [Count; 10],
     pub(crate) dropped: [Count; 6],
     pub(crate) concurrency_limited: Count,
     pub(crate) hold_timeouts: Count,

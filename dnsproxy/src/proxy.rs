@@ -16,12 +16,15 @@ use tokio::net::{TcpStream, UdpSocket};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::config::{Config, HoldFallback, RejectCode, TruncatedAction, UpstreamTimeoutAction};
+use crate::config::{
+    Config, HoldFallback, RateLimitAction, RejectCode, TruncatedAction, UpstreamTimeoutAction,
+};
 use crate::ids::IdSource;
 use crate::metrics::{DropReason, HoldFailure, Metrics};
 use crate::observer::{Observation, ObserveFuture, ResponseContext, ResponseObserver};
 use crate::policy::{QueryInfo, QueryPolicy, Transport, Verdict};
 use crate::querylog::{QueryLog, QueryLogEntry, QueryResult};
+use crate::ratelimit::RateLimiter;
 use crate::upstream::{Asked, Inflight, Origin, ReplyTo, Upstream};
 use crate::wire::{self, Opt, rcode};
 
@@ -47,6 +50,8 @@ pub(crate) struct Shared {
     pub(crate) tcp_open: AtomicUsize,
     pub(crate) metrics: Metrics,
     pub(crate) start: Instant,
+    /// Per-client token buckets, when a rate limit is configured.
+    pub(crate) rate_limit: Option<RateLimiter>,
 }
 
 /// Per-task state of a query-receiving task: no sharing, no locking.
@@ -226,7 +231,45 @@ impl Shared {
             qtype,
             transport,
         };
-        let (result, code) = match self.policy.check(&info) {
+        let verdict = self.policy.check(&info);
+        if verdict != Verdict::UnknownClient
+            && self
+                .rate_limit
+                .as_ref()
+                .is_some_and(|limit| !limit.allow(client.ip(), received))
+        {
+            if self.config.rate_limit_action == RateLimitAction::Drop {
+                self.finish(
+                    client,
+                    transport,
+                    &name,
+                    Some(qtype),
+                    received,
+                    Outcome::local(QueryResult::RateLimited, None),
+                );
+                return Handled::Dropped;
+            }
+            let code = rcode::REFUSED;
+            wire::write_header_reply(
+                &mut w.scratch,
+                raw,
+                client_id,
+                Some(question_end),
+                code,
+                false,
+                opt,
+            );
+            self.finish(
+                client,
+                transport,
+                &name,
+                Some(qtype),
+                received,
+                Outcome::local(QueryResult::RateLimited, Some(code)),
+            );
+            return Handled::Reply;
+        }
+        let (result, code) = match verdict {
             Verdict::Allow { tag } => {
                 let asked = Asked {
                     client,

@@ -20,6 +20,8 @@ pub enum QueryResult {
     NoUpstream,
     /// Over the concurrency limit.
     ConcurrencyLimited,
+    /// Over the client's rate limit.
+    RateLimited,
     /// The observer did not finish in time and the fallback was SERVFAIL.
     HoldTimeout,
     /// The observer failed and the fallback was SERVFAIL.
@@ -30,13 +32,14 @@ pub enum QueryResult {
 
 impl QueryResult {
     /// Every result, in declaration order (the order of [`crate::ProxyStats::queries`]).
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::Answered,
         Self::Denied,
         Self::UnknownClient,
         Self::UpstreamTimeout,
         Self::NoUpstream,
         Self::ConcurrencyLimited,
+        Self::RateLimited,
         Self::HoldTimeout,
         Self::ObserverFailed,
         Self::Malformed,
@@ -51,6 +54,7 @@ impl QueryResult {
             Self::UpstreamTimeout => "upstream_timeout",
             Self::NoUpstream => "no_upstream",
             Self::ConcurrencyLimited => "concurrency_limited",
+            Self::RateLimited => "rate_limited",
             Self::HoldTimeout => "hold_timeout",
             Self::ObserverFailed => "observer_failed",
             Self::Malformed => "malformed",

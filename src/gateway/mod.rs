@@ -93,6 +93,10 @@ fn proxy_config(
         on_truncated: gateway.on_truncated,
         reject_code: settings.reject_response_code,
         concurrency_limit: settings.concurrency_limit,
+        rate_limit_qps: gateway.rate_limit.map_or(0, |r| r.qps),
+        rate_limit_burst: gateway.rate_limit.map_or(0, |r| r.burst),
+        rate_limit_clients: gateway.rate_limit.map_or(65_536, |r| r.clients),
+        rate_limit_action: gateway.rate_limit.map(|r| r.action).unwrap_or_default(),
         ..fqdnd_dnsproxy::Config::default()
     }
 }

@@ -75,3 +75,51 @@ async fn connections_past_the_limit_are_closed() {
     let r = third.recv(Duration::from_secs(2)).await.unwrap();
     assert_eq!(ips(&parse_reply(&q, &r)).len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_over_its_rate_is_dropped_or_refused() {
+    use crate::harness::udp_exchange;
+    use fqdnd_dnsproxy::RateLimitAction;
+
+    for action in [RateLimitAction::Drop, RateLimitAction::Refused] {
+        let h = Harness::start(Mode::Done, |c| {
+            c.rate_limit_qps = 1;
+            c.rate_limit_burst = 3;
+            c.rate_limit_action = action;
+        })
+        .await;
+        h.upstream.rule(
+            "www.example.",
+            answer("www.example.", [Ipv4Addr::new(192, 0, 2, 1)]),
+        );
+        let mut answered = 0;
+        let mut refused = 0;
+        let mut silent = 0;
+        for _ in 0..10 {
+            let q = query("www.example.", RecordType::A, None);
+            match udp_exchange(h.udp, &q, Duration::from_millis(300)).await {
+                Some(reply) => match parse_reply(&q, &reply).metadata.response_code {
+                    ResponseCode::NoError => answered += 1,
+                    ResponseCode::Refused => refused += 1,
+                    other => panic!("unexpected {other:?}"),
+                },
+                None => silent += 1,
+            }
+        }
+        // A burst of 3, plus at most one token refilled during the ~3 s of silent waits.
+        assert!(
+            (3..=5).contains(&answered),
+            "{action:?}: {answered} answered"
+        );
+        match action {
+            RateLimitAction::Drop => assert_eq!((refused, silent), (0, 10 - answered)),
+            RateLimitAction::Refused => assert_eq!((refused, silent), (10 - answered, 0)),
+        }
+        let stats = h.settled().await;
+        assert_eq!(
+            stats.queries(QueryResult::RateLimited),
+            10 - answered as u64
+        );
+        assert_eq!(h.upstream.count("www.example.", false), answered);
+    }
+}
