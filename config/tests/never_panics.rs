@@ -17,7 +17,10 @@ use proptest::prelude::*;
 fn check(text: &str, result: Result<fqdnd_config::Config, Errors>) {
     if let Err(errors) = result {
         assert!(!errors.is_empty());
-        let lines = text.lines().count() as u64 + 1;
+        // Lines as YAML counts them: `\n`, `\r\n` and a lone `\r` each end one.
+        let breaks =
+            text.matches('\n').count() + text.matches('\r').count() - text.matches("\r\n").count();
+        let lines = breaks as u64 + 1;
         for e in &errors {
             let _ = e.to_string();
             if let Some((line, column)) = e.position() {
@@ -210,4 +213,15 @@ fn alias_bombs_are_refused() {
     text.push_str("metadata: {name: x, labels: *a11}\n");
     let errors = load_str(&text, Path::new("bomb.yaml")).unwrap_err();
     assert!(errors.to_string().contains("bomb.yaml:"), "{errors}");
+}
+
+/// Found by `arbitrary_text`: lone carriage returns are line breaks to YAML, so error lines
+/// count them too.
+#[test]
+fn lone_carriage_returns_count_as_lines() {
+    let text = "\r\r\r¡";
+    check(
+        text,
+        fqdnd_config::load_str(text, std::path::Path::new("cr.yaml")),
+    );
 }
