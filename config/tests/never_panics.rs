@@ -220,8 +220,5 @@ fn alias_bombs_are_refused() {
 #[test]
 fn lone_carriage_returns_count_as_lines() {
     let text = "\r\r\r¡";
-    check(
-        text,
-        fqdnd_config::load_str(text, std::path::Path::new("cr.yaml")),
-    );
+    check(text, load_str(text, Path::new("cr.yaml")));
 }
