@@ -232,67 +232,44 @@ impl Shared {
             transport,
         };
         let verdict = self.policy.check(&info);
-        if verdict != Verdict::UnknownClient
+        let limited = verdict != Verdict::UnknownClient
             && self
                 .rate_limit
                 .as_ref()
-                .is_some_and(|limit| !limit.allow(client.ip(), received))
-        {
+                .is_some_and(|limit| !limit.allow(client.ip(), received));
+        let (result, code) = if limited {
             if self.config.rate_limit_action == RateLimitAction::Drop {
-                self.finish(
-                    client,
-                    transport,
-                    &name,
-                    Some(qtype),
-                    received,
-                    Outcome::local(QueryResult::RateLimited, None),
-                );
+                let outcome = Outcome::local(QueryResult::RateLimited, None);
+                self.finish(client, transport, &name, Some(qtype), received, outcome);
                 return Handled::Dropped;
             }
-            let code = rcode::REFUSED;
-            wire::write_header_reply(
-                &mut w.scratch,
-                raw,
-                client_id,
-                Some(question_end),
-                code,
-                false,
-                opt,
-            );
-            self.finish(
-                client,
-                transport,
-                &name,
-                Some(qtype),
-                received,
-                Outcome::local(QueryResult::RateLimited, Some(code)),
-            );
-            return Handled::Reply;
-        }
-        let (result, code) = match verdict {
-            Verdict::Allow { tag } => {
-                let asked = Asked {
-                    client,
-                    server,
-                    transport,
-                    client_id,
-                    name,
-                    qtype,
-                    tag,
-                    udp_limit,
-                    opt,
-                    received,
-                };
-                return self.forward(w, raw, question_end, asked, reply).await;
+            (QueryResult::RateLimited, rcode::REFUSED)
+        } else {
+            match verdict {
+                Verdict::Allow { tag } => {
+                    let asked = Asked {
+                        client,
+                        server,
+                        transport,
+                        client_id,
+                        name,
+                        qtype,
+                        tag,
+                        udp_limit,
+                        opt,
+                        received,
+                    };
+                    return self.forward(w, raw, question_end, asked, reply).await;
+                }
+                Verdict::Deny => (
+                    QueryResult::Denied,
+                    match self.config.reject_code {
+                        RejectCode::Refused => rcode::REFUSED,
+                        RejectCode::NxDomain => rcode::NXDOMAIN,
+                    },
+                ),
+                Verdict::UnknownClient => (QueryResult::UnknownClient, rcode::REFUSED),
             }
-            Verdict::Deny => (
-                QueryResult::Denied,
-                match self.config.reject_code {
-                    RejectCode::Refused => rcode::REFUSED,
-                    RejectCode::NxDomain => rcode::NXDOMAIN,
-                },
-            ),
-            Verdict::UnknownClient => (QueryResult::UnknownClient, rcode::REFUSED),
         };
         wire::write_header_reply(
             &mut w.scratch,
