@@ -1,0 +1,116 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * fqdnd_maps.h — the single source of truth for the layout of every map key, map value and
+ * event shared between the eBPF programs (bpf/ directory) and the Rust loader (src/maps.rs).
+ *
+ * Rules:
+ *  - every struct has explicit padding; no implicit holes, no trailing padding;
+ *  - addresses and L4 ports in *keys of conntrack and ipcache* are in network byte order
+ *    (as on the wire); everything else (identity, endpoint id, policy dport) is host order;
+ *  - any change here bumps FQDND_MAPS_ABI_VERSION, which names the bpffs pin directory
+ *    (/sys/fs/bpf/fqdnd/v<N>/), because aya reuses a pinned map without checking its layout;
+ *  - src/maps.rs mirrors each struct with #[repr(C)] and its tests assert size and offsets.
+ */
+#ifndef FQDND_MAPS_H
+#define FQDND_MAPS_H
+
+#include <linux/types.h>
+
+#define FQDND_MAPS_ABI_VERSION 1
+
+/* Reserved identities (ipcache/src/identity.rs). */
+#define FQDND_ID_ANY        0   /* wildcard in policy keys */
+#define FQDND_ID_WORLD_IPV4 9
+#define FQDND_ID_WORLD_IPV6 10
+
+/* Policy key protocol values: IANA numbers, 0 = TCP and UDP. */
+#define FQDND_PROTO_ANY 0
+#define FQDND_PROTO_TCP 6
+#define FQDND_PROTO_UDP 17
+
+/* Map sizes. */
+#define FQDND_IPCACHE_V4_MAX 512000
+#define FQDND_IPCACHE_V6_MAX 512000
+#define FQDND_POLICY_MAX     65536
+#define FQDND_ENDPOINTS_MAX  65536
+#define FQDND_CT_MAX         262144
+#define FQDND_EVENTS_BYTES   (256 * 1024)
+
+/* ipcache: LPM trie, prefix → identity. prefixlen counts bits of addr. */
+struct fqdnd_ipcache_key4 {
+	__u32 prefixlen;
+	__u8 addr[4];      /* network order */
+};                         /* 8 bytes */
+
+struct fqdnd_ipcache_key6 {
+	__u32 prefixlen;
+	__u8 addr[16];     /* network order */
+};                         /* 20 bytes */
+
+struct fqdnd_ipcache_value {
+	__u32 identity;
+};                         /* 4 bytes */
+
+/* Endpoint lookup: ifindex of the host-side veth (__u32) → endpoint. */
+#define FQDND_EP_ENFORCE_EGRESS 0x1 /* default deny for this endpoint's egress */
+struct fqdnd_endpoint_value {
+	__u16 endpoint;    /* EndpointId */
+	__u8 flags;        /* FQDND_EP_* */
+	__u8 pad;
+};                         /* 4 bytes */
+
+/* Per-endpoint egress policy: hash of (endpoint, identity, proto, dport). identity 0 and
+ * dport 0 are wildcards, proto 0 means TCP and UDP. Port ranges are expanded by userspace. */
+struct fqdnd_policy_key {
+	__u32 identity;
+	__u16 endpoint;
+	__u16 dport;       /* host order */
+	__u8 proto;
+	__u8 pad[3];
+};                         /* 12 bytes */
+
+#define FQDND_POLICY_ALLOW 0x1
+struct fqdnd_policy_value {
+	__u32 flags;       /* FQDND_POLICY_* */
+};                         /* 4 bytes */
+
+/* Conntrack: LRU hash keyed by the 5-tuple in the direction of the flow's first packet.
+ * IPv4 addresses use the first 4 bytes of saddr/daddr, the rest zero. */
+struct fqdnd_ct_key {
+	__u8 saddr[16];    /* network order */
+	__u8 daddr[16];    /* network order */
+	__u16 sport;       /* network order */
+	__u16 dport;       /* network order */
+	__u8 proto;
+	__u8 family;       /* 4 or 6 */
+	__u8 pad[2];
+};                         /* 40 bytes */
+
+#define FQDND_CT_EGRESS  0x1 /* opened by the endpoint (allowed by policy) */
+#define FQDND_CT_INGRESS 0x2 /* opened towards the endpoint: its replies pass */
+struct fqdnd_ct_value {
+	__u64 created_ns;  /* bpf_ktime_get_ns() */
+	__u64 last_seen_ns;
+	__u32 flags;       /* FQDND_CT_* */
+	__u32 pad;
+};                         /* 24 bytes */
+
+/* Ring-buffer event for every policy drop. */
+#define FQDND_DROP_POLICY    1 /* no allow entry matched */
+#define FQDND_DROP_UNHANDLED 2 /* enforcing endpoint, packet fqdnd cannot classify (ICMP, frag, ext hdr) */
+struct fqdnd_drop_event {
+	__u64 ts_ns;
+	__u32 ifindex;
+	__u32 identity;    /* destination identity (0 if not looked up) */
+	__u16 endpoint;
+	__u16 sport;       /* host order */
+	__u16 dport;       /* host order */
+	__u8 proto;
+	__u8 family;
+	__u8 reason;       /* FQDND_DROP_* */
+	__u8 pad[7];
+	__u8 saddr[16];
+	__u8 daddr[16];
+};                         /* 64 bytes */
+
+#endif /* FQDND_MAPS_H */
