@@ -711,18 +711,7 @@ impl Shared {
             answered,
             ..
         } = answer;
-        let mut out = Vec::with_capacity(question_end + 11);
-        let code = rcode::SERVFAIL;
-        wire::write_header_reply(
-            &mut out,
-            raw,
-            asked.client_id,
-            Some(question_end),
-            code,
-            false,
-            asked.opt,
-        );
-        self.send_reply(reply, asked.client, &out).await;
+        let code = self.send_servfail(reply, &asked, raw, question_end).await;
         let hold = answered.elapsed();
         self.metrics.hold.record(hold.as_secs_f64());
         let result = match failure {
@@ -737,6 +726,29 @@ impl Shared {
             answer: None,
         };
         self.finish_admitted(&asked, outcome);
+    }
+
+    /// Answers the asker of `query` with SERVFAIL (question and OPT echoed); returns the code.
+    async fn send_servfail(
+        &self,
+        reply: ReplyTo,
+        asked: &Asked,
+        query: &[u8],
+        question_end: usize,
+    ) -> u8 {
+        let mut out = Vec::with_capacity(question_end + 11);
+        let code = rcode::SERVFAIL;
+        wire::write_header_reply(
+            &mut out,
+            query,
+            asked.client_id,
+            Some(question_end),
+            code,
+            false,
+            asked.opt,
+        );
+        self.send_reply(reply, asked.client, &out).await;
+        code
     }
 
     /// Sends a reply the proxy wrote itself.
@@ -879,18 +891,7 @@ impl Shared {
         let Origin { reply, asked } = origin;
         let code = match self.config.on_upstream_timeout {
             UpstreamTimeoutAction::ServFail => {
-                let mut out = Vec::with_capacity(question_end + 11);
-                let code = rcode::SERVFAIL;
-                wire::write_header_reply(
-                    &mut out,
-                    query,
-                    asked.client_id,
-                    Some(question_end),
-                    code,
-                    false,
-                    asked.opt,
-                );
-                self.send_reply(reply, asked.client, &out).await;
+                let code = self.send_servfail(reply, &asked, query, question_end).await;
                 Some(code.into())
             }
             UpstreamTimeoutAction::NoReply => None,
