@@ -9,6 +9,10 @@ if ! command -v cargo >/dev/null; then
   exit 1
 fi
 
+./scripts/install-deps.sh
+# The committed eBPF object must be what its source compiles to (see ebpf/build.rs).
+export FQDND_BPF_CHECK=1
+
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
