@@ -323,7 +323,7 @@ async fn reload_handler(State(state): State<Arc<AdminState>>) -> Json<Reload> {
 pub(crate) fn reload(state: &AdminState) -> Reload {
     let outcome = (|| -> Result<()> {
         let (config, gateway) = crate::gateway::load(&state.paths, state.demo)?;
-        let compiled = CompiledPolicy::compile(&config, &gateway.lists)?;
+        let compiled = CompiledPolicy::compile(&config, &gateway.daemon.lists)?;
         if gateway.listen != state.gateway.listen
             || gateway.upstreams != state.gateway.upstreams
             || gateway.static_zones != state.gateway.static_zones

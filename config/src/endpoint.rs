@@ -10,6 +10,7 @@
 //!   id: 1                   # 1-65535, unique across Endpoints and ClientGroups
 //!   addresses: [10.0.1.2, fd00::1:2]
 //!   namespace: prod         # optional: label k8s:io.kubernetes.pod.namespace=prod
+//!   interface: lxc-web      # Endpoint only: its host-side interface (node mode)
 //!   labels:
 //!     app: web              # source k8s unless written `source:key`
 //! ```
@@ -43,6 +44,7 @@ struct EndpointSpec {
     addresses: Option<Vec<Text>>,
     labels: Option<Pairs<Text, Text>>,
     namespace: Option<Text>,
+    interface: Option<Text>,
 }
 
 /// Which of the two kinds.
@@ -69,6 +71,8 @@ pub(crate) struct Declared {
     pub(crate) name_at: Location,
     pub(crate) id_at: Location,
     pub(crate) address_at: Vec<Location>,
+    /// The host-side interface, for node mode.
+    pub(crate) interface: Option<String>,
 }
 
 /// Converts one `Endpoint` / `ClientGroup` document; `None` if anything in it is wrong.
@@ -154,6 +158,20 @@ pub(crate) fn endpoint(
     check_repeated_addresses(&addresses, &address_at, diag);
 
     let labels = labels(s, diag);
+    let interface = match (&s.interface, kind) {
+        (None, _) => None,
+        (Some(text), EndpointKind::ClientGroup) => {
+            diag.invalid(
+                at(text),
+                "a ClientGroup has no interface of its own: list the gateway's LAN interfaces \
+                 in the Gateway's `enforceInterfaces`",
+            );
+            None
+        }
+        (Some(text), EndpointKind::Endpoint) => {
+            crate::gateway::interface("spec.interface", text, diag)
+        }
+    };
     let endpoint = Endpoint {
         id: EndpointId(id?),
         name: name?,
@@ -165,6 +183,7 @@ pub(crate) fn endpoint(
         name_at,
         id_at,
         address_at,
+        interface,
     })
 }
 

@@ -124,6 +124,10 @@ pub enum Duplicated {
     Settings,
     /// A second `kind: Gateway` document; there may be at most one.
     Gateway,
+    /// A second `kind: Node` document; there may be at most one.
+    Node,
+    /// Two Endpoints on the same interface.
+    Interface(String),
     /// A second policy of the same kind, namespace and name (Kubernetes would have replaced
     /// the first; applying both would allow more than either).
     Policy {
@@ -142,6 +146,8 @@ impl fmt::Display for Duplicated {
             Self::Address(net) => write!(f, "address {net}"),
             Self::Settings => f.write_str("a `kind: Settings` document (at most one is allowed)"),
             Self::Gateway => f.write_str("a `kind: Gateway` document (at most one is allowed)"),
+            Self::Node => f.write_str("a `kind: Node` document (at most one is allowed)"),
+            Self::Interface(name) => write!(f, "interface {name} (one Endpoint per interface)"),
             Self::Policy { kind, name } => write!(f, "{kind} {name:?}"),
         }
     }

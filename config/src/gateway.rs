@@ -1,5 +1,6 @@
-//! `kind: Gateway` (`apiVersion: fqdnd.io/v1`): fqdnd as a standalone DNS firewall. At most
-//! one such document across all files; paths are relative to the file that names them.
+//! `kind: Gateway` and `kind: Node` (`apiVersion: fqdnd.io/v1`): how the daemon runs, as a
+//! standalone DNS firewall or as the node agent of local endpoints. At most one of each across
+//! all files; paths are relative to the file that names them.
 //!
 //! ```yaml
 //! apiVersion: fqdnd.io/v1
@@ -22,6 +23,15 @@
 //!   onHoldTimeout: release                    # or servfail
 //!   onTruncated: retryTcp                     # or passThrough
 //!   rateLimit: {qps: 200, burst: 400, action: drop}   # per client address; or refused
+//!   enforceInterfaces: [lan0]                 # kernel enforcement of forwarded traffic
+//! ---
+//! apiVersion: fqdnd.io/v1
+//! kind: Node                                  # every field optional
+//! spec:
+//!   dnsProxyPort: 10053                       # transparent proxy sockets (eBPF redirect)
+//!   pinDir: /sys/fs/bpf/fqdnd/v2              # default: versioned by the maps' layout
+//!   conntrackIdleTimeout: 10m                 # idle flows stop keeping zombies alive
+//!   # and lists, adminSocket, metrics, queryLog, upstreamTimeout, on*, rateLimit as above
 //! ```
 
 use std::net::SocketAddr;
@@ -83,16 +93,10 @@ pub struct RateLimit {
     /// What happens over the limit.
     pub action: RateLimitAction,
 }
-
-/// The gateway's settings.
+/// What every daemon mode (gateway, node) shares: lists, admin API, metrics, query log and
+/// the DNS proxy's behaviour.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Gateway {
-    /// Addresses served over UDP and TCP.
-    pub listen: Vec<SocketAddr>,
-    /// The upstream pool.
-    pub upstreams: Vec<SocketAddr>,
-    /// Zones served from memory, as an upstream of their own.
-    pub static_zones: Vec<StaticZone>,
+pub struct Daemon {
     /// Allow and deny lists.
     pub lists: Lists,
     /// The admin API's Unix socket.
@@ -113,12 +117,9 @@ pub struct Gateway {
     pub rate_limit: Option<RateLimit>,
 }
 
-impl Default for Gateway {
+impl Default for Daemon {
     fn default() -> Self {
         Self {
-            listen: Vec::new(),
-            upstreams: Vec::new(),
-            static_zones: Vec::new(),
             lists: Lists::default(),
             admin_socket: PathBuf::from(DEFAULT_ADMIN_SOCKET),
             metrics: None,
@@ -132,25 +133,83 @@ impl Default for Gateway {
     }
 }
 
-/// A whole `Gateway` document.
+/// The gateway's settings (`kind: Gateway`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Gateway {
+    /// Addresses served over UDP and TCP.
+    pub listen: Vec<SocketAddr>,
+    /// The upstream pool.
+    pub upstreams: Vec<SocketAddr>,
+    /// Zones served from memory, as an upstream of their own.
+    pub static_zones: Vec<StaticZone>,
+    /// LAN interfaces whose forwarded traffic the kernel datapath enforces (client groups
+    /// recognised by source address); empty: DNS filtering only.
+    pub enforce_interfaces: Vec<String>,
+    /// The bpffs directory for pinned maps and links when enforcing (default: versioned,
+    /// under `/sys/fs/bpf/fqdnd`).
+    pub pin_dir: Option<PathBuf>,
+    /// What every mode shares.
+    pub daemon: Daemon,
+}
+
+/// The node agent's settings (`kind: Node`): fqdnd as the sidecar-less DNS proxy and
+/// enforcer of the endpoints on this host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    /// The port of the transparent DNS proxy sockets (UDP and TCP, IPv4 and IPv6) that the
+    /// eBPF redirect assigns endpoints' DNS packets to.
+    pub dns_proxy_port: u16,
+    /// The bpffs directory for pinned maps and links (default: versioned, under
+    /// `/sys/fs/bpf/fqdnd`).
+    pub pin_dir: Option<PathBuf>,
+    /// A conntrack entry idle this long no longer keeps its destination in use (zombies)
+    /// and is removed.
+    pub conntrack_idle_timeout: Duration,
+    /// What every mode shares.
+    pub daemon: Daemon,
+}
+
+/// The node's DNS proxy port unless told otherwise.
+pub const DEFAULT_DNS_PROXY_PORT: u16 = 10053;
+
+impl Default for Node {
+    fn default() -> Self {
+        Self {
+            dns_proxy_port: DEFAULT_DNS_PROXY_PORT,
+            pin_dir: None,
+            conntrack_idle_timeout: Duration::from_secs(600),
+            daemon: Daemon::default(),
+        }
+    }
+}
+
+/// A whole `Gateway` or `Node` document.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct GatewayDoc {
+pub(crate) struct DaemonDoc {
     #[serde(rename = "apiVersion")]
     _api_version: Option<IgnoredAny>,
     #[serde(rename = "kind")]
     _kind: Option<IgnoredAny>,
     #[serde(rename = "metadata")]
     _metadata: Option<ObjectMeta>,
-    spec: Option<GatewaySpec>,
+    spec: Option<Spanned<DaemonSpec>>,
 }
 
+/// Both kinds' fields; each kind refuses the other's.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct GatewaySpec {
+struct DaemonSpec {
+    // Gateway only.
     listen: Option<Vec<Text>>,
     upstreams: Option<Vec<Text>>,
     static_zones: Option<Vec<Spanned<ZoneSpec>>>,
+    enforce_interfaces: Option<Vec<Text>>,
+    // Node only.
+    dns_proxy_port: Option<Spanned<u16>>,
+    conntrack_idle_timeout: Option<Text>,
+    // Both.
+    pin_dir: Option<Text>,
     lists: Option<ListsSpec>,
     admin_socket: Option<Text>,
     metrics: Option<Text>,
@@ -188,25 +247,36 @@ struct ListsSpec {
     allow_names: Option<Vec<String>>,
 }
 
-/// Converts the `Gateway` document; `None` if anything in it is wrong.
-pub(crate) fn gateway(doc: &Spanned<GatewayDoc>, diag: &mut Diag<'_>) -> Option<Gateway> {
-    let doc_at = at(doc);
-    let doc = &doc.value;
-    let before = diag.count();
-    let mut g = Gateway::default();
-    let base = diag
-        .file()
+/// The folder paths in the document are relative to.
+fn base_dir(diag: &Diag<'_>) -> PathBuf {
+    diag.file()
         .parent()
         .map(Path::to_path_buf)
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// Converts the `Gateway` document; `None` if anything in it is wrong.
+pub(crate) fn gateway(doc: &Spanned<DaemonDoc>, diag: &mut Diag<'_>) -> Option<Gateway> {
+    let doc_at = at(doc);
+    let before = diag.count();
+    let mut g = Gateway::default();
+    let base = base_dir(diag);
     let relative = |text: &Text| base.join(&text.value);
-    let Some(spec) = &doc.spec else {
+    let Some(spec) = &doc.value.spec else {
         diag.invalid(
             doc_at,
             "a `Gateway` needs a `spec` with `listen` and `upstreams` or `staticZones`",
         );
         return None;
     };
+    let spec_at = at(spec);
+    let spec = &spec.value;
+    if spec.dns_proxy_port.is_some() || spec.conntrack_idle_timeout.is_some() {
+        diag.invalid(
+            spec_at,
+            "`dnsProxyPort` and `conntrackIdleTimeout` belong to a `kind: Node` document, not a Gateway",
+        );
+    }
     for text in spec.listen.iter().flatten() {
         if let Some(addr) = socket_addr("listen", text, diag) {
             g.listen.push(addr);
@@ -249,34 +319,127 @@ pub(crate) fn gateway(doc: &Spanned<GatewayDoc>, diag: &mut Diag<'_>) -> Option<
             });
         }
     }
+    for text in spec.enforce_interfaces.iter().flatten() {
+        if let Some(name) = interface("enforceInterfaces", text, diag) {
+            g.enforce_interfaces.push(name);
+        }
+    }
+    g.pin_dir = spec.pin_dir.as_ref().map(|t| relative(t));
+    g.daemon = daemon(spec, &base, diag);
+    if diag.count() == before {
+        if g.listen.is_empty() {
+            diag.invalid(doc_at, "a `Gateway` needs at least one `listen` address");
+        }
+        if g.upstreams.is_empty() && g.static_zones.is_empty() {
+            diag.invalid(
+                doc_at,
+                "a `Gateway` needs `upstreams`, `staticZones`, or both",
+            );
+        }
+    }
+    (diag.count() == before).then_some(g)
+}
+
+/// Converts the `Node` document; `None` if anything in it is wrong.
+pub(crate) fn node(doc: &Spanned<DaemonDoc>, diag: &mut Diag<'_>) -> Option<Node> {
+    let before = diag.count();
+    let mut n = Node::default();
+    let base = base_dir(diag);
+    let Some(spec) = &doc.value.spec else {
+        // Every field has a default.
+        return Some(n);
+    };
+    let spec_at = at(spec);
+    let spec = &spec.value;
+    if spec.listen.is_some()
+        || spec.upstreams.is_some()
+        || spec.static_zones.is_some()
+        || spec.enforce_interfaces.is_some()
+    {
+        diag.invalid(
+            spec_at,
+            "a `Node` forwards each query to the resolver the endpoint asked (its original \
+             destination) and enforces every declared endpoint's interface: `listen`, \
+             `upstreams`, `staticZones` and `enforceInterfaces` belong to a `kind: Gateway`",
+        );
+    }
+    if let Some(port) = &spec.dns_proxy_port {
+        if port.value == 0 {
+            diag.invalid(at(port), "`dnsProxyPort` must be a port (1-65535)");
+        } else {
+            n.dns_proxy_port = port.value;
+        }
+    }
+    if let Some(text) = &spec.conntrack_idle_timeout
+        && let Some(d) = duration("conntrackIdleTimeout", text, diag)
+    {
+        if d < Duration::from_secs(1) {
+            diag.invalid(at(text), "`conntrackIdleTimeout` must be at least 1s");
+        } else {
+            n.conntrack_idle_timeout = d;
+        }
+    }
+    n.pin_dir = spec.pin_dir.as_ref().map(|t| base.join(&t.value));
+    n.daemon = daemon(spec, &base, diag);
+    (diag.count() == before).then_some(n)
+}
+
+/// A network interface name as Linux accepts it.
+pub(crate) fn interface(field: &str, text: &Text, diag: &mut Diag<'_>) -> Option<String> {
+    let name = text.value.trim();
+    let ok = !name.is_empty()
+        && name.len() < 16
+        && name != "."
+        && name != ".."
+        && !name
+            .chars()
+            .any(|c| c == '/' || c == ':' || c.is_whitespace() || c.is_control());
+    if ok {
+        Some(name.to_owned())
+    } else {
+        diag.invalid(
+            at(text),
+            format!(
+                "`{field}` {:?} is not an interface name (1-15 characters, no `/`, `:` or spaces)",
+                sanitize(name)
+            ),
+        );
+        None
+    }
+}
+
+/// The fields both kinds share.
+fn daemon(spec: &DaemonSpec, base: &Path, diag: &mut Diag<'_>) -> Daemon {
+    let mut d = Daemon::default();
+    let relative = |text: &Text| base.join(&text.value);
     if let Some(lists) = &spec.lists {
-        g.lists.deny = lists.deny.iter().flatten().map(relative).collect();
-        g.lists.allow = lists.allow.iter().flatten().map(relative).collect();
-        g.lists.deny_names = lists.deny_names.clone().unwrap_or_default();
-        g.lists.allow_names = lists.allow_names.clone().unwrap_or_default();
+        d.lists.deny = lists.deny.iter().flatten().map(relative).collect();
+        d.lists.allow = lists.allow.iter().flatten().map(relative).collect();
+        d.lists.deny_names = lists.deny_names.clone().unwrap_or_default();
+        d.lists.allow_names = lists.allow_names.clone().unwrap_or_default();
     }
     if let Some(text) = &spec.admin_socket {
-        g.admin_socket = relative(text);
+        d.admin_socket = relative(text);
     }
     if let Some(text) = &spec.metrics {
-        g.metrics = socket_addr("metrics", text, diag);
+        d.metrics = socket_addr("metrics", text, diag);
     }
     if let Some(text) = &spec.query_log {
-        g.query_log = Some(relative(text));
+        d.query_log = Some(relative(text));
     }
     if let Some(text) = &spec.upstream_timeout
-        && let Some(d) = duration("upstreamTimeout", text, diag)
+        && let Some(t) = duration("upstreamTimeout", text, diag)
     {
-        if d.is_zero() || d > Duration::from_secs(60) {
+        if t.is_zero() || t > Duration::from_secs(60) {
             diag.invalid(at(text), "`upstreamTimeout` must be between 1ms and 60s");
         } else {
-            g.upstream_timeout = d;
+            d.upstream_timeout = t;
         }
     }
     if let Some(text) = &spec.on_upstream_timeout {
         match text.value.as_str() {
-            "servfail" => g.on_upstream_timeout = UpstreamTimeoutAction::ServFail,
-            "noReply" => g.on_upstream_timeout = UpstreamTimeoutAction::NoReply,
+            "servfail" => d.on_upstream_timeout = UpstreamTimeoutAction::ServFail,
+            "noReply" => d.on_upstream_timeout = UpstreamTimeoutAction::NoReply,
             other => choice(
                 "onUpstreamTimeout",
                 other,
@@ -288,8 +451,8 @@ pub(crate) fn gateway(doc: &Spanned<GatewayDoc>, diag: &mut Diag<'_>) -> Option<
     }
     if let Some(text) = &spec.on_hold_timeout {
         match text.value.as_str() {
-            "release" => g.on_hold_timeout = HoldFallback::Release,
-            "servfail" => g.on_hold_timeout = HoldFallback::ServFail,
+            "release" => d.on_hold_timeout = HoldFallback::Release,
+            "servfail" => d.on_hold_timeout = HoldFallback::ServFail,
             other => choice(
                 "onHoldTimeout",
                 other,
@@ -301,8 +464,8 @@ pub(crate) fn gateway(doc: &Spanned<GatewayDoc>, diag: &mut Diag<'_>) -> Option<
     }
     if let Some(text) = &spec.on_truncated {
         match text.value.as_str() {
-            "retryTcp" => g.on_truncated = TruncatedAction::RetryTcp,
-            "passThrough" => g.on_truncated = TruncatedAction::PassThrough,
+            "retryTcp" => d.on_truncated = TruncatedAction::RetryTcp,
+            "passThrough" => d.on_truncated = TruncatedAction::PassThrough,
             other => choice(
                 "onTruncated",
                 other,
@@ -330,7 +493,7 @@ pub(crate) fn gateway(doc: &Spanned<GatewayDoc>, diag: &mut Diag<'_>) -> Option<
                 "`rateLimit.qps` must be at least 1 (leave `rateLimit` out for no limit)",
             );
         } else if let Some(action) = action {
-            g.rate_limit = Some(RateLimit {
+            d.rate_limit = Some(RateLimit {
                 qps: r.qps,
                 burst: r.burst.unwrap_or(r.qps).max(1),
                 clients: r.clients.map_or(65_536, |c| c.max(1) as usize),
@@ -338,18 +501,7 @@ pub(crate) fn gateway(doc: &Spanned<GatewayDoc>, diag: &mut Diag<'_>) -> Option<
             });
         }
     }
-    if diag.count() == before {
-        if g.listen.is_empty() {
-            diag.invalid(doc_at, "a `Gateway` needs at least one `listen` address");
-        }
-        if g.upstreams.is_empty() && g.static_zones.is_empty() {
-            diag.invalid(
-                doc_at,
-                "a `Gateway` needs `upstreams`, `staticZones`, or both",
-            );
-        }
-    }
-    (diag.count() == before).then_some(g)
+    d
 }
 
 fn socket_addr(field: &str, text: &Text, diag: &mut Diag<'_>) -> Option<SocketAddr> {

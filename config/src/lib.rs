@@ -6,8 +6,9 @@
 //!   `CiliumClusterwideNetworkPolicy`, accepted as they are written for Cilium and turned into
 //!   the policy model of [`fqdnd_ipcache::policy`] (one [`Rule`] per `spec` / `specs[]`);
 //! - fqdnd's own declarations, `apiVersion: fqdnd.io/v1`: `kind: Endpoint` and
-//!   `kind: ClientGroup` (the workloads enforced, as [`Endpoint`]s) and `kind: Settings` (the
-//!   daemon's tunables, as [`Settings`], with Cilium's defaults).
+//!   `kind: ClientGroup` (the workloads enforced, as [`Endpoint`]s), `kind: Settings` (the
+//!   engine's tunables, as [`Settings`], with Cilium's defaults), and `kind: Gateway` /
+//!   `kind: Node` (how the daemon runs, as [`Gateway`] / [`Node`]).
 //!
 //! Any number of documents of any kind may share a file (`---` between them). Every problem is
 //! reported with its `file:line:column`, and loading goes on after one so that a single run
@@ -46,7 +47,10 @@ use fqdnd_ipcache::Endpoint;
 use fqdnd_ipcache::policy::Rule;
 
 pub use error::{Duplicated, Error, Errors};
-pub use gateway::{DEFAULT_ADMIN_SOCKET, Gateway, Lists, RateLimit, StaticZone, ZoneSource};
+pub use gateway::{
+    DEFAULT_ADMIN_SOCKET, DEFAULT_DNS_PROXY_PORT, Daemon, Gateway, Lists, Node, RateLimit,
+    StaticZone, ZoneSource,
+};
 pub use load::{CILIUM_API_VERSION, FQDND_API_VERSION, load, load_str};
 pub use settings::{MAX_PROXY_RESPONSE_DELAY, MIN_GC_INTERVAL, Settings};
 
@@ -65,6 +69,10 @@ pub struct Config {
     pub rules: Vec<Rule>,
     /// The `Gateway` document, if any (`fqdnd gateway` needs one).
     pub gateway: Option<Gateway>,
+    /// The `Node` document, if any (`fqdnd node` uses its defaults without one).
+    pub node: Option<Node>,
+    /// The host-side interface of each Endpoint that names one (node mode).
+    pub interfaces: std::collections::BTreeMap<fqdnd_ipcache::EndpointId, String>,
     /// The files read, in order (a directory contributes its files).
     pub sources: Vec<PathBuf>,
 }

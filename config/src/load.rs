@@ -22,7 +22,7 @@ use crate::cnp::PolicyDoc;
 use crate::convert::{self, PolicyKind};
 use crate::endpoint::{self, Declared, EndpointDoc, EndpointKind};
 use crate::error::{Duplicated, Error, Errors};
-use crate::gateway::{self, Gateway, GatewayDoc};
+use crate::gateway::{self, DaemonDoc, Gateway, Node};
 use crate::settings::{self, Settings, SettingsDoc};
 use crate::yaml::{Diag, Text, at, position, sanitize};
 
@@ -128,6 +128,7 @@ enum Kind {
     Endpoint(EndpointKind),
     Settings,
     Gateway,
+    Node,
 }
 
 impl Kind {
@@ -141,6 +142,7 @@ impl Kind {
             (FQDND_API_VERSION, "ClientGroup") => Self::Endpoint(EndpointKind::ClientGroup),
             (FQDND_API_VERSION, "Settings") => Self::Settings,
             (FQDND_API_VERSION, "Gateway") => Self::Gateway,
+            (FQDND_API_VERSION, "Node") => Self::Node,
             _ => return None,
         })
     }
@@ -179,6 +181,9 @@ struct Loader {
     /// The `Gateway` document, once valid, and where the first one is.
     gateway: Option<Gateway>,
     gateway_at: Option<(PathBuf, Location)>,
+    /// The `Node` document, once valid, and where the first one is.
+    node: Option<Node>,
+    node_at: Option<(PathBuf, Location)>,
     endpoints: Vec<(Declared, PathBuf)>,
     policies: Vec<(PolicyKind, String, PathBuf, Location)>,
     rules: Vec<Rule>,
@@ -223,10 +228,20 @@ impl Loader {
         pass::<SettingsDoc>(bytes, &mut slots, &mut diag, is_settings, |_, doc, diag| {
             self.add_settings(&doc, diag);
         });
-        let is_gateway: fn(Kind) -> bool = |k| k == Kind::Gateway;
-        pass::<GatewayDoc>(bytes, &mut slots, &mut diag, is_gateway, |_, doc, diag| {
-            self.add_gateway(&doc, diag);
-        });
+        let is_daemon: fn(Kind) -> bool = |k| matches!(k, Kind::Gateway | Kind::Node);
+        pass::<DaemonDoc>(
+            bytes,
+            &mut slots,
+            &mut diag,
+            is_daemon,
+            |kind, doc, diag| {
+                if kind == Kind::Node {
+                    self.add_node(&doc, diag);
+                } else {
+                    self.add_gateway(&doc, diag);
+                }
+            },
+        );
         for slot in &slots {
             if let Slot::Pending {
                 at, read: false, ..
@@ -281,6 +296,12 @@ impl Loader {
                 let item = Duplicated::EndpointId(new.endpoint.id.0);
                 diag.push(duplicate(item, file, new.id_at, old_file, old.id_at));
             }
+            if let (Some(a), Some(b)) = (&old.interface, &new.interface)
+                && a == b
+            {
+                let item = Duplicated::Interface(a.clone());
+                diag.push(duplicate(item, file, new.name_at, old_file, old.name_at));
+            }
             if old.endpoint.name == new.endpoint.name {
                 let item = Duplicated::EndpointName(new.endpoint.name.clone());
                 diag.push(duplicate(item, file, new.name_at, old_file, old.name_at));
@@ -319,7 +340,23 @@ impl Loader {
         self.settings = settings::settings(&doc.value, diag);
     }
 
-    fn add_gateway(&mut self, doc: &Spanned<GatewayDoc>, diag: &mut Diag<'_>) {
+    fn add_node(&mut self, doc: &Spanned<DaemonDoc>, diag: &mut Diag<'_>) {
+        let file = diag.file();
+        if let Some((first_file, first_at)) = &self.node_at {
+            diag.push(duplicate(
+                Duplicated::Node,
+                file,
+                at(doc),
+                first_file,
+                *first_at,
+            ));
+            return;
+        }
+        self.node_at = Some((file.to_path_buf(), at(doc)));
+        self.node = gateway::node(doc, diag);
+    }
+
+    fn add_gateway(&mut self, doc: &Spanned<DaemonDoc>, diag: &mut Diag<'_>) {
         let file = diag.file();
         if let Some((first_file, first_at)) = &self.gateway_at {
             diag.push(duplicate(
@@ -339,6 +376,11 @@ impl Loader {
         if !self.errors.is_empty() {
             return Err(Errors::new(self.errors));
         }
+        let interfaces = self
+            .endpoints
+            .iter()
+            .filter_map(|(d, _)| Some((d.endpoint.id, d.interface.clone()?)))
+            .collect();
         Ok(Config {
             settings: self.settings.unwrap_or_default(),
             endpoints: self
@@ -348,6 +390,8 @@ impl Loader {
                 .collect(),
             rules: self.rules,
             gateway: self.gateway,
+            node: self.node,
+            interfaces,
             sources: self.sources,
         })
     }

@@ -36,18 +36,21 @@ fn every_field_is_read_and_paths_are_relative_to_the_file() {
     );
     assert!(matches!(&g.static_zones[1].source, ZoneSource::Inline(t) if t.contains("192.0.2.1")));
     assert_eq!(
-        g.lists.deny,
+        g.daemon.lists.deny,
         vec![PathBuf::from("/etc/fqdnd/lists/ads.txt")]
     );
-    assert_eq!(g.lists.allow_names, vec!["ok.example".to_owned()]);
-    assert_eq!(g.admin_socket, PathBuf::from("/etc/fqdnd/admin.sock"));
-    assert_eq!(g.metrics, Some("127.0.0.1:9967".parse().unwrap()));
-    assert_eq!(g.query_log, Some(PathBuf::from("/var/log/q.jsonl")));
-    assert_eq!(g.upstream_timeout, Duration::from_secs(2));
-    assert_eq!(g.on_upstream_timeout, UpstreamTimeoutAction::NoReply);
-    assert_eq!(g.on_hold_timeout, HoldFallback::ServFail);
-    assert_eq!(g.on_truncated, TruncatedAction::PassThrough);
-    let rate = g.rate_limit.unwrap();
+    assert_eq!(g.daemon.lists.allow_names, vec!["ok.example".to_owned()]);
+    assert_eq!(
+        g.daemon.admin_socket,
+        PathBuf::from("/etc/fqdnd/admin.sock")
+    );
+    assert_eq!(g.daemon.metrics, Some("127.0.0.1:9967".parse().unwrap()));
+    assert_eq!(g.daemon.query_log, Some(PathBuf::from("/var/log/q.jsonl")));
+    assert_eq!(g.daemon.upstream_timeout, Duration::from_secs(2));
+    assert_eq!(g.daemon.on_upstream_timeout, UpstreamTimeoutAction::NoReply);
+    assert_eq!(g.daemon.on_hold_timeout, HoldFallback::ServFail);
+    assert_eq!(g.daemon.on_truncated, TruncatedAction::PassThrough);
+    let rate = g.daemon.rate_limit.unwrap();
     assert_eq!(
         (rate.qps, rate.burst, rate.action),
         (50, 50, fqdnd_dnsproxy::RateLimitAction::Refused)

@@ -86,17 +86,21 @@ fn proxy_config(
         listen_udp: listen.to_vec(),
         listen_tcp: listen.to_vec(),
         upstreams,
-        upstream_timeout: gateway.upstream_timeout,
-        on_upstream_timeout: gateway.on_upstream_timeout,
+        upstream_timeout: gateway.daemon.upstream_timeout,
+        on_upstream_timeout: gateway.daemon.on_upstream_timeout,
         response_max_delay: settings.proxy_response_max_delay,
-        on_hold_timeout: gateway.on_hold_timeout,
-        on_truncated: gateway.on_truncated,
+        on_hold_timeout: gateway.daemon.on_hold_timeout,
+        on_truncated: gateway.daemon.on_truncated,
         reject_code: settings.reject_response_code,
         concurrency_limit: settings.concurrency_limit,
-        rate_limit_qps: gateway.rate_limit.map_or(0, |r| r.qps),
-        rate_limit_burst: gateway.rate_limit.map_or(0, |r| r.burst),
-        rate_limit_clients: gateway.rate_limit.map_or(65_536, |r| r.clients),
-        rate_limit_action: gateway.rate_limit.map(|r| r.action).unwrap_or_default(),
+        rate_limit_qps: gateway.daemon.rate_limit.map_or(0, |r| r.qps),
+        rate_limit_burst: gateway.daemon.rate_limit.map_or(0, |r| r.burst),
+        rate_limit_clients: gateway.daemon.rate_limit.map_or(65_536, |r| r.clients),
+        rate_limit_action: gateway
+            .daemon
+            .rate_limit
+            .map(|r| r.action)
+            .unwrap_or_default(),
         ..fqdnd_dnsproxy::Config::default()
     }
 }
@@ -125,7 +129,7 @@ pub(crate) async fn start(
 ) -> Result<RunningGateway> {
     let clock = Clock::start();
     let (config, gateway) = load(&paths, demo)?;
-    let compiled = CompiledPolicy::compile(&config, &gateway.lists)?;
+    let compiled = CompiledPolicy::compile(&config, &gateway.daemon.lists)?;
     let policy = Arc::new(GatewayPolicy::default());
     policy.replace(compiled);
 
@@ -148,11 +152,11 @@ pub(crate) async fn start(
         engine: Arc::clone(&engine),
         clock,
     });
-    let query_log: Option<Arc<dyn QueryLog>> = match &gateway.query_log {
+    let query_log: Option<Arc<dyn QueryLog>> = match &gateway.daemon.query_log {
         Some(path) => Some(Arc::new(querylog::JsonLines::open(path)?)),
         None => None,
     };
-    if let Some(addr) = gateway.metrics {
+    if let Some(addr) = gateway.daemon.metrics {
         crate::metrics::install(addr)?;
     }
     fqdnd_dnsproxy::describe_metrics();
@@ -223,7 +227,7 @@ pub(crate) async fn start(
         listen: udp.clone(),
         reloads: Mutex::new(admin::ReloadHistory::default()),
     });
-    let socket = admin_socket.unwrap_or_else(|| gateway.admin_socket.clone());
+    let socket = admin_socket.unwrap_or_else(|| gateway.daemon.admin_socket.clone());
     if !demo {
         let listener = admin::bind(&socket)?;
         {

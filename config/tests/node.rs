@@ -1,0 +1,97 @@
+//! `kind: Node` and Endpoint interfaces.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed step should panic"
+)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use fqdnd_config::{DEFAULT_DNS_PROXY_PORT, load_str};
+use fqdnd_ipcache::EndpointId;
+
+fn file() -> &'static Path {
+    Path::new("/etc/fqdnd/node.yaml")
+}
+
+fn endpoint(id: u16, name: &str, addr: &str, interface: &str) -> String {
+    format!(
+        "apiVersion: fqdnd.io/v1\nkind: Endpoint\nmetadata: {{name: {name}}}\nspec:\n  id: {id}\n  addresses: [{addr}]\n  interface: {interface}\n"
+    )
+}
+
+#[test]
+fn node_fields_are_read_with_defaults_for_the_rest() {
+    let text = "apiVersion: fqdnd.io/v1\nkind: Node\nspec:\n  dnsProxyPort: 5300\n  pinDir: pins\n  conntrackIdleTimeout: 90s\n  adminSocket: admin.sock\n  onHoldTimeout: servfail\n";
+    let node = load_str(text, file()).unwrap().node.unwrap();
+    assert_eq!(node.dns_proxy_port, 5300);
+    assert_eq!(node.pin_dir, Some(PathBuf::from("/etc/fqdnd/pins")));
+    assert_eq!(node.conntrack_idle_timeout, Duration::from_secs(90));
+    assert_eq!(
+        node.daemon.admin_socket,
+        PathBuf::from("/etc/fqdnd/admin.sock")
+    );
+    assert_eq!(
+        node.daemon.on_hold_timeout,
+        fqdnd_dnsproxy::HoldFallback::ServFail
+    );
+
+    let bare = load_str("apiVersion: fqdnd.io/v1\nkind: Node\n", file()).unwrap();
+    assert_eq!(bare.node.unwrap().dns_proxy_port, DEFAULT_DNS_PROXY_PORT);
+}
+
+#[test]
+fn gateway_fields_in_a_node_and_node_fields_in_a_gateway_are_errors() {
+    let err = load_str(
+        "apiVersion: fqdnd.io/v1\nkind: Node\nspec:\n  upstreams: [\"192.0.2.1:53\"]\n",
+        file(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("original destination"), "{err}");
+    let err = load_str(
+        "apiVersion: fqdnd.io/v1\nkind: Gateway\nspec:\n  listen: [\"127.0.0.1:53\"]\n  upstreams: [\"192.0.2.1:53\"]\n  dnsProxyPort: 53\n",
+        file(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("kind: Node"), "{err}");
+    let err = load_str(
+        "apiVersion: fqdnd.io/v1\nkind: Node\nspec:\n  dnsProxyPort: 0\n",
+        file(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("node.yaml:4:17"), "{err}");
+}
+
+#[test]
+fn endpoint_interfaces_are_collected_and_must_be_unique() {
+    let text = format!(
+        "{}---\n{}",
+        endpoint(1, "a", "10.0.0.2", "veth-a"),
+        endpoint(2, "b", "10.0.0.3", "veth-b")
+    );
+    let config = load_str(&text, file()).unwrap();
+    assert_eq!(config.interfaces.get(&EndpointId(1)).unwrap(), "veth-a");
+    assert_eq!(config.interfaces.get(&EndpointId(2)).unwrap(), "veth-b");
+
+    let text = format!(
+        "{}---\n{}",
+        endpoint(1, "a", "10.0.0.2", "veth-a"),
+        endpoint(2, "b", "10.0.0.3", "veth-a")
+    );
+    let err = load_str(&text, file()).unwrap_err().to_string();
+    assert!(err.contains("interface veth-a"), "{err}");
+
+    let err = load_str(&endpoint(1, "a", "10.0.0.2", "bad/name"), file())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not an interface name"), "{err}");
+
+    let group = "apiVersion: fqdnd.io/v1\nkind: ClientGroup\nmetadata: {name: lan}\nspec:\n  id: 3\n  addresses: [10.1.0.0/16]\n  interface: lan0\n";
+    let err = load_str(group, file()).unwrap_err().to_string();
+    assert!(err.contains("enforceInterfaces"), "{err}");
+}
