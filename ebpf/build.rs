@@ -22,7 +22,12 @@ fn main() {
     let clang = env::var("FQDND_BPF_CLANG").unwrap_or_else(|_| "clang-19".to_owned());
     let check = env::var("FQDND_BPF_CHECK").is_ok_and(|v| v == "1");
     let update = env::var("FQDND_BPF_UPDATE").is_ok_and(|v| v == "1");
-    for var in ["FQDND_BPF_CLANG", "FQDND_BPF_CHECK", "FQDND_BPF_UPDATE", "CC"] {
+    for var in [
+        "FQDND_BPF_CLANG",
+        "FQDND_BPF_CHECK",
+        "FQDND_BPF_UPDATE",
+        "CC",
+    ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
     println!("cargo:rerun-if-changed=include/fqdnd_maps.h");
@@ -120,6 +125,10 @@ fn layout(manifest: &Path, out: &Path) {
         ("fqdnd_ipcache_key6", &["prefixlen", "addr"]),
         ("fqdnd_ipcache_value", &["identity"]),
         ("fqdnd_endpoint_value", &["endpoint", "flags", "pad"]),
+        (
+            "fqdnd_dns_proxy",
+            &["addr4", "port4", "pad4", "addr6", "port6", "pad6"],
+        ),
         (
             "fqdnd_policy_key",
             &["identity", "endpoint", "dport", "proto", "pad"],

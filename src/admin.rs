@@ -8,6 +8,10 @@
 //! | GET | `/v1/identities` | [`IdentityRow`]s |
 //! | GET | `/v1/ipcache` | [`IpcacheRow`]s |
 //! | POST | `/v1/policy/reload` | [`Reload`]: the old policy stays if the new one has errors |
+//! | GET | `/v1/endpoints` | node: [`EndpointRow`]s |
+//! | POST | `/v1/endpoints` | node: body = one `kind: Endpoint` YAML document; adds or replaces it |
+//! | DELETE | `/v1/endpoints/{id}` | node: removes an endpoint added through the API |
+//! | GET | `/v1/drops?since=N` | node: [`DropPage`], policy drops after sequence number N |
 
 use std::future::Future;
 use std::io::{Read, Write};
@@ -17,15 +21,26 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result, bail};
 use axum::Json;
-use axum::extract::State;
-use axum::routing::{get, post};
+use axum::extract::{Path as UrlPath, Query, State};
+use axum::http::StatusCode;
+use axum::routing::{delete, get, post};
 use fqdnd_config::Gateway;
+use fqdnd_ipcache::EndpointId;
 use serde::{Deserialize, Serialize};
 use tokio::net::UnixListener;
 
 use crate::clock::Clock;
 use crate::gateway::observer::SharedEngine;
 use crate::gateway::policy::{CompiledPolicy, GatewayPolicy};
+use crate::node::{DropPage, EndpointRow, NodeRuntime};
+
+/// Which daemon the admin API belongs to.
+pub(crate) enum AdminMode {
+    /// `fqdnd gateway`, with the Gateway document it started with.
+    Gateway(Box<Gateway>),
+    /// `fqdnd node`.
+    Node(Arc<NodeRuntime>),
+}
 
 /// What the admin API serves from.
 pub(crate) struct AdminState {
@@ -35,7 +50,7 @@ pub(crate) struct AdminState {
     pub(crate) demo: bool,
     pub(crate) clock: Clock,
     pub(crate) proxy: fqdnd_dnsproxy::StatsHandle,
-    pub(crate) gateway: Gateway,
+    pub(crate) mode: AdminMode,
     pub(crate) listen: Vec<std::net::SocketAddr>,
     pub(crate) reloads: Mutex<ReloadHistory>,
 }
@@ -143,6 +158,9 @@ pub(crate) async fn serve(
         .route("/v1/identities", get(identities))
         .route("/v1/ipcache", get(ipcache))
         .route("/v1/policy/reload", post(reload_handler))
+        .route("/v1/endpoints", get(endpoints).post(add_endpoint))
+        .route("/v1/endpoints/{id}", delete(remove_endpoint))
+        .route("/v1/drops", get(drops))
         .with_state(state);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
@@ -314,6 +332,75 @@ pub(crate) fn ipcache_rows(engine: &SharedEngine) -> Vec<IpcacheRow> {
         .collect()
 }
 
+type ApiError = (StatusCode, String);
+
+fn node_only(state: &AdminState) -> Result<&Arc<NodeRuntime>, ApiError> {
+    match &state.mode {
+        AdminMode::Node(runtime) => Ok(runtime),
+        AdminMode::Gateway(_) => Err((
+            StatusCode::NOT_FOUND,
+            "only `fqdnd node` manages endpoints and datapath drops".to_owned(),
+        )),
+    }
+}
+
+fn bad_request(e: &anyhow::Error) -> ApiError {
+    (StatusCode::BAD_REQUEST, format!("{e:#}"))
+}
+
+async fn endpoints(
+    State(state): State<Arc<AdminState>>,
+) -> Result<Json<Vec<EndpointRow>>, ApiError> {
+    let runtime = node_only(&state)?;
+    runtime
+        .rows(&state.engine)
+        .map(Json)
+        .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")))
+}
+
+async fn add_endpoint(
+    State(state): State<Arc<AdminState>>,
+    body: String,
+) -> Result<Json<EndpointRow>, ApiError> {
+    let runtime = Arc::clone(node_only(&state)?);
+    tokio::task::spawn_blocking(move || runtime.add_endpoint(&body, &state))
+        .await
+        .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map(Json)
+        .map_err(|e| bad_request(&e))
+}
+
+async fn remove_endpoint(
+    State(state): State<Arc<AdminState>>,
+    UrlPath(id): UrlPath<u16>,
+) -> Result<Json<Reload>, ApiError> {
+    let runtime = Arc::clone(node_only(&state)?);
+    tokio::task::spawn_blocking(move || runtime.remove_endpoint(EndpointId(id), &state))
+        .await
+        .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map(|()| {
+            Json(Reload {
+                ok: true,
+                errors: Vec::new(),
+            })
+        })
+        .map_err(|e| bad_request(&e))
+}
+
+/// `?since=N`.
+#[derive(Debug, Deserialize)]
+struct Since {
+    #[serde(default)]
+    since: u64,
+}
+
+async fn drops(
+    State(state): State<Arc<AdminState>>,
+    Query(q): Query<Since>,
+) -> Result<Json<DropPage>, ApiError> {
+    Ok(Json(node_only(&state)?.drops.page(q.since, 1000)))
+}
+
 async fn reload_handler(State(state): State<Arc<AdminState>>) -> Json<Reload> {
     Json(reload(&state))
 }
@@ -321,24 +408,33 @@ async fn reload_handler(State(state): State<Arc<AdminState>>) -> Json<Reload> {
 /// Reloads the configuration files. Everything is loaded and compiled first; only a policy
 /// without errors replaces the one in force.
 pub(crate) fn reload(state: &AdminState) -> Reload {
-    let outcome = (|| -> Result<()> {
-        let (config, gateway) = crate::gateway::load(&state.paths, state.demo)?;
-        let compiled = CompiledPolicy::compile(&config, &gateway.daemon.lists)?;
-        if gateway.listen != state.gateway.listen
-            || gateway.upstreams != state.gateway.upstreams
-            || gateway.static_zones != state.gateway.static_zones
-        {
-            tracing::warn!("listen addresses, upstreams and static zones change only on restart");
-        }
-        let mut engine = state
-            .engine
-            .lock()
-            .map_err(|_| anyhow::anyhow!("engine lock poisoned"))?;
-        engine.ipcache.set_endpoints(config.endpoints.clone())?;
-        engine.set_policy(config.rules.clone(), state.clock.now())?;
-        state.policy.replace(compiled);
-        Ok(())
-    })();
+    let outcome = match &state.mode {
+        AdminMode::Gateway(current) => reload_gateway(state, current),
+        AdminMode::Node(runtime) => runtime.reload(state),
+    };
+    record_reload(state, outcome)
+}
+
+fn reload_gateway(state: &AdminState, current: &Gateway) -> Result<()> {
+    let (config, gateway) = crate::gateway::load(&state.paths, state.demo)?;
+    let compiled = CompiledPolicy::compile(&config, &gateway.daemon.lists)?;
+    if gateway.listen != current.listen
+        || gateway.upstreams != current.upstreams
+        || gateway.static_zones != current.static_zones
+    {
+        tracing::warn!("listen addresses, upstreams and static zones change only on restart");
+    }
+    let mut engine = state
+        .engine
+        .lock()
+        .map_err(|_| anyhow::anyhow!("engine lock poisoned"))?;
+    engine.ipcache.set_endpoints(config.endpoints.clone())?;
+    engine.set_policy(config.rules.clone(), state.clock.now())?;
+    state.policy.replace(compiled);
+    Ok(())
+}
+
+fn record_reload(state: &AdminState, outcome: Result<()>) -> Reload {
     let mut history = state
         .reloads
         .lock()
@@ -367,6 +463,16 @@ pub(crate) fn reload(state: &AdminState) -> Reload {
 
 /// A blocking request to the admin socket; returns the JSON body.
 pub(crate) fn request(socket: &Path, method: &str, path: &str) -> Result<String> {
+    request_with_body(socket, method, path, "")
+}
+
+/// [`request`] with a request body; a non-200 answer's body is the error.
+pub(crate) fn request_with_body(
+    socket: &Path,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> Result<String> {
     let mut stream = std::os::unix::net::UnixStream::connect(socket).with_context(|| {
         format!(
             "connecting to the admin socket {} (is `fqdnd gateway` running? see --admin-socket)",
@@ -376,7 +482,8 @@ pub(crate) fn request(socket: &Path, method: &str, path: &str) -> Result<String>
     stream.set_read_timeout(Some(std::time::Duration::from_secs(30)))?;
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nHost: fqdnd\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: fqdnd\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
     )?;
     let mut response = String::new();
     stream
@@ -386,18 +493,19 @@ pub(crate) fn request(socket: &Path, method: &str, path: &str) -> Result<String>
         .split_once("\r\n\r\n")
         .context("malformed HTTP answer")?;
     let status = head.lines().next().unwrap_or_default();
-    if !status.contains(" 200 ") {
-        bail!("admin API answered {status}");
-    }
     let chunked = head.lines().any(|l| {
         l.to_ascii_lowercase()
             .starts_with("transfer-encoding: chunked")
     });
-    Ok(if chunked {
+    let body = if chunked {
         dechunk(body)?
     } else {
         body.to_owned()
-    })
+    };
+    if !status.contains(" 200 ") {
+        bail!("admin API answered {status}: {}", body.trim());
+    }
+    Ok(body)
 }
 
 fn dechunk(mut body: &str) -> Result<String> {

@@ -7,11 +7,14 @@
 
 mod admin;
 mod clock;
+mod datapath;
 mod demo;
 mod engine;
 mod gateway;
 mod list_cmd;
 mod metrics;
+mod node;
+mod node_cmd;
 mod policy_cmd;
 mod replay_cmd;
 mod simulate;
@@ -54,7 +57,45 @@ enum Command {
         #[arg(long, value_name = "PATH")]
         admin_socket: Option<PathBuf>,
     },
-    /// Show the running gateway's state.
+    /// Run fqdnd as the node agent of the endpoints on this host (needs root).
+    ///
+    /// Loads the eBPF programs (maps and links pinned under /sys/fs/bpf/fqdnd), attaches them
+    /// to each Endpoint's `interface`, and serves the transparent DNS proxy they redirect
+    /// DNS to: queries go to the resolver the endpoint asked, answers are learned into the
+    /// kernel maps before the endpoint gets them, and other egress reaches only what policy
+    /// allows. Endpoints can be added at run time (`fqdnd endpoint add`). Stopping the agent
+    /// leaves enforcement in place; `fqdnd bpf unload` removes it.
+    Node {
+        /// Configuration files or directories (Endpoints, policies, optional Node and
+        /// Settings documents).
+        #[arg(long = "config", short = 'c', value_name = "PATH", required = true)]
+        config: Vec<PathBuf>,
+        /// The admin API socket (default: the Node document's `adminSocket`).
+        #[arg(long, value_name = "PATH")]
+        admin_socket: Option<PathBuf>,
+    },
+    /// Endpoints of the running node agent.
+    #[command(subcommand)]
+    Endpoint(EndpointCommand),
+    /// Print packets the datapath drops, as they happen (node agent).
+    Monitor {
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+        /// Stop after this many drops.
+        #[arg(long, value_name = "N")]
+        count: Option<u64>,
+        /// First print the recent drops the agent still holds (up to 4096), then follow.
+        #[arg(long)]
+        recent: bool,
+        /// The admin API socket.
+        #[arg(long, value_name = "PATH", default_value = fqdnd_config::DEFAULT_ADMIN_SOCKET)]
+        admin_socket: PathBuf,
+    },
+    /// Read the kernel's pinned maps directly (works with or without a running agent).
+    #[command(subcommand)]
+    Bpf(BpfCommand),
+    /// Show the running gateway's or node agent's state.
     Status(ListArgs),
     /// The DNS cache (`cache list`).
     #[command(subcommand)]
@@ -102,6 +143,59 @@ struct ListArgs {
     /// The admin API socket.
     #[arg(long, value_name = "PATH", default_value = fqdnd_config::DEFAULT_ADMIN_SOCKET)]
     admin_socket: PathBuf,
+}
+
+#[derive(Subcommand)]
+enum EndpointCommand {
+    /// Add an endpoint (or replace one added earlier with the same id), as a CNI plugin
+    /// would when a workload starts; its interface must exist.
+    Add {
+        #[command(flatten)]
+        endpoint: node_cmd::AddEndpoint,
+        #[command(flatten)]
+        list: ListArgs,
+    },
+    /// Remove an endpoint added with `endpoint add`.
+    Remove {
+        /// The endpoint's id.
+        id: u16,
+        #[command(flatten)]
+        list: ListArgs,
+    },
+    /// Every endpoint: id, name, interface, enforcement, where it was declared.
+    List(ListArgs),
+}
+
+/// Where the pinned maps are.
+#[derive(clap::Args, Clone)]
+struct PinArgs {
+    /// The pin directory (default: /sys/fs/bpf/fqdnd/v<layout version>).
+    #[arg(long, value_name = "DIR")]
+    pin_dir: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum BpfCommand {
+    /// The kernel ipcache: prefix → identity (IPv4 and IPv6 LPM tries).
+    #[command(subcommand)]
+    Ipcache(BpfList),
+    /// The kernel policy: (endpoint, identity, port, protocol) entries that allow.
+    #[command(subcommand)]
+    Policy(BpfList),
+    /// Conntrack entries with their idle time.
+    #[command(subcommand)]
+    Ct(BpfList),
+    /// The endpoint map: interface → endpoint id and flags.
+    #[command(subcommand)]
+    Endpoint(BpfList),
+    /// Detach the programs from every interface, remove the pins and the DNS-redirect routes.
+    Unload(PinArgs),
+}
+
+#[derive(Subcommand)]
+enum BpfList {
+    /// List the entries.
+    List(PinArgs),
 }
 
 #[derive(Subcommand)]
@@ -184,6 +278,41 @@ fn main() -> ExitCode {
                 Ok(ExitCode::SUCCESS)
             })
         }),
+        Command::Node {
+            config,
+            admin_socket,
+        } => runtime().and_then(|rt| {
+            rt.block_on(async {
+                node::run(config, admin_socket).await?;
+                Ok(ExitCode::SUCCESS)
+            })
+        }),
+        Command::Endpoint(EndpointCommand::Add { endpoint, list }) => {
+            node_cmd::add(&list.admin_socket, &endpoint, list.json)
+        }
+        Command::Endpoint(EndpointCommand::Remove { id, list }) => {
+            node_cmd::remove(&list.admin_socket, id)
+        }
+        Command::Endpoint(EndpointCommand::List(args)) => {
+            node_cmd::list(&args.admin_socket, args.json)
+        }
+        Command::Monitor {
+            json,
+            count,
+            recent,
+            admin_socket,
+        } => node_cmd::monitor(&admin_socket, json, count, recent),
+        Command::Bpf(BpfCommand::Ipcache(BpfList::List(p))) => {
+            node_cmd::bpf_ipcache(p.pin_dir.as_deref())
+        }
+        Command::Bpf(BpfCommand::Policy(BpfList::List(p))) => {
+            node_cmd::bpf_policy(p.pin_dir.as_deref())
+        }
+        Command::Bpf(BpfCommand::Ct(BpfList::List(p))) => node_cmd::bpf_ct(p.pin_dir.as_deref()),
+        Command::Bpf(BpfCommand::Endpoint(BpfList::List(p))) => {
+            node_cmd::bpf_endpoints(p.pin_dir.as_deref())
+        }
+        Command::Bpf(BpfCommand::Unload(p)) => node_cmd::bpf_unload(p.pin_dir.as_deref()),
         Command::Status(args) => list_cmd::status(&args.admin_socket, args.json),
         Command::Cache(CacheCommand::List(args)) => list_cmd::cache(&args.admin_socket, args.json),
         Command::Identity(IdentityCommand::List(args)) => {

@@ -324,7 +324,7 @@ pub(crate) fn gateway(doc: &Spanned<DaemonDoc>, diag: &mut Diag<'_>) -> Option<G
             g.enforce_interfaces.push(name);
         }
     }
-    g.pin_dir = spec.pin_dir.as_ref().map(|t| relative(t));
+    g.pin_dir = spec.pin_dir.as_ref().map(relative);
     g.daemon = daemon(spec, &base, diag);
     if diag.count() == before {
         if g.listen.is_empty() {

@@ -65,7 +65,8 @@ pub struct Config {
     /// UDP sockets per listen address, sharing the port with SO_REUSEPORT (default: one per
     /// CPU).
     pub udp_sockets_per_address: usize,
-    /// Upstream servers, tried in order of health (the gateway's pool).
+    /// Upstream servers, tried in order of health (the gateway's pool). May be empty only with
+    /// `forward_to_original_destination`.
     pub upstreams: Vec<SocketAddr>,
     /// Long-lived UDP sockets per upstream, each on its own random source port.
     pub upstream_sockets: usize,
@@ -102,6 +103,24 @@ pub struct Config {
     pub tcp_idle_timeout: Duration,
     /// TCP client connections open at once; past it new ones are refused (closed).
     pub max_tcp_connections: usize,
+    /// Transparent mode (node mode, queries redirected to the listeners by the datapath): every
+    /// listener gets `IP_TRANSPARENT`, a UDP query's original destination is read from
+    /// `IP_RECVORIGDSTADDR` / `IPV6_RECVORIGDSTADDR` (for TCP it is the connection's local
+    /// address) and becomes `QueryInfo::server`, and a UDP reply to a query whose original
+    /// destination is not the listener's bound address leaves from that original destination
+    /// (address and port) through a raw socket. Needs `CAP_NET_RAW` (or `CAP_NET_ADMIN` for
+    /// `IP_TRANSPARENT` and `CAP_NET_RAW` for the raw socket).
+    pub transparent: bool,
+    /// Forward a query whose original destination is not one of the proxy's listen addresses
+    /// to that destination instead of the `upstreams` pool; queries to a listen address still
+    /// go to the pool (REFUSED when it is empty, never to the proxy itself). A listen address
+    /// with a wildcard IP owns every destination on its port. Meaningful with `transparent`
+    /// (without it every query's destination is a listen address).
+    pub forward_to_original_destination: bool,
+    /// Original destinations forwarded to at most (each gets `upstream_sockets` sockets, opened
+    /// on first use and kept); a query to one more gets SERVFAIL and is counted
+    /// (`fqdnd_dns_original_destination_overflow_total`).
+    pub max_original_destinations: usize,
 }
 
 impl Default for Config {
@@ -127,6 +146,9 @@ impl Default for Config {
             rate_limit_action: RateLimitAction::Drop,
             tcp_idle_timeout: Duration::from_secs(10),
             max_tcp_connections: 1024,
+            transparent: false,
+            forward_to_original_destination: false,
+            max_original_destinations: 64,
         }
     }
 }

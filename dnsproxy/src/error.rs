@@ -27,6 +27,20 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// The transparent mode needs a capability the process lacks: `IP_TRANSPARENT` needs
+    /// `CAP_NET_ADMIN` or `CAP_NET_RAW`, the raw reply socket `CAP_NET_RAW`.
+    #[error("cannot {what} for DNS on {addr}: {capability} is missing ({source})")]
+    MissingCapability {
+        /// What could not be done, e.g. `set IP_TRANSPARENT on the UDP listener`.
+        what: &'static str,
+        /// The listen address it was for.
+        addr: SocketAddr,
+        /// The capability needed, e.g. `CAP_NET_RAW`.
+        capability: &'static str,
+        /// The system's error (EPERM).
+        #[source]
+        source: io::Error,
+    },
     /// A socket towards an upstream could not be created, bound or connected.
     #[error("cannot open a UDP socket to upstream {upstream}: {source}")]
     UpstreamSocket {

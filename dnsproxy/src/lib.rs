@@ -35,9 +35,31 @@
 //! - after the hold fallback the observation is not cancelled: it runs to its end;
 //! - an answer without a question is accepted only for a health probe; an answer that does
 //!   not parse is dropped (counted) and the query keeps waiting for a good one or its timeout;
-//! - a UDP reply leaves from the listener socket the query came in on, and
-//!   [`QueryInfo::server`] is that socket's bound address (bind specific addresses, not a
-//!   wildcard, until the transparent mode reads the original destination);
+//! - without [`Config::transparent`], a UDP reply leaves from the listener socket the query came
+//!   in on, and [`QueryInfo::server`] is that socket's bound address (bind specific addresses,
+//!   not a wildcard);
+//! - with [`Config::transparent`] (node mode: the datapath assigns queries to any address to
+//!   the listeners), every listener has `IP_TRANSPARENT`; [`QueryInfo::server`] is the query's
+//!   original destination: from `IP_RECVORIGDSTADDR` / `IPV6_RECVORIGDSTADDR` for UDP (the
+//!   bound address if the kernel reported none), the accepted socket's local address for TCP.
+//!   Every UDP reply (answer, REFUSED, SERVFAIL, …) to a query whose original destination is
+//!   not the listener's bound address (always the case behind a wildcard listener or a
+//!   redirect) leaves from that destination, address and port, through a send-only
+//!   `SOCK_RAW`/`IPPROTO_RAW` socket per family with the IP and UDP headers written by the
+//!   proxy: nothing to receive or filter, no control messages, only `CAP_NET_RAW`. The kernel
+//!   does not fragment such packets: a reply over the route's MTU is sent again truncated
+//!   (TC=1), so the client retries over TCP, whose replies come from the original destination
+//!   by construction;
+//! - with [`Config::forward_to_original_destination`], a query whose original destination is
+//!   not one of the proxy's listen addresses (a wildcard listen address owns its port on every
+//!   address) is forwarded to that destination, through upstream sockets opened on first use
+//!   and kept (at most [`Config::max_original_destinations`]; past it SERVFAIL, counted as
+//!   `fqdnd_dns_original_destination_overflow_total`), with the same IDs, validation, hold,
+//!   TC→TCP retry and timeouts as the pool. They are not health-checked (the client chose the
+//!   server; there is nothing to fail over to): a timeout is answered per
+//!   [`Config::on_upstream_timeout`]. A query to the proxy's own address goes to the pool, or
+//!   gets REFUSED when the pool is empty (never forwarded to the proxy itself). Both count as
+//!   [`QueryResult::NoUpstream`];
 //! - the `fqdnd_dns_inflight` gauge is sampled by the timeout sweep rather than moved per
 //!   query.
 
@@ -53,6 +75,7 @@ mod policy;
 mod proxy;
 mod querylog;
 mod ratelimit;
+mod transparent;
 mod upstream;
 mod wire;
 
@@ -62,6 +85,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::net::TcpListener;
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -77,12 +101,15 @@ pub use querylog::{QueryLog, QueryLogEntry, QueryResult};
 use crate::metrics::Metrics;
 use crate::proxy::{Shared, UdpListener};
 use crate::ratelimit::RateLimiter;
-use crate::upstream::Upstream;
+use crate::transparent::RawSender;
+use crate::upstream::{OriginalUpstreams, Upstream};
 
 /// A bound DNS proxy; [`DnsProxy::run`] serves until shut down.
 pub struct DnsProxy {
     shared: Arc<Shared>,
     tcp: Vec<(TcpListener, SocketAddr)>,
+    /// Upstreams opened for original destinations, whose receivers `run` starts.
+    opened: Option<mpsc::UnboundedReceiver<Arc<Upstream>>>,
 }
 
 impl std::fmt::Debug for DnsProxy {
@@ -105,18 +132,19 @@ impl DnsProxy {
         query_log: Option<Arc<dyn QueryLog>>,
     ) -> Result<Self, Error> {
         validate(&config)?;
+        let transparent = config.transparent;
         let mut udp = Vec::new();
         for &addr in &config.listen_udp {
             let mut actual = addr;
             for _ in 0..config.udp_sockets_per_address {
-                let bind_err = |source| Error::Bind {
+                let socket = listen::bind_udp(actual, transparent)
+                    .map_err(|e| e.into_error(Transport::Udp, addr))?;
+                // Port 0: the first socket picks the port, the others share it.
+                actual = socket.local_addr().map_err(|source| Error::Bind {
                     transport: Transport::Udp,
                     addr,
                     source,
-                };
-                let socket = listen::bind_udp(actual).map_err(bind_err)?;
-                // Port 0: the first socket picks the port, the others share it.
-                actual = socket.local_addr().map_err(bind_err)?;
+                })?;
                 udp.push(UdpListener {
                     socket,
                     local: actual,
@@ -125,23 +153,43 @@ impl DnsProxy {
         }
         let mut tcp = Vec::new();
         for &addr in &config.listen_tcp {
-            let bind_err = |source| Error::Bind {
+            let listener = listen::bind_tcp(addr, transparent)
+                .map_err(|e| e.into_error(Transport::Tcp, addr))?;
+            let local = listener.local_addr().map_err(|source| Error::Bind {
                 transport: Transport::Tcp,
                 addr,
                 source,
-            };
-            let listener = listen::bind_tcp(addr).map_err(bind_err)?;
-            let local = listener.local_addr().map_err(bind_err)?;
+            })?;
             tcp.push((listener, local));
         }
+        let raw = if transparent {
+            Some(open_raw_sender(&udp)?)
+        } else {
+            None
+        };
         let mut upstreams = Vec::with_capacity(config.upstreams.len());
         for &addr in &config.upstreams {
-            upstreams.push(Upstream::bind(
+            upstreams.push(Arc::new(Upstream::bind(
                 addr,
                 config.upstream_sockets,
                 Metrics::upstream_up(addr),
-            )?);
+            )?));
         }
+        let metrics = Metrics::new();
+        let (originals, opened) = if config.forward_to_original_destination {
+            let (table, opened) = OriginalUpstreams::new(
+                config.max_original_destinations,
+                config.upstream_sockets,
+                metrics.original_destinations.clone(),
+            );
+            (Some(table), Some(opened))
+        } else {
+            (None, None)
+        };
+        let mut own: Vec<SocketAddr> = udp.iter().map(|l| l.local).collect();
+        own.extend(tcp.iter().map(|(_, local)| *local));
+        own.sort_unstable();
+        own.dedup();
         let rate_limit = RateLimiter::new(
             config.rate_limit_qps,
             config.rate_limit_burst,
@@ -154,13 +202,20 @@ impl DnsProxy {
             query_log,
             udp,
             upstreams,
+            originals,
+            raw,
+            own,
             inflight: AtomicUsize::new(0),
             tcp_open: AtomicUsize::new(0),
-            metrics: Metrics::new(),
+            metrics,
             start: Instant::now(),
             rate_limit,
         });
-        Ok(Self { shared, tcp })
+        Ok(Self {
+            shared,
+            tcp,
+            opened,
+        })
     }
 
     /// The UDP addresses actually bound (port 0 resolved), one per configured address.
@@ -199,7 +254,11 @@ impl DnsProxy {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), Error> {
-        let Self { shared, tcp } = self;
+        let Self {
+            shared,
+            tcp,
+            mut opened,
+        } = self;
         let mut tasks: JoinSet<Result<(), Error>> = JoinSet::new();
         let mut names = std::collections::HashMap::new();
         for index in 0..shared.udp.len() {
@@ -210,9 +269,9 @@ impl DnsProxy {
             let h = tasks.spawn(listen::tcp_accept_loop(shared.clone(), listener, local));
             names.insert(h.id(), "tcp listener");
         }
-        for (ui, upstream) in shared.upstreams.iter().enumerate() {
+        for upstream in &shared.upstreams {
             for si in 0..upstream.sockets.len() {
-                let h = tasks.spawn(shared.clone().upstream_loop(ui, si));
+                let h = tasks.spawn(shared.clone().upstream_loop(upstream.clone(), si));
                 names.insert(h.id(), "upstream receiver");
             }
         }
@@ -229,15 +288,32 @@ impl DnsProxy {
         });
         names.insert(h.id(), "health check");
 
-        let result = tokio::select! {
-            () = shutdown => Ok(()),
-            Some(done) = tasks.join_next_with_id() => match done {
-                Ok((_, result)) => result,
-                Err(e) => Err(Error::TaskPanicked {
-                    task: names.get(&e.id()).copied().unwrap_or("unknown"),
-                    reason: e.to_string(),
-                }),
-            },
+        let mut shutdown = std::pin::pin!(shutdown);
+        let result = loop {
+            let next_opened = async {
+                match opened.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = &mut shutdown => break Ok(()),
+                Some(done) = tasks.join_next_with_id() => break match done {
+                    Ok((_, result)) => result,
+                    Err(e) => Err(Error::TaskPanicked {
+                        task: names.get(&e.id()).copied().unwrap_or("unknown"),
+                        reason: e.to_string(),
+                    }),
+                },
+                // An upstream opened for an original destination: its receivers join the
+                // others (and stop with them).
+                Some(upstream) = next_opened => {
+                    for si in 0..upstream.sockets.len() {
+                        let h = tasks.spawn(shared.clone().upstream_loop(upstream.clone(), si));
+                        names.insert(h.id(), "original destination receiver");
+                    }
+                }
+            }
         };
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
@@ -281,8 +357,40 @@ fn stats(shared: &Shared) -> ProxyStats {
         inflight: shared.inflight.load(Ordering::Acquire),
         tcp_connections: shared.tcp_open.load(Ordering::Relaxed),
         tcp_refused: m.tcp_refused.get(),
-        upstreams: shared.upstreams.iter().map(Upstream::health).collect(),
+        upstreams: shared.upstreams.iter().map(|u| u.health()).collect(),
+        raw_replies: m.raw_replies.get(),
+        raw_reply_errors: m.raw_reply_errors.get(),
+        original_destination_overflow: m.original_destination_overflow.get(),
+        original_destinations: shared.originals.as_ref().map_or(0, OriginalUpstreams::len),
     }
+}
+
+/// Opens the raw socket of each family a UDP listener has (transparent mode).
+fn open_raw_sender(udp: &[UdpListener]) -> Result<RawSender, Error> {
+    let open = |ipv6: bool| {
+        let Some(listener) = udp.iter().find(|l| l.local.is_ipv6() == ipv6) else {
+            return Ok(None);
+        };
+        transparent::open_raw(ipv6)
+            .map(Some)
+            .map_err(|source| match source.kind() {
+                std::io::ErrorKind::PermissionDenied => Error::MissingCapability {
+                    what: "open the raw socket for UDP replies",
+                    addr: listener.local,
+                    capability: "CAP_NET_RAW",
+                    source,
+                },
+                _ => Error::Bind {
+                    transport: Transport::Udp,
+                    addr: listener.local,
+                    source,
+                },
+            })
+    };
+    Ok(RawSender {
+        v4: open(false)?,
+        v6: open(true)?,
+    })
 }
 
 fn validate(config: &Config) -> Result<(), Error> {
@@ -294,8 +402,13 @@ fn validate(config: &Config) -> Result<(), Error> {
     if config.listen_udp.is_empty() && config.listen_tcp.is_empty() {
         return invalid("no listen address (listen_udp, listen_tcp)");
     }
-    if config.upstreams.is_empty() {
-        return invalid("no upstream");
+    if config.upstreams.is_empty() && !config.forward_to_original_destination {
+        return invalid("no upstream (and forward_to_original_destination is off)");
+    }
+    if config.forward_to_original_destination && config.max_original_destinations == 0 {
+        return invalid(
+            "max_original_destinations must be at least 1 with forward_to_original_destination",
+        );
     }
     if config.udp_sockets_per_address == 0 {
         return invalid("udp_sockets_per_address must be at least 1");
@@ -319,4 +432,157 @@ fn validate(config: &Config) -> Result<(), Error> {
         return invalid("max_tcp_connections must be at least 1 when listening on TCP");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::net::UdpSocket;
+
+    use super::*;
+    use crate::proxy::{Handled, Worker};
+    use crate::upstream::ReplyTo;
+
+    struct AllowAll;
+
+    impl QueryPolicy for AllowAll {
+        fn check(&self, _: &QueryInfo<'_>) -> Verdict {
+            Verdict::Allow { tag: 1 }
+        }
+    }
+
+    struct Done;
+
+    impl ResponseObserver for Done {
+        fn observe(&self, _: &ResponseContext<'_>) -> Observation {
+            Observation::Done(Ok(()))
+        }
+    }
+
+    /// `www.example. A` with ID 0x4242 and RD=1.
+    fn query() -> Vec<u8> {
+        let mut q = vec![0x42, 0x42, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
+        q.extend_from_slice(b"\x03www\x07example\x00\x00\x01\x00\x01");
+        q
+    }
+
+    fn config() -> Config {
+        Config {
+            listen_udp: vec!["127.0.0.1:0".parse().unwrap()],
+            udp_sockets_per_address: 1,
+            upstream_sockets: 1,
+            forward_to_original_destination: true,
+            max_original_destinations: 1,
+            ..Config::default()
+        }
+    }
+
+    #[test]
+    fn an_empty_pool_is_valid_only_with_original_destinations() {
+        assert!(validate(&config()).is_ok());
+        let no_pool = Config {
+            forward_to_original_destination: false,
+            ..config()
+        };
+        assert!(matches!(
+            validate(&no_pool),
+            Err(Error::InvalidConfig { .. })
+        ));
+        let no_room = Config {
+            max_original_destinations: 0,
+            ..config()
+        };
+        assert!(matches!(
+            validate(&no_room),
+            Err(Error::InvalidConfig { .. })
+        ));
+    }
+
+    /// A query redirected to an original destination (simulated: the destination is handed to
+    /// `handle_query` as the listener would after reading it from IP_RECVORIGDSTADDR) is
+    /// forwarded there through an upstream opened on first use, whose receiver `run` started;
+    /// past `max_original_destinations` a new destination gets SERVFAIL and is counted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn original_destinations_are_forwarded_to_and_bounded() {
+        let proxy = DnsProxy::bind(config(), Arc::new(AllowAll), Arc::new(Done), None)
+            .await
+            .unwrap();
+        let shared = proxy.shared.clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let run = tokio::spawn(proxy.run(async move {
+            let _ = stopped.await;
+        }));
+        let server = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let server_addr = server.local_addr().unwrap();
+        let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let client_addr = client.local_addr().unwrap();
+
+        let ask = |server: SocketAddr| {
+            let shared = shared.clone();
+            async move {
+                let mut w = Worker::new(0);
+                let mut raw = query();
+                let handled = shared
+                    .handle_query(
+                        &mut w,
+                        &mut raw,
+                        client_addr,
+                        server,
+                        Transport::Udp,
+                        || ReplyTo::Udp {
+                            listener: 0,
+                            server,
+                        },
+                    )
+                    .await;
+                (handled, w.scratch)
+            }
+        };
+
+        // The first destination: forwarded with a random ID, answered.
+        let (handled, _) = ask(server_addr).await;
+        assert_eq!(handled, Handled::Forwarded);
+        let mut buf = [0u8; 512];
+        let (n, from) = tokio::time::timeout(Duration::from_secs(2), server.recv_from(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&buf[2..n], &query()[2..], "only the ID is rewritten");
+        let mut answer = buf[..n].to_vec();
+        answer[2] |= 0x80;
+        server.send_to(&answer, from).await.unwrap();
+        let (n, _) = tokio::time::timeout(Duration::from_secs(2), client.recv_from(&mut buf))
+            .await
+            .expect("the answer reaches the client")
+            .unwrap();
+        assert_eq!(&buf[..2], &[0x42, 0x42], "the client's ID is restored");
+        assert_eq!(buf[2] & 0x80, 0x80);
+        assert_eq!(n, answer.len());
+
+        // A second destination: over the bound.
+        let other = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let (handled, reply) = ask(other.local_addr().unwrap()).await;
+        assert_eq!(handled, Handled::Reply);
+        assert_eq!(reply[3] & 0x0f, wire::rcode::SERVFAIL);
+        assert_eq!(&reply[..2], &[0x42, 0x42]);
+
+        // The first one still works.
+        let (handled, _) = ask(server_addr).await;
+        assert_eq!(handled, Handled::Forwarded);
+
+        let stats = stats(&shared);
+        assert_eq!(stats.original_destinations, 1);
+        assert_eq!(stats.original_destination_overflow, 1);
+        assert_eq!(stats.queries(QueryResult::NoUpstream), 1);
+        assert_eq!(stats.queries(QueryResult::Answered), 1);
+        assert!(stats.upstreams.is_empty());
+
+        stop.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(2), run)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
 }

@@ -14,7 +14,8 @@ use tokio::task::JoinSet;
 
 use crate::error::Error;
 use crate::policy::Transport;
-use crate::proxy::{BATCH, ERROR_PAUSE, Handled, Shared, Worker, is_transient, send_udp};
+use crate::proxy::{BATCH, ERROR_PAUSE, Handled, Shared, Worker, is_transient};
+use crate::transparent;
 use crate::upstream::{ReplyTo, TcpOut, TcpReply};
 
 /// Queries one TCP connection may have in flight at once; reading pauses past it.
@@ -23,35 +24,83 @@ pub(crate) const TCP_PIPELINE: usize = 128;
 /// A TCP connection's read buffer to start with.
 const TCP_INITIAL_BUFFER: usize = 2048;
 
+/// Why a listener could not be made: the socket call failed, or `IP_TRANSPARENT` was refused.
+#[derive(Debug)]
+pub(crate) enum BindError {
+    Io(io::Error),
+    Transparent(io::Error),
+}
+
+impl From<io::Error> for BindError {
+    fn from(e: io::Error) -> Self {
+        Self::Io(e)
+    }
+}
+
+impl BindError {
+    /// The proxy's error for listener `addr`, naming the missing capability for EPERM.
+    pub(crate) fn into_error(self, transport: Transport, addr: SocketAddr) -> Error {
+        match self {
+            Self::Transparent(source) if source.kind() == io::ErrorKind::PermissionDenied => {
+                Error::MissingCapability {
+                    what: match transport {
+                        Transport::Udp => "set IP_TRANSPARENT on the UDP listener",
+                        Transport::Tcp => "set IP_TRANSPARENT on the TCP listener",
+                    },
+                    addr,
+                    capability: "CAP_NET_ADMIN or CAP_NET_RAW",
+                    source,
+                }
+            }
+            Self::Io(source) | Self::Transparent(source) => Error::Bind {
+                transport,
+                addr,
+                source,
+            },
+        }
+    }
+}
+
 /// Binds one UDP socket with SO_REUSEPORT (IPv6 sockets are v6-only, so `0.0.0.0` and `[::]`
-/// can both be listed).
-pub(crate) fn bind_udp(addr: SocketAddr) -> io::Result<UdpSocket> {
+/// can both be listed). Transparent: with `IP_TRANSPARENT`, reporting each datagram's original
+/// destination.
+pub(crate) fn bind_udp(addr: SocketAddr, transparent: bool) -> Result<UdpSocket, BindError> {
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
     if addr.is_ipv6() {
         socket.set_only_v6(true)?;
+    }
+    if transparent {
+        transparent::set_transparent(&socket).map_err(BindError::Transparent)?;
+        transparent::enable_orig_dst(&socket, addr.is_ipv6())?;
     }
     socket.set_reuse_port(true)?;
     // Bursts of queries must not overflow the default buffer; best effort.
     let _ = socket.set_recv_buffer_size(4 << 20);
     socket.bind(&SockAddr::from(addr))?;
     socket.set_nonblocking(true)?;
-    UdpSocket::from_std(socket.into())
+    Ok(UdpSocket::from_std(socket.into())?)
 }
 
-/// Binds one TCP listener.
-pub(crate) fn bind_tcp(addr: SocketAddr) -> io::Result<TcpListener> {
+/// Binds one TCP listener (with `IP_TRANSPARENT` when `transparent`: an accepted connection's
+/// local address is then the destination the client dialled).
+pub(crate) fn bind_tcp(addr: SocketAddr, transparent: bool) -> Result<TcpListener, BindError> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     if addr.is_ipv6() {
         socket.set_only_v6(true)?;
+    }
+    if transparent {
+        transparent::set_transparent(&socket).map_err(BindError::Transparent)?;
     }
     socket.set_reuse_address(true)?;
     socket.bind(&SockAddr::from(addr))?;
     socket.listen(1024)?;
     socket.set_nonblocking(true)?;
-    TcpListener::from_std(socket.into())
+    Ok(TcpListener::from_std(socket.into())?)
 }
 
 /// Serves one UDP listener socket: after each readiness wake, reads until the socket is empty.
+/// In transparent mode each datagram's original destination is the query's server (the
+/// listener's address if the kernel reported none).
 pub(crate) async fn udp_loop(shared: Arc<Shared>, index: usize) -> Result<(), Error> {
     let listener = &shared.udp[index];
     let local = listener.local;
@@ -61,12 +110,27 @@ pub(crate) async fn udp_loop(shared: Arc<Shared>, index: usize) -> Result<(), Er
         source,
     };
     let mut buf = vec![0u8; 65_536];
+    let transparent = shared.config.transparent;
+    let mut cmsg = if transparent {
+        transparent::cmsg_buffer()
+    } else {
+        Vec::new()
+    };
     let mut worker = Worker::new(index);
     loop {
         listener.socket.readable().await.map_err(fail)?;
         let mut batch = 0;
         loop {
-            let (n, client) = match listener.socket.try_recv_from(&mut buf) {
+            let received = if transparent {
+                transparent::try_recv_orig_dst(&listener.socket, &mut buf, &mut cmsg)
+                    .map(|(n, client, orig)| (n, client, orig.unwrap_or(local)))
+            } else {
+                listener
+                    .socket
+                    .try_recv_from(&mut buf)
+                    .map(|(n, client)| (n, client, local))
+            };
+            let (n, client, server) = match received {
                 Ok(received) => received,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if is_transient(&e) => continue,
@@ -78,12 +142,17 @@ pub(crate) async fn udp_loop(shared: Arc<Shared>, index: usize) -> Result<(), Er
             };
             let raw = &mut buf[..n];
             let handled = shared
-                .handle_query(&mut worker, raw, client, local, Transport::Udp, || {
-                    ReplyTo::Udp(index)
+                .handle_query(&mut worker, raw, client, server, Transport::Udp, || {
+                    ReplyTo::Udp {
+                        listener: index,
+                        server,
+                    }
                 })
                 .await;
             if handled == Handled::Reply {
-                send_udp(&listener.socket, &worker.scratch, client).await;
+                shared
+                    .send_udp_reply(index, server, &worker.scratch, client)
+                    .await;
             }
             batch += 1;
             if batch == BATCH {

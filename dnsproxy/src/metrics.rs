@@ -34,6 +34,14 @@ pub const UPSTREAM_UP: &str = "fqdnd_dns_upstream_up";
 pub const HOLD_FALLBACKS: &str = "fqdnd_dns_hold_fallbacks_total";
 /// TCP client connections closed at once because `max_tcp_connections` were open.
 pub const TCP_REFUSED: &str = "fqdnd_dns_tcp_connections_refused_total";
+/// UDP replies sent through the transparent mode's raw socket (from the original destination).
+pub const RAW_REPLIES: &str = "fqdnd_dns_raw_replies_total";
+/// UDP replies the raw socket failed to send.
+pub const RAW_REPLY_ERRORS: &str = "fqdnd_dns_raw_reply_errors_total";
+/// Queries answered SERVFAIL because `max_original_destinations` upstreams were open.
+pub const ORIGINAL_DESTINATION_OVERFLOW: &str = "fqdnd_dns_original_destination_overflow_total";
+/// Original destinations forwarded to (upstreams opened on first use).
+pub const ORIGINAL_DESTINATIONS: &str = "fqdnd_dns_original_destinations";
 
 /// Describes every metric once; the binary calls it after installing its recorder.
 pub fn describe_metrics() {
@@ -74,6 +82,26 @@ pub fn describe_metrics() {
         TCP_REFUSED,
         Unit::Count,
         "TCP client connections closed because too many were open"
+    );
+    metrics::describe_counter!(
+        RAW_REPLIES,
+        Unit::Count,
+        "UDP replies sent from the original destination through the raw socket"
+    );
+    metrics::describe_counter!(
+        RAW_REPLY_ERRORS,
+        Unit::Count,
+        "UDP replies the raw socket failed to send"
+    );
+    metrics::describe_counter!(
+        ORIGINAL_DESTINATION_OVERFLOW,
+        Unit::Count,
+        "queries answered SERVFAIL because too many original destinations were open"
+    );
+    metrics::describe_gauge!(
+        ORIGINAL_DESTINATIONS,
+        Unit::Count,
+        "original destinations with an upstream opened"
     );
 }
 
@@ -163,6 +191,15 @@ pub struct ProxyStats {
     pub tcp_refused: u64,
     /// Every upstream, in configuration order.
     pub upstreams: Vec<UpstreamHealth>,
+    /// UDP replies sent from the original destination through the raw socket (transparent
+    /// mode).
+    pub raw_replies: u64,
+    /// UDP replies the raw socket failed to send.
+    pub raw_reply_errors: u64,
+    /// Queries answered SERVFAIL because `max_original_destinations` were open.
+    pub original_destination_overflow: u64,
+    /// Original destinations with an upstream opened (`forward_to_original_destination`).
+    pub original_destinations: usize,
 }
 
 impl ProxyStats {
@@ -220,6 +257,10 @@ pub(crate) struct Metrics {
     pub(crate) hold_timeouts: Count,
     pub(crate) observer_errors: Count,
     pub(crate) tcp_refused: Count,
+    pub(crate) raw_replies: Count,
+    pub(crate) raw_reply_errors: Count,
+    pub(crate) original_destination_overflow: Count,
+    pub(crate) original_destinations: Gauge,
     pub(crate) upstream_latency: Histogram,
     pub(crate) hold: Histogram,
     pub(crate) observer: Histogram,
@@ -239,6 +280,12 @@ impl Metrics {
                 metrics::counter!(HOLD_FALLBACKS, "reason" => "observer_error"),
             ),
             tcp_refused: Count::new(metrics::counter!(TCP_REFUSED)),
+            raw_replies: Count::new(metrics::counter!(RAW_REPLIES)),
+            raw_reply_errors: Count::new(metrics::counter!(RAW_REPLY_ERRORS)),
+            original_destination_overflow: Count::new(metrics::counter!(
+                ORIGINAL_DESTINATION_OVERFLOW
+            )),
+            original_destinations: metrics::gauge!(ORIGINAL_DESTINATIONS),
             upstream_latency: metrics::histogram!(UPSTREAM_LATENCY),
             hold: metrics::histogram!(HOLD),
             observer: metrics::histogram!(OBSERVER),

@@ -25,7 +25,8 @@ use crate::observer::{Observation, ObserveFuture, ResponseContext, ResponseObser
 use crate::policy::{QueryInfo, QueryPolicy, Transport, Verdict};
 use crate::querylog::{QueryLog, QueryLogEntry, QueryResult};
 use crate::ratelimit::RateLimiter;
-use crate::upstream::{Asked, Inflight, Origin, ReplyTo, Upstream};
+use crate::transparent::{self, RawSender};
+use crate::upstream::{Asked, Inflight, OpenError, Origin, OriginalUpstreams, ReplyTo, Upstream};
 use crate::wire::{self, Opt, rcode};
 
 /// Packets handled per readiness wake before the task yields to others on its thread.
@@ -44,7 +45,15 @@ pub(crate) struct Shared {
     pub(crate) observer: Arc<dyn ResponseObserver>,
     pub(crate) query_log: Option<Arc<dyn QueryLog>>,
     pub(crate) udp: Vec<UdpListener>,
-    pub(crate) upstreams: Vec<Upstream>,
+    /// The configured pool.
+    pub(crate) upstreams: Vec<Arc<Upstream>>,
+    /// Upstreams for original destinations, with `forward_to_original_destination`.
+    pub(crate) originals: Option<OriginalUpstreams>,
+    /// The raw sockets replies from an original destination leave through (transparent mode).
+    pub(crate) raw: Option<RawSender>,
+    /// Every listen address actually bound (UDP and TCP): a query to one of them is the
+    /// proxy's own, never forwarded to its original destination.
+    pub(crate) own: Vec<SocketAddr>,
     /// Queries admitted (forwarded) and not yet finished.
     pub(crate) inflight: AtomicUsize,
     pub(crate) tcp_open: AtomicUsize,
@@ -104,6 +113,14 @@ impl Outcome<'_> {
             answer: None,
         }
     }
+}
+
+/// Where an allowed query is forwarded.
+enum Target {
+    /// The pooled upstream with this index.
+    Pool(usize),
+    /// Its original destination.
+    Original(Arc<Upstream>),
 }
 
 /// A validated answer on its way to the client.
@@ -339,13 +356,28 @@ impl Shared {
                 question_end,
                 &asked,
                 QueryResult::ConcurrencyLimited,
+                rcode::SERVFAIL,
             );
         }
-        let Some(ui) = self.pick_upstream(w) else {
-            self.inflight.fetch_sub(1, Ordering::Relaxed);
-            return self.refuse_admitted(w, raw, question_end, &asked, QueryResult::NoUpstream);
+        let original;
+        let upstream: &Upstream = match self.upstream_for(w, asked.server) {
+            Ok(Target::Pool(ui)) => &self.upstreams[ui],
+            Ok(Target::Original(upstream)) => {
+                original = upstream;
+                &original
+            }
+            Err(code) => {
+                self.inflight.fetch_sub(1, Ordering::Relaxed);
+                return self.refuse_admitted(
+                    w,
+                    raw,
+                    question_end,
+                    &asked,
+                    QueryResult::NoUpstream,
+                    code,
+                );
+            }
         };
-        let upstream = &self.upstreams[ui];
         let n = upstream.sockets.len();
         let first = w.next_socket;
         w.next_socket = w.next_socket.wrapping_add(1);
@@ -383,6 +415,7 @@ impl Shared {
                 question_end,
                 &asked,
                 QueryResult::ConcurrencyLimited,
+                rcode::SERVFAIL,
             );
         };
         let socket = &upstream.sockets[si].socket;
@@ -403,7 +436,7 @@ impl Shared {
         Handled::Forwarded
     }
 
-    /// SERVFAIL for an allowed query that cannot be forwarded.
+    /// SERVFAIL (or REFUSED) for an allowed query that cannot be forwarded.
     fn refuse_admitted(
         &self,
         w: &mut Worker,
@@ -411,8 +444,8 @@ impl Shared {
         question_end: usize,
         asked: &Asked,
         result: QueryResult,
+        code: u8,
     ) -> Handled {
-        let code = rcode::SERVFAIL;
         wire::write_header_reply(
             &mut w.scratch,
             raw,
@@ -433,10 +466,53 @@ impl Shared {
         Handled::Reply
     }
 
+    /// Where a query to `server` goes: its original destination when that is not one of the
+    /// proxy's own addresses and `forward_to_original_destination` is set, the pool otherwise.
+    /// `Err` carries the reply code when it cannot go anywhere: REFUSED for a query to the
+    /// proxy itself with no pool (never a loop to ourselves), SERVFAIL when no pooled upstream
+    /// is alive or no more original destinations may be opened.
+    fn upstream_for(&self, w: &mut Worker, server: SocketAddr) -> Result<Target, u8> {
+        if let Some(originals) = &self.originals
+            && !self.is_own(server)
+        {
+            return match originals.get_or_open(server) {
+                Ok(upstream) => Ok(Target::Original(upstream)),
+                Err(OpenError::Full) => {
+                    self.metrics.original_destination_overflow.inc();
+                    tracing::debug!(upstream = %server, max = self.config.max_original_destinations, "original destination not forwarded to: too many open");
+                    Err(rcode::SERVFAIL)
+                }
+                Err(OpenError::Socket(e)) => {
+                    tracing::warn!(error = %e, "original destination not forwarded to");
+                    Err(rcode::SERVFAIL)
+                }
+            };
+        }
+        if self.upstreams.is_empty() {
+            return Err(rcode::REFUSED);
+        }
+        self.pick_upstream(w)
+            .map(Target::Pool)
+            .ok_or(rcode::SERVFAIL)
+    }
+
+    /// Whether `addr` is one of the proxy's listen addresses (a wildcard one owns its port).
+    pub(crate) fn is_own(&self, addr: SocketAddr) -> bool {
+        self.own.iter().any(|own| {
+            *own == addr
+                || (own.ip().is_unspecified()
+                    && own.port() == addr.port()
+                    && own.is_ipv4() == addr.is_ipv4())
+        })
+    }
+
     /// Round robin over live upstreams, starting one further on each call (per task, so tasks
     /// share no counter).
     fn pick_upstream(&self, w: &mut Worker) -> Option<usize> {
         let n = self.upstreams.len();
+        if n == 0 {
+            return None;
+        }
         let start = w.next_upstream % n;
         w.next_upstream = w.next_upstream.wrapping_add(1);
         (0..n)
@@ -449,10 +525,9 @@ impl Shared {
     /// Receives answers on one upstream socket until it fails.
     pub(crate) async fn upstream_loop(
         self: Arc<Self>,
-        ui: usize,
+        upstream: Arc<Upstream>,
         si: usize,
     ) -> Result<(), crate::Error> {
-        let upstream = &self.upstreams[ui];
         let socket = &upstream.sockets[si].socket;
         let mut buf = vec![0u8; 65_536];
         let mut pending = JoinSet::new();
@@ -468,7 +543,8 @@ impl Shared {
             loop {
                 match socket.try_recv_from(&mut buf) {
                     Ok((n, from)) => {
-                        if let Some(task) = self.on_answer(ui, si, &mut buf[..n], from).await {
+                        if let Some(task) = self.on_answer(&upstream, si, &mut buf[..n], from).await
+                        {
                             pending.spawn(task);
                         }
                         batch += 1;
@@ -495,12 +571,11 @@ impl Shared {
     /// will (a pending observation or a TCP retry).
     async fn on_answer(
         self: &Arc<Self>,
-        ui: usize,
+        upstream: &Arc<Upstream>,
         si: usize,
         raw: &mut [u8],
         from: SocketAddr,
     ) -> Option<Slow> {
-        let upstream = &self.upstreams[ui];
         if from != upstream.addr {
             self.dropped(DropReason::WrongSource, upstream.addr);
             return None;
@@ -543,7 +618,7 @@ impl Shared {
             && self.config.on_truncated == TruncatedAction::PassThrough;
         if msg.metadata.truncation && !pass_through {
             return Some(Box::pin(self.clone().retry_tcp(
-                ui,
+                upstream.clone(),
                 origin,
                 entry.query,
                 entry.question_end,
@@ -652,8 +727,7 @@ impl Shared {
         } = answer;
         let code = u16::from(msg.metadata.response_code);
         match reply {
-            ReplyTo::Udp(li) => {
-                let socket = &self.udp[li].socket;
+            ReplyTo::Udp { listener, server } => {
                 if raw.len() > usize::from(asked.udp_limit) {
                     let mut out = Vec::with_capacity(question_end + 11);
                     let opt = asked.opt.map(|o| Opt {
@@ -674,10 +748,12 @@ impl Shared {
                         true,
                         opt,
                     );
-                    send_udp(socket, &out, asked.client).await;
+                    self.send_udp_reply(listener, server, &out, asked.client)
+                        .await;
                 } else {
                     wire::set_id(raw, asked.client_id);
-                    send_udp(socket, raw, asked.client).await;
+                    self.send_udp_reply(listener, server, raw, asked.client)
+                        .await;
                 }
             }
             ReplyTo::Tcp(tcp) => {
@@ -754,8 +830,43 @@ impl Shared {
     /// Sends a reply the proxy wrote itself.
     pub(crate) async fn send_reply(&self, reply: ReplyTo, client: SocketAddr, bytes: &[u8]) {
         match reply {
-            ReplyTo::Udp(li) => send_udp(&self.udp[li].socket, bytes, client).await,
+            ReplyTo::Udp { listener, server } => {
+                self.send_udp_reply(listener, server, bytes, client).await;
+            }
             ReplyTo::Tcp(tcp) => tcp.send(bytes.to_vec()),
+        }
+    }
+
+    /// Sends a UDP reply so that it comes from `server`, the address the client sent its query
+    /// to: through listener `listener` when that is its bound address, through the raw socket
+    /// otherwise (transparent mode). A reply too big for the route's MTU on the raw path (the
+    /// kernel does not fragment header-included packets) is sent again truncated, so the client
+    /// retries over TCP.
+    pub(crate) async fn send_udp_reply(
+        &self,
+        listener: usize,
+        server: SocketAddr,
+        bytes: &[u8],
+        client: SocketAddr,
+    ) {
+        let listener = &self.udp[listener];
+        let Some(raw) = self.raw.as_ref().filter(|_| server != listener.local) else {
+            return send_udp(&listener.socket, bytes, client).await;
+        };
+        let mut sent = raw.send(server, client, bytes).await;
+        if let Err(e) = &sent
+            && transparent::is_too_big(e)
+        {
+            let mut out = Vec::new();
+            wire::write_truncated(&mut out, bytes);
+            sent = raw.send(server, client, &out).await;
+        }
+        match sent {
+            Ok(()) => self.metrics.raw_replies.inc(),
+            Err(e) => {
+                self.metrics.raw_reply_errors.inc();
+                tracing::debug!(%client, %server, error = %e, "DNS reply not sent through the raw socket");
+            }
         }
     }
 
@@ -766,12 +877,12 @@ impl Shared {
     /// count against the upstream's health (its UDP side answered).
     async fn retry_tcp(
         self: Arc<Self>,
-        ui: usize,
+        upstream: Arc<Upstream>,
         origin: Origin,
         mut query: Vec<u8>,
         question_end: usize,
     ) {
-        let upstream = self.upstreams[ui].addr;
+        let upstream = upstream.addr;
         let id = IdSource::new().next_id();
         wire::set_id(&mut query, id);
         let exchange = self.tcp_exchange(upstream, &query, id, question_end);
@@ -848,16 +959,26 @@ impl Shared {
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut expired = Vec::new();
+        let mut originals = Vec::new();
         loop {
             tick.tick().await;
             let now = Instant::now();
             if let Some(cutoff) = now.checked_sub(self.config.upstream_timeout) {
-                for upstream in &self.upstreams {
+                originals.clear();
+                if let Some(table) = &self.originals {
+                    table.snapshot(&mut originals);
+                }
+                // Only the pool is health-checked: an original destination has no alternative.
+                let all = (self.upstreams.iter().map(|u| (u, true)))
+                    .chain(originals.iter().map(|u| (u, false)));
+                for (upstream, checked) in all {
                     for socket in &upstream.sockets {
                         socket.lock().expire(cutoff, &mut expired);
                     }
                     for (_, inflight) in expired.drain(..) {
-                        upstream.on_failure(self.config.health_check_failures);
+                        if checked {
+                            upstream.on_failure(self.config.health_check_failures);
+                        }
                         match inflight.origin {
                             None => upstream.probing.store(false, Ordering::Relaxed),
                             Some(origin) => {

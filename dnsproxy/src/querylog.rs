@@ -16,7 +16,8 @@ pub enum QueryResult {
     UnknownClient,
     /// The upstream did not answer in time.
     UpstreamTimeout,
-    /// No upstream is alive.
+    /// No upstream is alive (SERVFAIL), no more original destinations may be opened
+    /// (SERVFAIL), or a query to the proxy itself found no pool (REFUSED).
     NoUpstream,
     /// Over the concurrency limit.
     ConcurrencyLimited,

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Duration;
 
 use hickory_proto::rr::RecordType;
@@ -34,9 +34,10 @@ const ID_DRAWS: usize = 64;
 /// How a reply reaches the client.
 #[derive(Debug)]
 pub(crate) enum ReplyTo {
-    /// Through the UDP listener socket with this index (any socket of the address will do:
-    /// they share it).
-    Udp(usize),
+    /// Through the UDP listener socket with index `listener` (any socket of the address will
+    /// do: they share it), or through the raw socket when `server`, the query's original
+    /// destination, is not the listener's bound address (transparent mode).
+    Udp { listener: usize, server: SocketAddr },
     /// Through the TCP connection's writer.
     Tcp(TcpReply),
 }
@@ -302,6 +303,95 @@ impl Upstream {
     }
 }
 
+/// Why no upstream could be had for an original destination.
+#[derive(Debug)]
+pub(crate) enum OpenError {
+    /// `max_original_destinations` are open.
+    Full,
+    /// Its sockets could not be opened.
+    Socket(Error),
+}
+
+/// Upstreams for original destinations (`forward_to_original_destination`): opened on first
+/// use, at most `max`, then kept until the proxy stops. Each new one is sent to
+/// `DnsProxy::run`, which starts its receivers with the others (and stops them with the
+/// others). They are not health-checked: there is no other server to fail over to (the client
+/// chose this one), so each query is forwarded and a timeout is answered per
+/// `on_upstream_timeout`.
+pub(crate) struct OriginalUpstreams {
+    max: usize,
+    sockets: usize,
+    table: RwLock<HashMap<SocketAddr, Arc<Upstream>>>,
+    started: mpsc::UnboundedSender<Arc<Upstream>>,
+    gauge: Gauge,
+}
+
+impl OriginalUpstreams {
+    /// The table, and where its new upstreams are announced.
+    pub(crate) fn new(
+        max: usize,
+        sockets: usize,
+        gauge: Gauge,
+    ) -> (Self, mpsc::UnboundedReceiver<Arc<Upstream>>) {
+        let (started, rx) = mpsc::unbounded_channel();
+        let table = Self {
+            max,
+            sockets,
+            table: RwLock::new(HashMap::new()),
+            started,
+            gauge,
+        };
+        (table, rx)
+    }
+
+    /// The upstream for `addr`, opened now if it is new and there is room.
+    pub(crate) fn get_or_open(&self, addr: SocketAddr) -> Result<Arc<Upstream>, OpenError> {
+        if let Some(upstream) = self
+            .table
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&addr)
+        {
+            return Ok(upstream.clone());
+        }
+        let mut table = self.table.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(upstream) = table.get(&addr) {
+            return Ok(upstream.clone());
+        }
+        if table.len() >= self.max {
+            return Err(OpenError::Full);
+        }
+        let upstream =
+            Arc::new(Upstream::bind(addr, self.sockets, Gauge::noop()).map_err(OpenError::Socket)?);
+        table.insert(addr, upstream.clone());
+        #[allow(clippy::cast_precision_loss, reason = "a gauge")]
+        self.gauge.set(table.len() as f64);
+        tracing::debug!(upstream = %addr, open = table.len(), "DNS upstream opened for an original destination");
+        // Nobody listens once the proxy stopped: then nothing is received, as for the others.
+        let _ = self.started.send(upstream.clone());
+        Ok(upstream)
+    }
+
+    /// Appends every upstream open.
+    pub(crate) fn snapshot(&self, out: &mut Vec<Arc<Upstream>>) {
+        out.extend(
+            self.table
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .values()
+                .cloned(),
+        );
+    }
+
+    /// Upstreams open.
+    pub(crate) fn len(&self) -> usize {
+        self.table
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+}
+
 /// A UDP socket bound to an ephemeral port of the upstream's family and connected to it, so
 /// the kernel drops datagrams from any other source.
 fn connect_udp(upstream: SocketAddr) -> std::io::Result<UdpSocket> {
@@ -335,6 +425,29 @@ mod tests {
             sent,
             origin: None,
         }
+    }
+
+    #[tokio::test]
+    async fn original_destinations_are_opened_once_and_bounded() {
+        let (table, mut started) = OriginalUpstreams::new(2, 3, Gauge::noop());
+        let a: SocketAddr = "127.0.0.1:5301".parse().unwrap();
+        let b: SocketAddr = "[::1]:5302".parse().unwrap();
+        let c: SocketAddr = "127.0.0.1:5303".parse().unwrap();
+        let first = table.get_or_open(a).unwrap();
+        assert_eq!(first.sockets.len(), 3);
+        assert!(Arc::ptr_eq(&first, &table.get_or_open(a).unwrap()), "kept");
+        table.get_or_open(b).unwrap();
+        assert!(matches!(table.get_or_open(c), Err(OpenError::Full)));
+        assert_eq!(table.len(), 2);
+        // The known ones still work past the bound.
+        assert!(table.get_or_open(b).is_ok());
+        // Each new upstream is announced once, for its receivers.
+        assert_eq!(started.try_recv().unwrap().addr, a);
+        assert_eq!(started.try_recv().unwrap().addr, b);
+        assert!(started.try_recv().is_err());
+        let mut all = Vec::new();
+        table.snapshot(&mut all);
+        assert_eq!(all.len(), 2);
     }
 
     #[test]

@@ -177,6 +177,14 @@ pub(crate) fn write_header_reply(
     }
 }
 
+/// Writes `reply` cut down to its header and question with TC=1 (its ID, flags and low RCODE
+/// kept), for a reply that cannot be sent whole: the client retries over TCP.
+pub(crate) fn write_truncated(out: &mut Vec<u8>, reply: &[u8]) {
+    let id = id(reply).unwrap_or(0);
+    let low = reply.get(3).map_or(0, |b| b & 0x0f);
+    write_header_reply(out, reply, id, question_end(reply), low, true, None);
+}
+
 /// Writes a FORMERR for a message that could not be parsed: its ID, its opcode when the
 /// header is complete, no sections.
 pub(crate) fn write_formerr(out: &mut Vec<u8>, raw: &[u8], id: u16) {
@@ -292,5 +300,32 @@ mod tests {
         let mut probe = Vec::new();
         write_probe(&mut probe, 9);
         assert_eq!(question_end(&probe), Some(probe.len()));
+    }
+
+    #[test]
+    fn truncated_keeps_header_and_question_only() {
+        // An answer to `a. A` (NXDOMAIN, RD) with one record and an OPT record.
+        let mut reply = query(b"\x01a\x00", 1);
+        reply[2] |= 0x80;
+        reply[3] = 0x80 | rcode::NXDOMAIN;
+        let end = question_end(&reply).unwrap();
+        reply[7] = 1; // ANCOUNT
+        reply[11] = 1; // ARCOUNT
+        reply.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4, 192, 0, 2, 1]);
+        reply.extend_from_slice(&[0, 0, 41, 4, 0xd0, 0, 0, 0x80, 0, 0, 0]);
+        let mut out = Vec::new();
+        write_truncated(&mut out, &reply);
+        let msg = hickory_proto::op::Message::from_vec(&out).unwrap();
+        assert!(msg.metadata.truncation);
+        assert_eq!(msg.metadata.id, 0x1234);
+        assert_eq!(
+            msg.metadata.response_code,
+            hickory_proto::op::ResponseCode::NXDomain
+        );
+        assert!(msg.metadata.recursion_desired);
+        assert_eq!(msg.queries.len(), 1);
+        assert!(msg.answers.is_empty() && msg.additionals.is_empty());
+        assert_eq!(&out[HEADER_LEN..end], &reply[HEADER_LEN..end]);
+        assert_eq!(out.len(), end);
     }
 }

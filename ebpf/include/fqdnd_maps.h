@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fqdnd_maps.h — the single source of truth for the layout of every map key, map value and
- * event shared between the eBPF programs (bpf/ directory) and the Rust loader (src/maps.rs).
+ * event shared between the eBPF programs (bpf/ directory) and the Rust loader (src/sys.rs).
  *
  * Rules:
  *  - every struct has explicit padding; no implicit holes, no trailing padding;
@@ -9,14 +9,14 @@
  *    (as on the wire); everything else (identity, endpoint id, policy dport) is host order;
  *  - any change here bumps FQDND_MAPS_ABI_VERSION, which names the bpffs pin directory
  *    (/sys/fs/bpf/fqdnd/v<N>/), because aya reuses a pinned map without checking its layout;
- *  - src/maps.rs mirrors each struct with #[repr(C)] and its tests assert size and offsets.
+ *  - src/sys.rs mirrors each struct with #[repr(C)] and its tests assert size and offsets.
  */
 #ifndef FQDND_MAPS_H
 #define FQDND_MAPS_H
 
 #include <linux/types.h>
 
-#define FQDND_MAPS_ABI_VERSION 1
+#define FQDND_MAPS_ABI_VERSION 2
 
 /* Reserved identities (ipcache/src/identity.rs). */
 #define FQDND_ID_ANY        0   /* wildcard in policy keys */
@@ -34,6 +34,7 @@
 #define FQDND_POLICY_MAX     65536
 #define FQDND_ENDPOINTS_MAX  65536
 #define FQDND_CT_MAX         262144
+#define FQDND_CLIENTS_MAX    65536
 #define FQDND_EVENTS_BYTES   (256 * 1024)
 
 /* ipcache: LPM trie, prefix → identity. prefixlen counts bits of addr. */
@@ -51,13 +52,41 @@ struct fqdnd_ipcache_value {
 	__u32 identity;
 };                         /* 4 bytes */
 
-/* Endpoint lookup: ifindex of the host-side veth (__u32) → endpoint. */
-#define FQDND_EP_ENFORCE_EGRESS 0x1 /* default deny for this endpoint's egress */
+/* Endpoint lookup: ifindex of the host-side veth (__u32) → endpoint (fqdnd_endpoints), and
+ * source prefix → endpoint for interfaces flagged BY_SOURCE (fqdnd_clients4/6, LPM tries
+ * keyed like the ipcache: struct fqdnd_ipcache_key4/6 holding the *source* prefix). */
+#define FQDND_EP_ENFORCE_EGRESS 0x1 /* default deny for this endpoint's egress; on a
+				     * BY_SOURCE interface entry: drop sources no prefix holds */
+#define FQDND_EP_REDIRECT_DNS   0x2 /* UDP/TCP dport 53 goes to the DNS proxy (bpf_sk_assign) */
+#define FQDND_EP_BY_SOURCE      0x4 /* interface entry only: the endpoint (id + flags) is the
+				     * fqdnd_clients4/6 entry of the packet's source address */
 struct fqdnd_endpoint_value {
 	__u16 endpoint;    /* EndpointId */
 	__u8 flags;        /* FQDND_EP_* */
 	__u8 pad;
 };                         /* 4 bytes */
+
+/* The DNS proxy's listening sockets (array map fqdnd_dns_proxy, one entry, key 0). The
+ * programs look the listener up with this address and port as the destination and a zero
+ * source, so addr is what the socket is bound to: 0.0.0.0 / :: for a wildcard listener,
+ * 127.0.0.1 / ::1 (or any local address) for a bound one. Port 0 = no proxy for that family
+ * (DNS from redirected endpoints is then dropped: FQDND_DROP_NO_PROXY). The same port serves
+ * UDP and TCP. */
+struct fqdnd_dns_proxy {
+	__u8 addr4[4];     /* network order */
+	__u16 port4;       /* network order */
+	__u16 pad4;
+	__u8 addr6[16];    /* network order */
+	__u16 port6;       /* network order */
+	__u16 pad6;
+};                         /* 28 bytes */
+
+/* skb->mark of a packet assigned to the proxy: the policy route
+ * `ip rule add fwmark 0x200/0xf00 lookup 2004` + `ip route add local 0.0.0.0/0 dev lo table 2004`
+ * (and IPv6) delivers it locally instead of forwarding it (same values as Cilium). */
+#define FQDND_MARK_TO_PROXY 0x200
+#define FQDND_MARK_MASK     0xf00
+#define FQDND_PROXY_TABLE   2004
 
 /* Per-endpoint egress policy: hash of (endpoint, identity, proto, dport). identity 0 and
  * dport 0 are wildcards, proto 0 means TCP and UDP. Port ranges are expanded by userspace. */
@@ -98,6 +127,7 @@ struct fqdnd_ct_value {
 /* Ring-buffer event for every policy drop. */
 #define FQDND_DROP_POLICY    1 /* no allow entry matched */
 #define FQDND_DROP_UNHANDLED 2 /* enforcing endpoint, packet fqdnd cannot classify (ICMP, frag, ext hdr) */
+#define FQDND_DROP_NO_PROXY  3 /* DNS from a redirected endpoint and no proxy socket to assign */
 struct fqdnd_drop_event {
 	__u64 ts_ns;
 	__u32 ifindex;

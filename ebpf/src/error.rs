@@ -22,6 +22,20 @@ pub enum Error {
     /// Opening or converting a map failed.
     #[error("eBPF map: {0}")]
     Map(#[from] aya::maps::MapError),
+    /// Opening, replacing or converting a (pinned) link failed.
+    #[error("eBPF link: {0}")]
+    Link(#[from] aya::programs::links::LinkError),
+    /// Pinning a link failed.
+    #[error("pinning an eBPF link: {0}")]
+    Pin(#[from] aya::pin::PinError),
+    /// An external command (`ip`) failed.
+    #[error("`{command}` failed: {message}")]
+    Command {
+        /// The command line.
+        command: String,
+        /// Its stderr (or why it could not run).
+        message: String,
+    },
     /// The object lacks a program or map this crate expects.
     #[error("the eBPF object has no {0}")]
     Missing(&'static str),

@@ -9,11 +9,14 @@
 mod datapath;
 mod error;
 mod loader;
+pub mod route;
 pub mod sys;
 
-pub use datapath::{Events, KernelDatapath, MAX_PORT_RANGE};
+pub use datapath::{
+    CtEntry, EndpointEntry, EndpointFlags, Events, KernelDatapath, MAX_PORT_RANGE, ResyncStats,
+};
 pub use error::Error;
 pub use loader::{
-    BPFFS_ROOT, FROM_ENDPOINT, Loaded, OBJECT, TO_ENDPOINT, default_pin_dir, ensure_bpffs,
-    map_names,
+    BPFFS_ROOT, FROM_ENDPOINT, Loaded, OBJECT, TO_ENDPOINT, attached_interfaces, default_pin_dir,
+    detach_pinned, ensure_bpffs, links_dir, map_names,
 };

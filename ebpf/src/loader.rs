@@ -2,7 +2,9 @@
 
 use std::path::{Path, PathBuf};
 
-use aya::programs::{SchedClassifier, TcAttachType};
+use aya::programs::links::{FdLink, LinkError, PinnedLink};
+use aya::programs::tc::{SchedClassifierLink, TcAttachOptions};
+use aya::programs::{LinkOrder, ProgramError, SchedClassifier, TcAttachType};
 use aya::{Ebpf, EbpfLoader};
 use nix::mount::{MsFlags, mount};
 use nix::sys::statfs::{BPF_FS_MAGIC, statfs};
@@ -29,7 +31,102 @@ pub fn map_names() -> &'static [&'static str] {
         "fqdnd_policy",
         "fqdnd_ct",
         "fqdnd_events",
+        "fqdnd_clients4",
+        "fqdnd_clients6",
+        "fqdnd_dns_proxy",
     ]
+}
+
+/// The directory of the pinned TCX links: `<pin_dir>/links`, one pin per interface and
+/// direction, `<iface>-ingress` ([`FROM_ENDPOINT`]) and `<iface>-egress` ([`TO_ENDPOINT`]).
+pub fn links_dir(pin_dir: &Path) -> PathBuf {
+    pin_dir.join("links")
+}
+
+const DIRECTIONS: [(&str, TcAttachType, &str); 2] = [
+    (FROM_ENDPOINT, TcAttachType::Ingress, "ingress"),
+    (TO_ENDPOINT, TcAttachType::Egress, "egress"),
+];
+
+/// The interfaces that have a pinned link in `pin_dir` (sorted, each once), so a restarted
+/// daemon sees what its predecessor attached. A missing or unreadable directory is none.
+pub fn attached_interfaces(pin_dir: &Path) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir(links_dir(pin_dir)) else {
+        return Vec::new();
+    };
+    let mut out: Vec<String> = dir
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter_map(|name| {
+            let (iface, dir) = name.rsplit_once('-')?;
+            matches!(dir, "ingress" | "egress").then(|| iface.to_owned())
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Removes the pinned links of `iface` (its programs detach once no process holds the link);
+/// missing pins are fine. Needs no loaded object: an operator's CLI can call it.
+pub fn detach_pinned(pin_dir: &Path, iface: &str) -> Result<(), Error> {
+    for (_, _, dir) in DIRECTIONS {
+        let pin = links_dir(pin_dir).join(format!("{iface}-{dir}"));
+        match std::fs::remove_file(&pin) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(Error::Io {
+                    what: format!("removing {}", pin.display()),
+                    source,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `prog` at `attach_type` of `iface` through the link pinned at `pin`: the pinned link's
+/// program is replaced in place (`bpf_link_update`: no moment without a program) when it
+/// exists, else a new TCX link is created and pinned. A pinned link whose interface is gone
+/// (the kernel answers ENOLINK) is unpinned and replaced by a new one.
+fn attach_pinned(
+    prog: &mut SchedClassifier,
+    iface: &str,
+    attach_type: TcAttachType,
+    pin: &Path,
+) -> Result<(), Error> {
+    match PinnedLink::from_pin(pin) {
+        Ok(old) => {
+            let link = SchedClassifierLink::try_from(FdLink::from(old))?;
+            match prog.attach_to_link(link) {
+                Ok(id) => {
+                    // The pin holds the link; this process keeps no handle on it.
+                    drop(prog.take_link(id)?);
+                    return Ok(());
+                }
+                Err(ProgramError::SyscallError(e))
+                    if e.io_error.raw_os_error() == Some(libc::ENOLINK) =>
+                {
+                    std::fs::remove_file(pin).map_err(|source| Error::Io {
+                        what: format!("removing the stale link pin {}", pin.display()),
+                        source,
+                    })?;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(LinkError::SyscallError(e)) if e.io_error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e.into()),
+    }
+    let id = prog.attach_with_options(
+        iface,
+        attach_type,
+        TcAttachOptions::TcxOrder(LinkOrder::default()),
+    )?;
+    let link: FdLink = prog.take_link(id)?.try_into()?;
+    // If pinning fails the link is dropped here, which detaches it: no unpinned leftovers.
+    drop(link.pin(pin)?);
+    Ok(())
 }
 
 /// `/sys/fs/bpf/fqdnd/v<ABI>`: versioned, because aya reuses a pinned map of the same name
@@ -123,14 +220,25 @@ impl Loaded {
             .try_into()?)
     }
 
-    /// Attaches both programs to the host side of an endpoint's veth (TCX on kernels ≥ 6.6):
-    /// [`FROM_ENDPOINT`] at ingress, [`TO_ENDPOINT`] at egress. The links live as long as
-    /// this handle (pinning the links for restarts is still to come).
+    /// Attaches both programs to the host side of an endpoint's veth with TCX links pinned
+    /// under [`links_dir`]: [`FROM_ENDPOINT`] at ingress, [`TO_ENDPOINT`] at egress. The links
+    /// outlive this handle and the process (a stopped daemon keeps enforcing). When a link is
+    /// already pinned (daemon restart), its program is replaced atomically in the link.
     pub fn attach(&mut self, iface: &str) -> Result<(), Error> {
-        self.classifier(FROM_ENDPOINT)?
-            .attach(iface, TcAttachType::Ingress)?;
-        self.classifier(TO_ENDPOINT)?
-            .attach(iface, TcAttachType::Egress)?;
+        let dir = links_dir(&self.pin_dir);
+        std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
+            what: format!("creating {}", dir.display()),
+            source,
+        })?;
+        for (name, attach_type, suffix) in DIRECTIONS {
+            let pin = dir.join(format!("{iface}-{suffix}"));
+            attach_pinned(self.classifier(name)?, iface, attach_type, &pin)?;
+        }
         Ok(())
+    }
+
+    /// Detaches both programs from `iface` by removing their link pins ([`detach_pinned`]).
+    pub fn detach(&mut self, iface: &str) -> Result<(), Error> {
+        detach_pinned(&self.pin_dir, iface)
     }
 }

@@ -22,8 +22,19 @@ pub const PROTO_ANY: u8 = 0;
 pub const PROTO_TCP: u8 = 6;
 /// UDP.
 pub const PROTO_UDP: u8 = 17;
-/// Endpoint flag: default deny for its egress.
+/// Endpoint flag: default deny for its egress (on a `EP_BY_SOURCE` interface entry: drop
+/// sources no client prefix holds).
 pub const EP_ENFORCE_EGRESS: u8 = 0x1;
+/// Endpoint flag: UDP/TCP to port 53 is assigned to the DNS proxy's socket.
+pub const EP_REDIRECT_DNS: u8 = 0x2;
+/// Interface entry flag: the endpoint is the `fqdnd_clients4/6` entry of the source address.
+pub const EP_BY_SOURCE: u8 = 0x4;
+/// `skb->mark` of packets assigned to the proxy (within [`MARK_MASK`]).
+pub const MARK_TO_PROXY: u32 = 0x200;
+/// The mark bits fqdnd owns.
+pub const MARK_MASK: u32 = 0xf00;
+/// The routing table of the local-delivery route for marked packets.
+pub const PROXY_TABLE: u32 = 2004;
 /// Policy value flag: allow.
 pub const POLICY_ALLOW: u32 = 0x1;
 /// Conntrack flag: opened by the endpoint.
@@ -34,6 +45,8 @@ pub const CT_INGRESS: u32 = 0x2;
 pub const DROP_POLICY: u8 = 1;
 /// Drop reason: an IP packet fqdnd cannot classify from an enforcing endpoint.
 pub const DROP_UNHANDLED: u8 = 2;
+/// Drop reason: DNS from a redirected endpoint and no proxy socket to assign it to.
+pub const DROP_NO_PROXY: u8 = 3;
 
 /// `struct fqdnd_ipcache_key4` (the map itself uses aya's identical `lpm_trie::Key<[u8; 4]>`).
 #[repr(C)]
@@ -73,6 +86,24 @@ pub struct EndpointValue {
     pub flags: u8,
     /// Padding.
     pub pad: u8,
+}
+
+/// `struct fqdnd_dns_proxy`: the one entry of the `fqdnd_dns_proxy` array.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct DnsProxy {
+    /// IPv4 address the proxy sockets are bound to (0.0.0.0 for a wildcard), network order.
+    pub addr4: [u8; 4],
+    /// IPv4 proxy port, network order; 0 = none.
+    pub port4: u16,
+    /// Padding.
+    pub pad4: u16,
+    /// IPv6 address the proxy sockets are bound to (:: for a wildcard), network order.
+    pub addr6: [u8; 16],
+    /// IPv6 proxy port, network order; 0 = none.
+    pub port6: u16,
+    /// Padding.
+    pub pad6: u16,
 }
 
 /// `struct fqdnd_policy_key`.
@@ -207,6 +238,8 @@ unsafe impl aya::Pod for IpcacheValue {}
 // SAFETY: as above.
 unsafe impl aya::Pod for EndpointValue {}
 // SAFETY: as above.
+unsafe impl aya::Pod for DnsProxy {}
+// SAFETY: as above.
 unsafe impl aya::Pod for PolicyKey {}
 // SAFETY: as above.
 unsafe impl aya::Pod for PolicyValue {}
@@ -275,6 +308,12 @@ mod tests {
         );
         check!(
             c,
+            "fqdnd_dns_proxy",
+            DnsProxy,
+            [addr4, port4, pad4, addr6, port6, pad6]
+        );
+        check!(
+            c,
             "fqdnd_policy_key",
             PolicyKey,
             [identity, endpoint, dport, proto, pad]
@@ -301,7 +340,7 @@ mod tests {
                 saddr, daddr
             ]
         );
-        assert_eq!(c.len(), 9 + 2 + 2 + 1 + 3 + 5 + 1 + 7 + 4 + 12);
+        assert_eq!(c.len(), 10 + 2 + 2 + 1 + 3 + 6 + 5 + 1 + 7 + 4 + 12);
     }
 
     #[test]

@@ -4,12 +4,18 @@
 //! skip with a message, or fail when `FQDND_REQUIRE_PRIVILEGED=1` (CI sets it).
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
+mod common;
+
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::path::PathBuf;
+use std::time::Duration;
+
+use common::{PinDir, privileged};
 
 use aya::programs::{TestRun, TestRunOptions};
 use fqdnd_ebpf::sys::{self, PolicyKey};
-use fqdnd_ebpf::{Events, FROM_ENDPOINT, KernelDatapath, Loaded, TO_ENDPOINT, map_names};
+use fqdnd_ebpf::{
+    EndpointFlags, Events, FROM_ENDPOINT, KernelDatapath, Loaded, TO_ENDPOINT, map_names,
+};
 use fqdnd_ipcache::policy::Protocol;
 use fqdnd_ipcache::{Datapath, DatapathChange, EndpointId, Identity};
 
@@ -18,37 +24,16 @@ const TC_ACT_SHOT: u32 = 2;
 /// BPF_PROG_TEST_RUN runs tc programs on the loopback device of the caller's netns.
 const LO_IFINDEX: u32 = 1;
 const EP: EndpointId = EndpointId(7);
-
-/// A unique pin dir under bpffs, removed on drop.
-struct PinDir(PathBuf);
-
-impl Drop for PinDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn privileged(test: &str) -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    let msg = format!("{test}: needs root for eBPF (skipped)");
-    assert!(
-        std::env::var("FQDND_REQUIRE_PRIVILEGED").as_deref() != Ok("1"),
-        "{msg}, and FQDND_REQUIRE_PRIVILEGED=1"
-    );
-    eprintln!("{msg}");
-    false
-}
+const ENFORCE: EndpointFlags = EndpointFlags {
+    enforce_egress: true,
+    redirect_dns: false,
+};
 
 fn setup(test: &str) -> Option<(PinDir, Loaded, KernelDatapath)> {
     if !privileged(test) {
         return None;
     }
-    let dir = PinDir(PathBuf::from(format!(
-        "/sys/fs/bpf/fqdnd-test-{}-{test}",
-        std::process::id()
-    )));
+    let dir = PinDir::new(test);
     let loaded = Loaded::load(&dir.0).expect("load");
     let dp = KernelDatapath::open(&dir.0).expect("open pinned maps");
     Some((dir, loaded, dp))
@@ -98,7 +83,7 @@ fn packet(src: IpAddr, dst: IpAddr, proto: u8, sport: u16, dport: u16) -> Vec<u8
     p
 }
 
-fn run(loaded: &mut Loaded, prog: &str, pkt: &[u8], repeat: u32) -> (u32, std::time::Duration) {
+fn run(loaded: &mut Loaded, prog: &str, pkt: &[u8], repeat: u32) -> (u32, Duration) {
     let mut out = vec![0u8; pkt.len() + 256];
     let r = loaded
         .classifier(prog)
@@ -121,7 +106,7 @@ const FQDN_ID: u32 = (1 << 24) + 1;
 
 /// Endpoint 7 on lo, enforcing, allowed to FQDN_ID on TCP 443 only.
 fn base_policy(dp: &mut KernelDatapath) {
-    dp.set_endpoint(LO_IFINDEX, EP, true).unwrap();
+    dp.set_endpoint(LO_IFINDEX, EP, ENFORCE).unwrap();
     dp.apply(&[
         DatapathChange::PolicyUpsert {
             endpoint: EP,
@@ -301,11 +286,12 @@ fn verdicts_v6_wildcards_and_non_enforcing() {
     );
 
     // not enforcing: everything passes
-    dp.set_endpoint(LO_IFINDEX, EP, false).unwrap();
+    dp.set_endpoint(LO_IFINDEX, EP, EndpointFlags::default())
+        .unwrap();
     let other = packet(ep, world, sys::PROTO_TCP, 1005, 22);
     assert_eq!(run(&mut loaded, FROM_ENDPOINT, &other, 1).0, TC_ACT_OK);
     // unknown interface: passes
-    dp.set_endpoint(LO_IFINDEX, EP, true).unwrap();
+    dp.set_endpoint(LO_IFINDEX, EP, ENFORCE).unwrap();
     assert_eq!(
         run(
             &mut loaded,
@@ -450,8 +436,18 @@ fn per_packet_cost() {
     let deny = packet(ep, IpAddr::V4(ALLOWED_V4), 6, 40001, 80);
     let (v, miss) = run(&mut loaded, FROM_ENDPOINT, &deny, n);
     assert_eq!(v, TC_ACT_SHOT);
+    // DNS redirect, no proxy socket: one UDP listener lookup + drop (event while the ring
+    // has room). BPF_PROG_TEST_RUN is not at tc ingress, so even a found socket could not be
+    // assigned there: the real-traffic figure is in tests/netns.rs (redirect_cost_in_netns).
+    dp.set_endpoint(LO_IFINDEX, EP, REDIRECT).unwrap();
+    dp.set_dns_proxy(Some("127.0.0.1:1".parse().unwrap()), None)
+        .unwrap();
+    let dns = packet(ep, IpAddr::V4(ALLOWED_V4), 17, 40002, 53);
+    let (v, no_proxy) = run(&mut loaded, FROM_ENDPOINT, &dns, n);
+    assert_eq!(v, TC_ACT_SHOT);
     eprintln!(
-        "per packet (mean over {n}): conntrack hit {hit:?}, full policy miss + event {miss:?}"
+        "per packet (mean over {n}): conntrack hit {hit:?}, full policy miss + event {miss:?}, \
+         DNS redirect without proxy (UDP lookup + drop) {no_proxy:?}"
     );
 }
 
@@ -477,4 +473,295 @@ fn attach_to_veth() {
     drop(loaded);
     ip(&["link", "del", &host]);
     r.expect("attach both classifiers");
+}
+
+const REDIRECT: EndpointFlags = EndpointFlags {
+    enforce_egress: true,
+    redirect_dns: true,
+};
+
+/// DNS from a redirecting endpoint with no proxy socket: dropped with `DROP_NO_PROXY` (fail
+/// closed) whatever the policy says; other traffic still follows the policy.
+#[test]
+fn dns_redirect_without_proxy_drops() {
+    let Some((dir, mut loaded, mut dp)) = setup("noproxy") else {
+        return;
+    };
+    base_policy(&mut dp);
+    dp.set_endpoint(LO_IFINDEX, EP, REDIRECT).unwrap();
+    let mut events = Events::open(&dir.0).unwrap();
+    let (ep4, ep6) = (IpAddr::V4(EP_V4), IpAddr::V6(EP_V6));
+    let res4 = IpAddr::V4(Ipv4Addr::new(10, 99, 0, 53));
+    let res6: IpAddr = "fd00:99::53".parse().unwrap();
+    let dns = [
+        packet(ep4, res4, sys::PROTO_UDP, 40000, 53),
+        packet(ep4, res4, sys::PROTO_TCP, 40001, 53),
+        packet(ep6, res6, sys::PROTO_UDP, 40002, 53),
+        packet(ep6, res6, sys::PROTO_TCP, 40003, 53),
+    ];
+    assert_eq!(dp.dns_proxy().unwrap(), (None, None));
+    for p in &dns {
+        assert_eq!(run(&mut loaded, FROM_ENDPOINT, p, 1).0, TC_ACT_SHOT);
+    }
+    // a proxy address where nothing listens; and an allow-all policy changes nothing
+    let (v4, v6) = ("127.0.0.1:1".parse().unwrap(), "[::1]:1".parse().unwrap());
+    dp.set_dns_proxy(Some(v4), Some(v6)).unwrap();
+    assert_eq!(dp.dns_proxy().unwrap(), (Some(v4), Some(v6)));
+    dp.apply(&[DatapathChange::PolicyUpsert {
+        endpoint: EP,
+        key: fqdnd_ipcache::PolicyKey::ALLOW_ALL,
+    }])
+    .unwrap();
+    for p in &dns {
+        assert_eq!(run(&mut loaded, FROM_ENDPOINT, p, 1).0, TC_ACT_SHOT);
+    }
+    let ev = events.drain();
+    assert_eq!(ev.len(), 8, "{ev:?}");
+    assert!(ev.iter().all(|e| e.reason == sys::DROP_NO_PROXY
+        && e.endpoint == EP.0
+        && e.dport == 53
+        && e.identity == 0));
+    assert_eq!(
+        ev.iter().map(|e| (e.family, e.proto)).collect::<Vec<_>>()[..4],
+        [(4, 17), (4, 6), (6, 17), (6, 6)]
+    );
+    // other traffic: policy and conntrack as before; DNS made no conntrack entry
+    let p = packet(ep4, IpAddr::V4(ALLOWED_V4), sys::PROTO_TCP, 40004, 443);
+    assert_eq!(run(&mut loaded, FROM_ENDPOINT, &p, 1).0, TC_ACT_OK);
+    let ct = dp.ct_entries().unwrap();
+    assert_eq!(ct.len(), 1, "{ct:?}");
+    assert_eq!(ct[0].dport, 443);
+    // the redirect flag off: DNS is ordinary traffic (allowed by ALLOW_ALL)
+    dp.set_endpoint(LO_IFINDEX, EP, ENFORCE).unwrap();
+    assert_eq!(run(&mut loaded, FROM_ENDPOINT, &dns[0], 1).0, TC_ACT_OK);
+    // the proxy's answers to a redirecting endpoint make no conntrack entry
+    dp.set_endpoint(LO_IFINDEX, EP, REDIRECT).unwrap();
+    let answer = packet(res4, ep4, sys::PROTO_UDP, 53, 40005);
+    assert_eq!(run(&mut loaded, TO_ENDPOINT, &answer, 1).0, TC_ACT_OK);
+    assert!(dp.ct_entries().unwrap().iter().all(|e| e.sport != 53));
+}
+
+/// A by-source interface: the endpoint comes from the longest client prefix holding the
+/// source; unknown sources drop (enforce_unknown) or pass.
+#[test]
+fn by_source_endpoints() {
+    let Some((dir, mut loaded, mut dp)) = setup("bysrc") else {
+        return;
+    };
+    base_policy(&mut dp);
+    dp.set_interface_by_source(LO_IFINDEX, true).unwrap();
+    let ep8 = EndpointId(8);
+    dp.set_client_prefix("10.0.0.0/24".parse().unwrap(), EP, ENFORCE)
+        .unwrap();
+    dp.set_client_prefix("10.0.0.128/25".parse().unwrap(), ep8, ENFORCE)
+        .unwrap();
+    dp.set_client_prefix("fd00::/64".parse().unwrap(), EP, ENFORCE)
+        .unwrap();
+    let mut events = Events::open(&dir.0).unwrap();
+    let v4 = |a: [u8; 4]| IpAddr::V4(Ipv4Addr::from(a));
+    let ok4 = IpAddr::V4(ALLOWED_V4);
+    let verdict = |loaded: &mut Loaded, src: IpAddr, dst: IpAddr, proto: u8, sport: u16, dport| {
+        run(
+            loaded,
+            FROM_ENDPOINT,
+            &packet(src, dst, proto, sport, dport),
+            1,
+        )
+        .0
+    };
+
+    assert_eq!(
+        verdict(&mut loaded, v4([10, 0, 0, 7]), ok4, 6, 1000, 443),
+        TC_ACT_OK
+    );
+    // the /25 is endpoint 8, which has no policy
+    assert_eq!(
+        verdict(&mut loaded, v4([10, 0, 0, 200]), ok4, 6, 1001, 443),
+        TC_ACT_SHOT
+    );
+    // unknown source
+    assert_eq!(
+        verdict(&mut loaded, v4([10, 0, 1, 7]), ok4, 6, 1002, 443),
+        TC_ACT_SHOT
+    );
+    let ok6 = IpAddr::V6(ALLOWED_V6);
+    assert_eq!(
+        verdict(&mut loaded, IpAddr::V6(EP_V6), ok6, 6, 1003, 443),
+        TC_ACT_OK
+    );
+    let ev = events.drain();
+    assert_eq!(ev.len(), 2, "{ev:?}");
+    assert_eq!((ev[0].endpoint, ev[0].reason), (8, sys::DROP_POLICY));
+    assert_eq!((ev[1].endpoint, ev[1].reason), (0, sys::DROP_POLICY));
+    assert_eq!(&ev[1].saddr[..4], &[10, 0, 1, 7]);
+
+    // a client prefix with the redirect flag: its DNS needs the proxy
+    dp.set_client_prefix("10.0.0.128/25".parse().unwrap(), ep8, REDIRECT)
+        .unwrap();
+    let res = v4([10, 99, 0, 53]);
+    assert_eq!(
+        verdict(&mut loaded, v4([10, 0, 0, 200]), res, 17, 1004, 53),
+        TC_ACT_SHOT
+    );
+    let ev = events.drain();
+    assert_eq!((ev[0].endpoint, ev[0].reason), (8, sys::DROP_NO_PROXY));
+
+    // unknown sources pass when the interface does not enforce them
+    dp.set_interface_by_source(LO_IFINDEX, false).unwrap();
+    assert_eq!(
+        verdict(&mut loaded, v4([10, 0, 1, 7]), ok4, 6, 1005, 443),
+        TC_ACT_OK
+    );
+
+    assert_eq!(
+        dp.endpoint_entries().unwrap(),
+        vec![fqdnd_ebpf::EndpointEntry::BySource {
+            ifindex: LO_IFINDEX,
+            enforce_unknown: false
+        }]
+    );
+    let clients = dp.client_entries().unwrap();
+    assert_eq!(clients.len(), 3);
+    assert!(clients.contains(&("10.0.0.128/25".parse().unwrap(), ep8, REDIRECT)));
+    // removing the /25 gives its sources back to the /24
+    dp.remove_client_prefix("10.0.0.128/25".parse().unwrap())
+        .unwrap();
+    dp.remove_client_prefix("10.0.0.128/25".parse().unwrap())
+        .unwrap();
+    assert_eq!(
+        verdict(&mut loaded, v4([10, 0, 0, 200]), ok4, 6, 1006, 443),
+        TC_ACT_OK
+    );
+}
+
+/// Conntrack read back, live destinations and idle GC, also from a process that only opens
+/// the pins.
+#[test]
+fn conntrack_listing_and_gc() {
+    let Some((dir, mut loaded, mut dp)) = setup("ct") else {
+        return;
+    };
+    base_policy(&mut dp);
+    let ep = IpAddr::V4(EP_V4);
+    let ok = IpAddr::V4(ALLOWED_V4);
+    let world = IpAddr::V4(Ipv4Addr::new(203, 0, 113, 1));
+    let p = packet(ep, ok, sys::PROTO_TCP, 40000, 443);
+    assert_eq!(run(&mut loaded, FROM_ENDPOINT, &p, 1).0, TC_ACT_OK);
+    let inbound = packet(world, ep, sys::PROTO_TCP, 50000, 8080);
+    assert_eq!(run(&mut loaded, TO_ENDPOINT, &inbound, 1).0, TC_ACT_OK);
+    drop(loaded);
+    drop(dp);
+
+    // a reader with the pins only
+    let mut dp = KernelDatapath::open(&dir.0).unwrap();
+    let mut ct = dp.ct_entries().unwrap();
+    ct.sort_by_key(|e| e.flags);
+    assert_eq!(ct.len(), 2, "{ct:?}");
+    let e = ct[0];
+    assert_eq!(
+        (e.src, e.sport, e.dst, e.dport, e.proto, e.flags),
+        (ep, 40000, ok, 443, 6, sys::CT_EGRESS)
+    );
+    assert!(e.created_ns <= e.last_seen_ns && e.created_ns > 0);
+    assert_eq!((ct[1].src, ct[1].flags), (world, sys::CT_INGRESS));
+    let hour = Duration::from_secs(3600);
+    assert_eq!(
+        dp.live_destinations(hour).unwrap(),
+        [ok].into_iter().collect()
+    );
+    assert_eq!(dp.gc_conntrack(hour).unwrap(), 0);
+    assert_eq!(dp.gc_conntrack(Duration::ZERO).unwrap(), 2);
+    assert!(dp.ct_entries().unwrap().is_empty());
+    assert!(dp.live_destinations(hour).unwrap().is_empty());
+    assert_eq!(dp.endpoint_entries().unwrap().len(), 1);
+    assert_eq!(dp.policy_entries().unwrap().len(), 1);
+    assert_eq!(dp.ipcache_entries().unwrap().len(), 2);
+}
+
+/// A restarted daemon reopens full maps: nothing is flushed; the resync confirms what it
+/// writes again, writes what changed and deletes the rest; reference counts are rebuilt.
+#[test]
+fn resync_keeps_confirms_and_removes() {
+    let Some((dir, mut loaded, mut dp)) = setup("resync") else {
+        return;
+    };
+    let k443 = key(FQDN_ID, Protocol::Tcp, 443, 443);
+    let k80 = key(FQDN_ID, Protocol::Tcp, 80, 81);
+    let up = |key| DatapathChange::PolicyUpsert { endpoint: EP, key };
+    let ipc = |prefix: &str, id| DatapathChange::IpcacheUpsert {
+        prefix: prefix.parse().unwrap(),
+        identity: Identity(id),
+    };
+    dp.set_endpoint(LO_IFINDEX, EP, ENFORCE).unwrap();
+    dp.apply(&[
+        up(k443),
+        up(k80),
+        ipc("192.0.2.0/24", FQDN_ID),
+        ipc("198.51.100.0/24", 300),
+        ipc("2001:db8::/64", FQDN_ID),
+    ])
+    .unwrap();
+    drop(dp);
+
+    let mut dp = KernelDatapath::open(&dir.0).unwrap();
+    assert_eq!(dp.policy_entries().unwrap().len(), 3, "nothing flushed");
+    assert_eq!(dp.ipcache_entries().unwrap().len(), 3);
+    dp.begin_resync().unwrap();
+    let k8080 = key(FQDN_ID, Protocol::Tcp, 8080, 8080);
+    dp.apply(&[
+        up(k443),
+        up(k443),
+        up(k8080),
+        ipc("192.0.2.0/24", FQDN_ID),
+        ipc("2001:db8::/64", 301),
+        ipc("203.0.113.0/24", 302),
+    ])
+    .unwrap();
+    // during the resync, old state still enforces
+    let ep = IpAddr::V4(EP_V4);
+    let ok = IpAddr::V4(ALLOWED_V4);
+    let p = packet(ep, ok, sys::PROTO_TCP, 40000, 443);
+    assert_eq!(run(&mut loaded, FROM_ENDPOINT, &p, 1).0, TC_ACT_OK);
+    let p80 = packet(ep, ok, sys::PROTO_TCP, 40001, 80);
+    assert_eq!(run(&mut loaded, FROM_ENDPOINT, &p80, 1).0, TC_ACT_OK);
+    let stats = dp.finish_resync().unwrap();
+    assert_eq!(
+        stats,
+        fqdnd_ebpf::ResyncStats {
+            kept: 2,
+            added: 3,
+            removed: 3
+        }
+    );
+    let pk = |dport| PolicyKey {
+        identity: FQDN_ID,
+        endpoint: EP.0,
+        dport,
+        proto: 6,
+        pad: [0; 3],
+    };
+    assert_eq!(dp.policy_entries().unwrap(), vec![pk(443), pk(8080)]);
+    let mut ipc_now = dp.ipcache_entries().unwrap();
+    ipc_now.sort();
+    assert_eq!(
+        ipc_now,
+        vec![
+            ("192.0.2.0/24".parse().unwrap(), Identity(FQDN_ID)),
+            ("203.0.113.0/24".parse().unwrap(), Identity(302)),
+            ("2001:db8::/64".parse().unwrap(), Identity(301)),
+        ]
+    );
+    let p81 = packet(ep, ok, sys::PROTO_TCP, 40002, 81);
+    assert_eq!(run(&mut loaded, FROM_ENDPOINT, &p81, 1).0, TC_ACT_SHOT);
+    // 443 was written twice during the resync: two deletes to remove it
+    let del = DatapathChange::PolicyDelete {
+        endpoint: EP,
+        key: k443,
+    };
+    dp.apply(std::slice::from_ref(&del)).unwrap();
+    assert_eq!(dp.policy_entries().unwrap().len(), 2);
+    dp.apply(&[del]).unwrap();
+    assert_eq!(dp.policy_entries().unwrap(), vec![pk(8080)]);
+    // no resync in progress: finish is a no-op
+    assert_eq!(dp.finish_resync().unwrap(), Default::default());
 }

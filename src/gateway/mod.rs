@@ -5,7 +5,7 @@
 mod lists;
 pub(crate) mod observer;
 pub(crate) mod policy;
-mod querylog;
+pub(crate) mod querylog;
 mod zone;
 
 use std::path::PathBuf;
@@ -15,11 +15,11 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, bail};
 use fqdnd_config::{Config, Gateway};
 use fqdnd_dnsproxy::{DnsProxy, QueryLog};
-use fqdnd_ipcache::MemoryDatapath;
 use tokio::sync::watch;
 
 use crate::admin::{self, AdminState};
 use crate::clock::Clock;
+use crate::datapath::AnyDatapath;
 use crate::engine::Engine;
 use observer::{EngineObserver, SharedEngine};
 use policy::{CompiledPolicy, GatewayPolicy};
@@ -145,7 +145,7 @@ pub(crate) async fn start(
 
     let engine: SharedEngine = Arc::new(Mutex::new(Engine::new(
         &config,
-        MemoryDatapath::default(),
+        AnyDatapath::Memory(Box::default()),
         clock.now(),
     )?));
     let observer = Arc::new(EngineObserver {
@@ -223,7 +223,7 @@ pub(crate) async fn start(
         demo,
         clock,
         proxy: proxy_stats,
-        gateway: gateway.clone(),
+        mode: admin::AdminMode::Gateway(Box::new(gateway.clone())),
         listen: udp.clone(),
         reloads: Mutex::new(admin::ReloadHistory::default()),
     });

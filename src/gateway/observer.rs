@@ -5,17 +5,18 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 use fqdnd_dnsproxy::{Observation, ObserveError, ResponseContext, ResponseObserver};
-use fqdnd_ipcache::{EndpointId, MemoryDatapath};
+use fqdnd_ipcache::EndpointId;
 use fqdnd_namemgr::{Answer, Record, RecordData};
 use hickory_proto::rr::RData;
 use smallvec::SmallVec;
 
 use crate::clock::Clock;
+use crate::datapath::AnyDatapath;
 use crate::engine::Engine;
 
 /// The engine, shared between the proxy's observer, the GC task and the admin API. Each
 /// holder locks it briefly (one answer, one GC pass, one listing).
-pub(crate) type SharedEngine = Arc<Mutex<Engine<MemoryDatapath>>>;
+pub(crate) type SharedEngine = Arc<Mutex<Engine<AnyDatapath>>>;
 
 /// Learns answers into the engine.
 pub(crate) struct EngineObserver {

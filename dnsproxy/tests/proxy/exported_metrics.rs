@@ -132,6 +132,10 @@ async fn queries_move_the_described_metrics() {
         m::UPSTREAM_UP,
         m::HOLD_FALLBACKS,
         m::TCP_REFUSED,
+        m::RAW_REPLIES,
+        m::RAW_REPLY_ERRORS,
+        m::ORIGINAL_DESTINATION_OVERFLOW,
+        m::ORIGINAL_DESTINATIONS,
     ] {
         assert!(
             recorder.described.lock().unwrap().iter().any(|d| d == name),
@@ -167,6 +171,13 @@ async fn queries_move_the_described_metrics() {
         1
     );
     assert_eq!(recorder.counter("fqdnd_dns_concurrency_limited_total"), 0);
+    // Registered at bind even when the transparent mode is off.
+    assert_eq!(recorder.counter("fqdnd_dns_raw_replies_total"), 0);
+    assert_eq!(recorder.counter("fqdnd_dns_raw_reply_errors_total"), 0);
+    assert_eq!(
+        recorder.counter("fqdnd_dns_original_destination_overflow_total"),
+        0
+    );
     assert_eq!(recorder.samples(m::UPSTREAM_LATENCY), 1);
     assert_eq!(recorder.samples(m::HOLD), 1);
     assert_eq!(recorder.samples(m::OBSERVER), 1);

@@ -178,16 +178,21 @@ impl Harness {
     }
 
     pub(crate) async fn with(upstream: TestUpstream, config: Config, mode: Mode) -> Self {
+        Self::with_policy(upstream, config, mode, Arc::new(TestPolicy)).await
+    }
+
+    /// Like [`Harness::with`] with another policy.
+    pub(crate) async fn with_policy(
+        upstream: TestUpstream,
+        config: Config,
+        mode: Mode,
+        policy: Arc<dyn QueryPolicy>,
+    ) -> Self {
         let observer = TestObserver::new(mode);
         let log = Arc::new(TestLog::default());
-        let proxy = DnsProxy::bind(
-            config,
-            Arc::new(TestPolicy),
-            observer.clone(),
-            Some(log.clone()),
-        )
-        .await
-        .unwrap();
+        let proxy = DnsProxy::bind(config, policy, observer.clone(), Some(log.clone()))
+            .await
+            .unwrap();
         let udp = proxy.udp_addrs()[0];
         let tcp = proxy.tcp_addrs()[0];
         let stats = proxy.stats_handle();

@@ -14,4 +14,5 @@ mod lifecycle;
 mod limits;
 mod policy;
 mod tcp;
+mod transparent;
 mod truncation;

@@ -1,0 +1,146 @@
+//! Policy drops reported by the datapath's ring buffer: counted in metrics, logged at debug
+//! level, and kept in a bounded log that `fqdnd monitor` polls through the admin API.
+
+use std::collections::VecDeque;
+use std::net::IpAddr;
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+/// Drops kept for `fqdnd monitor`; older ones are forgotten (the reader is told how many).
+const KEPT: usize = 4096;
+
+/// One drop, as the admin API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Drop {
+    /// Sequence number (1, 2, …) since the daemon started.
+    pub(crate) seq: u64,
+    /// Kernel monotonic time of the drop, nanoseconds.
+    pub(crate) ts_ns: u64,
+    /// The endpoint whose packet was dropped.
+    pub(crate) endpoint: u16,
+    /// The interface it arrived on.
+    pub(crate) ifindex: u32,
+    /// Source address and port.
+    pub(crate) src: String,
+    /// Destination address and port.
+    pub(crate) dst: String,
+    /// `tcp`, `udp`, or the IP protocol number.
+    pub(crate) proto: String,
+    /// The destination's identity.
+    pub(crate) identity: u32,
+    /// Why: `policy-denied`, `unhandled`, `no-dns-proxy`, or the number.
+    pub(crate) reason: String,
+}
+
+/// `GET /v1/drops?since=N`.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub(crate) struct DropPage {
+    /// Drops with `seq > since`, oldest first.
+    pub(crate) drops: Vec<Drop>,
+    /// The sequence number to ask from next.
+    pub(crate) next: u64,
+    /// Drops after `since` no longer kept.
+    pub(crate) missed: u64,
+}
+
+/// The bounded drop log.
+#[derive(Debug, Default)]
+pub(crate) struct DropLog {
+    inner: Mutex<Log>,
+}
+
+#[derive(Debug, Default)]
+struct Log {
+    kept: VecDeque<Drop>,
+    last_seq: u64,
+}
+
+/// The reason's name.
+pub(crate) fn reason_name(reason: u8) -> String {
+    match reason {
+        fqdnd_ebpf::sys::DROP_POLICY => "policy-denied".to_owned(),
+        fqdnd_ebpf::sys::DROP_UNHANDLED => "unhandled".to_owned(),
+        fqdnd_ebpf::sys::DROP_NO_PROXY => "no-dns-proxy".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+fn proto_name(proto: u8) -> String {
+    match proto {
+        6 => "tcp".to_owned(),
+        17 => "udp".to_owned(),
+        1 => "icmp".to_owned(),
+        58 => "icmpv6".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// An event address: IPv4 in the first four bytes.
+fn addr(family: u8, bytes: [u8; 16]) -> IpAddr {
+    if family == 4 {
+        IpAddr::from([bytes[0], bytes[1], bytes[2], bytes[3]])
+    } else {
+        IpAddr::from(bytes)
+    }
+}
+
+fn endpoint_addr(addr: IpAddr, port: u16) -> String {
+    std::net::SocketAddr::new(addr, port).to_string()
+}
+
+impl DropLog {
+    /// Records the events of one ring-buffer drain.
+    pub(crate) fn record(&self, events: &[fqdnd_ebpf::sys::DropEvent]) {
+        if events.is_empty() {
+            return;
+        }
+        let Ok(mut log) = self.inner.lock() else {
+            return;
+        };
+        for e in events {
+            let reason = reason_name(e.reason);
+            metrics::counter!("fqdnd_policy_drops_total", "reason" => reason.clone()).increment(1);
+            log.last_seq += 1;
+            let (src, dst) = (addr(e.family, e.saddr), addr(e.family, e.daddr));
+            let drop = Drop {
+                seq: log.last_seq,
+                ts_ns: e.ts_ns,
+                endpoint: e.endpoint,
+                ifindex: e.ifindex,
+                src: endpoint_addr(src, e.sport),
+                dst: endpoint_addr(dst, e.dport),
+                proto: proto_name(e.proto),
+                identity: e.identity,
+                reason,
+            };
+            tracing::debug!(endpoint = drop.endpoint, src = %drop.src, dst = %drop.dst, proto = %drop.proto, identity = drop.identity, reason = %drop.reason, "packet dropped");
+            if log.kept.len() == KEPT {
+                log.kept.pop_front();
+            }
+            log.kept.push_back(drop);
+        }
+    }
+
+    /// Drops after `since`, at most `limit`.
+    pub(crate) fn page(&self, since: u64, limit: usize) -> DropPage {
+        let Ok(log) = self.inner.lock() else {
+            return DropPage::default();
+        };
+        let first_kept = log.kept.front().map_or(log.last_seq + 1, |d| d.seq);
+        let missed = first_kept.saturating_sub(since + 1);
+        let drops: Vec<Drop> = log
+            .kept
+            .iter()
+            .filter(|d| d.seq > since)
+            .take(limit)
+            .cloned()
+            .collect();
+        let next = drops.last().map_or(since.max(first_kept - 1), |d| d.seq);
+        DropPage {
+            drops,
+            next,
+            missed,
+        }
+    }
+}

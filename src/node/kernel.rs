@@ -1,0 +1,188 @@
+//! The node's kernel side: the loaded programs, the endpoint map, the interfaces the programs
+//! are attached to, conntrack, and the DNS proxy's entry in the redirect map.
+//!
+//! Programs and links are pinned: they keep enforcing while the daemon is stopped or
+//! restarting, and a restart replaces each program inside its link (never a moment without
+//! one). Stopping the daemon therefore leaves enforcement in place; `fqdnd bpf unload` removes
+//! it.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use fqdnd_ebpf::{EndpointFlags, KernelDatapath, Loaded};
+use fqdnd_ipcache::EndpointId;
+
+/// One endpoint as the kernel knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Attached {
+    /// The endpoint.
+    pub(crate) id: EndpointId,
+    /// Its host-side interface index.
+    pub(crate) ifindex: u32,
+    /// Under egress policy.
+    pub(crate) enforcing: bool,
+}
+
+/// What an endpoint needs from the kernel.
+#[derive(Debug, Clone)]
+pub(crate) struct Wanted {
+    /// The endpoint.
+    pub(crate) id: EndpointId,
+    /// Its host-side interface.
+    pub(crate) interface: String,
+    /// Under egress policy.
+    pub(crate) enforcing: bool,
+}
+
+/// The loaded programs and the handles the daemon keeps on the pinned maps.
+pub(crate) struct NodeKernel {
+    loaded: Loaded,
+    /// A handle on the maps for endpoints, conntrack and listings (the engine owns another
+    /// one for ipcache and policy batches).
+    maps: KernelDatapath,
+    /// Interface name → what is attached there.
+    attached: BTreeMap<String, Attached>,
+    pin_dir: PathBuf,
+}
+
+impl std::fmt::Debug for NodeKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeKernel")
+            .field("pin_dir", &self.pin_dir)
+            .field("attached", &self.attached)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The interface index of `name`.
+pub(crate) fn ifindex(name: &str) -> Result<u32> {
+    nix::net::if_::if_nametoindex(name)
+        .with_context(|| format!("interface {name} does not exist (or cannot be read)"))
+}
+
+impl NodeKernel {
+    /// Loads the programs (reusing pinned maps), installs the local-delivery routes the DNS
+    /// redirect needs, and opens the maps.
+    pub(crate) fn load(pin_dir: &Path) -> Result<Self> {
+        fqdnd_ebpf::ensure_bpffs(Path::new(fqdnd_ebpf::BPFFS_ROOT)).context("mounting bpffs")?;
+        let loaded = Loaded::load(pin_dir).with_context(|| {
+            format!(
+                "loading the eBPF programs with maps pinned in {} (needs root: CAP_BPF, \
+                 CAP_NET_ADMIN, CAP_SYS_ADMIN)",
+                pin_dir.display()
+            )
+        })?;
+        fqdnd_ebpf::route::install_local_delivery()
+            .context("installing the local-delivery routes for the DNS redirect")?;
+        let maps = KernelDatapath::open(pin_dir).context("opening the pinned maps")?;
+        Ok(Self {
+            loaded,
+            maps,
+            attached: BTreeMap::new(),
+            pin_dir: pin_dir.to_path_buf(),
+        })
+    }
+
+    /// Points the DNS redirect at the proxy's wildcard-bound sockets on `port`.
+    pub(crate) fn set_dns_proxy(&mut self, port: u16) -> Result<()> {
+        self.maps
+            .set_dns_proxy(
+                Some(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port)),
+                Some(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, port, 0, 0)),
+            )
+            .context("writing the DNS proxy's address into the redirect map")
+    }
+
+    /// Makes the kernel match `wanted`: attaches (or replaces in place) the programs on each
+    /// interface and writes its endpoint entry, then removes the endpoints and links no longer
+    /// wanted, including links pinned by an earlier run. Stops at the first failure; what
+    /// was applied stays applied and the next sync retries the rest.
+    pub(crate) fn sync(&mut self, wanted: &[Wanted]) -> Result<()> {
+        for w in wanted {
+            let index = ifindex(&w.interface)?;
+            let entry = Attached {
+                id: w.id,
+                ifindex: index,
+                enforcing: w.enforcing,
+            };
+            if self.attached.get(&w.interface) == Some(&entry) {
+                continue;
+            }
+            if let Some(old) = self.attached.get(&w.interface)
+                && old.ifindex != index
+            {
+                // The interface was recreated under the same name.
+                let _ = self.maps.remove_endpoint(old.ifindex);
+            }
+            let flags = EndpointFlags {
+                enforce_egress: w.enforcing,
+                redirect_dns: true,
+            };
+            // Endpoint entry first: the program passes traffic of unknown interfaces, so the
+            // entry must be there when it starts seeing packets.
+            self.maps
+                .set_endpoint(index, w.id, flags)
+                .with_context(|| format!("registering endpoint {} on {}", w.id, w.interface))?;
+            if !self.attached.contains_key(&w.interface) {
+                self.loaded
+                    .attach(&w.interface)
+                    .with_context(|| format!("attaching the programs to {}", w.interface))?;
+                tracing::info!(endpoint = %w.id, interface = %w.interface, ifindex = index, enforcing = w.enforcing, "endpoint attached");
+            } else {
+                tracing::info!(endpoint = %w.id, interface = %w.interface, enforcing = w.enforcing, "endpoint updated");
+            }
+            self.attached.insert(w.interface.clone(), entry);
+        }
+        let keep: HashSet<&str> = wanted.iter().map(|w| w.interface.as_str()).collect();
+        let gone: Vec<String> = self
+            .attached
+            .keys()
+            .filter(|name| !keep.contains(name.as_str()))
+            .cloned()
+            .collect();
+        for name in gone {
+            if let Some(old) = self.attached.remove(&name) {
+                self.detach(&name, Some(old.ifindex))?;
+            }
+        }
+        // Links pinned by an earlier run for interfaces no longer configured.
+        for name in fqdnd_ebpf::attached_interfaces(&self.pin_dir) {
+            if !keep.contains(name.as_str()) {
+                let index = ifindex(&name).ok();
+                self.detach(&name, index)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn detach(&mut self, name: &str, index: Option<u32>) -> Result<()> {
+        if let Some(index) = index {
+            self.maps
+                .remove_endpoint(index)
+                .with_context(|| format!("removing the endpoint entry of {name}"))?;
+        }
+        self.loaded
+            .detach(name)
+            .with_context(|| format!("detaching the programs from {name}"))?;
+        tracing::info!(interface = %name, "endpoint detached");
+        Ok(())
+    }
+
+    /// Destination addresses of connections seen within `idle`: what keeps zombies alive.
+    pub(crate) fn live_destinations(&self, idle: Duration) -> Result<HashSet<IpAddr>> {
+        Ok(self.maps.live_destinations(idle)?)
+    }
+
+    /// Removes conntrack entries idle longer than `idle`; returns how many.
+    pub(crate) fn gc_conntrack(&mut self, idle: Duration) -> Result<usize> {
+        Ok(self.maps.gc_conntrack(idle)?)
+    }
+
+    /// The interfaces attached, with their endpoints.
+    pub(crate) fn attached(&self) -> &BTreeMap<String, Attached> {
+        &self.attached
+    }
+}

@@ -1,0 +1,546 @@
+//! `fqdnd node`: fqdnd as the sidecar-less DNS proxy and egress enforcer of the endpoints on
+//! this host.
+//!
+//! The eBPF program on each endpoint's host-side interface assigns its DNS packets to the
+//! proxy's transparent sockets (the client still talks to its own resolver) and checks every
+//! other packet against the ipcache and the endpoint's policy. The proxy asks the
+//! CiliumNetworkPolicy DNS rules, forwards allowed queries to their original destination, and
+//! releases an answer only once the engine has written what it taught into the kernel maps.
+//!
+//! Endpoints come from the configuration files and from the admin API at run time (as a CNI
+//! plugin would add and remove them); both survive a policy reload.
+
+mod drops;
+pub(crate) mod kernel;
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use fqdnd_config::{Config, Node};
+use fqdnd_dnsproxy::{DnsProxy, QueryLog};
+use fqdnd_ebpf::KernelDatapath;
+use fqdnd_ipcache::{Endpoint, EndpointId};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::admin::{self, AdminMode, AdminState};
+use crate::clock::Clock;
+use crate::datapath::AnyDatapath;
+use crate::engine::Engine;
+use crate::gateway::observer::{EngineObserver, SharedEngine};
+use crate::gateway::policy::{CompiledPolicy, GatewayPolicy};
+pub(crate) use drops::{DropLog, DropPage};
+use kernel::{NodeKernel, Wanted};
+
+/// An endpoint added through the admin API.
+#[derive(Debug, Clone)]
+struct Added {
+    endpoint: Endpoint,
+    interface: String,
+}
+
+/// One row of `fqdnd endpoint list`.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct EndpointRow {
+    pub(crate) id: u16,
+    pub(crate) name: String,
+    pub(crate) addresses: Vec<String>,
+    pub(crate) labels: Vec<String>,
+    pub(crate) interface: String,
+    pub(crate) ifindex: Option<u32>,
+    pub(crate) enforcing: bool,
+    /// `config` or `api`.
+    pub(crate) source: String,
+}
+
+/// The node's state beyond the engine: the kernel side, the endpoints, the drop log.
+pub(crate) struct NodeRuntime {
+    node: Node,
+    kernel: Mutex<NodeKernel>,
+    /// The configuration files as last loaded without error.
+    files: Mutex<Config>,
+    /// Endpoints added through the admin API.
+    added: Mutex<BTreeMap<EndpointId, Added>>,
+    /// Policy drops, for metrics and `fqdnd monitor`.
+    pub(crate) drops: DropLog,
+}
+
+impl std::fmt::Debug for NodeRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeRuntime")
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> Result<std::sync::MutexGuard<'_, T>> {
+    m.lock().map_err(|_| anyhow!("node state lock poisoned"))
+}
+
+/// Loads the configuration files; a missing `Node` document means the defaults.
+pub(crate) fn load(paths: &[PathBuf]) -> Result<(Config, Node)> {
+    let config = fqdnd_config::load(paths).map_err(|errors| anyhow!("{errors}"))?;
+    if config.gateway.is_some() {
+        tracing::warn!("the `kind: Gateway` document is ignored by `fqdnd node`");
+    }
+    let node = config.node.clone().unwrap_or_default();
+    Ok((config, node))
+}
+
+impl NodeRuntime {
+    /// The files' configuration with the endpoints added at run time.
+    fn merged(&self) -> Result<Config> {
+        let mut config = lock(&self.files)?.clone();
+        for added in lock(&self.added)?.values() {
+            config.endpoints.push(added.endpoint.clone());
+            config
+                .interfaces
+                .insert(added.endpoint.id, added.interface.clone());
+        }
+        Ok(config)
+    }
+
+    /// Brings engine, DNS policy and kernel to `config`: endpoints and policy into the engine
+    /// (so policy entries exist before an endpoint is enforced), then the kernel's endpoint
+    /// entries and program attachments, then the DNS policy.
+    fn apply(
+        &self,
+        config: &Config,
+        engine: &SharedEngine,
+        policy: &GatewayPolicy,
+        clock: Clock,
+    ) -> Result<()> {
+        let compiled = CompiledPolicy::compile(config, &self.node.daemon.lists)?;
+        let wanted = {
+            let mut engine = engine.lock().map_err(|_| anyhow!("engine lock poisoned"))?;
+            engine.ipcache.set_endpoints(config.endpoints.clone())?;
+            engine.set_policy(config.rules.clone(), clock.now())?;
+            wanted(config, &engine)
+        };
+        lock(&self.kernel)?.sync(&wanted)?;
+        policy.replace(compiled);
+        Ok(())
+    }
+
+    /// Re-reads the configuration files and applies them with the run-time endpoints.
+    pub(crate) fn reload(&self, state: &AdminState) -> Result<()> {
+        let (config, node) = load(&state.paths)?;
+        if node != self.node {
+            tracing::warn!(
+                "the `kind: Node` document changes only on restart; the running settings stay"
+            );
+        }
+        let previous = std::mem::replace(&mut *lock(&self.files)?, config);
+        let merged = self.merged()?;
+        if let Err(e) = self.apply(&merged, &state.engine, &state.policy, state.clock) {
+            *lock(&self.files)? = previous;
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Adds (or replaces, same id) an endpoint given as an `Endpoint` document.
+    pub(crate) fn add_endpoint(&self, document: &str, state: &AdminState) -> Result<EndpointRow> {
+        let parsed = fqdnd_config::load_str(document, std::path::Path::new("<request>"))
+            .map_err(|errors| anyhow!("{errors}"))?;
+        let [endpoint] = parsed.endpoints.as_slice() else {
+            bail!(
+                "the request must hold exactly one `kind: Endpoint` document (it has {})",
+                parsed.endpoints.len()
+            );
+        };
+        let Some(interface) = parsed.interfaces.get(&endpoint.id).cloned() else {
+            bail!("endpoint {} has no `spec.interface`", endpoint.name);
+        };
+        kernel::ifindex(&interface)?;
+        let files = lock(&self.files)?.clone();
+        if files.endpoints.iter().any(|e| e.id == endpoint.id) {
+            bail!(
+                "endpoint id {} is declared in the configuration files; change it there",
+                endpoint.id
+            );
+        }
+        let mut others: Vec<(Endpoint, Option<String>)> = files
+            .endpoints
+            .iter()
+            .map(|e| (e.clone(), files.interfaces.get(&e.id).cloned()))
+            .collect();
+        others.extend(
+            lock(&self.added)?
+                .values()
+                .filter(|a| a.endpoint.id != endpoint.id)
+                .map(|a| (a.endpoint.clone(), Some(a.interface.clone()))),
+        );
+        for (other, other_if) in &others {
+            if other.name == endpoint.name {
+                bail!(
+                    "endpoint name {} is taken by id {}",
+                    endpoint.name,
+                    other.id
+                );
+            }
+            if other_if.as_deref() == Some(interface.as_str()) {
+                bail!(
+                    "interface {interface} belongs to endpoint {} ({})",
+                    other.name,
+                    other.id
+                );
+            }
+            if let Some(addr) = endpoint
+                .addresses
+                .iter()
+                .find(|a| other.addresses.contains(a))
+            {
+                bail!(
+                    "address {addr} belongs to endpoint {} ({})",
+                    other.name,
+                    other.id
+                );
+            }
+        }
+        let previous = lock(&self.added)?.insert(
+            endpoint.id,
+            Added {
+                endpoint: endpoint.clone(),
+                interface,
+            },
+        );
+        let merged = self.merged()?;
+        if let Err(e) = self.apply(&merged, &state.engine, &state.policy, state.clock) {
+            let mut added = lock(&self.added)?;
+            match previous {
+                Some(p) => added.insert(endpoint.id, p),
+                None => added.remove(&endpoint.id),
+            };
+            return Err(e);
+        }
+        tracing::info!(endpoint = %endpoint.id, name = %endpoint.name, "endpoint added through the admin API");
+        self.rows(&state.engine)?
+            .into_iter()
+            .find(|r| r.id == endpoint.id.0)
+            .context("the endpoint vanished while being added")
+    }
+
+    /// Removes an endpoint added through the admin API.
+    pub(crate) fn remove_endpoint(&self, id: EndpointId, state: &AdminState) -> Result<()> {
+        let Some(removed) = lock(&self.added)?.remove(&id) else {
+            if lock(&self.files)?.endpoints.iter().any(|e| e.id == id) {
+                bail!("endpoint {id} is declared in the configuration files; remove it there");
+            }
+            bail!("no endpoint {id}");
+        };
+        let merged = self.merged()?;
+        if let Err(e) = self.apply(&merged, &state.engine, &state.policy, state.clock) {
+            lock(&self.added)?.insert(id, removed);
+            return Err(e);
+        }
+        tracing::info!(endpoint = %id, "endpoint removed through the admin API");
+        Ok(())
+    }
+
+    /// Every endpoint with its kernel state.
+    pub(crate) fn rows(&self, engine: &SharedEngine) -> Result<Vec<EndpointRow>> {
+        let merged = self.merged()?;
+        let added = lock(&self.added)?;
+        let kernel = lock(&self.kernel)?;
+        let engine = engine.lock().map_err(|_| anyhow!("engine lock poisoned"))?;
+        Ok(merged
+            .endpoints
+            .iter()
+            .map(|e| {
+                let interface = merged.interfaces.get(&e.id).cloned().unwrap_or_default();
+                EndpointRow {
+                    id: e.id.0,
+                    name: e.name.clone(),
+                    addresses: e.addresses.iter().map(ToString::to_string).collect(),
+                    labels: e
+                        .labels
+                        .iter()
+                        .map(|l| format!("{}:{}={}", l.source, l.key, l.value))
+                        .collect(),
+                    ifindex: kernel.attached().get(&interface).map(|a| a.ifindex),
+                    interface,
+                    enforcing: engine.ipcache.endpoint_enforcing(e.id).unwrap_or(false),
+                    source: if added.contains_key(&e.id) {
+                        "api".to_owned()
+                    } else {
+                        "config".to_owned()
+                    },
+                }
+            })
+            .collect())
+    }
+}
+
+/// What the kernel must hold for `config`'s endpoints.
+fn wanted(config: &Config, engine: &Engine<AnyDatapath>) -> Vec<Wanted> {
+    config
+        .endpoints
+        .iter()
+        .filter_map(|e| {
+            let Some(interface) = config.interfaces.get(&e.id) else {
+                tracing::warn!(endpoint = %e.id, name = %e.name, "endpoint has no `interface`: its DNS is not redirected and its egress not enforced by this node");
+                return None;
+            };
+            Some(Wanted {
+                id: e.id,
+                interface: interface.clone(),
+                enforcing: engine.ipcache.endpoint_enforcing(e.id).unwrap_or(false),
+            })
+        })
+        .collect()
+}
+
+fn proxy_config(config: &Config, node: &Node) -> fqdnd_dnsproxy::Config {
+    let d = &node.daemon;
+    let listen = vec![
+        SocketAddr::from((Ipv4Addr::UNSPECIFIED, node.dns_proxy_port)),
+        SocketAddr::from((Ipv6Addr::UNSPECIFIED, node.dns_proxy_port)),
+    ];
+    fqdnd_dnsproxy::Config {
+        listen_udp: listen.clone(),
+        listen_tcp: listen,
+        upstreams: Vec::new(),
+        transparent: true,
+        forward_to_original_destination: true,
+        upstream_timeout: d.upstream_timeout,
+        on_upstream_timeout: d.on_upstream_timeout,
+        response_max_delay: config.settings.proxy_response_max_delay,
+        on_hold_timeout: d.on_hold_timeout,
+        on_truncated: d.on_truncated,
+        reject_code: config.settings.reject_response_code,
+        concurrency_limit: config.settings.concurrency_limit,
+        rate_limit_qps: d.rate_limit.map_or(0, |r| r.qps),
+        rate_limit_burst: d.rate_limit.map_or(0, |r| r.burst),
+        rate_limit_clients: d.rate_limit.map_or(65_536, |r| r.clients),
+        rate_limit_action: d.rate_limit.map(|r| r.action).unwrap_or_default(),
+        ..fqdnd_dnsproxy::Config::default()
+    }
+}
+
+/// A running node agent.
+pub(crate) struct RunningNode {
+    stop: watch::Sender<bool>,
+    tasks: tokio::task::JoinSet<Result<()>>,
+}
+
+impl RunningNode {
+    /// Stops every task and waits for them. The programs stay attached and enforcing.
+    pub(crate) async fn shutdown(mut self) -> Result<()> {
+        let _ = self.stop.send(true);
+        while let Some(result) = self.tasks.join_next().await {
+            result.context("node task panicked")??;
+        }
+        Ok(())
+    }
+}
+
+/// Starts the node agent: kernel programs and maps, engine, proxy, GC, drop events, admin API.
+pub(crate) async fn start(
+    paths: Vec<PathBuf>,
+    admin_socket: Option<PathBuf>,
+) -> Result<RunningNode> {
+    let clock = Clock::start();
+    let (config, node) = load(&paths)?;
+    let pin_dir = node
+        .pin_dir
+        .clone()
+        .unwrap_or_else(fqdnd_ebpf::default_pin_dir);
+    let kernel = NodeKernel::load(&pin_dir)?;
+
+    // The engine writes the whole desired state into the pinned maps; what an earlier run
+    // left there and is no longer wanted is removed afterwards (reconciled, never flushed).
+    let mut maps = KernelDatapath::open(&pin_dir).context("opening the pinned maps")?;
+    maps.begin_resync().context("reading the pinned maps")?;
+    let mut engine = Engine::new(&config, AnyDatapath::Kernel(Box::new(maps)), clock.now())?;
+    if let AnyDatapath::Kernel(maps) = engine.ipcache.datapath_mut() {
+        let stats = maps
+            .finish_resync()
+            .context("reconciling the pinned maps")?;
+        tracing::info!(?stats, "pinned maps reconciled");
+    }
+    let engine: SharedEngine = Arc::new(Mutex::new(engine));
+    let policy = Arc::new(GatewayPolicy::default());
+    let runtime = Arc::new(NodeRuntime {
+        node: node.clone(),
+        kernel: Mutex::new(kernel),
+        files: Mutex::new(config.clone()),
+        added: Mutex::new(BTreeMap::new()),
+        drops: DropLog::default(),
+    });
+    runtime.apply(&config, &engine, &policy, clock)?;
+
+    let observer = Arc::new(EngineObserver {
+        engine: Arc::clone(&engine),
+        clock,
+    });
+    let query_log: Option<Arc<dyn QueryLog>> = match &node.daemon.query_log {
+        Some(path) => Some(Arc::new(crate::gateway::querylog::JsonLines::open(path)?)),
+        None => None,
+    };
+    if let Some(addr) = node.daemon.metrics {
+        crate::metrics::install(addr)?;
+    }
+    fqdnd_dnsproxy::describe_metrics();
+    metrics::describe_counter!(
+        "fqdnd_policy_drops_total",
+        "packets the datapath dropped, by reason"
+    );
+    let proxy = DnsProxy::bind(
+        proxy_config(&config, &node),
+        Arc::clone(&policy) as Arc<dyn fqdnd_dnsproxy::QueryPolicy>,
+        observer,
+        query_log,
+    )
+    .await
+    .context("starting the transparent DNS proxy")?;
+    lock(&runtime.kernel)?.set_dns_proxy(node.dns_proxy_port)?;
+    let listen = proxy.udp_addrs();
+    tracing::info!(udp = ?listen, tcp = ?proxy.tcp_addrs(), pin_dir = %pin_dir.display(), "node agent running");
+
+    let (stop, stopped) = watch::channel(false);
+    let mut tasks = tokio::task::JoinSet::new();
+    let proxy_stats = proxy.stats_handle();
+    {
+        let mut stopped = stopped.clone();
+        tasks.spawn(async move {
+            proxy
+                .run(async move { while stopped.changed().await.is_ok() && !*stopped.borrow() {} })
+                .await?;
+            Ok(())
+        });
+    }
+    {
+        let engine = Arc::clone(&engine);
+        let runtime = Arc::clone(&runtime);
+        let interval = config.settings.gc_interval;
+        let idle = node.conntrack_idle_timeout;
+        let mut stopped = stopped.clone();
+        tasks.spawn(async move {
+            let mut tick =
+                tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => gc(&engine, &runtime, clock, idle),
+                    _ = stopped.changed() => return Ok(()),
+                }
+            }
+        });
+    }
+    {
+        let runtime = Arc::clone(&runtime);
+        let mut events = fqdnd_ebpf::Events::open(&pin_dir).context("opening the drop events")?;
+        let mut stopped = stopped.clone();
+        tasks.spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => runtime.drops.record(&events.drain()),
+                    _ = stopped.changed() => return Ok(()),
+                }
+            }
+        });
+    }
+    {
+        let engine = Arc::clone(&engine);
+        let mut stopped = stopped.clone();
+        tasks.spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => crate::metrics::record_engine(&engine),
+                    _ = stopped.changed() => return Ok(()),
+                }
+            }
+        });
+    }
+    let state = Arc::new(AdminState {
+        engine: Arc::clone(&engine),
+        policy: Arc::clone(&policy),
+        paths: paths.clone(),
+        demo: false,
+        clock,
+        proxy: proxy_stats,
+        mode: AdminMode::Node(Arc::clone(&runtime)),
+        listen,
+        reloads: Mutex::new(admin::ReloadHistory::default()),
+    });
+    let socket = admin_socket.unwrap_or_else(|| node.daemon.admin_socket.clone());
+    let listener = admin::bind(&socket)?;
+    {
+        let state = Arc::clone(&state);
+        let mut stopped = stopped.clone();
+        tasks.spawn(async move {
+            admin::serve(listener, state, async move {
+                let _ = stopped.changed().await;
+            })
+            .await
+        });
+    }
+    {
+        let state = Arc::clone(&state);
+        let mut stopped = stopped.clone();
+        tasks.spawn(async move {
+            let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+                .context("installing the SIGHUP handler")?;
+            loop {
+                tokio::select! {
+                    _ = hangup.recv() => {
+                        tracing::info!("SIGHUP: reloading policy");
+                        let _ = admin::reload(&state);
+                    }
+                    _ = stopped.changed() => return Ok(()),
+                }
+            }
+        });
+    }
+    Ok(RunningNode { stop, tasks })
+}
+
+/// One GC pass: conntrack says which destinations are still in use (zombies stay for them),
+/// then idle conntrack entries go.
+fn gc(engine: &SharedEngine, runtime: &NodeRuntime, clock: Clock, idle: Duration) {
+    let live = match lock(&runtime.kernel).and_then(|k| k.live_destinations(idle)) {
+        Ok(live) => live,
+        Err(e) => {
+            // Without conntrack every expired IP would look unused: keep them all this round.
+            tracing::warn!(error = %format!("{e:#}"), "reading conntrack failed; GC skipped");
+            return;
+        }
+    };
+    if let Ok(mut engine) = engine.lock() {
+        let in_use = |ip: std::net::IpAddr| live.contains(&ip);
+        match engine.gc(clock.now(), &in_use) {
+            Ok(stats) if stats.released > 0 => {
+                tracing::debug!(
+                    expired = stats.expired,
+                    released = stats.released,
+                    in_use = live.len(),
+                    "dns gc"
+                );
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "dns gc failed"),
+        }
+    }
+    match lock(&runtime.kernel).and_then(|mut k| k.gc_conntrack(idle)) {
+        Ok(0) => {}
+        Ok(n) => tracing::debug!(removed = n, "conntrack gc"),
+        Err(e) => tracing::warn!(error = %format!("{e:#}"), "conntrack gc failed"),
+    }
+}
+
+/// Runs the node agent until SIGINT or SIGTERM.
+pub(crate) async fn run(paths: Vec<PathBuf>, admin_socket: Option<PathBuf>) -> Result<()> {
+    let node = start(paths, admin_socket).await?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping (programs stay attached)"),
+        _ = term.recv() => tracing::info!("SIGTERM: stopping (programs stay attached)"),
+    }
+    node.shutdown().await
+}

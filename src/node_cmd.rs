@@ -1,0 +1,388 @@
+//! Operator commands of node mode: `fqdnd endpoint add|remove|list` and `fqdnd monitor`
+//! (through the admin API), and `fqdnd bpf …` (straight from the pinned maps, so they work
+//! whether or not the daemon runs).
+
+use std::io::Write;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use fqdnd_ebpf::KernelDatapath;
+
+use crate::admin::{request, request_with_body};
+use crate::node::{DropPage, EndpointRow};
+
+/// What `fqdnd endpoint add` is told.
+#[derive(clap::Args, Clone)]
+pub(crate) struct AddEndpoint {
+    /// An `Endpoint` document (YAML) to read instead of the flags; `-` reads stdin.
+    #[arg(long, short = 'f', value_name = "FILE", conflicts_with_all = ["id", "name", "address", "interface", "label"])]
+    pub(crate) file: Option<PathBuf>,
+    /// Endpoint id (1-65535).
+    #[arg(long, required_unless_present = "file")]
+    pub(crate) id: Option<u16>,
+    /// Endpoint name.
+    #[arg(long, required_unless_present = "file")]
+    pub(crate) name: Option<String>,
+    /// An address of the endpoint (repeat for more).
+    #[arg(long, required_unless_present = "file")]
+    pub(crate) address: Vec<IpAddr>,
+    /// Its host-side interface (e.g. the host end of its veth pair).
+    #[arg(long, required_unless_present = "file")]
+    pub(crate) interface: Option<String>,
+    /// A label `key=value` or `source:key=value` (repeat for more).
+    #[arg(long, value_name = "KEY=VALUE")]
+    pub(crate) label: Vec<String>,
+}
+
+/// YAML double-quoted scalar.
+fn quoted(text: &str) -> String {
+    serde_json::to_string(text).unwrap_or_default()
+}
+
+impl AddEndpoint {
+    /// The `Endpoint` document the flags describe (validated by the daemon).
+    fn document(&self) -> Result<String> {
+        if let Some(file) = &self.file {
+            let mut text = String::new();
+            if file == Path::new("-") {
+                std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+                    .context("reading stdin")?;
+            } else {
+                text = std::fs::read_to_string(file)
+                    .with_context(|| format!("reading {}", file.display()))?;
+            }
+            return Ok(text);
+        }
+        let mut doc = format!(
+            "apiVersion: fqdnd.io/v1\nkind: Endpoint\nmetadata:\n  name: {}\nspec:\n  id: {}\n  interface: {}\n  addresses: [{}]\n",
+            quoted(self.name.as_deref().unwrap_or_default()),
+            self.id.unwrap_or_default(),
+            quoted(self.interface.as_deref().unwrap_or_default()),
+            self.address
+                .iter()
+                .map(|a| quoted(&a.to_string()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        if !self.label.is_empty() {
+            doc.push_str("  labels:\n");
+            for label in &self.label {
+                let Some((key, value)) = label.split_once('=') else {
+                    bail!("label {label:?} is not KEY=VALUE");
+                };
+                doc.push_str(&format!("    {}: {}\n", quoted(key), quoted(value)));
+            }
+        }
+        Ok(doc)
+    }
+}
+
+fn print_endpoints(rows: &[EndpointRow]) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "{:<6} {:<16} {:<16} {:<8} {:<9} {:<7} {:<28} LABELS",
+        "ID", "NAME", "INTERFACE", "IFINDEX", "ENFORCING", "SOURCE", "ADDRESSES"
+    )?;
+    for r in rows {
+        writeln!(
+            out,
+            "{:<6} {:<16} {:<16} {:<8} {:<9} {:<7} {:<28} {}",
+            r.id,
+            r.name,
+            r.interface,
+            r.ifindex.map_or_else(|| "-".to_owned(), |i| i.to_string()),
+            r.enforcing,
+            r.source,
+            r.addresses.join(","),
+            r.labels.join(",")
+        )?;
+    }
+    Ok(())
+}
+
+/// `fqdnd endpoint add`.
+pub(crate) fn add(socket: &Path, args: &AddEndpoint, json: bool) -> Result<ExitCode> {
+    let body = request_with_body(socket, "POST", "/v1/endpoints", &args.document()?)?;
+    if json {
+        println!("{body}");
+    } else {
+        let row: EndpointRow = serde_json::from_str(&body).context("decoding the answer")?;
+        print_endpoints(&[row])?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `fqdnd endpoint remove`.
+pub(crate) fn remove(socket: &Path, id: u16) -> Result<ExitCode> {
+    request(socket, "DELETE", &format!("/v1/endpoints/{id}"))?;
+    println!("endpoint {id} removed");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `fqdnd endpoint list`.
+pub(crate) fn list(socket: &Path, json: bool) -> Result<ExitCode> {
+    let body = request(socket, "GET", "/v1/endpoints")?;
+    if json {
+        println!("{body}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let rows: Vec<EndpointRow> = serde_json::from_str(&body).context("decoding endpoints")?;
+    print_endpoints(&rows)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `fqdnd monitor`: prints policy drops as they happen (polls the admin API).
+pub(crate) fn monitor(
+    socket: &Path,
+    json: bool,
+    count: Option<u64>,
+    recent: bool,
+) -> Result<ExitCode> {
+    let mut since = 0;
+    if !recent {
+        // Start from the drops that happen from now on.
+        let first: DropPage = serde_json::from_str(&request(socket, "GET", "/v1/drops?since=0")?)?;
+        since = first.next;
+        while let Ok(page) = serde_json::from_str::<DropPage>(&request(
+            socket,
+            "GET",
+            &format!("/v1/drops?since={since}"),
+        )?) {
+            if page.drops.is_empty() {
+                break;
+            }
+            since = page.next;
+        }
+    }
+    let mut printed = 0u64;
+    let mut out = std::io::stdout().lock();
+    loop {
+        let page: DropPage = serde_json::from_str(&request(
+            socket,
+            "GET",
+            &format!("/v1/drops?since={since}"),
+        )?)
+        .context("decoding drops")?;
+        if page.missed > 0 {
+            writeln!(
+                out,
+                "... {} drops not shown (monitor fell behind)",
+                page.missed
+            )?;
+        }
+        for d in &page.drops {
+            if json {
+                writeln!(out, "{}", serde_json::to_string(d)?)?;
+            } else {
+                writeln!(
+                    out,
+                    "xx drop ({}) endpoint {} {} -> {} {} identity {}",
+                    d.reason, d.endpoint, d.src, d.dst, d.proto, d.identity
+                )?;
+            }
+            printed += 1;
+            if count.is_some_and(|c| printed >= c) {
+                return Ok(ExitCode::SUCCESS);
+            }
+        }
+        out.flush()?;
+        since = page.next;
+        if page.drops.is_empty() {
+            #[allow(
+                clippy::disallowed_methods,
+                reason = "a CLI polling loop, not engine logic"
+            )]
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+/// The pin directory to read: the flag, or the default versioned one.
+fn pins(pin_dir: Option<&Path>) -> PathBuf {
+    pin_dir.map_or_else(fqdnd_ebpf::default_pin_dir, Path::to_path_buf)
+}
+
+fn open(pin_dir: Option<&Path>) -> Result<KernelDatapath> {
+    let dir = pins(pin_dir);
+    KernelDatapath::open(&dir).with_context(|| {
+        format!(
+            "opening the maps pinned in {} (is `fqdnd node` loaded? are you root?)",
+            dir.display()
+        )
+    })
+}
+
+/// `fqdnd bpf ipcache list`.
+pub(crate) fn bpf_ipcache(pin_dir: Option<&Path>) -> Result<ExitCode> {
+    let maps = open(pin_dir)?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{:<44} IDENTITY", "PREFIX")?;
+    let mut rows = maps.ipcache_entries()?;
+    rows.sort();
+    for (prefix, identity) in rows {
+        writeln!(out, "{prefix:<44} {}", identity.0)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `fqdnd bpf policy list`.
+pub(crate) fn bpf_policy(pin_dir: Option<&Path>) -> Result<ExitCode> {
+    let maps = open(pin_dir)?;
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "{:<9} {:<9} {:<6} PROTO",
+        "ENDPOINT", "IDENTITY", "DPORT"
+    )?;
+    let mut rows = maps.policy_entries()?;
+    rows.sort_by_key(|k| (k.endpoint, k.identity, k.dport, k.proto));
+    for k in rows {
+        let proto = match k.proto {
+            fqdnd_ebpf::sys::PROTO_TCP => "tcp".to_owned(),
+            fqdnd_ebpf::sys::PROTO_UDP => "udp".to_owned(),
+            fqdnd_ebpf::sys::PROTO_ANY => "any".to_owned(),
+            other => other.to_string(),
+        };
+        let identity = if k.identity == fqdnd_ebpf::sys::ID_ANY {
+            "any".to_owned()
+        } else {
+            k.identity.to_string()
+        };
+        let port = if k.dport == 0 {
+            "any".to_owned()
+        } else {
+            k.dport.to_string()
+        };
+        writeln!(out, "{:<9} {identity:<9} {port:<6} {proto}", k.endpoint)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `fqdnd bpf ct list`.
+pub(crate) fn bpf_ct(pin_dir: Option<&Path>) -> Result<ExitCode> {
+    let maps = open(pin_dir)?;
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "{:<6} {:<46} {:<46} {:<16} IDLE",
+        "PROTO", "SOURCE", "DESTINATION", "FLAGS"
+    )?;
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|t| Duration::from(t).as_nanos())
+        .map_or(0, |n| u64::try_from(n).unwrap_or(u64::MAX));
+    for e in maps.ct_entries()? {
+        let proto = match e.proto {
+            6 => "tcp".to_owned(),
+            17 => "udp".to_owned(),
+            other => other.to_string(),
+        };
+        let mut flags = Vec::new();
+        if e.flags & fqdnd_ebpf::sys::CT_EGRESS != 0 {
+            flags.push("egress");
+        }
+        if e.flags & fqdnd_ebpf::sys::CT_INGRESS != 0 {
+            flags.push("ingress");
+        }
+        let idle = Duration::from_nanos(now.saturating_sub(e.last_seen_ns));
+        writeln!(
+            out,
+            "{proto:<6} {:<46} {:<46} {:<16} {}s",
+            std::net::SocketAddr::new(e.src, e.sport).to_string(),
+            std::net::SocketAddr::new(e.dst, e.dport).to_string(),
+            flags.join(","),
+            idle.as_secs()
+        )?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `fqdnd bpf endpoint list`.
+pub(crate) fn bpf_endpoints(pin_dir: Option<&Path>) -> Result<ExitCode> {
+    let maps = open(pin_dir)?;
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "{:<8} {:<16} {:<9} FLAGS",
+        "IFINDEX", "INTERFACE", "ENDPOINT"
+    )?;
+    let name = |ifindex: u32| {
+        nix::net::if_::if_indextoname(ifindex)
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "?".to_owned())
+    };
+    for entry in maps.endpoint_entries()? {
+        match entry {
+            fqdnd_ebpf::EndpointEntry::Endpoint { ifindex, id, flags } => {
+                let mut f = Vec::new();
+                if flags.enforce_egress {
+                    f.push("enforce-egress");
+                }
+                if flags.redirect_dns {
+                    f.push("redirect-dns");
+                }
+                writeln!(
+                    out,
+                    "{ifindex:<8} {:<16} {:<9} {}",
+                    name(ifindex),
+                    id.0,
+                    f.join(",")
+                )?;
+            }
+            fqdnd_ebpf::EndpointEntry::BySource {
+                ifindex,
+                enforce_unknown,
+            } => {
+                let unknown = if enforce_unknown {
+                    "unknown-sources-dropped"
+                } else {
+                    "unknown-sources-pass"
+                };
+                writeln!(
+                    out,
+                    "{ifindex:<8} {:<16} {:<9} by-source,{unknown}",
+                    name(ifindex),
+                    "-"
+                )?;
+            }
+        }
+    }
+    for (prefix, id, flags) in maps.client_entries()? {
+        writeln!(
+            out,
+            "  source {prefix} → endpoint {}{}",
+            id.0,
+            if flags.enforce_egress {
+                " (enforce-egress)"
+            } else {
+                ""
+            }
+        )?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `fqdnd bpf unload`: detaches the programs from every interface, removes the pins and the
+/// local-delivery routes. Enforcement and the DNS redirect stop.
+pub(crate) fn bpf_unload(pin_dir: Option<&Path>) -> Result<ExitCode> {
+    let dir = pins(pin_dir);
+    let interfaces = fqdnd_ebpf::attached_interfaces(&dir);
+    for iface in &interfaces {
+        fqdnd_ebpf::detach_pinned(&dir, iface)
+            .with_context(|| format!("detaching the programs from {iface}"))?;
+    }
+    let detached = interfaces.len();
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    fqdnd_ebpf::route::remove_local_delivery().context("removing the local-delivery routes")?;
+    println!(
+        "detached from {} interface(s), removed {}",
+        detached,
+        dir.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,361 @@
+//! `fqdnd node` end to end, as root: real namespaces, veth pairs, the eBPF redirect and
+//! policy programs, the transparent proxy, and a real authoritative server.
+//!
+//! Without root these tests print a skip message, unless `FQDND_REQUIRE_PRIVILEGED=1` (CI),
+//! where they fail.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::disallowed_types,
+    clippy::disallowed_methods,
+    reason = "test code: real clocks and sleeps, a failed step should panic"
+)]
+
+mod dns;
+mod topology;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use hickory_proto::op::ResponseCode;
+use hickory_proto::rr::RecordType;
+
+use topology::{Topology, echo, privileged, tcp_open, tcp_reaches, udp_reaches};
+
+/// Long enough for a dropped SYN to show as a failure, short enough to keep tests quick.
+const DROPPED: Duration = Duration::from_millis(700);
+
+const ZONE: &str = "\
+api 300 IN A 10.N.10.1
+api 300 IN AAAA fd00:N:10::1
+short 2 IN A 10.N.10.2
+short 2 IN A 10.N.10.3
+short 2 IN AAAA fd00:N:10::2
+short 2 IN AAAA fd00:N:10::3
+evil 300 IN A 10.N.10.3
+";
+
+/// Endpoint A may resolve api/short.example.test and reach their IPs on TCP 8080 and UDP
+/// 8053; endpoint B may resolve anything and reach nothing.
+fn node_config(t: &Topology, a_ports: &str) -> String {
+    let n = t.n;
+    format!(
+        "apiVersion: fqdnd.io/v1
+kind: Node
+spec:
+  pinDir: {pin}
+  conntrackIdleTimeout: 2s
+  upstreamTimeout: 2s
+---
+apiVersion: fqdnd.io/v1
+kind: Settings
+spec:
+  gcInterval: 1s
+---
+apiVersion: fqdnd.io/v1
+kind: Endpoint
+metadata: {{name: a}}
+spec:
+  id: 1
+  interface: {if_a}
+  addresses: [10.{n}.1.2, \"fd00:{n}:1::2\"]
+  labels: {{app: a}}
+---
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {{name: a-egress}}
+spec:
+  endpointSelector: {{matchLabels: {{app: a}}}}
+  egress:
+  - toCIDR: [10.{n}.9.53/32, \"fd00:{n}:9::53/128\"]
+    toPorts:
+    - ports: [{{port: \"53\", protocol: ANY}}]
+      rules:
+        dns:
+        - matchName: api.example.test
+        - matchPattern: \"short.example.test\"
+  - toFQDNs:
+    - matchName: api.example.test
+    - matchName: short.example.test
+    toPorts:
+    - ports: [{a_ports}]
+---
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {{name: b-egress}}
+spec:
+  endpointSelector: {{matchLabels: {{app: b}}}}
+  egress:
+  - toCIDR: [10.{n}.9.53/32, \"fd00:{n}:9::53/128\"]
+    toPorts:
+    - ports: [{{port: \"53\", protocol: ANY}}]
+      rules:
+        dns:
+        - matchPattern: \"*\"
+",
+        pin = t.pin_dir.display(),
+        if_a = t.if_a,
+    )
+}
+
+const A_PORTS: &str = "{port: \"8080\", protocol: TCP}, {port: \"8053\", protocol: UDP}";
+
+fn sa(ip: std::net::IpAddr, port: u16) -> SocketAddr {
+    SocketAddr::new(ip, port)
+}
+
+/// Builds the topology, starts the DNS server and the node with endpoint A from the file and
+/// endpoint B added through the admin API.
+fn setup(test: &str) -> Option<Topology> {
+    if !privileged(test) {
+        return None;
+    }
+    let mut t = Topology::new(test);
+    t.start_dns(
+        &ZONE
+            .replace(".N.", &format!(".{}.", t.n))
+            .replace(":N:", &format!(":{}:", t.n)),
+    );
+    let config = t.write_node_config(&node_config(&t, A_PORTS));
+    t.start_node(&config);
+    let admin = t.admin();
+    let (b4, b6) = (t.v4(2, 2).to_string(), t.v6(2, 2).to_string());
+    t.cli(&[
+        "endpoint",
+        "add",
+        "--admin-socket",
+        admin.to_str().unwrap(),
+        "--id",
+        "2",
+        "--name",
+        "b",
+        "--interface",
+        &t.if_b.clone(),
+        "--address",
+        &b4,
+        "--address",
+        &b6,
+        "--label",
+        "app=b",
+    ]);
+    Some(t)
+}
+
+#[test]
+fn dns_is_redirected_and_answers_open_exactly_the_allowed_ips() {
+    let Some(t) = setup("redirect") else { return };
+    let logs = || t.logs();
+    let admin = t.admin();
+    let admin = admin.to_str().unwrap();
+    for v6 in [false, true] {
+        let ip = |net, host| if v6 { t.v6(net, host) } else { t.v4(net, host) };
+        let qtype = if v6 { RecordType::AAAA } else { RecordType::A };
+        let resolver = sa(ip(9, 53), 53);
+        let api = sa(ip(10, 1), 8080);
+
+        // Before DNS: dropped.
+        assert!(
+            !tcp_reaches(&t.ep_a, api, DROPPED),
+            "v6={v6}: reached before DNS\n{}",
+            logs()
+        );
+
+        // A resolves an allowed name over UDP: the reply comes from its resolver's address.
+        let reply = dns::udp(&t.ep_a, resolver, "api.example.test.", qtype)
+            .unwrap_or_else(|| panic!("v6={v6}: no UDP answer\n{}", logs()));
+        assert_eq!(
+            reply.from, resolver,
+            "v6={v6}: reply from the wrong address"
+        );
+        assert_eq!(reply.rcode, ResponseCode::NoError);
+        assert_eq!(reply.addrs, vec![ip(10, 1)]);
+
+        // Then reaches the answer's IP on the allowed port and protocols only.
+        assert!(
+            tcp_reaches(&t.ep_a, api, Duration::from_secs(2)),
+            "v6={v6}: allowed TCP dropped\n{}",
+            logs()
+        );
+        assert!(
+            udp_reaches(&t.ep_a, sa(ip(10, 1), 8053), Duration::from_secs(2)),
+            "v6={v6}: allowed UDP dropped"
+        );
+        assert!(
+            !tcp_reaches(&t.ep_a, sa(ip(10, 1), 9090), DROPPED),
+            "v6={v6}: other port reached"
+        );
+        // An IP no allowed answer named.
+        assert!(
+            !tcp_reaches(&t.ep_a, sa(ip(10, 3), 8080), DROPPED),
+            "v6={v6}: unresolved IP reached"
+        );
+        // Endpoint B has no FQDN egress: it may ask, but not connect.
+        let reply = dns::udp(&t.ep_b, resolver, "api.example.test.", qtype).unwrap();
+        assert_eq!(reply.addrs, vec![ip(10, 1)]);
+        assert!(
+            !tcp_reaches(&t.ep_b, api, DROPPED),
+            "v6={v6}: endpoint B reached the IP"
+        );
+
+        // A denied name: REFUSED, from the resolver's address.
+        let reply = dns::udp(&t.ep_a, resolver, "evil.example.test.", qtype).unwrap();
+        assert_eq!(reply.rcode, ResponseCode::Refused);
+        assert_eq!(reply.from, resolver);
+        assert!(reply.addrs.is_empty());
+
+        // TCP DNS goes through the proxy too, to the same resolver address.
+        let reply = dns::tcp(&t.ep_a, resolver, "api.example.test.", qtype)
+            .unwrap_or_else(|| panic!("v6={v6}: no TCP answer\n{}", logs()));
+        assert_eq!(reply.from, resolver);
+        assert_eq!(reply.addrs, vec![ip(10, 1)]);
+        let reply = dns::tcp(&t.ep_a, resolver, "evil.example.test.", qtype).unwrap();
+        assert_eq!(reply.rcode, ResponseCode::Refused);
+    }
+
+    // What the operator sees.
+    let ipcache = t.cli(&[
+        "bpf",
+        "ipcache",
+        "list",
+        "--pin-dir",
+        t.pin_dir.to_str().unwrap(),
+    ]);
+    assert!(
+        ipcache.contains(&format!("{}/32", t.v4(10, 1))),
+        "{ipcache}"
+    );
+    let policy = t.cli(&[
+        "bpf",
+        "policy",
+        "list",
+        "--pin-dir",
+        t.pin_dir.to_str().unwrap(),
+    ]);
+    assert!(policy.contains("8080"), "{policy}");
+    let ct = t.cli(&[
+        "bpf",
+        "ct",
+        "list",
+        "--pin-dir",
+        t.pin_dir.to_str().unwrap(),
+    ]);
+    // The v6 flows are the most recent (the v4 ones may have idled out: 2 s).
+    assert!(ct.contains(&format!("[{}]:8080", t.v6(10, 1))), "{ct}");
+    let endpoints = t.cli(&["endpoint", "list", "--admin-socket", admin]);
+    assert!(
+        endpoints.contains("api") && endpoints.contains("config"),
+        "{endpoints}"
+    );
+    let cache = t.cli(&["cache", "list", "--admin-socket", admin]);
+    assert!(cache.contains("api.example.test."), "{cache}");
+    // Drops were reported to the monitor.
+    assert!(!tcp_reaches(&t.ep_b, sa(t.v4(10, 2), 9090), DROPPED));
+    let monitor = t.cli(&[
+        "monitor",
+        "--admin-socket",
+        admin,
+        "--count",
+        "1",
+        "--json",
+        "--recent",
+    ]);
+    assert!(monitor.contains("policy-denied"), "{monitor}");
+}
+
+#[test]
+fn expired_ips_close_to_new_connections_while_established_ones_live_on() {
+    let Some(t) = setup("expiry") else { return };
+    let resolver = sa(t.v4(9, 53), 53);
+    let reply = dns::udp(&t.ep_a, resolver, "short.example.test.", RecordType::A).unwrap();
+    assert_eq!(reply.addrs.len(), 2);
+    let (kept, unused) = (sa(t.v4(10, 2), 8080), sa(t.v4(10, 3), 8080));
+    let mut stream = tcp_open(&t.ep_a, kept)
+        .unwrap_or_else(|| panic!("allowed connection failed\n{}", t.logs()));
+    assert!(echo(&mut stream, b"hello"));
+    // TTL 2 s, GC every 1 s, conntrack idle 2 s: keep the connection busy for 6 s.
+    for _ in 0..12 {
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(
+            echo(&mut stream, b"still there"),
+            "established connection broke\n{}",
+            t.logs()
+        );
+    }
+    // The unused IP expired and was collected: new connections to it are dropped.
+    assert!(
+        !tcp_reaches(&t.ep_a, unused, DROPPED),
+        "expired IP still reachable\n{}",
+        t.logs()
+    );
+    // The used one is a zombie (kept because conntrack shows the connection).
+    let cache = t.cli(&[
+        "cache",
+        "list",
+        "--admin-socket",
+        t.admin().to_str().unwrap(),
+    ]);
+    let zombie = cache
+        .lines()
+        .find(|l| l.contains("short.example.test."))
+        .unwrap_or_else(|| panic!("no cache row:\n{cache}"));
+    assert!(
+        zombie.contains("connection") && zombie.contains(&t.v4(10, 2).to_string()),
+        "{cache}"
+    );
+    assert!(!zombie.contains(&t.v4(10, 3).to_string()), "{cache}");
+    assert!(echo(&mut stream, b"bye"));
+}
+
+#[test]
+fn a_policy_reload_that_removes_a_rule_removes_access() {
+    let Some(t) = setup("reload") else { return };
+    let resolver = sa(t.v4(9, 53), 53);
+    let api = sa(t.v4(10, 1), 8080);
+    dns::udp(&t.ep_a, resolver, "api.example.test.", RecordType::A).unwrap();
+    assert!(
+        tcp_reaches(&t.ep_a, api, Duration::from_secs(2)),
+        "{}",
+        t.logs()
+    );
+    // Port 8080 leaves the rule; UDP 8053 stays.
+    t.write_node_config(&node_config(&t, "{port: \"8053\", protocol: UDP}"));
+    let out = t.cli(&[
+        "policy",
+        "reload",
+        "--admin-socket",
+        t.admin().to_str().unwrap(),
+    ]);
+    assert!(out.contains("reloaded") || out.contains("ok"), "{out}");
+    assert!(
+        !tcp_reaches(&t.ep_a, api, DROPPED),
+        "access survived the reload\n{}",
+        t.logs()
+    );
+    assert!(udp_reaches(
+        &t.ep_a,
+        sa(t.v4(10, 1), 8053),
+        Duration::from_secs(2)
+    ));
+    // Removing endpoint B through the API detaches its interface: its traffic is no longer
+    // redirected (the proxy would have answered REFUSED for nothing; now the resolver answers).
+    t.cli(&[
+        "endpoint",
+        "remove",
+        "2",
+        "--admin-socket",
+        t.admin().to_str().unwrap(),
+    ]);
+    let endpoints = t.cli(&[
+        "bpf",
+        "endpoint",
+        "list",
+        "--pin-dir",
+        t.pin_dir.to_str().unwrap(),
+    ]);
+    assert!(!endpoints.contains(&t.if_b), "{endpoints}");
+    assert!(
+        tcp_reaches(&t.ep_b, api, Duration::from_secs(2)),
+        "unenforced endpoint dropped"
+    );
+}
