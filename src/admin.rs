@@ -36,8 +36,14 @@ use crate::node::{DropPage, EndpointRow, NodeRuntime};
 
 /// Which daemon the admin API belongs to.
 pub(crate) enum AdminMode {
-    /// `fqdnd gateway`, with the Gateway document it started with.
-    Gateway(Box<Gateway>),
+    /// `fqdnd gateway`, with the Gateway document it started with and, when it enforces LAN
+    /// interfaces, its kernel side.
+    Gateway {
+        /// The Gateway document it started with.
+        gateway: Box<Gateway>,
+        /// The kernel side, if enforcing.
+        kernel: Option<Arc<Mutex<crate::kernel::Kernel>>>,
+    },
     /// `fqdnd node`.
     Node(Arc<NodeRuntime>),
 }
@@ -337,7 +343,7 @@ type ApiError = (StatusCode, String);
 fn node_only(state: &AdminState) -> Result<&Arc<NodeRuntime>, ApiError> {
     match &state.mode {
         AdminMode::Node(runtime) => Ok(runtime),
-        AdminMode::Gateway(_) => Err((
+        AdminMode::Gateway { .. } => Err((
             StatusCode::NOT_FOUND,
             "only `fqdnd node` manages endpoints and datapath drops".to_owned(),
         )),
@@ -409,13 +415,17 @@ async fn reload_handler(State(state): State<Arc<AdminState>>) -> Json<Reload> {
 /// without errors replaces the one in force.
 pub(crate) fn reload(state: &AdminState) -> Reload {
     let outcome = match &state.mode {
-        AdminMode::Gateway(current) => reload_gateway(state, current),
+        AdminMode::Gateway { gateway, kernel } => reload_gateway(state, gateway, kernel.as_deref()),
         AdminMode::Node(runtime) => runtime.reload(state),
     };
     record_reload(state, outcome)
 }
 
-fn reload_gateway(state: &AdminState, current: &Gateway) -> Result<()> {
+fn reload_gateway(
+    state: &AdminState,
+    current: &Gateway,
+    kernel: Option<&Mutex<crate::kernel::Kernel>>,
+) -> Result<()> {
     let (config, gateway) = crate::gateway::load(&state.paths, state.demo)?;
     let compiled = CompiledPolicy::compile(&config, &gateway.daemon.lists)?;
     if gateway.listen != current.listen
@@ -430,6 +440,13 @@ fn reload_gateway(state: &AdminState, current: &Gateway) -> Result<()> {
         .map_err(|_| anyhow::anyhow!("engine lock poisoned"))?;
     engine.ipcache.set_endpoints(config.endpoints.clone())?;
     engine.set_policy(config.rules.clone(), state.clock.now())?;
+    if let Some(kernel) = kernel {
+        let clients = crate::gateway::clients(&config, &engine);
+        kernel
+            .lock()
+            .map_err(|_| anyhow::anyhow!("kernel lock poisoned"))?
+            .sync_gateway(&current.enforce_interfaces, &clients)?;
+    }
     state.policy.replace(compiled);
     Ok(())
 }

@@ -11,6 +11,7 @@ mod datapath;
 mod demo;
 mod engine;
 mod gateway;
+mod kernel;
 mod list_cmd;
 mod metrics;
 mod node;

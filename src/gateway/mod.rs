@@ -21,6 +21,7 @@ use crate::admin::{self, AdminState};
 use crate::clock::Clock;
 use crate::datapath::AnyDatapath;
 use crate::engine::Engine;
+use crate::kernel::Kernel;
 use observer::{EngineObserver, SharedEngine};
 use policy::{CompiledPolicy, GatewayPolicy};
 use zone::ZoneServer;
@@ -143,11 +144,29 @@ pub(crate) async fn start(
         Some(server)
     };
 
-    let engine: SharedEngine = Arc::new(Mutex::new(Engine::new(
-        &config,
-        AnyDatapath::Memory(Box::default()),
-        clock.now(),
-    )?));
+    // With LAN interfaces to enforce, the engine writes into the kernel maps and the
+    // programs check forwarded traffic by client group.
+    let kernel = if gateway.enforce_interfaces.is_empty() {
+        None
+    } else {
+        let pin_dir = gateway
+            .pin_dir
+            .clone()
+            .unwrap_or_else(fqdnd_ebpf::default_pin_dir);
+        Some((Kernel::load(&pin_dir, false)?, pin_dir))
+    };
+    let engine = match &kernel {
+        None => Engine::new(&config, AnyDatapath::Memory(Box::default()), clock.now())?,
+        Some((_, pin_dir)) => crate::kernel::engine_on_kernel(&config, pin_dir, clock)?,
+    };
+    let kernel = match kernel {
+        None => None,
+        Some((mut k, _)) => {
+            k.sync_gateway(&gateway.enforce_interfaces, &clients(&config, &engine))?;
+            Some(Arc::new(Mutex::new(k)))
+        }
+    };
+    let engine: SharedEngine = Arc::new(Mutex::new(engine));
     let observer = Arc::new(EngineObserver {
         engine: Arc::clone(&engine),
         clock,
@@ -190,6 +209,7 @@ pub(crate) async fn start(
     }
     {
         let engine = Arc::clone(&engine);
+        let kernel = kernel.clone();
         let interval = config.settings.gc_interval;
         let mut stopped = stopped.clone();
         tasks.spawn(async move {
@@ -197,7 +217,7 @@ pub(crate) async fn start(
                 tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
             loop {
                 tokio::select! {
-                    _ = tick.tick() => gc(&engine, clock),
+                    _ = tick.tick() => crate::kernel::gc(&engine, kernel.as_deref(), clock, crate::kernel::DEFAULT_CONNTRACK_IDLE),
                     _ = stopped.changed() => return Ok(()),
                 }
             }
@@ -223,7 +243,10 @@ pub(crate) async fn start(
         demo,
         clock,
         proxy: proxy_stats,
-        mode: admin::AdminMode::Gateway(Box::new(gateway.clone())),
+        mode: admin::AdminMode::Gateway {
+            gateway: Box::new(gateway.clone()),
+            kernel: kernel.clone(),
+        },
         listen: udp.clone(),
         reloads: Mutex::new(admin::ReloadHistory::default()),
     });
@@ -268,18 +291,19 @@ pub(crate) async fn start(
     })
 }
 
-fn gc(engine: &SharedEngine, clock: Clock) {
-    let Ok(mut engine) = engine.lock() else {
-        return;
-    };
-    let nothing_in_use = |_: std::net::IpAddr| false;
-    match engine.gc(clock.now(), &nothing_in_use) {
-        Ok(stats) if stats.released > 0 => {
-            tracing::debug!(expired = stats.expired, released = stats.released, "dns gc");
-        }
-        Ok(_) => {}
-        Err(e) => tracing::warn!(error = %e, "dns gc failed"),
-    }
+/// Every client prefix with its group and whether the group is under egress policy.
+pub(crate) fn clients(
+    config: &Config,
+    engine: &Engine<AnyDatapath>,
+) -> Vec<(ipnet::IpNet, fqdnd_ipcache::EndpointId, bool)> {
+    config
+        .endpoints
+        .iter()
+        .flat_map(|e| {
+            let enforcing = engine.ipcache.endpoint_enforcing(e.id).unwrap_or(false);
+            e.addresses.iter().map(move |a| (*a, e.id, enforcing))
+        })
+        .collect()
 }
 
 /// Runs the gateway until SIGINT or SIGTERM.

@@ -11,7 +11,6 @@
 //! plugin would add and remove them); both survive a policy reload.
 
 mod drops;
-pub(crate) mod kernel;
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -22,7 +21,6 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, bail};
 use fqdnd_config::{Config, Node};
 use fqdnd_dnsproxy::{DnsProxy, QueryLog};
-use fqdnd_ebpf::KernelDatapath;
 use fqdnd_ipcache::{Endpoint, EndpointId};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -33,8 +31,8 @@ use crate::datapath::AnyDatapath;
 use crate::engine::Engine;
 use crate::gateway::observer::{EngineObserver, SharedEngine};
 use crate::gateway::policy::{CompiledPolicy, GatewayPolicy};
+use crate::kernel::{self, Kernel, Wanted};
 pub(crate) use drops::{DropLog, DropPage};
-use kernel::{NodeKernel, Wanted};
 
 /// An endpoint added through the admin API.
 #[derive(Debug, Clone)]
@@ -60,7 +58,7 @@ pub(crate) struct EndpointRow {
 /// The node's state beyond the engine: the kernel side, the endpoints, the drop log.
 pub(crate) struct NodeRuntime {
     node: Node,
-    kernel: Mutex<NodeKernel>,
+    kernel: Mutex<Kernel>,
     /// The configuration files as last loaded without error.
     files: Mutex<Config>,
     /// Endpoints added through the admin API.
@@ -350,19 +348,9 @@ pub(crate) async fn start(
         .pin_dir
         .clone()
         .unwrap_or_else(fqdnd_ebpf::default_pin_dir);
-    let kernel = NodeKernel::load(&pin_dir)?;
+    let kernel = Kernel::load(&pin_dir, true)?;
 
-    // The engine writes the whole desired state into the pinned maps; what an earlier run
-    // left there and is no longer wanted is removed afterwards (reconciled, never flushed).
-    let mut maps = KernelDatapath::open(&pin_dir).context("opening the pinned maps")?;
-    maps.begin_resync().context("reading the pinned maps")?;
-    let mut engine = Engine::new(&config, AnyDatapath::Kernel(Box::new(maps)), clock.now())?;
-    if let AnyDatapath::Kernel(maps) = engine.ipcache.datapath_mut() {
-        let stats = maps
-            .finish_resync()
-            .context("reconciling the pinned maps")?;
-        tracing::info!(?stats, "pinned maps reconciled");
-    }
+    let engine = kernel::engine_on_kernel(&config, &pin_dir, clock)?;
     let engine: SharedEngine = Arc::new(Mutex::new(engine));
     let policy = Arc::new(GatewayPolicy::default());
     let runtime = Arc::new(NodeRuntime {
@@ -425,7 +413,7 @@ pub(crate) async fn start(
                 tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
             loop {
                 tokio::select! {
-                    _ = tick.tick() => gc(&engine, &runtime, clock, idle),
+                    _ = tick.tick() => kernel::gc(&engine, Some(&runtime.kernel), clock, idle),
                     _ = stopped.changed() => return Ok(()),
                 }
             }
@@ -499,39 +487,6 @@ pub(crate) async fn start(
         });
     }
     Ok(RunningNode { stop, tasks })
-}
-
-/// One GC pass: conntrack says which destinations are still in use (zombies stay for them),
-/// then idle conntrack entries go.
-fn gc(engine: &SharedEngine, runtime: &NodeRuntime, clock: Clock, idle: Duration) {
-    let live = match lock(&runtime.kernel).and_then(|k| k.live_destinations(idle)) {
-        Ok(live) => live,
-        Err(e) => {
-            // Without conntrack every expired IP would look unused: keep them all this round.
-            tracing::warn!(error = %format!("{e:#}"), "reading conntrack failed; GC skipped");
-            return;
-        }
-    };
-    if let Ok(mut engine) = engine.lock() {
-        let in_use = |ip: std::net::IpAddr| live.contains(&ip);
-        match engine.gc(clock.now(), &in_use) {
-            Ok(stats) if stats.released > 0 => {
-                tracing::debug!(
-                    expired = stats.expired,
-                    released = stats.released,
-                    in_use = live.len(),
-                    "dns gc"
-                );
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "dns gc failed"),
-        }
-    }
-    match lock(&runtime.kernel).and_then(|mut k| k.gc_conntrack(idle)) {
-        Ok(0) => {}
-        Ok(n) => tracing::debug!(removed = n, "conntrack gc"),
-        Err(e) => tracing::warn!(error = %format!("{e:#}"), "conntrack gc failed"),
-    }
 }
 
 /// Runs the node agent until SIGINT or SIGTERM.

@@ -359,3 +359,142 @@ fn a_policy_reload_that_removes_a_rule_removes_access() {
         "unenforced endpoint dropped"
     );
 }
+
+/// The gateway (`enforceInterfaces`): clients ask the gateway itself; the programs on its LAN
+/// interfaces find each packet's client group by source address and let it reach only what
+/// the group's allowed answers resolved to.
+#[test]
+fn an_enforcing_gateway_lets_each_client_group_reach_only_its_answers() {
+    if !privileged("gateway") {
+        return;
+    }
+    let mut t = Topology::new("gateway");
+    t.start_dns(
+        &ZONE
+            .replace(".N.", &format!(".{}.", t.n))
+            .replace(":N:", &format!(":{}:", t.n)),
+    );
+    let n = t.n;
+    let config = t.write_node_config(&format!(
+        "apiVersion: fqdnd.io/v1
+kind: Gateway
+spec:
+  listen: [\"10.{n}.1.1:53\", \"10.{n}.2.1:53\", \"[fd00:{n}:1::1]:53\"]
+  upstreams: [\"10.{n}.9.53:53\"]
+  enforceInterfaces: [{if_a}, {if_b}]
+  pinDir: {pin}
+---
+apiVersion: fqdnd.io/v1
+kind: ClientGroup
+metadata: {{name: a}}
+spec:
+  id: 10
+  addresses: [10.{n}.1.0/24, \"fd00:{n}:1::/64\"]
+  labels: {{group: a}}
+---
+apiVersion: fqdnd.io/v1
+kind: ClientGroup
+metadata: {{name: b}}
+spec:
+  id: 11
+  addresses: [10.{n}.2.0/24, \"fd00:{n}:2::/64\"]
+  labels: {{group: b}}
+---
+apiVersion: cilium.io/v2
+kind: CiliumClusterwideNetworkPolicy
+metadata: {{name: a}}
+spec:
+  endpointSelector: {{matchLabels: {{group: a}}}}
+  egress:
+  - toCIDR: [10.{n}.1.1/32, \"fd00:{n}:1::1/128\"]
+    toPorts:
+    - ports: [{{port: \"53\", protocol: ANY}}]
+      rules:
+        dns: [{{matchName: api.example.test}}]
+  - toFQDNs: [{{matchName: api.example.test}}]
+    toPorts:
+    - ports: [{{port: \"8080\", protocol: TCP}}]
+---
+apiVersion: cilium.io/v2
+kind: CiliumClusterwideNetworkPolicy
+metadata: {{name: b}}
+spec:
+  endpointSelector: {{matchLabels: {{group: b}}}}
+  egress:
+  - toCIDR: [10.{n}.2.1/32]
+    toPorts:
+    - ports: [{{port: \"53\", protocol: ANY}}]
+      rules:
+        dns: [{{matchPattern: \"*\"}}]
+",
+        if_a = t.if_a,
+        if_b = t.if_b,
+        pin = t.pin_dir.display(),
+    ));
+    t.start_daemon("gateway", &config);
+    let api = sa(t.v4(10, 1), 8080);
+    assert!(
+        !tcp_reaches(&t.ep_a, api, DROPPED),
+        "reached before DNS\n{}",
+        t.logs()
+    );
+    let reply = dns::udp(
+        &t.ep_a,
+        sa(t.v4(1, 1), 53),
+        "api.example.test.",
+        RecordType::A,
+    )
+    .unwrap_or_else(|| panic!("no answer from the gateway\n{}", t.logs()));
+    assert_eq!(reply.addrs, vec![t.v4(10, 1)]);
+    assert!(
+        tcp_reaches(&t.ep_a, api, Duration::from_secs(2)),
+        "allowed flow dropped\n{}",
+        t.logs()
+    );
+    assert!(
+        !tcp_reaches(&t.ep_a, sa(t.v4(10, 1), 9090), DROPPED),
+        "other port reached"
+    );
+    assert!(
+        !tcp_reaches(&t.ep_a, sa(t.v4(10, 2), 8080), DROPPED),
+        "unresolved IP reached"
+    );
+    // IPv6, asked over IPv6.
+    let reply = dns::udp(
+        &t.ep_a,
+        sa(t.v6(1, 1), 53),
+        "api.example.test.",
+        RecordType::AAAA,
+    )
+    .unwrap_or_else(|| panic!("no v6 answer\n{}", t.logs()));
+    assert_eq!(reply.addrs, vec![t.v6(10, 1)]);
+    assert!(
+        tcp_reaches(&t.ep_a, sa(t.v6(10, 1), 8080), Duration::from_secs(2)),
+        "allowed v6 flow dropped\n{}",
+        t.logs()
+    );
+    // Group B resolves the same name through the gateway but may not connect.
+    let reply = dns::udp(
+        &t.ep_b,
+        sa(t.v4(2, 1), 53),
+        "api.example.test.",
+        RecordType::A,
+    )
+    .unwrap();
+    assert_eq!(reply.addrs, vec![t.v4(10, 1)]);
+    assert!(
+        !tcp_reaches(&t.ep_b, api, DROPPED),
+        "group B reached A's answer"
+    );
+    let endpoints = t.cli(&[
+        "bpf",
+        "endpoint",
+        "list",
+        "--pin-dir",
+        t.pin_dir.to_str().unwrap(),
+    ]);
+    assert!(
+        endpoints.contains("by-source") && endpoints.contains(&format!("10.{n}.1.0/24")),
+        "{endpoints}"
+    );
+}

@@ -233,12 +233,18 @@ impl Topology {
 
     /// Starts `fqdnd node` in the host namespace and waits for its admin API.
     pub(crate) fn start_node(&mut self, config: &Path) {
+        self.start_daemon("node", config);
+    }
+
+    /// Starts `fqdnd MODE` (node or gateway) in the host namespace and waits for its admin
+    /// API; its log is `node.log` either way.
+    pub(crate) fn start_daemon(&mut self, mode: &str, config: &Path) {
         let admin = self.admin();
         let _ = std::fs::remove_file(&admin);
         let child = self.spawn_in(
             &self.host.clone(),
             &[
-                "node",
+                mode,
                 "--config",
                 config.to_str().unwrap(),
                 "--admin-socket",

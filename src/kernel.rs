@@ -1,5 +1,6 @@
-//! The node's kernel side: the loaded programs, the endpoint map, the interfaces the programs
-//! are attached to, conntrack, and the DNS proxy's entry in the redirect map.
+//! The daemon's kernel side, for both modes: the loaded programs, the endpoint map, the
+//! interfaces the programs are attached to, conntrack, and (node) the DNS proxy's entry in the
+//! redirect map or (gateway) the client prefixes of by-source LAN interfaces.
 //!
 //! Programs and links are pinned: they keep enforcing while the daemon is stopped or
 //! restarting, and a restart replaces each program inside its link (never a moment without
@@ -12,8 +13,15 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use fqdnd_config::Config;
 use fqdnd_ebpf::{EndpointFlags, KernelDatapath, Loaded};
 use fqdnd_ipcache::EndpointId;
+
+use crate::clock::Clock;
+use crate::datapath::AnyDatapath;
+use crate::engine::Engine;
+use crate::gateway::observer::SharedEngine;
+use ipnet::IpNet;
 
 /// One endpoint as the kernel knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,19 +46,23 @@ pub(crate) struct Wanted {
 }
 
 /// The loaded programs and the handles the daemon keeps on the pinned maps.
-pub(crate) struct NodeKernel {
+pub(crate) struct Kernel {
     loaded: Loaded,
     /// A handle on the maps for endpoints, conntrack and listings (the engine owns another
     /// one for ipcache and policy batches).
     maps: KernelDatapath,
     /// Interface name → what is attached there.
     attached: BTreeMap<String, Attached>,
+    /// Gateway LAN interfaces (by source) attached, name → index.
+    lan: BTreeMap<String, u32>,
+    /// Client prefixes written, with what they were written with.
+    clients: BTreeMap<IpNet, (EndpointId, EndpointFlags)>,
     pin_dir: PathBuf,
 }
 
-impl std::fmt::Debug for NodeKernel {
+impl std::fmt::Debug for Kernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NodeKernel")
+        f.debug_struct("Kernel")
             .field("pin_dir", &self.pin_dir)
             .field("attached", &self.attached)
             .finish_non_exhaustive()
@@ -63,10 +75,10 @@ pub(crate) fn ifindex(name: &str) -> Result<u32> {
         .with_context(|| format!("interface {name} does not exist (or cannot be read)"))
 }
 
-impl NodeKernel {
-    /// Loads the programs (reusing pinned maps), installs the local-delivery routes the DNS
-    /// redirect needs, and opens the maps.
-    pub(crate) fn load(pin_dir: &Path) -> Result<Self> {
+impl Kernel {
+    /// Loads the programs (reusing pinned maps) and opens the maps; with `redirect_dns`
+    /// installs the local-delivery routes the DNS redirect needs.
+    pub(crate) fn load(pin_dir: &Path, redirect_dns: bool) -> Result<Self> {
         fqdnd_ebpf::ensure_bpffs(Path::new(fqdnd_ebpf::BPFFS_ROOT)).context("mounting bpffs")?;
         let loaded = Loaded::load(pin_dir).with_context(|| {
             format!(
@@ -75,13 +87,17 @@ impl NodeKernel {
                 pin_dir.display()
             )
         })?;
-        fqdnd_ebpf::route::install_local_delivery()
-            .context("installing the local-delivery routes for the DNS redirect")?;
+        if redirect_dns {
+            fqdnd_ebpf::route::install_local_delivery()
+                .context("installing the local-delivery routes for the DNS redirect")?;
+        }
         let maps = KernelDatapath::open(pin_dir).context("opening the pinned maps")?;
         Ok(Self {
             loaded,
             maps,
             attached: BTreeMap::new(),
+            lan: BTreeMap::new(),
+            clients: BTreeMap::new(),
             pin_dir: pin_dir.to_path_buf(),
         })
     }
@@ -150,7 +166,7 @@ impl NodeKernel {
         }
         // Links pinned by an earlier run for interfaces no longer configured.
         for name in fqdnd_ebpf::attached_interfaces(&self.pin_dir) {
-            if !keep.contains(name.as_str()) {
+            if !keep.contains(name.as_str()) && !self.lan.contains_key(&name) {
                 let index = ifindex(&name).ok();
                 self.detach(&name, index)?;
             }
@@ -171,6 +187,60 @@ impl NodeKernel {
         Ok(())
     }
 
+    /// Gateway: attaches the programs to each LAN interface, where endpoints are client
+    /// groups found by source prefix (a source in no group is dropped), and writes every
+    /// client prefix. Prefixes first, then the interface entry, then the programs: a packet
+    /// is never judged before its group is known.
+    pub(crate) fn sync_gateway(
+        &mut self,
+        interfaces: &[String],
+        clients: &[(IpNet, EndpointId, bool)],
+    ) -> Result<()> {
+        let mut wanted = BTreeMap::new();
+        for &(prefix, id, enforcing) in clients {
+            let flags = EndpointFlags {
+                enforce_egress: enforcing,
+                redirect_dns: false,
+            };
+            wanted.insert(prefix.trunc(), (id, flags));
+        }
+        for (prefix, entry) in &wanted {
+            if self.clients.get(prefix) != Some(entry) {
+                self.maps
+                    .set_client_prefix(*prefix, entry.0, entry.1)
+                    .with_context(|| format!("writing client prefix {prefix}"))?;
+                self.clients.insert(*prefix, *entry);
+            }
+        }
+        let stale: Vec<IpNet> = self
+            .clients
+            .keys()
+            .filter(|p| !wanted.contains_key(p))
+            .copied()
+            .collect();
+        for prefix in stale {
+            self.maps
+                .remove_client_prefix(prefix)
+                .with_context(|| format!("removing client prefix {prefix}"))?;
+            self.clients.remove(&prefix);
+        }
+        for name in interfaces {
+            if self.lan.contains_key(name) {
+                continue;
+            }
+            let index = ifindex(name)?;
+            self.maps
+                .set_interface_by_source(index, true)
+                .with_context(|| format!("registering LAN interface {name}"))?;
+            self.loaded
+                .attach(name)
+                .with_context(|| format!("attaching the programs to {name}"))?;
+            tracing::info!(interface = %name, ifindex = index, "LAN interface enforced");
+            self.lan.insert(name.clone(), index);
+        }
+        Ok(())
+    }
+
     /// Destination addresses of connections seen within `idle`: what keeps zombies alive.
     pub(crate) fn live_destinations(&self, idle: Duration) -> Result<HashSet<IpAddr>> {
         Ok(self.maps.live_destinations(idle)?)
@@ -184,5 +254,84 @@ impl NodeKernel {
     /// The interfaces attached, with their endpoints.
     pub(crate) fn attached(&self) -> &BTreeMap<String, Attached> {
         &self.attached
+    }
+}
+
+/// Builds the engine on the pinned maps: the engine writes the whole desired state, then what
+/// an earlier run left there and is no longer wanted is removed (reconciled, never flushed).
+pub(crate) fn engine_on_kernel(
+    config: &Config,
+    pin_dir: &Path,
+    clock: Clock,
+) -> Result<Engine<AnyDatapath>> {
+    let mut maps = KernelDatapath::open(pin_dir).context("opening the pinned maps")?;
+    maps.begin_resync().context("reading the pinned maps")?;
+    let mut engine = Engine::new(config, AnyDatapath::Kernel(Box::new(maps)), clock.now())?;
+    if let AnyDatapath::Kernel(maps) = engine.ipcache.datapath_mut() {
+        let stats = maps
+            .finish_resync()
+            .context("reconciling the pinned maps")?;
+        tracing::info!(
+            kept = stats.kept,
+            added = stats.added,
+            removed = stats.removed,
+            "pinned maps reconciled"
+        );
+    }
+    Ok(engine)
+}
+
+/// How long a flow may idle before it stops keeping its destination in use, when the mode has
+/// no setting for it (gateway).
+pub(crate) const DEFAULT_CONNTRACK_IDLE: Duration = Duration::from_secs(600);
+
+/// One GC pass. With a kernel, conntrack says which destinations are still in use (zombies
+/// stay for them) and idle conntrack entries go afterwards; without, nothing is in use.
+pub(crate) fn gc(
+    engine: &SharedEngine,
+    kernel: Option<&std::sync::Mutex<Kernel>>,
+    clock: Clock,
+    idle: Duration,
+) {
+    let live = match kernel {
+        None => HashSet::new(),
+        Some(k) => match k
+            .lock()
+            .map_err(|_| anyhow::anyhow!("kernel lock poisoned"))
+            .and_then(|k| k.live_destinations(idle))
+        {
+            Ok(live) => live,
+            Err(e) => {
+                // Without conntrack every expired IP would look unused: keep them this round.
+                tracing::warn!(error = %format!("{e:#}"), "reading conntrack failed; GC skipped");
+                return;
+            }
+        },
+    };
+    if let Ok(mut engine) = engine.lock() {
+        let in_use = |ip: IpAddr| live.contains(&ip);
+        match engine.gc(clock.now(), &in_use) {
+            Ok(stats) if stats.released > 0 => {
+                tracing::debug!(
+                    expired = stats.expired,
+                    released = stats.released,
+                    in_use = live.len(),
+                    "dns gc"
+                );
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "dns gc failed"),
+        }
+    }
+    if let Some(k) = kernel {
+        match k
+            .lock()
+            .map_err(|_| anyhow::anyhow!("kernel lock poisoned"))
+            .and_then(|mut k| k.gc_conntrack(idle))
+        {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(removed = n, "conntrack gc"),
+            Err(e) => tracing::warn!(error = %format!("{e:#}"), "conntrack gc failed"),
+        }
     }
 }
