@@ -115,8 +115,10 @@ impl Topology {
             sh(&format!("ip -n {ns} link set lo up"));
         }
         let host = &self.host;
+        // (`/proc/sys` through `sh`: procps may not be installed.)
         sh(&format!(
-            "ip netns exec {host} sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1"
+            "ip netns exec {host} sh -c 'echo 1 > /proc/sys/net/ipv4/ip_forward && \
+             echo 1 > /proc/sys/net/ipv6/conf/all/forwarding'"
         ));
         // Endpoints: veth pairs, host side in the host namespace.
         for (ns, hif, inner, net) in [

@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# hold-time.sh — how long `fqdnd node` holds an answer that teaches a new IP, on the real
+# kernel datapath. Needs root (namespaces, eBPF).
+#
+#   endpoint netns ──veth── host netns: fqdnd node (eBPF redirect, transparent proxy,
+#                                       kernel ipcache/policy maps)
+#                           └─veth── ext netns: authoritative DNS (fqdnd gateway, static zone)
+#
+# The endpoint's policy has one FQDN selector, `*.bench.test`, and the zone holds N names each
+# with its own IPv4 address. dnsperf, inside the endpoint namespace, asks each name once at
+# RATE queries/s (so RATE new IPs/s for an existing selector: every answer adds a /32 to the
+# kernel ipcache before it is released). The hold is the proxy's own histogram
+# `fqdnd_dns_hold_seconds`: from the validated upstream answer to the reply leaving.
+#
+# Knobs (env): RATES="1000 5000" DURATION=10 (s per rate), RUN=/tmp/fqdnd-hold-time.
+# Last line: `hold-time: <rate>/s p50 <µs> p99 <µs> ...` for each rate.
+# Everything started here (namespaces, processes, pins) is removed on exit.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/.." && pwd)"
+RUN="${RUN:-/tmp/fqdnd-hold-time}"
+RATES="${RATES:-1000 5000}"
+DURATION="${DURATION:-10}"
+P=fqht
+N=77
+PIN=/sys/fs/bpf/fqdnd-hold-time
+
+log() { printf '[hold-time] %s\n' "$*" >&2; }
+
+[ "$(id -u)" -eq 0 ] || { echo "hold-time.sh: needs root (namespaces, eBPF)" >&2; exit 1; }
+command -v dnsperf >/dev/null || {
+  log "installing dnsperf"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dnsperf >/dev/null
+}
+"$ROOT/scripts/install-deps.sh"
+
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  for ns in host ep ext; do ip netns del "$P-$ns" 2>/dev/null || true; done
+  rm -rf "$PIN"
+}
+trap cleanup EXIT INT TERM
+cleanup
+
+log "building fqdnd (release)"
+(cd "$ROOT" && cargo build --release --locked --quiet)
+BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/fqdnd"
+
+total=0
+for r in $RATES; do total=$((total + r * DURATION)); done
+rm -rf "$RUN" && mkdir -p "$RUN"
+{
+  printf '$TTL 3600\n@ IN SOA ns.bench.test. admin.bench.test. 1 3600 600 86400 60\n@ IN NS ns.bench.test.\n'
+  awk -v n="$total" -v N="$N" 'BEGIN{for(i=0;i<n;i++) printf "h%06d 3600 IN A 10.%d.%d.%d\n", i, N, 32+int(i/250), (i%250)+1}'
+} | sed 's/^/      /' >"$RUN/zone.txt"
+
+# Topology.
+for ns in host ep ext; do ip netns add "$P-$ns"; ip -n "$P-$ns" link set lo up; done
+ip netns exec "$P-host" sh -c 'echo 1 > /proc/sys/net/ipv4/ip_forward'
+ip -n "$P-host" link add "${P}eh" type veth peer name "${P}e" netns "$P-ep"
+ip -n "$P-host" addr add "10.$N.1.1/24" dev "${P}eh"; ip -n "$P-host" link set "${P}eh" up
+ip -n "$P-ep" addr add "10.$N.1.2/24" dev "${P}e"; ip -n "$P-ep" link set "${P}e" up
+ip -n "$P-ep" route add default via "10.$N.1.1"
+ip -n "$P-host" link add "${P}xh" type veth peer name "${P}x" netns "$P-ext"
+ip -n "$P-host" addr add "10.$N.9.1/24" dev "${P}xh"; ip -n "$P-host" link set "${P}xh" up
+ip -n "$P-ext" addr add "10.$N.9.53/24" dev "${P}x"; ip -n "$P-ext" link set "${P}x" up
+ip -n "$P-ext" route add default via "10.$N.9.1"
+
+cat >"$RUN/dns.yaml" <<EOF
+apiVersion: fqdnd.io/v1
+kind: Gateway
+spec:
+  listen: ["10.$N.9.53:53"]
+  adminSocket: $RUN/dns-admin.sock
+  staticZones:
+  - origin: bench.test
+    records: |
+$(cat "$RUN/zone.txt")
+---
+apiVersion: fqdnd.io/v1
+kind: ClientGroup
+metadata: {name: all}
+spec: {id: 1, addresses: ["0.0.0.0/0"]}
+EOF
+cat >"$RUN/node.yaml" <<EOF
+apiVersion: fqdnd.io/v1
+kind: Node
+spec:
+  pinDir: $PIN
+  adminSocket: $RUN/node-admin.sock
+  metrics: 127.0.0.1:9967
+---
+apiVersion: fqdnd.io/v1
+kind: Endpoint
+metadata: {name: bench}
+spec: {id: 1, interface: ${P}eh, addresses: [10.$N.1.2], labels: {app: bench}}
+---
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: bench}
+spec:
+  endpointSelector: {matchLabels: {app: bench}}
+  egress:
+  - toCIDR: [10.$N.9.53/32]
+    toPorts:
+    - ports: [{port: "53", protocol: ANY}]
+      rules: {dns: [{matchPattern: "*.bench.test"}]}
+  - toFQDNs: [{matchPattern: "*.bench.test"}]
+    toPorts: [{ports: [{port: "443", protocol: TCP}]}]
+EOF
+
+wait_sock() {
+  for _ in $(seq 1 600); do [ -S "$1" ] && return 0; sleep 0.05; done
+  echo "hold-time.sh: $1 did not appear" >&2; exit 1
+}
+nsenter --net="/run/netns/$P-ext" "$BIN" gateway --config "$RUN/dns.yaml" >"$RUN/dns.log" 2>&1 &
+PIDS+=($!)
+wait_sock "$RUN/dns-admin.sock"
+FQDND_LOG=warn nsenter --net="/run/netns/$P-host" "$BIN" node --config "$RUN/node.yaml" >"$RUN/node.log" 2>&1 &
+PIDS+=($!)
+wait_sock "$RUN/node-admin.sock"
+
+metrics() {
+  ip netns exec "$P-host" python3 -c 'import urllib.request;print(urllib.request.urlopen("http://127.0.0.1:9967/metrics").read().decode())'
+}
+# The exporter's summary: quantiles over its recent window (seconds → µs).
+quantile() {
+  awk -v q="$1" '$1 ~ /^fqdnd_dns_hold_seconds\{/ && $0 ~ "quantile=\""q"\"" {printf "%.0f", $2*1e6}'
+}
+
+first=0
+summary=()
+for rate in $RATES; do
+  count=$((rate * DURATION))
+  awk -v s="$first" -v n="$count" 'BEGIN{for(i=s;i<s+n;i++) printf "h%06d.bench.test A\n", i}' >"$RUN/q-$rate.txt"
+  first=$((first + count))
+  log "rate $rate/s for ${DURATION}s: $count new names, each a new IP for *.bench.test"
+  ip netns exec "$P-ep" timeout $((DURATION + 20)) dnsperf -s "10.$N.9.53" -d "$RUN/q-$rate.txt" \
+    -Q "$rate" -l "$DURATION" -n 1 -q 500 >"$RUN/dnsperf-$rate.txt" 2>&1 || true
+  grep -E "Queries (sent|completed|lost)|Average Latency" "$RUN/dnsperf-$rate.txt" | sed 's/^ */  /' >&2
+  m="$(metrics)"
+  p50=$(quantile 0.5 <<<"$m"); p99=$(quantile 0.99 <<<"$m"); p999=$(quantile 0.999 <<<"$m"); max=$(quantile 1 <<<"$m")
+  prefixes=$("$BIN" bpf ipcache list --pin-dir "$PIN" | grep -c "^10\.$N\.3[2-9]\|^10\.$N\.[4-9][0-9]\." || true)
+  log "hold p50 ${p50}µs p99 ${p99}µs p99.9 ${p999}µs max ${max}µs; learned /32s in the kernel ipcache: $prefixes"
+  summary+=("${rate}/s p50 ${p50}µs p99 ${p99}µs p99.9 ${p999}µs max ${max}µs")
+  sleep 1
+done
+echo "hold-time: $(IFS=';'; echo "${summary[*]}")"
