@@ -66,6 +66,8 @@ struct Identities<'a> {
     pending: &'a mut Pending,
     stats: &'a mut Stats,
     scratch: &'a mut Vec<SelectorIdx>,
+    /// Canonical label sets → the numbers they had before a restart.
+    restore: &'a HashMap<String, Identity>,
 }
 
 impl Identities<'_> {
@@ -75,7 +77,12 @@ impl Identities<'_> {
         scope: Scope,
         from_dns: bool,
     ) -> Result<Identity, Error> {
-        let allocation = self.alloc.allocate(labels, scope, None, from_dns)?;
+        let requested = if self.restore.is_empty() {
+            None
+        } else {
+            self.restore.get(&self.labels.canonical(labels)).copied()
+        };
+        let allocation = self.alloc.allocate(labels, scope, requested, from_dns)?;
         if allocation.created {
             let id = allocation.identity;
             self.scratch.clear();
@@ -121,6 +128,7 @@ macro_rules! identities {
             pending: &mut $cache.pending,
             stats: &mut $cache.stats,
             scratch: &mut $cache.scratch,
+            restore: &$cache.restore,
         }
     };
 }
@@ -145,6 +153,8 @@ pub struct IpCache<D> {
     stats: Stats,
     revision: u64,
     last_breaker_warning: Option<Duration>,
+    /// Identity numbers to give label sets again after a restart (see `restore_identities`).
+    restore: HashMap<String, Identity>,
 }
 
 impl<D: Datapath> IpCache<D> {
@@ -168,6 +178,7 @@ impl<D: Datapath> IpCache<D> {
             stats: Stats::default(),
             revision: 0,
             last_breaker_warning: None,
+            restore: HashMap::new(),
         }
     }
 
@@ -558,6 +569,43 @@ impl<D> IpCache<D> {
     /// Number of prefixes with metadata.
     pub fn prefix_count(&self) -> usize {
         self.meta.len()
+    }
+
+    /// Before a restore: every label set in `table` (canonical rendering, as
+    /// [`IpCache::identities_canonical`] gives) gets its old number back when it is allocated
+    /// again, and those numbers are withheld from every other label set until
+    /// [`IpCache::finish_restore`]. Call before installing endpoints and policy.
+    pub fn restore_identities(&mut self, table: impl IntoIterator<Item = (String, Identity)>) {
+        self.restore.extend(table);
+        self.alloc.withhold(self.restore.values().copied());
+    }
+
+    /// Ends the restore: numbers whose label sets did not come back are returned to ordinary
+    /// allocation. Returns how many that was.
+    pub fn finish_restore(&mut self) -> usize {
+        let unused: Vec<Identity> = self
+            .restore
+            .values()
+            .copied()
+            .filter(|id| self.alloc.labels(*id).is_none())
+            .collect();
+        let ids: Vec<Identity> = self.restore.drain().map(|(_, id)| id).collect();
+        self.alloc.unwithhold(ids);
+        unused.len()
+    }
+
+    /// Every allocated identity with its labels rendered canonically (sorted text): what a
+    /// checkpoint records to give the same numbers back after a restart.
+    pub fn identities_canonical(&self) -> Vec<(String, Identity)> {
+        self.alloc
+            .iter()
+            .map(|(id, set, _)| (self.labels.canonical(set), id))
+            .collect()
+    }
+
+    /// The canonical rendering of one identity's labels.
+    pub fn canonical_labels_of(&self, id: Identity) -> Option<String> {
+        self.alloc.labels(id).map(|set| self.labels.canonical(set))
     }
 
     /// The labels of an identity, rendered `a,b,c`.

@@ -129,6 +129,19 @@ impl LabelTable {
     }
 }
 
+impl LabelTable {
+    /// Renders a set as its labels sorted by text, `a,b,c`: the same string for the same set
+    /// whatever order the labels were interned in (what a restore matches on).
+    pub fn canonical(&self, set: &LabelSet) -> String {
+        let mut texts: SmallVec<[String; 4]> = set
+            .iter()
+            .filter_map(|id| self.label(id).map(ToString::to_string))
+            .collect();
+        texts.sort_unstable();
+        texts.join(",")
+    }
+}
+
 /// A set of interned labels, kept sorted and free of duplicates.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LabelSet(SmallVec<[LabelId; 4]>);

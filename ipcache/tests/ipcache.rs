@@ -534,3 +534,38 @@ fn a_rule_without_egress_entries_still_denies_by_default() {
             .allows(EndpointId(1), ip("192.0.2.1"), Protocol::Tcp, 443)
     );
 }
+
+#[test]
+fn a_restore_gives_every_label_set_its_old_number() {
+    // Before: three label sets learned in one order, with a freed number in between.
+    let mut before = cache();
+    learn(&mut before, "a.test.", "192.0.2.1", &["a.test."]).unwrap();
+    learn(&mut before, "gone.test.", "192.0.2.9", &["gone.test."]).unwrap();
+    learn(&mut before, "b.test.", "192.0.2.2", &["b.test."]).unwrap();
+    learn(&mut before, "ab.test.", "192.0.2.3", &["a.test.", "b.test."]).unwrap();
+    forget(&mut before, "gone.test.", "192.0.2.9");
+    before.commit().unwrap();
+    let table = before.identities_canonical();
+    let old: Vec<Identity> = ["192.0.2.1", "192.0.2.2", "192.0.2.3"]
+        .iter()
+        .map(|a| id(&before, a))
+        .collect();
+
+    // After: labels interned in another order, and a newcomer allocated during the restore.
+    let mut after = cache();
+    after.restore_identities(table);
+    learn(&mut after, "new.test.", "198.51.100.1", &["new.test."]).unwrap();
+    learn(&mut after, "ab.test.", "192.0.2.3", &["b.test.", "a.test."]).unwrap();
+    learn(&mut after, "b.test.", "192.0.2.2", &["b.test."]).unwrap();
+    learn(&mut after, "a.test.", "192.0.2.1", &["a.test."]).unwrap();
+    after.commit().unwrap();
+    let new: Vec<Identity> = ["192.0.2.1", "192.0.2.2", "192.0.2.3"]
+        .iter()
+        .map(|a| id(&after, a))
+        .collect();
+    assert_eq!(old, new);
+    // The newcomer took none of the restored numbers.
+    assert!(!old.contains(&id(&after, "198.51.100.1")));
+    // Every restored number came back (the freed set was not in the table).
+    assert_eq!(after.finish_restore(), 0);
+}
