@@ -36,6 +36,43 @@ pub enum Error {
         /// Its stderr (or why it could not run).
         message: String,
     },
+    /// A pinned map's type, key size, value size or flags differ from what the object creates
+    /// in the same layout version: not migratable (only `max_entries` changes are); the
+    /// pinned map is left untouched.
+    #[error(
+        "the pinned map {map} is {pinned} but this build wants {wanted}: a layout change \
+         needs a new FQDND_MAPS_ABI_VERSION (pin directory); the pinned map was left untouched"
+    )]
+    MapLayout {
+        /// The map.
+        map: String,
+        /// What is pinned.
+        pinned: String,
+        /// What the object creates.
+        wanted: String,
+    },
+    /// A migration to a smaller map was refused: its entries do not fit. The old map is
+    /// still pinned and in use, unchanged.
+    #[error(
+        "map {map} holds {entries} entries, more than the new max_entries {max_entries}: \
+         migration refused, the old map is kept"
+    )]
+    MapTooSmall {
+        /// The map.
+        map: String,
+        /// Entries in the old map.
+        entries: usize,
+        /// The size asked for.
+        max_entries: u32,
+    },
+    /// A configured map size is not usable.
+    #[error("map size {size} for {map} is invalid")]
+    InvalidMapSize {
+        /// The size field ([`crate::MapSizes`]).
+        map: &'static str,
+        /// The value.
+        size: u32,
+    },
     /// The object lacks a program or map this crate expects.
     #[error("the eBPF object has no {0}")]
     Missing(&'static str),

@@ -9,6 +9,7 @@
 mod datapath;
 mod error;
 mod loader;
+mod migrate;
 pub mod route;
 pub mod sys;
 
@@ -20,3 +21,4 @@ pub use loader::{
     BPFFS_ROOT, FROM_ENDPOINT, Loaded, OBJECT, TO_ENDPOINT, attached_interfaces, default_pin_dir,
     detach_pinned, ensure_bpffs, links_dir, map_names,
 };
+pub use migrate::{MapSizes, Migration, other_abi_dirs};

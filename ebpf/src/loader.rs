@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
+use aya::maps::{Map, MapData, MapError};
 use aya::programs::links::{FdLink, LinkError, PinnedLink};
 use aya::programs::tc::{SchedClassifierLink, TcAttachOptions};
 use aya::programs::{LinkOrder, ProgramError, SchedClassifier, TcAttachType};
@@ -10,6 +11,7 @@ use nix::mount::{MsFlags, mount};
 use nix::sys::statfs::{BPF_FS_MAGIC, statfs};
 
 use crate::error::Error;
+use crate::migrate::{self, MapSizes, Migration};
 use crate::sys::ABI_VERSION;
 
 /// The compiled `bpf/policy.c` (built by build.rs into `OUT_DIR`).
@@ -88,12 +90,15 @@ pub fn detach_pinned(pin_dir: &Path, iface: &str) -> Result<(), Error> {
 /// `prog` at `attach_type` of `iface` through the link pinned at `pin`: the pinned link's
 /// program is replaced in place (`bpf_link_update`: no moment without a program) when it
 /// exists, else a new TCX link is created and pinned. A pinned link whose interface is gone
-/// (the kernel answers ENOLINK) is unpinned and replaced by a new one.
+/// (the kernel answers ENOLINK) is unpinned and replaced by a new one. With `replace_only`
+/// (a migration updating the links it finds) nothing is created: a missing pin is left
+/// missing and a stale one is only removed.
 fn attach_pinned(
     prog: &mut SchedClassifier,
     iface: &str,
     attach_type: TcAttachType,
     pin: &Path,
+    replace_only: bool,
 ) -> Result<(), Error> {
     match PinnedLink::from_pin(pin) {
         Ok(old) => {
@@ -118,6 +123,9 @@ fn attach_pinned(
         Err(LinkError::SyscallError(e)) if e.io_error.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e.into()),
     }
+    if replace_only {
+        return Ok(());
+    }
     let id = prog.attach_with_options(
         iface,
         attach_type,
@@ -129,8 +137,9 @@ fn attach_pinned(
     Ok(())
 }
 
-/// `/sys/fs/bpf/fqdnd/v<ABI>`: versioned, because aya reuses a pinned map of the same name
-/// without checking its layout.
+/// `/sys/fs/bpf/fqdnd/v<ABI>`: versioned by the map layout. aya reuses a pinned map of the
+/// same name without checking it; [`Loaded::load_with`] checks type, key and value size
+/// (refused when different) and `max_entries` (migrated when different).
 pub fn default_pin_dir() -> PathBuf {
     Path::new(BPFFS_ROOT)
         .join("fqdnd")
@@ -180,19 +189,155 @@ impl std::fmt::Debug for Loaded {
 }
 
 impl Loaded {
-    /// Mounts bpffs if needed, creates `pin_dir` (which must lie under [`BPFFS_ROOT`]), loads
-    /// [`OBJECT`] pinning its maps there (reusing maps already pinned), and loads both
-    /// programs.
+    /// [`Self::load_with`] the default [`MapSizes`] (the object's own). Pinned maps of
+    /// other sizes are migrated to the defaults (or refused when they do not fit).
     pub fn load(pin_dir: &Path) -> Result<Self, Error> {
+        Ok(Self::load_with(pin_dir, &MapSizes::default())?.0)
+    }
+
+    /// Mounts bpffs if needed, creates `pin_dir` (which must lie under [`BPFFS_ROOT`]), loads
+    /// [`OBJECT`] with its maps pinned there and sized by `sizes`, and loads both programs.
+    ///
+    /// Pinned maps are checked first (aya would reuse them blindly): a different type, key
+    /// or value size or flags is [`Error::MapLayout`] and nothing changes. A pinned map of
+    /// the right layout and size is reused. One whose `max_entries` differs is **migrated**,
+    /// never flushed: a new map of the new size is created in a staging directory, every
+    /// entry is copied, the new pins replace the old ones (`rename`, atomic per map), the
+    /// programs in the pinned links of every interface of [`attached_interfaces`] are
+    /// replaced by the new ones (bound to the new maps), and conntrack entries the old
+    /// programs wrote meanwhile are copied again. A map whose entries do not fit the new size
+    /// is [`Error::MapTooSmall`] and everything stays as it was. Returns what was migrated
+    /// (empty when nothing was). Call it before opening [`crate::KernelDatapath`] or
+    /// [`crate::Events`]: handles opened earlier keep the old maps.
+    ///
+    /// Crash safety (docs/ebpf-plan.md): until the pins are switched, the canonical pins are
+    /// the old maps, in use by the links; leftovers in the staging directory are removed by
+    /// the next load. Each switched pin names a complete copy, so a load after a crash
+    /// between switches reuses the switched maps and migrates the rest.
+    pub fn load_with(pin_dir: &Path, sizes: &MapSizes) -> Result<(Self, Vec<Migration>), Error> {
+        sizes.validate()?;
         ensure_bpffs(Path::new(BPFFS_ROOT))?;
         std::fs::create_dir_all(pin_dir).map_err(|source| Error::Io {
             what: format!("creating {}", pin_dir.display()),
             source,
         })?;
-        let mut ebpf = EbpfLoader::new()
-            .default_map_pin_directory(pin_dir)
-            .load(OBJECT)
-            .map_err(Box::new)?;
+        let staging = migrate::staging_dir(pin_dir);
+        // An interrupted migration's new maps: never in use by a link (see above).
+        migrate::remove_staging(&staging)?;
+
+        let specs = migrate::specs(sizes);
+        let mut pending = Vec::new();
+        for spec in specs {
+            let data = match MapData::from_pin(pin_dir.join(spec.name)) {
+                Ok(d) => d,
+                Err(MapError::SyscallError(e))
+                    if e.io_error.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let info = data.info()?;
+            migrate::check_layout(&spec, &info)?;
+            if info.max_entries() != spec.max_entries {
+                pending.push(migrate::Pending::new(
+                    spec,
+                    Map::from_map_data(data)?,
+                    info.max_entries(),
+                ));
+            }
+        }
+        // Refuse a shrink that cannot hold the entries before creating anything.
+        for p in &pending {
+            if p.spec.max_entries < p.from_max {
+                let n = migrate::count(&p.spec, &p.old)?;
+                if n > p.spec.max_entries as usize {
+                    return Err(Error::MapTooSmall {
+                        map: p.spec.name.to_owned(),
+                        entries: n,
+                        max_entries: p.spec.max_entries,
+                    });
+                }
+            }
+        }
+
+        let mut loader = EbpfLoader::new();
+        loader.default_map_pin_directory(pin_dir);
+        for spec in &specs {
+            loader.map_max_entries(spec.name, spec.max_entries);
+        }
+        if !pending.is_empty() {
+            std::fs::create_dir_all(&staging).map_err(|source| Error::Io {
+                what: format!("creating {}", staging.display()),
+                source,
+            })?;
+            for p in &pending {
+                // a fresh path: aya creates the map instead of reusing the pinned one
+                loader.map_pin_path(p.spec.name, staging.join(p.spec.name));
+            }
+        }
+        let result = Self::load_programs(&mut loader, pin_dir).and_then(|mut loaded| {
+            for p in &mut pending {
+                p.copy_into(loaded.map_mut(p.spec.name)?)?;
+            }
+            Ok(loaded)
+        });
+        let mut loaded = match result {
+            Ok(l) => l,
+            Err(e) => {
+                // The old pins were not touched.
+                let _ = migrate::remove_staging(&staging);
+                return Err(e);
+            }
+        };
+        if pending.is_empty() {
+            return Ok((loaded, Vec::new()));
+        }
+
+        // Switch the pins, one atomic rename per map: from here on a reader (or the next
+        // load) opens the new maps.
+        for p in &pending {
+            let from = staging.join(p.spec.name);
+            let to = pin_dir.join(p.spec.name);
+            std::fs::rename(&from, &to).map_err(|source| Error::Io {
+                what: format!("moving the pin {} to {}", from.display(), to.display()),
+                source,
+            })?;
+        }
+        migrate::remove_staging(&staging)?;
+
+        // The links: replace the old programs (bound to the old maps) in place. The first
+        // failure is reported after trying every interface.
+        let mut first_err = None;
+        for iface in attached_interfaces(pin_dir) {
+            if let Err(e) = loaded.replace_in_links(&iface) {
+                first_err.get_or_insert(e);
+            }
+        }
+        // Conntrack entries the old programs wrote between the first copy and the update.
+        for p in &pending {
+            p.recopy_changed(loaded.map_mut(p.spec.name)?)?;
+        }
+        let mut migrations = Vec::new();
+        for p in pending {
+            let entries_after = migrate::count(&p.spec, loaded.map_mut(p.spec.name)?)?;
+            migrations.push(Migration {
+                map: p.spec.name.to_owned(),
+                from_max: p.from_max,
+                to_max: p.spec.max_entries,
+                entries_before: p.entries_before,
+                entries_after,
+            });
+            // `p.old` closes here: with the links updated nothing else holds the old map.
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        Ok((loaded, migrations))
+    }
+
+    fn load_programs(loader: &mut EbpfLoader<'_>, pin_dir: &Path) -> Result<Self, Error> {
+        let mut ebpf = loader.load(OBJECT).map_err(Box::new)?;
         for name in [FROM_ENDPOINT, TO_ENDPOINT] {
             let prog: &mut SchedClassifier = ebpf
                 .program_mut(name)
@@ -204,6 +349,10 @@ impl Loaded {
             ebpf,
             pin_dir: pin_dir.to_owned(),
         })
+    }
+
+    fn map_mut(&mut self, name: &str) -> Result<&mut Map, Error> {
+        self.ebpf.map_mut(name).ok_or(Error::Missing("map"))
     }
 
     /// The pin directory of the maps.
@@ -232,7 +381,17 @@ impl Loaded {
         })?;
         for (name, attach_type, suffix) in DIRECTIONS {
             let pin = dir.join(format!("{iface}-{suffix}"));
-            attach_pinned(self.classifier(name)?, iface, attach_type, &pin)?;
+            attach_pinned(self.classifier(name)?, iface, attach_type, &pin, false)?;
+        }
+        Ok(())
+    }
+
+    /// Replaces the programs in the links pinned for `iface`, creating none.
+    fn replace_in_links(&mut self, iface: &str) -> Result<(), Error> {
+        let dir = links_dir(&self.pin_dir);
+        for (name, attach_type, suffix) in DIRECTIONS {
+            let pin = dir.join(format!("{iface}-{suffix}"));
+            attach_pinned(self.classifier(name)?, iface, attach_type, &pin, true)?;
         }
         Ok(())
     }

@@ -9,7 +9,7 @@ mod common;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
-use common::{PinDir, privileged};
+use common::{PinDir, packet, privileged};
 
 use aya::programs::{TestRun, TestRunOptions};
 use fqdnd_ebpf::sys::{self, PolicyKey};
@@ -46,41 +46,6 @@ fn key(identity: u32, protocol: Protocol, port: u16, end_port: u16) -> fqdnd_ipc
         port,
         end_port,
     }
-}
-
-/// Ethernet + IPv4/IPv6 + TCP (20-byte header) or UDP (8-byte header).
-fn packet(src: IpAddr, dst: IpAddr, proto: u8, sport: u16, dport: u16) -> Vec<u8> {
-    let mut p = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2];
-    let l4_len = if proto == sys::PROTO_TCP { 20 } else { 8 };
-    match (src, dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => {
-            p.extend([0x08, 0x00]);
-            let total = (20 + l4_len) as u16;
-            p.extend([0x45, 0]);
-            p.extend(total.to_be_bytes());
-            p.extend([0, 0, 0x40, 0, 64, proto, 0, 0]);
-            p.extend(s.octets());
-            p.extend(d.octets());
-        }
-        (IpAddr::V6(s), IpAddr::V6(d)) => {
-            p.extend([0x86, 0xdd]);
-            p.extend([0x60, 0, 0, 0]);
-            p.extend((l4_len as u16).to_be_bytes());
-            p.extend([proto, 64]);
-            p.extend(s.octets());
-            p.extend(d.octets());
-        }
-        _ => panic!("mixed families"),
-    }
-    p.extend(sport.to_be_bytes());
-    p.extend(dport.to_be_bytes());
-    if proto == sys::PROTO_TCP {
-        p.extend([0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x02, 0xff, 0xff, 0, 0, 0, 0]);
-    } else {
-        p.extend((8u16).to_be_bytes());
-        p.extend([0, 0]);
-    }
-    p
 }
 
 fn run(loaded: &mut Loaded, prog: &str, pkt: &[u8], repeat: u32) -> (u32, Duration) {

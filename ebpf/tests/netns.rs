@@ -24,8 +24,8 @@ use aya::programs::{SchedClassifier, TcAttachType};
 use common::{Netns, PinDir, Routes, ip, privileged};
 use fqdnd_ebpf::sys::{self, DropEvent};
 use fqdnd_ebpf::{
-    EndpointFlags, Events, FROM_ENDPOINT, KernelDatapath, Loaded, TO_ENDPOINT, attached_interfaces,
-    links_dir,
+    EndpointFlags, Events, FROM_ENDPOINT, KernelDatapath, Loaded, MapSizes, TO_ENDPOINT,
+    attached_interfaces, links_dir,
 };
 use fqdnd_ipcache::policy::Protocol;
 use fqdnd_ipcache::{Datapath, DatapathChange, EndpointId, Identity};
@@ -432,6 +432,132 @@ fn pinned_links_survive_and_are_replaced() {
     }
     assert!(gone, "programs still attached after detach");
     second.detach(&host).unwrap();
+}
+
+/// One UDP datagram from inside the namespace, from source port `sport`.
+fn send_udp_from(ns: &Netns, sport: u16, dst: SocketAddr) {
+    ns.run(move || {
+        UdpSocket::bind(("0.0.0.0", sport))
+            .unwrap()
+            .send_to(b"x", dst)
+            .unwrap();
+    });
+}
+
+/// The conntrack entry of the UDP flow from `sport` to `dport`, waiting up to a second for
+/// one seen after `after_ns`.
+fn wait_ct(
+    dp: &KernelDatapath,
+    sport: u16,
+    dport: u16,
+    after_ns: u64,
+) -> Option<fqdnd_ebpf::CtEntry> {
+    for _ in 0..100 {
+        let hit = dp
+            .ct_entries()
+            .unwrap()
+            .into_iter()
+            .find(|e| e.sport == sport && e.dport == dport && e.proto == sys::PROTO_UDP);
+        if let Some(e) = hit.filter(|e| e.last_seen_ns > after_ns) {
+            return Some(e);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    None
+}
+
+/// Maps migrated under programs attached to a veth through pinned links: `load_with`
+/// replaces the programs in the links itself (a later `attach` is a no-op replace), the
+/// flow established before the migration keeps passing on its migrated conntrack entry
+/// after its policy is gone, a new flow is dropped by the (migrated) policy, and the old
+/// conntrack map is released.
+#[test]
+fn migration_keeps_enforcing_on_veth() {
+    let Some(mut s) = setup("migrate", 5) else {
+        return;
+    };
+    let host = s.ns.host.clone();
+    let dst = SocketAddr::from((Ipv4Addr::new(10, 99, 0, 80), 9998));
+    s.dp.apply(&[DatapathChange::PolicyUpsert {
+        endpoint: EP,
+        key: fqdnd_ipcache::PolicyKey {
+            identity: Identity(sys::ID_ANY),
+            protocol: Protocol::Udp,
+            port: 9998,
+            end_port: 9998,
+        },
+    }])
+    .unwrap();
+    send_udp_from(&s.ns, 40123, dst);
+    let first = wait_ct(&s.dp, 40123, 9998, 0).expect("conntrack entry of the allowed flow");
+    let old_ct = aya::maps::MapData::from_pin(s.dir.0.join("fqdnd_ct"))
+        .unwrap()
+        .info()
+        .unwrap()
+        .id();
+    let old_prog = tcx_ids(&host, TcAttachType::Ingress);
+    drop(s.loaded.take());
+
+    let sizes = MapSizes {
+        conntrack: 300_000,
+        ..MapSizes::default()
+    };
+    let (mut loaded, migrations) = Loaded::load_with(&s.dir.0, &sizes).unwrap();
+    assert_eq!(migrations.len(), 1, "{migrations:?}");
+    assert_eq!(
+        (migrations[0].map.as_str(), migrations[0].to_max),
+        ("fqdnd_ct", 300_000)
+    );
+    assert!(migrations[0].entries_after >= 1);
+    let new_ids = (
+        loaded
+            .classifier(FROM_ENDPOINT)
+            .unwrap()
+            .info()
+            .unwrap()
+            .id(),
+        loaded.classifier(TO_ENDPOINT).unwrap().info().unwrap().id(),
+    );
+    assert_ne!(vec![new_ids.0], old_prog);
+    assert_eq!(tcx_ids(&host, TcAttachType::Ingress), vec![new_ids.0]);
+    assert_eq!(tcx_ids(&host, TcAttachType::Egress), vec![new_ids.1]);
+    // what the daemon does next: attach every interface (a replace, same program)
+    loaded.attach(&host).unwrap();
+    assert_eq!(tcx_ids(&host, TcAttachType::Ingress), vec![new_ids.0]);
+
+    // the maps of the new programs: resync without the 9998 rule (the daemon's restart)
+    s.dp = KernelDatapath::open(&s.dir.0).unwrap();
+    let migrated = wait_ct(&s.dp, 40123, 9998, 0).expect("migrated conntrack entry");
+    assert_eq!(migrated, first);
+    s.dp.begin_resync().unwrap();
+    assert_eq!(s.dp.finish_resync().unwrap().removed, 1);
+    assert!(s.dp.policy_entries().unwrap().is_empty());
+    // the established flow passes (its entry in the new map is refreshed, no drop event)
+    send_udp_from(&s.ns, 40123, dst);
+    assert!(
+        wait_ct(&s.dp, 40123, 9998, first.last_seen_ns).is_some(),
+        "established flow not seen by the new program"
+    );
+    // a new flow is denied
+    send_udp_from(&s.ns, 40124, dst);
+    let ev = wait_event(&mut s.events, |e| e.sport == 40124);
+    assert!(
+        ev.iter()
+            .any(|e| e.sport == 40124 && e.reason == sys::DROP_POLICY),
+        "{ev:?}"
+    );
+    assert!(ev.iter().all(|e| e.sport != 40123), "{ev:?}");
+    // nothing holds the old conntrack map any more
+    let mut released = false;
+    for _ in 0..200 {
+        if aya::maps::MapInfo::from_id(old_ct).is_err() {
+            released = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(released, "old conntrack map still referenced");
+    loaded.detach(&host).unwrap();
 }
 
 /// A link pinned for an interface that was deleted and re-created (same name, new ifindex)

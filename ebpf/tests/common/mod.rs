@@ -9,6 +9,7 @@
     reason = "test helpers (a module of each test crate); not every test file uses every helper"
 )]
 
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Mutex;
@@ -202,4 +203,43 @@ impl Drop for Routes {
             r.1 = false;
         }
     }
+}
+
+/// Ethernet + IPv4/IPv6 + TCP (20-byte header) or UDP (8-byte header).
+pub fn packet(src: IpAddr, dst: IpAddr, proto: u8, sport: u16, dport: u16) -> Vec<u8> {
+    let mut p = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2];
+    let l4_len = if proto == fqdnd_ebpf::sys::PROTO_TCP {
+        20
+    } else {
+        8
+    };
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            p.extend([0x08, 0x00]);
+            let total = (20 + l4_len) as u16;
+            p.extend([0x45, 0]);
+            p.extend(total.to_be_bytes());
+            p.extend([0, 0, 0x40, 0, 64, proto, 0, 0]);
+            p.extend(s.octets());
+            p.extend(d.octets());
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            p.extend([0x86, 0xdd]);
+            p.extend([0x60, 0, 0, 0]);
+            p.extend((l4_len as u16).to_be_bytes());
+            p.extend([proto, 64]);
+            p.extend(s.octets());
+            p.extend(d.octets());
+        }
+        _ => panic!("mixed families"),
+    }
+    p.extend(sport.to_be_bytes());
+    p.extend(dport.to_be_bytes());
+    if proto == fqdnd_ebpf::sys::PROTO_TCP {
+        p.extend([0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x02, 0xff, 0xff, 0, 0, 0, 0]);
+    } else {
+        p.extend((8u16).to_be_bytes());
+        p.extend([0, 0]);
+    }
+    p
 }
