@@ -78,15 +78,40 @@ pub(crate) fn ifindex(name: &str) -> Result<u32> {
 impl Kernel {
     /// Loads the programs (reusing pinned maps) and opens the maps; with `redirect_dns`
     /// installs the local-delivery routes the DNS redirect needs.
-    pub(crate) fn load(pin_dir: &Path, redirect_dns: bool) -> Result<Self> {
+    pub(crate) fn load(
+        pin_dir: &Path,
+        sizes: &fqdnd_config::MapSizes,
+        redirect_dns: bool,
+    ) -> Result<Self> {
         fqdnd_ebpf::ensure_bpffs(Path::new(fqdnd_ebpf::BPFFS_ROOT)).context("mounting bpffs")?;
-        let loaded = Loaded::load(pin_dir).with_context(|| {
+        let defaults = fqdnd_ebpf::MapSizes::default();
+        let sizes = fqdnd_ebpf::MapSizes {
+            ipcache: sizes.ipcache.unwrap_or(defaults.ipcache),
+            policy: sizes.policy.unwrap_or(defaults.policy),
+            conntrack: sizes.conntrack.unwrap_or(defaults.conntrack),
+            endpoints: sizes.endpoints.unwrap_or(defaults.endpoints),
+            clients: sizes.clients.unwrap_or(defaults.clients),
+        };
+        for old in fqdnd_ebpf::other_abi_dirs(pin_dir) {
+            tracing::warn!(dir = %old.display(), "maps of another layout version are pinned there and are not migrated; `fqdnd bpf unload --pin-dir` removes them");
+        }
+        let (loaded, migrations) = Loaded::load_with(pin_dir, &sizes).with_context(|| {
             format!(
                 "loading the eBPF programs with maps pinned in {} (needs root: CAP_BPF, \
                  CAP_NET_ADMIN, CAP_SYS_ADMIN)",
                 pin_dir.display()
             )
         })?;
+        for m in &migrations {
+            tracing::warn!(
+                map = %m.map,
+                from = m.from_max,
+                to = m.to_max,
+                entries_before = m.entries_before,
+                entries_after = m.entries_after,
+                "map migrated to its new size"
+            );
+        }
         if redirect_dns {
             fqdnd_ebpf::route::install_local_delivery()
                 .context("installing the local-delivery routes for the DNS redirect")?;

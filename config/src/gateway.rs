@@ -31,6 +31,7 @@
 //!   dnsProxyPort: 10053                       # transparent proxy sockets (eBPF redirect)
 //!   pinDir: /sys/fs/bpf/fqdnd/v2              # default: versioned by the maps' layout
 //!   conntrackIdleTimeout: 10m                 # idle flows stop keeping zombies alive
+//!   mapSizes: {conntrack: 524288, ipcache: 1000000}   # changed sizes migrate the maps
 //!   # and lists, adminSocket, metrics, queryLog, upstreamTimeout, on*, rateLimit as above
 //! ```
 
@@ -93,6 +94,22 @@ pub struct RateLimit {
     /// What happens over the limit.
     pub action: RateLimitAction,
 }
+/// Kernel map sizes (entries); `None` keeps the built-in size. A change on restart migrates
+/// the pinned maps to the new size, entries included.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MapSizes {
+    /// Each of the IPv4 and IPv6 ipcache LPM tries (default 512000).
+    pub ipcache: Option<u32>,
+    /// The policy hash (default 65536).
+    pub policy: Option<u32>,
+    /// The conntrack LRU hash (default 262144).
+    pub conntrack: Option<u32>,
+    /// The endpoint (interface) hash (default 65536).
+    pub endpoints: Option<u32>,
+    /// Each of the client-prefix LPM tries (default 65536).
+    pub clients: Option<u32>,
+}
+
 /// What every daemon mode (gateway, node) shares: lists, admin API, metrics, query log and
 /// the DNS proxy's behaviour.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,6 +132,8 @@ pub struct Daemon {
     pub on_truncated: TruncatedAction,
     /// The per-client rate limit, if any.
     pub rate_limit: Option<RateLimit>,
+    /// Kernel map sizes (node, enforcing gateway).
+    pub map_sizes: MapSizes,
 }
 
 impl Default for Daemon {
@@ -129,6 +148,7 @@ impl Default for Daemon {
             on_hold_timeout: HoldFallback::default(),
             on_truncated: TruncatedAction::default(),
             rate_limit: None,
+            map_sizes: MapSizes::default(),
         }
     }
 }
@@ -219,6 +239,17 @@ struct DaemonSpec {
     on_hold_timeout: Option<Text>,
     on_truncated: Option<Text>,
     rate_limit: Option<Spanned<RateLimitSpec>>,
+    map_sizes: Option<MapSizesSpec>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct MapSizesSpec {
+    ipcache: Option<Spanned<u32>>,
+    policy: Option<Spanned<u32>>,
+    conntrack: Option<Spanned<u32>>,
+    endpoints: Option<Spanned<u32>>,
+    clients: Option<Spanned<u32>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -500,6 +531,27 @@ fn daemon(spec: &DaemonSpec, base: &Path, diag: &mut Diag<'_>) -> Daemon {
                 action,
             });
         }
+    }
+    if let Some(sizes) = &spec.map_sizes {
+        let mut size = |field: &str, value: &Option<Spanned<u32>>| {
+            let v = value.as_ref()?;
+            if (1..=16_777_216).contains(&v.value) {
+                Some(v.value)
+            } else {
+                diag.invalid(
+                    at(v),
+                    format!("`mapSizes.{field}` must be between 1 and 16777216 entries"),
+                );
+                None
+            }
+        };
+        d.map_sizes = MapSizes {
+            ipcache: size("ipcache", &sizes.ipcache),
+            policy: size("policy", &sizes.policy),
+            conntrack: size("conntrack", &sizes.conntrack),
+            endpoints: size("endpoints", &sizes.endpoints),
+            clients: size("clients", &sizes.clients),
+        };
     }
     d
 }

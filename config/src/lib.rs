@@ -48,8 +48,8 @@ use fqdnd_ipcache::policy::Rule;
 
 pub use error::{Duplicated, Error, Errors};
 pub use gateway::{
-    DEFAULT_ADMIN_SOCKET, DEFAULT_DNS_PROXY_PORT, Daemon, Gateway, Lists, Node, RateLimit,
-    StaticZone, ZoneSource,
+    DEFAULT_ADMIN_SOCKET, DEFAULT_DNS_PROXY_PORT, Daemon, Gateway, Lists, MapSizes, Node,
+    RateLimit, StaticZone, ZoneSource,
 };
 pub use load::{CILIUM_API_VERSION, FQDND_API_VERSION, load, load_str};
 pub use settings::{MAX_PROXY_RESPONSE_DELAY, MIN_GC_INTERVAL, Settings};

@@ -153,7 +153,10 @@ pub(crate) async fn start(
             .pin_dir
             .clone()
             .unwrap_or_else(fqdnd_ebpf::default_pin_dir);
-        Some((Kernel::load(&pin_dir, false)?, pin_dir))
+        Some((
+            Kernel::load(&pin_dir, &gateway.daemon.map_sizes, false)?,
+            pin_dir,
+        ))
     };
     let engine = match &kernel {
         None => Engine::new(&config, AnyDatapath::Memory(Box::default()), clock.now())?,

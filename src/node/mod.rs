@@ -348,7 +348,7 @@ pub(crate) async fn start(
         .pin_dir
         .clone()
         .unwrap_or_else(fqdnd_ebpf::default_pin_dir);
-    let kernel = Kernel::load(&pin_dir, true)?;
+    let kernel = Kernel::load(&pin_dir, &node.daemon.map_sizes, true)?;
 
     let engine = kernel::engine_on_kernel(&config, &pin_dir, clock)?;
     let engine: SharedEngine = Arc::new(Mutex::new(engine));
