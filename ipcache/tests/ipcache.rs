@@ -542,7 +542,13 @@ fn a_restore_gives_every_label_set_its_old_number() {
     learn(&mut before, "a.test.", "192.0.2.1", &["a.test."]).unwrap();
     learn(&mut before, "gone.test.", "192.0.2.9", &["gone.test."]).unwrap();
     learn(&mut before, "b.test.", "192.0.2.2", &["b.test."]).unwrap();
-    learn(&mut before, "ab.test.", "192.0.2.3", &["a.test.", "b.test."]).unwrap();
+    learn(
+        &mut before,
+        "ab.test.",
+        "192.0.2.3",
+        &["a.test.", "b.test."],
+    )
+    .unwrap();
     forget(&mut before, "gone.test.", "192.0.2.9");
     before.commit().unwrap();
     let table = before.identities_canonical();
