@@ -65,6 +65,8 @@ fn main() {
             .current_dir(&manifest)
             .args(["-target", "bpf", "-O2", "-g", "-Wall", "-Werror"])
             .args(["-I", "include", "-I/usr/include/x86_64-linux-gnu", "-c"])
+            // The checkout's path must not reach the debug info (DW_AT_comp_dir).
+            .arg(format!("-fdebug-prefix-map={}=.", manifest.display()))
             .arg(&src)
             .arg("-o")
             .arg(&obj)
