@@ -65,7 +65,7 @@ fn rcode_name(code: ResponseCode) -> String {
 
 /// Runs the demo and returns its report.
 pub(crate) async fn run() -> Result<String> {
-    let gateway = crate::gateway::start(Vec::new(), true, None).await?;
+    let gateway = crate::gateway::start(Vec::new(), true, None, false).await?;
     let server = *gateway
         .udp
         .first()

@@ -24,10 +24,25 @@ pub(crate) struct Engine<D> {
 impl<D: Datapath> Engine<D> {
     /// Builds the engine from a loaded configuration: endpoints, then policy.
     pub(crate) fn new(config: &Config, datapath: D, now: Duration) -> Result<Self> {
+        Self::restoring(config, datapath, now, Vec::new())
+    }
+
+    /// [`Engine::new`] after a restart: every label set in `identities` (canonical labels →
+    /// number, from the checkpoint) gets its old number back, and those numbers are kept from
+    /// other label sets until [`IpCache::finish_restore`].
+    pub(crate) fn restoring(
+        config: &Config,
+        datapath: D,
+        now: Duration,
+        identities: Vec<(String, fqdnd_ipcache::Identity)>,
+    ) -> Result<Self> {
         let mut engine = Self {
             names: NameManager::new(config.settings.namemgr()),
             ipcache: IpCache::new(config.settings.ipcache(), datapath),
         };
+        if !identities.is_empty() {
+            engine.ipcache.restore_identities(identities);
+        }
         engine
             .ipcache
             .set_endpoints(config.endpoints.clone())
@@ -90,6 +105,20 @@ impl<D: Datapath> Engine<D> {
         // Commit whatever was applied, even when the NameManager stopped part-way.
         self.ipcache.commit()?;
         Ok(learned?)
+    }
+
+    /// Learns a restored answer without committing (a restore commits once at the end).
+    pub(crate) fn restore_parts(
+        &mut self,
+        endpoint: EndpointId,
+        name: &str,
+        addrs: &[IpAddr],
+        ttl: u32,
+        now: Duration,
+    ) -> Result<Learned> {
+        Ok(self
+            .names
+            .observe(endpoint, name, addrs, ttl, now, &mut self.ipcache)?)
     }
 
     /// Runs a GC pass and commits it.

@@ -288,10 +288,12 @@ pub(crate) fn engine_on_kernel(
     config: &Config,
     pin_dir: &Path,
     clock: Clock,
+    restored: &crate::state::Restored,
 ) -> Result<Engine<AnyDatapath>> {
     let mut maps = KernelDatapath::open(pin_dir).context("opening the pinned maps")?;
     maps.begin_resync().context("reading the pinned maps")?;
-    let mut engine = Engine::new(config, AnyDatapath::Kernel(Box::new(maps)), clock.now())?;
+    let mut engine =
+        crate::state::build_engine(config, AnyDatapath::Kernel(Box::new(maps)), clock, restored)?;
     if let AnyDatapath::Kernel(maps) = engine.ipcache.datapath_mut() {
         let stats = maps
             .finish_resync()

@@ -19,6 +19,7 @@ mod node_cmd;
 mod policy_cmd;
 mod replay_cmd;
 mod simulate;
+mod state;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -57,6 +58,10 @@ enum Command {
         /// The admin API socket (default: the Gateway document's `adminSocket`).
         #[arg(long, value_name = "PATH")]
         admin_socket: Option<PathBuf>,
+        /// Refuse to start when the state directory's journal has a torn or corrupt tail
+        /// (default: cut it off, report it and start from the valid prefix).
+        #[arg(long)]
+        strict_restore: bool,
     },
     /// Run fqdnd as the node agent of the endpoints on this host (needs root).
     ///
@@ -74,6 +79,9 @@ enum Command {
         /// The admin API socket (default: the Node document's `adminSocket`).
         #[arg(long, value_name = "PATH")]
         admin_socket: Option<PathBuf>,
+        /// Refuse to start when the state directory's journal has a torn or corrupt tail.
+        #[arg(long)]
+        strict_restore: bool,
     },
     /// Endpoints of the running node agent.
     #[command(subcommand)]
@@ -269,12 +277,13 @@ fn main() -> ExitCode {
             config,
             demo,
             admin_socket,
+            strict_restore,
         } => runtime().and_then(|rt| {
             rt.block_on(async {
                 if demo {
                     print!("{}", demo::run().await?);
                 } else {
-                    gateway::run(config, admin_socket).await?;
+                    gateway::run(config, admin_socket, strict_restore).await?;
                 }
                 Ok(ExitCode::SUCCESS)
             })
@@ -282,9 +291,10 @@ fn main() -> ExitCode {
         Command::Node {
             config,
             admin_socket,
+            strict_restore,
         } => runtime().and_then(|rt| {
             rt.block_on(async {
-                node::run(config, admin_socket).await?;
+                node::run(config, admin_socket, strict_restore).await?;
                 Ok(ExitCode::SUCCESS)
             })
         }),

@@ -18,6 +18,8 @@
 //!   adminSocket: /run/fqdnd/admin.sock        # HTTP API, mode 0600
 //!   metrics: 127.0.0.1:9967                   # Prometheus /metrics
 //!   queryLog: /var/log/fqdnd/queries.jsonl    # one JSON line per query
+//!   stateDir: /var/lib/fqdnd                  # journal + snapshots: restarts keep the state
+//!   stateCompactAfter: 100000                 # journal records between snapshots
 //!   upstreamTimeout: 5s
 //!   onUpstreamTimeout: servfail               # or noReply (Cilium)
 //!   onHoldTimeout: release                    # or servfail
@@ -134,6 +136,11 @@ pub struct Daemon {
     pub rate_limit: Option<RateLimit>,
     /// Kernel map sizes (node, enforcing gateway).
     pub map_sizes: MapSizes,
+    /// Where learned state is journaled and snapshotted so a restart keeps the DNS cache and
+    /// identity numbers; `None`: nothing survives a restart.
+    pub state_dir: Option<PathBuf>,
+    /// Journal records after which the state is compacted into a snapshot.
+    pub state_compact_after: u64,
 }
 
 impl Default for Daemon {
@@ -149,6 +156,8 @@ impl Default for Daemon {
             on_truncated: TruncatedAction::default(),
             rate_limit: None,
             map_sizes: MapSizes::default(),
+            state_dir: None,
+            state_compact_after: 100_000,
         }
     }
 }
@@ -240,6 +249,8 @@ struct DaemonSpec {
     on_truncated: Option<Text>,
     rate_limit: Option<Spanned<RateLimitSpec>>,
     map_sizes: Option<MapSizesSpec>,
+    state_dir: Option<Text>,
+    state_compact_after: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -457,6 +468,16 @@ fn daemon(spec: &DaemonSpec, base: &Path, diag: &mut Diag<'_>) -> Daemon {
     }
     if let Some(text) = &spec.query_log {
         d.query_log = Some(relative(text));
+    }
+    if let Some(text) = &spec.state_dir {
+        d.state_dir = Some(relative(text));
+    }
+    if let Some(n) = &spec.state_compact_after {
+        if n.value == 0 {
+            diag.invalid(at(n), "`stateCompactAfter` must be at least 1 record");
+        } else {
+            d.state_compact_after = n.value;
+        }
     }
     if let Some(text) = &spec.upstream_timeout
         && let Some(t) = duration("upstreamTimeout", text, diag)

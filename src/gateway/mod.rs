@@ -127,6 +127,7 @@ pub(crate) async fn start(
     paths: Vec<PathBuf>,
     demo: bool,
     admin_socket: Option<PathBuf>,
+    strict_restore: bool,
 ) -> Result<RunningGateway> {
     let clock = Clock::start();
     let (config, gateway) = load(&paths, demo)?;
@@ -158,10 +159,21 @@ pub(crate) async fn start(
             pin_dir,
         ))
     };
-    let engine = match &kernel {
-        None => Engine::new(&config, AnyDatapath::Memory(Box::default()), clock.now())?,
-        Some((_, pin_dir)) => crate::kernel::engine_on_kernel(&config, pin_dir, clock)?,
+    let (restored, persist) = if demo {
+        (crate::state::Restored::default(), None)
+    } else {
+        crate::state::start(&gateway.daemon, strict_restore, clock)?
     };
+    let engine = match &kernel {
+        None => crate::state::build_engine(
+            &config,
+            AnyDatapath::Memory(Box::default()),
+            clock,
+            &restored,
+        )?,
+        Some((_, pin_dir)) => crate::kernel::engine_on_kernel(&config, pin_dir, clock, &restored)?,
+    };
+    drop(restored);
     let kernel = match kernel {
         None => None,
         Some((mut k, _)) => {
@@ -170,9 +182,11 @@ pub(crate) async fn start(
         }
     };
     let engine: SharedEngine = Arc::new(Mutex::new(engine));
+    crate::state::settle(persist.as_deref(), &engine).await?;
     let observer = Arc::new(EngineObserver {
         engine: Arc::clone(&engine),
         clock,
+        persist: persist.clone(),
     });
     let query_log: Option<Arc<dyn QueryLog>> = match &gateway.daemon.query_log {
         Some(path) => Some(Arc::new(querylog::JsonLines::open(path)?)),
@@ -213,6 +227,7 @@ pub(crate) async fn start(
     {
         let engine = Arc::clone(&engine);
         let kernel = kernel.clone();
+        let persist = persist.clone();
         let interval = config.settings.gc_interval;
         let mut stopped = stopped.clone();
         tasks.spawn(async move {
@@ -220,7 +235,12 @@ pub(crate) async fn start(
                 tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
             loop {
                 tokio::select! {
-                    _ = tick.tick() => crate::kernel::gc(&engine, kernel.as_deref(), clock, crate::kernel::DEFAULT_CONNTRACK_IDLE),
+                    _ = tick.tick() => {
+                        crate::kernel::gc(&engine, kernel.as_deref(), clock, crate::kernel::DEFAULT_CONNTRACK_IDLE);
+                        if let Some(p) = &persist {
+                            p.tick(&engine).await;
+                        }
+                    }
                     _ = stopped.changed() => return Ok(()),
                 }
             }
@@ -228,12 +248,18 @@ pub(crate) async fn start(
     }
     {
         let engine = Arc::clone(&engine);
+        let persist = persist.clone();
         let mut stopped = stopped.clone();
         tasks.spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tokio::select! {
-                    _ = tick.tick() => crate::metrics::record_engine(&engine),
+                    _ = tick.tick() => {
+                        crate::metrics::record_engine(&engine);
+                        if let Some(p) = &persist {
+                            p.record_metrics();
+                        }
+                    }
                     _ = stopped.changed() => return Ok(()),
                 }
             }
@@ -310,8 +336,12 @@ pub(crate) fn clients(
 }
 
 /// Runs the gateway until SIGINT or SIGTERM.
-pub(crate) async fn run(paths: Vec<PathBuf>, admin_socket: Option<PathBuf>) -> Result<()> {
-    let gateway = start(paths, false, admin_socket).await?;
+pub(crate) async fn run(
+    paths: Vec<PathBuf>,
+    admin_socket: Option<PathBuf>,
+    strict_restore: bool,
+) -> Result<()> {
+    let gateway = start(paths, false, admin_socket, strict_restore).await?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),

@@ -13,15 +13,44 @@ use smallvec::SmallVec;
 use crate::clock::Clock;
 use crate::datapath::AnyDatapath;
 use crate::engine::Engine;
+use crate::state::Persist;
+use fqdnd_checkpoint::{Ack, Seq};
 
 /// The engine, shared between the proxy's observer, the GC task and the admin API. Each
 /// holder locks it briefly (one answer, one GC pass, one listing).
 pub(crate) type SharedEngine = Arc<Mutex<Engine<AnyDatapath>>>;
 
-/// Learns answers into the engine.
+/// Learns answers into the engine and, with a state directory, makes what they taught
+/// durable before the reply is released.
 pub(crate) struct EngineObserver {
     pub(crate) engine: SharedEngine,
     pub(crate) clock: Clock,
+    pub(crate) persist: Option<Arc<Persist>>,
+}
+
+/// Waits for the journal's acknowledgements: the observation is done once they are durable.
+fn durable(acks: Vec<Ack<Seq>>) -> Observation {
+    if acks.is_empty() {
+        return Observation::Done(Ok(()));
+    }
+    Observation::Pending(Box::pin(async move {
+        for ack in acks {
+            ack.await.map_err(|e| {
+                metrics::counter!("fqdnd_checkpoint_errors_total").increment(1);
+                tracing::error!(error = %e, "journal write failed: the answer is not durable, the reply gets the hold fallback");
+                ObserveError {
+                    reason: format!("journal: {e}"),
+                }
+            })?;
+        }
+        Ok(())
+    }))
+}
+
+fn failed(e: &anyhow::Error) -> Observation {
+    Observation::Done(Err(ObserveError {
+        reason: format!("{e:#}"),
+    }))
 }
 
 /// The records of an answer section that the NameManager learns from.
@@ -83,10 +112,17 @@ impl ResponseObserver for EngineObserver {
                 }));
             };
             return match engine.observe_parts(endpoint, ctx.name, &addrs, ttl, self.clock.now()) {
-                Ok(_) => Observation::Done(Ok(())),
-                Err(e) => Observation::Done(Err(ObserveError {
-                    reason: format!("{e:#}"),
-                })),
+                Ok(learned) => match &self.persist {
+                    None => Observation::Done(Ok(())),
+                    Some(p) => match p.answer(&engine, endpoint, ctx.name, &addrs, ttl, &learned) {
+                        Ok(acks) => {
+                            drop(engine);
+                            durable(acks)
+                        }
+                        Err(e) => failed(&e),
+                    },
+                },
+                Err(e) => failed(&e),
             };
         }
         let records = answer_records(ctx.response);
@@ -111,10 +147,26 @@ impl ResponseObserver for EngineObserver {
             }));
         };
         match engine.observe(endpoint, &answer, self.clock.now()) {
-            Ok(_) => Observation::Done(Ok(())),
-            Err(e) => Observation::Done(Err(ObserveError {
-                reason: format!("{e:#}"),
-            })),
+            Ok(learned) => match &self.persist {
+                None => Observation::Done(Ok(())),
+                Some(p) => {
+                    match p.answer(
+                        &engine,
+                        endpoint,
+                        &answer.name,
+                        &answer.addrs,
+                        answer.ttl,
+                        &learned,
+                    ) {
+                        Ok(acks) => {
+                            drop(engine);
+                            durable(acks)
+                        }
+                        Err(e) => failed(&e),
+                    }
+                }
+            },
+            Err(e) => failed(&e),
         }
     }
 }

@@ -341,6 +341,7 @@ impl RunningNode {
 pub(crate) async fn start(
     paths: Vec<PathBuf>,
     admin_socket: Option<PathBuf>,
+    strict_restore: bool,
 ) -> Result<RunningNode> {
     let clock = Clock::start();
     let (config, node) = load(&paths)?;
@@ -350,8 +351,11 @@ pub(crate) async fn start(
         .unwrap_or_else(fqdnd_ebpf::default_pin_dir);
     let kernel = Kernel::load(&pin_dir, &node.daemon.map_sizes, true)?;
 
-    let engine = kernel::engine_on_kernel(&config, &pin_dir, clock)?;
+    let (restored, persist) = crate::state::start(&node.daemon, strict_restore, clock)?;
+    let engine = kernel::engine_on_kernel(&config, &pin_dir, clock, &restored)?;
+    drop(restored);
     let engine: SharedEngine = Arc::new(Mutex::new(engine));
+    crate::state::settle(persist.as_deref(), &engine).await?;
     let policy = Arc::new(GatewayPolicy::default());
     let runtime = Arc::new(NodeRuntime {
         node: node.clone(),
@@ -365,6 +369,7 @@ pub(crate) async fn start(
     let observer = Arc::new(EngineObserver {
         engine: Arc::clone(&engine),
         clock,
+        persist: persist.clone(),
     });
     let query_log: Option<Arc<dyn QueryLog>> = match &node.daemon.query_log {
         Some(path) => Some(Arc::new(crate::gateway::querylog::JsonLines::open(path)?)),
@@ -405,6 +410,7 @@ pub(crate) async fn start(
     {
         let engine = Arc::clone(&engine);
         let runtime = Arc::clone(&runtime);
+        let persist = persist.clone();
         let interval = config.settings.gc_interval;
         let idle = node.conntrack_idle_timeout;
         let mut stopped = stopped.clone();
@@ -413,7 +419,12 @@ pub(crate) async fn start(
                 tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
             loop {
                 tokio::select! {
-                    _ = tick.tick() => kernel::gc(&engine, Some(&runtime.kernel), clock, idle),
+                    _ = tick.tick() => {
+                        kernel::gc(&engine, Some(&runtime.kernel), clock, idle);
+                        if let Some(p) = &persist {
+                            p.tick(&engine).await;
+                        }
+                    }
                     _ = stopped.changed() => return Ok(()),
                 }
             }
@@ -435,12 +446,18 @@ pub(crate) async fn start(
     }
     {
         let engine = Arc::clone(&engine);
+        let persist = persist.clone();
         let mut stopped = stopped.clone();
         tasks.spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tokio::select! {
-                    _ = tick.tick() => crate::metrics::record_engine(&engine),
+                    _ = tick.tick() => {
+                        crate::metrics::record_engine(&engine);
+                        if let Some(p) = &persist {
+                            p.record_metrics();
+                        }
+                    }
                     _ = stopped.changed() => return Ok(()),
                 }
             }
@@ -490,8 +507,12 @@ pub(crate) async fn start(
 }
 
 /// Runs the node agent until SIGINT or SIGTERM.
-pub(crate) async fn run(paths: Vec<PathBuf>, admin_socket: Option<PathBuf>) -> Result<()> {
-    let node = start(paths, admin_socket).await?;
+pub(crate) async fn run(
+    paths: Vec<PathBuf>,
+    admin_socket: Option<PathBuf>,
+    strict_restore: bool,
+) -> Result<()> {
+    let node = start(paths, admin_socket, strict_restore).await?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping (programs stay attached)"),
