@@ -39,6 +39,11 @@ evil 300 IN A 10.N.10.3
 /// Endpoint A may resolve api/short.example.test and reach their IPs on TCP 8080 and UDP
 /// 8053; endpoint B may resolve anything and reach nothing.
 fn node_config(t: &Topology, a_ports: &str) -> String {
+    node_config_with(t, a_ports, "")
+}
+
+/// [`node_config`] with more lines for the Node document's spec (indented two spaces).
+fn node_config_with(t: &Topology, a_ports: &str, node_extra: &str) -> String {
     let n = t.n;
     format!(
         "apiVersion: fqdnd.io/v1
@@ -47,7 +52,7 @@ spec:
   pinDir: {pin}
   conntrackIdleTimeout: 2s
   upstreamTimeout: 2s
----
+{node_extra}---
 apiVersion: fqdnd.io/v1
 kind: Settings
 spec:
@@ -497,4 +502,118 @@ spec:
         endpoints.contains("by-source") && endpoints.contains(&format!("10.{n}.1.0/24")),
         "{endpoints}"
     );
+}
+
+/// Issue 5: the node is killed (SIGKILL) while an endpoint has an established connection to
+/// an FQDN-allowed IP; the connection keeps exchanging data throughout (pinned programs and
+/// maps), and after the restart a new connection to that IP succeeds without a new DNS query
+/// (the state directory restored the name, its IP and its identity before the maps were
+/// reconciled). Then map sizes change across a restart: every entry is migrated.
+#[test]
+fn a_killed_node_restarts_without_breaking_flows_or_forgetting_answers() {
+    let Some(mut t) = setup("restart") else {
+        return;
+    };
+    let state = t.dir.join("state");
+    let extra = format!("  stateDir: {}\n", state.display());
+    let config = t.write_node_config(&node_config_with(&t, A_PORTS, &extra));
+    // Restart the agent with the state directory (setup started it without).
+    t.kill_node();
+    t.start_node(&config);
+    let resolver = sa(t.v4(9, 53), 53);
+    let api = sa(t.v4(10, 1), 8080);
+    let api6 = sa(t.v6(10, 1), 8080);
+    dns::udp(&t.ep_a, resolver, "api.example.test.", RecordType::A).unwrap();
+    dns::udp(
+        &t.ep_a,
+        sa(t.v6(9, 53), 53),
+        "api.example.test.",
+        RecordType::AAAA,
+    )
+    .unwrap();
+    let mut stream = tcp_open(&t.ep_a, api).unwrap_or_else(|| panic!("{}", t.logs()));
+    assert!(echo(&mut stream, b"before"));
+    let identities_before = t.cli(&[
+        "identity",
+        "list",
+        "--json",
+        "--admin-socket",
+        t.admin().to_str().unwrap(),
+    ]);
+
+    t.kill_node();
+    // Nothing runs in user space now: the pinned programs keep the flow going.
+    assert!(
+        echo(&mut stream, b"while down"),
+        "flow broke while the agent was down"
+    );
+    t.start_node(&config);
+    assert!(
+        echo(&mut stream, b"after"),
+        "flow broke across the restart\n{}",
+        t.logs()
+    );
+    // No DNS query since the restart: the restored state allows new connections at once.
+    assert!(
+        tcp_reaches(&t.ep_a, api, Duration::from_secs(2)),
+        "restored IP not allowed\n{}",
+        t.logs()
+    );
+    assert!(
+        tcp_reaches(&t.ep_a, api6, Duration::from_secs(2)),
+        "restored v6 IP not allowed\n{}",
+        t.logs()
+    );
+    let identities_after = t.cli(&[
+        "identity",
+        "list",
+        "--json",
+        "--admin-socket",
+        t.admin().to_str().unwrap(),
+    ]);
+    let numbers = |json: &str| -> Vec<(u64, String)> {
+        let rows: serde_json::Value = serde_json::from_str(json).unwrap();
+        let mut out: Vec<(u64, String)> = rows
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| (r["identity"].as_u64().unwrap(), r["labels"].to_string()))
+            .collect();
+        out.sort();
+        out
+    };
+    assert_eq!(
+        numbers(&identities_before),
+        numbers(&identities_after),
+        "identity numbers changed"
+    );
+
+    // Bigger conntrack and ipcache maps: migrated, not flushed.
+    let pin = t.pin_dir.to_str().unwrap().to_owned();
+    let ct_before = t.cli(&["bpf", "ct", "list", "--pin-dir", &pin]);
+    let ipcache_before = t.cli(&["bpf", "ipcache", "list", "--pin-dir", &pin]);
+    let extra = format!(
+        "  stateDir: {}\n  mapSizes: {{conntrack: 300000, ipcache: 600000}}\n",
+        state.display()
+    );
+    let config = t.write_node_config(&node_config_with(&t, A_PORTS, &extra));
+    t.kill_node();
+    t.start_node(&config);
+    assert!(
+        echo(&mut stream, b"after resize"),
+        "flow broke across the resize\n{}",
+        t.logs()
+    );
+    let ipcache_after = t.cli(&["bpf", "ipcache", "list", "--pin-dir", &pin]);
+    assert_eq!(ipcache_before, ipcache_after);
+    let ct_after = t.cli(&["bpf", "ct", "list", "--pin-dir", &pin]);
+    // The busy flow's entry was carried over (idle ones may have been collected meanwhile).
+    let flow = format!("{}", stream.local_addr().unwrap());
+    assert!(
+        ct_before.contains(&flow) && ct_after.contains(&flow),
+        "{ct_before}\n{ct_after}"
+    );
+    let log = std::fs::read_to_string(t.dir.join("node.log")).unwrap();
+    assert!(log.contains("map migrated"), "no migration logged");
+    assert!(tcp_reaches(&t.ep_a, api, Duration::from_secs(2)));
 }
