@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 mod admin;
+mod checkpoint_cmd;
 mod clock;
 mod datapath;
 mod demo;
@@ -101,6 +102,9 @@ enum Command {
         #[arg(long, value_name = "PATH", default_value = fqdnd_config::DEFAULT_ADMIN_SOCKET)]
         admin_socket: PathBuf,
     },
+    /// Durable state (`stateDir`).
+    #[command(subcommand)]
+    Checkpoint(CheckpointCommand),
     /// Read the kernel's pinned maps directly (works with or without a running agent).
     #[command(subcommand)]
     Bpf(BpfCommand),
@@ -199,6 +203,17 @@ enum BpfCommand {
     Endpoint(BpfList),
     /// Detach the programs from every interface, remove the pins and the DNS-redirect routes.
     Unload(PinArgs),
+}
+
+#[derive(Subcommand)]
+enum CheckpointCommand {
+    /// What a state directory holds: snapshot (age, entries, identities), journal generations
+    /// (records by kind), and any torn tail the next start would cut off. Read-only: safe
+    /// while the daemon runs. Exit 1 if something is damaged.
+    Inspect {
+        /// The state directory.
+        dir: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -323,6 +338,7 @@ fn main() -> ExitCode {
         Command::Bpf(BpfCommand::Endpoint(BpfList::List(p))) => {
             node_cmd::bpf_endpoints(p.pin_dir.as_deref())
         }
+        Command::Checkpoint(CheckpointCommand::Inspect { dir }) => checkpoint_cmd::inspect(&dir),
         Command::Bpf(BpfCommand::Unload(p)) => node_cmd::bpf_unload(p.pin_dir.as_deref()),
         Command::Status(args) => list_cmd::status(&args.admin_socket, args.json),
         Command::Cache(CacheCommand::List(args)) => list_cmd::cache(&args.admin_socket, args.json),

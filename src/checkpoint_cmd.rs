@@ -1,0 +1,85 @@
+//! `fqdnd checkpoint inspect DIR`: what a state directory holds, read without changing it
+//! (no lock, nothing truncated) — what an operator reaches for after an incident.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use fqdnd_checkpoint::{Options, decode_journal_bytes, format::decode_value, read_snapshot};
+
+use crate::state::{Record, SCHEMA, Snapshot};
+
+/// Prints the files, the snapshot's age, record counts by kind, identities, and any tail
+/// recovery would cut off. Exit 1 when something is damaged.
+pub(crate) fn inspect(dir: &Path) -> Result<ExitCode> {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let inspection = fqdnd_checkpoint::inspect(dir, Some(SCHEMA), now_ms)
+        .with_context(|| format!("reading {}", dir.display()))?;
+    let mut out = std::io::stdout().lock();
+    write!(out, "{inspection}")?;
+    let mut damaged = false;
+    let options = Options::new(SCHEMA);
+    match read_snapshot::<Snapshot>(dir, &options) {
+        Ok(Some((meta, snapshot))) => {
+            let names: std::collections::BTreeSet<&str> =
+                snapshot.entries.iter().map(|e| e.name.as_str()).collect();
+            writeln!(
+                out,
+                "snapshot content: {} (name, IP) entries over {} names, {} identities; next generation {}, next seq {}",
+                snapshot.entries.len(),
+                names.len(),
+                snapshot.identities.len(),
+                meta.next_generation,
+                meta.next_seq
+            )?;
+        }
+        Ok(None) => writeln!(out, "snapshot content: none")?,
+        Err(e) => {
+            damaged = true;
+            writeln!(out, "snapshot content: unreadable: {e}")?;
+        }
+    }
+    for generation in &inspection.generations {
+        if generation.error.is_some() || generation.discarded.is_some() {
+            damaged = true;
+        }
+        if generation.covered_by_snapshot {
+            continue;
+        }
+        let Ok(bytes) = std::fs::read(&generation.file) else {
+            continue;
+        };
+        let Ok(decoded) = decode_journal_bytes(&bytes, SCHEMA, options.max_record_bytes) else {
+            continue;
+        };
+        let (mut learned, mut identities, mut undecodable) = (0usize, 0usize, 0usize);
+        for (_, payload) in &decoded.records {
+            match decode_value::<Record>(payload) {
+                Ok(Record::Learned { .. }) => learned += 1,
+                Ok(Record::Identity { .. }) => identities += 1,
+                Err(_) => undecodable += 1,
+            }
+        }
+        if undecodable > 0 {
+            damaged = true;
+        }
+        writeln!(
+            out,
+            "{}: {learned} answers, {identities} identity records{}",
+            generation.file.display(),
+            if undecodable > 0 {
+                format!(", {undecodable} records that do not decode")
+            } else {
+                String::new()
+            }
+        )?;
+    }
+    Ok(if damaged {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
