@@ -254,6 +254,31 @@ fn acknowledged_answers_and_identity_numbers_survive_kill_9() {
     let mut numbers: BTreeMap<String, u64> = BTreeMap::new();
     let (mut lost, mut changed) = (0usize, 0usize);
     let mut child = start(&config, &socket, &log);
+    // benchmarks/kill-restart.sh adds dnsperf as background load (FQDND_KILL_DNSPERF=QPS).
+    let mut dnsperf = std::env::var("FQDND_KILL_DNSPERF").ok().map(|qps| {
+        let queries = dir.join("queries.txt");
+        let text: String = (0..NAMES)
+            .map(|i| format!("h{i:04}.corp.test A\n"))
+            .collect();
+        std::fs::write(&queries, text).unwrap();
+        Command::new("dnsperf")
+            .args([
+                "-s",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "-l",
+                "3600",
+                "-Q",
+                &qps,
+                "-d",
+            ])
+            .arg(&queries)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("dnsperf (apt-get install dnsperf)")
+    });
     for round in 0..iterations {
         check(
             &socket,
@@ -312,6 +337,13 @@ fn acknowledged_answers_and_identity_numbers_survive_kill_9() {
         numbers.len()
     );
     assert!(acked_all.len() > 100, "too little load to show anything");
+    if iterations >= 10 {
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            text.contains("state compacted"),
+            "no compaction happened under load"
+        );
+    }
     assert_eq!((lost, changed), (0, 0), "log: {}", log.display());
 
     // What an operator sees afterwards.
