@@ -329,6 +329,10 @@ fn acknowledged_answers_and_identity_numbers_survive_kill_9() {
         &mut lost,
         &mut changed,
     );
+    if let Some(d) = dnsperf.as_mut() {
+        let _ = d.kill();
+        let _ = d.wait();
+    }
     let _ = child.kill();
     let _ = child.wait();
     println!(
