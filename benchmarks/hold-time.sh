@@ -12,7 +12,9 @@
 # kernel ipcache before it is released). The hold is the proxy's own histogram
 # `fqdnd_dns_hold_seconds`: from the validated upstream answer to the reply leaving.
 #
-# Knobs (env): RATES="1000 5000" DURATION=10 (s per rate), RUN=/tmp/fqdnd-hold-time.
+# With STATE=1 the node has a stateDir (on the disk, /var/tmp): each reply is then held until
+# its journal record is fsynced (group commit) as well.
+# Knobs (env): RATES="1000 5000" DURATION=10 (s per rate), STATE=0, RUN=/tmp/fqdnd-hold-time.
 # Last line: `hold-time: <rate>/s p50 <µs> p99 <µs> ...` for each rate.
 # Everything started here (namespaces, processes, pins) is removed on exit.
 set -euo pipefail
@@ -50,7 +52,7 @@ BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/fqdnd"
 
 total=0
 for r in $RATES; do total=$((total + r * DURATION)); done
-rm -rf "$RUN" && mkdir -p "$RUN"
+rm -rf "$RUN" /var/tmp/fqdnd-hold-time-state && mkdir -p "$RUN"
 {
   printf '$TTL 3600\n@ IN SOA ns.bench.test. admin.bench.test. 1 3600 600 86400 60\n@ IN NS ns.bench.test.\n'
   awk -v n="$total" -v N="$N" 'BEGIN{for(i=0;i<n;i++) printf "h%06d 3600 IN A 100.%d.%d.%d\n", i, 64+int(i/62500), int(i/250)%250, (i%250)+1}'
@@ -91,6 +93,7 @@ spec:
   pinDir: $PIN
   adminSocket: $RUN/node-admin.sock
   metrics: 127.0.0.1:9967
+$( [ "${STATE:-0}" = 1 ] && echo "  stateDir: /var/tmp/fqdnd-hold-time-state" )
 ---
 apiVersion: fqdnd.io/v1
 kind: Settings
@@ -152,4 +155,8 @@ for rate in $RATES; do
   summary+=("${rate}/s p50 ${p50}µs p99 ${p99}µs p99.9 ${p999}µs max ${max}µs")
   sleep 1
 done
-echo "hold-time: $(IFS=';'; echo "${summary[*]}")"
+if [ "${STATE:-0}" = 1 ]; then
+  m="$(metrics)"
+  log "journal: $(grep -E '^fqdnd_checkpoint_(records|fsyncs)_total' <<<"$m" | tr '\n' ' ')"
+fi
+echo "hold-time$( [ "${STATE:-0}" = 1 ] && echo ' (stateDir, fsync per batch)'): $(IFS=';'; echo "${summary[*]}")"

@@ -24,13 +24,11 @@ pub(crate) fn inspect(dir: &Path) -> Result<ExitCode> {
     let options = Options::new(SCHEMA);
     match read_snapshot::<Snapshot>(dir, &options) {
         Ok(Some((meta, snapshot))) => {
-            let names: std::collections::BTreeSet<&str> =
-                snapshot.entries.iter().map(|e| e.name.as_str()).collect();
             writeln!(
                 out,
                 "snapshot content: {} (name, IP) entries over {} names, {} identities; next generation {}, next seq {}",
-                snapshot.entries.len(),
-                names.len(),
+                snapshot.entries(),
+                snapshot.names.len(),
                 snapshot.identities.len(),
                 meta.next_generation,
                 meta.next_seq

@@ -214,6 +214,22 @@ enum CheckpointCommand {
         /// The state directory.
         dir: PathBuf,
     },
+    /// Write a synthetic state directory (NAMES names under ZONE, IPS addresses each, valid
+    /// for an hour), for restore benchmarks.
+    #[command(hide = true)]
+    Synthesize {
+        /// The (new) state directory.
+        dir: PathBuf,
+        /// The zone the names are under, e.g. `bench.test`.
+        #[arg(long)]
+        zone: String,
+        /// Names.
+        #[arg(long)]
+        names: u32,
+        /// Addresses per name.
+        #[arg(long, default_value_t = 10)]
+        ips: u32,
+    },
 }
 
 #[derive(Subcommand)]
@@ -339,6 +355,12 @@ fn main() -> ExitCode {
             node_cmd::bpf_endpoints(p.pin_dir.as_deref())
         }
         Command::Checkpoint(CheckpointCommand::Inspect { dir }) => checkpoint_cmd::inspect(&dir),
+        Command::Checkpoint(CheckpointCommand::Synthesize {
+            dir,
+            zone,
+            names,
+            ips,
+        }) => state::synthesize(&dir, &zone, names, ips).map(|()| ExitCode::SUCCESS),
         Command::Bpf(BpfCommand::Unload(p)) => node_cmd::bpf_unload(p.pin_dir.as_deref()),
         Command::Status(args) => list_cmd::status(&args.admin_socket, args.json),
         Command::Cache(CacheCommand::List(args)) => list_cmd::cache(&args.admin_socket, args.json),
