@@ -322,11 +322,12 @@ impl Persist {
         if learned.is_new_state() {
             self.identities(engine, &mut acks)?;
             self.submit(&record, &mut acks)?;
+        } else if let Err(e) = self.journal.append_lazy(&record) {
+            // A refresh only extends a lifetime: a name already known keeps being served
+            // even when the journal cannot take more (disk full, backlog).
+            metrics::counter!("fqdnd_checkpoint_errors_total").increment(1);
+            tracing::warn!(error = %e, name, "a TTL refresh was not journaled");
         } else {
-            self.journal.append_lazy(&record).map_err(|e| {
-                metrics::counter!("fqdnd_checkpoint_errors_total").increment(1);
-                anyhow!("journaling a refresh: {e}")
-            })?;
             self.since_snapshot.fetch_add(1, Ordering::Relaxed);
         }
         Ok(acks)
