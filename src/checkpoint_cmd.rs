@@ -13,9 +13,8 @@ use crate::state::{Record, SCHEMA, Snapshot};
 /// Prints the files, the snapshot's age, record counts by kind, identities, and any tail
 /// recovery would cut off. Exit 1 when something is damaged.
 pub(crate) fn inspect(dir: &Path) -> Result<ExitCode> {
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let clock = crate::clock::Clock::start();
+    let now_ms = clock.unix_ms_of(clock.now());
     let inspection = fqdnd_checkpoint::inspect(dir, Some(SCHEMA), now_ms)
         .with_context(|| format!("reading {}", dir.display()))?;
     let mut out = std::io::stdout().lock();

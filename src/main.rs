@@ -8,6 +8,7 @@
 mod admin;
 mod checkpoint_cmd;
 mod clock;
+mod daemon;
 mod datapath;
 mod demo;
 mod engine;

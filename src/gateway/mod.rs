@@ -10,7 +10,6 @@ mod zone;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use fqdnd_config::{Config, Gateway};
@@ -87,22 +86,7 @@ fn proxy_config(
         listen_udp: listen.to_vec(),
         listen_tcp: listen.to_vec(),
         upstreams,
-        upstream_timeout: gateway.daemon.upstream_timeout,
-        on_upstream_timeout: gateway.daemon.on_upstream_timeout,
-        response_max_delay: settings.proxy_response_max_delay,
-        on_hold_timeout: gateway.daemon.on_hold_timeout,
-        on_truncated: gateway.daemon.on_truncated,
-        reject_code: settings.reject_response_code,
-        concurrency_limit: settings.concurrency_limit,
-        rate_limit_qps: gateway.daemon.rate_limit.map_or(0, |r| r.qps),
-        rate_limit_burst: gateway.daemon.rate_limit.map_or(0, |r| r.burst),
-        rate_limit_clients: gateway.daemon.rate_limit.map_or(65_536, |r| r.clients),
-        rate_limit_action: gateway
-            .daemon
-            .rate_limit
-            .map(|r| r.action)
-            .unwrap_or_default(),
-        ..fqdnd_dnsproxy::Config::default()
+        ..crate::daemon::proxy_config(settings, &gateway.daemon)
     }
 }
 
@@ -246,25 +230,7 @@ pub(crate) async fn start(
             }
         });
     }
-    {
-        let engine = Arc::clone(&engine);
-        let persist = persist.clone();
-        let mut stopped = stopped.clone();
-        tasks.spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {
-                        crate::metrics::record_engine(&engine);
-                        if let Some(p) = &persist {
-                            p.record_metrics();
-                        }
-                    }
-                    _ = stopped.changed() => return Ok(()),
-                }
-            }
-        });
-    }
+    crate::daemon::spawn_metrics(&mut tasks, &stopped, &engine, persist.as_ref());
     let state = Arc::new(AdminState {
         engine: Arc::clone(&engine),
         policy: Arc::clone(&policy),
@@ -281,35 +247,7 @@ pub(crate) async fn start(
     });
     let socket = admin_socket.unwrap_or_else(|| gateway.daemon.admin_socket.clone());
     if !demo {
-        let listener = admin::bind(&socket)?;
-        {
-            let state = Arc::clone(&state);
-            let mut stopped = stopped.clone();
-            tasks.spawn(async move {
-                admin::serve(listener, state, async move {
-                    let _ = stopped.changed().await;
-                })
-                .await
-            });
-        }
-        {
-            let state = Arc::clone(&state);
-            let mut stopped = stopped.clone();
-            tasks.spawn(async move {
-                let mut hangup =
-                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-                        .context("installing the SIGHUP handler")?;
-                loop {
-                    tokio::select! {
-                        _ = hangup.recv() => {
-                            tracing::info!("SIGHUP: reloading policy");
-                            let _ = admin::reload(&state);
-                        }
-                        _ = stopped.changed() => return Ok(()),
-                    }
-                }
-            });
-        }
+        crate::daemon::spawn_admin(&mut tasks, &stopped, &state, &socket)?;
     }
     Ok(RunningGateway {
         udp,

@@ -294,7 +294,6 @@ fn wanted(config: &Config, engine: &Engine<AnyDatapath>) -> Vec<Wanted> {
 }
 
 fn proxy_config(config: &Config, node: &Node) -> fqdnd_dnsproxy::Config {
-    let d = &node.daemon;
     let listen = vec![
         SocketAddr::from((Ipv4Addr::UNSPECIFIED, node.dns_proxy_port)),
         SocketAddr::from((Ipv6Addr::UNSPECIFIED, node.dns_proxy_port)),
@@ -305,18 +304,7 @@ fn proxy_config(config: &Config, node: &Node) -> fqdnd_dnsproxy::Config {
         upstreams: Vec::new(),
         transparent: true,
         forward_to_original_destination: true,
-        upstream_timeout: d.upstream_timeout,
-        on_upstream_timeout: d.on_upstream_timeout,
-        response_max_delay: config.settings.proxy_response_max_delay,
-        on_hold_timeout: d.on_hold_timeout,
-        on_truncated: d.on_truncated,
-        reject_code: config.settings.reject_response_code,
-        concurrency_limit: config.settings.concurrency_limit,
-        rate_limit_qps: d.rate_limit.map_or(0, |r| r.qps),
-        rate_limit_burst: d.rate_limit.map_or(0, |r| r.burst),
-        rate_limit_clients: d.rate_limit.map_or(65_536, |r| r.clients),
-        rate_limit_action: d.rate_limit.map(|r| r.action).unwrap_or_default(),
-        ..fqdnd_dnsproxy::Config::default()
+        ..crate::daemon::proxy_config(&config.settings, &node.daemon)
     }
 }
 
@@ -444,25 +432,7 @@ pub(crate) async fn start(
             }
         });
     }
-    {
-        let engine = Arc::clone(&engine);
-        let persist = persist.clone();
-        let mut stopped = stopped.clone();
-        tasks.spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {
-                        crate::metrics::record_engine(&engine);
-                        if let Some(p) = &persist {
-                            p.record_metrics();
-                        }
-                    }
-                    _ = stopped.changed() => return Ok(()),
-                }
-            }
-        });
-    }
+    crate::daemon::spawn_metrics(&mut tasks, &stopped, &engine, persist.as_ref());
     let state = Arc::new(AdminState {
         engine: Arc::clone(&engine),
         policy: Arc::clone(&policy),
@@ -475,34 +445,7 @@ pub(crate) async fn start(
         reloads: Mutex::new(admin::ReloadHistory::default()),
     });
     let socket = admin_socket.unwrap_or_else(|| node.daemon.admin_socket.clone());
-    let listener = admin::bind(&socket)?;
-    {
-        let state = Arc::clone(&state);
-        let mut stopped = stopped.clone();
-        tasks.spawn(async move {
-            admin::serve(listener, state, async move {
-                let _ = stopped.changed().await;
-            })
-            .await
-        });
-    }
-    {
-        let state = Arc::clone(&state);
-        let mut stopped = stopped.clone();
-        tasks.spawn(async move {
-            let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-                .context("installing the SIGHUP handler")?;
-            loop {
-                tokio::select! {
-                    _ = hangup.recv() => {
-                        tracing::info!("SIGHUP: reloading policy");
-                        let _ = admin::reload(&state);
-                    }
-                    _ = stopped.changed() => return Ok(()),
-                }
-            }
-        });
-    }
+    crate::daemon::spawn_admin(&mut tasks, &stopped, &state, &socket)?;
     Ok(RunningNode { stop, tasks })
 }
 
