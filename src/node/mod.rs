@@ -39,6 +39,28 @@ pub(crate) use drops::{DropLog, DropPage};
 struct Added {
     endpoint: Endpoint,
     interface: String,
+    /// The `Endpoint` document as received (what is saved for restarts).
+    document: String,
+}
+
+/// Parses one `Endpoint` document (the admin API's request body, or a saved one).
+fn parse_added(document: &str) -> Result<Added> {
+    let parsed = fqdnd_config::load_str(document, std::path::Path::new("<request>"))
+        .map_err(|errors| anyhow!("{errors}"))?;
+    let [endpoint] = parsed.endpoints.as_slice() else {
+        bail!(
+            "the request must hold exactly one `kind: Endpoint` document (it has {})",
+            parsed.endpoints.len()
+        );
+    };
+    let Some(interface) = parsed.interfaces.get(&endpoint.id).cloned() else {
+        bail!("endpoint {} has no `spec.interface`", endpoint.name);
+    };
+    Ok(Added {
+        endpoint: endpoint.clone(),
+        interface,
+        document: document.trim().to_owned(),
+    })
 }
 
 /// One row of `fqdnd endpoint list`.
@@ -63,6 +85,8 @@ pub(crate) struct NodeRuntime {
     files: Mutex<Config>,
     /// Endpoints added through the admin API.
     added: Mutex<BTreeMap<EndpointId, Added>>,
+    /// Where they are saved so a restart brings them back (`<stateDir>/endpoints.yaml`).
+    added_file: Option<PathBuf>,
     /// Policy drops, for metrics and `fqdnd monitor`.
     pub(crate) drops: DropLog,
 }
@@ -143,17 +167,8 @@ impl NodeRuntime {
 
     /// Adds (or replaces, same id) an endpoint given as an `Endpoint` document.
     pub(crate) fn add_endpoint(&self, document: &str, state: &AdminState) -> Result<EndpointRow> {
-        let parsed = fqdnd_config::load_str(document, std::path::Path::new("<request>"))
-            .map_err(|errors| anyhow!("{errors}"))?;
-        let [endpoint] = parsed.endpoints.as_slice() else {
-            bail!(
-                "the request must hold exactly one `kind: Endpoint` document (it has {})",
-                parsed.endpoints.len()
-            );
-        };
-        let Some(interface) = parsed.interfaces.get(&endpoint.id).cloned() else {
-            bail!("endpoint {} has no `spec.interface`", endpoint.name);
-        };
+        let new = parse_added(document)?;
+        let (endpoint, interface) = (&new.endpoint, new.interface.clone());
         kernel::ifindex(&interface)?;
         let files = lock(&self.files)?.clone();
         if files.endpoints.iter().any(|e| e.id == endpoint.id) {
@@ -200,26 +215,23 @@ impl NodeRuntime {
                 );
             }
         }
-        let previous = lock(&self.added)?.insert(
-            endpoint.id,
-            Added {
-                endpoint: endpoint.clone(),
-                interface,
-            },
-        );
+        let id = endpoint.id;
+        let name = endpoint.name.clone();
+        let previous = lock(&self.added)?.insert(id, new);
         let merged = self.merged()?;
         if let Err(e) = self.apply(&merged, &state.engine, &state.policy, state.clock) {
             let mut added = lock(&self.added)?;
             match previous {
-                Some(p) => added.insert(endpoint.id, p),
-                None => added.remove(&endpoint.id),
+                Some(p) => added.insert(id, p),
+                None => added.remove(&id),
             };
             return Err(e);
         }
-        tracing::info!(endpoint = %endpoint.id, name = %endpoint.name, "endpoint added through the admin API");
+        self.save_added();
+        tracing::info!(endpoint = %id, name = %name, "endpoint added through the admin API");
         self.rows(&state.engine)?
             .into_iter()
-            .find(|r| r.id == endpoint.id.0)
+            .find(|r| r.id == id.0)
             .context("the endpoint vanished while being added")
     }
 
@@ -236,7 +248,55 @@ impl NodeRuntime {
             lock(&self.added)?.insert(id, removed);
             return Err(e);
         }
+        self.save_added();
         tracing::info!(endpoint = %id, "endpoint removed through the admin API");
+        Ok(())
+    }
+
+    /// Saves the endpoints added through the API (temp file + rename), so a restart brings
+    /// them back; a failure is logged (they stay in force until the restart).
+    fn save_added(&self) {
+        let Some(path) = &self.added_file else {
+            return;
+        };
+        let Ok(added) = lock(&self.added) else {
+            return;
+        };
+        let text: Vec<&str> = added.values().map(|a| a.document.as_str()).collect();
+        let tmp = path.with_extension("yaml.tmp");
+        let result = std::fs::write(&tmp, text.join("\n---\n") + "\n")
+            .and_then(|()| std::fs::rename(&tmp, path));
+        if let Err(e) = result {
+            tracing::warn!(file = %path.display(), error = %e, "saving the endpoints added through the API failed: they will not come back after a restart");
+        }
+    }
+
+    /// Loads the endpoints saved by an earlier run; those whose interface is gone are
+    /// dropped (a CNI plugin would add them again).
+    fn load_added(&self) -> Result<()> {
+        let Some(path) = &self.added_file else {
+            return Ok(());
+        };
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        };
+        let mut added = lock(&self.added)?;
+        for document in text.split("\n---\n").filter(|d| !d.trim().is_empty()) {
+            match parse_added(document) {
+                Ok(a) if kernel::ifindex(&a.interface).is_ok() => {
+                    tracing::info!(endpoint = %a.endpoint.id, interface = %a.interface, "endpoint added through the API restored");
+                    added.insert(a.endpoint.id, a);
+                }
+                Ok(a) => {
+                    tracing::warn!(endpoint = %a.endpoint.id, interface = %a.interface, "saved endpoint dropped: its interface is gone")
+                }
+                Err(e) => {
+                    tracing::warn!(file = %path.display(), error = %format!("{e:#}"), "a saved endpoint does not load")
+                }
+            }
+        }
         Ok(())
     }
 
@@ -339,20 +399,30 @@ pub(crate) async fn start(
         .unwrap_or_else(fqdnd_ebpf::default_pin_dir);
     let kernel = Kernel::load(&pin_dir, &node.daemon.map_sizes, true)?;
 
-    let (restored, persist) = crate::state::start(&node.daemon, strict_restore, clock)?;
-    let engine = kernel::engine_on_kernel(&config, &pin_dir, clock, &restored)?;
-    drop(restored);
-    let engine: SharedEngine = Arc::new(Mutex::new(engine));
-    crate::state::settle(persist.as_deref(), &engine).await?;
-    let policy = Arc::new(GatewayPolicy::default());
     let runtime = Arc::new(NodeRuntime {
         node: node.clone(),
         kernel: Mutex::new(kernel),
         files: Mutex::new(config.clone()),
         added: Mutex::new(BTreeMap::new()),
+        added_file: node
+            .daemon
+            .state_dir
+            .as_ref()
+            .map(|d| d.join("endpoints.yaml")),
         drops: DropLog::default(),
     });
-    runtime.apply(&config, &engine, &policy, clock)?;
+    // Endpoints added through the API before a restart are part of the desired state from
+    // the first write on, so the reconciliation keeps their entries.
+    runtime.load_added()?;
+    let merged = runtime.merged()?;
+    let (restored, persist) = crate::state::start(&node.daemon, strict_restore, clock)?;
+    let engine = kernel::engine_on_kernel(&merged, &pin_dir, clock, &restored)?;
+    drop(restored);
+    let engine: SharedEngine = Arc::new(Mutex::new(engine));
+    crate::state::settle(persist.as_deref(), &engine).await?;
+    let policy = Arc::new(GatewayPolicy::default());
+    runtime.apply(&merged, &engine, &policy, clock)?;
+    runtime.save_added();
 
     let observer = Arc::new(EngineObserver {
         engine: Arc::clone(&engine),

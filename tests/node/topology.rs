@@ -409,7 +409,7 @@ pub(crate) fn udp_reaches(ns: &str, to: SocketAddr, timeout: Duration) -> bool {
 /// A TCP connection opened from inside a namespace, kept for later use.
 pub(crate) fn tcp_open(ns: &str, to: SocketAddr) -> Option<TcpStream> {
     in_netns(ns, move || {
-        let stream = TcpStream::connect_timeout(&to, Duration::from_secs(2)).ok()?;
+        let stream = TcpStream::connect_timeout(&to, Duration::from_secs(5)).ok()?;
         stream
             .set_read_timeout(Some(Duration::from_secs(2)))
             .unwrap();
