@@ -274,29 +274,50 @@ fn dns_is_redirected_and_answers_open_exactly_the_allowed_ips() {
 #[test]
 fn expired_ips_close_to_new_connections_while_established_ones_live_on() {
     let Some(t) = setup("expiry") else { return };
-    let resolver = sa(t.v4(9, 53), 53);
-    let reply = dns::udp(&t.ep_a, resolver, "short.example.test.", RecordType::A).unwrap();
+    // IPv4 and IPv6 side by side: one address of each family is used, the other is not.
+    let reply = dns::udp(
+        &t.ep_a,
+        sa(t.v4(9, 53), 53),
+        "short.example.test.",
+        RecordType::A,
+    )
+    .unwrap();
     assert_eq!(reply.addrs.len(), 2);
-    let (kept, unused) = (sa(t.v4(10, 2), 8080), sa(t.v4(10, 3), 8080));
-    let mut stream = tcp_open(&t.ep_a, kept)
-        .unwrap_or_else(|| panic!("allowed connection failed\n{}", t.logs()));
-    assert!(echo(&mut stream, b"hello"));
-    // TTL 2 s, GC every 1 s, conntrack idle 2 s: keep the connection busy for 6 s.
+    let reply = dns::udp(
+        &t.ep_a,
+        sa(t.v6(9, 53), 53),
+        "short.example.test.",
+        RecordType::AAAA,
+    )
+    .unwrap();
+    assert_eq!(reply.addrs.len(), 2);
+    let mut streams: Vec<_> = [sa(t.v4(10, 2), 8080), sa(t.v6(10, 2), 8080)]
+        .into_iter()
+        .map(|kept| {
+            tcp_open(&t.ep_a, kept)
+                .unwrap_or_else(|| panic!("allowed connection to {kept} failed\n{}", t.logs()))
+        })
+        .collect();
+    // TTL 2 s, GC every 1 s, conntrack idle 2 s: keep the connections busy for 6 s.
     for _ in 0..12 {
         std::thread::sleep(Duration::from_millis(500));
+        for stream in &mut streams {
+            assert!(
+                echo(stream, b"still there"),
+                "established connection broke\n{}",
+                t.logs()
+            );
+        }
+    }
+    // The unused IPs expired and were collected: new connections to them are dropped.
+    for unused in [sa(t.v4(10, 3), 8080), sa(t.v6(10, 3), 8080)] {
         assert!(
-            echo(&mut stream, b"still there"),
-            "established connection broke\n{}",
+            !tcp_reaches(&t.ep_a, unused, DROPPED),
+            "expired {unused} still reachable\n{}",
             t.logs()
         );
     }
-    // The unused IP expired and was collected: new connections to it are dropped.
-    assert!(
-        !tcp_reaches(&t.ep_a, unused, DROPPED),
-        "expired IP still reachable\n{}",
-        t.logs()
-    );
-    // The used one is a zombie (kept because conntrack shows the connection).
+    // The used ones are zombies (kept because conntrack shows the connections).
     let cache = t.cli(&[
         "cache",
         "list",
@@ -305,14 +326,15 @@ fn expired_ips_close_to_new_connections_while_established_ones_live_on() {
     ]);
     let zombie = cache
         .lines()
-        .find(|l| l.contains("short.example.test."))
-        .unwrap_or_else(|| panic!("no cache row:\n{cache}"));
-    assert!(
-        zombie.contains("connection") && zombie.contains(&t.v4(10, 2).to_string()),
-        "{cache}"
-    );
-    assert!(!zombie.contains(&t.v4(10, 3).to_string()), "{cache}");
-    assert!(echo(&mut stream, b"bye"));
+        .find(|l| l.contains("short.example.test.") && l.contains("connection"))
+        .unwrap_or_else(|| panic!("no zombie row:\n{cache}"));
+    for (kept, gone) in [(t.v4(10, 2), t.v4(10, 3)), (t.v6(10, 2), t.v6(10, 3))] {
+        assert!(zombie.contains(&kept.to_string()), "{cache}");
+        assert!(!cache.contains(&gone.to_string()), "{cache}");
+    }
+    for stream in &mut streams {
+        assert!(echo(stream, b"bye"));
+    }
 }
 
 #[test]
@@ -322,6 +344,18 @@ fn a_policy_reload_that_removes_a_rule_removes_access() {
     let api = sa(t.v4(10, 1), 8080);
     dns::udp(&t.ep_a, resolver, "api.example.test.", RecordType::A).unwrap();
     assert!(tcp_reaches(&t.ep_a, api, REACHES), "{}", t.logs());
+    dns::udp(
+        &t.ep_a,
+        sa(t.v6(9, 53), 53),
+        "api.example.test.",
+        RecordType::AAAA,
+    )
+    .unwrap();
+    assert!(
+        tcp_reaches(&t.ep_a, sa(t.v6(10, 1), 8080), REACHES),
+        "{}",
+        t.logs()
+    );
     // Port 8080 leaves the rule; UDP 8053 stays.
     t.write_node_config(&node_config(&t, "{port: \"8053\", protocol: UDP}"));
     let out = t.cli(&[
@@ -337,6 +371,12 @@ fn a_policy_reload_that_removes_a_rule_removes_access() {
         t.logs()
     );
     assert!(udp_reaches(&t.ep_a, sa(t.v4(10, 1), 8053), REACHES));
+    // IPv6 the same.
+    assert!(
+        !tcp_reaches(&t.ep_a, sa(t.v6(10, 1), 8080), DROPPED),
+        "v6 access survived the reload"
+    );
+    assert!(udp_reaches(&t.ep_a, sa(t.v6(10, 1), 8053), REACHES));
     // Removing endpoint B through the API detaches its interface: its traffic is no longer
     // redirected (the proxy would have answered REFUSED for nothing; now the resolver answers).
     t.cli(&[
