@@ -142,8 +142,18 @@ fn layout(manifest: &Path, out: &Path) {
         ),
         (
             "fqdnd_ct_value",
-            &["created_ns", "last_seen_ns", "flags", "pad"],
+            &["created_ns", "last_seen_ns", "flags", "rev_nat", "backend"],
         ),
+        (
+            "fqdnd_lb_svc_key",
+            &["addr", "dport", "slot", "proto", "family", "pad"],
+        ),
+        (
+            "fqdnd_lb_svc_value",
+            &["count", "backend", "rev_nat", "pad"],
+        ),
+        ("fqdnd_lb_backend", &["addr", "port", "proto", "family"]),
+        ("fqdnd_lb_revnat", &["addr", "port", "family", "pad"]),
         (
             "fqdnd_drop_event",
             &[

@@ -10,8 +10,12 @@
  *                 unknown), then the endpoint's policy map; allow creates a conntrack entry,
  *                 deny drops and emits a ring-buffer event. Endpoints not flagged enforcing
  *                 pass.
+ *                 New flows to a service VIP (fqdnd_lb_svc) are translated to a backend
+ *                 first and policy is checked against the backend; conntrack keeps the
+ *                 backend for the flow's later packets.
  *  fqdnd_to_ep    host-side veth *egress* = the endpoint's ingress. No ingress policy yet:
- *                 records inbound flows in conntrack so the endpoint's replies pass.
+ *                 records inbound flows in conntrack so the endpoint's replies pass, and
+ *                 gives a service backend's replies the VIP back as their source.
  *
  * The endpoint is found by the skb's ifindex (fqdnd_endpoints map); an unknown ifindex
  * passes untouched. An interface entry flagged BY_SOURCE (gateway mode: one LAN interface,
@@ -101,6 +105,33 @@ struct {
 } fqdnd_ct SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct fqdnd_lb_svc_key);
+	__type(value, struct fqdnd_lb_svc_value);
+	__uint(max_entries, FQDND_LB_SERVICES_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fqdnd_lb_svc SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u16); /* backend id */
+	__type(value, struct fqdnd_lb_backend);
+	__uint(max_entries, FQDND_LB_BACKENDS_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fqdnd_lb_backends SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u16); /* rev-NAT index */
+	__type(value, struct fqdnd_lb_revnat);
+	__uint(max_entries, FQDND_LB_SERVICES_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fqdnd_lb_revnat SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, FQDND_EVENTS_BYTES);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
@@ -116,7 +147,8 @@ enum parse_result {
 #define IP_MF     0x2000
 #define IP_OFFSET 0x1FFF
 
-static __always_inline int parse(struct __sk_buff *skb, struct fqdnd_ct_key *key)
+/* Fills `key` with the packet's tuple and `*l4_off` with where its TCP/UDP header starts. */
+static __always_inline int parse(struct __sk_buff *skb, struct fqdnd_ct_key *key, __u32 *l4_off)
 {
 	struct ethhdr eth;
 	__u16 ports[2];
@@ -176,6 +208,7 @@ static __always_inline int parse(struct __sk_buff *skb, struct fqdnd_ct_key *key
 		return PARSE_UNHANDLED;
 	key->sport = ports[0];
 	key->dport = ports[1];
+	*l4_off = l4;
 	return PARSE_OK;
 }
 
@@ -191,36 +224,48 @@ static __always_inline void reverse(const struct fqdnd_ct_key *in, struct fqdnd_
 	out->pad[1] = 0;
 }
 
-/* An existing entry in either direction: touch it and say so. `want_reverse` is the flag the
- * reverse entry must carry for this direction to count as its reply. */
-static __always_inline int ct_established(const struct fqdnd_ct_key *key, __u32 want_reverse)
+/* The entry of the packet's own tuple, refreshed; NULL when there is none. */
+static __always_inline struct fqdnd_ct_value *ct_touch(const struct fqdnd_ct_key *key, __u64 now)
+{
+	struct fqdnd_ct_value *v = bpf_map_lookup_elem(&fqdnd_ct, key);
+
+	if (v)
+		v->last_seen_ns = now;
+	return v;
+}
+
+/* The entry of the reverse tuple when it carries `want` (the packet is a reply in that
+ * flow), refreshed; NULL otherwise. */
+static __always_inline struct fqdnd_ct_value *ct_reply(const struct fqdnd_ct_key *key, __u32 want,
+						      __u64 now)
 {
 	struct fqdnd_ct_key rkey;
 	struct fqdnd_ct_value *v;
-	__u64 now = bpf_ktime_get_ns();
 
-	v = bpf_map_lookup_elem(&fqdnd_ct, key);
-	if (v) {
-		v->last_seen_ns = now;
-		return 1;
-	}
 	reverse(key, &rkey);
 	v = bpf_map_lookup_elem(&fqdnd_ct, &rkey);
-	if (v && (v->flags & want_reverse)) {
-		v->last_seen_ns = now;
-		return 1;
-	}
-	return 0;
+	if (!v || !(v->flags & want))
+		return NULL;
+	v->last_seen_ns = now;
+	return v;
 }
 
-static __always_inline void ct_create(const struct fqdnd_ct_key *key, __u32 flags)
+static __always_inline void ct_create_lb(const struct fqdnd_ct_key *key, __u32 flags,
+					 __u16 rev_nat, __u16 backend, __u64 update)
 {
 	struct fqdnd_ct_value v = {};
 
 	v.created_ns = bpf_ktime_get_ns();
 	v.last_seen_ns = v.created_ns;
 	v.flags = flags;
-	bpf_map_update_elem(&fqdnd_ct, key, &v, BPF_NOEXIST);
+	v.rev_nat = rev_nat;
+	v.backend = backend;
+	bpf_map_update_elem(&fqdnd_ct, key, &v, update);
+}
+
+static __always_inline void ct_create(const struct fqdnd_ct_key *key, __u32 flags)
+{
+	ct_create_lb(key, flags, 0, 0, BPF_NOEXIST);
 }
 
 static __always_inline __u32 identity_of(const struct fqdnd_ct_key *key)
@@ -403,14 +448,188 @@ static __always_inline int redirect_dns(struct __sk_buff *skb, const struct fqdn
 	}
 }
 
+/* ---- service load balancing (maps and design: include/fqdnd_maps.h) ---- */
+
+#define IP_CSUM_OFF   (ETH_HLEN + __builtin_offsetof(struct iphdr, check))
+#define IP_SADDR_OFF  (ETH_HLEN + __builtin_offsetof(struct iphdr, saddr))
+#define IP_DADDR_OFF  (ETH_HLEN + __builtin_offsetof(struct iphdr, daddr))
+#define IP6_SADDR_OFF (ETH_HLEN + __builtin_offsetof(struct ipv6hdr, saddr))
+#define IP6_DADDR_OFF (ETH_HLEN + __builtin_offsetof(struct ipv6hdr, daddr))
+
+/* Rewrites one end of a TCP/UDP packet — its destination when `dst`, else its source — to
+ * addr:port (network order), keeping the IPv4 header and L4 checksums right (the L4 one
+ * covers the addresses through the pseudo header; a UDP/IPv4 checksum of 0 stays 0).
+ * 0 when done. */
+static __always_inline int rewrite(struct __sk_buff *skb, const struct fqdnd_ct_key *key,
+				   __u32 l4, int dst, const __u8 *addr, __u16 port)
+{
+	__u32 csum_off = l4 + (key->proto == IPPROTO_TCP ? 16 : 6);
+	__u16 old_port = dst ? key->dport : key->sport;
+	__u64 mangled = key->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+
+	if (key->family == 4) {
+		__be32 old_ip, new_ip;
+
+		__builtin_memcpy(&old_ip, dst ? key->daddr : key->saddr, 4);
+		__builtin_memcpy(&new_ip, addr, 4);
+		if (bpf_l4_csum_replace(skb, csum_off, old_ip, new_ip,
+					BPF_F_PSEUDO_HDR | mangled | sizeof(new_ip)) < 0)
+			return -1;
+		if (bpf_l3_csum_replace(skb, IP_CSUM_OFF, old_ip, new_ip, sizeof(new_ip)) < 0)
+			return -1;
+		if (bpf_skb_store_bytes(skb, dst ? IP_DADDR_OFF : IP_SADDR_OFF, &new_ip,
+					sizeof(new_ip), 0) < 0)
+			return -1;
+	} else {
+		__u8 old6[16], new6[16];
+		__s64 diff;
+
+		__builtin_memcpy(old6, dst ? key->daddr : key->saddr, 16);
+		__builtin_memcpy(new6, addr, 16);
+		diff = bpf_csum_diff((__be32 *)old6, 16, (__be32 *)new6, 16, 0);
+		if (bpf_l4_csum_replace(skb, csum_off, 0, diff, BPF_F_PSEUDO_HDR | mangled) < 0)
+			return -1;
+		if (bpf_skb_store_bytes(skb, dst ? IP6_DADDR_OFF : IP6_SADDR_OFF, new6, 16, 0) < 0)
+			return -1;
+	}
+	if (old_port == port)
+		return 0;
+	if (bpf_l4_csum_replace(skb, csum_off, old_port, port, mangled | sizeof(port)) < 0)
+		return -1;
+	return bpf_skb_store_bytes(skb, l4 + (dst ? 2 : 0), &port, sizeof(port), 0) < 0 ? -1 : 0;
+}
+
+/* `key` with its destination replaced by the backend's. */
+static __always_inline void to_backend(const struct fqdnd_ct_key *key,
+				       const struct fqdnd_lb_backend *be, struct fqdnd_ct_key *out)
+{
+	*out = *key;
+	__builtin_memcpy(out->daddr, be->addr, 16);
+	out->dport = be->port;
+}
+
+/* The backend `id` (copied), when it exists and suits the packet's family and protocol. */
+static __always_inline int backend_of(__u16 id, const struct fqdnd_ct_key *key,
+				      struct fqdnd_lb_backend *out)
+{
+	struct fqdnd_lb_backend *be = bpf_map_lookup_elem(&fqdnd_lb_backends, &id);
+
+	if (!be || be->family != key->family || be->proto != key->proto)
+		return -1;
+	*out = *be;
+	return 0;
+}
+
+enum lb_result {
+	LB_NONE = 0,  /* not a service flow: go on */
+	LB_PASS,      /* translated: pass */
+	LB_DROP,      /* dropped (event emitted when it was policy or no backend) */
+};
+
+/* A packet of an established service flow (`ct`: the entry of its client → VIP tuple):
+ * translated to the flow's backend, whose own entry is refreshed (recreated if the LRU
+ * evicted it). LB_NONE when the backend is gone: the caller treats it as a new flow. */
+static __always_inline int lb_established(struct __sk_buff *skb, const struct fqdnd_ct_key *key,
+					  __u32 l4, const struct fqdnd_ct_value *ct, __u64 now)
+{
+	struct fqdnd_lb_backend be;
+	struct fqdnd_ct_key tkey;
+	__u16 rev_nat = ct->rev_nat;
+
+	if (backend_of(ct->backend, key, &be))
+		return LB_NONE;
+	to_backend(key, &be, &tkey);
+	if (!ct_touch(&tkey, now))
+		ct_create_lb(&tkey, FQDND_CT_EGRESS, rev_nat, 0, BPF_NOEXIST);
+	return rewrite(skb, key, l4, 1, be.addr, be.port) ? LB_DROP : LB_PASS;
+}
+
+/* A new flow: when its destination is a service, picks the backend of slot
+ * (flow hash % count) + 1, checks the endpoint's policy against the backend (its identity
+ * and port), records both conntrack entries and translates the packet. */
+static __always_inline int lb_new_flow(struct __sk_buff *skb, const struct fqdnd_ct_key *key,
+				       __u32 l4, const struct fqdnd_endpoint_value *ep)
+{
+	struct fqdnd_lb_svc_key sk = {};
+	struct fqdnd_lb_svc_value *svc;
+	struct fqdnd_lb_backend be;
+	struct fqdnd_ct_key tkey;
+	__u16 rev_nat, id;
+	__u32 identity;
+
+	__builtin_memcpy(sk.addr, key->daddr, 16);
+	sk.dport = key->dport;
+	sk.proto = key->proto;
+	sk.family = key->family;
+	svc = bpf_map_lookup_elem(&fqdnd_lb_svc, &sk);
+	if (!svc)
+		return LB_NONE;
+	rev_nat = svc->rev_nat;
+	if (!svc->count)
+		goto no_backend;
+	sk.slot = (bpf_get_hash_recalc(skb) % svc->count) + 1;
+	svc = bpf_map_lookup_elem(&fqdnd_lb_svc, &sk);
+	if (!svc)
+		goto no_backend;
+	id = svc->backend;
+	if (backend_of(id, key, &be))
+		goto no_backend;
+	to_backend(key, &be, &tkey);
+	if (ep->flags & FQDND_EP_ENFORCE_EGRESS) {
+		identity = identity_of(&tkey);
+		if (!policy_allows(ep->endpoint, identity, key->proto, bpf_ntohs(be.port))) {
+			emit_drop(skb, ep->endpoint, identity, &tkey, FQDND_DROP_POLICY);
+			return LB_DROP;
+		}
+	}
+	/* BPF_ANY: replaces the entry of a flow whose backend went away */
+	ct_create_lb(key, FQDND_CT_EGRESS, rev_nat, id, BPF_ANY);
+	ct_create_lb(&tkey, FQDND_CT_EGRESS, rev_nat, 0, BPF_ANY);
+	return rewrite(skb, key, l4, 1, be.addr, be.port) ? LB_DROP : LB_PASS;
+
+no_backend:
+	emit_drop(skb, ep->endpoint, 0, key, FQDND_DROP_NO_BACKEND);
+	return LB_DROP;
+}
+
+/* A backend's reply in a service flow (`rev_nat` from the entry of its client → backend
+ * tuple): the source becomes the VIP and service port again, and the client → VIP entry is
+ * refreshed too (so a flow whose packets mostly come back stays alive in both). A service
+ * removed meanwhile leaves the reply as it is. */
+static __always_inline int lb_reply(struct __sk_buff *skb, const struct fqdnd_ct_key *key,
+				    __u32 l4, __u16 rev_nat, __u64 now)
+{
+	struct fqdnd_lb_revnat *rn = bpf_map_lookup_elem(&fqdnd_lb_revnat, &rev_nat);
+	struct fqdnd_ct_key akey;
+	__u8 addr[16];
+	__u16 port;
+
+	if (!rn || rn->family != key->family)
+		return LB_PASS;
+	__builtin_memcpy(addr, rn->addr, 16);
+	port = rn->port;
+	__builtin_memcpy(akey.saddr, key->daddr, 16);
+	__builtin_memcpy(akey.daddr, addr, 16);
+	akey.sport = key->dport;
+	akey.dport = port;
+	akey.proto = key->proto;
+	akey.family = key->family;
+	akey.pad[0] = 0;
+	akey.pad[1] = 0;
+	ct_touch(&akey, now);
+	return rewrite(skb, key, l4, 0, addr, port) ? LB_DROP : LB_PASS;
+}
+
 SEC("classifier")
 int fqdnd_from_ep(struct __sk_buff *skb)
 {
 	struct fqdnd_ct_key key = {};
 	struct fqdnd_endpoint_value ep;
 	struct fqdnd_endpoint_value *iface;
+	struct fqdnd_ct_value *ct;
 	__u32 ifindex = skb->ifindex;
-	__u32 identity;
+	__u64 now = bpf_ktime_get_ns();
+	__u32 identity, l4 = 0;
 	int enforce, r;
 
 	iface = bpf_map_lookup_elem(&fqdnd_endpoints, &ifindex);
@@ -418,7 +637,7 @@ int fqdnd_from_ep(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	ep = *iface;
 
-	r = parse(skb, &key);
+	r = parse(skb, &key, &l4);
 	if (r == PARSE_NOT_IP || r == PARSE_ALWAYS_PASS)
 		return TC_ACT_OK;
 	if ((ep.flags & FQDND_EP_BY_SOURCE) && !client_of(&key, key.saddr, &ep)) {
@@ -447,8 +666,21 @@ int fqdnd_from_ep(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	}
 
-	if (ct_established(&key, FQDND_CT_INGRESS))
+	ct = ct_touch(&key, now);
+	if (ct) {
+		if (!ct->backend)
+			return TC_ACT_OK;
+		r = lb_established(skb, &key, l4, ct, now);
+		if (r != LB_NONE)
+			return r == LB_PASS ? TC_ACT_OK : TC_ACT_SHOT;
+		/* its backend is gone: chosen again below, like a new flow */
+	} else if (ct_reply(&key, FQDND_CT_INGRESS, now)) {
 		return TC_ACT_OK;
+	}
+
+	r = lb_new_flow(skb, &key, l4, &ep);
+	if (r != LB_NONE)
+		return r == LB_PASS ? TC_ACT_OK : TC_ACT_SHOT;
 
 	if (enforce) {
 		identity = identity_of(&key);
@@ -467,13 +699,16 @@ int fqdnd_to_ep(struct __sk_buff *skb)
 	struct fqdnd_ct_key key = {};
 	struct fqdnd_endpoint_value ep;
 	struct fqdnd_endpoint_value *iface;
+	struct fqdnd_ct_value *ct;
 	__u32 ifindex = skb->ifindex;
+	__u64 now = bpf_ktime_get_ns();
+	__u32 l4 = 0;
 
 	iface = bpf_map_lookup_elem(&fqdnd_endpoints, &ifindex);
 	if (!iface)
 		return TC_ACT_OK;
 	ep = *iface;
-	if (parse(skb, &key) != PARSE_OK)
+	if (parse(skb, &key, &l4) != PARSE_OK)
 		return TC_ACT_OK;
 	if ((ep.flags & FQDND_EP_BY_SOURCE) && !client_of(&key, key.daddr, &ep))
 		return TC_ACT_OK;
@@ -481,8 +716,14 @@ int fqdnd_to_ep(struct __sk_buff *skb)
 	 * conntrack, and an INGRESS entry would let them pass as replies without the redirect). */
 	if ((ep.flags & FQDND_EP_REDIRECT_DNS) && key.sport == bpf_htons(53))
 		return TC_ACT_OK;
-	if (ct_established(&key, FQDND_CT_EGRESS))
+	if (ct_touch(&key, now))
 		return TC_ACT_OK;
+	ct = ct_reply(&key, FQDND_CT_EGRESS, now);
+	if (ct) {
+		if (ct->rev_nat && lb_reply(skb, &key, l4, ct->rev_nat, now) == LB_DROP)
+			return TC_ACT_SHOT;
+		return TC_ACT_OK;
+	}
 	ct_create(&key, FQDND_CT_INGRESS);
 	return TC_ACT_OK;
 }

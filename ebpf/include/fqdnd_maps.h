@@ -8,7 +8,10 @@
  *  - addresses and L4 ports in *keys of conntrack and ipcache* are in network byte order
  *    (as on the wire); everything else (identity, endpoint id, policy dport) is host order;
  *  - any change here bumps FQDND_MAPS_ABI_VERSION, which names the bpffs pin directory
- *    (/sys/fs/bpf/fqdnd/v<N>/), because aya reuses a pinned map without checking its layout;
+ *    (/sys/fs/bpf/fqdnd/v<N>/), because aya reuses a pinned map without checking its layout —
+ *    except two compatible kinds: a new map, and meaning given to padding that was always
+ *    written as zero, where zero keeps the old meaning (the load balancer's fields in
+ *    struct fqdnd_ct_value were added that way);
  *  - src/sys.rs mirrors each struct with #[repr(C)] and its tests assert size and offsets.
  */
 #ifndef FQDND_MAPS_H
@@ -35,6 +38,9 @@
 #define FQDND_ENDPOINTS_MAX  65536
 #define FQDND_CT_MAX         262144
 #define FQDND_CLIENTS_MAX    65536
+/* service entries and backend slots together; also the rev-NAT map's size */
+#define FQDND_LB_SERVICES_MAX 65536
+#define FQDND_LB_BACKENDS_MAX 65536
 #define FQDND_EVENTS_BYTES   (256 * 1024)
 
 /* ipcache: LPM trie, prefix → identity. prefixlen counts bits of addr. */
@@ -117,17 +123,62 @@ struct fqdnd_ct_key {
 
 #define FQDND_CT_EGRESS  0x1 /* opened by the endpoint (allowed by policy) */
 #define FQDND_CT_INGRESS 0x2 /* opened towards the endpoint: its replies pass */
+/* A flow the endpoint opened to a service VIP has two entries: one keyed by the tuple the
+ * endpoint sends (client → VIP) with `backend` set (its packets are translated to that
+ * backend as long as it exists), and one keyed by the translated tuple (client → backend)
+ * with `rev_nat` set (the backend's replies get the VIP back as their source). Both carry
+ * rev_nat; 0 in either field = no translation (the value entries had before the LB). */
 struct fqdnd_ct_value {
 	__u64 created_ns;  /* bpf_ktime_get_ns() */
 	__u64 last_seen_ns;
 	__u32 flags;       /* FQDND_CT_* */
-	__u32 pad;
+	__u16 rev_nat;     /* rev-NAT index of the service, 0 = none */
+	__u16 backend;     /* backend id the flow is translated to, 0 = none */
 };                         /* 24 bytes */
+
+/* Service load balancing (the LB v2 design: cilium/cilium#7106). A service is
+ * (VIP, port, protocol); its slot 0 entry holds the backend count and the rev-NAT index,
+ * slots 1..=count each hold one backend id — no holes, no duplicates: removing a backend
+ * moves the last slot into its place. A new flow takes slot (flow hash % count) + 1.
+ * Backend ids and rev-NAT indexes are allocated by userspace (lb/ crate), never reused
+ * while an entry holds them, and survive restarts (checkpoint). */
+struct fqdnd_lb_svc_key {
+	__u8 addr[16];     /* VIP, network order (IPv4 in the first 4 bytes) */
+	__u16 dport;       /* network order */
+	__u16 slot;        /* host order; 0 = the service entry */
+	__u8 proto;        /* FQDND_PROTO_TCP or FQDND_PROTO_UDP */
+	__u8 family;       /* 4 or 6 */
+	__u8 pad[2];
+};                         /* 24 bytes */
+
+struct fqdnd_lb_svc_value {
+	__u16 count;       /* slot 0: number of backends (0: the VIP drops new flows) */
+	__u16 backend;     /* slot >= 1: backend id */
+	__u16 rev_nat;     /* the service's rev-NAT index (every slot) */
+	__u16 pad;
+};                         /* 8 bytes */
+
+/* Backends: backend id (__u16, never 0) → address. */
+struct fqdnd_lb_backend {
+	__u8 addr[16];     /* network order (IPv4 in the first 4 bytes) */
+	__u16 port;        /* network order */
+	__u8 proto;
+	__u8 family;
+};                         /* 20 bytes */
+
+/* Reverse NAT: rev-NAT index (__u16, never 0) → the service's VIP and port. */
+struct fqdnd_lb_revnat {
+	__u8 addr[16];     /* network order */
+	__u16 port;        /* network order */
+	__u8 family;
+	__u8 pad;
+};                         /* 20 bytes */
 
 /* Ring-buffer event for every policy drop. */
 #define FQDND_DROP_POLICY    1 /* no allow entry matched */
 #define FQDND_DROP_UNHANDLED 2 /* enforcing endpoint, packet fqdnd cannot classify (ICMP, frag, ext hdr) */
 #define FQDND_DROP_NO_PROXY  3 /* DNS from a redirected endpoint and no proxy socket to assign */
+#define FQDND_DROP_NO_BACKEND 4 /* a new flow to a service VIP that has no backend */
 struct fqdnd_drop_event {
 	__u64 ts_ns;
 	__u32 ifindex;

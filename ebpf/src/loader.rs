@@ -36,6 +36,9 @@ pub fn map_names() -> &'static [&'static str] {
         "fqdnd_clients4",
         "fqdnd_clients6",
         "fqdnd_dns_proxy",
+        "fqdnd_lb_svc",
+        "fqdnd_lb_backends",
+        "fqdnd_lb_revnat",
     ]
 }
 

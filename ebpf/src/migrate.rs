@@ -12,8 +12,8 @@ use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, MapError, MapInfo, MapTyp
 
 use crate::error::Error;
 use crate::sys::{
-    CtKey, CtValue, DnsProxy, EndpointValue, IpcacheKey4, IpcacheKey6, IpcacheValue, PolicyKey,
-    PolicyValue,
+    CtKey, CtValue, DnsProxy, EndpointValue, IpcacheKey4, IpcacheKey6, IpcacheValue, LbBackend,
+    LbRevNat, LbSvcKey, LbSvcValue, PolicyKey, PolicyValue,
 };
 
 /// `max_entries` of the maps whose size is configurable. [`Default`] = the sizes in
@@ -30,6 +30,10 @@ pub struct MapSizes {
     pub endpoints: u32,
     /// `fqdnd_clients4` and `fqdnd_clients6` (LPM tries, each).
     pub clients: u32,
+    /// `fqdnd_lb_svc` (service entries and backend slots together) and `fqdnd_lb_revnat`.
+    pub lb_services: u32,
+    /// `fqdnd_lb_backends`.
+    pub lb_backends: u32,
 }
 
 impl Default for MapSizes {
@@ -40,6 +44,8 @@ impl Default for MapSizes {
             conntrack: 262_144,
             endpoints: 65_536,
             clients: 65_536,
+            lb_services: 65_536,
+            lb_backends: 65_536,
         }
     }
 }
@@ -77,6 +83,9 @@ enum Kind {
     Policy,
     Ct,
     Events,
+    LbSvc,
+    LbBackends,
+    LbRevNat,
 }
 
 /// What the object (with [`MapSizes`] applied) creates for one map.
@@ -97,7 +106,7 @@ fn size<T>() -> u32 {
 
 /// Every map of the object, as `bpf/policy.c` declares it, with `sizes` applied. A test
 /// (`kernel::map_specs_match_the_object`) compares it with the kernel's view of a fresh load.
-pub(crate) fn specs(sizes: &MapSizes) -> [MapSpec; 9] {
+pub(crate) fn specs(sizes: &MapSizes) -> [MapSpec; 12] {
     let s = |name, kind, map_type, key_size, value_size, flags, max_entries| MapSpec {
         name,
         kind,
@@ -189,6 +198,33 @@ pub(crate) fn specs(sizes: &MapSizes) -> [MapSpec; 9] {
             0,
             1,
         ),
+        s(
+            "fqdnd_lb_svc",
+            Kind::LbSvc,
+            MapType::Hash,
+            size::<LbSvcKey>(),
+            size::<LbSvcValue>(),
+            NO_PREALLOC,
+            sizes.lb_services,
+        ),
+        s(
+            "fqdnd_lb_backends",
+            Kind::LbBackends,
+            MapType::Hash,
+            size::<u16>(),
+            size::<LbBackend>(),
+            NO_PREALLOC,
+            sizes.lb_backends,
+        ),
+        s(
+            "fqdnd_lb_revnat",
+            Kind::LbRevNat,
+            MapType::Hash,
+            size::<u16>(),
+            size::<LbRevNat>(),
+            NO_PREALLOC,
+            sizes.lb_services,
+        ),
     ]
 }
 
@@ -201,6 +237,8 @@ impl MapSizes {
             ("conntrack", self.conntrack),
             ("endpoints", self.endpoints),
             ("clients", self.clients),
+            ("lbServices", self.lb_services),
+            ("lbBackends", self.lb_backends),
         ] {
             if size == 0 {
                 return Err(Error::InvalidMapSize { map, size });
@@ -405,6 +443,9 @@ fn copy(spec: &MapSpec, old: &Map, new: &mut Map) -> Result<usize, Error> {
         Kind::Ct => copy_hash::<CtKey, CtValue>(n, old, new, max),
         Kind::DnsProxy => copy_array::<DnsProxy>(n, old, new),
         Kind::Events => Ok(0),
+        Kind::LbSvc => copy_hash::<LbSvcKey, LbSvcValue>(n, old, new, max),
+        Kind::LbBackends => copy_hash::<u16, LbBackend>(n, old, new, max),
+        Kind::LbRevNat => copy_hash::<u16, LbRevNat>(n, old, new, max),
     }
 }
 
@@ -443,6 +484,9 @@ pub(crate) fn count(spec: &MapSpec, m: &Map) -> Result<usize, Error> {
             a.len() as usize
         }
         Kind::Events => 0,
+        Kind::LbSvc => count_hash::<LbSvcKey, LbSvcValue>(m)?,
+        Kind::LbBackends => count_hash::<u16, LbBackend>(m)?,
+        Kind::LbRevNat => count_hash::<u16, LbRevNat>(m)?,
     })
 }
 
@@ -562,6 +606,8 @@ mod tests {
         assert_eq!(d.endpoints, define("FQDND_ENDPOINTS_MAX"));
         assert_eq!(d.conntrack, define("FQDND_CT_MAX"));
         assert_eq!(d.clients, define("FQDND_CLIENTS_MAX"));
+        assert_eq!(d.lb_services, define("FQDND_LB_SERVICES_MAX"));
+        assert_eq!(d.lb_backends, define("FQDND_LB_BACKENDS_MAX"));
         assert!(MapSizes { ipcache: 0, ..d }.validate().is_err());
         assert!(d.validate().is_ok());
     }

@@ -47,6 +47,8 @@ pub const DROP_POLICY: u8 = 1;
 pub const DROP_UNHANDLED: u8 = 2;
 /// Drop reason: DNS from a redirected endpoint and no proxy socket to assign it to.
 pub const DROP_NO_PROXY: u8 = 3;
+/// Drop reason: a new flow to a service VIP that has no backend.
+pub const DROP_NO_BACKEND: u8 = 4;
 
 /// `struct fqdnd_ipcache_key4` (the map itself uses aya's identical `lpm_trie::Key<[u8; 4]>`).
 #[repr(C)]
@@ -160,8 +162,70 @@ pub struct CtValue {
     pub last_seen_ns: u64,
     /// `CT_*` flags.
     pub flags: u32,
+    /// Rev-NAT index of the service of the flow, 0 = none.
+    pub rev_nat: u16,
+    /// Backend id the flow is translated to (its client → VIP entry), 0 = none.
+    pub backend: u16,
+}
+
+/// `struct fqdnd_lb_svc_key`: a service (VIP, port, protocol) and one of its slots.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct LbSvcKey {
+    /// VIP, network order (IPv4 in the first 4 bytes).
+    pub addr: [u8; 16],
+    /// Service port, network order.
+    pub dport: u16,
+    /// 0 = the service entry (count, rev-NAT), 1..=count = backend slots.
+    pub slot: u16,
+    /// `PROTO_TCP` or `PROTO_UDP`.
+    pub proto: u8,
+    /// 4 or 6.
+    pub family: u8,
     /// Padding.
-    pub pad: u32,
+    pub pad: [u8; 2],
+}
+
+/// `struct fqdnd_lb_svc_value`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct LbSvcValue {
+    /// Slot 0: the number of backends.
+    pub count: u16,
+    /// Slot ≥ 1: the backend id.
+    pub backend: u16,
+    /// The service's rev-NAT index.
+    pub rev_nat: u16,
+    /// Padding.
+    pub pad: u16,
+}
+
+/// `struct fqdnd_lb_backend` (key: backend id, `u16`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct LbBackend {
+    /// Address, network order (IPv4 in the first 4 bytes).
+    pub addr: [u8; 16],
+    /// Port, network order.
+    pub port: u16,
+    /// IP protocol.
+    pub proto: u8,
+    /// 4 or 6.
+    pub family: u8,
+}
+
+/// `struct fqdnd_lb_revnat` (key: rev-NAT index, `u16`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct LbRevNat {
+    /// VIP, network order.
+    pub addr: [u8; 16],
+    /// Service port, network order.
+    pub port: u16,
+    /// 4 or 6.
+    pub family: u8,
+    /// Padding.
+    pub pad: u8,
 }
 
 /// `struct fqdnd_drop_event`.
@@ -249,6 +313,14 @@ unsafe impl aya::Pod for CtKey {}
 unsafe impl aya::Pod for CtValue {}
 // SAFETY: as above.
 unsafe impl aya::Pod for DropEvent {}
+// SAFETY: as above.
+unsafe impl aya::Pod for LbSvcKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for LbSvcValue {}
+// SAFETY: as above.
+unsafe impl aya::Pod for LbBackend {}
+// SAFETY: as above.
+unsafe impl aya::Pod for LbRevNat {}
 
 #[cfg(test)]
 mod tests {
@@ -329,8 +401,27 @@ mod tests {
             c,
             "fqdnd_ct_value",
             CtValue,
-            [created_ns, last_seen_ns, flags, pad]
+            [created_ns, last_seen_ns, flags, rev_nat, backend]
         );
+        check!(
+            c,
+            "fqdnd_lb_svc_key",
+            LbSvcKey,
+            [addr, dport, slot, proto, family, pad]
+        );
+        check!(
+            c,
+            "fqdnd_lb_svc_value",
+            LbSvcValue,
+            [count, backend, rev_nat, pad]
+        );
+        check!(
+            c,
+            "fqdnd_lb_backend",
+            LbBackend,
+            [addr, port, proto, family]
+        );
+        check!(c, "fqdnd_lb_revnat", LbRevNat, [addr, port, family, pad]);
         check!(
             c,
             "fqdnd_drop_event",
@@ -340,7 +431,10 @@ mod tests {
                 saddr, daddr
             ]
         );
-        assert_eq!(c.len(), 10 + 2 + 2 + 1 + 3 + 6 + 5 + 1 + 7 + 4 + 12);
+        assert_eq!(
+            c.len(),
+            10 + 2 + 2 + 1 + 3 + 6 + 5 + 1 + 7 + 5 + 12 + 7 + 5 + 5 + 5
+        );
     }
 
     #[test]

@@ -121,7 +121,7 @@ fn fill_ct(dir: &Path, n: u32) {
             created_ns: 1 + u64::from(i),
             last_seen_ns: 2 + u64::from(i),
             flags: sys::CT_EGRESS,
-            pad: 0,
+            ..Default::default()
         };
         ct.insert(k, v, 0).unwrap();
     }
