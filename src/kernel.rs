@@ -91,6 +91,8 @@ impl Kernel {
             conntrack: sizes.conntrack.unwrap_or(defaults.conntrack),
             endpoints: sizes.endpoints.unwrap_or(defaults.endpoints),
             clients: sizes.clients.unwrap_or(defaults.clients),
+            lb_services: sizes.lb_services.unwrap_or(defaults.lb_services),
+            lb_backends: sizes.lb_backends.unwrap_or(defaults.lb_backends),
         };
         for old in fqdnd_ebpf::other_abi_dirs(pin_dir) {
             tracing::warn!(dir = %old.display(), "maps of another layout version are pinned there and are not migrated; `fqdnd bpf unload --pin-dir` removes them");

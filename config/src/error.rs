@@ -128,6 +128,10 @@ pub enum Duplicated {
     Node,
     /// Two Endpoints on the same interface.
     Interface(String),
+    /// A service name (`metadata.name`), unique across `Service` documents.
+    ServiceName(String),
+    /// Two services with the same frontend (VIP, port and protocol).
+    ServiceFrontend(String),
     /// A second policy of the same kind, namespace and name (Kubernetes would have replaced
     /// the first; applying both would allow more than either).
     Policy {
@@ -148,6 +152,8 @@ impl fmt::Display for Duplicated {
             Self::Gateway => f.write_str("a `kind: Gateway` document (at most one is allowed)"),
             Self::Node => f.write_str("a `kind: Node` document (at most one is allowed)"),
             Self::Interface(name) => write!(f, "interface {name} (one Endpoint per interface)"),
+            Self::ServiceName(name) => write!(f, "service name {name:?}"),
+            Self::ServiceFrontend(key) => write!(f, "service frontend {key}"),
             Self::Policy { kind, name } => write!(f, "{kind} {name:?}"),
         }
     }

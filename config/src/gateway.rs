@@ -34,6 +34,7 @@
 //!   pinDir: /sys/fs/bpf/fqdnd/v2              # default: versioned by the maps' layout
 //!   conntrackIdleTimeout: 10m                 # idle flows stop keeping zombies alive
 //!   mapSizes: {conntrack: 524288, ipcache: 1000000}   # changed sizes migrate the maps
+//!                           # (also policy, endpoints, clients, lbServices, lbBackends)
 //!   # and lists, adminSocket, metrics, queryLog, upstreamTimeout, on*, rateLimit as above
 //! ```
 
@@ -110,6 +111,11 @@ pub struct MapSizes {
     pub endpoints: Option<u32>,
     /// Each of the client-prefix LPM tries (default 65536).
     pub clients: Option<u32>,
+    /// The load balancer's service slots (service entries and backend slots together) and
+    /// rev-NAT entries (default 65536).
+    pub lb_services: Option<u32>,
+    /// The load balancer's backends (default 65536; backend ids are 16-bit, so at most that).
+    pub lb_backends: Option<u32>,
 }
 
 /// What every daemon mode (gateway, node) shares: lists, admin API, metrics, query log and
@@ -261,6 +267,8 @@ struct MapSizesSpec {
     conntrack: Option<Spanned<u32>>,
     endpoints: Option<Spanned<u32>>,
     clients: Option<Spanned<u32>>,
+    lb_services: Option<Spanned<u32>>,
+    lb_backends: Option<Spanned<u32>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -556,12 +564,17 @@ fn daemon(spec: &DaemonSpec, base: &Path, diag: &mut Diag<'_>) -> Daemon {
     if let Some(sizes) = &spec.map_sizes {
         let mut size = |field: &str, value: &Option<Spanned<u32>>| {
             let v = value.as_ref()?;
-            if (1..=16_777_216).contains(&v.value) {
+            let max = if field == "lbBackends" {
+                65_536
+            } else {
+                16_777_216
+            };
+            if (1..=max).contains(&v.value) {
                 Some(v.value)
             } else {
                 diag.invalid(
                     at(v),
-                    format!("`mapSizes.{field}` must be between 1 and 16777216 entries"),
+                    format!("`mapSizes.{field}` must be between 1 and {max} entries"),
                 );
                 None
             }
@@ -572,6 +585,8 @@ fn daemon(spec: &DaemonSpec, base: &Path, diag: &mut Diag<'_>) -> Daemon {
             conntrack: size("conntrack", &sizes.conntrack),
             endpoints: size("endpoints", &sizes.endpoints),
             clients: size("clients", &sizes.clients),
+            lb_services: size("lbServices", &sizes.lb_services),
+            lb_backends: size("lbBackends", &sizes.lb_backends),
         };
     }
     d

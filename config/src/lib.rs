@@ -7,8 +7,9 @@
 //!   the policy model of [`fqdnd_ipcache::policy`] (one [`Rule`] per `spec` / `specs[]`);
 //! - fqdnd's own declarations, `apiVersion: fqdnd.io/v1`: `kind: Endpoint` and
 //!   `kind: ClientGroup` (the workloads enforced, as [`Endpoint`]s), `kind: Settings` (the
-//!   engine's tunables, as [`Settings`], with Cilium's defaults), and `kind: Gateway` /
-//!   `kind: Node` (how the daemon runs, as [`Gateway`] / [`Node`]).
+//!   engine's tunables, as [`Settings`], with Cilium's defaults), `kind: Gateway` /
+//!   `kind: Node` (how the daemon runs, as [`Gateway`] / [`Node`]), and `kind: Service`
+//!   (a VIP the node load-balances, as [`Service`]).
 //!
 //! Any number of documents of any kind may share a file (`---` between them). Every problem is
 //! reported with its `file:line:column`, and loading goes on after one so that a single run
@@ -38,6 +39,7 @@ mod endpoint;
 mod error;
 mod gateway;
 mod load;
+mod service;
 mod settings;
 mod yaml;
 
@@ -52,6 +54,7 @@ pub use gateway::{
     RateLimit, StaticZone, ZoneSource,
 };
 pub use load::{CILIUM_API_VERSION, FQDND_API_VERSION, load, load_str};
+pub use service::Service;
 pub use settings::{MAX_PROXY_RESPONSE_DELAY, MIN_GC_INTERVAL, Settings};
 
 /// A realistic policy file: Settings, two Endpoints and CiliumNetworkPolicies for DNS
@@ -67,6 +70,8 @@ pub struct Config {
     pub endpoints: Vec<Endpoint>,
     /// One rule per `spec` / `specs[]` of every policy, in the order read.
     pub rules: Vec<Rule>,
+    /// Every `Service` (node mode: the load balancer's services), in the order read.
+    pub services: Vec<Service>,
     /// The `Gateway` document, if any (`fqdnd gateway` needs one).
     pub gateway: Option<Gateway>,
     /// The `Node` document, if any (`fqdnd node` uses its defaults without one).

@@ -23,6 +23,7 @@ use crate::convert::{self, PolicyKind};
 use crate::endpoint::{self, Declared, EndpointDoc, EndpointKind};
 use crate::error::{Duplicated, Error, Errors};
 use crate::gateway::{self, DaemonDoc, Gateway, Node};
+use crate::service::{self, DeclaredService, ServiceDoc};
 use crate::settings::{self, Settings, SettingsDoc};
 use crate::yaml::{Diag, Text, at, position, sanitize};
 
@@ -129,6 +130,7 @@ enum Kind {
     Settings,
     Gateway,
     Node,
+    Service,
 }
 
 impl Kind {
@@ -143,6 +145,7 @@ impl Kind {
             (FQDND_API_VERSION, "Settings") => Self::Settings,
             (FQDND_API_VERSION, "Gateway") => Self::Gateway,
             (FQDND_API_VERSION, "Node") => Self::Node,
+            (FQDND_API_VERSION, "Service") => Self::Service,
             _ => return None,
         })
     }
@@ -185,6 +188,7 @@ struct Loader {
     node: Option<Node>,
     node_at: Option<(PathBuf, Location)>,
     endpoints: Vec<(Declared, PathBuf)>,
+    services: Vec<(DeclaredService, PathBuf)>,
     policies: Vec<(PolicyKind, String, PathBuf, Location)>,
     rules: Vec<Rule>,
 }
@@ -227,6 +231,10 @@ impl Loader {
         );
         pass::<SettingsDoc>(bytes, &mut slots, &mut diag, is_settings, |_, doc, diag| {
             self.add_settings(&doc, diag);
+        });
+        let is_service: fn(Kind) -> bool = |k| k == Kind::Service;
+        pass::<ServiceDoc>(bytes, &mut slots, &mut diag, is_service, |_, doc, diag| {
+            self.add_service(&doc, diag);
         });
         let is_daemon: fn(Kind) -> bool = |k| matches!(k, Kind::Gateway | Kind::Node);
         pass::<DaemonDoc>(
@@ -340,6 +348,33 @@ impl Loader {
         self.settings = settings::settings(&doc.value, diag);
     }
 
+    fn add_service(&mut self, doc: &Spanned<ServiceDoc>, diag: &mut Diag<'_>) {
+        let Some(new) = service::service(doc, diag) else {
+            return;
+        };
+        let file = diag.file();
+        for (old, old_file) in &self.services {
+            let (item, at_new, at_old) = if old.service.name == new.service.name {
+                (
+                    Duplicated::ServiceName(new.service.name.clone()),
+                    new.name_at,
+                    old.name_at,
+                )
+            } else if old.service.key == new.service.key {
+                (
+                    Duplicated::ServiceFrontend(new.service.key.to_string()),
+                    new.frontend_at,
+                    old.frontend_at,
+                )
+            } else {
+                continue;
+            };
+            diag.push(duplicate(item, file, at_new, old_file, at_old));
+            return;
+        }
+        self.services.push((new, file.to_path_buf()));
+    }
+
     fn add_node(&mut self, doc: &Spanned<DaemonDoc>, diag: &mut Diag<'_>) {
         let file = diag.file();
         if let Some((first_file, first_at)) = &self.node_at {
@@ -389,6 +424,7 @@ impl Loader {
                 .map(|(d, _)| d.endpoint)
                 .collect(),
             rules: self.rules,
+            services: self.services.into_iter().map(|(d, _)| d.service).collect(),
             gateway: self.gateway,
             node: self.node,
             interfaces,

@@ -94,6 +94,10 @@ pub struct CtEntry {
     pub created_ns: u64,
     /// Last packet, `CLOCK_MONOTONIC` nanoseconds.
     pub last_seen_ns: u64,
+    /// Rev-NAT index of the service of a load-balanced flow, 0 = none.
+    pub rev_nat: u16,
+    /// The backend a client → VIP flow is translated to, 0 = none.
+    pub backend: u16,
 }
 
 impl CtEntry {
@@ -118,6 +122,8 @@ impl CtEntry {
             flags: v.flags,
             created_ns: v.created_ns,
             last_seen_ns: v.last_seen_ns,
+            rev_nat: v.rev_nat,
+            backend: v.backend,
         })
     }
 }

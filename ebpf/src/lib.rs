@@ -8,6 +8,7 @@
 
 mod datapath;
 mod error;
+mod lb;
 mod loader;
 mod migrate;
 pub mod route;
@@ -17,6 +18,7 @@ pub use datapath::{
     CtEntry, EndpointEntry, EndpointFlags, Events, KernelDatapath, MAX_PORT_RANGE, ResyncStats,
 };
 pub use error::Error;
+pub use lb::{LbMaps, LbSyncStats};
 pub use loader::{
     BPFFS_ROOT, FROM_ENDPOINT, Loaded, OBJECT, TO_ENDPOINT, attached_interfaces, default_pin_dir,
     detach_pinned, ensure_bpffs, links_dir, map_names,
