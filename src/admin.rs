@@ -11,6 +11,9 @@
 //! | GET | `/v1/endpoints` | node: [`EndpointRow`]s |
 //! | POST | `/v1/endpoints` | node: body = one `kind: Endpoint` YAML document; adds or replaces it |
 //! | DELETE | `/v1/endpoints/{id}` | node: removes an endpoint added through the API |
+//! | GET | `/v1/services` | node: [`ServiceRow`]s (backend ids, rev-NAT index) |
+//! | POST | `/v1/services` | node: body = one `kind: Service` YAML document; sets it |
+//! | DELETE | `/v1/services/{name}` | node: removes a service added through the API |
 //! | GET | `/v1/drops?since=N` | node: [`DropPage`], policy drops after sequence number N |
 
 use std::future::Future;
@@ -32,7 +35,7 @@ use tokio::net::UnixListener;
 use crate::clock::Clock;
 use crate::gateway::observer::SharedEngine;
 use crate::gateway::policy::{CompiledPolicy, GatewayPolicy};
-use crate::node::{DropPage, EndpointRow, NodeRuntime};
+use crate::node::{DropPage, EndpointRow, NodeRuntime, ServiceRow};
 
 /// Which daemon the admin API belongs to.
 pub(crate) enum AdminMode {
@@ -166,6 +169,8 @@ pub(crate) async fn serve(
         .route("/v1/policy/reload", post(reload_handler))
         .route("/v1/endpoints", get(endpoints).post(add_endpoint))
         .route("/v1/endpoints/{id}", delete(remove_endpoint))
+        .route("/v1/services", get(services).post(set_service))
+        .route("/v1/services/{name}", delete(remove_service))
         .route("/v1/drops", get(drops))
         .with_state(state);
     axum::serve(listener, app)
@@ -345,7 +350,7 @@ fn node_only(state: &AdminState) -> Result<&Arc<NodeRuntime>, ApiError> {
         AdminMode::Node(runtime) => Ok(runtime),
         AdminMode::Gateway { .. } => Err((
             StatusCode::NOT_FOUND,
-            "only `fqdnd node` manages endpoints and datapath drops".to_owned(),
+            "only `fqdnd node` manages endpoints, services and datapath drops".to_owned(),
         )),
     }
 }
@@ -382,6 +387,42 @@ async fn remove_endpoint(
 ) -> Result<Json<Reload>, ApiError> {
     let runtime = Arc::clone(node_only(&state)?);
     tokio::task::spawn_blocking(move || runtime.remove_endpoint(EndpointId(id), &state))
+        .await
+        .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map(|()| {
+            Json(Reload {
+                ok: true,
+                errors: Vec::new(),
+            })
+        })
+        .map_err(|e| bad_request(&e))
+}
+
+async fn services(State(state): State<Arc<AdminState>>) -> Result<Json<Vec<ServiceRow>>, ApiError> {
+    node_only(&state)?
+        .service_rows()
+        .map(Json)
+        .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")))
+}
+
+async fn set_service(
+    State(state): State<Arc<AdminState>>,
+    body: String,
+) -> Result<Json<ServiceRow>, ApiError> {
+    let runtime = Arc::clone(node_only(&state)?);
+    tokio::task::spawn_blocking(move || runtime.set_service(&body))
+        .await
+        .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map(Json)
+        .map_err(|e| bad_request(&e))
+}
+
+async fn remove_service(
+    State(state): State<Arc<AdminState>>,
+    UrlPath(name): UrlPath<String>,
+) -> Result<Json<Reload>, ApiError> {
+    let runtime = Arc::clone(node_only(&state)?);
+    tokio::task::spawn_blocking(move || runtime.remove_service(&name))
         .await
         .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
         .map(|()| {

@@ -20,6 +20,7 @@ mod node;
 mod node_cmd;
 mod policy_cmd;
 mod replay_cmd;
+mod service_cmd;
 mod simulate;
 mod state;
 
@@ -85,6 +86,10 @@ enum Command {
         #[arg(long)]
         strict_restore: bool,
     },
+    /// Load-balanced services of the running node agent: a VIP and port whose new flows
+    /// the datapath spreads over backends (and whose DNS queries the proxy forwards to one).
+    #[command(subcommand)]
+    Service(ServiceCommand),
     /// Endpoints of the running node agent.
     #[command(subcommand)]
     Endpoint(EndpointCommand),
@@ -180,6 +185,27 @@ enum EndpointCommand {
     List(ListArgs),
 }
 
+#[derive(Subcommand)]
+enum ServiceCommand {
+    /// Set a service (create it, or replace the backends of one set earlier with the same
+    /// name): backends that stay keep their id and slot, established flows their backend.
+    Set {
+        #[command(flatten)]
+        service: service_cmd::SetService,
+        #[command(flatten)]
+        list: ListArgs,
+    },
+    /// Remove a service set with `service set`.
+    Remove {
+        /// The service's name.
+        name: String,
+        #[command(flatten)]
+        list: ListArgs,
+    },
+    /// Every service: frontend, protocol, rev-NAT index, backends with their ids.
+    List(ListArgs),
+}
+
 /// Where the pinned maps are.
 #[derive(clap::Args, Clone)]
 struct PinArgs {
@@ -202,6 +228,10 @@ enum BpfCommand {
     /// The endpoint map: interface → endpoint id and flags.
     #[command(subcommand)]
     Endpoint(BpfList),
+    /// The load-balancer maps: service slots, backends, rev-NAT entries (exit 1 if they
+    /// break an invariant).
+    #[command(subcommand)]
+    Lb(BpfList),
     /// Detach the programs from every interface, remove the pins and the DNS-redirect routes.
     Unload(PinArgs),
 }
@@ -336,6 +366,15 @@ fn main() -> ExitCode {
         Command::Endpoint(EndpointCommand::Remove { id, list }) => {
             node_cmd::remove(&list.admin_socket, id)
         }
+        Command::Service(ServiceCommand::Set { service, list }) => {
+            service_cmd::set(&list.admin_socket, &service, list.json)
+        }
+        Command::Service(ServiceCommand::Remove { name, list }) => {
+            service_cmd::remove(&list.admin_socket, &name)
+        }
+        Command::Service(ServiceCommand::List(args)) => {
+            service_cmd::list(&args.admin_socket, args.json)
+        }
         Command::Endpoint(EndpointCommand::List(args)) => {
             node_cmd::list(&args.admin_socket, args.json)
         }
@@ -355,6 +394,7 @@ fn main() -> ExitCode {
         Command::Bpf(BpfCommand::Endpoint(BpfList::List(p))) => {
             node_cmd::bpf_endpoints(p.pin_dir.as_deref())
         }
+        Command::Bpf(BpfCommand::Lb(BpfList::List(p))) => service_cmd::bpf_lb(p.pin_dir.as_deref()),
         Command::Checkpoint(CheckpointCommand::Inspect { dir }) => checkpoint_cmd::inspect(&dir),
         Command::Checkpoint(CheckpointCommand::Synthesize {
             dir,

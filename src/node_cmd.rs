@@ -202,7 +202,7 @@ pub(crate) fn monitor(
 }
 
 /// The pin directory to read: the flag, or the default versioned one.
-fn pins(pin_dir: Option<&Path>) -> PathBuf {
+pub(crate) fn pins(pin_dir: Option<&Path>) -> PathBuf {
     pin_dir.map_or_else(fqdnd_ebpf::default_pin_dir, Path::to_path_buf)
 }
 
@@ -268,7 +268,7 @@ pub(crate) fn bpf_ct(pin_dir: Option<&Path>) -> Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "{:<6} {:<46} {:<46} {:<16} IDLE",
+        "{:<6} {:<46} {:<46} {:<32} IDLE",
         "PROTO", "SOURCE", "DESTINATION", "FLAGS"
     )?;
     let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
@@ -282,15 +282,21 @@ pub(crate) fn bpf_ct(pin_dir: Option<&Path>) -> Result<ExitCode> {
         };
         let mut flags = Vec::new();
         if e.flags & fqdnd_ebpf::sys::CT_EGRESS != 0 {
-            flags.push("egress");
+            flags.push("egress".to_owned());
         }
         if e.flags & fqdnd_ebpf::sys::CT_INGRESS != 0 {
-            flags.push("ingress");
+            flags.push("ingress".to_owned());
+        }
+        if e.backend != 0 {
+            flags.push(format!("backend={}", e.backend));
+        }
+        if e.rev_nat != 0 {
+            flags.push(format!("rev_nat={}", e.rev_nat));
         }
         let idle = Duration::from_nanos(now.saturating_sub(e.last_seen_ns));
         writeln!(
             out,
-            "{proto:<6} {:<46} {:<46} {:<16} {}s",
+            "{proto:<6} {:<46} {:<46} {:<32} {}s",
             std::net::SocketAddr::new(e.src, e.sport).to_string(),
             std::net::SocketAddr::new(e.dst, e.dport).to_string(),
             flags.join(","),

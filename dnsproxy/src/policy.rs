@@ -69,4 +69,18 @@ pub enum Verdict {
 pub trait QueryPolicy: Send + Sync + 'static {
     /// The verdict for one query.
     fn check(&self, query: &QueryInfo<'_>) -> Verdict;
+
+    /// Where an allowed query to `server` (its original destination) from `client` goes
+    /// instead, if anywhere: a service VIP's backend, chosen the same way for every query of
+    /// one client flow. Only asked with `forward_to_original_destination`; the reply still
+    /// comes from `server`. The default: nowhere else.
+    fn forward_to(
+        &self,
+        client: SocketAddr,
+        server: SocketAddr,
+        transport: Transport,
+    ) -> Option<SocketAddr> {
+        let _ = (client, server, transport);
+        None
+    }
 }

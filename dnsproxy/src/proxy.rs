@@ -360,7 +360,15 @@ impl Shared {
             );
         }
         let original;
-        let upstream: &Upstream = match self.upstream_for(w, asked.server) {
+        let target = self
+            .originals
+            .as_ref()
+            .and_then(|_| {
+                self.policy
+                    .forward_to(asked.client, asked.server, asked.transport)
+            })
+            .unwrap_or(asked.server);
+        let upstream: &Upstream = match self.upstream_for(w, target) {
             Ok(Target::Pool(ui)) => &self.upstreams[ui],
             Ok(Target::Original(upstream)) => {
                 original = upstream;

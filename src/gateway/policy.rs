@@ -27,6 +27,7 @@ use ipnet::IpNet;
 use prefix_trie::joint::map::JointPrefixMap;
 
 use super::lists::NameList;
+use crate::node::services::{SharedLb, backend_for};
 
 /// The port rules must allow for DNS: the gateway is the DNS service, whatever port it
 /// listens on.
@@ -232,9 +233,19 @@ impl CompiledPolicy {
 #[derive(Debug, Default)]
 pub(crate) struct GatewayPolicy {
     current: RwLock<Arc<CompiledPolicy>>,
+    /// Node mode: queries to a service VIP go to one of its backends.
+    services: Option<SharedLb>,
 }
 
 impl GatewayPolicy {
+    /// A policy whose queries to a service's VIP are forwarded to its backends.
+    pub(crate) fn with_services(services: SharedLb) -> Self {
+        Self {
+            services: Some(services),
+            ..Self::default()
+        }
+    }
+
     /// Installs a newly compiled policy.
     pub(crate) fn replace(&self, policy: CompiledPolicy) {
         if let Ok(mut current) = self.current.write() {
@@ -257,6 +268,15 @@ impl QueryPolicy for GatewayPolicy {
             Ok(policy) => policy.verdict(query),
             Err(_) => Verdict::Deny,
         }
+    }
+
+    fn forward_to(
+        &self,
+        client: SocketAddr,
+        server: SocketAddr,
+        transport: Transport,
+    ) -> Option<SocketAddr> {
+        backend_for(self.services.as_ref()?, client, server, transport)
     }
 }
 

@@ -62,6 +62,7 @@ pub(crate) fn reason_name(reason: u8) -> String {
         fqdnd_ebpf::sys::DROP_POLICY => "policy-denied".to_owned(),
         fqdnd_ebpf::sys::DROP_UNHANDLED => "unhandled".to_owned(),
         fqdnd_ebpf::sys::DROP_NO_PROXY => "no-dns-proxy".to_owned(),
+        fqdnd_ebpf::sys::DROP_NO_BACKEND => "no-service-backend".to_owned(),
         other => other.to_string(),
     }
 }

@@ -11,6 +11,7 @@
 //! plugin would add and remove them); both survive a policy reload.
 
 mod drops;
+pub(crate) mod services;
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -33,6 +34,8 @@ use crate::gateway::observer::{EngineObserver, SharedEngine};
 use crate::gateway::policy::{CompiledPolicy, GatewayPolicy};
 use crate::kernel::{self, Kernel, Wanted};
 pub(crate) use drops::{DropLog, DropPage};
+pub(crate) use services::ServiceRow;
+use services::Services;
 
 /// An endpoint added through the admin API.
 #[derive(Debug, Clone)]
@@ -89,6 +92,8 @@ pub(crate) struct NodeRuntime {
     added_file: Option<PathBuf>,
     /// Policy drops, for metrics and `fqdnd monitor`.
     pub(crate) drops: DropLog,
+    /// The load balancer's services.
+    services: Mutex<Services>,
 }
 
 impl std::fmt::Debug for NodeRuntime {
@@ -144,8 +149,41 @@ impl NodeRuntime {
             wanted(config, &engine)
         };
         lock(&self.kernel)?.sync(&wanted)?;
+        lock(&self.services)?.apply(&config.services, false)?;
         policy.replace(compiled);
         Ok(())
+    }
+
+    /// Adds or replaces a service given as a `Service` document.
+    pub(crate) fn set_service(&self, document: &str) -> Result<ServiceRow> {
+        let parsed = fqdnd_config::load_str(document, std::path::Path::new("<request>"))
+            .map_err(|errors| anyhow!("{errors}"))?;
+        let [service] = parsed.services.as_slice() else {
+            bail!(
+                "the request must hold exactly one `kind: Service` document (it has {})",
+                parsed.services.len()
+            );
+        };
+        let files = lock(&self.files)?.services.clone();
+        let mut services = lock(&self.services)?;
+        services.add(service.clone(), &files)?;
+        services
+            .rows(&files)?
+            .into_iter()
+            .find(|r| r.name == service.name)
+            .context("the service vanished while being set")
+    }
+
+    /// Removes a service added through the admin API.
+    pub(crate) fn remove_service(&self, name: &str) -> Result<()> {
+        let files = lock(&self.files)?.services.clone();
+        lock(&self.services)?.remove(name, &files)
+    }
+
+    /// Every service with its backend ids.
+    pub(crate) fn service_rows(&self) -> Result<Vec<ServiceRow>> {
+        let files = lock(&self.files)?.services.clone();
+        lock(&self.services)?.rows(&files)
     }
 
     /// Re-reads the configuration files and applies them with the run-time endpoints.
@@ -398,6 +436,11 @@ pub(crate) async fn start(
         .clone()
         .unwrap_or_else(fqdnd_ebpf::default_pin_dir);
     let kernel = Kernel::load(&pin_dir, &node.daemon.map_sizes, true)?;
+    let mut services = Services::open(&pin_dir, node.daemon.state_dir.as_deref())?;
+    // Before the endpoints' programs see traffic from a restarted daemon's policy: the
+    // translations established flows use are reconciled first (kept as they are).
+    services.apply(&config.services, true)?;
+    let lb = services.shared();
 
     let runtime = Arc::new(NodeRuntime {
         node: node.clone(),
@@ -410,6 +453,7 @@ pub(crate) async fn start(
             .as_ref()
             .map(|d| d.join("endpoints.yaml")),
         drops: DropLog::default(),
+        services: Mutex::new(services),
     });
     // Endpoints added through the API before a restart are part of the desired state from
     // the first write on, so the reconciliation keeps their entries.
@@ -420,7 +464,7 @@ pub(crate) async fn start(
     drop(restored);
     let engine: SharedEngine = Arc::new(Mutex::new(engine));
     crate::state::settle(persist.as_deref(), &engine).await?;
-    let policy = Arc::new(GatewayPolicy::default());
+    let policy = Arc::new(GatewayPolicy::with_services(lb));
     runtime.apply(&merged, &engine, &policy, clock)?;
     runtime.save_added();
 
