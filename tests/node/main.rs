@@ -13,6 +13,7 @@
 )]
 
 mod dns;
+mod lb;
 mod topology;
 
 use std::net::SocketAddr;
@@ -116,16 +117,23 @@ fn sa(ip: std::net::IpAddr, port: u16) -> SocketAddr {
 /// Builds the topology, starts the DNS server and the node with endpoint A from the file and
 /// endpoint B added through the admin API.
 fn setup(test: &str) -> Option<Topology> {
+    setup_with(test, |t| node_config(t, A_PORTS))
+}
+
+/// [`ZONE`] with the topology's number.
+fn zone(t: &Topology, zone: &str) -> String {
+    zone.replace(".N.", &format!(".{}.", t.n))
+        .replace(":N:", &format!(":{}:", t.n))
+}
+
+/// [`setup`] with the node configuration `config` writes.
+fn setup_with(test: &str, config: impl FnOnce(&Topology) -> String) -> Option<Topology> {
     if !privileged(test) {
         return None;
     }
     let mut t = Topology::new(test);
-    t.start_dns(
-        &ZONE
-            .replace(".N.", &format!(".{}.", t.n))
-            .replace(":N:", &format!(":{}:", t.n)),
-    );
-    let config = t.write_node_config(&node_config(&t, A_PORTS));
+    t.start_dns(&zone(&t, ZONE));
+    let config = t.write_node_config(&config(&t));
     t.start_node(&config);
     let admin = t.admin();
     let (b4, b6) = (t.v4(2, 2).to_string(), t.v6(2, 2).to_string());

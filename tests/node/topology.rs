@@ -7,7 +7,9 @@
 //! Addresses (`N` = the topology's number):
 //! - endpoint A: 10.N.1.2 / fd00:N:1::2, host side .1; endpoint B: 10.N.2.2 / fd00:N:2::2
 //! - external: 10.N.9.2 / fd00:N:9::2, resolver 10.N.9.53 / fd00:N:9::53,
-//!   servers 10.N.10.{1,2,3} / fd00:N:10::{1,2,3}, echo on TCP 8080 + 9090 and UDP 8053.
+//!   servers 10.N.10.{1,2,3} / fd00:N:10::{1,2,3}, echo on TCP 8080 + 9090 and UDP 8053,
+//!   "who am I" (the address asked) on TCP 7070 and UDP 7053; a second resolver address
+//!   10.N.9.54 / fd00:N:9::54 for a second DNS server.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -150,6 +152,8 @@ impl Topology {
              ip -n {ext} addr add 10.{n}.9.53/32 dev {p}x && \
              ip -n {ext} addr add fd00:{n}:9::2/64 dev {p}x nodad && \
              ip -n {ext} addr add fd00:{n}:9::53/128 dev {p}x nodad && \
+             ip -n {ext} addr add 10.{n}.9.54/32 dev {p}x && \
+             ip -n {ext} addr add fd00:{n}:9::54/128 dev {p}x nodad && \
              ip -n {ext} link set {p}x up && \
              ip -n {ext} route add default via 10.{n}.9.1 && \
              ip -n {ext} -6 route add default via fd00:{n}:9::1 && \
@@ -166,6 +170,24 @@ impl Topology {
             in_netns(ext, move || {
                 let listener = TcpListener::bind(("::", port)).unwrap();
                 std::thread::spawn(move || tcp_echo(&listener));
+            });
+        }
+        // Load-balancer backends say who they are: TCP 7070 writes its address first, then
+        // echoes; UDP 7053 answers any datagram with its address.
+        in_netns(ext, move || {
+            let listener = TcpListener::bind(("::", 7070)).unwrap();
+            std::thread::spawn(move || whoami_tcp(&listener));
+        });
+        for i in 1..=3 {
+            let addrs: [SocketAddr; 2] = [
+                format!("10.{n}.10.{i}:7053").parse().unwrap(),
+                format!("[fd00:{n}:10::{i}]:7053").parse().unwrap(),
+            ];
+            in_netns(ext, move || {
+                for addr in addrs {
+                    let socket = UdpSocket::bind(addr).unwrap();
+                    std::thread::spawn(move || whoami_udp(&socket));
+                }
             });
         }
         // UDP replies must leave from the address asked: one socket per server address.
@@ -186,24 +208,36 @@ impl Topology {
     /// Starts the authoritative DNS server in the external namespace: `zone` (zone-file
     /// records for `example.test`) served on the resolver addresses.
     pub(crate) fn start_dns(&mut self, zone: &str) {
+        self.start_dns_on(53, zone);
+    }
+
+    /// An authoritative server for `zone` on 10.N.9.HOST and fd00:N:9::HOST (53 or 54), port
+    /// 53; its log is `ext-dns` (53) or `ext-dns54`.
+    pub(crate) fn start_dns_on(&mut self, host: u32, zone: &str) {
         let n = self.n;
-        let config = self.dir.join("ext-dns.yaml");
+        let name = if host == 53 {
+            "ext-dns".to_owned()
+        } else {
+            format!("ext-dns{host}")
+        };
+        let config = self.dir.join(format!("{name}.yaml"));
+        let admin = self.dir.join(format!("{name}-admin.sock"));
         let records: String = zone.lines().map(|l| format!("      {l}\n")).collect();
         std::fs::write(
             &config,
             format!(
-                "apiVersion: fqdnd.io/v1\nkind: Gateway\nspec:\n  listen: [\"10.{n}.9.53:53\", \"[fd00:{n}:9::53]:53\"]\n  adminSocket: ext-admin.sock\n  staticZones:\n  - origin: example.test\n    records: |\n      $TTL 300\n      @ IN SOA ns.example.test. admin.example.test. 1 3600 600 86400 60\n      @ IN NS ns.example.test.\n{records}---\napiVersion: fqdnd.io/v1\nkind: ClientGroup\nmetadata: {{name: everyone}}\nspec:\n  id: 1\n  addresses: [\"0.0.0.0/0\", \"::/0\"]\n"
+                "apiVersion: fqdnd.io/v1\nkind: Gateway\nspec:\n  listen: [\"10.{n}.9.{host}:53\", \"[fd00:{n}:9::{host}]:53\"]\n  adminSocket: {admin}\n  staticZones:\n  - origin: example.test\n    records: |\n      $TTL 300\n      @ IN SOA ns.example.test. admin.example.test. 1 3600 600 86400 60\n      @ IN NS ns.example.test.\n{records}---\napiVersion: fqdnd.io/v1\nkind: ClientGroup\nmetadata: {{name: everyone}}\nspec:\n  id: 1\n  addresses: [\"0.0.0.0/0\", \"::/0\"]\n",
+                admin = admin.display(),
             ),
         )
         .unwrap();
         let child = self.spawn_in(
             &self.ext.clone(),
             &["gateway", "--config", config.to_str().unwrap()],
-            "ext-dns",
+            &name,
         );
-        self.children.push(("ext-dns".into(), child));
-        let socket = self.dir.join("ext-admin.sock");
-        wait_for(&socket, Duration::from_secs(30));
+        self.children.push((name, child));
+        wait_for(&admin, Duration::from_secs(30));
     }
 
     /// `fqdnd ARGS` inside namespace `ns` (nsenter switches only the network namespace, so
@@ -298,7 +332,7 @@ impl Topology {
     /// The node's and the DNS server's logs, for failure messages.
     pub(crate) fn logs(&self) -> String {
         let mut out = String::new();
-        for name in ["node", "ext-dns"] {
+        for name in ["node", "ext-dns", "ext-dns54"] {
             let text =
                 std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default();
             let tail: Vec<&str> = text.lines().rev().take(40).collect();
@@ -365,6 +399,77 @@ fn tcp_echo(listener: &TcpListener) {
             }
         });
     }
+}
+
+/// The address a connection was accepted on (an IPv4 one as itself, not v4-mapped).
+fn local_ip(stream: &TcpStream) -> Option<IpAddr> {
+    let ip = stream.local_addr().ok()?.ip();
+    Some(match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    })
+}
+
+fn whoami_tcp(listener: &TcpListener) {
+    for stream in listener.incoming() {
+        let Ok(mut stream) = stream else { continue };
+        std::thread::spawn(move || {
+            let Some(ip) = local_ip(&stream) else { return };
+            if stream.write_all(format!("{ip}\n").as_bytes()).is_err() {
+                return;
+            }
+            let mut buf = [0u8; 1024];
+            while let Ok(n) = stream.read(&mut buf) {
+                if n == 0 || stream.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+}
+
+fn whoami_udp(socket: &UdpSocket) {
+    let Ok(me) = socket.local_addr() else { return };
+    let mut buf = [0u8; 1500];
+    while let Ok((_, from)) = socket.recv_from(&mut buf) {
+        let _ = socket.send_to(me.ip().to_string().as_bytes(), from);
+    }
+}
+
+/// From namespace `ns`: a TCP connection to `to` (kept open) and the backend address the
+/// server wrote first; `None` if it did not connect within `timeout`.
+pub(crate) fn whoami_tcp_open(
+    ns: &str,
+    to: SocketAddr,
+    timeout: Duration,
+) -> Option<(TcpStream, IpAddr)> {
+    in_netns(ns, move || {
+        let stream = TcpStream::connect_timeout(&to, timeout).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
+        let mut line = String::new();
+        let mut reader = std::io::BufReader::new(stream.try_clone().ok()?);
+        std::io::BufRead::read_line(&mut reader, &mut line).ok()?;
+        Some((stream, line.trim().parse().ok()?))
+    })
+}
+
+/// From namespace `ns`: one datagram to `to` on a connected socket (so only a reply from
+/// `to` itself is read); the backend address it answered with.
+pub(crate) fn whoami_udp_ask(ns: &str, to: SocketAddr, timeout: Duration) -> Option<IpAddr> {
+    in_netns(ns, move || {
+        let bind: SocketAddr = if to.is_ipv4() {
+            "0.0.0.0:0".parse().unwrap()
+        } else {
+            "[::]:0".parse().unwrap()
+        };
+        let socket = UdpSocket::bind(bind).ok()?;
+        socket.connect(to).ok()?;
+        socket.set_read_timeout(Some(timeout)).ok()?;
+        socket.send(b"who").ok()?;
+        let mut buf = [0u8; 64];
+        let n = socket.recv(&mut buf).ok()?;
+        std::str::from_utf8(&buf[..n]).ok()?.parse().ok()
+    })
 }
 
 fn udp_echo(socket: &UdpSocket) {
