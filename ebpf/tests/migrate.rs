@@ -240,6 +240,23 @@ fn grow_migrates_every_entry() {
     let inbound = packet(world, ep, sys::PROTO_TCP, 50000, 8080);
     assert_eq!(run(&mut loaded, TO_ENDPOINT, &inbound), TC_ACT_OK);
     fill_ct(&dir.0, 3000);
+    // a load-balanced service with three backends
+    let mut lb = fqdnd_lb::LoadBalancer::new();
+    let service = fqdnd_lb::ServiceKey {
+        vip: "10.96.0.10".parse().unwrap(),
+        port: 80,
+        proto: fqdnd_lb::Protocol::Tcp,
+    };
+    let backends: Vec<std::net::SocketAddr> = (1..=3)
+        .map(|i| format!("10.0.1.{i}:8080").parse().unwrap())
+        .collect();
+    let mut lb_maps = fqdnd_ebpf::LbMaps::open(&dir.0).unwrap();
+    lb_maps
+        .apply(&lb.set_service(service, &backends).unwrap())
+        .unwrap();
+    let lb_before = lb_maps.read().unwrap();
+    assert_eq!(lb_before, lb.maps());
+    drop(lb_maps);
 
     let before = dump(&dir.0);
     assert_eq!(before.ct.len(), 3002);
@@ -252,6 +269,8 @@ fn grow_migrates_every_entry() {
     let sizes = MapSizes {
         conntrack: 524_288,
         ipcache: 1_000_000,
+        lb_services: 1024,
+        lb_backends: 512,
         ..MapSizes::default()
     };
     let (mut loaded, mut migrations) = Loaded::load_with(&dir.0, &sizes).unwrap();
@@ -269,14 +288,30 @@ fn grow_migrates_every_entry() {
             m("fqdnd_ct", 262_144, 524_288, 3002),
             m("fqdnd_ipc4", 512_000, 1_000_000, 1001),
             m("fqdnd_ipc6", 512_000, 1_000_000, 1),
+            m("fqdnd_lb_backends", 65_536, 512, 3),
+            m("fqdnd_lb_revnat", 65_536, 1024, 1),
+            m("fqdnd_lb_svc", 65_536, 1024, 4),
         ]
     );
     let after = dump(&dir.0);
     assert_eq!(after, before);
+    assert_eq!(
+        fqdnd_ebpf::LbMaps::open(&dir.0).unwrap().read().unwrap(),
+        lb_before,
+        "the load-balancer maps were migrated with every entry"
+    );
 
     let new_ids = pinned_ids(&dir.0);
     for name in map_names() {
-        let migrated = ["fqdnd_ct", "fqdnd_ipc4", "fqdnd_ipc6"].contains(name);
+        let migrated = [
+            "fqdnd_ct",
+            "fqdnd_ipc4",
+            "fqdnd_ipc6",
+            "fqdnd_lb_backends",
+            "fqdnd_lb_revnat",
+            "fqdnd_lb_svc",
+        ]
+        .contains(name);
         assert_eq!(new_ids[name] != old_ids[name], migrated, "{name}");
     }
     assert_eq!(info(&dir.0, "fqdnd_ct").max_entries(), 524_288);

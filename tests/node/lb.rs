@@ -168,6 +168,50 @@ fn services_spread_keep_established_flows_and_separate_protocols() {
         "UDP to the shared port\n{}",
         t.logs()
     );
+
+    // IPv6: the same translation (no IPv4 header checksum, the L4 one over 16-byte addresses).
+    let vip6 = sa(t.v6(96, 10), 80);
+    let admin = t.admin();
+    let mut args = vec![
+        "service".to_owned(),
+        "set".into(),
+        "--admin-socket".into(),
+        admin.to_str().unwrap().into(),
+        "--name".into(),
+        "web6".into(),
+        "--frontend".into(),
+        vip6.to_string(),
+    ];
+    for h in 1..=3 {
+        args.push("--backend".into());
+        args.push(sa(t.v6(10, h), 7070).to_string());
+    }
+    t.cli(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let reached: BTreeSet<IpAddr> = connect_many(&t, vip6, 30).into_iter().collect();
+    assert_eq!(
+        reached,
+        (1..=3).map(|h| t.v6(10, h)).collect(),
+        "IPv6 connections through the VIP"
+    );
+    let udp6 = sa(t.v6(96, 10), 7000);
+    args.truncate(4);
+    args.extend([
+        "--name".into(),
+        "dual6".into(),
+        "--frontend".into(),
+        udp6.to_string(),
+        "--protocol".into(),
+        "UDP".into(),
+        "--backend".into(),
+        sa(t.v6(10, 3), 7053).to_string(),
+    ]);
+    t.cli(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(
+        whoami_udp_ask(&t.ep_a, udp6, REACHES),
+        Some(t.v6(10, 3)),
+        "IPv6 UDP through the VIP\n{}",
+        t.logs()
+    );
 }
 
 #[test]
