@@ -103,6 +103,12 @@ pub(crate) fn load(paths: &[PathBuf], demo: bool) -> Result<(Config, Gateway)> {
             "no `kind: Gateway` document in the configuration: `fqdnd gateway` needs one (see docs/operations.md)"
         );
     };
+    if !config.services.is_empty() {
+        tracing::warn!(
+            services = config.services.len(),
+            "`kind: Service` documents are ignored by `fqdnd gateway` (only `fqdnd node` load-balances)"
+        );
+    }
     Ok((config, gateway))
 }
 
