@@ -369,33 +369,46 @@ async fn endpoints(
         .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")))
 }
 
+/// Runs a change of the node's state off the async threads (it writes kernel maps and
+/// files); its error is the client's (400).
+async fn node_change<T: Send + 'static>(
+    state: Arc<AdminState>,
+    change: impl FnOnce(&NodeRuntime, &AdminState) -> Result<T, anyhow::Error> + Send + 'static,
+) -> Result<T, ApiError> {
+    let runtime = Arc::clone(node_only(&state)?);
+    tokio::task::spawn_blocking(move || change(&runtime, &state))
+        .await
+        .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map_err(|e| bad_request(&e))
+}
+
+fn done() -> Json<Reload> {
+    Json(Reload {
+        ok: true,
+        errors: Vec::new(),
+    })
+}
+
 async fn add_endpoint(
     State(state): State<Arc<AdminState>>,
     body: String,
 ) -> Result<Json<EndpointRow>, ApiError> {
-    let runtime = Arc::clone(node_only(&state)?);
-    tokio::task::spawn_blocking(move || runtime.add_endpoint(&body, &state))
-        .await
-        .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-        .map(Json)
-        .map_err(|e| bad_request(&e))
+    node_change(state, move |runtime, state| {
+        runtime.add_endpoint(&body, state)
+    })
+    .await
+    .map(Json)
 }
 
 async fn remove_endpoint(
     State(state): State<Arc<AdminState>>,
     UrlPath(id): UrlPath<u16>,
 ) -> Result<Json<Reload>, ApiError> {
-    let runtime = Arc::clone(node_only(&state)?);
-    tokio::task::spawn_blocking(move || runtime.remove_endpoint(EndpointId(id), &state))
-        .await
-        .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-        .map(|()| {
-            Json(Reload {
-                ok: true,
-                errors: Vec::new(),
-            })
-        })
-        .map_err(|e| bad_request(&e))
+    node_change(state, move |runtime, state| {
+        runtime.remove_endpoint(EndpointId(id), state)
+    })
+    .await
+    .map(|()| done())
 }
 
 async fn services(State(state): State<Arc<AdminState>>) -> Result<Json<Vec<ServiceRow>>, ApiError> {
@@ -409,29 +422,18 @@ async fn set_service(
     State(state): State<Arc<AdminState>>,
     body: String,
 ) -> Result<Json<ServiceRow>, ApiError> {
-    let runtime = Arc::clone(node_only(&state)?);
-    tokio::task::spawn_blocking(move || runtime.set_service(&body))
+    node_change(state, move |runtime, _| runtime.set_service(&body))
         .await
-        .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
         .map(Json)
-        .map_err(|e| bad_request(&e))
 }
 
 async fn remove_service(
     State(state): State<Arc<AdminState>>,
     UrlPath(name): UrlPath<String>,
 ) -> Result<Json<Reload>, ApiError> {
-    let runtime = Arc::clone(node_only(&state)?);
-    tokio::task::spawn_blocking(move || runtime.remove_service(&name))
+    node_change(state, move |runtime, _| runtime.remove_service(&name))
         .await
-        .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-        .map(|()| {
-            Json(Reload {
-                ok: true,
-                errors: Vec::new(),
-            })
-        })
-        .map_err(|e| bad_request(&e))
+        .map(|()| done())
 }
 
 /// `?since=N`.
