@@ -13,6 +13,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
 use crate::error::Error;
+use crate::framing::{FrameReader, Next};
 use crate::policy::Transport;
 use crate::proxy::{BATCH, ERROR_PAUSE, Handled, Shared, Worker, is_transient};
 use crate::transparent;
@@ -20,9 +21,6 @@ use crate::upstream::{ReplyTo, TcpOut, TcpReply};
 
 /// Queries one TCP connection may have in flight at once; reading pauses past it.
 pub(crate) const TCP_PIPELINE: usize = 128;
-
-/// A TCP connection's read buffer to start with.
-const TCP_INITIAL_BUFFER: usize = 2048;
 
 /// Why a listener could not be made: the socket call failed, or `IP_TRANSPARENT` was refused.
 #[derive(Debug)]
@@ -216,28 +214,20 @@ async fn tcp_connection(
         let (shared, pipeline) = (&shared, &pipeline);
         async move {
             let mut worker = Worker::new(0);
-            // Grows to the largest frame seen (at most 2 + 65535 bytes): idle connections stay
-            // small.
-            let mut buf = vec![0u8; TCP_INITIAL_BUFFER];
-            let mut filled = 0;
+            let mut frames = FrameReader::default();
             loop {
-                // Handle every complete frame in the buffer.
-                while filled >= 2 {
-                    let len = usize::from(u16::from_be_bytes([buf[0], buf[1]]));
-                    if len == 0 {
-                        return;
-                    }
-                    if filled < 2 + len {
-                        if buf.len() < 2 + len {
-                            buf.resize(2 + len, 0);
-                        }
-                        break;
-                    }
+                // Handle every whole message received.
+                loop {
+                    let len = match frames.next() {
+                        Next::Message(len) => len,
+                        Next::NeedMore => break,
+                        Next::Empty => return,
+                    };
                     let Ok(slot) = pipeline.acquire().await else {
                         return;
                     };
                     slot.forget();
-                    let raw = &mut buf[2..2 + len];
+                    let raw = frames.message(len);
                     let handled = shared
                         .handle_query(&mut worker, raw, client, server, Transport::Tcp, || {
                             ReplyTo::Tcp(TcpReply::new(tx.clone()))
@@ -252,12 +242,11 @@ async fn tcp_connection(
                             let _ = tx.send(None);
                         }
                     }
-                    buf.copy_within(2 + len..filled, 0);
-                    filled -= 2 + len;
+                    frames.consume(len);
                 }
-                match tokio::time::timeout(idle, rd.read(&mut buf[filled..])).await {
+                match tokio::time::timeout(idle, rd.read(frames.spare())).await {
                     Ok(Ok(0) | Err(_)) => return,
-                    Ok(Ok(n)) => filled += n,
+                    Ok(Ok(n)) => frames.filled(n),
                     // Idle: close unless queries are still in flight.
                     Err(_) if pipeline.available_permits() == TCP_PIPELINE => return,
                     Err(_) => {}
