@@ -2,6 +2,10 @@
 //! socket it came in on and whose question is the query's (with 0x20, in the very case it was
 //! sent); then the client's spelling of the question is put back. Anything else is dropped
 //! with its reason, and the query keeps waiting for a good answer or its timeout.
+//!
+//! A TC=1 answer whose records are cut mid-record (RFC 1035 lets a server cut anywhere; old
+//! servers do) is kept as its header and question only: what matters in it is the TC bit,
+//! which sends the query to TCP (as unbound does, on the bit alone).
 
 use hickory_proto::op::Message;
 
@@ -19,6 +23,9 @@ pub(crate) struct Validated {
     pub(crate) entry: Inflight,
     /// Where the answer's question ends; `None` only for a health probe's answer.
     pub(crate) question_end: Option<usize>,
+    /// The answer's bytes are `raw[..len]`: all of them, or the header and question of a
+    /// truncated answer cut mid-record.
+    pub(crate) len: usize,
 }
 
 /// Validates `raw`, an upstream's datagram from the upstream's address. `take` looks the ID
@@ -33,11 +40,23 @@ pub(crate) fn validate(
         Some(id) if raw.len() >= wire::HEADER_LEN && wire::is_response(raw) => id,
         _ => return Err(DropReason::Malformed),
     };
-    // Parsed before the table is touched: garbage with a guessed ID must not end the query.
-    let Ok(msg) = Message::from_vec(raw) else {
-        return Err(DropReason::Malformed);
-    };
     let question_end = wire::question_end(raw);
+    // Parsed before the table is touched: garbage with a guessed ID must not end the query.
+    let (msg, len) = match Message::from_vec(raw) {
+        Ok(msg) => (msg, raw.len()),
+        Err(_) => match question_end {
+            Some(end) if wire::is_truncated(raw) => {
+                // Header and question only: no answer, authority or additional records.
+                raw[6..wire::HEADER_LEN].fill(0);
+                match Message::from_vec(&raw[..end]) {
+                    Ok(msg) => (msg, end),
+                    Err(_) => return Err(DropReason::Malformed),
+                }
+            }
+            _ => return Err(DropReason::Malformed),
+        },
+    };
+    let raw = &mut raw[..len];
     let entry = {
         let answer: &[u8] = raw;
         take(id, &|e: &Inflight| e.check_question(answer, question_end))?
@@ -54,6 +73,7 @@ pub(crate) fn validate(
         msg,
         entry,
         question_end,
+        len,
     })
 }
 

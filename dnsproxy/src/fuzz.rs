@@ -181,7 +181,9 @@ pub fn answer_path(client_query: &[u8], answer: &[u8], shape: AnswerShape) -> Op
             msg,
             entry,
             question_end,
+            len,
         }) => {
+            raw.truncate(len);
             let Some(origin) = entry.origin else {
                 return Some(path);
             };

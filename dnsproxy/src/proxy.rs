@@ -625,6 +625,7 @@ impl Shared {
             msg,
             entry,
             question_end: answer_qend,
+            len,
         } = match validated {
             Ok(validated) => validated,
             Err(reason) => {
@@ -632,6 +633,7 @@ impl Shared {
                 return None;
             }
         };
+        let raw = &mut raw[..len];
         let rtt = answered.saturating_duration_since(entry.sent);
         upstream.on_success(rtt, self.elapsed_ms(answered));
         let (Some(origin), Some(question_end)) = (entry.origin, answer_qend) else {
