@@ -226,6 +226,7 @@ impl DnsProxy {
             rate_limit,
             new_sockets: new_sockets_tx,
             rotation_warned_ms: AtomicU64::new(0),
+            fd_warned_ms: AtomicU64::new(0),
         });
         Ok(Self {
             shared,

@@ -70,6 +70,8 @@ pub(crate) struct Shared {
     pub(crate) new_sockets: mpsc::UnboundedSender<NewSocket>,
     /// When a failed socket rotation was last logged (ms since `start`), to rate-limit it.
     pub(crate) rotation_warned_ms: AtomicU64,
+    /// When running out of file descriptors on accept was last logged (ms since `start`).
+    pub(crate) fd_warned_ms: AtomicU64,
 }
 
 /// A warning that may repeat (a failed rotation, an accept without file descriptors) is logged
