@@ -8,12 +8,16 @@
 //! - the per-query policy check: the question is parsed with hickory-proto, its name made
 //!   canonical, and a [`QueryPolicy`] decides (allow, deny → REFUSED/NXDOMAIN, unknown client
 //!   → REFUSED);
-//! - forwarding: a pool of upstreams with health checks, each with a fixed set of long-lived
-//!   connected UDP sockets on random ports, and per socket an in-flight table keyed by a random
-//!   query ID. Only the two ID bytes of a query or answer are rewritten; everything else (EDNS0,
-//!   the DO bit, …) passes through untouched;
+//! - forwarding: a pool of upstreams with health checks, each with a fixed number of
+//!   long-lived connected UDP sockets on kernel-chosen ephemeral ports, each replaced by one on
+//!   a fresh port after `upstream_socket_max_queries` queries or `upstream_socket_max_age`
+//!   (the old one drains its queries in flight, then closes), and per socket an in-flight table
+//!   keyed by a random query ID. Only the two ID bytes of a query or answer are rewritten
+//!   (and, with `randomize_case`, the case of the question name's letters); everything else
+//!   (EDNS0, the DO bit, …) passes through untouched;
 //! - answer validation: the ID must be outstanding on the socket the answer came in on and the
-//!   question must match; anything else is dropped and counted;
+//!   question must match (with 0x20, in the case it was sent); anything else is dropped and
+//!   counted. A TC=1 answer cut mid-record is kept as its header and question;
 //! - TC=1 handling (retry over TCP, or pass through) and upstream timeouts (one periodic sweep);
 //! - holding each validated answer until the [`ResponseObserver`] has finished with it, at most
 //!   `response_max_delay`, then the configured fallback.
@@ -32,6 +36,9 @@
 //!   [`TruncatedAction`] says (passing TC to a TCP client would make it retry over TCP again);
 //! - a failed TCP retry is answered like an upstream timeout but does not mark the upstream
 //!   down (its UDP side answered);
+//! - out of file descriptors, a TCP client waiting to be accepted is accepted with a
+//!   descriptor kept in reserve and closed at once (counted, warned at most every 10 s), so it
+//!   is not left hanging in the backlog and the accept loop does not spin; UDP goes on;
 //! - after the hold fallback the observation is not cancelled: it runs to its end;
 //! - an answer without a question is accepted only for a health probe; an answer that does
 //!   not parse is dropped (counted) and the query keeps waiting for a good one or its timeout;
