@@ -1,6 +1,7 @@
 //! An upstream datagram's validation: a well-formed response, whose ID is outstanding on the
 //! socket it came in on and whose question is the query's (with 0x20, in the very case it was
-//! sent); then the client's spelling of the question is put back. Anything else is dropped
+//! sent); then the client's spelling of the question is put back (also when the upstream
+//! changed the case itself). Anything else is dropped
 //! with its reason, and the query keeps waiting for a good answer or its timeout.
 //!
 //! A TC=1 answer whose records are cut mid-record (RFC 1035 lets a server cut anywhere; old
@@ -61,8 +62,11 @@ pub(crate) fn validate(
         let answer: &[u8] = raw;
         take(id, &|e: &Inflight| e.check_question(answer, question_end))?
     };
-    let msg = match (&entry.sent_name, question_end) {
-        (Some(_), Some(end)) => {
+    // The client gets its question as it wrote it, whether the case changed on the way out
+    // (0x20) or at the upstream (which may answer in another case: names compare
+    // case-insensitively), so a client doing its own 0x20 check accepts the reply.
+    let msg = match question_end {
+        Some(end) if raw.get(wire::HEADER_LEN..end) != entry.query.get(wire::HEADER_LEN..end) => {
             case::restore(raw, &entry.query, end);
             // Only the case of the name's letters changed: it parses as before.
             Message::from_vec(raw).unwrap_or(msg)
@@ -105,4 +109,113 @@ pub(crate) fn fit_udp<'a>(
     let low = (code & 0x0f) as u8;
     wire::write_header_reply(out, raw, client_id, Some(question_end), low, true, opt);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::IdSource;
+    use crate::upstream_socket::Table;
+
+    /// `time.windows.com. AAAA` as a client wrote it.
+    fn client_query() -> Vec<u8> {
+        let mut q = vec![0x56, 0xa9, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
+        q.extend_from_slice(b"\x04time\x07windows\x03com\x00\x00\x1c\x00\x01");
+        q
+    }
+
+    /// Validates `answer` (its ID set to the query's) against `query` forwarded on a table.
+    fn run(
+        query: &[u8],
+        mut answer: Vec<u8>,
+        randomize: bool,
+    ) -> Result<(Vec<u8>, Validated), DropReason> {
+        let mut table = Table::new();
+        let mut ids = IdSource::new();
+        let slot = table.insert(&mut ids).unwrap();
+        let id = slot.id();
+        let end = wire::question_end(query).unwrap();
+        let mut sent = query.to_vec();
+        wire::set_id(&mut sent, id);
+        let stored = sent.clone();
+        let sent_name = randomize.then(|| case::randomize(&mut sent, end, &mut ids));
+        slot.fill(Inflight {
+            query: stored,
+            question_end: end,
+            sent_name,
+            sent: tokio::time::Instant::now(),
+            origin: None,
+        });
+        wire::set_id(&mut answer, id);
+        let v = validate(&mut answer, |id, check| table.take(id, check))?;
+        answer.truncate(v.len);
+        Ok((answer, v))
+    }
+
+    /// Regression (fuzz `dns_answer`, `fuzz/regressions/dns_answer/upstream-changes-question-case`):
+    /// without 0x20, an upstream that answers `time.windowS.com` to `time.windows.com` was
+    /// accepted (names compare case-insensitively) and its spelling reached the client, which
+    /// would drop it if it checks the case itself.
+    #[test]
+    fn the_client_gets_its_spelling_back_when_the_upstream_changes_the_case() {
+        let query = client_query();
+        let end = wire::question_end(&query).unwrap();
+        let mut answer = query.clone();
+        answer[2] |= 0x80;
+        answer[HEADER_NAME_S] = b'S';
+        let (reply, v) = run(&query, answer, false).unwrap();
+        assert_eq!(reply[wire::HEADER_LEN..end], query[wire::HEADER_LEN..end]);
+        assert_eq!(v.msg.queries[0].name.to_ascii(), "time.windows.com.");
+    }
+
+    /// Where the `s` of `windows` is in [`client_query`].
+    const HEADER_NAME_S: usize = 12 + 5 + 7;
+
+    /// Regression (fuzz `dns_answer`, `fuzz/regressions/dns_answer/answer-with-three-questions`):
+    /// an answer with QDCOUNT 3 whose first question was the query's was accepted, and the
+    /// observer shown three questions.
+    #[test]
+    fn an_answer_with_more_than_one_question_is_dropped() {
+        let query = client_query();
+        let mut answer = query.clone();
+        answer[2] |= 0x80;
+        answer[5] = 2; // QDCOUNT
+        answer.extend_from_slice(b"\x01x\x00\x00\x01\x00\x01");
+        assert!(matches!(
+            run(&query, answer, false),
+            Err(DropReason::QuestionMismatch)
+        ));
+    }
+
+    #[test]
+    fn with_0x20_only_the_exact_case_is_accepted() {
+        let query = client_query();
+        let mut answer = query.clone();
+        answer[2] |= 0x80;
+        // The client's spelling is (almost surely) not the random one sent.
+        assert!(matches!(
+            run(&query, answer, true),
+            Err(DropReason::CaseMismatch)
+        ));
+    }
+
+    #[test]
+    fn a_truncated_answer_cut_mid_record_keeps_its_header_and_question() {
+        let query = client_query();
+        let end = wire::question_end(&query).unwrap();
+        let mut answer = query.clone();
+        answer[2] |= 0x82; // QR, TC
+        answer[7] = 1; // ANCOUNT
+        answer.extend_from_slice(&[0xc0, 12, 0, 28, 0, 1, 0, 0, 0, 60, 0, 16, 0x20, 0x01]);
+        let (reply, v) = run(&query, answer.clone(), false).unwrap();
+        assert_eq!(v.len, end);
+        assert_eq!(reply.len(), end);
+        assert!(v.msg.metadata.truncation && v.msg.answers.is_empty());
+        // Without TC it is garbage.
+        answer[2] &= !0x02;
+        assert!(matches!(
+            run(&query, answer, false),
+            Err(DropReason::Malformed)
+        ));
+    }
 }

@@ -61,8 +61,9 @@ pub(crate) struct Inflight {
 
 impl Inflight {
     /// Whether `answer` (whose question ends at `answer_end`, if it has one) answers this
-    /// query: the same question (name case-insensitively, type and class exactly); with 0x20,
-    /// the name exactly as sent. A health probe accepts an answer without a question.
+    /// query: exactly one question, the same (name case-insensitively, type and class
+    /// exactly); with 0x20, the name exactly as sent. A health probe accepts an answer without
+    /// a question.
     pub(crate) fn check_question(
         &self,
         answer: &[u8],
@@ -74,7 +75,10 @@ impl Inflight {
                 Some(_) => Err(DropReason::QuestionMismatch),
             };
         };
-        if !wire::same_question(answer, end, &self.query, self.question_end) {
+        // Extra questions are no part of an answer to one (and nobody says what they mean).
+        if wire::qdcount(answer) != 1
+            || !wire::same_question(answer, end, &self.query, self.question_end)
+        {
             return Err(DropReason::QuestionMismatch);
         }
         match &self.sent_name {
