@@ -5,6 +5,7 @@
 #
 #   scripts/fuzz-smoke.sh                 # every target, 20 s each
 #   FUZZ_SECONDS=60 scripts/fuzz-smoke.sh dns_name answer_chain
+#   FUZZ_SECONDS=5 scripts/fuzz-smoke.sh  # what .ci/run does
 #
 # The per-target summary (executions, exec/s, coverage) goes to stdout; libFuzzer's own log of
 # each run is kept in ${FUZZ_LOG_DIR:-fuzz/target/smoke-logs}/<target>.log.
@@ -16,6 +17,23 @@ seconds="${FUZZ_SECONDS:-20}"
 log_dir="${FUZZ_LOG_DIR:-$root/fuzz/target/smoke-logs}"
 mkdir -p "$log_dir"
 
+# A fresh machine: the nightly toolchain (libFuzzer's sanitizer flags; `+nightly` takes
+# precedence over the pinned rust-toolchain.toml), a C++ compiler (libfuzzer-sys builds
+# libFuzzer) and cargo-fuzz.
+if ! rustup run nightly rustc --version >/dev/null 2>&1; then
+    echo "nightly toolchain not found: installing it" >&2
+    rustup toolchain install nightly --profile minimal
+fi
+if ! command -v c++ >/dev/null 2>&1 && ! command -v clang++ >/dev/null 2>&1; then
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "no C++ compiler: installing g++" >&2
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends g++ >/dev/null \
+            || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends g++ >/dev/null; }
+    else
+        echo "fuzz-smoke.sh: a C++ compiler (g++ or clang++) is needed to build libFuzzer" >&2
+        exit 1
+    fi
+fi
 if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
     echo "cargo-fuzz not found: installing it" >&2
     cargo +nightly install cargo-fuzz --locked

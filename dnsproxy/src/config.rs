@@ -70,6 +70,21 @@ pub struct Config {
     pub upstreams: Vec<SocketAddr>,
     /// Long-lived UDP sockets per upstream, each on its own random source port.
     pub upstream_sockets: usize,
+    /// Queries one upstream socket carries before it is replaced by a socket on a fresh
+    /// ephemeral port (the old one drains its queries in flight, then closes); 0 = no bound.
+    /// Between unbound's new port per query and dnsdist's fixed sockets: an off-path spoofer
+    /// who learnt or guessed a port has it for at most this many queries, while a rotation
+    /// costs a few system calls every few thousand queries.
+    pub upstream_socket_max_queries: u64,
+    /// Age after which an upstream socket is replaced by the next query that would use it;
+    /// zero = no bound. Keeps the port of a quiet proxy from living for days.
+    pub upstream_socket_max_age: Duration,
+    /// DNS 0x20 (draft-vixie-dnsext-dns0x20): flip the case of the letters of each forwarded
+    /// UDP query's name at random, drop an answer whose question does not echo that case
+    /// exactly (counted as `case_mismatch`), and give the client its own spelling back. Adds
+    /// one bit per letter to what a spoofer must guess. Off by default: a few upstreams do not
+    /// preserve case, and their every answer would be dropped.
+    pub randomize_case: bool,
     /// How long an upstream may take to answer.
     pub upstream_timeout: Duration,
     /// What to do when it does not.
@@ -131,6 +146,9 @@ impl Default for Config {
             udp_sockets_per_address: std::thread::available_parallelism().map_or(1, usize::from),
             upstreams: Vec::new(),
             upstream_sockets: 4,
+            upstream_socket_max_queries: 4096,
+            upstream_socket_max_age: Duration::from_secs(60),
+            randomize_case: false,
             upstream_timeout: Duration::from_secs(5),
             on_upstream_timeout: UpstreamTimeoutAction::ServFail,
             health_check_interval: Duration::from_secs(5),

@@ -1,7 +1,8 @@
 //! Unpredictable upstream query IDs.
 //!
-//! With a fixed set of upstream sockets the source port no longer changes per query, so the
-//! 16-bit ID is most of what an off-path spoofer has to guess. IDs therefore come from the
+//! With long-lived upstream sockets the source port changes only when a socket is rotated
+//! (every few thousand queries), not per query, so the 16-bit ID is most of what an off-path
+//! spoofer has to guess. IDs therefore come from the
 //! kernel's CSPRNG (`getrandom`), fetched 256 at a time so a query costs a copy, not a syscall.
 
 use std::hash::{BuildHasher, Hasher};

@@ -8,12 +8,16 @@
 //! - the per-query policy check: the question is parsed with hickory-proto, its name made
 //!   canonical, and a [`QueryPolicy`] decides (allow, deny → REFUSED/NXDOMAIN, unknown client
 //!   → REFUSED);
-//! - forwarding: a pool of upstreams with health checks, each with a fixed set of long-lived
-//!   connected UDP sockets on random ports, and per socket an in-flight table keyed by a random
-//!   query ID. Only the two ID bytes of a query or answer are rewritten; everything else (EDNS0,
-//!   the DO bit, …) passes through untouched;
+//! - forwarding: a pool of upstreams with health checks, each with a fixed number of
+//!   long-lived connected UDP sockets on kernel-chosen ephemeral ports, each replaced by one on
+//!   a fresh port after `upstream_socket_max_queries` queries or `upstream_socket_max_age`
+//!   (the old one drains its queries in flight, then closes), and per socket an in-flight table
+//!   keyed by a random query ID. Only the two ID bytes of a query or answer are rewritten
+//!   (and, with `randomize_case`, the case of the question name's letters); everything else
+//!   (EDNS0, the DO bit, …) passes through untouched;
 //! - answer validation: the ID must be outstanding on the socket the answer came in on and the
-//!   question must match; anything else is dropped and counted;
+//!   question must match (with 0x20, in the case it was sent); anything else is dropped and
+//!   counted. A TC=1 answer cut mid-record is kept as its header and question;
 //! - TC=1 handling (retry over TCP, or pass through) and upstream timeouts (one periodic sweep);
 //! - holding each validated answer until the [`ResponseObserver`] has finished with it, at most
 //!   `response_max_delay`, then the configured fallback.
@@ -32,6 +36,9 @@
 //!   [`TruncatedAction`] says (passing TC to a TCP client would make it retry over TCP again);
 //! - a failed TCP retry is answered like an upstream timeout but does not mark the upstream
 //!   down (its UDP side answered);
+//! - out of file descriptors, a TCP client waiting to be accepted is accepted with a
+//!   descriptor kept in reserve and closed at once (counted, warned at most every 10 s), so it
+//!   is not left hanging in the backlog and the accept loop does not spin; UDP goes on;
 //! - after the hold fallback the observation is not cancelled: it runs to its end;
 //! - an answer without a question is accepted only for a health probe; an answer that does
 //!   not parse is dropped (counted) and the query keeps waiting for a good one or its timeout;
@@ -65,24 +72,31 @@
 
 #![forbid(unsafe_code)]
 
+mod answer;
+mod case;
 mod config;
 mod error;
+mod framing;
+#[doc(hidden)]
+pub mod fuzz;
 mod ids;
 mod listen;
 pub mod metrics;
 mod observer;
 mod policy;
 mod proxy;
+mod query;
 mod querylog;
 mod ratelimit;
 mod transparent;
 mod upstream;
+mod upstream_socket;
 mod wire;
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -102,14 +116,16 @@ use crate::metrics::Metrics;
 use crate::proxy::{Shared, UdpListener};
 use crate::ratelimit::RateLimiter;
 use crate::transparent::RawSender;
-use crate::upstream::{OriginalUpstreams, Upstream};
+use crate::upstream::{NewSocket, OriginalUpstreams, Upstream};
+use crate::upstream_socket::Rotation;
 
 /// A bound DNS proxy; [`DnsProxy::run`] serves until shut down.
 pub struct DnsProxy {
     shared: Arc<Shared>,
     tcp: Vec<(TcpListener, SocketAddr)>,
-    /// Upstreams opened for original destinations, whose receivers `run` starts.
-    opened: Option<mpsc::UnboundedReceiver<Arc<Upstream>>>,
+    /// Upstream sockets opened after bind (rotations, original destinations), whose receivers
+    /// `run` starts.
+    new_sockets: mpsc::UnboundedReceiver<NewSocket>,
 }
 
 impl std::fmt::Debug for DnsProxy {
@@ -167,25 +183,30 @@ impl DnsProxy {
         } else {
             None
         };
+        let rotation = Rotation {
+            max_queries: config.upstream_socket_max_queries,
+            max_age: config.upstream_socket_max_age,
+        };
         let mut upstreams = Vec::with_capacity(config.upstreams.len());
         for &addr in &config.upstreams {
             upstreams.push(Arc::new(Upstream::bind(
                 addr,
                 config.upstream_sockets,
+                rotation,
                 Metrics::upstream_up(addr),
             )?));
         }
         let metrics = Metrics::new();
-        let (originals, opened) = if config.forward_to_original_destination {
-            let (table, opened) = OriginalUpstreams::new(
+        let (new_sockets_tx, new_sockets) = mpsc::unbounded_channel();
+        let originals = config.forward_to_original_destination.then(|| {
+            OriginalUpstreams::new(
                 config.max_original_destinations,
                 config.upstream_sockets,
+                rotation,
                 metrics.original_destinations.clone(),
-            );
-            (Some(table), Some(opened))
-        } else {
-            (None, None)
-        };
+                new_sockets_tx.clone(),
+            )
+        });
         let mut own: Vec<SocketAddr> = udp.iter().map(|l| l.local).collect();
         own.extend(tcp.iter().map(|(_, local)| *local));
         own.sort_unstable();
@@ -210,11 +231,14 @@ impl DnsProxy {
             metrics,
             start: Instant::now(),
             rate_limit,
+            new_sockets: new_sockets_tx,
+            rotation_warned_ms: AtomicU64::new(0),
+            fd_warned_ms: AtomicU64::new(0),
         });
         Ok(Self {
             shared,
             tcp,
-            opened,
+            new_sockets,
         })
     }
 
@@ -257,7 +281,7 @@ impl DnsProxy {
         let Self {
             shared,
             tcp,
-            mut opened,
+            mut new_sockets,
         } = self;
         let mut tasks: JoinSet<Result<(), Error>> = JoinSet::new();
         let mut names = std::collections::HashMap::new();
@@ -270,9 +294,10 @@ impl DnsProxy {
             names.insert(h.id(), "tcp listener");
         }
         for upstream in &shared.upstreams {
-            for si in 0..upstream.sockets.len() {
-                let h = tasks.spawn(shared.clone().upstream_loop(upstream.clone(), si));
-                names.insert(h.id(), "upstream receiver");
+            for si in 0..upstream.slots() {
+                let socket = upstream.socket(si);
+                let h = tasks.spawn(shared.clone().upstream_loop(upstream.clone(), socket));
+                names.insert(h.id(), UPSTREAM_RECEIVER);
             }
         }
         let sweep = shared.clone().sweep_loop();
@@ -290,28 +315,22 @@ impl DnsProxy {
 
         let mut shutdown = std::pin::pin!(shutdown);
         let result = loop {
-            let next_opened = async {
-                match opened.as_mut() {
-                    Some(rx) => rx.recv().await,
-                    None => std::future::pending().await,
-                }
-            };
             tokio::select! {
                 () = &mut shutdown => break Ok(()),
-                Some(done) = tasks.join_next_with_id() => break match done {
-                    Ok((_, result)) => result,
-                    Err(e) => Err(Error::TaskPanicked {
+                Some(done) = tasks.join_next_with_id() => match done {
+                    // A retired upstream socket drained: its receiver is done.
+                    Ok((id, Ok(()))) if names.remove(&id) == Some(UPSTREAM_RECEIVER) => {}
+                    Ok((_, result)) => break result,
+                    Err(e) => break Err(Error::TaskPanicked {
                         task: names.get(&e.id()).copied().unwrap_or("unknown"),
                         reason: e.to_string(),
                     }),
                 },
-                // An upstream opened for an original destination: its receivers join the
-                // others (and stop with them).
-                Some(upstream) = next_opened => {
-                    for si in 0..upstream.sockets.len() {
-                        let h = tasks.spawn(shared.clone().upstream_loop(upstream.clone(), si));
-                        names.insert(h.id(), "original destination receiver");
-                    }
+                // A socket opened by a rotation or for a new original destination: its
+                // receiver joins the others (and stops with them).
+                Some((upstream, socket)) = new_sockets.recv() => {
+                    let h = tasks.spawn(shared.clone().upstream_loop(upstream, socket));
+                    names.insert(h.id(), UPSTREAM_RECEIVER);
                 }
             }
         };
@@ -320,6 +339,9 @@ impl DnsProxy {
         result
     }
 }
+
+/// The task name of every upstream socket's receiver.
+const UPSTREAM_RECEIVER: &str = "upstream receiver";
 
 /// Reads the proxy's counters from anywhere; see [`DnsProxy::stats_handle`].
 #[derive(Clone)]
@@ -357,6 +379,9 @@ fn stats(shared: &Shared) -> ProxyStats {
         inflight: shared.inflight.load(Ordering::Acquire),
         tcp_connections: shared.tcp_open.load(Ordering::Relaxed),
         tcp_refused: m.tcp_refused.get(),
+        tcp_refused_fd_exhausted: m.tcp_refused_fd_exhausted.get(),
+        upstream_socket_rotations: m.upstream_socket_rotations.get(),
+        upstream_socket_rotation_failures: m.upstream_socket_rotation_failures.get(),
         upstreams: shared.upstreams.iter().map(|u| u.health()).collect(),
         raw_replies: m.raw_replies.get(),
         raw_reply_errors: m.raw_reply_errors.get(),

@@ -13,6 +13,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
 use crate::error::Error;
+use crate::framing::{FrameReader, Next};
 use crate::policy::Transport;
 use crate::proxy::{BATCH, ERROR_PAUSE, Handled, Shared, Worker, is_transient};
 use crate::transparent;
@@ -20,9 +21,6 @@ use crate::upstream::{ReplyTo, TcpOut, TcpReply};
 
 /// Queries one TCP connection may have in flight at once; reading pauses past it.
 pub(crate) const TCP_PIPELINE: usize = 128;
-
-/// A TCP connection's read buffer to start with.
-const TCP_INITIAL_BUFFER: usize = 2048;
 
 /// Why a listener could not be made: the socket call failed, or `IP_TRANSPARENT` was refused.
 #[derive(Debug)]
@@ -164,7 +162,8 @@ pub(crate) async fn udp_loop(shared: Arc<Shared>, index: usize) -> Result<(), Er
 }
 
 /// Accepts TCP clients up to `max_tcp_connections`; past it new connections are closed at
-/// once.
+/// once. When the process has no file descriptor left (EMFILE, ENFILE) a waiting client is
+/// accepted with the descriptor kept in reserve and closed at once (see [`shed_one`]).
 pub(crate) async fn tcp_accept_loop(
     shared: Arc<Shared>,
     listener: TcpListener,
@@ -172,16 +171,25 @@ pub(crate) async fn tcp_accept_loop(
 ) -> Result<(), Error> {
     let slots = Arc::new(Semaphore::new(shared.config.max_tcp_connections));
     let mut connections = JoinSet::new();
+    let mut spare = reserve_fd();
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
-            // Out of file descriptors, a connection reset before accept, …: keep serving.
+            Err(e) if is_fd_exhausted(&e) => {
+                shed_one(&shared, &listener, local, &mut spare, &e).await;
+                continue;
+            }
+            // A connection reset before accept, …: keep serving.
             Err(e) => {
                 tracing::warn!(addr = %local, error = %e, "DNS TCP accept failed");
                 tokio::time::sleep(ERROR_PAUSE).await;
                 continue;
             }
         };
+        if spare.is_none() {
+            // Descriptors are back: keep one in reserve again.
+            spare = reserve_fd();
+        }
         while connections.try_join_next().is_some() {}
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             shared.metrics.tcp_refused.inc();
@@ -191,6 +199,62 @@ pub(crate) async fn tcp_accept_loop(
         };
         connections.spawn(tcp_connection(shared.clone(), stream, peer, local, permit));
     }
+}
+
+/// A file descriptor held in reserve for [`shed_one`] (`/dev/null`, read-only); `None` if even
+/// that cannot be opened.
+fn reserve_fd() -> Option<std::fs::File> {
+    std::fs::File::open("/dev/null").ok()
+}
+
+/// Whether accept failed for want of a file descriptor (the process's or the system's).
+fn is_fd_exhausted(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(code) if code == nix::errno::Errno::EMFILE as i32 || code == nix::errno::Errno::ENFILE as i32
+    )
+}
+
+/// Out of file descriptors: the connection at the head of the backlog is accepted with the
+/// reserve descriptor and closed at once, so its client sees the connection closed instead of
+/// hanging in the backlog, and the listener stops being readable for it (otherwise accept
+/// fails again at once and the loop spins). Then the reserve is taken back. Counted as
+/// `fd_exhausted`, logged at most every [`crate::proxy::WARN_EVERY`]. UDP needs no new
+/// descriptor and goes on being served.
+async fn shed_one(
+    shared: &Shared,
+    listener: &TcpListener,
+    local: SocketAddr,
+    spare: &mut Option<std::fs::File>,
+    error: &io::Error,
+) {
+    let now = tokio::time::Instant::now();
+    if shared.warn_due(&shared.fd_warned_ms, now) {
+        tracing::warn!(addr = %local, error = %error, "no file descriptor left: new DNS TCP clients are refused (UDP is still served)");
+    }
+    if spare.take().is_none() {
+        // No reserve to give up: wait rather than spin, and try to get one back.
+        tokio::time::sleep(ERROR_PAUSE).await;
+        *spare = reserve_fd();
+        return;
+    }
+    // One attempt, without waiting: the client may have gone meanwhile.
+    let accepted = std::future::poll_fn(|cx| match listener.poll_accept(cx) {
+        std::task::Poll::Ready(result) => std::task::Poll::Ready(Some(result)),
+        std::task::Poll::Pending => std::task::Poll::Ready(None),
+    })
+    .await;
+    match accepted {
+        Some(Ok((stream, peer))) => {
+            shared.metrics.tcp_refused_fd_exhausted.inc();
+            tracing::debug!(client = %peer, "DNS TCP connection closed: no file descriptor left");
+            drop(stream);
+        }
+        // Another thread took the descriptor (or the system has none): pause, not spin.
+        Some(Err(_)) => tokio::time::sleep(ERROR_PAUSE).await,
+        None => {}
+    }
+    *spare = reserve_fd();
 }
 
 /// Serves one TCP client: queries are read and handled as they come (up to
@@ -216,28 +280,20 @@ async fn tcp_connection(
         let (shared, pipeline) = (&shared, &pipeline);
         async move {
             let mut worker = Worker::new(0);
-            // Grows to the largest frame seen (at most 2 + 65535 bytes): idle connections stay
-            // small.
-            let mut buf = vec![0u8; TCP_INITIAL_BUFFER];
-            let mut filled = 0;
+            let mut frames = FrameReader::default();
             loop {
-                // Handle every complete frame in the buffer.
-                while filled >= 2 {
-                    let len = usize::from(u16::from_be_bytes([buf[0], buf[1]]));
-                    if len == 0 {
-                        return;
-                    }
-                    if filled < 2 + len {
-                        if buf.len() < 2 + len {
-                            buf.resize(2 + len, 0);
-                        }
-                        break;
-                    }
+                // Handle every whole message received.
+                loop {
+                    let len = match frames.next() {
+                        Next::Message(len) => len,
+                        Next::NeedMore => break,
+                        Next::Empty => return,
+                    };
                     let Ok(slot) = pipeline.acquire().await else {
                         return;
                     };
                     slot.forget();
-                    let raw = &mut buf[2..2 + len];
+                    let raw = frames.message(len);
                     let handled = shared
                         .handle_query(&mut worker, raw, client, server, Transport::Tcp, || {
                             ReplyTo::Tcp(TcpReply::new(tx.clone()))
@@ -252,12 +308,11 @@ async fn tcp_connection(
                             let _ = tx.send(None);
                         }
                     }
-                    buf.copy_within(2 + len..filled, 0);
-                    filled -= 2 + len;
+                    frames.consume(len);
                 }
-                match tokio::time::timeout(idle, rd.read(&mut buf[filled..])).await {
+                match tokio::time::timeout(idle, rd.read(frames.spare())).await {
                     Ok(Ok(0) | Err(_)) => return,
-                    Ok(Ok(n)) => filled += n,
+                    Ok(Ok(n)) => frames.filled(n),
                     // Idle: close unless queries are still in flight.
                     Err(_) if pipeline.available_permits() == TCP_PIPELINE => return,
                     Err(_) => {}

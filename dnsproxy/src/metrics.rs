@@ -32,8 +32,15 @@ pub const UPSTREAM_UP: &str = "fqdnd_dns_upstream_up";
 /// Held answers whose observer did not finish in time or failed (`reason` label: `timeout`,
 /// `observer_error`), whatever the fallback.
 pub const HOLD_FALLBACKS: &str = "fqdnd_dns_hold_fallbacks_total";
-/// TCP client connections closed at once because `max_tcp_connections` were open.
+/// TCP client connections closed at once (`reason` label: `max_connections` when
+/// `max_tcp_connections` were open, `fd_exhausted` when the process had no file descriptor
+/// left to accept it with).
 pub const TCP_REFUSED: &str = "fqdnd_dns_tcp_connections_refused_total";
+/// Upstream sockets replaced by one on a fresh port (`upstream_socket_max_queries` / `_age`).
+pub const UPSTREAM_SOCKET_ROTATIONS: &str = "fqdnd_dns_upstream_socket_rotations_total";
+/// Rotations that failed to open the new socket (the old one stays in service).
+pub const UPSTREAM_SOCKET_ROTATION_FAILURES: &str =
+    "fqdnd_dns_upstream_socket_rotation_failures_total";
 /// UDP replies sent through the transparent mode's raw socket (from the original destination).
 pub const RAW_REPLIES: &str = "fqdnd_dns_raw_replies_total";
 /// UDP replies the raw socket failed to send.
@@ -81,7 +88,17 @@ pub fn describe_metrics() {
     metrics::describe_counter!(
         TCP_REFUSED,
         Unit::Count,
-        "TCP client connections closed because too many were open"
+        "TCP client connections closed at once: too many open, or no file descriptor left"
+    );
+    metrics::describe_counter!(
+        UPSTREAM_SOCKET_ROTATIONS,
+        Unit::Count,
+        "upstream UDP sockets replaced by one on a fresh port"
+    );
+    metrics::describe_counter!(
+        UPSTREAM_SOCKET_ROTATION_FAILURES,
+        Unit::Count,
+        "upstream socket rotations that could not open the new socket"
     );
     metrics::describe_counter!(
         RAW_REPLIES,
@@ -117,6 +134,8 @@ pub enum DropReason {
     Late,
     /// The ID matched but the question (name, type, class) did not.
     QuestionMismatch,
+    /// With `randomize_case` (0x20): the question matched but not in the case it was sent in.
+    CaseMismatch,
     /// Not a well-formed DNS response.
     Malformed,
     /// From an address other than the upstream's (the connected socket should make this
@@ -126,11 +145,12 @@ pub enum DropReason {
 
 impl DropReason {
     /// Every reason, in declaration order.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::UnknownId,
         Self::Duplicate,
         Self::Late,
         Self::QuestionMismatch,
+        Self::CaseMismatch,
         Self::Malformed,
         Self::WrongSource,
     ];
@@ -142,6 +162,7 @@ impl DropReason {
             Self::Duplicate => "duplicate",
             Self::Late => "late",
             Self::QuestionMismatch => "question_mismatch",
+            Self::CaseMismatch => "case_mismatch",
             Self::Malformed => "malformed",
             Self::WrongSource => "wrong_source",
         }
@@ -189,6 +210,13 @@ pub struct ProxyStats {
     pub tcp_connections: usize,
     /// TCP client connections closed at once because the limit was reached.
     pub tcp_refused: u64,
+    /// TCP client connections closed at once because no file descriptor was left (EMFILE /
+    /// ENFILE on accept).
+    pub tcp_refused_fd_exhausted: u64,
+    /// Upstream sockets replaced by one on a fresh port.
+    pub upstream_socket_rotations: u64,
+    /// Rotations that could not open the new socket.
+    pub upstream_socket_rotation_failures: u64,
     /// Every upstream, in configuration order.
     pub upstreams: Vec<UpstreamHealth>,
     /// UDP replies sent from the original destination through the raw socket (transparent
@@ -252,11 +280,14 @@ impl Count {
 /// Every handle the proxy uses, registered once.
 pub(crate) struct Metrics {
     pub(crate) queries: [Count; 10],
-    pub(crate) dropped: [Count; 6],
+    pub(crate) dropped: [Count; 7],
     pub(crate) concurrency_limited: Count,
     pub(crate) hold_timeouts: Count,
     pub(crate) observer_errors: Count,
     pub(crate) tcp_refused: Count,
+    pub(crate) tcp_refused_fd_exhausted: Count,
+    pub(crate) upstream_socket_rotations: Count,
+    pub(crate) upstream_socket_rotation_failures: Count,
     pub(crate) raw_replies: Count,
     pub(crate) raw_reply_errors: Count,
     pub(crate) original_destination_overflow: Count,
@@ -279,7 +310,14 @@ impl Metrics {
             observer_errors: Count::new(
                 metrics::counter!(HOLD_FALLBACKS, "reason" => "observer_error"),
             ),
-            tcp_refused: Count::new(metrics::counter!(TCP_REFUSED)),
+            tcp_refused: Count::new(metrics::counter!(TCP_REFUSED, "reason" => "max_connections")),
+            tcp_refused_fd_exhausted: Count::new(
+                metrics::counter!(TCP_REFUSED, "reason" => "fd_exhausted"),
+            ),
+            upstream_socket_rotations: Count::new(metrics::counter!(UPSTREAM_SOCKET_ROTATIONS)),
+            upstream_socket_rotation_failures: Count::new(metrics::counter!(
+                UPSTREAM_SOCKET_ROTATION_FAILURES
+            )),
             raw_replies: Count::new(metrics::counter!(RAW_REPLIES)),
             raw_reply_errors: Count::new(metrics::counter!(RAW_REPLY_ERRORS)),
             original_destination_overflow: Count::new(metrics::counter!(

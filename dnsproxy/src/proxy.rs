@@ -6,16 +6,19 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use hickory_proto::op::{Message, MessageType, OpCode};
+use hickory_proto::op::Message;
 use hickory_proto::rr::RecordType;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 
+use crate::answer::{self, Validated};
+use crate::case;
 use crate::config::{
     Config, HoldFallback, RateLimitAction, RejectCode, TruncatedAction, UpstreamTimeoutAction,
 };
@@ -23,11 +26,13 @@ use crate::ids::IdSource;
 use crate::metrics::{DropReason, HoldFailure, Metrics};
 use crate::observer::{Observation, ObserveFuture, ResponseContext, ResponseObserver};
 use crate::policy::{QueryInfo, QueryPolicy, Transport, Verdict};
+use crate::query::{self, ParsedQuery};
 use crate::querylog::{QueryLog, QueryLogEntry, QueryResult};
 use crate::ratelimit::RateLimiter;
 use crate::transparent::{self, RawSender};
-use crate::upstream::{Asked, Inflight, OpenError, Origin, OriginalUpstreams, ReplyTo, Upstream};
-use crate::wire::{self, Opt, rcode};
+use crate::upstream::{Asked, NewSocket, OpenError, Origin, OriginalUpstreams, ReplyTo, Upstream};
+use crate::upstream_socket::{Inflight, UpstreamSocket};
+use crate::wire::{self, rcode};
 
 /// Packets handled per readiness wake before the task yields to others on its thread.
 pub(crate) const BATCH: usize = 64;
@@ -61,7 +66,17 @@ pub(crate) struct Shared {
     pub(crate) start: Instant,
     /// Per-client token buckets, when a rate limit is configured.
     pub(crate) rate_limit: Option<RateLimiter>,
+    /// Upstream sockets opened while running (rotations), whose receivers `run` starts.
+    pub(crate) new_sockets: mpsc::UnboundedSender<NewSocket>,
+    /// When a failed socket rotation was last logged (ms since `start`), to rate-limit it.
+    pub(crate) rotation_warned_ms: AtomicU64,
+    /// When running out of file descriptors on accept was last logged (ms since `start`).
+    pub(crate) fd_warned_ms: AtomicU64,
 }
+
+/// A warning that may repeat (a failed rotation, an accept without file descriptors) is logged
+/// at most this often.
+pub(crate) const WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// Per-task state of a query-receiving task: no sharing, no locking.
 pub(crate) struct Worker {
@@ -178,69 +193,32 @@ impl Shared {
         reply: impl FnOnce() -> ReplyTo,
     ) -> Handled {
         let received = Instant::now();
-        let Ok(msg) = Message::from_vec(raw) else {
-            return self.malformed(w, raw, client, transport, received);
+        let parsed = match query::parse(raw) {
+            Ok(parsed) => parsed,
+            Err(not_forwarded) => {
+                let code = not_forwarded.write_reply(&mut w.scratch, raw);
+                self.finish(
+                    client,
+                    transport,
+                    "",
+                    not_forwarded.qtype(),
+                    received,
+                    Outcome::local(QueryResult::Malformed, code),
+                );
+                return match code {
+                    Some(_) => Handled::Reply,
+                    None => Handled::Dropped,
+                };
+            }
         };
-        if msg.metadata.message_type != MessageType::Query {
-            // A response sent to the listener: never answer it (no reflection loops).
-            self.finish(
-                client,
-                transport,
-                "",
-                None,
-                received,
-                Outcome::local(QueryResult::Malformed, None),
-            );
-            return Handled::Dropped;
-        }
-        let client_id = msg.metadata.id;
-        let opt = msg.edns.as_ref().map(|e| Opt {
-            dnssec_ok: e.flags().dnssec_ok,
-            rcode_high: 0,
-        });
-        let question_end = match msg.queries.len() {
-            1 => wire::question_end(raw),
-            _ => None,
-        };
-        let Some(question_end) = question_end else {
-            wire::write_header_reply(
-                &mut w.scratch,
-                raw,
-                client_id,
-                None,
-                rcode::FORMERR,
-                false,
-                opt,
-            );
-            self.finish(
-                client,
-                transport,
-                "",
-                None,
-                received,
-                Outcome::local(QueryResult::Malformed, Some(rcode::FORMERR)),
-            );
-            return Handled::Reply;
-        };
-        let qtype = msg.queries[0].query_type;
-        if msg.metadata.op_code != OpCode::Query {
-            let (qe, code) = (Some(question_end), rcode::NOTIMP);
-            wire::write_header_reply(&mut w.scratch, raw, client_id, qe, code, false, opt);
-            self.finish(
-                client,
-                transport,
-                "",
-                Some(qtype),
-                received,
-                Outcome::local(QueryResult::Malformed, Some(code)),
-            );
-            return Handled::Reply;
-        }
-        let udp_limit = msg.max_payload();
-        drop(msg);
-
-        let mut name = String::with_capacity(question_end - wire::HEADER_LEN);
-        wire::canonical_name(raw, question_end, &mut name);
+        let ParsedQuery {
+            client_id,
+            opt,
+            question_end,
+            qtype,
+            udp_limit,
+            name,
+        } = parsed;
         let info = QueryInfo {
             client,
             server,
@@ -308,34 +286,6 @@ impl Shared {
         Handled::Reply
     }
 
-    /// FORMERR for an unparsable message whose ID is readable; nothing otherwise.
-    fn malformed(
-        &self,
-        w: &mut Worker,
-        raw: &[u8],
-        client: SocketAddr,
-        transport: Transport,
-        received: Instant,
-    ) -> Handled {
-        let (handled, code) = match wire::id(raw) {
-            // Never answer something that claims to be a response.
-            Some(id) if !wire::is_response(raw) => {
-                wire::write_formerr(&mut w.scratch, raw, id);
-                (Handled::Reply, Some(rcode::FORMERR))
-            }
-            _ => (Handled::Dropped, None),
-        };
-        self.finish(
-            client,
-            transport,
-            "",
-            None,
-            received,
-            Outcome::local(QueryResult::Malformed, code),
-        );
-        handled
-    }
-
     /// Admits an allowed query and sends it to an upstream.
     async fn forward(
         &self,
@@ -368,7 +318,7 @@ impl Shared {
                     .forward_to(asked.client, asked.server, asked.transport)
             })
             .unwrap_or(asked.server);
-        let upstream: &Upstream = match self.upstream_for(w, target) {
+        let upstream: &Arc<Upstream> = match self.upstream_for(w, target) {
             Ok(Target::Pool(ui)) => &self.upstreams[ui],
             Ok(Target::Original(upstream)) => {
                 original = upstream;
@@ -386,7 +336,7 @@ impl Shared {
                 );
             }
         };
-        let n = upstream.sockets.len();
+        let n = upstream.slots();
         let first = w.next_socket;
         w.next_socket = w.next_socket.wrapping_add(1);
         let sent = asked.received;
@@ -394,23 +344,11 @@ impl Shared {
             reply: reply(),
             asked,
         });
-        let mut chosen = None;
-        for k in 0..n {
+        let chosen = (0..n).find_map(|k| {
             let si = (first + k) % n;
-            let mut table = upstream.sockets[si].lock();
-            if let Some(slot) = table.insert(&mut w.ids) {
-                wire::set_id(raw, slot.id());
-                slot.fill(Inflight {
-                    query: raw.to_vec(),
-                    question_end,
-                    sent,
-                    origin: origin.take(),
-                });
-                chosen = Some(si);
-                break;
-            }
-        }
-        let Some(si) = chosen else {
+            self.reserve(w, upstream, si, raw, question_end, sent, &mut origin)
+        });
+        let Some(socket) = chosen else {
             // Every socket of the upstream holds its maximum: refuse like the concurrency limit.
             self.inflight.fetch_sub(1, Ordering::Relaxed);
             self.metrics.concurrency_limited.inc();
@@ -426,7 +364,7 @@ impl Shared {
                 rcode::SERVFAIL,
             );
         };
-        let socket = &upstream.sockets[si].socket;
+        let socket = &socket.socket;
         match socket.try_send(raw) {
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -442,6 +380,99 @@ impl Shared {
             }
         }
         Handled::Forwarded
+    }
+
+    /// Reserves a random free ID for the query on the socket of slot `si` (rotated first if it
+    /// is due), writes it into `raw` and records the query in flight; with `randomize_case`
+    /// the name's case in `raw` is then randomised (the table keeps the client's bytes).
+    /// `None` if that socket is full.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the query's parts, passed through once"
+    )]
+    fn reserve(
+        &self,
+        w: &mut Worker,
+        upstream: &Arc<Upstream>,
+        si: usize,
+        raw: &mut [u8],
+        question_end: usize,
+        sent: Instant,
+        origin: &mut Option<Origin>,
+    ) -> Option<Arc<UpstreamSocket>> {
+        // A closed socket was replaced in its slot before its receiver closed it: reading the
+        // slot again gives the new one.
+        for _ in 0..4 {
+            let socket = self.current_socket(upstream, si, sent);
+            {
+                let mut table = socket.lock();
+                if table.is_closed() {
+                    continue;
+                }
+                let slot = table.insert(&mut w.ids)?;
+                wire::set_id(raw, slot.id());
+                let query = raw.to_vec();
+                let sent_name = self
+                    .config
+                    .randomize_case
+                    .then(|| case::randomize(raw, question_end, &mut w.ids));
+                slot.fill(Inflight {
+                    query,
+                    question_end,
+                    sent_name,
+                    sent,
+                    origin: origin.take(),
+                });
+            }
+            socket.count_query();
+            return Some(socket);
+        }
+        None
+    }
+
+    /// The socket of slot `si`, replaced first by one on a fresh port if it has carried
+    /// `upstream_socket_max_queries` or is older than `upstream_socket_max_age`. If the new
+    /// socket cannot be opened (no file descriptor left, …) the old one goes on serving: the
+    /// failure is counted and logged at most every [`WARN_EVERY`].
+    fn current_socket(
+        &self,
+        upstream: &Arc<Upstream>,
+        si: usize,
+        now: Instant,
+    ) -> Arc<UpstreamSocket> {
+        let socket = upstream.socket(si);
+        if !socket.is_due(now) {
+            return socket;
+        }
+        match upstream.rotate(si, &socket, now) {
+            Ok(Some(fresh)) => {
+                self.metrics.upstream_socket_rotations.inc();
+                tracing::debug!(upstream = %upstream.addr, old_port = socket.port, new_port = fresh.port, "DNS upstream socket rotated");
+                // Nobody listens once the proxy stopped; nothing is received then, as for the others.
+                let _ = self.new_sockets.send((upstream.clone(), fresh.clone()));
+                fresh
+            }
+            Ok(None) => upstream.socket(si),
+            Err(e) => {
+                self.metrics.upstream_socket_rotation_failures.inc();
+                if self.warn_due(&self.rotation_warned_ms, now) {
+                    tracing::warn!(upstream = %upstream.addr, port = socket.port, error = %e, "cannot open a new DNS upstream socket; the old one stays in use");
+                }
+                socket
+            }
+        }
+    }
+
+    /// Whether a warning last logged at `last` (ms since start) may be logged again now; if
+    /// so, records now.
+    pub(crate) fn warn_due(&self, last: &AtomicU64, now: Instant) -> bool {
+        let now_ms = self.elapsed_ms(now).saturating_add(1);
+        let before = last.load(Ordering::Relaxed);
+        let every = u64::try_from(WARN_EVERY.as_millis()).unwrap_or(u64::MAX);
+        (before == 0 || now_ms.saturating_sub(before) >= every)
+            && last
+                .compare_exchange(before, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 
     /// SERVFAIL (or REFUSED) for an allowed query that cannot be forwarded.
@@ -530,28 +561,33 @@ impl Shared {
 
     // ---- the answer's way back ----------------------------------------------------------
 
-    /// Receives answers on one upstream socket until it fails.
+    /// Receives answers on one upstream socket until it fails, or until it was retired by a
+    /// rotation and its last query in flight was answered or expired: then it waits for the
+    /// observations it started and returns `Ok`, closing the socket.
     pub(crate) async fn upstream_loop(
         self: Arc<Self>,
         upstream: Arc<Upstream>,
-        si: usize,
+        socket: Arc<UpstreamSocket>,
     ) -> Result<(), crate::Error> {
-        let socket = &upstream.sockets[si].socket;
         let mut buf = vec![0u8; 65_536];
         let mut pending = JoinSet::new();
         loop {
-            socket
-                .readable()
-                .await
-                .map_err(|source| crate::Error::Upstream {
-                    upstream: upstream.addr,
-                    source,
-                })?;
+            tokio::select! {
+                ready = socket.socket.readable() => {
+                    ready.map_err(|source| crate::Error::Upstream {
+                        upstream: upstream.addr,
+                        source,
+                    })?;
+                }
+                () = socket.drained.notified() => {}
+            }
             let mut batch = 0;
             loop {
-                match socket.try_recv_from(&mut buf) {
+                match socket.socket.try_recv_from(&mut buf) {
                     Ok((n, from)) => {
-                        if let Some(task) = self.on_answer(&upstream, si, &mut buf[..n], from).await
+                        if let Some(task) = self
+                            .on_answer(&upstream, &socket, &mut buf[..n], from)
+                            .await
                         {
                             pending.spawn(task);
                         }
@@ -572,6 +608,11 @@ impl Shared {
                 }
             }
             while pending.try_join_next().is_some() {}
+            if socket.close_if_drained() {
+                while pending.join_next().await.is_some() {}
+                tracing::debug!(upstream = %upstream.addr, port = socket.port, "retired DNS upstream socket drained and closed");
+                return Ok(());
+            }
         }
     }
 
@@ -580,7 +621,7 @@ impl Shared {
     async fn on_answer(
         self: &Arc<Self>,
         upstream: &Arc<Upstream>,
-        si: usize,
+        socket: &UpstreamSocket,
         raw: &mut [u8],
         from: SocketAddr,
     ) -> Option<Slow> {
@@ -589,32 +630,20 @@ impl Shared {
             return None;
         }
         let answered = Instant::now();
-        let id = match wire::id(raw) {
-            Some(id) if raw.len() >= wire::HEADER_LEN && wire::is_response(raw) => id,
-            _ => {
-                self.dropped(DropReason::Malformed, upstream.addr);
-                return None;
-            }
-        };
-        let Ok(msg) = Message::from_vec(raw) else {
-            self.dropped(DropReason::Malformed, upstream.addr);
-            return None;
-        };
-        let answer_qend = wire::question_end(raw);
-        let taken = upstream.sockets[si]
-            .lock()
-            .take(id, |e| match (answer_qend, &e.origin) {
-                (Some(end), _) => wire::same_question(raw, end, &e.query, e.question_end),
-                // A probe accepts any well-formed answer with its ID (e.g. REFUSED without question).
-                (None, origin) => origin.is_none(),
-            });
-        let entry = match taken {
-            Ok(entry) => entry,
+        let validated = answer::validate(raw, |id, check| socket.lock().take(id, check));
+        let Validated {
+            msg,
+            entry,
+            question_end: answer_qend,
+            len,
+        } = match validated {
+            Ok(validated) => validated,
             Err(reason) => {
                 self.dropped(reason, upstream.addr);
                 return None;
             }
         };
+        let raw = &mut raw[..len];
         let rtt = answered.saturating_duration_since(entry.sent);
         upstream.on_success(rtt, self.elapsed_ms(answered));
         let (Some(origin), Some(question_end)) = (entry.origin, answer_qend) else {
@@ -736,33 +765,18 @@ impl Shared {
         let code = u16::from(msg.metadata.response_code);
         match reply {
             ReplyTo::Udp { listener, server } => {
-                if raw.len() > usize::from(asked.udp_limit) {
-                    let mut out = Vec::with_capacity(question_end + 11);
-                    let opt = asked.opt.map(|o| Opt {
-                        rcode_high: (code >> 4) as u8,
-                        ..o
-                    });
-                    #[allow(
-                        clippy::cast_possible_truncation,
-                        reason = "the low 4 bits of the RCODE"
-                    )]
-                    let low = (code & 0x0f) as u8;
-                    wire::write_header_reply(
-                        &mut out,
-                        raw,
-                        asked.client_id,
-                        Some(question_end),
-                        low,
-                        true,
-                        opt,
-                    );
-                    self.send_udp_reply(listener, server, &out, asked.client)
-                        .await;
-                } else {
-                    wire::set_id(raw, asked.client_id);
-                    self.send_udp_reply(listener, server, raw, asked.client)
-                        .await;
-                }
+                let mut out = Vec::new();
+                let reply = answer::fit_udp(
+                    raw,
+                    &mut out,
+                    asked.client_id,
+                    asked.udp_limit,
+                    asked.opt,
+                    question_end,
+                    code,
+                );
+                self.send_udp_reply(listener, server, reply, asked.client)
+                    .await;
             }
             ReplyTo::Tcp(tcp) => {
                 let mut out = raw.to_vec();
@@ -968,6 +982,7 @@ impl Shared {
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut expired = Vec::new();
         let mut originals = Vec::new();
+        let mut sockets = Vec::new();
         loop {
             tick.tick().await;
             let now = Instant::now();
@@ -980,8 +995,14 @@ impl Shared {
                 let all = (self.upstreams.iter().map(|u| (u, true)))
                     .chain(originals.iter().map(|u| (u, false)));
                 for (upstream, checked) in all {
-                    for socket in &upstream.sockets {
+                    sockets.clear();
+                    upstream.all_sockets(&mut sockets);
+                    for socket in &sockets {
                         socket.lock().expire(cutoff, &mut expired);
+                        if socket.is_retired() {
+                            // Its receiver closes it once its table is empty.
+                            socket.drained.notify_one();
+                        }
                     }
                     for (_, inflight) in expired.drain(..) {
                         if checked {
@@ -1058,7 +1079,7 @@ impl Shared {
                     continue;
                 }
                 next_socket = next_socket.wrapping_add(1);
-                let socket = &upstream.sockets[next_socket % upstream.sockets.len()];
+                let socket = upstream.socket(next_socket % upstream.slots());
                 let reserved = {
                     let mut table = socket.lock();
                     table.insert(&mut ids).map(|slot| {
@@ -1067,6 +1088,7 @@ impl Shared {
                         slot.fill(Inflight {
                             query: probe.clone(),
                             question_end,
+                            sent_name: None,
                             sent: now,
                             origin: None,
                         });

@@ -1,35 +1,32 @@
-//! Upstreams: their long-lived UDP sockets, the in-flight table of each socket, and health.
+//! Upstreams: their slots of long-lived UDP sockets (each rotated onto a fresh port now and
+//! then, see [`crate::upstream_socket`]), health, and the upstreams opened for original
+//! destinations.
 //!
-//! Each upstream has `upstream_sockets` connected UDP sockets, each on a kernel-chosen
-//! ephemeral port, opened once at bind. A forwarded query gets a random ID that is free on the
-//! socket it leaves from; the socket's in-flight table maps that ID back to the client. The
-//! table's lock is held for a lookup or an insert, never across an `.await`.
+//! Each upstream has `upstream_sockets` slots, each holding one connected UDP socket on a
+//! kernel-chosen ephemeral port. A forwarded query gets a random ID that is free on the socket
+//! it leaves from; the socket's in-flight table maps that ID back to the client. The table's
+//! lock is held for a lookup or an insert, never across an `.await`.
 
 use std::collections::HashMap;
-use std::collections::hash_map::Entry;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use hickory_proto::rr::RecordType;
 use metrics::Gauge;
-use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::error::Error;
-use crate::ids::{BuildIdHasher, IdSource};
-use crate::metrics::{DropReason, UpstreamHealth};
+use crate::metrics::UpstreamHealth;
 use crate::policy::Transport;
+use crate::upstream_socket::{Rotation, UpstreamSocket};
 use crate::wire::Opt;
 
-/// At most this many queries in flight on one upstream socket; past it the next socket is
-/// tried. Leaves room in the 16-bit ID space so a random free ID is found in a few draws.
-pub(crate) const MAX_INFLIGHT_PER_SOCKET: usize = 32_768;
-
-/// Random draws before a socket is considered full.
-const ID_DRAWS: usize = 64;
+/// A socket whose receiver `DnsProxy::run` must start: opened at bind, by a rotation, or for a
+/// new original destination.
+pub(crate) type NewSocket = (Arc<Upstream>, Arc<UpstreamSocket>);
 
 /// How a reply reaches the client.
 #[derive(Debug)]
@@ -101,123 +98,14 @@ pub(crate) struct Asked {
     pub(crate) received: Instant,
 }
 
-/// One query outstanding on an upstream socket.
-#[derive(Debug)]
-pub(crate) struct Inflight {
-    /// The query as sent: the client's bytes with the upstream ID (kept for a TCP retry and
-    /// for the replies the proxy writes itself).
-    pub(crate) query: Vec<u8>,
-    /// Where its question ends.
-    pub(crate) question_end: usize,
-    pub(crate) sent: Instant,
-    /// `None` for a health probe.
-    pub(crate) origin: Option<Origin>,
-}
-
-/// What became of an ID on a socket; tells late and duplicate answers from unknown ones.
-const ID_FREE: u8 = 0;
-const ID_ANSWERED: u8 = 1;
-const ID_EXPIRED: u8 = 2;
-
-/// The in-flight table of one upstream socket.
-pub(crate) struct Table {
-    entries: HashMap<u16, Inflight, BuildIdHasher>,
-    /// Per ID, what became of its last query (until the ID is reused).
-    history: Box<[u8]>,
-}
-
-impl Table {
-    fn new() -> Self {
-        Self {
-            entries: HashMap::with_capacity_and_hasher(256, BuildIdHasher::default()),
-            history: vec![ID_FREE; 1 << 16].into_boxed_slice(),
-        }
-    }
-
-    /// Reserves a random ID free on this socket; `None` if the socket is full.
-    pub(crate) fn insert(&mut self, ids: &mut IdSource) -> Option<VacantId<'_>> {
-        if self.entries.len() >= MAX_INFLIGHT_PER_SOCKET {
-            return None;
-        }
-        for _ in 0..ID_DRAWS {
-            let id = ids.next_id();
-            if !self.entries.contains_key(&id) {
-                return Some(VacantId { table: self, id });
-            }
-        }
-        None
-    }
-
-    /// Takes the query `id` out if `matches` accepts it; otherwise says why the answer is
-    /// dropped. The entry stays when the question does not match (the real answer may follow).
-    pub(crate) fn take(
-        &mut self,
-        id: u16,
-        matches: impl FnOnce(&Inflight) -> bool,
-    ) -> Result<Inflight, DropReason> {
-        let Entry::Occupied(entry) = self.entries.entry(id) else {
-            return Err(match self.history[usize::from(id)] {
-                ID_ANSWERED => DropReason::Duplicate,
-                ID_EXPIRED => DropReason::Late,
-                _ => DropReason::UnknownId,
-            });
-        };
-        if !matches(entry.get()) {
-            return Err(DropReason::QuestionMismatch);
-        }
-        self.history[usize::from(id)] = ID_ANSWERED;
-        Ok(entry.remove())
-    }
-
-    /// Moves every query sent at or before `cutoff` into `out`.
-    pub(crate) fn expire(&mut self, cutoff: Instant, out: &mut Vec<(u16, Inflight)>) {
-        let start = out.len();
-        out.extend(self.entries.extract_if(|_, e| e.sent <= cutoff));
-        for (id, _) in &out[start..] {
-            self.history[usize::from(*id)] = ID_EXPIRED;
-        }
-    }
-
-    /// Queries outstanding.
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
-        self.entries.len()
-    }
-}
-
-/// A free ID reserved under the table's lock.
-pub(crate) struct VacantId<'a> {
-    table: &'a mut Table,
-    id: u16,
-}
-
-impl VacantId<'_> {
-    pub(crate) fn id(&self) -> u16 {
-        self.id
-    }
-
-    pub(crate) fn fill(self, entry: Inflight) {
-        self.table.history[usize::from(self.id)] = ID_FREE;
-        self.table.entries.insert(self.id, entry);
-    }
-}
-
-/// One connected UDP socket towards an upstream, with its in-flight table.
-pub(crate) struct UpstreamSocket {
-    pub(crate) socket: UdpSocket,
-    table: Mutex<Table>,
-}
-
-impl UpstreamSocket {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Table> {
-        self.table.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
 /// One upstream server.
 pub(crate) struct Upstream {
     pub(crate) addr: SocketAddr,
-    pub(crate) sockets: Vec<UpstreamSocket>,
+    /// The sockets queries leave on; each slot's socket is replaced by rotation.
+    slots: Vec<RwLock<Arc<UpstreamSocket>>>,
+    /// Retired sockets whose queries are still in flight (their receivers run until drained).
+    draining: Mutex<Vec<Arc<UpstreamSocket>>>,
+    rotation: Rotation,
     alive: AtomicBool,
     failures: AtomicU32,
     /// Microseconds; `u64::MAX` until the first answer.
@@ -231,22 +119,29 @@ pub(crate) struct Upstream {
 
 impl Upstream {
     /// Opens `sockets` connected UDP sockets to `addr`, each on its own ephemeral port.
-    pub(crate) fn bind(addr: SocketAddr, sockets: usize, up_gauge: Gauge) -> Result<Self, Error> {
-        let mut v = Vec::with_capacity(sockets);
+    pub(crate) fn bind(
+        addr: SocketAddr,
+        sockets: usize,
+        rotation: Rotation,
+        up_gauge: Gauge,
+    ) -> Result<Self, Error> {
+        let now = Instant::now();
+        let mut slots = Vec::with_capacity(sockets);
         for _ in 0..sockets {
-            let socket = connect_udp(addr).map_err(|source| Error::UpstreamSocket {
-                upstream: addr,
-                source,
+            let socket = UpstreamSocket::open(addr, rotation, now).map_err(|source| {
+                Error::UpstreamSocket {
+                    upstream: addr,
+                    source,
+                }
             })?;
-            v.push(UpstreamSocket {
-                socket,
-                table: Mutex::new(Table::new()),
-            });
+            slots.push(RwLock::new(Arc::new(socket)));
         }
         up_gauge.set(1.0);
         Ok(Self {
             addr,
-            sockets: v,
+            slots,
+            draining: Mutex::new(Vec::new()),
+            rotation,
             alive: AtomicBool::new(true),
             failures: AtomicU32::new(0),
             last_rtt_us: AtomicU64::new(u64::MAX),
@@ -254,6 +149,62 @@ impl Upstream {
             probing: AtomicBool::new(false),
             up_gauge,
         })
+    }
+
+    /// Number of socket slots.
+    pub(crate) fn slots(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// The socket in slot `si` now.
+    pub(crate) fn socket(&self, si: usize) -> Arc<UpstreamSocket> {
+        self.slots[si]
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Appends every socket with a receiver: the current ones and those draining. Drained ones
+    /// (closed by their receiver) are forgotten here.
+    pub(crate) fn all_sockets(&self, out: &mut Vec<Arc<UpstreamSocket>>) {
+        out.extend((0..self.slots.len()).map(|si| self.socket(si)));
+        let mut draining = self.draining.lock().unwrap_or_else(PoisonError::into_inner);
+        draining.retain(|s| !s.lock().is_closed());
+        out.extend(draining.iter().cloned());
+    }
+
+    /// Replaces `current`, the socket of slot `si`, by one on a fresh port, if it is still the
+    /// slot's socket (another query may have rotated it already): `Ok(Some(new))` after a
+    /// rotation, whose receiver the caller must start; `Ok(None)` if it was rotated already.
+    /// The old socket is retired: it drains its queries in flight, then closes. On an error
+    /// (no file descriptor left, …) the old socket stays in service and is tried again later.
+    pub(crate) fn rotate(
+        &self,
+        si: usize,
+        current: &Arc<UpstreamSocket>,
+        now: Instant,
+    ) -> std::io::Result<Option<Arc<UpstreamSocket>>> {
+        let mut slot = self.slots[si]
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if !Arc::ptr_eq(&slot, current) {
+            return Ok(None);
+        }
+        let fresh = match UpstreamSocket::open(self.addr, self.rotation, now) {
+            Ok(fresh) => Arc::new(fresh),
+            Err(e) => {
+                current.postpone(self.rotation, now);
+                return Err(e);
+            }
+        };
+        let old = std::mem::replace(&mut *slot, fresh.clone());
+        drop(slot);
+        old.retire();
+        self.draining
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(old);
+        Ok(Some(fresh))
     }
 
     pub(crate) fn is_alive(&self) -> bool {
@@ -321,27 +272,29 @@ pub(crate) enum OpenError {
 pub(crate) struct OriginalUpstreams {
     max: usize,
     sockets: usize,
+    rotation: Rotation,
     table: RwLock<HashMap<SocketAddr, Arc<Upstream>>>,
-    started: mpsc::UnboundedSender<Arc<Upstream>>,
+    started: mpsc::UnboundedSender<NewSocket>,
     gauge: Gauge,
 }
 
 impl OriginalUpstreams {
-    /// The table, and where its new upstreams are announced.
+    /// The table; the sockets of its new upstreams are announced on `started`.
     pub(crate) fn new(
         max: usize,
         sockets: usize,
+        rotation: Rotation,
         gauge: Gauge,
-    ) -> (Self, mpsc::UnboundedReceiver<Arc<Upstream>>) {
-        let (started, rx) = mpsc::unbounded_channel();
-        let table = Self {
+        started: mpsc::UnboundedSender<NewSocket>,
+    ) -> Self {
+        Self {
             max,
             sockets,
+            rotation,
             table: RwLock::new(HashMap::new()),
             started,
             gauge,
-        };
-        (table, rx)
+        }
     }
 
     /// The upstream for `addr`, opened now if it is new and there is room.
@@ -361,14 +314,18 @@ impl OriginalUpstreams {
         if table.len() >= self.max {
             return Err(OpenError::Full);
         }
-        let upstream =
-            Arc::new(Upstream::bind(addr, self.sockets, Gauge::noop()).map_err(OpenError::Socket)?);
+        let upstream = Arc::new(
+            Upstream::bind(addr, self.sockets, self.rotation, Gauge::noop())
+                .map_err(OpenError::Socket)?,
+        );
         table.insert(addr, upstream.clone());
         #[allow(clippy::cast_precision_loss, reason = "a gauge")]
         self.gauge.set(table.len() as f64);
         tracing::debug!(upstream = %addr, open = table.len(), "DNS upstream opened for an original destination");
         // Nobody listens once the proxy stopped: then nothing is received, as for the others.
-        let _ = self.started.send(upstream.clone());
+        for si in 0..upstream.slots() {
+            let _ = self.started.send((upstream.clone(), upstream.socket(si)));
+        }
         Ok(upstream)
     }
 
@@ -392,92 +349,58 @@ impl OriginalUpstreams {
     }
 }
 
-/// A UDP socket bound to an ephemeral port of the upstream's family and connected to it, so
-/// the kernel drops datagrams from any other source.
-fn connect_udp(upstream: SocketAddr) -> std::io::Result<UdpSocket> {
-    use socket2::{Domain, Protocol, SockAddr, Socket, Type};
-    let socket = Socket::new(
-        Domain::for_address(upstream),
-        Type::DGRAM,
-        Some(Protocol::UDP),
-    )?;
-    let local: SocketAddr = if upstream.is_ipv4() {
-        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
-    } else {
-        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
-    };
-    // Bursts of answers must not overflow the default buffer; best effort.
-    let _ = socket.set_recv_buffer_size(4 << 20);
-    socket.bind(&SockAddr::from(local))?;
-    socket.connect(&SockAddr::from(upstream))?;
-    socket.set_nonblocking(true)?;
-    UdpSocket::from_std(socket.into())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn inflight(sent: Instant) -> Inflight {
-        Inflight {
-            query: Vec::new(),
-            question_end: 0,
-            sent,
-            origin: None,
-        }
-    }
+    const NEVER: Rotation = Rotation {
+        max_queries: 0,
+        max_age: Duration::ZERO,
+    };
 
     #[tokio::test]
     async fn original_destinations_are_opened_once_and_bounded() {
-        let (table, mut started) = OriginalUpstreams::new(2, 3, Gauge::noop());
+        let (tx, mut started) = mpsc::unbounded_channel();
+        let table = OriginalUpstreams::new(2, 3, NEVER, Gauge::noop(), tx);
         let a: SocketAddr = "127.0.0.1:5301".parse().unwrap();
         let b: SocketAddr = "[::1]:5302".parse().unwrap();
         let c: SocketAddr = "127.0.0.1:5303".parse().unwrap();
         let first = table.get_or_open(a).unwrap();
-        assert_eq!(first.sockets.len(), 3);
+        assert_eq!(first.slots(), 3);
         assert!(Arc::ptr_eq(&first, &table.get_or_open(a).unwrap()), "kept");
         table.get_or_open(b).unwrap();
         assert!(matches!(table.get_or_open(c), Err(OpenError::Full)));
         assert_eq!(table.len(), 2);
         // The known ones still work past the bound.
         assert!(table.get_or_open(b).is_ok());
-        // Each new upstream is announced once, for its receivers.
-        assert_eq!(started.try_recv().unwrap().addr, a);
-        assert_eq!(started.try_recv().unwrap().addr, b);
+        // Each socket of a new upstream is announced once, for its receiver.
+        for addr in [a, a, a, b, b, b] {
+            assert_eq!(started.try_recv().unwrap().0.addr, addr);
+        }
         assert!(started.try_recv().is_err());
         let mut all = Vec::new();
         table.snapshot(&mut all);
         assert_eq!(all.len(), 2);
     }
 
-    #[test]
-    fn ids_are_unique_and_history_classifies_misses() {
-        let mut table = Table::new();
-        let mut ids = IdSource::new();
-        let t0 = Instant::now();
-        let mut taken = Vec::new();
-        for _ in 0..1000 {
-            let slot = table.insert(&mut ids).unwrap();
-            taken.push(slot.id());
-            slot.fill(inflight(t0));
-        }
-        assert_eq!(table.len(), 1000);
-        let a = taken[0];
-        assert!(table.take(a, |_| false).is_err());
-        assert!(table.take(a, |_| true).is_ok());
-        assert!(matches!(
-            table.take(a, |_| true),
-            Err(DropReason::Duplicate)
-        ));
-        let mut out = Vec::new();
-        table.expire(t0, &mut out);
-        assert_eq!(out.len(), 999);
-        let b = taken[1];
-        assert!(matches!(table.take(b, |_| true), Err(DropReason::Late)));
-        let unknown = (0..=u16::MAX).find(|i| !taken.contains(i)).unwrap();
-        assert!(matches!(
-            table.take(unknown, |_| true),
-            Err(DropReason::UnknownId)
-        ));
+    #[tokio::test]
+    async fn rotation_moves_a_slot_to_a_new_port_and_drains_the_old_socket() {
+        let addr: SocketAddr = "127.0.0.1:5301".parse().unwrap();
+        let upstream = Upstream::bind(addr, 1, NEVER, Gauge::noop()).unwrap();
+        let now = Instant::now();
+        let old = upstream.socket(0);
+        let new = upstream.rotate(0, &old, now).unwrap().unwrap();
+        assert!(Arc::ptr_eq(&upstream.socket(0), &new));
+        assert_ne!(old.port, new.port, "a fresh ephemeral port");
+        assert!(old.is_retired() && !new.is_retired());
+        // A second rotation of the same (already replaced) socket does nothing.
+        assert!(upstream.rotate(0, &old, now).unwrap().is_none());
+        let mut all = Vec::new();
+        upstream.all_sockets(&mut all);
+        assert_eq!(all.len(), 2, "the old socket drains");
+        assert!(old.close_if_drained());
+        all.clear();
+        upstream.all_sockets(&mut all);
+        assert_eq!(all.len(), 1, "closed sockets are forgotten");
     }
 }

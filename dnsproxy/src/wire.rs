@@ -38,6 +38,11 @@ pub(crate) fn is_response(raw: &[u8]) -> bool {
     raw.get(2).is_some_and(|b| b & 0x80 != 0)
 }
 
+/// The TC bit: the sender cut the message short.
+pub(crate) fn is_truncated(raw: &[u8]) -> bool {
+    raw.get(2).is_some_and(|b| b & 0x02 != 0)
+}
+
 /// QDCOUNT.
 pub(crate) fn qdcount(raw: &[u8]) -> u16 {
     match raw.get(4..6) {

@@ -36,6 +36,8 @@ mod distinct;
 pub mod dns;
 pub mod engine;
 pub mod extract;
+#[doc(hidden)]
+pub mod fuzz;
 mod histogram;
 pub mod live;
 pub mod plot;

@@ -79,6 +79,12 @@ impl Reassembler {
         self.streams.len()
     }
 
+    /// Whether the running byte count equals what the streams hold (the memory bound relies
+    /// on it; checked by the fuzz target).
+    pub(crate) fn accounting_holds(&self) -> bool {
+        self.bytes == self.streams.values().map(Stream::held).sum::<usize>()
+    }
+
     /// Takes one segment; `out` hears every message it completes.
     #[allow(
         clippy::too_many_arguments,

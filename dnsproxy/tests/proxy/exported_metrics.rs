@@ -136,6 +136,8 @@ async fn queries_move_the_described_metrics() {
         m::RAW_REPLY_ERRORS,
         m::ORIGINAL_DESTINATION_OVERFLOW,
         m::ORIGINAL_DESTINATIONS,
+        m::UPSTREAM_SOCKET_ROTATIONS,
+        m::UPSTREAM_SOCKET_ROTATION_FAILURES,
     ] {
         assert!(
             recorder.described.lock().unwrap().iter().any(|d| d == name),
@@ -171,6 +173,18 @@ async fn queries_move_the_described_metrics() {
         1
     );
     assert_eq!(recorder.counter("fqdnd_dns_concurrency_limited_total"), 0);
+    for reason in ["max_connections", "fd_exhausted"] {
+        let key = format!("fqdnd_dns_tcp_connections_refused_total{{reason={reason}}}");
+        assert_eq!(recorder.counter(&key), 0, "{key} registered at bind");
+    }
+    assert_eq!(
+        recorder.counter("fqdnd_dns_dropped_answers_total{reason=case_mismatch}"),
+        0
+    );
+    assert_eq!(
+        recorder.counter("fqdnd_dns_upstream_socket_rotations_total"),
+        0
+    );
     // Registered at bind even when the transparent mode is off.
     assert_eq!(recorder.counter("fqdnd_dns_raw_replies_total"), 0);
     assert_eq!(recorder.counter("fqdnd_dns_raw_reply_errors_total"), 0);

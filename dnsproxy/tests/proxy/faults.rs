@@ -237,3 +237,69 @@ async fn no_live_upstream_is_servfail_at_once() {
     );
     assert_eq!(h.settled().await.queries(QueryResult::NoUpstream), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answer_from_another_address_never_reaches_the_proxy() {
+    // From the upstream's port on 127.0.0.2: the connected socket makes the kernel drop it.
+    let h = with_fault(Fault::OtherAddress).await;
+    assert_eq!(h.settled().await.dropped_total(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_servfail_is_passed_through_observed_and_keeps_the_upstream_alive() {
+    let h = Harness::start(Mode::Done, |_| {}).await;
+    h.upstream.rule(
+        "broken.example.",
+        Rule {
+            rcode: ResponseCode::ServFail,
+            ..Rule::default()
+        },
+    );
+    let q = query("broken.example.", RecordType::A, Some((1232, false)));
+    let r = udp_exchange(h.udp, &q, Duration::from_secs(3))
+        .await
+        .unwrap();
+    assert_eq!(
+        parse_reply(&q, &r).metadata.response_code,
+        ResponseCode::ServFail
+    );
+    assert_eq!(
+        &r[2..],
+        &h.upstream.last_sent("broken.example.").unwrap()[2..],
+        "the upstream's bytes, only the ID rewritten"
+    );
+    let observed = h.observer.seen_name("broken.example.");
+    assert_eq!(observed.len(), 1, "observed (it teaches nothing)");
+    assert_eq!(observed[0].rcode, ResponseCode::ServFail);
+    let stats = h.settled().await;
+    assert_eq!(stats.queries(QueryResult::Answered), 1);
+    assert!(stats.upstreams[0].alive);
+    assert_eq!(
+        stats.upstreams[0].consecutive_failures, 0,
+        "an answer, not a failure"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answer_cut_short_mid_record_is_dropped_and_the_query_times_out() {
+    let h = Harness::start(Mode::Done, |c| {
+        c.upstream_timeout = Duration::from_millis(300)
+    })
+    .await;
+    h.upstream.rule(
+        "cut.example.",
+        Rule {
+            cut_short: true,
+            ..answer("cut.example.", [REAL, Ipv4Addr::new(192, 0, 2, 2)])
+        },
+    );
+    let msg = ask_udp(h.udp, "cut.example.", RecordType::A).await;
+    assert_eq!(msg.metadata.response_code, ResponseCode::ServFail);
+    let stats = h.settled().await;
+    assert_eq!(stats.dropped(DropReason::Malformed), 1);
+    assert_eq!(stats.queries(QueryResult::UpstreamTimeout), 1);
+    assert!(
+        h.observer.seen().is_empty(),
+        "nothing half-parsed is learned"
+    );
+}

@@ -13,6 +13,7 @@ mod hold;
 mod lifecycle;
 mod limits;
 mod policy;
+mod spoofing;
 mod tcp;
 mod transparent;
 mod truncation;

@@ -133,3 +133,61 @@ async fn client_without_edns_gets_tc_past_512_bytes() {
     assert!(msg.edns.is_none());
     assert_eq!(h.observer.seen_name("mid.example.")[0].answers, 40);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tc_answer_cut_mid_record_is_retried_over_tcp() {
+    let h = Harness::start(Mode::Done, |_| {}).await;
+    let ips_in = [Ipv4Addr::new(192, 0, 2, 1), Ipv4Addr::new(192, 0, 2, 2)];
+    h.upstream.rule(
+        "cut.example.",
+        Rule {
+            force_tc: true,
+            cut_short: true,
+            ..answer("cut.example.", ips_in)
+        },
+    );
+    let q = query("cut.example.", RecordType::A, Some((1232, false)));
+    let r = udp_exchange(h.udp, &q, Duration::from_secs(3))
+        .await
+        .unwrap();
+    let msg = parse_reply(&q, &r);
+    assert!(!msg.metadata.truncation);
+    assert_eq!(
+        ips(&msg),
+        ips_in.into(),
+        "the full answer, fetched over TCP"
+    );
+    assert_eq!(h.upstream.count("cut.example.", true), 1);
+    let observed = h.observer.seen_name("cut.example.");
+    assert_eq!(observed.len(), 1, "only the full answer is observed");
+    assert_eq!(observed[0].answers, 2);
+    assert_eq!(h.settled().await.dropped_total(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tc_answer_cut_mid_record_is_passed_through_as_header_and_question() {
+    let h = Harness::start(Mode::Done, |c| {
+        c.on_truncated = TruncatedAction::PassThrough
+    })
+    .await;
+    h.upstream.rule(
+        "cut.example.",
+        Rule {
+            force_tc: true,
+            cut_short: true,
+            ..answer("cut.example.", [Ipv4Addr::new(192, 0, 2, 1)])
+        },
+    );
+    let q = query("cut.example.", RecordType::A, Some((1232, false)));
+    let r = udp_exchange(h.udp, &q, Duration::from_secs(3))
+        .await
+        .unwrap();
+    let msg = parse_reply(&q, &r);
+    assert!(msg.metadata.truncation);
+    assert!(msg.answers.is_empty() && msg.additionals.is_empty());
+    assert_eq!(msg.queries.len(), 1);
+    assert_eq!(h.upstream.count("cut.example.", true), 0, "no TCP retry");
+    let observed = h.observer.seen_name("cut.example.");
+    assert_eq!(observed.len(), 1);
+    assert!(observed[0].truncated);
+}

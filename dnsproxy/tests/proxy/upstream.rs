@@ -1,7 +1,8 @@
 //! A programmable DNS upstream on loopback (UDP and TCP on one port): canned answers per name,
 //! with faults to inject (delay, silence, TC, garbage, wrong ID, wrong question, an answer from
-//! another socket, answering twice). It records every query it receives and every answer it
-//! sends, raw.
+//! another port or address, floods of forged answers, a question in another case, an answer
+//! cut short, answering twice). It records every query it receives and every answer it sends,
+//! raw.
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -10,7 +11,7 @@ use std::time::Duration;
 
 use hickory_proto::op::{Edns, Message, ResponseCode};
 use hickory_proto::rr::rdata::{A, CNAME};
-use hickory_proto::rr::{Name, RData, Record};
+use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, UdpSocket};
 use tokio::task::JoinHandle;
@@ -26,6 +27,15 @@ pub(crate) enum Fault {
     WrongQuestion,
     /// A forged answer (address 6.6.6.6) with the right ID, from another socket.
     OtherSocket,
+    /// A forged answer (address 6.6.6.6) with the right ID, from the upstream's port on
+    /// another address (127.0.0.2).
+    OtherAddress,
+    /// This many forged answers (address 6.6.6.6) to the right question with random IDs, none
+    /// of them the query's.
+    ForgedIds(u16),
+    /// This many forged answers (address 6.6.6.6) with the right ID and another question:
+    /// another name, the same name with another type, or the same name in class CH.
+    ForgedQuestions(u16),
 }
 
 /// How the upstream answers one name.
@@ -43,6 +53,12 @@ pub(crate) struct Rule {
     pub(crate) faults: Vec<Fault>,
     /// Send the real answer twice.
     pub(crate) twice: bool,
+    /// Over UDP, write the answer's question name in lowercase (an upstream that does not
+    /// preserve case, or a spoofer who guessed the ID but not the 0x20 case).
+    pub(crate) lowercase_question: bool,
+    /// Over UDP, cut the answer short in the middle of its last record (keeping the TC bit
+    /// as `force_tc` says; the records are kept either way).
+    pub(crate) cut_short: bool,
 }
 
 impl Default for Rule {
@@ -55,6 +71,8 @@ impl Default for Rule {
             force_tc: false,
             faults: Vec::new(),
             twice: false,
+            lowercase_question: false,
+            cut_short: false,
         }
     }
 }
@@ -209,10 +227,43 @@ fn respond(query: &Message, rule: &Rule, udp: bool) -> Vec<u8> {
         resp.set_edns(edns);
     }
     let full = resp.to_vec().unwrap();
-    if udp && (rule.force_tc || full.len() > usize::from(query.max_payload())) {
+    let mut out = if udp && rule.cut_short {
+        // Mid-record: the last record loses its last byte (and the TC bit is as configured).
+        let mut cut = full[..full.len() - 1].to_vec();
+        if rule.force_tc {
+            cut[2] |= 0x02;
+        }
+        cut
+    } else if udp && (rule.force_tc || full.len() > usize::from(query.max_payload())) {
         resp.truncate().to_vec().unwrap()
     } else {
         full
+    };
+    if udp && rule.lowercase_question {
+        let end = question_name_end(&out);
+        out[12..end].make_ascii_lowercase();
+    }
+    out
+}
+
+/// Where the question name starting at offset 12 ends (after its root label).
+pub(crate) fn question_name_end(raw: &[u8]) -> usize {
+    let mut pos = 12;
+    while raw[pos] != 0 {
+        pos += 1 + usize::from(raw[pos]);
+    }
+    pos + 1
+}
+
+/// A random ID other than `not`.
+fn random_id(not: u16) -> u16 {
+    loop {
+        let mut b = [0u8; 2];
+        getrandom::fill(&mut b).unwrap();
+        let id = u16::from_be_bytes(b);
+        if id != not {
+            return id;
+        }
     }
 }
 
@@ -283,6 +334,38 @@ async fn serve_udp(socket: Arc<UdpSocket>, other: Arc<UdpSocket>, state: Arc<Mut
                         let forged_rule = answer(&name, [Ipv4Addr::new(6, 6, 6, 6)]);
                         let forged = respond(&query, &forged_rule, true);
                         other.send_to(&forged, from).await.unwrap();
+                    }
+                    Fault::OtherAddress => {
+                        let port = socket.local_addr().unwrap().port();
+                        let elsewhere = UdpSocket::bind(("127.0.0.2", port)).await.unwrap();
+                        let forged_rule = answer(&name, [Ipv4Addr::new(6, 6, 6, 6)]);
+                        let forged = respond(&query, &forged_rule, true);
+                        elsewhere.send_to(&forged, from).await.unwrap();
+                    }
+                    Fault::ForgedIds(n) => {
+                        let forged_rule = answer(&name, [Ipv4Addr::new(6, 6, 6, 6)]);
+                        let mut forged = respond(&query, &forged_rule, true);
+                        for _ in 0..*n {
+                            let id = random_id(query.metadata.id);
+                            forged[..2].copy_from_slice(&id.to_be_bytes());
+                            socket.send_to(&forged, from).await.unwrap();
+                        }
+                    }
+                    Fault::ForgedQuestions(n) => {
+                        for i in 0..*n {
+                            let mut q = query.clone();
+                            match i % 3 {
+                                0 => {
+                                    q.queries[0].name =
+                                        Name::from_ascii(format!("forged{i}.example.")).unwrap();
+                                }
+                                1 => q.queries[0].query_type = RecordType::AAAA,
+                                _ => q.queries[0].query_class = DNSClass::CH,
+                            }
+                            let forged_rule = answer(&name, [Ipv4Addr::new(6, 6, 6, 6)]);
+                            let forged = respond(&q, &forged_rule, true);
+                            socket.send_to(&forged, from).await.unwrap();
+                        }
                     }
                 }
             }

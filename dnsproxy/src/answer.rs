@@ -1,0 +1,221 @@
+//! An upstream datagram's validation: a well-formed response, whose ID is outstanding on the
+//! socket it came in on and whose question is the query's (with 0x20, in the very case it was
+//! sent); then the client's spelling of the question is put back (also when the upstream
+//! changed the case itself). Anything else is dropped
+//! with its reason, and the query keeps waiting for a good answer or its timeout.
+//!
+//! A TC=1 answer whose records are cut mid-record (RFC 1035 lets a server cut anywhere; old
+//! servers do) is kept as its header and question only: what matters in it is the TC bit,
+//! which sends the query to TCP (as unbound does, on the bit alone).
+
+use hickory_proto::op::Message;
+
+use crate::case;
+use crate::metrics::DropReason;
+use crate::upstream_socket::Inflight;
+use crate::wire::{self, Opt};
+
+/// An answer that passed validation, taken out of its socket's in-flight table.
+#[derive(Debug)]
+pub(crate) struct Validated {
+    /// The answer as the client will see it (question in the client's case).
+    pub(crate) msg: Message,
+    /// The query it answers.
+    pub(crate) entry: Inflight,
+    /// Where the answer's question ends; `None` only for a health probe's answer.
+    pub(crate) question_end: Option<usize>,
+    /// The answer's bytes are `raw[..len]`: all of them, or the header and question of a
+    /// truncated answer cut mid-record.
+    pub(crate) len: usize,
+}
+
+/// Validates `raw`, an upstream's datagram from the upstream's address. `take` looks the ID
+/// up in the socket's table and takes the entry out if the check it is given accepts it (the
+/// table's lock is held only for that). On success `raw` holds the client's spelling of the
+/// question.
+pub(crate) fn validate(
+    raw: &mut [u8],
+    take: impl FnOnce(u16, &dyn Fn(&Inflight) -> Result<(), DropReason>) -> Result<Inflight, DropReason>,
+) -> Result<Validated, DropReason> {
+    let id = match wire::id(raw) {
+        Some(id) if raw.len() >= wire::HEADER_LEN && wire::is_response(raw) => id,
+        _ => return Err(DropReason::Malformed),
+    };
+    let question_end = wire::question_end(raw);
+    // Parsed before the table is touched: garbage with a guessed ID must not end the query.
+    let (msg, len) = match Message::from_vec(raw) {
+        Ok(msg) => (msg, raw.len()),
+        Err(_) => match question_end {
+            Some(end) if wire::is_truncated(raw) => {
+                // Header and question only: no answer, authority or additional records.
+                raw[6..wire::HEADER_LEN].fill(0);
+                match Message::from_vec(&raw[..end]) {
+                    Ok(msg) => (msg, end),
+                    Err(_) => return Err(DropReason::Malformed),
+                }
+            }
+            _ => return Err(DropReason::Malformed),
+        },
+    };
+    let raw = &mut raw[..len];
+    let entry = {
+        let answer: &[u8] = raw;
+        take(id, &|e: &Inflight| e.check_question(answer, question_end))?
+    };
+    // The client gets its question as it wrote it, whether the case changed on the way out
+    // (0x20) or at the upstream (which may answer in another case: names compare
+    // case-insensitively), so a client doing its own 0x20 check accepts the reply.
+    let msg = match question_end {
+        Some(end) if raw.get(wire::HEADER_LEN..end) != entry.query.get(wire::HEADER_LEN..end) => {
+            case::restore(raw, &entry.query, end);
+            // Only the case of the name's letters changed: it parses as before.
+            Message::from_vec(raw).unwrap_or(msg)
+        }
+        _ => msg,
+    };
+    Ok(Validated {
+        msg,
+        entry,
+        question_end,
+        len,
+    })
+}
+
+/// The reply to a UDP client: the answer with the client's ID (rewritten in `raw`), or, when
+/// it is longer than the client's payload size `udp_limit`, its header and question with TC=1
+/// written into `out`, with the answer's RCODE and the client's OPT record (`opt`) carrying
+/// the RCODE's upper bits.
+pub(crate) fn fit_udp<'a>(
+    raw: &'a mut [u8],
+    out: &'a mut Vec<u8>,
+    client_id: u16,
+    udp_limit: u16,
+    opt: Option<Opt>,
+    question_end: usize,
+    code: u16,
+) -> &'a [u8] {
+    if raw.len() <= usize::from(udp_limit) {
+        wire::set_id(raw, client_id);
+        return raw;
+    }
+    let opt = opt.map(|o| Opt {
+        rcode_high: u8::try_from(code >> 4).unwrap_or(u8::MAX),
+        ..o
+    });
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "the low 4 bits of the RCODE"
+    )]
+    let low = (code & 0x0f) as u8;
+    wire::write_header_reply(out, raw, client_id, Some(question_end), low, true, opt);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::IdSource;
+    use crate::upstream_socket::Table;
+
+    /// `time.windows.com. AAAA` as a client wrote it.
+    fn client_query() -> Vec<u8> {
+        let mut q = vec![0x56, 0xa9, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
+        q.extend_from_slice(b"\x04time\x07windows\x03com\x00\x00\x1c\x00\x01");
+        q
+    }
+
+    /// Validates `answer` (its ID set to the query's) against `query` forwarded on a table.
+    fn run(
+        query: &[u8],
+        mut answer: Vec<u8>,
+        randomize: bool,
+    ) -> Result<(Vec<u8>, Validated), DropReason> {
+        let mut table = Table::new();
+        let mut ids = IdSource::new();
+        let slot = table.insert(&mut ids).unwrap();
+        let id = slot.id();
+        let end = wire::question_end(query).unwrap();
+        let mut sent = query.to_vec();
+        wire::set_id(&mut sent, id);
+        let stored = sent.clone();
+        let sent_name = randomize.then(|| case::randomize(&mut sent, end, &mut ids));
+        slot.fill(Inflight {
+            query: stored,
+            question_end: end,
+            sent_name,
+            sent: tokio::time::Instant::now(),
+            origin: None,
+        });
+        wire::set_id(&mut answer, id);
+        let v = validate(&mut answer, |id, check| table.take(id, check))?;
+        answer.truncate(v.len);
+        Ok((answer, v))
+    }
+
+    /// Regression (fuzz `dns_answer`, `fuzz/regressions/dns_answer/upstream-changes-question-case`):
+    /// without 0x20, an upstream that answers `time.windowS.com` to `time.windows.com` was
+    /// accepted (names compare case-insensitively) and its spelling reached the client, which
+    /// would drop it if it checks the case itself.
+    #[test]
+    fn the_client_gets_its_spelling_back_when_the_upstream_changes_the_case() {
+        let query = client_query();
+        let end = wire::question_end(&query).unwrap();
+        let mut answer = query.clone();
+        answer[2] |= 0x80;
+        answer[HEADER_NAME_S] = b'S';
+        let (reply, v) = run(&query, answer, false).unwrap();
+        assert_eq!(reply[wire::HEADER_LEN..end], query[wire::HEADER_LEN..end]);
+        assert_eq!(v.msg.queries[0].name.to_ascii(), "time.windows.com.");
+    }
+
+    /// Where the `s` of `windows` is in [`client_query`].
+    const HEADER_NAME_S: usize = 12 + 5 + 7;
+
+    /// Regression (fuzz `dns_answer`, `fuzz/regressions/dns_answer/answer-with-three-questions`):
+    /// an answer with QDCOUNT 3 whose first question was the query's was accepted, and the
+    /// observer shown three questions.
+    #[test]
+    fn an_answer_with_more_than_one_question_is_dropped() {
+        let query = client_query();
+        let mut answer = query.clone();
+        answer[2] |= 0x80;
+        answer[5] = 2; // QDCOUNT
+        answer.extend_from_slice(b"\x01x\x00\x00\x01\x00\x01");
+        assert!(matches!(
+            run(&query, answer, false),
+            Err(DropReason::QuestionMismatch)
+        ));
+    }
+
+    #[test]
+    fn with_0x20_only_the_exact_case_is_accepted() {
+        let query = client_query();
+        let mut answer = query.clone();
+        answer[2] |= 0x80;
+        // The client's spelling is (almost surely) not the random one sent.
+        assert!(matches!(
+            run(&query, answer, true),
+            Err(DropReason::CaseMismatch)
+        ));
+    }
+
+    #[test]
+    fn a_truncated_answer_cut_mid_record_keeps_its_header_and_question() {
+        let query = client_query();
+        let end = wire::question_end(&query).unwrap();
+        let mut answer = query.clone();
+        answer[2] |= 0x82; // QR, TC
+        answer[7] = 1; // ANCOUNT
+        answer.extend_from_slice(&[0xc0, 12, 0, 28, 0, 1, 0, 0, 0, 60, 0, 16, 0x20, 0x01]);
+        let (reply, v) = run(&query, answer.clone(), false).unwrap();
+        assert_eq!(v.len, end);
+        assert_eq!(reply.len(), end);
+        assert!(v.msg.metadata.truncation && v.msg.answers.is_empty());
+        // Without TC it is garbage.
+        answer[2] &= !0x02;
+        assert!(matches!(
+            run(&query, answer, false),
+            Err(DropReason::Malformed)
+        ));
+    }
+}

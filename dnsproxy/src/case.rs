@@ -1,0 +1,90 @@
+//! DNS 0x20 (draft-vixie-dnsext-dns0x20): the case of each letter of a forwarded query's name
+//! is chosen at random, and the answer must echo it exactly. Resolvers compare names
+//! case-insensitively but copy the question byte for byte, so a real answer passes and a
+//! spoofer has one more bit to guess per letter.
+//!
+//! Only bytes are rewritten, in place: the message is never re-serialised. Label length bytes
+//! are below 64 and never letters (`A` is 65), so flipping every ASCII letter of the name's
+//! wire form leaves its structure alone.
+
+use crate::ids::IdSource;
+use crate::wire::HEADER_LEN;
+
+/// Sets the case of every ASCII letter of the question name (offset 12 to `question_end - 4`)
+/// from random bits; returns the name as it now is, to compare the answer with.
+pub(crate) fn randomize(raw: &mut [u8], question_end: usize, ids: &mut IdSource) -> Box<[u8]> {
+    let name = &mut raw[HEADER_LEN..question_end - 4];
+    let mut bits = 0u16;
+    let mut left = 0;
+    for b in name.iter_mut().filter(|b| b.is_ascii_alphabetic()) {
+        if left == 0 {
+            bits = ids.next_id();
+            left = 16;
+        }
+        *b = if bits & 1 == 1 {
+            b.to_ascii_uppercase()
+        } else {
+            b.to_ascii_lowercase()
+        };
+        bits >>= 1;
+        left -= 1;
+    }
+    name.into()
+}
+
+/// Writes the client's spelling of the question name (from `query`) over the answer's, which
+/// must be the same name in another case (checked before: same `question_end`).
+pub(crate) fn restore(answer: &mut [u8], query: &[u8], question_end: usize) {
+    let range = HEADER_LEN..question_end - 4;
+    if let (Some(dst), Some(src)) = (answer.get_mut(range.clone()), query.get(range)) {
+        dst.copy_from_slice(src);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire;
+
+    fn query(name: &[u8]) -> Vec<u8> {
+        let mut q = vec![0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
+        q.extend_from_slice(name);
+        q.extend_from_slice(&[0, 1, 0, 1]);
+        q
+    }
+
+    #[test]
+    fn only_letters_change_case_and_the_choice_is_random() {
+        let original = query(b"\x03www\x0bexample-123\x03com\x00");
+        let end = wire::question_end(&original).unwrap();
+        let mut ids = IdSource::new();
+        let mut spellings = std::collections::HashSet::new();
+        for _ in 0..64 {
+            let mut q = original.clone();
+            let sent = randomize(&mut q, end, &mut ids);
+            assert_eq!(&sent[..], &q[HEADER_LEN..end - 4]);
+            assert!(wire::same_question(&q, end, &original, end), "same name");
+            assert_eq!(q[..HEADER_LEN], original[..HEADER_LEN]);
+            assert_eq!(q[end - 4..], original[end - 4..], "type and class kept");
+            for (a, b) in q.iter().zip(&original) {
+                assert!(a == b || (a.is_ascii_alphabetic() && a.eq_ignore_ascii_case(b)));
+            }
+            spellings.insert(q);
+        }
+        // 16 letters: 64 draws of 2^16 spellings are almost surely distinct.
+        assert!(spellings.len() > 60, "{}", spellings.len());
+    }
+
+    #[test]
+    fn restore_gives_the_client_its_spelling_back() {
+        let client = query(b"\x03WwW\x07ExAmPlE\x00");
+        let end = wire::question_end(&client).unwrap();
+        let mut sent = client.clone();
+        randomize(&mut sent, end, &mut IdSource::new());
+        let mut answer = sent.clone();
+        answer[2] |= 0x80;
+        restore(&mut answer, &client, end);
+        assert_eq!(answer[HEADER_LEN..end], client[HEADER_LEN..end]);
+        assert_eq!(answer[2], client[2] | 0x80, "only the name is rewritten");
+    }
+}

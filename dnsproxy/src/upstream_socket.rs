@@ -1,0 +1,416 @@
+//! One long-lived UDP socket towards an upstream, its in-flight table, and when it is due to be
+//! replaced by a socket on a fresh ephemeral port.
+//!
+//! An off-path spoofer must guess the query ID *and* the source port of a query in flight. With
+//! a fixed set of sockets opened once, the port stops being a secret after one observation, so
+//! each socket is retired after [`Rotation::max_queries`] queries or [`Rotation::max_age`]
+//! (unbound picks a new port per query; dnsdist keeps a fixed pool: this sits between, keeping
+//! the fixed pool's cost). A retired socket takes no new queries; its receiver keeps reading
+//! until its last query is answered or expired, then closes it.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::net::UdpSocket;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::ids::{BuildIdHasher, IdSource};
+use crate::metrics::DropReason;
+use crate::upstream::Origin;
+use crate::wire;
+
+/// At most this many queries in flight on one upstream socket; past it the next socket is
+/// tried. Leaves room in the 16-bit ID space so a random free ID is found in a few draws.
+pub(crate) const MAX_INFLIGHT_PER_SOCKET: usize = 32_768;
+
+/// Random draws before a socket is considered full.
+const ID_DRAWS: usize = 64;
+
+/// After a failed rotation (no file descriptor, …) the socket is tried again after this long.
+const ROTATION_RETRY: Duration = Duration::from_secs(1);
+
+/// When an upstream socket is replaced by one on a fresh port; 0 / zero disables a bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Rotation {
+    /// Queries sent on one socket before it is replaced.
+    pub(crate) max_queries: u64,
+    /// Age after which the next query replaces it.
+    pub(crate) max_age: Duration,
+}
+
+/// One query outstanding on an upstream socket.
+#[derive(Debug)]
+pub(crate) struct Inflight {
+    /// The query with the upstream ID and the client's question, byte for byte (kept for a TCP
+    /// retry and for the replies the proxy writes itself).
+    pub(crate) query: Vec<u8>,
+    /// Where its question ends.
+    pub(crate) question_end: usize,
+    /// The question name as sent upstream when its case was randomised (0x20); the answer must
+    /// echo exactly these bytes.
+    pub(crate) sent_name: Option<Box<[u8]>>,
+    pub(crate) sent: Instant,
+    /// `None` for a health probe.
+    pub(crate) origin: Option<Origin>,
+}
+
+impl Inflight {
+    /// Whether `answer` (whose question ends at `answer_end`, if it has one) answers this
+    /// query: exactly one question, the same (name case-insensitively, type and class
+    /// exactly); with 0x20, the name exactly as sent. A health probe accepts an answer without
+    /// a question.
+    pub(crate) fn check_question(
+        &self,
+        answer: &[u8],
+        answer_end: Option<usize>,
+    ) -> Result<(), DropReason> {
+        let Some(end) = answer_end else {
+            return match self.origin {
+                None => Ok(()),
+                Some(_) => Err(DropReason::QuestionMismatch),
+            };
+        };
+        // Extra questions are no part of an answer to one (and nobody says what they mean).
+        if wire::qdcount(answer) != 1
+            || !wire::same_question(answer, end, &self.query, self.question_end)
+        {
+            return Err(DropReason::QuestionMismatch);
+        }
+        match &self.sent_name {
+            Some(sent) if answer.get(wire::HEADER_LEN..end - 4) != Some(&sent[..]) => {
+                Err(DropReason::CaseMismatch)
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// What became of an ID on a socket; tells late and duplicate answers from unknown ones.
+const ID_FREE: u8 = 0;
+const ID_ANSWERED: u8 = 1;
+const ID_EXPIRED: u8 = 2;
+
+/// The in-flight table of one upstream socket.
+pub(crate) struct Table {
+    entries: HashMap<u16, Inflight, BuildIdHasher>,
+    /// Per ID, what became of its last query (until the ID is reused).
+    history: Box<[u8]>,
+    /// The socket's receiver has stopped: nothing may be added.
+    closed: bool,
+}
+
+impl Table {
+    pub(crate) fn new() -> Self {
+        Self {
+            entries: HashMap::with_capacity_and_hasher(256, BuildIdHasher::default()),
+            history: vec![ID_FREE; 1 << 16].into_boxed_slice(),
+            closed: false,
+        }
+    }
+
+    /// Reserves a random ID free on this socket; `None` if the socket is full or closed.
+    pub(crate) fn insert(&mut self, ids: &mut IdSource) -> Option<VacantId<'_>> {
+        if self.closed || self.entries.len() >= MAX_INFLIGHT_PER_SOCKET {
+            return None;
+        }
+        for _ in 0..ID_DRAWS {
+            let id = ids.next_id();
+            if !self.entries.contains_key(&id) {
+                return Some(VacantId { table: self, id });
+            }
+        }
+        None
+    }
+
+    /// Takes the query `id` out if `check` accepts it; otherwise says why the answer is
+    /// dropped. The entry stays when `check` refuses (the real answer may follow).
+    pub(crate) fn take(
+        &mut self,
+        id: u16,
+        check: impl FnOnce(&Inflight) -> Result<(), DropReason>,
+    ) -> Result<Inflight, DropReason> {
+        let Entry::Occupied(entry) = self.entries.entry(id) else {
+            return Err(match self.history[usize::from(id)] {
+                ID_ANSWERED => DropReason::Duplicate,
+                ID_EXPIRED => DropReason::Late,
+                _ => DropReason::UnknownId,
+            });
+        };
+        check(entry.get())?;
+        self.history[usize::from(id)] = ID_ANSWERED;
+        Ok(entry.remove())
+    }
+
+    /// Moves every query sent at or before `cutoff` into `out`.
+    pub(crate) fn expire(&mut self, cutoff: Instant, out: &mut Vec<(u16, Inflight)>) {
+        let start = out.len();
+        out.extend(self.entries.extract_if(|_, e| e.sent <= cutoff));
+        for (id, _) in &out[start..] {
+            self.history[usize::from(*id)] = ID_EXPIRED;
+        }
+    }
+
+    /// Queries outstanding.
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed
+    }
+}
+
+/// A free ID reserved under the table's lock.
+pub(crate) struct VacantId<'a> {
+    table: &'a mut Table,
+    id: u16,
+}
+
+impl VacantId<'_> {
+    pub(crate) fn id(&self) -> u16 {
+        self.id
+    }
+
+    pub(crate) fn fill(self, entry: Inflight) {
+        self.table.history[usize::from(self.id)] = ID_FREE;
+        self.table.entries.insert(self.id, entry);
+    }
+}
+
+/// One connected UDP socket towards an upstream, with its in-flight table.
+pub(crate) struct UpstreamSocket {
+    pub(crate) socket: UdpSocket,
+    /// Its local port (for logs and tests).
+    pub(crate) port: u16,
+    table: Mutex<Table>,
+    opened: Instant,
+    /// Queries forwarded on it.
+    queries: AtomicU64,
+    /// Due for rotation once `queries` reaches this (moved on after a failed rotation).
+    due_queries: AtomicU64,
+    /// Due for rotation once it is this old, in milliseconds (moved on after a failure).
+    due_age_ms: AtomicU64,
+    /// Replaced in its slot: takes no new queries, closes once its table is empty.
+    retired: AtomicBool,
+    /// Wakes the receiver of a retired socket whose table may have emptied.
+    pub(crate) drained: Notify,
+}
+
+impl UpstreamSocket {
+    /// Opens a socket on a fresh ephemeral port, connected to `upstream`.
+    pub(crate) fn open(
+        upstream: SocketAddr,
+        rotation: Rotation,
+        now: Instant,
+    ) -> std::io::Result<Self> {
+        let socket = connect_udp(upstream)?;
+        let port = socket.local_addr()?.port();
+        let age_ms = u64::try_from(rotation.max_age.as_millis()).unwrap_or(u64::MAX);
+        Ok(Self {
+            socket,
+            port,
+            table: Mutex::new(Table::new()),
+            opened: now,
+            queries: AtomicU64::new(0),
+            due_queries: AtomicU64::new(if rotation.max_queries == 0 {
+                u64::MAX
+            } else {
+                rotation.max_queries
+            }),
+            due_age_ms: AtomicU64::new(if age_ms == 0 { u64::MAX } else { age_ms }),
+            retired: AtomicBool::new(false),
+            drained: Notify::new(),
+        })
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Counts one forwarded query.
+    pub(crate) fn count_query(&self) {
+        self.queries.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether this socket should be replaced before the next query leaves on it.
+    pub(crate) fn is_due(&self, now: Instant) -> bool {
+        if self.queries.load(Ordering::Relaxed) >= self.due_queries.load(Ordering::Relaxed) {
+            return true;
+        }
+        let age = now.saturating_duration_since(self.opened).as_millis();
+        u64::try_from(age).unwrap_or(u64::MAX) >= self.due_age_ms.load(Ordering::Relaxed)
+    }
+
+    /// A rotation failed: try again after `max_queries` more queries or [`ROTATION_RETRY`].
+    pub(crate) fn postpone(&self, rotation: Rotation, now: Instant) {
+        if rotation.max_queries != 0 {
+            let next = self
+                .queries
+                .load(Ordering::Relaxed)
+                .saturating_add(rotation.max_queries);
+            self.due_queries.store(next, Ordering::Relaxed);
+        }
+        if !rotation.max_age.is_zero() {
+            let age = now.saturating_duration_since(self.opened) + ROTATION_RETRY;
+            let age_ms = u64::try_from(age.as_millis()).unwrap_or(u64::MAX);
+            self.due_age_ms.store(age_ms, Ordering::Relaxed);
+        }
+    }
+
+    /// Takes it out of service: no new queries; the receiver closes it once drained.
+    pub(crate) fn retire(&self) {
+        self.retired.store(true, Ordering::Release);
+        self.drained.notify_one();
+    }
+
+    pub(crate) fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
+    }
+
+    /// For the receiver: if the socket is retired and nothing is in flight, marks the table
+    /// closed (so no query can be added any more) and returns true: the socket can go.
+    pub(crate) fn close_if_drained(&self) -> bool {
+        if !self.is_retired() {
+            return false;
+        }
+        let mut table = self.lock();
+        if table.len() == 0 {
+            table.closed = true;
+            return true;
+        }
+        false
+    }
+}
+
+/// A UDP socket bound to an ephemeral port of the upstream's family and connected to it, so
+/// the kernel drops datagrams from any other source.
+fn connect_udp(upstream: SocketAddr) -> std::io::Result<UdpSocket> {
+    use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+    let socket = Socket::new(
+        Domain::for_address(upstream),
+        Type::DGRAM,
+        Some(Protocol::UDP),
+    )?;
+    let local: SocketAddr = if upstream.is_ipv4() {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    // Bursts of answers must not overflow the default buffer; best effort.
+    let _ = socket.set_recv_buffer_size(4 << 20);
+    socket.bind(&SockAddr::from(local))?;
+    socket.connect(&SockAddr::from(upstream))?;
+    socket.set_nonblocking(true)?;
+    UdpSocket::from_std(socket.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inflight(sent: Instant) -> Inflight {
+        Inflight {
+            query: Vec::new(),
+            question_end: 0,
+            sent_name: None,
+            sent,
+            origin: None,
+        }
+    }
+
+    #[test]
+    fn ids_are_unique_and_history_classifies_misses() {
+        let mut table = Table::new();
+        let mut ids = IdSource::new();
+        let t0 = Instant::now();
+        let mut taken = Vec::new();
+        for _ in 0..1000 {
+            let slot = table.insert(&mut ids).unwrap();
+            taken.push(slot.id());
+            slot.fill(inflight(t0));
+        }
+        assert_eq!(table.len(), 1000);
+        let a = taken[0];
+        assert!(
+            table
+                .take(a, |_| Err(DropReason::QuestionMismatch))
+                .is_err()
+        );
+        assert!(table.take(a, |_| Ok(())).is_ok());
+        assert!(matches!(
+            table.take(a, |_| Ok(())),
+            Err(DropReason::Duplicate)
+        ));
+        let mut out = Vec::new();
+        table.expire(t0, &mut out);
+        assert_eq!(out.len(), 999);
+        let b = taken[1];
+        assert!(matches!(table.take(b, |_| Ok(())), Err(DropReason::Late)));
+        let unknown = (0..=u16::MAX).find(|i| !taken.contains(i)).unwrap();
+        assert!(matches!(
+            table.take(unknown, |_| Ok(())),
+            Err(DropReason::UnknownId)
+        ));
+    }
+
+    #[tokio::test]
+    async fn due_after_max_queries_or_age_and_postponed_after_a_failure() {
+        let upstream: SocketAddr = "127.0.0.1:53".parse().unwrap();
+        let rotation = Rotation {
+            max_queries: 3,
+            max_age: Duration::from_secs(30),
+        };
+        let t0 = Instant::now();
+        let s = UpstreamSocket::open(upstream, rotation, t0).unwrap();
+        assert_ne!(s.port, 0);
+        for _ in 0..3 {
+            assert!(!s.is_due(t0));
+            s.count_query();
+        }
+        assert!(s.is_due(t0), "after 3 queries");
+        s.postpone(rotation, t0);
+        assert!(!s.is_due(t0), "postponed by 3 more queries");
+        assert!(s.is_due(t0 + Duration::from_secs(31)), "old enough");
+
+        let never = Rotation {
+            max_queries: 0,
+            max_age: Duration::ZERO,
+        };
+        let s = UpstreamSocket::open(upstream, never, t0).unwrap();
+        for _ in 0..10 {
+            s.count_query();
+        }
+        assert!(!s.is_due(t0 + Duration::from_secs(86_400)));
+    }
+
+    #[tokio::test]
+    async fn a_retired_socket_closes_only_once_drained() {
+        let upstream: SocketAddr = "127.0.0.1:53".parse().unwrap();
+        let rotation = Rotation {
+            max_queries: 0,
+            max_age: Duration::ZERO,
+        };
+        let t0 = Instant::now();
+        let s = UpstreamSocket::open(upstream, rotation, t0).unwrap();
+        let mut ids = IdSource::new();
+        let id = {
+            let mut table = s.lock();
+            let slot = table.insert(&mut ids).unwrap();
+            let id = slot.id();
+            slot.fill(inflight(t0));
+            id
+        };
+        assert!(!s.close_if_drained(), "not retired");
+        s.retire();
+        assert!(!s.close_if_drained(), "a query is in flight");
+        s.lock().take(id, |_| Ok(())).unwrap();
+        assert!(s.close_if_drained());
+        assert!(s.lock().insert(&mut ids).is_none(), "closed: nothing added");
+        assert!(s.lock().is_closed());
+    }
+}
