@@ -158,9 +158,14 @@ pub(crate) async fn start(
         Some((_, pin_dir)) => crate::kernel::engine_on_kernel(&config, pin_dir, clock, &restored)?,
     };
     drop(restored);
+    let mut engine = engine;
     let kernel = match kernel {
         None => None,
         Some((mut k, _)) => {
+            // The engine refuses new prefixes past the kernel ipcache's size (fail closed).
+            engine
+                .ipcache
+                .set_datapath_prefixes(Some(k.sizes().ipcache as usize));
             k.sync_gateway(&gateway.enforce_interfaces, &clients(&config, &engine))?;
             Some(Arc::new(Mutex::new(k)))
         }
@@ -230,7 +235,13 @@ pub(crate) async fn start(
             }
         });
     }
-    crate::daemon::spawn_metrics(&mut tasks, &stopped, &engine, persist.as_ref());
+    let conntrack = kernel.clone().map(|k| -> crate::daemon::ConntrackProbe {
+        Box::new(move || {
+            let k = k.lock().map_err(|_| anyhow!("kernel lock poisoned"))?;
+            Ok((k.conntrack_entries()?, k.sizes().conntrack))
+        })
+    });
+    crate::daemon::spawn_metrics(&mut tasks, &stopped, &engine, persist.as_ref(), conntrack);
     let state = Arc::new(AdminState {
         engine: Arc::clone(&engine),
         policy: Arc::clone(&policy),

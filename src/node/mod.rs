@@ -416,8 +416,11 @@ pub(crate) async fn start(
     runtime.load_added()?;
     let merged = runtime.merged()?;
     let (restored, persist) = crate::state::start(&node.daemon, strict_restore, clock)?;
-    let engine = kernel::engine_on_kernel(&merged, &pin_dir, clock, &restored)?;
+    let mut engine = kernel::engine_on_kernel(&merged, &pin_dir, clock, &restored)?;
     drop(restored);
+    // The engine refuses new prefixes past the kernel ipcache's size (fail closed).
+    let ipcache_room = lock(&runtime.kernel)?.sizes().ipcache as usize;
+    engine.ipcache.set_datapath_prefixes(Some(ipcache_room));
     let engine: SharedEngine = Arc::new(Mutex::new(engine));
     crate::state::settle(persist.as_deref(), &engine).await?;
     let policy = Arc::new(GatewayPolicy::default());
@@ -502,7 +505,20 @@ pub(crate) async fn start(
             }
         });
     }
-    crate::daemon::spawn_metrics(&mut tasks, &stopped, &engine, persist.as_ref());
+    let conntrack: crate::daemon::ConntrackProbe = {
+        let runtime = Arc::clone(&runtime);
+        Box::new(move || {
+            let k = lock(&runtime.kernel)?;
+            Ok((k.conntrack_entries()?, k.sizes().conntrack))
+        })
+    };
+    crate::daemon::spawn_metrics(
+        &mut tasks,
+        &stopped,
+        &engine,
+        persist.as_ref(),
+        Some(conntrack),
+    );
     let state = Arc::new(AdminState {
         engine: Arc::clone(&engine),
         policy: Arc::clone(&policy),
