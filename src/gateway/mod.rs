@@ -115,6 +115,9 @@ pub(crate) async fn start(
 ) -> Result<RunningGateway> {
     let clock = Clock::start();
     let (config, gateway) = load(&paths, demo)?;
+    if !demo {
+        crate::perms::check(&paths, &config, &gateway.daemon, &gateway.static_zones);
+    }
     let compiled = CompiledPolicy::compile(&config, &gateway.daemon.lists)?;
     let policy = Arc::new(GatewayPolicy::default());
     policy.replace(compiled);
@@ -291,6 +294,7 @@ pub(crate) async fn run(
     strict_restore: bool,
 ) -> Result<()> {
     let gateway = start(paths, false, admin_socket, strict_restore).await?;
+    crate::privileges::drop_all_but("gateway", crate::privileges::GATEWAY)?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),

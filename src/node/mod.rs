@@ -151,6 +151,7 @@ impl NodeRuntime {
     /// Re-reads the configuration files and applies them with the run-time endpoints.
     pub(crate) fn reload(&self, state: &AdminState) -> Result<()> {
         let (config, node) = load(&state.paths)?;
+        crate::perms::check(&state.paths, &config, &node.daemon, &[]);
         if node != self.node {
             tracing::warn!(
                 "the `kind: Node` document changes only on restart; the running settings stay"
@@ -393,6 +394,7 @@ pub(crate) async fn start(
 ) -> Result<RunningNode> {
     let clock = Clock::start();
     let (config, node) = load(&paths)?;
+    crate::perms::check(&paths, &config, &node.daemon, &[]);
     let pin_dir = node
         .pin_dir
         .clone()
@@ -542,6 +544,7 @@ pub(crate) async fn run(
     strict_restore: bool,
 ) -> Result<()> {
     let node = start(paths, admin_socket, strict_restore).await?;
+    crate::privileges::drop_all_but("node", crate::privileges::NODE)?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping (programs stay attached)"),
