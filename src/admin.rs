@@ -470,6 +470,12 @@ fn reload_gateway(
     kernel: Option<&Mutex<crate::kernel::Kernel>>,
 ) -> Result<()> {
     let (config, gateway) = crate::gateway::load(&state.paths, state.demo)?;
+    crate::perms::check(
+        &state.paths,
+        &config,
+        &gateway.daemon,
+        &gateway.static_zones,
+    );
     let compiled = CompiledPolicy::compile(&config, &gateway.daemon.lists)?;
     if gateway.listen != current.listen
         || gateway.upstreams != current.upstreams

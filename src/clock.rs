@@ -62,3 +62,12 @@ impl Clock {
         u32::try_from(left.div_ceil(1000)).unwrap_or(u32::MAX)
     }
 }
+
+/// Blocks the calling thread for `d` (start-up steps that wait for other threads).
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the one blocking pause, for start-up steps"
+)]
+pub(crate) fn pause(d: Duration) {
+    std::thread::sleep(d);
+}

@@ -34,18 +34,27 @@ pub(crate) fn proxy_config(settings: &Settings, daemon: &Daemon) -> fqdnd_dnspro
     }
 }
 
-/// Samples the engine's and the journal's state into metrics once a second.
+/// Reads the conntrack map's occupancy: (entries, capacity).
+pub(crate) type ConntrackProbe = Box<dyn Fn() -> Result<(usize, u32)> + Send + Sync>;
+
+/// How many metric ticks (seconds) between two walks of the conntrack map.
+const CONNTRACK_SAMPLE_TICKS: u64 = 10;
+
+/// Samples the engine's and the journal's state into metrics once a second, and the conntrack
+/// map's occupancy every 10 s (a walk of the whole map).
 pub(crate) fn spawn_metrics(
     tasks: &mut JoinSet<Result<()>>,
     stopped: &watch::Receiver<bool>,
     engine: &SharedEngine,
     persist: Option<&Arc<Persist>>,
+    conntrack: Option<ConntrackProbe>,
 ) {
     let engine = Arc::clone(engine);
     let persist = persist.cloned();
     let mut stopped = stopped.clone();
     tasks.spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut ticks: u64 = 0;
         loop {
             tokio::select! {
                 _ = tick.tick() => {
@@ -53,6 +62,15 @@ pub(crate) fn spawn_metrics(
                     if let Some(p) = &persist {
                         p.record_metrics();
                     }
+                    if let Some(probe) = &conntrack
+                        && ticks % CONNTRACK_SAMPLE_TICKS == 0
+                    {
+                        match probe() {
+                            Ok((entries, capacity)) => crate::metrics::record_conntrack(entries, capacity),
+                            Err(e) => tracing::debug!(error = %format!("{e:#}"), "reading conntrack occupancy failed"),
+                        }
+                    }
+                    ticks += 1;
                 }
                 _ = stopped.changed() => return Ok(()),
             }

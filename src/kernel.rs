@@ -58,6 +58,8 @@ pub(crate) struct Kernel {
     /// Client prefixes written, with what they were written with.
     clients: BTreeMap<IpNet, (EndpointId, EndpointFlags)>,
     pin_dir: PathBuf,
+    /// The map sizes loaded with.
+    sizes: fqdnd_ebpf::MapSizes,
 }
 
 impl std::fmt::Debug for Kernel {
@@ -126,6 +128,7 @@ impl Kernel {
             lan: BTreeMap::new(),
             clients: BTreeMap::new(),
             pin_dir: pin_dir.to_path_buf(),
+            sizes,
         })
     }
 
@@ -276,6 +279,16 @@ impl Kernel {
     /// Removes conntrack entries idle longer than `idle`; returns how many.
     pub(crate) fn gc_conntrack(&mut self, idle: Duration) -> Result<usize> {
         Ok(self.maps.gc_conntrack(idle)?)
+    }
+
+    /// The map sizes loaded with.
+    pub(crate) fn sizes(&self) -> &fqdnd_ebpf::MapSizes {
+        &self.sizes
+    }
+
+    /// Conntrack entries now (a walk of the map: sample it, don't poll it).
+    pub(crate) fn conntrack_entries(&self) -> Result<usize> {
+        Ok(self.maps.ct_entries()?.len())
     }
 
     /// The interfaces attached, with their endpoints.

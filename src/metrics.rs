@@ -34,8 +34,21 @@ pub(crate) fn install(addr: SocketAddr) -> Result<()> {
     );
     metrics::describe_counter!(
         "fqdnd_breaker_trips_total",
-        "DNS-driven changes a circuit breaker rejected"
+        "DNS-driven changes a circuit breaker rejected, by breaker"
     );
+    metrics::describe_gauge!(
+        "fqdnd_cache_entries_max",
+        "the bound on (name, IP) mappings in the DNS cache (breakers.maxCacheEntries)"
+    );
+    metrics::describe_counter!(
+        "fqdnd_datapath_map_full_total",
+        "DNS-driven changes refused because a datapath map had no room, by map"
+    );
+    metrics::describe_gauge!(
+        "fqdnd_datapath_map_entries",
+        "entries in a kernel map (ipcache4/ipcache6 as written, conntrack sampled every 10 s)"
+    );
+    metrics::describe_gauge!("fqdnd_datapath_map_capacity", "size of a kernel map");
     metrics::describe_counter!(
         "fqdnd_querylog_dropped_total",
         "query-log records dropped because the writer fell behind"
@@ -53,6 +66,49 @@ pub(crate) fn record_engine(engine: &SharedEngine) {
     metrics::gauge!("fqdnd_cache_entries").set(engine.names.mapping_count() as f64);
     metrics::gauge!("fqdnd_cache_zombies").set(engine.names.zombie_count() as f64);
     metrics::gauge!("fqdnd_ipcache_prefixes").set(engine.ipcache.prefix_count() as f64);
-    let trips = engine.names.stats().breaker_trips + engine.ipcache.stats().breaker_trips;
-    metrics::counter!("fqdnd_breaker_trips_total").absolute(trips);
+    metrics::gauge!("fqdnd_cache_entries_max").set(engine.names.config().max_cache_entries as f64);
+    let trips = engine.names.stats().trips;
+    for (breaker, n) in [
+        ("names_per_endpoint", trips.names_per_endpoint),
+        ("ips_per_name", trips.ips_per_name),
+        ("cache_entries", trips.cache_entries),
+        ("fqdn_identities", engine.ipcache.stats().breaker_trips),
+    ] {
+        metrics::counter!("fqdnd_breaker_trips_total", "breaker" => breaker).absolute(n);
+    }
+    if let Some(room) = engine.ipcache.datapath_room() {
+        let [v4, v6] = engine.ipcache.datapath_prefixes();
+        for (map, n) in [("ipcache4", v4), ("ipcache6", v6)] {
+            metrics::gauge!("fqdnd_datapath_map_entries", "map" => map).set(n as f64);
+            metrics::gauge!("fqdnd_datapath_map_capacity", "map" => map).set(room as f64);
+        }
+        metrics::counter!("fqdnd_datapath_map_full_total", "map" => "ipcache")
+            .absolute(engine.ipcache.stats().datapath_full);
+    }
+}
+
+/// Counts a kernel map that refused a write (`fqdnd_datapath_map_full_total{map}`), if that is
+/// what `e` is.
+pub(crate) fn record_datapath_error(e: &anyhow::Error) {
+    for cause in e.chain() {
+        let full = match cause.downcast_ref::<fqdnd_ipcache::Error>() {
+            Some(fqdnd_ipcache::Error::Datapath(fqdnd_ipcache::DatapathError::MapFull { map })) => {
+                Some(*map)
+            }
+            _ => match cause.downcast_ref::<fqdnd_ipcache::DatapathError>() {
+                Some(fqdnd_ipcache::DatapathError::MapFull { map }) => Some(*map),
+                _ => None,
+            },
+        };
+        if let Some(map) = full {
+            metrics::counter!("fqdnd_datapath_map_full_total", "map" => map).increment(1);
+            return;
+        }
+    }
+}
+
+/// Conntrack occupancy: entries now (a walk of the LRU map) against its size.
+pub(crate) fn record_conntrack(entries: usize, capacity: u32) {
+    metrics::gauge!("fqdnd_datapath_map_entries", "map" => "conntrack").set(entries as f64);
+    metrics::gauge!("fqdnd_datapath_map_capacity", "map" => "conntrack").set(f64::from(capacity));
 }

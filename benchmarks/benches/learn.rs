@@ -43,6 +43,7 @@ fn engine<D: Datapath>(datapath: D) -> (NameManager, IpCache<D>) {
         .unwrap();
     let config = Config {
         max_names_per_endpoint: usize::MAX,
+        max_cache_entries: usize::MAX,
         ..Config::default()
     };
     let mut names = NameManager::new(config);

@@ -92,7 +92,11 @@ where
     S: DeserializeOwned,
     T: DeserializeOwned,
 {
-    fs::create_dir_all(dir).map_err(|e| Error::io(dir, "create directory", e))?;
+    // What is recorded may be private (which client asked for what): a new directory is the
+    // owner's only.
+    std::os::unix::fs::DirBuilderExt::mode(fs::DirBuilder::new().recursive(true), 0o700)
+        .create(dir)
+        .map_err(|e| Error::io(dir, "create directory", e))?;
     let lock = lock(dir)?;
     let listing = list(dir)?;
     let mut removed = Vec::new();

@@ -17,6 +17,7 @@
 //!     maxFQDNIdentities: 2048
 //!     maxIPsPerName: 2000
 //!     maxNamesPerEndpoint: 50000
+//!     maxCacheEntries: 1000000
 //!   gcInterval: 60s
 //! ```
 
@@ -70,6 +71,11 @@ pub struct Settings {
     /// `breakers.maxNamesPerEndpoint`: names one endpoint may have live in the cache before
     /// answers for new names are not learned. fqdnd's own circuit breaker (default 50000).
     pub max_names_per_endpoint: usize,
+    /// `breakers.maxCacheEntries`: (name, IP) mappings the whole DNS cache may hold, live and
+    /// zombie, before new ones are refused (fail closed): the cache's memory bound whatever
+    /// the number of endpoints or names. fqdnd's own circuit breaker (default 1,000,000,
+    /// roughly 250–550 MB).
+    pub max_cache_entries: usize,
     /// `gcInterval`: how often expired DNS data is collected. Mirrors Cilium's fixed
     /// `DNSGCJobInterval` (default 60s, at least [`MIN_GC_INTERVAL`]).
     pub gc_interval: Duration,
@@ -88,6 +94,7 @@ impl Default for Settings {
             max_fqdn_identities: 2048,
             max_ips_per_name: 2000,
             max_names_per_endpoint: 50_000,
+            max_cache_entries: 1_000_000,
             gc_interval: Duration::from_secs(60),
         }
     }
@@ -103,6 +110,7 @@ impl Settings {
             max_zombies: self.max_deferred_connection_deletes,
             max_ips_per_name: self.max_ips_per_name,
             max_names_per_endpoint: self.max_names_per_endpoint,
+            max_cache_entries: self.max_cache_entries,
         }
     }
 
@@ -114,6 +122,7 @@ impl Settings {
             preallocate_fqdn_identities: self.preallocate_identities,
             // Per-IP identities are for `fqdnd replay --identity-mode per-ip` only.
             identity_per_prefix: false,
+            datapath_prefixes: None,
         }
     }
 }
@@ -161,6 +170,7 @@ struct BreakersSpec {
     #[serde(rename = "maxIPsPerName")]
     max_ips_per_name: Option<Spanned<Scalar>>,
     max_names_per_endpoint: Option<Spanned<Scalar>>,
+    max_cache_entries: Option<Spanned<Scalar>>,
 }
 
 /// Largest count accepted: far beyond any sane setting, and fits `usize` on every target.
@@ -245,6 +255,9 @@ pub(crate) fn settings(doc: &SettingsDoc, diag: &mut Diag<'_>) -> Option<Setting
         }
         if let Some(n) = count("maxNamesPerEndpoint", &b.max_names_per_endpoint, 1, diag) {
             s.max_names_per_endpoint = n;
+        }
+        if let Some(n) = count("maxCacheEntries", &b.max_cache_entries, 1, diag) {
+            s.max_cache_entries = n;
         }
     }
     if let Some(text) = &spec.gc_interval

@@ -56,7 +56,7 @@ fn absent_settings_and_empty_settings_give_the_defaults() {
 #[test]
 fn every_field() {
     let text = settings(
-        "  dns:\n    minTTL: 3600\n    maxIPsPerHostname: 50\n    maxDeferredConnectionDeletes: 0\n    proxyResponseMaxDelay: 1s 500ms\n    rejectResponseCode: nameError\n    concurrencyLimit: 64\n    preallocateIdentities: false\n  breakers:\n    maxFQDNIdentities: 10\n    maxIPsPerName: 20\n    maxNamesPerEndpoint: 30\n  gcInterval: 2m30s\n",
+        "  dns:\n    minTTL: 3600\n    maxIPsPerHostname: 50\n    maxDeferredConnectionDeletes: 0\n    proxyResponseMaxDelay: 1s 500ms\n    rejectResponseCode: nameError\n    concurrencyLimit: 64\n    preallocateIdentities: false\n  breakers:\n    maxFQDNIdentities: 10\n    maxIPsPerName: 20\n    maxNamesPerEndpoint: 30\n    maxCacheEntries: 40\n  gcInterval: 2m30s\n",
     );
     let s = ok(&text).settings;
     assert_eq!(
@@ -72,6 +72,7 @@ fn every_field() {
             max_fqdn_identities: 10,
             max_ips_per_name: 20,
             max_names_per_endpoint: 30,
+            max_cache_entries: 40,
             gc_interval: Duration::from_secs(150),
         }
     );
@@ -83,6 +84,7 @@ fn every_field() {
             max_zombies: 0,
             max_ips_per_name: 20,
             max_names_per_endpoint: 30,
+            max_cache_entries: 40,
         }
     );
     assert_eq!(
@@ -91,6 +93,7 @@ fn every_field() {
             max_fqdn_identities: 10,
             preallocate_fqdn_identities: false,
             identity_per_prefix: false,
+            datapath_prefixes: None,
         }
     );
 }
@@ -192,7 +195,7 @@ fn out_of_range_and_malformed_values_are_located() {
         (
             "  breakers: {maxIpsPerName: 5}\n",
             "maxIpsPerName",
-            "expected one of `maxFQDNIdentities`, `maxIPsPerName`, `maxNamesPerEndpoint`",
+            "expected one of `maxFQDNIdentities`, `maxIPsPerName`, `maxNamesPerEndpoint`, `maxCacheEntries`",
         ),
     ];
     for (spec, at, expected) in cases {

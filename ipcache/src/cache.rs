@@ -39,6 +39,8 @@ pub struct Stats {
     pub breaker_trips: u64,
     /// Batches handed to the datapath.
     pub batches: u64,
+    /// DNS-driven changes rejected because the datapath's ipcache was full.
+    pub datapath_full: u64,
 }
 
 /// Changes waiting for the next [`IpCache::commit`], coalesced per key (last write wins).
@@ -68,6 +70,10 @@ struct Identities<'a> {
     scratch: &'a mut Vec<SelectorIdx>,
     /// Canonical label sets → the numbers they had before a restart.
     restore: &'a HashMap<String, Identity>,
+    /// Prefixes with an identity (written to the datapath), IPv4 and IPv6.
+    written: &'a mut [usize; 2],
+    /// The datapath's room per family, if bounded.
+    capacity: Option<usize>,
 }
 
 impl Identities<'_> {
@@ -129,6 +135,8 @@ macro_rules! identities {
             stats: &mut $cache.stats,
             scratch: &mut $cache.scratch,
             restore: &$cache.restore,
+            written: &mut $cache.written,
+            capacity: $cache.config.datapath_prefixes,
         }
     };
 }
@@ -155,6 +163,8 @@ pub struct IpCache<D> {
     last_breaker_warning: Option<Duration>,
     /// Identity numbers to give label sets again after a restart (see `restore_identities`).
     restore: HashMap<String, Identity>,
+    /// Prefixes with an identity, IPv4 and IPv6: the entries the datapath's ipcache holds.
+    written: [usize; 2],
 }
 
 impl<D: Datapath> IpCache<D> {
@@ -179,6 +189,7 @@ impl<D: Datapath> IpCache<D> {
             revision: 0,
             last_breaker_warning: None,
             restore: HashMap::new(),
+            written: [0; 2],
         }
     }
 
@@ -240,9 +251,16 @@ impl<D: Datapath> IpCache<D> {
                 }
             }
         }
-        if let Error::BreakerTripped { .. } = err {
-            self.stats.breaker_trips += 1;
-            self.warn_breaker(now, &err);
+        match err {
+            Error::BreakerTripped { .. } => {
+                self.stats.breaker_trips += 1;
+                self.warn_breaker(now, &err);
+            }
+            Error::DatapathFull { .. } => {
+                self.stats.datapath_full += 1;
+                self.warn_breaker(now, &err);
+            }
+            _ => {}
         }
         Err(err)
     }
@@ -571,6 +589,21 @@ impl<D> IpCache<D> {
         self.meta.len()
     }
 
+    /// Sets the datapath's room per family ([`Config::datapath_prefixes`]); `None`: unbounded.
+    pub fn set_datapath_prefixes(&mut self, room: Option<usize>) {
+        self.config.datapath_prefixes = room;
+    }
+
+    /// The datapath's room per family, if bounded.
+    pub fn datapath_room(&self) -> Option<usize> {
+        self.config.datapath_prefixes
+    }
+
+    /// Prefixes with an identity — the entries the datapath's ipcache holds — IPv4 and IPv6.
+    pub fn datapath_prefixes(&self) -> [usize; 2] {
+        self.written
+    }
+
     /// Before a restore: every label set in `table` (canonical rendering, as
     /// [`IpCache::identities_canonical`] gives) gets its old number back when it is allocated
     /// again, and those numbers are withheld from every other label set until
@@ -696,10 +729,12 @@ fn resolve_entry(
     breaker: Option<usize>,
 ) -> Result<(), Error> {
     let current = entry.identity;
+    let family = usize::from(matches!(prefix, IpNet::V6(_)));
     match desired_labels(entry, cidr, &prefix) {
         None => {
             entry.identity = None;
             if let Some(old) = current {
+                ids.written[family] -= 1;
                 ids.pending.ipcache.push((prefix, None));
                 ids.release(old);
             }
@@ -726,7 +761,19 @@ fn resolve_entry(
                     prefix,
                 });
             }
+            if let (Some(_), Some(limit), None) = (breaker, ids.capacity, current)
+                && ids.written[family] >= limit
+            {
+                return Err(Error::DatapathFull {
+                    map: "ipcache",
+                    limit,
+                    prefix,
+                });
+            }
             let id = ids.acquire(&labels, scope, from_dns)?;
+            if current.is_none() {
+                ids.written[family] += 1;
+            }
             entry.identity = Some(id);
             ids.pending.ipcache.push((prefix, Some(id)));
             if let Some(old) = current {

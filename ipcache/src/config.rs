@@ -17,6 +17,11 @@ pub struct Config {
     /// and never freed, and every new IP creates an identity (the FQDN identity breaker trips
     /// accordingly). Default false.
     pub identity_per_prefix: bool,
+    /// Room in the datapath's ipcache, per address family (the kernel map's size; `None`: no
+    /// limit, as in memory). A DNS-driven change that needs a new prefix past it is rejected
+    /// before anything changes ([`crate::Error::DatapathFull`]): the answer fails closed and
+    /// the IpCache never believes in an entry the kernel refused. Default `None`.
+    pub datapath_prefixes: Option<usize>,
 }
 
 impl Default for Config {
@@ -25,6 +30,7 @@ impl Default for Config {
             max_fqdn_identities: 2048,
             preallocate_fqdn_identities: true,
             identity_per_prefix: false,
+            datapath_prefixes: None,
         }
     }
 }

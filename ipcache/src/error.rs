@@ -25,6 +25,17 @@ pub enum Error {
         /// The prefix whose change was rejected.
         prefix: IpNet,
     },
+    /// A DNS-driven change needs a new prefix and the datapath's ipcache is full (its
+    /// configured size, [`crate::Config::datapath_prefixes`]); existing state is untouched.
+    #[error("datapath map {map} is full ({limit} entries): {prefix} rejected")]
+    DatapathFull {
+        /// The map.
+        map: &'static str,
+        /// Its size.
+        limit: usize,
+        /// The prefix that found no room.
+        prefix: IpNet,
+    },
     /// No free identity number is left in the range.
     #[error("no free identity number left in the {scope:?} range")]
     IdentitiesExhausted {

@@ -429,6 +429,7 @@ fn identity_breaker_fails_closed_and_keeps_state() {
             max_fqdn_identities: 2,
             preallocate_fqdn_identities: false,
             identity_per_prefix: false,
+            datapath_prefixes: None,
         },
         MemoryDatapath::default(),
     );
@@ -574,4 +575,39 @@ fn a_restore_gives_every_label_set_its_old_number() {
     assert!(!old.contains(&id(&after, "198.51.100.1")));
     // Every restored number came back (the freed set was not in the table).
     assert_eq!(after.finish_restore(), 0);
+}
+
+#[test]
+fn a_full_datapath_ipcache_rejects_new_prefixes_before_anything_changes() {
+    let mut c = IpCache::new(
+        Config {
+            datapath_prefixes: Some(3),
+            ..Config::default()
+        },
+        MemoryDatapath::default(),
+    );
+    for i in 1..=3 {
+        learn(&mut c, "a.test.", &format!("192.0.2.{i}"), &["*.test."]).unwrap();
+    }
+    c.commit().unwrap();
+    assert_eq!(c.datapath_prefixes(), [3, 0]);
+    let full = learn(&mut c, "b.test.", "192.0.2.9", &["*.test."]);
+    assert!(
+        matches!(full, Err(Error::DatapathFull { limit: 3, .. })),
+        "{full:?}"
+    );
+    // Nothing changed: no metadata, no identity, nothing for the datapath.
+    assert!(c.identity_of(&host_prefix(ip("192.0.2.9"))).is_none());
+    assert_eq!(c.prefix_count(), 3);
+    c.commit().unwrap();
+    assert_eq!(c.datapath().ipcache().len(), 3);
+    assert_eq!(c.stats().datapath_full, 1);
+    // A known prefix may still change its labels; the other family has its own room.
+    learn(&mut c, "b.test.", "192.0.2.1", &["*.test.", "b.test."]).unwrap();
+    learn(&mut c, "v6.test.", "2001:db8::1", &["*.test."]).unwrap();
+    // Room comes back when a prefix goes.
+    forget(&mut c, "a.test.", "192.0.2.3");
+    assert_eq!(c.datapath_prefixes(), [2, 1]);
+    learn(&mut c, "b.test.", "192.0.2.9", &["*.test."]).unwrap();
+    assert_eq!(c.datapath_prefixes(), [3, 1]);
 }

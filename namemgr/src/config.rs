@@ -19,6 +19,10 @@ pub struct Config {
     /// Circuit breaker: names one endpoint may have live in the cache before answers for new
     /// names are not learned (fqdnd's own; default 50000).
     pub max_names_per_endpoint: usize,
+    /// Circuit breaker: (name, IP) mappings the whole cache may hold, live and zombie
+    /// together, before new ones are rejected — the bound on the cache's memory whatever the
+    /// number of endpoints (fqdnd's own; default 1,000,000).
+    pub max_cache_entries: usize,
 }
 
 impl Default for Config {
@@ -29,6 +33,7 @@ impl Default for Config {
             max_zombies: 10_000,
             max_ips_per_name: 2000,
             max_names_per_endpoint: 50_000,
+            max_cache_entries: 1_000_000,
         }
     }
 }

@@ -10,6 +10,8 @@ pub enum Breaker {
     NamesPerEndpoint,
     /// A name holds too many IPs, live and zombie together.
     IpsPerName,
+    /// The whole cache holds too many (name, IP) mappings.
+    CacheEntries,
 }
 
 /// What can go wrong in the NameManager.

@@ -79,10 +79,27 @@ pub struct Stats {
     pub new_mappings: u64,
     /// Breaker trips (per answer for names-per-endpoint, per IP otherwise).
     pub breaker_trips: u64,
+    /// The same trips by breaker.
+    pub trips: BreakerTrips,
     /// Mappings released by GC.
     pub gc_releases: u64,
     /// GC passes.
     pub gc_runs: u64,
+}
+
+/// Breaker trips since start, by breaker (what `Stats::breaker_trips` adds up).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BreakerTrips {
+    /// Answers for a new name refused because the endpoint had too many names.
+    pub names_per_endpoint: u64,
+    /// Answers that brought a name past its IP cap (once per answer).
+    pub ips_per_name: u64,
+    /// IPs refused because the whole cache was full.
+    pub cache_entries: u64,
+    /// IPs refused because they needed a new identity past the FQDN identity breaker.
+    pub fqdn_identities: u64,
+    /// IPs refused because the datapath's ipcache had no room for a new prefix.
+    pub datapath_full: u64,
 }
 
 /// One mapping, for listings.
@@ -115,6 +132,8 @@ pub struct NameManager {
     cache: DnsCache,
     endpoint_names: HashMap<EndpointId, HashMap<Arc<str>, Secs>>,
     zombies: usize,
+    /// (name, IP) mappings held, live and zombie: what `max_cache_entries` bounds.
+    entries: usize,
     stats: Stats,
     last_warning: Option<Duration>,
 }
@@ -160,6 +179,7 @@ impl NameManager {
             cache: DnsCache::default(),
             endpoint_names: HashMap::new(),
             zombies: 0,
+            entries: 0,
             stats: Stats::default(),
             last_warning: None,
         }
@@ -208,6 +228,7 @@ impl NameManager {
         let ep_names = self.endpoint_names.entry(endpoint).or_default();
         if !ep_names.contains_key(&*key) && ep_names.len() >= self.config.max_names_per_endpoint {
             self.stats.breaker_trips += 1;
+            self.stats.trips.names_per_endpoint += 1;
             let err = Error::BreakerTripped {
                 breaker: Breaker::NamesPerEndpoint,
                 limit: self.config.max_names_per_endpoint,
@@ -248,7 +269,15 @@ impl NameManager {
             }
             if entry.holds() >= self.config.max_ips_per_name {
                 learned.rejected += 1;
-                tripped = Some(Breaker::IpsPerName);
+                tripped = Some((Breaker::IpsPerName, self.config.max_ips_per_name));
+                continue;
+            }
+            if self.entries >= self.config.max_cache_entries {
+                // The global bound: no new mapping, whatever the endpoint or the name.
+                learned.rejected += 1;
+                self.stats.breaker_trips += 1;
+                self.stats.trips.cache_entries += 1;
+                tripped = Some((Breaker::CacheEntries, self.config.max_cache_entries));
                 continue;
             }
             if entry.live.len() >= self.config.max_ips_per_hostname {
@@ -287,6 +316,13 @@ impl NameManager {
                     Err(fqdnd_ipcache::Error::BreakerTripped { .. }) => {
                         learned.rejected += 1;
                         self.stats.breaker_trips += 1;
+                        self.stats.trips.fqdn_identities += 1;
+                        continue;
+                    }
+                    Err(fqdnd_ipcache::Error::DatapathFull { .. }) => {
+                        // Counted by the IpCache (a datapath capacity, not a breaker).
+                        learned.rejected += 1;
+                        self.stats.trips.datapath_full += 1;
                         continue;
                     }
                     Err(err) => return Err(err.into()),
@@ -294,14 +330,18 @@ impl NameManager {
             }
             insert(&mut entry.live, IpEntry { addr, expires });
             self.cache.link(addr, &key);
+            self.entries += 1;
             learned.new += 1;
             self.stats.new_mappings += 1;
         }
-        if let Some(breaker) = tripped {
-            self.stats.breaker_trips += 1;
+        if let Some((breaker, limit)) = tripped {
+            if breaker == Breaker::IpsPerName {
+                self.stats.breaker_trips += 1;
+                self.stats.trips.ips_per_name += 1;
+            }
             let err = Error::BreakerTripped {
                 breaker,
-                limit: self.config.max_ips_per_name,
+                limit,
                 name: key.to_string(),
             };
             self.warn(now, &err);
@@ -490,6 +530,7 @@ impl NameManager {
             self.cache.unlink(*addr, name);
         }
         stats.released = released.len();
+        self.entries -= released.len();
         self.stats.gc_releases += released.len() as u64;
         let before = self.cache.names.len();
         self.cache.names.retain(|_, e| e.holds() > 0);
@@ -548,7 +589,7 @@ impl NameManager {
 
     /// (name, IP) mappings in the cache, zombies included.
     pub fn mapping_count(&self) -> usize {
-        self.cache.names.values().map(NameEntry::holds).sum()
+        self.entries
     }
 
     /// Zombies in the cache.
@@ -574,6 +615,11 @@ impl NameManager {
     /// Counters.
     pub fn stats(&self) -> &Stats {
         &self.stats
+    }
+
+    /// The settings it runs with.
+    pub fn config(&self) -> &Config {
+        &self.config
     }
 
     fn warn(&mut self, now: Duration, err: &Error) {

@@ -238,3 +238,71 @@ fn selector_changes_relabel_cached_ips() {
         "the cache keeps the name for future selectors"
     );
 }
+
+#[test]
+fn the_cache_bound_holds_across_endpoints_and_gc_makes_room_again() {
+    let (mut n, mut c) = setup(
+        Config {
+            max_cache_entries: 10,
+            ..Config::default()
+        },
+        &["*.flood.test"],
+    );
+    // A water-torture flood from many endpoints: each endpoint is far below its own
+    // breaker, the whole cache is not.
+    for i in 0..100u32 {
+        let ep = EndpointId(u16::try_from(i % 7).unwrap());
+        let learned = n
+            .observe(ep, &format!("r{i}.flood.test"), &[ip(i)], 30, at(1), &mut c)
+            .unwrap();
+        if i < 10 {
+            assert_eq!(learned.new, 1);
+        } else {
+            assert_eq!((learned.new, learned.rejected), (0, 1), "name {i}");
+        }
+        assert!(n.mapping_count() <= 10);
+    }
+    assert_eq!(n.mapping_count(), n.entries().count());
+    assert_eq!(n.name_count(), 10, "rejected names leave no entry behind");
+    assert_eq!(n.stats().trips.cache_entries, 90);
+    // A known name is still refreshed at the bound.
+    let refreshed = n
+        .observe(EndpointId(0), "r0.flood.test", &[ip(0)], 60, at(2), &mut c)
+        .unwrap();
+    assert_eq!((refreshed.refreshed, refreshed.rejected), (1, 0));
+    // Once GC released the expired ones there is room again.
+    n.gc(at(40), &nothing_in_use, &mut c).unwrap();
+    assert_eq!(n.mapping_count(), 1);
+    assert_eq!(n.mapping_count(), n.entries().count());
+    let learned = n
+        .observe(EP, "new.flood.test", &[ip(500)], 30, at(41), &mut c)
+        .unwrap();
+    assert_eq!(learned.new, 1);
+}
+
+#[test]
+fn ten_thousand_addresses_for_one_name_are_capped() {
+    // One DNS message holds at most ~4k A records (64 KiB); the engine takes the addresses of
+    // several messages, or one in-memory answer, the same way.
+    let (mut n, mut c) = setup(
+        Config {
+            max_ips_per_hostname: 1000,
+            max_ips_per_name: 2000,
+            ..Config::default()
+        },
+        &["*.big.test"],
+    );
+    let all: Vec<IpAddr> = (0..10_000).map(ip).collect();
+    let learned = n
+        .observe(EP, "cdn.big.test", &all, 300, at(1), &mut c)
+        .unwrap();
+    assert_eq!((learned.new, learned.capped), (1000, 9000));
+    // Later answers evict the earliest-expiring into zombies, up to the per-name breaker.
+    for (k, chunk) in all.chunks(2500).enumerate() {
+        n.observe(EP, "cdn.big.test", chunk, 300, at(10 + k as u64), &mut c)
+            .unwrap();
+        assert!(n.mapping_count() <= 2000, "{}", n.mapping_count());
+    }
+    assert_eq!(n.mapping_count(), 2000);
+    assert!(n.stats().trips.ips_per_name > 0);
+}

@@ -121,6 +121,9 @@ pub(crate) async fn start(
 ) -> Result<RunningGateway> {
     let clock = Clock::start();
     let (config, gateway) = load(&paths, demo)?;
+    if !demo {
+        crate::perms::check(&paths, &config, &gateway.daemon, &gateway.static_zones);
+    }
     let compiled = CompiledPolicy::compile(&config, &gateway.daemon.lists)?;
     let policy = Arc::new(GatewayPolicy::default());
     policy.replace(compiled);
@@ -164,9 +167,14 @@ pub(crate) async fn start(
         Some((_, pin_dir)) => crate::kernel::engine_on_kernel(&config, pin_dir, clock, &restored)?,
     };
     drop(restored);
+    let mut engine = engine;
     let kernel = match kernel {
         None => None,
         Some((mut k, _)) => {
+            // The engine refuses new prefixes past the kernel ipcache's size (fail closed).
+            engine
+                .ipcache
+                .set_datapath_prefixes(Some(k.sizes().ipcache as usize));
             k.sync_gateway(&gateway.enforce_interfaces, &clients(&config, &engine))?;
             Some(Arc::new(Mutex::new(k)))
         }
@@ -236,7 +244,13 @@ pub(crate) async fn start(
             }
         });
     }
-    crate::daemon::spawn_metrics(&mut tasks, &stopped, &engine, persist.as_ref());
+    let conntrack = kernel.clone().map(|k| -> crate::daemon::ConntrackProbe {
+        Box::new(move || {
+            let k = k.lock().map_err(|_| anyhow!("kernel lock poisoned"))?;
+            Ok((k.conntrack_entries()?, k.sizes().conntrack))
+        })
+    });
+    crate::daemon::spawn_metrics(&mut tasks, &stopped, &engine, persist.as_ref(), conntrack);
     let state = Arc::new(AdminState {
         engine: Arc::clone(&engine),
         policy: Arc::clone(&policy),
@@ -286,6 +300,7 @@ pub(crate) async fn run(
     strict_restore: bool,
 ) -> Result<()> {
     let gateway = start(paths, false, admin_socket, strict_restore).await?;
+    crate::privileges::drop_all_but("gateway", crate::privileges::GATEWAY)?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use fqdnd_dnsproxy::{Observation, ObserveError, ResponseContext, ResponseObserver};
 use fqdnd_ipcache::EndpointId;
-use fqdnd_namemgr::{Answer, Record, RecordData};
+use fqdnd_namemgr::{Answer, Learned, Record, RecordData};
 use hickory_proto::rr::RData;
 use smallvec::SmallVec;
 
@@ -48,9 +48,24 @@ fn durable(acks: Vec<Ack<Seq>>) -> Observation {
 }
 
 fn failed(e: &anyhow::Error) -> Observation {
+    crate::metrics::record_datapath_error(e);
     Observation::Done(Err(ObserveError {
         reason: format!("{e:#}"),
     }))
+}
+
+/// Fail closed: an answer some of whose addresses the engine did not learn (a circuit breaker,
+/// the name's IP cap, a full datapath map) is not released as allowed — the datapath would
+/// not know those addresses. The reply gets the hold fallback (`onHoldTimeout`: SERVFAIL, or
+/// released anyway with `release`); what was learned stays learned (and journaled).
+fn incomplete(learned: &Learned, total: usize) -> Option<ObserveError> {
+    let missing = learned.rejected + learned.capped;
+    (missing > 0).then(|| ObserveError {
+        reason: format!(
+            "{missing} of the answer's {total} addresses were not learned (circuit breaker, IP \
+             cap or full datapath map): failing closed"
+        ),
+    })
 }
 
 /// The records of an answer section that the NameManager learns from.
@@ -112,16 +127,22 @@ impl ResponseObserver for EngineObserver {
                 }));
             };
             return match engine.observe_parts(endpoint, ctx.name, &addrs, ttl, self.clock.now()) {
-                Ok(learned) => match &self.persist {
-                    None => Observation::Done(Ok(())),
-                    Some(p) => match p.answer(&engine, endpoint, ctx.name, &addrs, ttl, &learned) {
-                        Ok(acks) => {
-                            drop(engine);
-                            durable(acks)
+                Ok(learned) => {
+                    let acks = match &self.persist {
+                        None => Vec::new(),
+                        Some(p) => {
+                            match p.answer(&engine, endpoint, ctx.name, &addrs, ttl, &learned) {
+                                Ok(acks) => acks,
+                                Err(e) => return failed(&e),
+                            }
                         }
-                        Err(e) => failed(&e),
-                    },
-                },
+                    };
+                    drop(engine);
+                    match incomplete(&learned, addrs.len()) {
+                        Some(err) => Observation::Done(Err(err)),
+                        None => durable(acks),
+                    }
+                }
                 Err(e) => failed(&e),
             };
         }
@@ -147,10 +168,10 @@ impl ResponseObserver for EngineObserver {
             }));
         };
         match engine.observe(endpoint, &answer, self.clock.now()) {
-            Ok(learned) => match &self.persist {
-                None => Observation::Done(Ok(())),
-                Some(p) => {
-                    match p.answer(
+            Ok(learned) => {
+                let acks = match &self.persist {
+                    None => Vec::new(),
+                    Some(p) => match p.answer(
                         &engine,
                         endpoint,
                         &answer.name,
@@ -158,14 +179,16 @@ impl ResponseObserver for EngineObserver {
                         answer.ttl,
                         &learned,
                     ) {
-                        Ok(acks) => {
-                            drop(engine);
-                            durable(acks)
-                        }
-                        Err(e) => failed(&e),
-                    }
+                        Ok(acks) => acks,
+                        Err(e) => return failed(&e),
+                    },
+                };
+                drop(engine);
+                match incomplete(&learned, answer.addrs.len()) {
+                    Some(err) => Observation::Done(Err(err)),
+                    None => durable(acks),
                 }
-            },
+            }
             Err(e) => failed(&e),
         }
     }

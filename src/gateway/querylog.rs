@@ -3,6 +3,7 @@
 //! behind, records are dropped and counted rather than queued without bound.
 
 use std::io::{BufWriter, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
 
@@ -20,8 +21,10 @@ pub(crate) struct JsonLines {
 impl JsonLines {
     /// Opens (appends to) `path` and starts the writer thread.
     pub(crate) fn open(path: &Path) -> Result<Self> {
+        // Who asked for what: readable by the daemon's user only.
         let file = std::fs::OpenOptions::new()
             .create(true)
+            .mode(0o600)
             .append(true)
             .open(path)
             .with_context(|| format!("opening the query log {}", path.display()))?;

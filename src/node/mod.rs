@@ -189,6 +189,7 @@ impl NodeRuntime {
     /// Re-reads the configuration files and applies them with the run-time endpoints.
     pub(crate) fn reload(&self, state: &AdminState) -> Result<()> {
         let (config, node) = load(&state.paths)?;
+        crate::perms::check(&state.paths, &config, &node.daemon, &[]);
         if node != self.node {
             tracing::warn!(
                 "the `kind: Node` document changes only on restart; the running settings stay"
@@ -431,6 +432,7 @@ pub(crate) async fn start(
 ) -> Result<RunningNode> {
     let clock = Clock::start();
     let (config, node) = load(&paths)?;
+    crate::perms::check(&paths, &config, &node.daemon, &[]);
     let pin_dir = node
         .pin_dir
         .clone()
@@ -460,8 +462,11 @@ pub(crate) async fn start(
     runtime.load_added()?;
     let merged = runtime.merged()?;
     let (restored, persist) = crate::state::start(&node.daemon, strict_restore, clock)?;
-    let engine = kernel::engine_on_kernel(&merged, &pin_dir, clock, &restored)?;
+    let mut engine = kernel::engine_on_kernel(&merged, &pin_dir, clock, &restored)?;
     drop(restored);
+    // The engine refuses new prefixes past the kernel ipcache's size (fail closed).
+    let ipcache_room = lock(&runtime.kernel)?.sizes().ipcache as usize;
+    engine.ipcache.set_datapath_prefixes(Some(ipcache_room));
     let engine: SharedEngine = Arc::new(Mutex::new(engine));
     crate::state::settle(persist.as_deref(), &engine).await?;
     let policy = Arc::new(GatewayPolicy::with_services(lb));
@@ -546,7 +551,20 @@ pub(crate) async fn start(
             }
         });
     }
-    crate::daemon::spawn_metrics(&mut tasks, &stopped, &engine, persist.as_ref());
+    let conntrack: crate::daemon::ConntrackProbe = {
+        let runtime = Arc::clone(&runtime);
+        Box::new(move || {
+            let k = lock(&runtime.kernel)?;
+            Ok((k.conntrack_entries()?, k.sizes().conntrack))
+        })
+    };
+    crate::daemon::spawn_metrics(
+        &mut tasks,
+        &stopped,
+        &engine,
+        persist.as_ref(),
+        Some(conntrack),
+    );
     let state = Arc::new(AdminState {
         engine: Arc::clone(&engine),
         policy: Arc::clone(&policy),
@@ -570,6 +588,7 @@ pub(crate) async fn run(
     strict_restore: bool,
 ) -> Result<()> {
     let node = start(paths, admin_socket, strict_restore).await?;
+    crate::privileges::drop_all_but("node", crate::privileges::NODE)?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping (programs stay attached)"),

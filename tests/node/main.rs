@@ -116,6 +116,9 @@ fn sa(ip: std::net::IpAddr, port: u16) -> SocketAddr {
 
 /// Builds the topology, starts the DNS server and the node with endpoint A from the file and
 /// endpoint B added through the admin API.
+/// What the node keeps after start-up: nothing (src/privileges.rs says why).
+const NODE_CAPS: u64 = 0;
+
 fn setup(test: &str) -> Option<Topology> {
     setup_with(test, |t| node_config(t, A_PORTS))
 }
@@ -135,6 +138,9 @@ fn setup_with(test: &str, config: impl FnOnce(&Topology) -> String) -> Option<To
     t.start_dns(&zone(&t, ZONE));
     let config = t.write_node_config(&config(&t));
     t.start_node(&config);
+    // After start-up the node holds no capability in any thread; the endpoint below is added
+    // (programs attached to its interface) without any.
+    t.expect_caps(NODE_CAPS);
     let admin = t.admin();
     let (b4, b6) = (t.v4(2, 2).to_string(), t.v6(2, 2).to_string());
     t.cli(&[
@@ -480,6 +486,7 @@ spec:
         pin = t.pin_dir.display(),
     ));
     t.start_daemon("gateway", &config);
+    t.expect_caps(0);
     let api = sa(t.v4(10, 1), 8080);
     assert!(
         !tcp_reaches(&t.ep_a, api, DROPPED),
@@ -564,6 +571,7 @@ fn a_killed_node_restarts_without_breaking_flows_or_forgetting_answers() {
     // endpoint B again through the API: with a state directory it is saved.
     t.kill_node();
     t.start_node(&config);
+    t.expect_caps(NODE_CAPS);
     let admin = t.admin();
     let (b4, if_b) = (t.v4(2, 2).to_string(), t.if_b.clone());
     t.cli(&[
@@ -610,6 +618,7 @@ fn a_killed_node_restarts_without_breaking_flows_or_forgetting_answers() {
         "flow broke while the agent was down"
     );
     t.start_node(&config);
+    t.expect_caps(NODE_CAPS);
     assert!(
         echo(&mut stream, b"after"),
         "flow broke across the restart\n{}",
@@ -674,6 +683,7 @@ fn a_killed_node_restarts_without_breaking_flows_or_forgetting_answers() {
     let config = t.write_node_config(&node_config_with(&t, A_PORTS, &extra));
     t.kill_node();
     t.start_node(&config);
+    t.expect_caps(NODE_CAPS);
     assert!(
         echo(&mut stream, b"after resize"),
         "flow broke across the resize\n{}",

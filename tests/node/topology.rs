@@ -292,6 +292,48 @@ impl Topology {
         wait_for(&admin, Duration::from_secs(30));
     }
 
+    /// The daemon's process id (nsenter execs it: the same process).
+    pub(crate) fn node_pid(&self) -> Option<u32> {
+        self.node.as_ref().map(Child::id)
+    }
+
+    /// Waits (at most 10 s) until every thread of the daemon holds exactly `expected` as its
+    /// effective and permitted capabilities (it drops the others after start-up); panics
+    /// with the threads' sets if it never does.
+    pub(crate) fn expect_caps(&self, expected: u64) {
+        let pid = self.node_pid().unwrap();
+        let read = || -> Vec<(u64, u64)> {
+            std::fs::read_dir(format!("/proc/{pid}/task"))
+                .map(|dir| {
+                    dir.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("status")).ok())
+                        .map(|s| {
+                            let cap = |key: &str| {
+                                s.lines()
+                                    .find_map(|l| l.strip_prefix(key))
+                                    .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+                                    .unwrap_or(u64::MAX)
+                            };
+                            (cap("CapEff:"), cap("CapPrm:"))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let start = Instant::now();
+        loop {
+            let threads = read();
+            if !threads.is_empty() && threads.iter().all(|&(e, p)| e == expected && p == expected) {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "capabilities (effective, permitted) per thread: {threads:x?}, expected {expected:x}\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Kills the node agent (SIGKILL) and waits for it.
     pub(crate) fn kill_node(&mut self) {
         if let Some(mut child) = self.node.take() {

@@ -36,6 +36,7 @@ fn main() {
     );
     let config = Config {
         max_names_per_endpoint: usize::MAX,
+        max_cache_entries: usize::MAX,
         ..Config::default()
     };
     let mut names = NameManager::new(config);
