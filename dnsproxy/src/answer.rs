@@ -12,7 +12,7 @@ use hickory_proto::op::Message;
 
 use crate::case;
 use crate::metrics::DropReason;
-use crate::upstream_socket::Inflight;
+use crate::upstream_socket::{Inflight, TableAccess};
 use crate::wire::{self, Opt};
 
 /// An answer that passed validation, taken out of its socket's in-flight table.
@@ -29,19 +29,23 @@ pub(crate) struct Validated {
     pub(crate) len: usize,
 }
 
-/// Validates `raw`, an upstream's datagram from the upstream's address. `take` looks the ID
-/// up in the socket's table and takes the entry out if the check it is given accepts it (the
-/// table's lock is held only for that). On success `raw` holds the client's spelling of the
-/// question.
-pub(crate) fn validate(
-    raw: &mut [u8],
-    take: impl FnOnce(u16, &dyn Fn(&Inflight) -> Result<(), DropReason>) -> Result<Inflight, DropReason>,
-) -> Result<Validated, DropReason> {
+/// Validates `raw`, an upstream's datagram from the upstream's address, against the in-flight
+/// table of the socket it came in on (whose lock is held only for a lookup and for taking the
+/// entry out). On success `raw` holds the client's spelling of the question.
+pub(crate) fn validate(raw: &mut [u8], table: &impl TableAccess) -> Result<Validated, DropReason> {
     let id = match wire::id(raw) {
         Some(id) if raw.len() >= wire::HEADER_LEN && wire::is_response(raw) => id,
         _ => return Err(DropReason::Malformed),
     };
     let question_end = wire::question_end(raw);
+    // A compression pointer to offset 0 or 1 makes a name out of the ID bytes: the records
+    // would read differently with the upstream's ID and with the client's. The observer must
+    // see what the client gets, so such a message is parsed with the client's ID in place.
+    if may_point_into_id(raw)
+        && let Some(client_id) = table.with_table(|t| t.client_id(id))
+    {
+        wire::set_id(raw, client_id);
+    }
     // Parsed before the table is touched: garbage with a guessed ID must not end the query.
     let (msg, len) = match Message::from_vec(raw) {
         Ok(msg) => (msg, raw.len()),
@@ -60,7 +64,7 @@ pub(crate) fn validate(
     let raw = &mut raw[..len];
     let entry = {
         let answer: &[u8] = raw;
-        take(id, &|e: &Inflight| e.check_question(answer, question_end))?
+        table.with_table(|t| t.take(id, |e| e.check_question(answer, question_end)))?
     };
     // The client gets its question as it wrote it, whether the case changed on the way out
     // (0x20) or at the upstream (which may answer in another case: names compare
@@ -79,6 +83,14 @@ pub(crate) fn validate(
         question_end,
         len,
     })
+}
+
+/// Whether a name of `raw` may be a compression pointer to offset 0 or 1 (the ID): the bytes
+/// `C0 00` or `C0 01` after the header (also found in RDATA, e.g. an address 192.0.x.x: then
+/// the answer is merely parsed with the client's ID, which changes nothing).
+fn may_point_into_id(raw: &[u8]) -> bool {
+    raw.get(wire::HEADER_LEN..)
+        .is_some_and(|rest| rest.windows(2).any(|w| w[0] == 0xc0 && w[1] < 2))
 }
 
 /// The reply to a UDP client: the answer with the client's ID (rewritten in `raw`), or, when
@@ -147,7 +159,7 @@ mod tests {
             origin: None,
         });
         wire::set_id(&mut answer, id);
-        let v = validate(&mut answer, |id, check| table.take(id, check))?;
+        let v = validate(&mut answer, &std::cell::RefCell::new(table))?;
         answer.truncate(v.len);
         Ok((answer, v))
     }
@@ -185,6 +197,35 @@ mod tests {
             run(&query, answer, false),
             Err(DropReason::QuestionMismatch)
         ));
+    }
+
+    /// Regression (fuzz `dns_answer`, `fuzz/regressions/dns_answer/pointer-into-the-id`): a
+    /// name pointing at offset 0 reads the ID bytes as labels, so the observer (upstream ID)
+    /// and the client (client ID) were shown different records; the client's reply did not
+    /// even parse.
+    #[test]
+    fn a_name_pointing_into_the_id_is_read_with_the_clients_id() {
+        let query = client_query();
+        let mut answer = query.clone();
+        answer[2] |= 0x80;
+        answer[7] = 1; // ANCOUNT: an A record owned by the name at offset 0
+        answer.extend_from_slice(&[0xc0, 0x00, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4, 192, 0, 2, 1]);
+        let shape = crate::fuzz::AnswerShape {
+            right_id: true,
+            ..Default::default()
+        };
+        // The client's ID 0x56a9: 0x56 is no label length, so the client could not parse the
+        // answer; nor may the observer then (whatever the upstream ID).
+        let path = crate::fuzz::answer_path(&query, &answer, shape).unwrap();
+        assert_eq!(path.dropped, Some(DropReason::Malformed));
+        // With a client ID whose bytes read as a name (0x00: the root), observer and client
+        // parse the same bytes, whatever the upstream ID.
+        let mut query = query;
+        query[..2].copy_from_slice(&[0x00, 0x00]);
+        let path = crate::fuzz::answer_path(&query, &answer, shape).unwrap();
+        let reply = path.reply.unwrap();
+        assert_eq!(reply[..2], [0x00, 0x00]);
+        assert_eq!(Message::from_vec(&reply).unwrap(), path.observed.unwrap());
     }
 
     #[test]

@@ -175,7 +175,7 @@ pub fn answer_path(client_query: &[u8], answer: &[u8], shape: AnswerShape) -> Op
         observed: None,
         reply: None,
     };
-    match answer::validate(&mut raw, |id, check| table.take(id, check)) {
+    match answer::validate(&mut raw, &std::cell::RefCell::new(table)) {
         Err(reason) => path.dropped = Some(reason),
         Ok(Validated {
             msg,

@@ -146,6 +146,12 @@ impl Table {
         Ok(entry.remove())
     }
 
+    /// The client's own ID of the query `id`, if it is outstanding and not a probe.
+    pub(crate) fn client_id(&self, id: u16) -> Option<u16> {
+        let origin = self.entries.get(&id)?.origin.as_ref()?;
+        Some(origin.asked.client_id)
+    }
+
     /// Moves every query sent at or before `cutoff` into `out`.
     pub(crate) fn expire(&mut self, cutoff: Instant, out: &mut Vec<(u16, Inflight)>) {
         let start = out.len();
@@ -307,6 +313,25 @@ fn connect_udp(upstream: SocketAddr) -> std::io::Result<UdpSocket> {
     socket.connect(&SockAddr::from(upstream))?;
     socket.set_nonblocking(true)?;
     UdpSocket::from_std(socket.into())
+}
+
+/// Access to one socket's in-flight table, for answer validation: through the socket's lock in
+/// the proxy, directly in the fuzz entry points.
+pub(crate) trait TableAccess {
+    /// Runs `f` on the table (under its lock).
+    fn with_table<R>(&self, f: impl FnOnce(&mut Table) -> R) -> R;
+}
+
+impl TableAccess for UpstreamSocket {
+    fn with_table<R>(&self, f: impl FnOnce(&mut Table) -> R) -> R {
+        f(&mut self.lock())
+    }
+}
+
+impl TableAccess for std::cell::RefCell<Table> {
+    fn with_table<R>(&self, f: impl FnOnce(&mut Table) -> R) -> R {
+        f(&mut self.borrow_mut())
+    }
 }
 
 #[cfg(test)]
