@@ -63,7 +63,7 @@ pub(crate) fn spawn_metrics(
                         p.record_metrics();
                     }
                     if let Some(probe) = &conntrack
-                        && ticks % CONNTRACK_SAMPLE_TICKS == 0
+                        && ticks.is_multiple_of(CONNTRACK_SAMPLE_TICKS)
                     {
                         match probe() {
                             Ok((entries, capacity)) => crate::metrics::record_conntrack(entries, capacity),
