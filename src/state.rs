@@ -161,7 +161,12 @@ impl Restored {
     /// answers were learned.
     pub(crate) fn apply<D: Datapath>(&self, engine: &mut Engine<D>, clock: Clock) -> Result<usize> {
         let now = clock.now();
-        for (endpoint, name, addrs, expires) in &self.answers {
+        // Latest expiry first: when a bound (maxCacheEntries, the per-name and per-endpoint
+        // breakers) is reached during the restore, what is left out is what expires first
+        // (expired flood names, say), never a live name behind them.
+        let mut answers: Vec<_> = self.answers.iter().collect();
+        answers.sort_by_key(|(_, _, _, expires)| std::cmp::Reverse(*expires));
+        for (endpoint, name, addrs, expires) in answers {
             let ttl = clock.seconds_until_unix_ms(*expires);
             if let Err(e) = engine.restore_parts(*endpoint, name, addrs, ttl, now) {
                 tracing::warn!(name = %name, error = %e, "a restored answer was not learned");
@@ -520,4 +525,70 @@ pub(crate) fn synthesize(dir: &Path, zone: &str, names: u32, ips: u32) -> Result
     fqdnd_checkpoint::write_snapshot(dir, SCHEMA, &meta, &snapshot)
         .with_context(|| format!("writing the snapshot in {}", dir.display()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fqdnd_ipcache::MemoryDatapath;
+
+    /// At a full cache, the restore keeps the live answers and leaves out the expired ones,
+    /// whatever their order in the journal (expired flood names first, here).
+    #[test]
+    fn a_restore_at_the_cache_bound_keeps_live_answers_over_expired_ones() {
+        let config = fqdnd_config::load_str(
+            "apiVersion: fqdnd.io/v1
+kind: Settings
+spec:
+  breakers: {maxCacheEntries: 3}
+---
+apiVersion: fqdnd.io/v1
+kind: ClientGroup
+metadata: {name: lan}
+spec: {id: 7, addresses: [\"127.0.0.0/8\"], labels: {site: lan}}
+---
+apiVersion: cilium.io/v2
+kind: CiliumClusterwideNetworkPolicy
+metadata: {name: lan}
+spec:
+  endpointSelector: {matchLabels: {site: lan}}
+  egress:
+  - toFQDNs: [{matchPattern: \"*.test\"}]
+",
+            Path::new("test.yaml"),
+        )
+        .unwrap();
+        let clock = Clock::start();
+        let now_ms = clock.unix_ms_of(clock.now());
+        let answer = |name: &str, last: u8, expires: u64| {
+            (
+                EndpointId(7),
+                name.to_owned(),
+                vec![IpAddr::from([192, 0, 2, last])],
+                expires,
+            )
+        };
+        let restored = Restored {
+            identities: Vec::new(),
+            answers: vec![
+                answer("w1.flood.test.", 1, now_ms - 60_000),
+                answer("w2.flood.test.", 2, now_ms - 50_000),
+                answer("w3.flood.test.", 3, now_ms - 40_000),
+                answer("k1.corp.test.", 11, now_ms + 3_600_000),
+                answer("k2.corp.test.", 12, now_ms + 3_600_000),
+            ],
+            discarded: None,
+            records: 5,
+            snapshot_entries: 0,
+        };
+        let mut engine = Engine::new(&config, MemoryDatapath::default(), clock.now()).unwrap();
+        restored.apply(&mut engine, clock).unwrap();
+        let mut names: Vec<String> = engine.names.entries().map(|e| e.name.to_string()).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            ["k1.corp.test.", "k2.corp.test.", "w3.flood.test."],
+            "the live names and the latest-expiring of the rest"
+        );
+    }
 }

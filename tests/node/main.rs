@@ -14,7 +14,7 @@
 
 mod dns;
 mod lb;
-mod topology;
+pub(crate) mod topology;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -701,4 +701,83 @@ fn a_killed_node_restarts_without_breaking_flows_or_forgetting_answers() {
     let log = std::fs::read_to_string(t.dir.join("node.log")).unwrap();
     assert!(log.contains("map migrated"), "no migration logged");
     assert!(tcp_reaches(&t.ep_a, api, REACHES));
+}
+
+/// Issue 7: the kernel ipcache is full (`mapSizes.ipcache: 3`: endpoint A and the resolver's
+/// CIDR take two entries per family, api.example.test the third). An answer that needs a new
+/// entry fails closed — SERVFAIL (`onHoldTimeout: servfail`), every time it is asked, and its
+/// IPs stay unreachable — with `fqdnd_datapath_map_full_total` counting it; the known name
+/// keeps being answered and its connections keep working.
+#[test]
+fn a_full_ipcache_fails_new_answers_closed_and_keeps_serving_known_names() {
+    if !privileged("mapfull") {
+        return;
+    }
+    let mut t = Topology::new("mapfull");
+    t.start_dns(
+        &ZONE
+            .replace(".N.", &format!(".{}.", t.n))
+            .replace(":N:", &format!(":{}:", t.n)),
+    );
+    let metrics_port = 19_000 + t.n as u16;
+    let extra = format!(
+        "  mapSizes: {{ipcache: 3}}\n  onHoldTimeout: servfail\n  metrics: 127.0.0.1:{metrics_port}\n"
+    );
+    let config = t.write_node_config(&node_config_with(&t, A_PORTS, &extra));
+    t.start_node(&config);
+    t.expect_caps(NODE_CAPS);
+    let resolver = sa(t.v4(9, 53), 53);
+    let api = sa(t.v4(10, 1), 8080);
+
+    let reply = dns::udp(&t.ep_a, resolver, "api.example.test.", RecordType::A).unwrap();
+    assert_eq!(reply.rcode, ResponseCode::NoError, "{}", t.logs());
+    assert!(tcp_reaches(&t.ep_a, api, REACHES), "{}", t.logs());
+    // No room for short.example.test's two IPs: not released as allowed, now or later.
+    for _ in 0..2 {
+        let reply = dns::udp(&t.ep_a, resolver, "short.example.test.", RecordType::A).unwrap();
+        assert_eq!(reply.rcode, ResponseCode::ServFail, "{}", t.logs());
+        assert!(reply.addrs.is_empty());
+    }
+    assert!(!tcp_reaches(&t.ep_a, sa(t.v4(10, 2), 8080), DROPPED));
+    let ipcache = t.cli(&[
+        "bpf",
+        "ipcache",
+        "list",
+        "--pin-dir",
+        t.pin_dir.to_str().unwrap(),
+    ]);
+    assert!(
+        !ipcache.contains(&format!("{}/32", t.v4(10, 2))),
+        "{ipcache}"
+    );
+    // The known name is still answered, and its connections still pass.
+    let reply = dns::udp(&t.ep_a, resolver, "api.example.test.", RecordType::A).unwrap();
+    assert_eq!(reply.rcode, ResponseCode::NoError);
+    assert!(tcp_reaches(&t.ep_a, api, REACHES));
+    // Metrics: the refusals, and the occupancy against the size.
+    std::thread::sleep(Duration::from_millis(1500));
+    let text = topology::in_netns(&t.host, move || {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", metrics_port)).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        text
+    });
+    let value = |series: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(series))
+            .and_then(|l| l.split_whitespace().last()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+    };
+    assert!(value("fqdnd_datapath_map_full_total{map=\"ipcache\"}") >= 2.0);
+    assert_eq!(value("fqdnd_datapath_map_entries{map=\"ipcache4\"}"), 3.0);
+    assert_eq!(value("fqdnd_datapath_map_capacity{map=\"ipcache4\"}"), 3.0);
+    // Conntrack occupancy is sampled every 10 s (a walk of the map): present from the start.
+    assert!(value("fqdnd_datapath_map_entries{map=\"conntrack\"}") >= 0.0);
+    assert_eq!(
+        value("fqdnd_datapath_map_capacity{map=\"conntrack\"}"),
+        262_144.0
+    );
 }
