@@ -24,6 +24,7 @@ pub(crate) fn proxy_config(settings: &Settings, daemon: &Daemon) -> fqdnd_dnspro
         response_max_delay: settings.proxy_response_max_delay,
         on_hold_timeout: daemon.on_hold_timeout,
         on_truncated: daemon.on_truncated,
+        randomize_case: daemon.randomize_case,
         reject_code: settings.reject_response_code,
         concurrency_limit: settings.concurrency_limit,
         rate_limit_qps: daemon.rate_limit.map_or(0, |r| r.qps),

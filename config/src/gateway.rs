@@ -24,6 +24,7 @@
 //!   onUpstreamTimeout: servfail               # or noReply (Cilium)
 //!   onHoldTimeout: release                    # or servfail
 //!   onTruncated: retryTcp                     # or passThrough
+//!   randomizeCase: false                      # 0x20 towards upstreams (answers must echo it)
 //!   rateLimit: {qps: 200, burst: 400, action: drop}   # per client address; or refused
 //!   enforceInterfaces: [lan0]                 # kernel enforcement of forwarded traffic
 //! ---
@@ -147,6 +148,9 @@ pub struct Daemon {
     pub state_dir: Option<PathBuf>,
     /// Journal records after which the state is compacted into a snapshot.
     pub state_compact_after: u64,
+    /// 0x20: randomise the case of the question name towards upstreams and drop answers that
+    /// do not echo it (off by default: a few upstreams do not preserve case).
+    pub randomize_case: bool,
 }
 
 impl Default for Daemon {
@@ -164,6 +168,7 @@ impl Default for Daemon {
             map_sizes: MapSizes::default(),
             state_dir: None,
             state_compact_after: 100_000,
+            randomize_case: false,
         }
     }
 }
@@ -257,6 +262,7 @@ struct DaemonSpec {
     map_sizes: Option<MapSizesSpec>,
     state_dir: Option<Text>,
     state_compact_after: Option<Spanned<u64>>,
+    randomize_case: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -479,6 +485,9 @@ fn daemon(spec: &DaemonSpec, base: &Path, diag: &mut Diag<'_>) -> Daemon {
     }
     if let Some(text) = &spec.state_dir {
         d.state_dir = Some(relative(text));
+    }
+    if let Some(on) = spec.randomize_case {
+        d.randomize_case = on;
     }
     if let Some(n) = &spec.state_compact_after {
         if n.value == 0 {

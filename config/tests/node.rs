@@ -24,8 +24,9 @@ fn endpoint(id: u16, name: &str, addr: &str, interface: &str) -> String {
 
 #[test]
 fn node_fields_are_read_with_defaults_for_the_rest() {
-    let text = "apiVersion: fqdnd.io/v1\nkind: Node\nspec:\n  dnsProxyPort: 5300\n  pinDir: pins\n  conntrackIdleTimeout: 90s\n  adminSocket: admin.sock\n  onHoldTimeout: servfail\n";
+    let text = "apiVersion: fqdnd.io/v1\nkind: Node\nspec:\n  dnsProxyPort: 5300\n  pinDir: pins\n  conntrackIdleTimeout: 90s\n  adminSocket: admin.sock\n  onHoldTimeout: servfail\n  randomizeCase: true\n";
     let node = load_str(text, file()).unwrap().node.unwrap();
+    assert!(node.daemon.randomize_case);
     assert_eq!(node.dns_proxy_port, 5300);
     assert_eq!(node.pin_dir, Some(PathBuf::from("/etc/fqdnd/pins")));
     assert_eq!(node.conntrack_idle_timeout, Duration::from_secs(90));
@@ -39,7 +40,9 @@ fn node_fields_are_read_with_defaults_for_the_rest() {
     );
 
     let bare = load_str("apiVersion: fqdnd.io/v1\nkind: Node\n", file()).unwrap();
-    assert_eq!(bare.node.unwrap().dns_proxy_port, DEFAULT_DNS_PROXY_PORT);
+    let bare = bare.node.unwrap();
+    assert_eq!(bare.dns_proxy_port, DEFAULT_DNS_PROXY_PORT);
+    assert!(!bare.daemon.randomize_case, "0x20 is off by default");
 }
 
 #[test]
