@@ -596,6 +596,14 @@ mod tests {
         let (handled, _) = ask(server_addr).await;
         assert_eq!(handled, Handled::Forwarded);
 
+        // The answered query is counted once its task finishes, which may be just after
+        // the client got the reply: wait for it (bounded).
+        for _ in 0..200 {
+            if stats(&shared).queries(QueryResult::Answered) == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let stats = stats(&shared);
         assert_eq!(stats.original_destinations, 1);
         assert_eq!(stats.original_destination_overflow, 1);
