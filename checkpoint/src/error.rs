@@ -7,6 +7,7 @@ use std::sync::Arc;
 /// An error of the checkpoint crate. `Clone` because one failed batch fails every record in
 /// it; I/O causes are shared behind an `Arc`.
 #[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// An I/O operation failed (`op` is what was being done, e.g. "fdatasync").
     #[error("{op} {}: {source}", path.display())]

@@ -212,6 +212,22 @@ fn proto(p: Protocol) -> u8 {
     }
 }
 
+/// Whether the kernel can hold `key`'s port range (one entry per port, at most
+/// [`MAX_PORT_RANGE`]).
+fn check_range(key: &fqdnd_ipcache::PolicyKey) -> Result<(), DatapathError> {
+    let end = key.end_port.max(key.port);
+    if key.port != 0 && u32::from(end - key.port) + 1 > MAX_PORT_RANGE {
+        return Err(DatapathError::Io {
+            operation: "expanding a policy port range",
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("ports {}-{end} exceed {MAX_PORT_RANGE} entries", key.port),
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// The kernel entries one policy key stands for.
 fn expand(
     endpoint: EndpointId,
@@ -227,16 +243,8 @@ fn expand(
     if key.port == 0 {
         return Ok(vec![base]);
     }
+    check_range(key)?;
     let end = key.end_port.max(key.port);
-    if u32::from(end - key.port) + 1 > MAX_PORT_RANGE {
-        return Err(DatapathError::Io {
-            operation: "expanding a policy port range",
-            source: std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("ports {}-{end} exceed {MAX_PORT_RANGE} entries", key.port),
-            ),
-        });
-    }
     Ok((key.port..=end)
         .map(|dport| PolicyKey { dport, ..base })
         .collect())
@@ -631,6 +639,15 @@ impl KernelDatapath {
 
 impl Datapath for KernelDatapath {
     fn apply(&mut self, changes: &[DatapathChange]) -> Result<(), DatapathError> {
+        // What can be refused without the kernel is refused before anything is written, so a
+        // refused batch leaves the maps as they were.
+        for change in changes {
+            if let DatapathChange::PolicyUpsert { key, .. }
+            | DatapathChange::PolicyDelete { key, .. } = change
+            {
+                check_range(key)?;
+            }
+        }
         for change in changes {
             match change {
                 DatapathChange::PolicyUpsert { endpoint, key } => {

@@ -43,17 +43,37 @@ pub struct Stats {
     pub datapath_full: u64,
 }
 
-/// Changes waiting for the next [`IpCache::commit`], coalesced per key (last write wins).
+/// What the datapath does not have yet: the changes waiting for the next
+/// [`IpCache::commit`], coalesced per key. A batch the datapath refuses stays here.
 #[derive(Debug, Default)]
 struct Pending {
-    /// In the order made; coalesced (last write wins) at commit.
+    /// In the order made; coalesced (last write wins) at commit. Ipcache writes are
+    /// idempotent, so a write repeated after a refused batch is harmless.
     ipcache: Vec<(IpNet, Option<Identity>)>,
+    /// `true`: add, `false`: remove. An entry leaves and reaches zero strictly in turn, so a
+    /// change against a pending change of the other direction cancels it: the datapath
+    /// already is where the two lead (a policy upsert is not idempotent in the kernel, whose
+    /// entries are reference-counted).
     policy: BTreeMap<(EndpointId, PolicyKey), bool>,
 }
 
 impl Pending {
     fn is_empty(&self) -> bool {
         self.ipcache.is_empty() && self.policy.is_empty()
+    }
+
+    fn policy_change(&mut self, endpoint: EndpointId, key: PolicyKey, up: bool) {
+        match self.policy.entry((endpoint, key)) {
+            Entry::Occupied(e) if *e.get() != up => {
+                e.remove();
+            }
+            Entry::Occupied(mut e) => {
+                e.insert(up);
+            }
+            Entry::Vacant(e) => {
+                e.insert(up);
+            }
+        }
     }
 }
 
@@ -98,7 +118,7 @@ impl Identities<'_> {
                 self.stats.selector_updates += 1;
                 let pending = &mut *self.pending;
                 self.policy.selector_changed(*idx, id, true, |ep, key, up| {
-                    pending.policy.insert((ep, key), up);
+                    pending.policy_change(ep, key, up);
                 });
             }
         }
@@ -116,7 +136,7 @@ impl Identities<'_> {
             let pending = &mut *self.pending;
             self.policy
                 .selector_changed(*idx, id, false, |ep, key, up| {
-                    pending.policy.insert((ep, key), up);
+                    pending.policy_change(ep, key, up);
                 });
         }
     }
@@ -334,17 +354,23 @@ impl<D: Datapath> IpCache<D> {
 
     /// Hands the pending changes to the datapath in one ordered batch; returns the revision
     /// that is now in the datapath.
+    ///
+    /// # Errors
+    /// The datapath refused the batch. A [`Datapath`] applies a batch whole or not at all, so
+    /// the changes stay pending: they go with the next commit, together with whatever changes
+    /// in between (a change back to the datapath's state cancels its pending opposite).
     pub fn commit(&mut self) -> Result<u64, Error> {
         if self.pending.is_empty() {
             return Ok(self.revision);
         }
         self.batch.clear();
+        let mut counts = Stats::default();
         for ((endpoint, key), _) in self.pending.policy.iter().filter(|(_, up)| **up) {
             self.batch.push(DatapathChange::PolicyUpsert {
                 endpoint: *endpoint,
                 key: *key,
             });
-            self.stats.policy_upserts += 1;
+            counts.policy_upserts += 1;
         }
         // Stable sort, then keep the last change of each prefix.
         self.pending.ipcache.sort_by_key(|(prefix, _)| *prefix);
@@ -360,14 +386,14 @@ impl<D: Datapath> IpCache<D> {
                     prefix: *prefix,
                     identity: *identity,
                 });
-                self.stats.ipcache_upserts += 1;
+                counts.ipcache_upserts += 1;
             }
         }
         for (i, (prefix, identity)) in changes.iter().enumerate() {
             if last(i) && identity.is_none() {
                 self.batch
                     .push(DatapathChange::IpcacheDelete { prefix: *prefix });
-                self.stats.ipcache_deletes += 1;
+                counts.ipcache_deletes += 1;
             }
         }
         for ((endpoint, key), _) in self.pending.policy.iter().filter(|(_, up)| !**up) {
@@ -375,12 +401,16 @@ impl<D: Datapath> IpCache<D> {
                 endpoint: *endpoint,
                 key: *key,
             });
-            self.stats.policy_deletes += 1;
+            counts.policy_deletes += 1;
         }
+        self.datapath.apply(&self.batch)?;
         self.pending.ipcache.clear();
         self.pending.policy.clear();
+        self.stats.policy_upserts += counts.policy_upserts;
+        self.stats.ipcache_upserts += counts.ipcache_upserts;
+        self.stats.ipcache_deletes += counts.ipcache_deletes;
+        self.stats.policy_deletes += counts.policy_deletes;
         self.stats.batches += 1;
-        self.datapath.apply(&self.batch)?;
         self.revision += 1;
         Ok(self.revision)
     }
@@ -524,7 +554,7 @@ impl<D: Datapath> IpCache<D> {
             let new_entries = fresh.get(ep).map(|p| &p.entries);
             for key in policy.entries.keys() {
                 if !new_entries.is_some_and(|n| n.contains_key(key)) {
-                    self.pending.policy.insert((*ep, *key), false);
+                    self.pending.policy_change(*ep, *key, false);
                 }
             }
         }
@@ -532,7 +562,7 @@ impl<D: Datapath> IpCache<D> {
             let old_entries = old.get(ep).map(|p| &p.entries);
             for key in policy.entries.keys() {
                 if !old_entries.is_some_and(|o| o.contains_key(key)) {
-                    self.pending.policy.insert((*ep, *key), true);
+                    self.pending.policy_change(*ep, *key, true);
                 }
             }
         }

@@ -82,8 +82,9 @@ pub enum DatapathChange {
 
 /// Where ipcache's decisions land.
 pub trait Datapath {
-    /// Applies an ordered batch. On error the datapath may hold a prefix of the batch; the
-    /// caller reports it and fails closed.
+    /// Applies an ordered batch, whole or not at all: on error the datapath holds what it held
+    /// before the batch (the IpCache keeps the batch pending and sends it again with the next
+    /// one). Deleting an entry that is not there is not an error.
     fn apply(&mut self, changes: &[DatapathChange]) -> Result<(), DatapathError>;
 }
 

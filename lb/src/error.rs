@@ -6,6 +6,7 @@ use crate::types::ServiceKey;
 
 /// Why a change to the load balancer was refused. A refused change writes nothing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A backend of another address family than the VIP.
     #[error("service {service}: backend {backend} is not of the VIP's address family")]

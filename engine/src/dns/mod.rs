@@ -1,0 +1,411 @@
+//! The per-query DNS verdict: which endpoint or client group a query comes from, and whether
+//! its CiliumNetworkPolicy DNS rules and the allow/deny lists let it ask this name.
+//!
+//! - A client in no endpoint or group is refused: fqdnd is never an open resolver.
+//! - A name on a deny list is denied unless an allow list names it too; allow lists never
+//!   grant what policy denies.
+//! - An endpoint no rule selects (not under egress policy) may ask any name.
+//! - Otherwise some egress entry of a rule selecting it must reach the server asked (no
+//!   peers, a CIDR containing it, or an endpoint owning it) on port 53 (the DNS service,
+//!   whatever port the proxy listens on) with the query's protocol, and either carry no DNS
+//!   rules or a `matchName`/`matchPattern` matching the name.
+//!
+//! Everything is compiled once per (re)load: a query costs a prefix lookup and a few trie
+//! walks.
+
+pub mod lists;
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+
+use fqdnd_config::{Config, Lists};
+use fqdnd_ipcache::policy::{DnsRule, PeerSelector, PortProtocol, Protocol};
+use fqdnd_ipcache::{Endpoint, EndpointId};
+use fqdnd_namemgr::{FqdnSelector, Matcher, SelectorId};
+use ipnet::IpNet;
+use prefix_trie::joint::map::JointPrefixMap;
+
+use crate::Error;
+use lists::NameList;
+
+/// The port rules must allow for DNS: the proxy is the DNS service, whatever port it listens
+/// on.
+const DNS_PORT: u16 = 53;
+
+/// What policy says of one query.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Answer it; what the answer teaches is learned for `endpoint`.
+    Allow {
+        /// The endpoint or client group that asked.
+        endpoint: EndpointId,
+    },
+    /// Refuse it (policy or a deny list).
+    Deny,
+    /// The client is in no endpoint or client group.
+    UnknownClient,
+}
+
+/// Which endpoint or client group an address belongs to: the longest prefix containing it.
+#[derive(Debug, Default)]
+pub struct Clients {
+    prefixes: JointPrefixMap<IpNet, EndpointId>,
+}
+
+impl Clients {
+    /// The addresses of `endpoints`.
+    pub fn new<'a>(endpoints: impl IntoIterator<Item = &'a Endpoint>) -> Self {
+        let mut prefixes = JointPrefixMap::default();
+        for ep in endpoints {
+            for addr in &ep.addresses {
+                prefixes.insert(addr.trunc(), ep.id);
+            }
+        }
+        Self { prefixes }
+    }
+
+    /// The endpoint whose addresses contain `client` (the longest match).
+    pub fn lookup(&self, client: IpAddr) -> Option<EndpointId> {
+        self.prefixes
+            .get_lpm(&IpNet::from(client))
+            .map(|(_, id)| *id)
+    }
+}
+
+/// Which servers an egress entry reaches.
+#[derive(Debug, Clone)]
+enum Servers {
+    Any,
+    Prefixes(Vec<(IpNet, Vec<IpNet>)>),
+}
+
+impl Servers {
+    fn contains(&self, addr: IpAddr) -> bool {
+        match self {
+            Self::Any => true,
+            Self::Prefixes(nets) => nets.iter().any(|(net, except)| {
+                net.contains(&addr) && !except.iter().any(|e| e.contains(&addr))
+            }),
+        }
+    }
+}
+
+/// One way an endpoint may reach DNS.
+#[derive(Debug)]
+struct Grant {
+    servers: Servers,
+    /// Empty: every port and protocol.
+    ports: Vec<PortProtocol>,
+    /// `None`: any name.
+    names: Option<Matcher>,
+}
+
+impl Grant {
+    fn allows(&self, server: SocketAddr, protocol: Protocol, name: &str) -> bool {
+        let port_ok = self.ports.is_empty()
+            || self.ports.iter().any(|p| {
+                let proto_ok = p.protocol == Protocol::Any || p.protocol == protocol;
+                proto_ok && (p.port == 0 || (p.port..=p.end_port.max(p.port)).contains(&DNS_PORT))
+            });
+        port_ok
+            && self.servers.contains(server.ip())
+            && self.names.as_ref().is_none_or(|m| m.is_match(name))
+    }
+}
+
+#[derive(Debug, Default)]
+struct Group {
+    enforcing: bool,
+    grants: Vec<Grant>,
+}
+
+/// The compiled DNS policy of a configuration.
+#[derive(Debug, Default)]
+pub struct DnsPolicy {
+    clients: Clients,
+    groups: HashMap<EndpointId, Group>,
+    deny: NameList,
+    allow: NameList,
+}
+
+fn dns_matcher(rules: &[DnsRule]) -> Matcher {
+    let mut matcher = Matcher::new();
+    for rule in rules {
+        let (DnsRule::MatchName(key) | DnsRule::MatchPattern(key)) = rule;
+        // Keys were validated by the loader; an invalid one simply matches nothing.
+        if let Ok(selector) = FqdnSelector::match_pattern(key) {
+            matcher.insert(&selector, SelectorId(0));
+        }
+    }
+    matcher
+}
+
+impl DnsPolicy {
+    /// Compiles the DNS policy of `config`'s endpoints and rules with `lists`. List lines
+    /// that are not DNS rules are logged and skipped.
+    ///
+    /// # Errors
+    /// A list file cannot be read.
+    pub fn compile(config: &Config, lists: &Lists) -> Result<Self, Error> {
+        let mut policy = Self {
+            clients: Clients::new(&config.endpoints),
+            ..Self::default()
+        };
+        for ep in &config.endpoints {
+            policy.groups.insert(ep.id, Self::group(config, ep));
+        }
+        for path in &lists.deny {
+            for skipped in policy.deny.add_file(path)? {
+                tracing::warn!(list = %path.display(), line = skipped.line, reason = skipped.reason, "deny-list line skipped");
+            }
+        }
+        for path in &lists.allow {
+            for skipped in policy.allow.add_file(path)? {
+                tracing::warn!(list = %path.display(), line = skipped.line, reason = skipped.reason, "allow-list line skipped");
+            }
+        }
+        for skipped in policy.deny.add_text(&lists.deny_names.join("\n")) {
+            tracing::warn!(
+                entry = skipped.line,
+                reason = skipped.reason,
+                "inline deny entry skipped"
+            );
+        }
+        for skipped in policy.allow.add_text(&lists.allow_names.join("\n")) {
+            tracing::warn!(
+                entry = skipped.line,
+                reason = skipped.reason,
+                "inline allow entry skipped"
+            );
+        }
+        Ok(policy)
+    }
+
+    fn group(config: &Config, ep: &Endpoint) -> Group {
+        let mut group = Group::default();
+        for rule in config
+            .rules
+            .iter()
+            .filter(|r| r.endpoint_selector.matches(ep.labels.iter()))
+        {
+            group.enforcing |= rule.default_deny_egress;
+            for egress in &rule.egress {
+                let Some(servers) = Self::servers(config, &egress.peers) else {
+                    continue;
+                };
+                if egress.ports.is_empty() {
+                    group.grants.push(Grant {
+                        servers,
+                        ports: Vec::new(),
+                        names: None,
+                    });
+                    continue;
+                }
+                for port_rule in &egress.ports {
+                    group.grants.push(Grant {
+                        servers: servers.clone(),
+                        ports: port_rule.ports.clone(),
+                        names: port_rule.dns.as_deref().map(dns_matcher),
+                    });
+                }
+            }
+        }
+        group
+    }
+
+    /// The servers an egress entry's peers reach; `None` when they can reach no DNS server
+    /// (only FQDN peers).
+    fn servers(config: &Config, peers: &[PeerSelector]) -> Option<Servers> {
+        if peers.is_empty() {
+            return Some(Servers::Any);
+        }
+        let mut nets = Vec::new();
+        for peer in peers {
+            match peer {
+                PeerSelector::Cidr { cidr, except } => nets.push((*cidr, except.clone())),
+                PeerSelector::Endpoints(selector) => {
+                    for ep in config
+                        .endpoints
+                        .iter()
+                        .filter(|e| selector.matches(e.labels.iter()))
+                    {
+                        nets.extend(ep.addresses.iter().map(|a| (*a, Vec::new())));
+                    }
+                }
+                PeerSelector::Fqdn(_) => {}
+            }
+        }
+        (!nets.is_empty()).then_some(Servers::Prefixes(nets))
+    }
+
+    /// May `client` ask `server` for the canonical `name` over `protocol` (TCP or UDP)?
+    pub fn verdict(
+        &self,
+        client: IpAddr,
+        server: SocketAddr,
+        protocol: Protocol,
+        name: &str,
+    ) -> Verdict {
+        let Some(endpoint) = self.clients.lookup(client) else {
+            return Verdict::UnknownClient;
+        };
+        if self.deny.contains(name) && !self.allow.contains(name) {
+            return Verdict::Deny;
+        }
+        let Some(group) = self.groups.get(&endpoint) else {
+            return Verdict::UnknownClient;
+        };
+        let allowed = !group.enforcing
+            || group
+                .grants
+                .iter()
+                .any(|g| g.allows(server, protocol, name));
+        if allowed {
+            Verdict::Allow { endpoint }
+        } else {
+            Verdict::Deny
+        }
+    }
+
+    /// The endpoint or client group `client` belongs to.
+    pub fn endpoint_of(&self, client: IpAddr) -> Option<EndpointId> {
+        self.clients.lookup(client)
+    }
+
+    /// Deny and allow list sizes (patterns compiled), for status.
+    pub fn list_sizes(&self) -> (usize, usize) {
+        (self.deny.len(), self.allow.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    const CONFIG: &str = r#"
+apiVersion: fqdnd.io/v1
+kind: ClientGroup
+metadata: {name: lan}
+spec: {id: 10, addresses: ["10.1.0.0/16"], labels: {zone: lan}}
+---
+apiVersion: fqdnd.io/v1
+kind: ClientGroup
+metadata: {name: guests}
+spec: {id: 11, addresses: ["10.2.0.0/16"], labels: {zone: guests}}
+---
+apiVersion: fqdnd.io/v1
+kind: ClientGroup
+metadata: {name: lab}
+spec: {id: 12, addresses: ["10.3.0.0/16"], labels: {zone: lab}}
+---
+apiVersion: cilium.io/v2
+kind: CiliumClusterwideNetworkPolicy
+metadata: {name: lan-dns}
+spec:
+  endpointSelector: {matchLabels: {zone: lan}}
+  egress:
+  - toCIDR: ["10.0.0.53/32"]
+    toPorts:
+    - ports: [{port: "53", protocol: ANY}]
+      rules:
+        dns: [{matchPattern: "*.example.com"}, {matchName: "api.github.com"}]
+---
+apiVersion: cilium.io/v2
+kind: CiliumClusterwideNetworkPolicy
+metadata: {name: guests-dns}
+spec:
+  endpointSelector: {matchLabels: {zone: guests}}
+  egress:
+  - toPorts:
+    - ports: [{port: "53", protocol: UDP}]
+      rules:
+        dns: [{matchPattern: "*"}]
+"#;
+
+    fn compiled(lists: &Lists) -> DnsPolicy {
+        let config = fqdnd_config::load_str(CONFIG, Path::new("gw.yaml")).unwrap();
+        DnsPolicy::compile(&config, lists).unwrap()
+    }
+
+    fn ask(p: &DnsPolicy, client: &str, server: &str, name: &str, protocol: Protocol) -> Verdict {
+        p.verdict(
+            client.parse().unwrap(),
+            server.parse().unwrap(),
+            protocol,
+            name,
+        )
+    }
+
+    fn allow(id: u16) -> Verdict {
+        Verdict::Allow {
+            endpoint: EndpointId(id),
+        }
+    }
+
+    #[test]
+    fn groups_rules_and_servers_decide() {
+        let p = compiled(&Lists::default());
+        let udp = Protocol::Udp;
+        let lan = |name| ask(&p, "10.1.2.3", "10.0.0.53:53", name, udp);
+        assert_eq!(lan("www.example.com."), allow(10));
+        assert_eq!(lan("api.github.com."), allow(10));
+        assert_eq!(lan("example.com."), Verdict::Deny);
+        assert_eq!(lan("evil.test."), Verdict::Deny);
+        // The rule reaches 10.0.0.53 only.
+        assert_eq!(
+            ask(&p, "10.1.2.3", "10.0.0.54:53", "www.example.com.", udp),
+            Verdict::Deny
+        );
+        // Guests: any name, UDP only.
+        assert_eq!(
+            ask(&p, "10.2.0.9", "10.0.0.53:53", "anything.test.", udp),
+            allow(11)
+        );
+        assert_eq!(
+            ask(
+                &p,
+                "10.2.0.9",
+                "10.0.0.53:53",
+                "anything.test.",
+                Protocol::Tcp
+            ),
+            Verdict::Deny
+        );
+        // No rule selects the lab: not under policy.
+        assert_eq!(
+            ask(&p, "10.3.0.9", "10.0.0.53:53", "anything.test.", udp),
+            allow(12)
+        );
+        // Not a client: never an open resolver.
+        assert_eq!(
+            ask(&p, "192.0.2.1", "10.0.0.53:53", "www.example.com.", udp),
+            Verdict::UnknownClient
+        );
+        assert_eq!(
+            p.endpoint_of("10.2.255.1".parse().unwrap()),
+            Some(EndpointId(11))
+        );
+    }
+
+    #[test]
+    fn deny_lists_block_and_allow_lists_make_exceptions() {
+        let lists = Lists {
+            deny_names: vec!["ads.example.com".into(), "||tracker.test^".into()],
+            allow_names: vec!["good.ads.example.com".into()],
+            ..Lists::default()
+        };
+        let p = compiled(&lists);
+        let guest = |name| ask(&p, "10.2.0.9", "10.0.0.53:53", name, Protocol::Udp);
+        assert_eq!(guest("x.ads.example.com."), Verdict::Deny);
+        assert_eq!(guest("pixel.tracker.test."), Verdict::Deny);
+        assert_eq!(guest("good.ads.example.com."), allow(11));
+        // An allow list grants nothing policy denies: lan may ask *.example.com only.
+        let lan = |name| ask(&p, "10.1.2.3", "10.0.0.53:53", name, Protocol::Udp);
+        assert_eq!(lan("good.ads.example.com."), Verdict::Deny);
+        assert_eq!(lan("www.example.com."), allow(10));
+        assert_eq!(lan("other.test."), Verdict::Deny);
+        assert_eq!(p.list_sizes(), (4, 2), "a subtree entry is two patterns");
+    }
+}

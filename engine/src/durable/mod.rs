@@ -1,0 +1,382 @@
+//! Durable state: what the engine learned, written to the checkpoint journal before the reply
+//! that taught it is released, and restored at start so a restarted daemon has the same DNS
+//! cache and gives every label set the same identity number.
+//!
+//! - An answer that taught new state (a new or revived (name, IP)) is one [`Record::Learned`],
+//!   plus a [`Record::Identity`] for every identity created since the last one journaled; the
+//!   proxy holds the reply until they are durable (group commit). A TTL refresh is journaled
+//!   lazily (durable with the next batch, or within a second) — [`Persist`].
+//! - Expiries are stored as Unix times, since the daemon's monotonic clock restarts at zero.
+//! - Compaction: past `stateCompactAfter` records the journal rotates and a [`Snapshot`] of
+//!   the whole engine (cache entries + identities) replaces the older generations.
+//! - Restore ([`open`], [`Restored::apply`]): identities first (numbers withheld and given
+//!   back to their label sets), then every answer with its remaining TTL, latest expiry first
+//!   (expired ones come back expired: the first GC pass keeps those conntrack still shows in
+//!   use, as zombies); one commit at the end.
+
+mod persist;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use fqdnd_checkpoint::{Discarded, Journal, Options, Seq};
+use fqdnd_ipcache::{Datapath, EndpointId, Identity};
+use serde::{Deserialize, Serialize};
+
+use crate::{Clock, Engine, Error};
+pub use persist::Persist;
+
+/// The record and snapshot layout version; a state directory of another schema is refused.
+pub const SCHEMA: u32 = 2;
+
+/// How long restored identity numbers stay reserved for their label sets; numbers whose sets
+/// did not come back by then return to ordinary allocation.
+pub const RESTORE_GRACE: Duration = Duration::from_secs(60);
+
+/// One journal record.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Record {
+    /// `endpoint` was answered `addrs` for `name`, valid until `expires_unix_ms`.
+    Learned {
+        /// The endpoint or client group that asked.
+        endpoint: u16,
+        /// The canonical name.
+        name: String,
+        /// Its addresses.
+        addrs: Vec<IpAddr>,
+        /// When they expire, in milliseconds since the Unix epoch.
+        expires_unix_ms: u64,
+    },
+    /// The label set `labels` (canonical rendering) has identity `id`.
+    Identity {
+        /// Canonical labels.
+        labels: String,
+        /// The number.
+        id: u32,
+    },
+}
+
+/// One cached name in a snapshot: its endpoints and its addresses with their expiries.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SnapshotName {
+    /// The canonical name.
+    pub name: String,
+    /// Endpoints that asked it.
+    pub endpoints: Vec<u16>,
+    /// Addresses with their expiries (Unix milliseconds).
+    pub addrs: Vec<(IpAddr, u64)>,
+}
+
+/// The whole engine state at one moment.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Cached names.
+    pub names: Vec<SnapshotName>,
+    /// Canonical label set → identity number.
+    pub identities: Vec<(String, u32)>,
+}
+
+impl Snapshot {
+    /// (name, IP) entries.
+    pub fn entries(&self) -> usize {
+        self.names.iter().map(|n| n.addrs.len()).sum()
+    }
+
+    /// The snapshot of `engine`'s state now; expiries converted to Unix time on `clock`.
+    pub fn of<D>(engine: &Engine<D>, clock: &dyn Clock) -> Self {
+        let mut names: Vec<SnapshotName> = Vec::new();
+        for e in engine.names.entries() {
+            let expires = clock.unix_ms_of(Duration::from_secs(u64::from(e.ip.expires)));
+            // Entries come name by name.
+            if let Some(last) = names.last_mut().filter(|n| *n.name == *e.name) {
+                last.addrs.push((e.ip.addr, expires));
+                continue;
+            }
+            names.push(SnapshotName {
+                endpoints: engine
+                    .names
+                    .endpoints_of(&e.name)
+                    .iter()
+                    .map(|ep| ep.0)
+                    .collect(),
+                name: e.name.to_string(),
+                addrs: vec![(e.ip.addr, expires)],
+            });
+        }
+        let identities = engine
+            .ipcache
+            .identities_canonical()
+            .into_iter()
+            .map(|(labels, id)| (labels, id.0))
+            .collect();
+        Self { names, identities }
+    }
+}
+
+/// One answer to learn again: (endpoint, name, addresses, expiry in Unix milliseconds).
+pub type RestoredAnswer = (EndpointId, String, Vec<IpAddr>, u64);
+
+/// What a state directory held at start.
+#[derive(Debug, Default)]
+pub struct Restored {
+    /// Canonical label set → identity number, the latest record winning.
+    pub identities: Vec<(String, Identity)>,
+    /// Answers to learn again, in journal order.
+    pub answers: Vec<RestoredAnswer>,
+    /// What recovery cut off a torn journal tail.
+    pub discarded: Option<Discarded>,
+    /// Journal records read after the snapshot.
+    pub records: usize,
+    /// Entries in the snapshot.
+    pub snapshot_entries: usize,
+}
+
+/// Opens the state directory `dir` (taking its lock), reads what it holds and starts the
+/// journal writer (on the current tokio runtime). `strict`: refuse a torn or corrupt tail
+/// instead of cutting it off.
+///
+/// # Errors
+/// The directory cannot be opened, locked or read, holds another schema, or (strict) has a
+/// damaged tail.
+pub fn open(dir: &Path, strict: bool) -> Result<(Restored, Journal<Record>), Error> {
+    let mut options = Options::new(SCHEMA);
+    options.strict = strict;
+    let recovered =
+        fqdnd_checkpoint::open::<Snapshot, Record>(dir, &options).map_err(|source| {
+            Error::State {
+                dir: dir.to_path_buf(),
+                source,
+            }
+        })?;
+    let mut identities: BTreeMap<u32, String> = BTreeMap::new();
+    let mut answers: Vec<RestoredAnswer> = Vec::new();
+    let snapshot = recovered.snapshot.unwrap_or_default();
+    let snapshot_entries = snapshot.entries();
+    for (labels, id) in snapshot.identities {
+        identities.insert(id, labels);
+    }
+    for n in snapshot.names {
+        let endpoints = if n.endpoints.is_empty() {
+            vec![0]
+        } else {
+            n.endpoints
+        };
+        // One answer per (endpoint, expiry): the addresses of a name mostly share theirs.
+        let mut by_expiry: BTreeMap<u64, Vec<IpAddr>> = BTreeMap::new();
+        for (addr, expires) in n.addrs {
+            by_expiry.entry(expires).or_default().push(addr);
+        }
+        for ep in endpoints {
+            for (expires, addrs) in &by_expiry {
+                answers.push((EndpointId(ep), n.name.clone(), addrs.clone(), *expires));
+            }
+        }
+    }
+    let records = recovered.records.len();
+    for record in recovered.records {
+        match record {
+            Record::Learned {
+                endpoint,
+                name,
+                addrs,
+                expires_unix_ms,
+            } => answers.push((EndpointId(endpoint), name, addrs, expires_unix_ms)),
+            Record::Identity { labels, id } => {
+                identities.insert(id, labels);
+            }
+        }
+    }
+    // A label set journaled under two numbers (its first one was freed): the later wins.
+    let mut by_labels: HashMap<String, u32> = HashMap::new();
+    for (id, labels) in identities {
+        by_labels.insert(labels, id);
+    }
+    let restored = Restored {
+        identities: by_labels
+            .into_iter()
+            .map(|(labels, id)| (labels, Identity(id)))
+            .collect(),
+        answers,
+        discarded: recovered.discarded,
+        records,
+        snapshot_entries,
+    };
+    let journal = Journal::start(recovered.tail, &options);
+    Ok((restored, journal))
+}
+
+impl Restored {
+    /// Gives the restored label sets their numbers back (until
+    /// [`IpCache::finish_restore`](fqdnd_ipcache::IpCache::finish_restore)); call before the
+    /// engine gets its endpoints and policy.
+    pub fn reserve_identities<D: Datapath>(&self, engine: &mut Engine<D>) {
+        if !self.identities.is_empty() {
+            engine.ipcache.restore_identities(self.identities.clone());
+        }
+    }
+
+    /// Learns every restored answer with its remaining TTL and commits once. Returns how many
+    /// answers were given to the engine.
+    ///
+    /// # Errors
+    /// The datapath refused the commit.
+    pub fn apply<D: Datapath>(
+        &self,
+        engine: &mut Engine<D>,
+        clock: &dyn Clock,
+    ) -> Result<usize, Error> {
+        let now = clock.now();
+        // Latest expiry first: when a bound (maxCacheEntries, the per-name and per-endpoint
+        // breakers) is reached during the restore, what is left out is what expires first
+        // (expired flood names, say), never a live name behind them.
+        let mut answers: Vec<&RestoredAnswer> = self.answers.iter().collect();
+        answers.sort_by_key(|(_, _, _, expires)| std::cmp::Reverse(*expires));
+        for (endpoint, name, addrs, expires) in answers {
+            let ttl = clock.seconds_until_unix_ms(*expires);
+            if let Err(e) = engine.restore_answer(*endpoint, name, addrs, ttl, now) {
+                tracing::warn!(name = %name, error = %crate::error_chain(&e), "a restored answer was not learned");
+            }
+        }
+        engine.commit()?;
+        Ok(self.answers.len())
+    }
+}
+
+/// Writes a synthetic state directory: `names` names under `zone`, `ips` addresses each, all
+/// valid for an hour (for restore benchmarks: `benchmarks/restore-time.sh`).
+///
+/// # Errors
+/// The directory or the snapshot cannot be written.
+pub fn synthesize(
+    dir: &Path,
+    clock: &dyn Clock,
+    zone: &str,
+    names: u32,
+    ips: u32,
+) -> Result<(), Error> {
+    let expires_unix_ms = clock.unix_ms_of(clock.now()) + 3_600_000;
+    let mut list = Vec::with_capacity(names as usize);
+    let mut n: u32 = 0;
+    for i in 0..names {
+        let mut addrs = Vec::with_capacity(ips as usize);
+        for _ in 0..ips {
+            let [_, a, b, c] = n.to_be_bytes();
+            addrs.push((IpAddr::from([100, 64 + (a & 0x3f), b, c]), expires_unix_ms));
+            n += 1;
+        }
+        list.push(SnapshotName {
+            name: format!("n{i}.{zone}."),
+            endpoints: vec![1],
+            addrs,
+        });
+    }
+    let snapshot = Snapshot {
+        names: list,
+        identities: Vec::new(),
+    };
+    let state_err = |source| Error::State {
+        dir: dir.to_path_buf(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(|e| {
+        state_err(fqdnd_checkpoint::Error::Io {
+            op: "creating the directory",
+            path: dir.to_path_buf(),
+            source: std::sync::Arc::new(e),
+        })
+    })?;
+    let meta = fqdnd_checkpoint::SnapshotMeta {
+        next_generation: 1,
+        next_seq: Seq(0),
+        taken_at_unix_ms: clock.unix_ms_of(clock.now()),
+    };
+    fqdnd_checkpoint::write_snapshot(dir, SCHEMA, &meta, &snapshot)
+        .map(|_| ())
+        .map_err(state_err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fqdnd_ipcache::MemoryDatapath;
+
+    /// A clock stopped at the Unix time `unix_ms` (monotonic time 0).
+    struct Fixed {
+        unix_ms: u64,
+    }
+
+    impl Clock for Fixed {
+        fn now(&self) -> Duration {
+            Duration::ZERO
+        }
+
+        fn unix_ms_of(&self, at: Duration) -> u64 {
+            self.unix_ms + u64::try_from(at.as_millis()).unwrap()
+        }
+    }
+
+    /// At a full cache, the restore keeps the live answers and leaves out the expired ones,
+    /// whatever their order in the journal (expired flood names first, here).
+    #[test]
+    fn a_restore_at_the_cache_bound_keeps_live_answers_over_expired_ones() {
+        let config = fqdnd_config::load_str(
+            "apiVersion: fqdnd.io/v1
+kind: Settings
+spec:
+  breakers: {maxCacheEntries: 3}
+---
+apiVersion: fqdnd.io/v1
+kind: ClientGroup
+metadata: {name: lan}
+spec: {id: 7, addresses: [\"127.0.0.0/8\"], labels: {site: lan}}
+---
+apiVersion: cilium.io/v2
+kind: CiliumClusterwideNetworkPolicy
+metadata: {name: lan}
+spec:
+  endpointSelector: {matchLabels: {site: lan}}
+  egress:
+  - toFQDNs: [{matchPattern: \"*.test\"}]
+",
+            Path::new("test.yaml"),
+        )
+        .unwrap();
+        let clock = Fixed {
+            unix_ms: 1_700_000_000_000,
+        };
+        let now_ms = clock.unix_ms;
+        let answer = |name: &str, last: u8, expires: u64| {
+            (
+                EndpointId(7),
+                name.to_owned(),
+                vec![IpAddr::from([192, 0, 2, last])],
+                expires,
+            )
+        };
+        let restored = Restored {
+            identities: Vec::new(),
+            answers: vec![
+                answer("w1.flood.test.", 1, now_ms - 60_000),
+                answer("w2.flood.test.", 2, now_ms - 50_000),
+                answer("w3.flood.test.", 3, now_ms - 40_000),
+                answer("k1.corp.test.", 11, now_ms + 3_600_000),
+                answer("k2.corp.test.", 12, now_ms + 3_600_000),
+            ],
+            discarded: None,
+            records: 5,
+            snapshot_entries: 0,
+        };
+        let mut engine =
+            Engine::from_config(&config, MemoryDatapath::default(), clock.now()).unwrap();
+        restored.apply(&mut engine, &clock).unwrap();
+        let mut names: Vec<String> = engine.names.entries().map(|e| e.name.to_string()).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            ["k1.corp.test.", "k2.corp.test.", "w3.flood.test."],
+            "the live names and the latest-expiring of the rest"
+        );
+    }
+}
