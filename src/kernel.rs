@@ -13,14 +13,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use fqdnd_config::Config;
 use fqdnd_ebpf::{EndpointFlags, KernelDatapath, Loaded};
 use fqdnd_ipcache::EndpointId;
 
-use crate::clock::Clock;
-use crate::datapath::AnyDatapath;
-use crate::engine::Engine;
-use crate::gateway::observer::SharedEngine;
 use ipnet::IpNet;
 
 /// One endpoint as the kernel knows it.
@@ -294,86 +289,5 @@ impl Kernel {
     /// The interfaces attached, with their endpoints.
     pub(crate) fn attached(&self) -> &BTreeMap<String, Attached> {
         &self.attached
-    }
-}
-
-/// Builds the engine on the pinned maps: the engine writes the whole desired state, then what
-/// an earlier run left there and is no longer wanted is removed (reconciled, never flushed).
-pub(crate) fn engine_on_kernel(
-    config: &Config,
-    pin_dir: &Path,
-    clock: Clock,
-    restored: &crate::state::Restored,
-) -> Result<Engine<AnyDatapath>> {
-    let mut maps = KernelDatapath::open(pin_dir).context("opening the pinned maps")?;
-    maps.begin_resync().context("reading the pinned maps")?;
-    let mut engine =
-        crate::state::build_engine(config, AnyDatapath::Kernel(Box::new(maps)), clock, restored)?;
-    if let AnyDatapath::Kernel(maps) = engine.ipcache.datapath_mut() {
-        let stats = maps
-            .finish_resync()
-            .context("reconciling the pinned maps")?;
-        tracing::info!(
-            kept = stats.kept,
-            added = stats.added,
-            removed = stats.removed,
-            "pinned maps reconciled"
-        );
-    }
-    Ok(engine)
-}
-
-/// How long a flow may idle before it stops keeping its destination in use, when the mode has
-/// no setting for it (gateway).
-pub(crate) const DEFAULT_CONNTRACK_IDLE: Duration = Duration::from_secs(600);
-
-/// One GC pass. With a kernel, conntrack says which destinations are still in use (zombies
-/// stay for them) and idle conntrack entries go afterwards; without, nothing is in use.
-pub(crate) fn gc(
-    engine: &SharedEngine,
-    kernel: Option<&std::sync::Mutex<Kernel>>,
-    clock: Clock,
-    idle: Duration,
-) {
-    let live = match kernel {
-        None => HashSet::new(),
-        Some(k) => match k
-            .lock()
-            .map_err(|_| anyhow::anyhow!("kernel lock poisoned"))
-            .and_then(|k| k.live_destinations(idle))
-        {
-            Ok(live) => live,
-            Err(e) => {
-                // Without conntrack every expired IP would look unused: keep them this round.
-                tracing::warn!(error = %format!("{e:#}"), "reading conntrack failed; GC skipped");
-                return;
-            }
-        },
-    };
-    if let Ok(mut engine) = engine.lock() {
-        let in_use = |ip: IpAddr| live.contains(&ip);
-        match engine.gc(clock.now(), &in_use) {
-            Ok(stats) if stats.released > 0 => {
-                tracing::debug!(
-                    expired = stats.expired,
-                    released = stats.released,
-                    in_use = live.len(),
-                    "dns gc"
-                );
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "dns gc failed"),
-        }
-    }
-    if let Some(k) = kernel {
-        match k
-            .lock()
-            .map_err(|_| anyhow::anyhow!("kernel lock poisoned"))
-            .and_then(|mut k| k.gc_conntrack(idle))
-        {
-            Ok(0) => {}
-            Ok(n) => tracing::debug!(removed = n, "conntrack gc"),
-            Err(e) => tracing::warn!(error = %format!("{e:#}"), "conntrack gc failed"),
-        }
     }
 }

@@ -6,25 +6,16 @@
 #![forbid(unsafe_code)]
 
 mod admin;
-mod checkpoint_cmd;
+mod cli;
 mod clock;
 mod daemon;
 mod datapath;
-mod demo;
-mod engine;
 mod gateway;
 mod kernel;
-mod list_cmd;
 mod metrics;
 mod node;
-mod node_cmd;
 mod perms;
-mod policy_cmd;
 mod privileges;
-mod replay_cmd;
-mod service_cmd;
-mod simulate;
-mod state;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -106,9 +97,8 @@ enum Command {
         /// First print the recent drops the agent still holds (up to 4096), then follow.
         #[arg(long)]
         recent: bool,
-        /// The admin API socket.
-        #[arg(long, value_name = "PATH", default_value = fqdnd_config::DEFAULT_ADMIN_SOCKET)]
-        admin_socket: PathBuf,
+        #[command(flatten)]
+        target: admin::client::Target,
     },
     /// Durable state (`stateDir`).
     #[command(subcommand)]
@@ -152,7 +142,7 @@ enum Command {
     /// Every DNS response with addresses is learned as the daemon would learn it (NameManager,
     /// IpCache, in-memory datapath), with TTL expiry and GC on capture time. `--compare` runs
     /// one-identity-per-label-set and one-identity-per-IP side by side. See docs/replay.md.
-    Replay(Box<replay_cmd::ReplayArgs>),
+    Replay(Box<cli::replay::ReplayArgs>),
 }
 
 /// Options of the commands that read the admin API.
@@ -161,9 +151,8 @@ struct ListArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
-    /// The admin API socket.
-    #[arg(long, value_name = "PATH", default_value = fqdnd_config::DEFAULT_ADMIN_SOCKET)]
-    admin_socket: PathBuf,
+    #[command(flatten)]
+    target: admin::client::Target,
 }
 
 #[derive(Subcommand)]
@@ -172,7 +161,7 @@ enum EndpointCommand {
     /// would when a workload starts; its interface must exist.
     Add {
         #[command(flatten)]
-        endpoint: node_cmd::AddEndpoint,
+        endpoint: cli::node::AddEndpoint,
         #[command(flatten)]
         list: ListArgs,
     },
@@ -193,7 +182,7 @@ enum ServiceCommand {
     /// name): backends that stay keep their id and slot, established flows their backend.
     Set {
         #[command(flatten)]
-        service: service_cmd::SetService,
+        service: cli::service::SetService,
         #[command(flatten)]
         list: ListArgs,
     },
@@ -319,6 +308,18 @@ enum PolicyCommand {
     },
 }
 
+/// A started daemon in service: its admin API, then every capability dropped, then until
+/// SIGINT or SIGTERM.
+async fn serve(
+    mut running: daemon::Running,
+    mode: &str,
+    keep: &[fqdnd_privileges::Cap],
+) -> anyhow::Result<()> {
+    admin::server::spawn(&mut running)?;
+    privileges::drop_all_but(mode, keep)?;
+    running.until_signal().await
+}
+
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -345,9 +346,20 @@ fn main() -> ExitCode {
         } => runtime().and_then(|rt| {
             rt.block_on(async {
                 if demo {
-                    print!("{}", demo::run().await?);
+                    print!("{}", cli::demo::run().await?);
                 } else {
-                    gateway::run(config, admin_socket, strict_restore).await?;
+                    let options = daemon::StartOptions {
+                        paths: config,
+                        demo: false,
+                        admin_socket,
+                        strict_restore,
+                    };
+                    serve(
+                        gateway::start(options).await?,
+                        "gateway",
+                        privileges::GATEWAY,
+                    )
+                    .await?;
                 }
                 Ok(ExitCode::SUCCESS)
             })
@@ -358,79 +370,79 @@ fn main() -> ExitCode {
             strict_restore,
         } => runtime().and_then(|rt| {
             rt.block_on(async {
-                node::run(config, admin_socket, strict_restore).await?;
+                let options = daemon::StartOptions {
+                    paths: config,
+                    demo: false,
+                    admin_socket,
+                    strict_restore,
+                };
+                serve(node::start(options).await?, "node", privileges::NODE).await?;
                 Ok(ExitCode::SUCCESS)
             })
         }),
         Command::Endpoint(EndpointCommand::Add { endpoint, list }) => {
-            node_cmd::add(&list.admin_socket, &endpoint, list.json)
+            cli::node::add(&list.target, &endpoint, list.json)
         }
         Command::Endpoint(EndpointCommand::Remove { id, list }) => {
-            node_cmd::remove(&list.admin_socket, id)
+            cli::node::remove(&list.target, id)
         }
         Command::Service(ServiceCommand::Set { service, list }) => {
-            service_cmd::set(&list.admin_socket, &service, list.json)
+            cli::service::set(&list.target, &service, list.json)
         }
         Command::Service(ServiceCommand::Remove { name, list }) => {
-            service_cmd::remove(&list.admin_socket, &name)
+            cli::service::remove(&list.target, &name)
         }
-        Command::Service(ServiceCommand::List(args)) => {
-            service_cmd::list(&args.admin_socket, args.json)
-        }
-        Command::Endpoint(EndpointCommand::List(args)) => {
-            node_cmd::list(&args.admin_socket, args.json)
-        }
+        Command::Service(ServiceCommand::List(args)) => cli::service::list(&args.target, args.json),
+        Command::Endpoint(EndpointCommand::List(args)) => cli::node::list(&args.target, args.json),
         Command::Monitor {
             json,
             count,
             recent,
-            admin_socket,
-        } => node_cmd::monitor(&admin_socket, json, count, recent),
+            target,
+        } => cli::node::monitor(&target, json, count, recent),
         Command::Bpf(BpfCommand::Ipcache(BpfList::List(p))) => {
-            node_cmd::bpf_ipcache(p.pin_dir.as_deref())
+            cli::node::bpf_ipcache(p.pin_dir.as_deref())
         }
         Command::Bpf(BpfCommand::Policy(BpfList::List(p))) => {
-            node_cmd::bpf_policy(p.pin_dir.as_deref())
+            cli::node::bpf_policy(p.pin_dir.as_deref())
         }
-        Command::Bpf(BpfCommand::Ct(BpfList::List(p))) => node_cmd::bpf_ct(p.pin_dir.as_deref()),
+        Command::Bpf(BpfCommand::Ct(BpfList::List(p))) => cli::node::bpf_ct(p.pin_dir.as_deref()),
         Command::Bpf(BpfCommand::Endpoint(BpfList::List(p))) => {
-            node_cmd::bpf_endpoints(p.pin_dir.as_deref())
+            cli::node::bpf_endpoints(p.pin_dir.as_deref())
         }
-        Command::Bpf(BpfCommand::Lb(BpfList::List(p))) => service_cmd::bpf_lb(p.pin_dir.as_deref()),
-        Command::Checkpoint(CheckpointCommand::Inspect { dir }) => checkpoint_cmd::inspect(&dir),
+        Command::Bpf(BpfCommand::Lb(BpfList::List(p))) => {
+            cli::service::bpf_lb(p.pin_dir.as_deref())
+        }
+        Command::Checkpoint(CheckpointCommand::Inspect { dir }) => cli::checkpoint::inspect(&dir),
         Command::Checkpoint(CheckpointCommand::Synthesize {
             dir,
             zone,
             names,
             ips,
-        }) => state::synthesize(&dir, &zone, names, ips).map(|()| ExitCode::SUCCESS),
-        Command::Bpf(BpfCommand::Unload(p)) => node_cmd::bpf_unload(p.pin_dir.as_deref()),
-        Command::Status(args) => list_cmd::status(&args.admin_socket, args.json),
-        Command::Cache(CacheCommand::List(args)) => list_cmd::cache(&args.admin_socket, args.json),
+        }) => cli::checkpoint::synthesize(&dir, &zone, names, ips),
+        Command::Bpf(BpfCommand::Unload(p)) => cli::node::bpf_unload(p.pin_dir.as_deref()),
+        Command::Status(args) => cli::list::status(&args.target, args.json),
+        Command::Cache(CacheCommand::List(args)) => cli::list::cache(&args.target, args.json),
         Command::Identity(IdentityCommand::List(args)) => {
-            list_cmd::identities(&args.admin_socket, args.json)
+            cli::list::identities(&args.target, args.json)
         }
-        Command::Ipcache(IpcacheCommand::List(args)) => {
-            list_cmd::ipcache(&args.admin_socket, args.json)
-        }
-        Command::Policy(PolicyCommand::Reload(args)) => {
-            list_cmd::reload(&args.admin_socket, args.json)
-        }
-        Command::Policy(PolicyCommand::Check { paths }) => policy_cmd::check(&paths),
+        Command::Ipcache(IpcacheCommand::List(args)) => cli::list::ipcache(&args.target, args.json),
+        Command::Policy(PolicyCommand::Reload(args)) => cli::list::reload(&args.target, args.json),
+        Command::Policy(PolicyCommand::Check { paths }) => cli::policy::check(&paths),
         Command::Policy(PolicyCommand::Match {
             json,
             pattern,
             names,
-        }) => policy_cmd::matches(&pattern, &names, json),
+        }) => cli::policy::matches(&pattern, &names, json),
         Command::Simulate {
             config,
             answers,
             end,
-        } => simulate::run(&config, answers.as_deref(), end).map(|out| {
+        } => cli::simulate::run(&config, answers.as_deref(), end).map(|out| {
             print!("{out}");
             ExitCode::SUCCESS
         }),
-        Command::Replay(args) => replay_cmd::run(*args),
+        Command::Replay(args) => cli::replay::run(*args),
     };
     match result {
         Ok(code) => code,

@@ -6,8 +6,6 @@ use std::net::SocketAddr;
 use anyhow::{Context, Result};
 use metrics_exporter_prometheus::PrometheusBuilder;
 
-use crate::gateway::observer::SharedEngine;
-
 /// Serves `/metrics` on `addr`.
 pub(crate) fn install(addr: SocketAddr) -> Result<()> {
     PrometheusBuilder::new()
@@ -56,17 +54,16 @@ pub(crate) fn install(addr: SocketAddr) -> Result<()> {
     Ok(())
 }
 
-/// Samples the engine's state into gauges.
-pub(crate) fn record_engine(engine: &SharedEngine) {
-    let Ok(engine) = engine.lock() else { return };
-    let alloc = engine.ipcache.allocator();
-    metrics::gauge!("fqdnd_identities").set(alloc.len() as f64);
-    metrics::gauge!("fqdnd_fqdn_identities").set(alloc.from_dns_live() as f64);
-    metrics::gauge!("fqdnd_cache_names").set(engine.names.name_count() as f64);
-    metrics::gauge!("fqdnd_cache_entries").set(engine.names.mapping_count() as f64);
-    metrics::gauge!("fqdnd_cache_zombies").set(engine.names.zombie_count() as f64);
-    metrics::gauge!("fqdnd_ipcache_prefixes").set(engine.ipcache.prefix_count() as f64);
-    metrics::gauge!("fqdnd_cache_entries_max").set(engine.names.config().max_cache_entries as f64);
+/// Samples the engine's state into gauges (once a second, and right after a restore).
+pub(crate) fn record_engine<D>(engine: &fqdnd_engine::Engine<D>) {
+    let counts = engine.counts();
+    metrics::gauge!("fqdnd_identities").set(counts.identities as f64);
+    metrics::gauge!("fqdnd_fqdn_identities").set(counts.fqdn_identities as f64);
+    metrics::gauge!("fqdnd_cache_names").set(counts.cache_names as f64);
+    metrics::gauge!("fqdnd_cache_entries").set(counts.cache_entries as f64);
+    metrics::gauge!("fqdnd_cache_zombies").set(counts.cache_zombies as f64);
+    metrics::gauge!("fqdnd_ipcache_prefixes").set(counts.ipcache_prefixes as f64);
+    metrics::gauge!("fqdnd_cache_entries_max").set(counts.cache_entries_max as f64);
     let trips = engine.names.stats().trips;
     for (breaker, n) in [
         ("names_per_endpoint", trips.names_per_endpoint),
@@ -87,15 +84,38 @@ pub(crate) fn record_engine(engine: &SharedEngine) {
     }
 }
 
+/// Failed writes of other state files (the services' snapshot), counted with the journal's.
+static STATE_FILE_ERRORS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Counts a state file that could not be written (in `fqdnd_checkpoint_errors_total`).
+pub(crate) fn count_state_file_error() {
+    STATE_FILE_ERRORS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Publishes the journal's counters.
+pub(crate) fn record_journal(persist: &fqdnd_engine::durable::Persist) {
+    let s = persist.journal_stats();
+    metrics::counter!("fqdnd_checkpoint_records_total").absolute(s.records);
+    metrics::counter!("fqdnd_checkpoint_fsyncs_total").absolute(s.fsyncs);
+    metrics::counter!("fqdnd_checkpoint_bytes_total").absolute(s.bytes);
+    metrics::counter!("fqdnd_checkpoint_failed_batches_total").absolute(s.failed_batches);
+    let others = STATE_FILE_ERRORS.load(std::sync::atomic::Ordering::Relaxed);
+    metrics::counter!("fqdnd_checkpoint_errors_total").absolute(persist.errors() + others);
+    metrics::gauge!("fqdnd_checkpoint_last_batch_records").set(s.last_batch_records as f64);
+    metrics::gauge!("fqdnd_checkpoint_last_fsync_seconds").set(s.last_fsync.as_secs_f64());
+    metrics::gauge!("fqdnd_checkpoint_queued_bytes").set(s.queued_bytes as f64);
+}
+
 /// Counts a kernel map that refused a write (`fqdnd_datapath_map_full_total{map}`), if that is
-/// what `e` is.
-pub(crate) fn record_datapath_error(e: &anyhow::Error) {
-    for cause in e.chain() {
-        let full = match cause.downcast_ref::<fqdnd_ipcache::Error>() {
+/// what `e` (or one of its causes) is.
+pub(crate) fn record_datapath_error(e: &(dyn std::error::Error + 'static)) {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        let full = match c.downcast_ref::<fqdnd_ipcache::Error>() {
             Some(fqdnd_ipcache::Error::Datapath(fqdnd_ipcache::DatapathError::MapFull { map })) => {
                 Some(*map)
             }
-            _ => match cause.downcast_ref::<fqdnd_ipcache::DatapathError>() {
+            _ => match c.downcast_ref::<fqdnd_ipcache::DatapathError>() {
                 Some(fqdnd_ipcache::DatapathError::MapFull { map }) => Some(*map),
                 _ => None,
             },
@@ -104,6 +124,7 @@ pub(crate) fn record_datapath_error(e: &anyhow::Error) {
             metrics::counter!("fqdnd_datapath_map_full_total", "map" => map).increment(1);
             return;
         }
+        cause = c.source();
     }
 }
 

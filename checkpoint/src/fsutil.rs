@@ -2,6 +2,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::format::encode_journal_header;
@@ -66,10 +67,12 @@ pub(crate) fn write_atomic(dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), 
     tmp.push(TMP_SUFFIX);
     let tmp = PathBuf::from(tmp);
     let written = (|| {
+        // 0600: what a state directory holds says which client asked for which name.
         let mut f = OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
+            .mode(0o600)
             .open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()
@@ -116,6 +119,7 @@ pub(crate) fn lock(dir: &Path) -> Result<File, Error> {
         .write(true)
         .create(true)
         .truncate(false)
+        .mode(0o600)
         .open(&path)
         .map_err(|e| Error::io(&path, "open", e))?;
     match file.try_lock() {

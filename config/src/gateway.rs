@@ -52,8 +52,12 @@ use fqdnd_dnsproxy::{HoldFallback, RateLimitAction, TruncatedAction, UpstreamTim
 use crate::cnp::ObjectMeta;
 use crate::yaml::{Diag, Text, at, duration, sanitize};
 
-/// Where the admin API listens unless told otherwise.
-pub const DEFAULT_ADMIN_SOCKET: &str = "/run/fqdnd/admin.sock";
+/// Where the gateway's admin API listens unless told otherwise.
+pub const DEFAULT_GATEWAY_ADMIN_SOCKET: &str = "/run/fqdnd/gateway.sock";
+
+/// Where the node agent's admin API listens unless told otherwise (not the gateway's: both
+/// may run on one host).
+pub const DEFAULT_NODE_ADMIN_SOCKET: &str = "/run/fqdnd/node.sock";
 
 /// Where a static zone's records come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,7 +161,7 @@ impl Default for Daemon {
     fn default() -> Self {
         Self {
             lists: Lists::default(),
-            admin_socket: PathBuf::from(DEFAULT_ADMIN_SOCKET),
+            admin_socket: PathBuf::from(DEFAULT_GATEWAY_ADMIN_SOCKET),
             metrics: None,
             query_log: None,
             upstream_timeout: Duration::from_secs(5),
@@ -218,7 +222,10 @@ impl Default for Node {
             dns_proxy_port: DEFAULT_DNS_PROXY_PORT,
             pin_dir: None,
             conntrack_idle_timeout: Duration::from_secs(600),
-            daemon: Daemon::default(),
+            daemon: Daemon {
+                admin_socket: PathBuf::from(DEFAULT_NODE_ADMIN_SOCKET),
+                ..Daemon::default()
+            },
         }
     }
 }
@@ -381,7 +388,7 @@ pub(crate) fn gateway(doc: &Spanned<DaemonDoc>, diag: &mut Diag<'_>) -> Option<G
         }
     }
     g.pin_dir = spec.pin_dir.as_ref().map(relative);
-    g.daemon = daemon(spec, &base, diag);
+    g.daemon = daemon(spec, &base, Daemon::default(), diag);
     if diag.count() == before {
         if g.listen.is_empty() {
             diag.invalid(doc_at, "a `Gateway` needs at least one `listen` address");
@@ -436,7 +443,7 @@ pub(crate) fn node(doc: &Spanned<DaemonDoc>, diag: &mut Diag<'_>) -> Option<Node
         }
     }
     n.pin_dir = spec.pin_dir.as_ref().map(|t| base.join(&t.value));
-    n.daemon = daemon(spec, &base, diag);
+    n.daemon = daemon(spec, &base, Node::default().daemon, diag);
     (diag.count() == before).then_some(n)
 }
 
@@ -465,8 +472,8 @@ pub(crate) fn interface(field: &str, text: &Text, diag: &mut Diag<'_>) -> Option
 }
 
 /// The fields both kinds share.
-fn daemon(spec: &DaemonSpec, base: &Path, diag: &mut Diag<'_>) -> Daemon {
-    let mut d = Daemon::default();
+/// The daemon options of a document, over the mode's defaults `d`.
+fn daemon(spec: &DaemonSpec, base: &Path, mut d: Daemon, diag: &mut Diag<'_>) -> Daemon {
     let relative = |text: &Text| base.join(&text.value);
     if let Some(lists) = &spec.lists {
         d.lists.deny = lists.deny.iter().flatten().map(relative).collect();

@@ -50,8 +50,8 @@ use fqdnd_ipcache::policy::Rule;
 
 pub use error::{Duplicated, Error, Errors};
 pub use gateway::{
-    DEFAULT_ADMIN_SOCKET, DEFAULT_DNS_PROXY_PORT, Daemon, Gateway, Lists, MapSizes, Node,
-    RateLimit, StaticZone, ZoneSource,
+    DEFAULT_DNS_PROXY_PORT, DEFAULT_GATEWAY_ADMIN_SOCKET, DEFAULT_NODE_ADMIN_SOCKET, Daemon,
+    Gateway, Lists, MapSizes, Node, RateLimit, StaticZone, ZoneSource,
 };
 pub use load::{CILIUM_API_VERSION, FQDND_API_VERSION, load, load_str};
 pub use service::Service;

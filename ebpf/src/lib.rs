@@ -20,7 +20,7 @@ pub use datapath::{
 pub use error::Error;
 pub use lb::{LbMaps, LbSyncStats};
 pub use loader::{
-    BPFFS_ROOT, FROM_ENDPOINT, Loaded, OBJECT, TO_ENDPOINT, attached_interfaces, default_pin_dir,
-    detach_pinned, ensure_bpffs, links_dir, map_names,
+    BPFFS_ROOT, FROM_ENDPOINT, Loaded, OBJECT, TO_ENDPOINT, attached_ifindexes,
+    attached_interfaces, default_pin_dir, detach_pinned, ensure_bpffs, links_dir, map_names,
 };
 pub use migrate::{MapSizes, Migration, other_abi_dirs};

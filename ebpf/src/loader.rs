@@ -71,6 +71,45 @@ pub fn attached_interfaces(pin_dir: &Path) -> Vec<String> {
     out
 }
 
+/// The interface index each pinned link is attached to, by the interface name the agent
+/// pinned it under: names resolved in the agent's network namespace, whatever namespace the
+/// caller is in (interface indexes are per namespace). Read from the kernel's description of
+/// the link (`/proc/self/fdinfo` of the link opened from its pin: `link_id`, `ifindex`). An
+/// unreadable pin is left out.
+pub fn attached_ifindexes(pin_dir: &Path) -> Vec<(String, u32)> {
+    let mut out = Vec::new();
+    for iface in attached_interfaces(pin_dir) {
+        let pin = links_dir(pin_dir).join(format!("{iface}-ingress"));
+        let Ok(link) = PinnedLink::from_pin(&pin) else {
+            continue;
+        };
+        let link = FdLink::from(link);
+        let Ok(info) = link.info() else { continue };
+        if let Some(ifindex) = fdinfo_ifindex(info.id()) {
+            out.push((iface, ifindex));
+        }
+    }
+    out
+}
+
+/// The `ifindex` of the open link with id `link_id`, from this process's fdinfo.
+fn fdinfo_ifindex(link_id: u32) -> Option<u32> {
+    let wanted = format!("link_id:\t{link_id}");
+    for entry in std::fs::read_dir("/proc/self/fdinfo").ok()?.flatten() {
+        let Ok(text) = std::fs::read_to_string(entry.path()) else {
+            continue;
+        };
+        if !text.lines().any(|l| l == wanted) {
+            continue;
+        }
+        return text
+            .lines()
+            .find_map(|l| l.strip_prefix("ifindex:"))
+            .and_then(|v| v.trim().parse().ok());
+    }
+    None
+}
+
 /// Removes the pinned links of `iface` (its programs detach once no process holds the link);
 /// missing pins are fine. Needs no loaded object: an operator's CLI can call it.
 pub fn detach_pinned(pin_dir: &Path, iface: &str) -> Result<(), Error> {

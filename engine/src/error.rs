@@ -145,8 +145,8 @@ pub enum Error {
     },
 }
 
-/// `error` and its sources, `: `-separated, for logs.
-pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
+/// `error` and its sources, `: `-separated, for logs and replies.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

@@ -33,5 +33,4 @@ pub mod view;
 
 pub use clock::Clock;
 pub use engine::{Engine, IdentityMode, Learning};
-pub use error::Error;
-pub(crate) use error::error_chain;
+pub use error::{Error, error_chain};

@@ -2,7 +2,10 @@
 //! to what it had, the datapath holds exactly the previous policy, and the next change works
 //! (issue: "a rejected reload poisons the next one").
 
-#![allow(clippy::unwrap_used, reason = "test helpers: a fixture that does not load is a bug in the test")]
+#![allow(
+    clippy::unwrap_used,
+    reason = "test helpers: a fixture that does not load is a bug in the test"
+)]
 
 use std::collections::BTreeMap;
 use std::path::Path;

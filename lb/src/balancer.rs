@@ -349,6 +349,34 @@ impl LoadBalancer {
         Some(self.backends.get(id)?.addr)
     }
 
+    /// The backend of the service at `vip` over `proto` for the client flow `client`, if `vip`
+    /// is a service: the flow's hash (address, port, protocol; a fixed-key hasher, so the
+    /// same in every process) picks the slot, so every query of one flow goes to the same
+    /// backend. The DNS proxy uses it for queries to a service VIP.
+    #[must_use]
+    pub fn backend_for_flow(
+        &self,
+        vip: SocketAddr,
+        proto: Protocol,
+        client: SocketAddr,
+    ) -> Option<SocketAddr> {
+        use std::hash::{BuildHasher, Hash, Hasher};
+        let key = ServiceKey {
+            vip: vip.ip(),
+            port: vip.port(),
+            proto,
+        };
+        if !self.contains(&key) {
+            return None;
+        }
+        let mut h =
+            std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
+                .build_hasher();
+        client.hash(&mut h);
+        h.write_u8(proto.number());
+        self.pick(&key, (h.finish() >> 32) as u32)
+    }
+
     /// Every entry the maps must hold, as writes into empty maps (backends and rev-NAT entries
     /// first, slot 0 of each service last).
     #[must_use]

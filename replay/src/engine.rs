@@ -1,10 +1,10 @@
-//! The engine as the daemon runs it — NameManager + IpCache over an in-memory datapath — driven
-//! by a capture's clock.
+//! The daemon's own engine (`fqdnd_engine::Engine`: NameManager + IpCache, here over an
+//! in-memory datapath) driven by a capture's clock, with what a replay counts around it.
 //!
-//! The wiring follows the binary's engine (`src/engine.rs`): endpoints, then policy into the
-//! IpCache, then the NameManager's selectors from the IpCache's FQDN selector keys, then one
-//! commit; every answer is observed and committed at once; a GC pass runs every `gcInterval`
-//! of capture time with no connection in use (a capture says nothing about conntrack).
+//! Every answer is learned and committed at once, as the daemon's observer does; a GC pass
+//! runs every `gcInterval` of capture time with no connection in use (a capture says nothing
+//! about conntrack). Which endpoint an answer is learned for is the daemon's rule too: the
+//! longest declared prefix containing the client (`fqdnd_engine::dns::Clients`).
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -12,37 +12,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fqdnd_config::Settings;
+use fqdnd_engine::Engine;
+pub use fqdnd_engine::IdentityMode;
+use fqdnd_engine::dns::Clients as ClientPrefixes;
 use fqdnd_ipcache::policy::{LabelSelector, Rule};
 use fqdnd_ipcache::{Endpoint, EndpointId, Identity, IpCache, MemoryDatapath};
-use fqdnd_namemgr::{FqdnSelector, NameManager};
-use ipnet::IpNet;
+use fqdnd_namemgr::NameManager;
 use serde::Serialize;
 
 use crate::Error;
 use crate::histogram::Histogram;
 use crate::timeseries::Row;
 use crate::wall::WallTime;
-
-/// How identities are given to the IPs FQDN selectors select.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-pub enum IdentityMode {
-    /// One identity per distinct label set (Cilium ≥ 1.16, fqdnd's own).
-    #[serde(rename = "selector")]
-    Selector,
-    /// One identity per selected IP (Cilium ≤ 1.15), via the IpCache's `identity_per_prefix`.
-    #[serde(rename = "per-ip")]
-    PerIp,
-}
-
-impl IdentityMode {
-    /// The name used on the command line and in reports.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Selector => "selector",
-            Self::PerIp => "per-ip",
-        }
-    }
-}
 
 /// The endpoint of the synthetic "every client" setup.
 pub const ALL_CLIENTS: EndpointId = EndpointId(1);
@@ -60,23 +41,14 @@ pub enum Clients {
 #[derive(Debug)]
 enum ClientMap {
     All,
-    Declared {
-        hosts: HashMap<IpAddr, EndpointId>,
-        /// Longest prefix first.
-        groups: Vec<(IpNet, EndpointId)>,
-    },
+    Declared(Box<ClientPrefixes>),
 }
 
 impl ClientMap {
     fn lookup(&self, client: IpAddr) -> Option<EndpointId> {
         match self {
             Self::All => Some(ALL_CLIENTS),
-            Self::Declared { hosts, groups } => hosts.get(&client).copied().or_else(|| {
-                groups
-                    .iter()
-                    .find(|(net, _)| net.contains(&client))
-                    .map(|(_, id)| *id)
-            }),
+            Self::Declared(prefixes) => prefixes.lookup(client),
         }
     }
 }
@@ -166,8 +138,7 @@ struct Snapshot {
 #[derive(Debug)]
 pub struct EngineRun {
     mode: IdentityMode,
-    names: NameManager,
-    ipcache: IpCache<MemoryDatapath>,
+    engine: Engine<MemoryDatapath>,
     clients: ClientMap,
     gc_interval: Duration,
     next_gc: Duration,
@@ -188,11 +159,6 @@ impl EngineRun {
         clients: &Clients,
         mode: IdentityMode,
     ) -> Result<Self, Error> {
-        let ipcache_config = fqdnd_ipcache::Config {
-            identity_per_prefix: mode == IdentityMode::PerIp,
-            ..settings.ipcache()
-        };
-        let mut ipcache = IpCache::new(ipcache_config, MemoryDatapath::default());
         let (endpoints, rules, clients) = match clients {
             Clients::All => {
                 let all = Endpoint {
@@ -210,52 +176,20 @@ impl EngineRun {
                     .collect();
                 (vec![all], rules, ClientMap::All)
             }
-            Clients::Declared(endpoints) => {
-                let mut hosts = HashMap::new();
-                let mut groups = Vec::new();
-                for ep in endpoints {
-                    for net in &ep.addresses {
-                        if net.prefix_len() == net.max_prefix_len() {
-                            hosts.insert(net.addr(), ep.id);
-                        } else {
-                            groups.push((net.trunc(), ep.id));
-                        }
-                    }
-                }
-                groups.sort_by_key(|(net, _)| std::cmp::Reverse(net.prefix_len()));
-                (
-                    endpoints.clone(),
-                    rules.to_vec(),
-                    ClientMap::Declared { hosts, groups },
-                )
-            }
+            Clients::Declared(endpoints) => (
+                endpoints.clone(),
+                rules.to_vec(),
+                ClientMap::Declared(Box::new(ClientPrefixes::new(endpoints))),
+            ),
         };
-        let engine_err =
-            |what: &str, e: &dyn std::fmt::Display| Error::Engine(format!("{what}: {e}"));
-        ipcache
-            .set_endpoints(endpoints)
-            .map_err(|e| engine_err("installing endpoints", &e))?;
-        ipcache
-            .set_policy(rules)
-            .map_err(|e| engine_err("installing policy", &e))?;
-        let selectors = ipcache
-            .fqdn_selector_keys()
-            .iter()
-            .map(|key| FqdnSelector::match_pattern(key))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| engine_err("policy holds an FQDN selector the NameManager rejects", &e))?;
-        let mut names = NameManager::new(settings.namemgr());
-        names
-            .set_selectors(&selectors, Duration::ZERO, &mut ipcache)
-            .map_err(|e| engine_err("installing selectors", &e))?;
-        ipcache
-            .commit()
-            .map_err(|e| engine_err("committing policy", &e))?;
+        let mut engine = Engine::new(settings, mode, MemoryDatapath::default());
+        engine
+            .apply(endpoints, rules, Duration::ZERO)
+            .map_err(|source| Error::Engine { source })?;
         let gc_interval = settings.gc_interval.max(Duration::from_secs(1));
         Ok(Self {
             mode,
-            names,
-            ipcache,
+            engine,
             clients,
             gc_interval,
             next_gc: gc_interval,
@@ -276,12 +210,12 @@ impl EngineRun {
 
     /// The NameManager (read only).
     pub fn names(&self) -> &NameManager {
-        &self.names
+        &self.engine.names
     }
 
     /// The IpCache (read only).
     pub fn ipcache(&self) -> &IpCache<MemoryDatapath> {
-        &self.ipcache
+        &self.engine.ipcache
     }
 
     /// Runs the GC passes due by `now` (capture time since the start). When several are due
@@ -305,12 +239,9 @@ impl EngineRun {
     pub fn gc(&mut self, now: Duration) {
         let started = WallTime::now();
         let nothing_in_use = |_: IpAddr| false;
-        match self.names.gc(now, &nothing_in_use, &mut self.ipcache) {
+        match self.engine.gc(now, &nothing_in_use) {
             Ok(stats) => self.report.gc_evictions += stats.released as u64,
             Err(e) => self.engine_error(&e),
-        }
-        if let Err(e) = self.ipcache.commit() {
-            self.engine_error(&e);
         }
         self.gc_nanos += started.elapsed().as_nanos();
     }
@@ -330,36 +261,33 @@ impl EngineRun {
         };
         self.report.responses_learned += 1;
         let started = WallTime::now();
-        let result = self
-            .names
-            .observe(endpoint, name, addrs, ttl, now, &mut self.ipcache);
-        let committed = self.ipcache.commit();
+        let result = self.engine.learn(endpoint, name, addrs, ttl, now);
         self.hist
             .record(u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX));
         match result {
             Ok(_) => {}
-            Err(fqdnd_namemgr::Error::InvalidName { .. }) => self.report.invalid_names += 1,
-            Err(fqdnd_namemgr::Error::BreakerTripped { .. }) => {}
+            Err(fqdnd_engine::Error::Names(fqdnd_namemgr::Error::InvalidName { .. })) => {
+                self.report.invalid_names += 1;
+            }
+            Err(fqdnd_engine::Error::Names(fqdnd_namemgr::Error::BreakerTripped { .. })) => {}
             Err(e) => self.engine_error(&e),
         }
-        if let Err(e) = committed {
-            self.engine_error(&e);
-        }
-        self.report.cache_ips_peak = self.report.cache_ips_peak.max(self.names.ip_count());
+        let ips = self.engine.names.ip_count();
+        self.report.cache_ips_peak = self.report.cache_ips_peak.max(ips);
     }
 
-    fn engine_error(&mut self, e: &dyn std::fmt::Display) {
+    fn engine_error(&mut self, e: &fqdnd_engine::Error) {
         if self.report.engine_errors == 0 {
-            tracing::warn!(mode = self.mode.name(), error = %e, "engine error (counted; later ones are not logged)");
+            tracing::warn!(mode = self.mode.name(), error = %fqdnd_engine::error_chain(e), "engine error (counted; later ones are not logged)");
         }
         self.report.engine_errors += 1;
     }
 
     /// A time-series row for capture second `t`, with changes since the previous row.
     pub fn sample(&mut self, t: u64) -> Row {
-        let stats = self.ipcache.stats();
-        let alloc = self.ipcache.allocator();
-        let name_stats = self.names.stats();
+        let stats = self.engine.ipcache.stats();
+        let alloc = self.engine.ipcache.allocator();
+        let name_stats = self.engine.names.stats();
         let now = Snapshot {
             responses: self.report.responses_learned,
             upserts: stats.ipcache_upserts,
@@ -381,9 +309,9 @@ impl EngineRun {
             identities_from_dns: alloc.from_dns_live(),
             identities_created: created,
             identities_released: released,
-            cache_names: self.names.name_count(),
-            cache_ips: self.names.ip_count(),
-            ipcache_prefixes: self.ipcache.prefix_count(),
+            cache_names: self.engine.names.name_count(),
+            cache_ips: self.engine.names.ip_count(),
+            ipcache_prefixes: self.engine.ipcache.prefix_count(),
             ipcache_upserts: now.upserts - prev.upserts,
             ipcache_deletes: now.deletes - prev.deletes,
             gc_evictions: now.gc_released - prev.gc_released,
@@ -394,23 +322,23 @@ impl EngineRun {
     /// The final report (after the caller's last GC pass).
     pub fn report(&self) -> RunReport {
         let mut r = self.report.clone();
-        let stats = self.ipcache.stats();
-        let alloc = self.ipcache.allocator();
+        let stats = self.engine.ipcache.stats();
+        let alloc = self.engine.ipcache.allocator();
         r.identities_allocated_total = alloc.created_total();
         r.identities_peak = alloc.peak_live();
         r.identities_live_end = alloc.len();
         r.fqdn_identities_live_end = alloc
             .iter()
-            .filter(|(id, _, _)| self.ipcache.has_fqdn_label(*id))
+            .filter(|(id, _, _)| self.engine.ipcache.has_fqdn_label(*id))
             .count();
         let mut fqdn_labels: HashMap<Identity, Option<Arc<str>>> = HashMap::new();
         let mut sets: HashSet<Arc<str>> = HashSet::new();
         let mut selected = 0;
-        for (_, identity, _) in self.ipcache.prefixes() {
+        for (_, identity, _) in self.engine.ipcache.prefixes() {
             let Some(identity) = identity else { continue };
             let labels = fqdn_labels
                 .entry(identity)
-                .or_insert_with(|| fqdn_label_set(&self.ipcache, identity));
+                .or_insert_with(|| fqdn_label_set(&self.engine.ipcache, identity));
             if let Some(labels) = labels {
                 selected += 1;
                 sets.insert(labels.clone());
@@ -423,14 +351,14 @@ impl EngineRun {
         r.policy_upserts = stats.policy_upserts;
         r.policy_deletes = stats.policy_deletes;
         r.selector_updates = stats.selector_updates;
-        r.breaker_trips = self.names.stats().breaker_trips;
+        r.breaker_trips = self.engine.names.stats().breaker_trips;
         r.breaker_trips_fqdn_identities = stats.breaker_trips;
-        r.gc_runs = self.names.stats().gc_runs;
-        r.new_mappings = self.names.stats().new_mappings;
-        r.cache_names_end = self.names.name_count();
-        r.cache_ips_end = self.names.ip_count();
-        r.cache_mappings_end = self.names.mapping_count();
-        r.ipcache_prefixes_end = self.ipcache.prefix_count();
+        r.gc_runs = self.engine.names.stats().gc_runs;
+        r.new_mappings = self.engine.names.stats().new_mappings;
+        r.cache_names_end = self.engine.names.name_count();
+        r.cache_ips_end = self.engine.names.ip_count();
+        r.cache_mappings_end = self.engine.names.mapping_count();
+        r.ipcache_prefixes_end = self.engine.ipcache.prefix_count();
         r.processing_ns_p50 = self.hist.quantile(0.50);
         r.processing_ns_p90 = self.hist.quantile(0.90);
         r.processing_ns_p99 = self.hist.quantile(0.99);

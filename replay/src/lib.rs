@@ -60,29 +60,46 @@ pub use run::{InputReport, Options, Progress, Replay, Report, SettingsOverrides,
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// Policy, settings or endpoint files did not load (every problem, one per line).
-    #[error("{0}")]
-    Config(String),
+    /// Policy, settings or endpoint files did not load.
+    #[error("{errors}")]
+    Config {
+        /// Every problem, each located in its file.
+        errors: fqdnd_config::Errors,
+    },
     /// A capture could not be opened or is not a capture.
-    #[error("{}: {source}", path.display())]
+    #[error("{}", path.display())]
     Capture {
         /// The file.
         path: PathBuf,
         /// Why.
+        #[source]
         source: CaptureError,
     },
     /// A file could not be written.
-    #[error("{}: {source}", path.display())]
+    #[error("{}", path.display())]
     Io {
         /// The file.
         path: PathBuf,
         /// Why.
+        #[source]
         source: std::io::Error,
     },
     /// The engine refused the policy or endpoints.
-    #[error("{0}")]
-    Engine(String),
-    /// Live replay could not start.
-    #[error("{0}")]
-    Live(String),
+    #[error("the engine refused the policy or endpoints")]
+    Engine {
+        /// Why.
+        #[source]
+        source: fqdnd_engine::Error,
+    },
+    /// Live replay could not reach the server.
+    #[error("{what} {server}")]
+    Live {
+        /// What was being done.
+        what: &'static str,
+        /// The server.
+        server: std::net::SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
 }

@@ -475,11 +475,15 @@ pub fn live(options: &LiveOptions) -> Result<LiveReport, Error> {
         IpAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
         IpAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
     };
-    let live_err = |what: &str, e: io::Error| Error::Live(format!("{what}: {e}"));
-    let socket = UdpSocket::bind(bind).map_err(|e| live_err("binding a UDP socket", e))?;
+    let live_err = |what: &'static str, source: io::Error| Error::Live {
+        what,
+        server: options.server,
+        source,
+    };
+    let socket = UdpSocket::bind(bind).map_err(|e| live_err("binding a UDP socket to reach", e))?;
     socket
         .connect(options.server)
-        .map_err(|e| live_err("connecting to the server", e))?;
+        .map_err(|e| live_err("connecting to", e))?;
     let mut state = State {
         socket,
         opts: options.clone(),

@@ -4,13 +4,12 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
-use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use fqdnd_config::Settings;
+use fqdnd_engine::answer::{self, AnswerRecord, Data as AnswerData, Extracted};
 use fqdnd_ipcache::policy::Rule;
-use fqdnd_namemgr::{Answer, Record, RecordData};
 use serde::Serialize;
 
 use crate::Error;
@@ -224,8 +223,7 @@ struct Sink {
     names: Distinct,
     names_with_addresses: Distinct,
     ips: Distinct,
-    addrs: Vec<IpAddr>,
-    records: Vec<Record>,
+    extracted: Extracted,
 }
 
 /// A replay in progress. Feed it frames (or DNS payloads) in capture order, then finish.
@@ -281,8 +279,7 @@ impl Replay {
                 names: Distinct::new(DISTINCT_EXACT),
                 names_with_addresses: Distinct::new(DISTINCT_EXACT),
                 ips: Distinct::new(DISTINCT_EXACT),
-                addrs: Vec::new(),
-                records: Vec::new(),
+                extracted: Extracted::default(),
             },
             started: WallTime::now(),
             first_frame: None,
@@ -512,60 +509,22 @@ impl Sink {
         if msg.header.rcode != dns::RCODE_NOERROR {
             return;
         }
-        // The answer as the proxy reads it: A, AAAA and CNAME records of class IN.
-        self.addrs.clear();
-        let mut ttl: Option<u32> = None;
-        let mut simple = true;
-        for rr in &msg.answers {
-            if rr.class != dns::CLASS_IN {
-                continue;
-            }
-            match (&rr.data, rr.rtype) {
-                (Data::Addr(a), _) => {
-                    simple &= msg.name(&rr.owner) == qname;
-                    ttl = Some(ttl.map_or(rr.ttl, |t| t.min(rr.ttl)));
-                    if !self.addrs.contains(a) {
-                        self.addrs.push(*a);
-                    }
-                }
-                (Data::Name(_), dns::TYPE_CNAME) => simple = false,
-                _ => {}
-            }
+        // The answer as the daemon reads it (one rule: fqdnd_engine::answer).
+        let records = msg.answers.iter().map(|rr| AnswerRecord {
+            owner: msg.name(&rr.owner),
+            class: rr.class,
+            ttl: rr.ttl,
+            data: match (&rr.data, rr.rtype) {
+                (Data::Addr(a), _) => AnswerData::Addr(*a),
+                (Data::Name(target), dns::TYPE_CNAME) => AnswerData::Cname(msg.name(target)),
+                _ => AnswerData::Other,
+            },
+        });
+        if answer::extract(qname, records, &mut self.extracted).is_err() {
+            self.input.responses_invalid_answer += 1;
+            return;
         }
-        let answer_ttl = if simple {
-            ttl.unwrap_or(0)
-        } else {
-            self.records.clear();
-            for rr in &msg.answers {
-                if rr.class != dns::CLASS_IN {
-                    continue;
-                }
-                let data = match (&rr.data, rr.rtype) {
-                    (Data::Addr(a), _) => RecordData::Addr(*a),
-                    (Data::Name(target), dns::TYPE_CNAME) => {
-                        RecordData::Cname(msg.name(target).to_owned())
-                    }
-                    _ => continue,
-                };
-                self.records.push(Record {
-                    owner: msg.name(&rr.owner).to_owned(),
-                    ttl: rr.ttl,
-                    data,
-                });
-            }
-            match Answer::from_records(qname, &self.records) {
-                Ok(answer) => {
-                    self.addrs.clear();
-                    self.addrs.extend_from_slice(&answer.addrs);
-                    answer.ttl
-                }
-                Err(_) => {
-                    self.input.responses_invalid_answer += 1;
-                    return;
-                }
-            }
-        };
-        if self.addrs.is_empty() {
+        if self.extracted.addrs.is_empty() {
             self.input.responses_nodata += 1;
             return;
         }
@@ -573,7 +532,13 @@ impl Sink {
         self.names_with_addresses.insert(qname_hash);
         let client = p.dst.ip();
         for run in &mut self.runs {
-            run.observe(client, qname, &self.addrs, answer_ttl, now);
+            run.observe(
+                client,
+                qname,
+                &self.extracted.addrs,
+                self.extracted.ttl,
+                now,
+            );
         }
     }
 }
@@ -588,12 +553,12 @@ pub fn replay(
     options: &Options,
     progress: &mut dyn FnMut(&Progress),
 ) -> Result<(Report, Vec<Series>), Error> {
-    let config = fqdnd_config::load(&options.policy).map_err(|e| Error::Config(e.to_string()))?;
+    let config = fqdnd_config::load(&options.policy).map_err(|errors| Error::Config { errors })?;
     let clients = if options.endpoints.is_empty() {
         Clients::All
     } else {
         let eps = fqdnd_config::load(&options.endpoints)
-            .map_err(|e| Error::Config(e.to_string()))?
+            .map_err(|errors| Error::Config { errors })?
             .endpoints;
         Clients::Declared(eps)
     };

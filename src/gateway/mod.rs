@@ -1,99 +1,48 @@
 //! `fqdnd gateway`: fqdnd as a standalone DNS firewall. Client groups by CIDR, CNP-style DNS
 //! rules and allow/deny lists decide what each group may ask; every allowed answer is learned
-//! by the engine (NameManager → IpCache → datapath) before the client gets it.
+//! by the engine before the client gets it. With `enforceInterfaces` the engine writes into the
+//! kernel maps and the programs on those LAN interfaces check forwarded traffic by client group.
+//!
+//! What is the gateway's own: the `Gateway` document, static zones served in-process, and the
+//! client prefixes of the LAN interfaces; the rest is the daemon skeleton's.
 
-mod lists;
-pub(crate) mod observer;
-pub(crate) mod policy;
-pub(crate) mod querylog;
 mod zone;
 
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use fqdnd_config::{Config, Gateway};
-use fqdnd_dnsproxy::{DnsProxy, QueryLog};
-use tokio::sync::watch;
+use fqdnd_ipcache::EndpointId;
 
-use crate::admin::{self, AdminState};
 use crate::clock::Clock;
-use crate::datapath::AnyDatapath;
-use crate::engine::Engine;
+use crate::daemon::{
+    self, Desired, Loaded, ModeHooks, Prepared, Running, SharedKernel, StartOptions, lock,
+};
 use crate::kernel::Kernel;
-use observer::{EngineObserver, SharedEngine};
-use policy::{CompiledPolicy, GatewayPolicy};
 use zone::ZoneServer;
 
 /// The demo configuration behind `fqdnd gateway --demo` (the README's main job).
 pub(crate) const DEMO_CONFIG: &str = include_str!("../../examples/gateway-demo.yaml");
 
-/// A gateway, bound and serving.
-pub(crate) struct RunningGateway {
-    /// Where it answers DNS over UDP.
-    pub(crate) udp: Vec<std::net::SocketAddr>,
-    /// Shared engine, for listings.
-    pub(crate) engine: SharedEngine,
-    stop: watch::Sender<bool>,
-    tasks: tokio::task::JoinSet<Result<()>>,
-    zones: Option<ZoneServer>,
-}
+/// How long an idle flow keeps its destination in use for GC (the gateway has no setting).
+const CONNTRACK_IDLE: Duration = Duration::from_secs(600);
 
-impl RunningGateway {
-    /// Stops every task and waits for them.
-    pub(crate) async fn shutdown(mut self) -> Result<()> {
-        let _ = self.stop.send(true);
-        while let Some(result) = self.tasks.join_next().await {
-            result.context("gateway task panicked")??;
-        }
-        if let Some(zones) = self.zones.take() {
-            zones.stop().await;
-        }
-        Ok(())
-    }
-}
-
-/// Listen addresses with port 0 get one free port for both UDP and TCP, so clients can use
-/// either transport on the address `fqdnd status` shows.
-fn concrete_listen(addrs: &[std::net::SocketAddr]) -> Result<Vec<std::net::SocketAddr>> {
-    addrs
-        .iter()
-        .map(|addr| {
-            if addr.port() != 0 {
-                return Ok(*addr);
-            }
-            for _ in 0..32 {
-                let udp =
-                    std::net::UdpSocket::bind(addr).with_context(|| format!("binding {addr}"))?;
-                let port = udp.local_addr()?.port();
-                let candidate = std::net::SocketAddr::new(addr.ip(), port);
-                if std::net::TcpListener::bind(candidate).is_ok() {
-                    return Ok(candidate);
-                }
-            }
-            bail!("no port free for both UDP and TCP on {}", addr.ip())
-        })
-        .collect()
-}
-
-fn proxy_config(
-    settings: &fqdnd_config::Settings,
-    gateway: &Gateway,
-    listen: &[std::net::SocketAddr],
-    upstreams: Vec<std::net::SocketAddr>,
-) -> fqdnd_dnsproxy::Config {
-    fqdnd_dnsproxy::Config {
-        listen_udp: listen.to_vec(),
-        listen_tcp: listen.to_vec(),
-        upstreams,
-        ..crate::daemon::proxy_config(settings, &gateway.daemon)
-    }
+/// The gateway's own state.
+pub(crate) struct GatewayMode {
+    /// The Gateway document it started with (listen addresses, upstreams, zones and
+    /// interfaces change only on restart).
+    gateway: Gateway,
+    zones: tokio::sync::Mutex<Option<ZoneServer>>,
 }
 
 /// Loads the configuration; a gateway needs a `Gateway` document.
-pub(crate) fn load(paths: &[PathBuf], demo: bool) -> Result<(Config, Gateway)> {
+fn load(paths: &[PathBuf], demo: bool) -> Result<(Config, Gateway)> {
     let config = if demo {
-        fqdnd_config::load_str(DEMO_CONFIG, std::path::Path::new("<embedded gateway demo>"))
+        fqdnd_config::load_str(DEMO_CONFIG, Path::new("<embedded gateway demo>"))
     } else {
         fqdnd_config::load(paths)
     }
@@ -112,199 +61,146 @@ pub(crate) fn load(paths: &[PathBuf], demo: bool) -> Result<(Config, Gateway)> {
     Ok((config, gateway))
 }
 
-/// Starts the gateway: static zones, engine, proxy, GC, admin API, metrics, query log.
-pub(crate) async fn start(
-    paths: Vec<PathBuf>,
-    demo: bool,
-    admin_socket: Option<PathBuf>,
-    strict_restore: bool,
-) -> Result<RunningGateway> {
-    let clock = Clock::start();
-    let (config, gateway) = load(&paths, demo)?;
-    if !demo {
-        crate::perms::check(&paths, &config, &gateway.daemon, &gateway.static_zones);
-    }
-    let compiled = CompiledPolicy::compile(&config, &gateway.daemon.lists)?;
-    let policy = Arc::new(GatewayPolicy::default());
-    policy.replace(compiled);
-
-    let mut upstreams = gateway.upstreams.clone();
-    let zones = if gateway.static_zones.is_empty() {
-        None
-    } else {
-        let server = ZoneServer::start(&gateway.static_zones).await?;
-        tracing::info!(addr = %server.addr, zones = gateway.static_zones.len(), "static zones served");
-        upstreams.push(server.addr);
-        Some(server)
-    };
-
-    // With LAN interfaces to enforce, the engine writes into the kernel maps and the
-    // programs check forwarded traffic by client group.
-    let kernel = if gateway.enforce_interfaces.is_empty() {
-        None
-    } else {
-        let pin_dir = gateway
-            .pin_dir
-            .clone()
-            .unwrap_or_else(fqdnd_ebpf::default_pin_dir);
-        Some((
-            Kernel::load(&pin_dir, &gateway.daemon.map_sizes, false)?,
-            pin_dir,
-        ))
-    };
-    let (restored, persist) = if demo {
-        (crate::state::Restored::default(), None)
-    } else {
-        crate::state::start(&gateway.daemon, strict_restore, clock)?
-    };
-    let engine = match &kernel {
-        None => crate::state::build_engine(
-            &config,
-            AnyDatapath::Memory(Box::default()),
-            clock,
-            &restored,
-        )?,
-        Some((_, pin_dir)) => crate::kernel::engine_on_kernel(&config, pin_dir, clock, &restored)?,
-    };
-    drop(restored);
-    let mut engine = engine;
-    let kernel = match kernel {
-        None => None,
-        Some((mut k, _)) => {
-            // The engine refuses new prefixes past the kernel ipcache's size (fail closed).
-            engine
-                .ipcache
-                .set_datapath_prefixes(Some(k.sizes().ipcache as usize));
-            k.sync_gateway(&gateway.enforce_interfaces, &clients(&config, &engine))?;
-            Some(Arc::new(Mutex::new(k)))
-        }
-    };
-    let engine: SharedEngine = Arc::new(Mutex::new(engine));
-    crate::state::settle(persist.as_deref(), &engine).await?;
-    let observer = Arc::new(EngineObserver {
-        engine: Arc::clone(&engine),
-        clock,
-        persist: persist.clone(),
-    });
-    let query_log: Option<Arc<dyn QueryLog>> = match &gateway.daemon.query_log {
-        Some(path) => Some(Arc::new(querylog::JsonLines::open(path)?)),
-        None => None,
-    };
-    if let Some(addr) = gateway.daemon.metrics {
-        crate::metrics::install(addr)?;
-    }
-    fqdnd_dnsproxy::describe_metrics();
-    let proxy = DnsProxy::bind(
-        proxy_config(
-            &config.settings,
-            &gateway,
-            &concrete_listen(&gateway.listen)?,
-            upstreams,
-        ),
-        Arc::clone(&policy) as Arc<dyn fqdnd_dnsproxy::QueryPolicy>,
-        observer,
-        query_log,
-    )
-    .await
-    .context("starting the DNS proxy")?;
-    let udp = proxy.udp_addrs();
-    tracing::info!(udp = ?udp, tcp = ?proxy.tcp_addrs(), "gateway listening");
-
-    let (stop, stopped) = watch::channel(false);
-    let mut tasks = tokio::task::JoinSet::new();
-    let proxy_stats = proxy.stats_handle();
-    {
-        let mut stopped = stopped.clone();
-        tasks.spawn(async move {
-            proxy
-                .run(async move { while stopped.changed().await.is_ok() && !*stopped.borrow() {} })
-                .await?;
-            Ok(())
-        });
-    }
-    {
-        let engine = Arc::clone(&engine);
-        let kernel = kernel.clone();
-        let persist = persist.clone();
-        let interval = config.settings.gc_interval;
-        let mut stopped = stopped.clone();
-        tasks.spawn(async move {
-            let mut tick =
-                tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {
-                        crate::kernel::gc(&engine, kernel.as_deref(), clock, crate::kernel::DEFAULT_CONNTRACK_IDLE);
-                        if let Some(p) = &persist {
-                            p.tick(&engine).await;
-                        }
-                    }
-                    _ = stopped.changed() => return Ok(()),
+/// Listen addresses with port 0 get one free port for both UDP and TCP, so clients can use
+/// either transport on the address `fqdnd status` shows.
+fn concrete_listen(addrs: &[SocketAddr]) -> Result<Vec<SocketAddr>> {
+    addrs
+        .iter()
+        .map(|addr| {
+            if addr.port() != 0 {
+                return Ok(*addr);
+            }
+            for _ in 0..32 {
+                let udp =
+                    std::net::UdpSocket::bind(addr).with_context(|| format!("binding {addr}"))?;
+                let port = udp.local_addr()?.port();
+                let candidate = SocketAddr::new(addr.ip(), port);
+                if std::net::TcpListener::bind(candidate).is_ok() {
+                    return Ok(candidate);
                 }
             }
-        });
-    }
-    let conntrack = kernel.clone().map(|k| -> crate::daemon::ConntrackProbe {
-        Box::new(move || {
-            let k = k.lock().map_err(|_| anyhow!("kernel lock poisoned"))?;
-            Ok((k.conntrack_entries()?, k.sizes().conntrack))
-        })
-    });
-    crate::daemon::spawn_metrics(&mut tasks, &stopped, &engine, persist.as_ref(), conntrack);
-    let state = Arc::new(AdminState {
-        engine: Arc::clone(&engine),
-        policy: Arc::clone(&policy),
-        paths: paths.clone(),
-        demo,
-        clock,
-        proxy: proxy_stats,
-        mode: admin::AdminMode::Gateway {
-            gateway: Box::new(gateway.clone()),
-            kernel: kernel.clone(),
-        },
-        listen: udp.clone(),
-        reloads: Mutex::new(admin::ReloadHistory::default()),
-    });
-    let socket = admin_socket.unwrap_or_else(|| gateway.daemon.admin_socket.clone());
-    if !demo {
-        crate::daemon::spawn_admin(&mut tasks, &stopped, &state, &socket)?;
-    }
-    Ok(RunningGateway {
-        udp,
-        engine,
-        stop,
-        tasks,
-        zones,
-    })
-}
-
-/// Every client prefix with its group and whether the group is under egress policy.
-pub(crate) fn clients(
-    config: &Config,
-    engine: &Engine<AnyDatapath>,
-) -> Vec<(ipnet::IpNet, fqdnd_ipcache::EndpointId, bool)> {
-    config
-        .endpoints
-        .iter()
-        .flat_map(|e| {
-            let enforcing = engine.ipcache.endpoint_enforcing(e.id).unwrap_or(false);
-            e.addresses.iter().map(move |a| (*a, e.id, enforcing))
+            bail!("no port free for both UDP and TCP on {}", addr.ip())
         })
         .collect()
 }
 
-/// Runs the gateway until SIGINT or SIGTERM.
-pub(crate) async fn run(
-    paths: Vec<PathBuf>,
-    admin_socket: Option<PathBuf>,
-    strict_restore: bool,
-) -> Result<()> {
-    let gateway = start(paths, false, admin_socket, strict_restore).await?;
-    crate::privileges::drop_all_but("gateway", crate::privileges::GATEWAY)?;
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
-        _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+impl GatewayMode {
+    /// Everything the gateway needs before the engine: its document, static zones, the
+    /// kernel programs when it enforces LAN interfaces.
+    async fn prepare(paths: &[PathBuf], demo: bool) -> Result<Prepared> {
+        let (config, gateway) = load(paths, demo)?;
+        if !demo {
+            crate::perms::check(paths, &config, &gateway.daemon, &gateway.static_zones);
+            daemon::create_state_dir(&gateway.daemon)?;
+        }
+        let mut upstreams = gateway.upstreams.clone();
+        let zones = if gateway.static_zones.is_empty() {
+            None
+        } else {
+            let server = ZoneServer::start(&gateway.static_zones).await?;
+            tracing::info!(addr = %server.addr, zones = gateway.static_zones.len(), "static zones served");
+            upstreams.push(server.addr);
+            Some(server)
+        };
+        let kernel = if gateway.enforce_interfaces.is_empty() {
+            None
+        } else {
+            let pin_dir = gateway
+                .pin_dir
+                .clone()
+                .unwrap_or_else(fqdnd_ebpf::default_pin_dir);
+            Some((
+                Kernel::load(&pin_dir, &gateway.daemon.map_sizes, false)?,
+                pin_dir,
+            ))
+        };
+        let listen = concrete_listen(&gateway.listen)?;
+        Ok(Prepared {
+            daemon: gateway.daemon.clone(),
+            kernel,
+            proxy: fqdnd_dnsproxy::Config {
+                listen_udp: listen.clone(),
+                listen_tcp: listen,
+                upstreams,
+                ..fqdnd_dnsproxy::Config::default()
+            },
+            conntrack_idle: CONNTRACK_IDLE,
+            services: None,
+            admin_socket: gateway.daemon.admin_socket.clone(),
+            mode: Box::new(Self {
+                gateway,
+                zones: tokio::sync::Mutex::new(zones),
+            }),
+            config,
+        })
     }
-    gateway.shutdown().await
+}
+
+impl ModeHooks for GatewayMode {
+    fn name(&self) -> &'static str {
+        "gateway"
+    }
+
+    /// The client prefixes of the LAN interfaces, with each group's enforcement.
+    fn sync(
+        &self,
+        kernel: Option<&SharedKernel>,
+        config: &Config,
+        enforcing: &BTreeMap<EndpointId, bool>,
+    ) -> Result<()> {
+        let Some(kernel) = kernel else {
+            return Ok(());
+        };
+        let clients: Vec<_> = config
+            .endpoints
+            .iter()
+            .flat_map(|e| {
+                let on = enforcing.get(&e.id).copied().unwrap_or(false);
+                e.addresses.iter().map(move |a| (*a, e.id, on))
+            })
+            .collect();
+        lock(kernel, "kernel")?.sync_gateway(&self.gateway.enforce_interfaces, &clients)
+    }
+
+    fn reload(&self, paths: &[PathBuf], demo: bool) -> Result<Loaded> {
+        let (config, gateway) = load(paths, demo)?;
+        crate::perms::check(paths, &config, &gateway.daemon, &gateway.static_zones);
+        let current = &self.gateway;
+        if gateway.listen != current.listen
+            || gateway.upstreams != current.upstreams
+            || gateway.static_zones != current.static_zones
+            || gateway.enforce_interfaces != current.enforce_interfaces
+        {
+            tracing::warn!(
+                "listen addresses, upstreams, static zones and enforced interfaces change only on restart"
+            );
+        }
+        Ok(Loaded {
+            desired: Desired {
+                config,
+                lists: gateway.daemon.lists,
+            },
+            commit: Box::new(|| {}),
+        })
+    }
+
+    /// Stops the static zone server, if any.
+    fn stop(&self) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async {
+            if let Some(zones) = self.zones.lock().await.take() {
+                zones.stop().await;
+            }
+        })
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// Starts the gateway.
+pub(crate) async fn start(options: StartOptions) -> Result<Running> {
+    let clock = Clock::start();
+    let prepared = GatewayMode::prepare(&options.paths, options.demo).await?;
+    daemon::start(prepared, options, clock).await
 }

@@ -7,64 +7,35 @@
 //! CiliumNetworkPolicy DNS rules, forwards allowed queries to their original destination, and
 //! releases an answer only once the engine has written what it taught into the kernel maps.
 //!
-//! Endpoints come from the configuration files and from the admin API at run time (as a CNI
-//! plugin would add and remove them); both survive a policy reload.
+//! What is the node's own: the `Node` document, the endpoint registry (files + admin API, kept
+//! in `<stateDir>/endpoints.yaml`), the attachments, the services, the drop log.
 
 mod drops;
-pub(crate) mod services;
+mod services;
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use fqdnd_config::{Config, Node};
-use fqdnd_dnsproxy::{DnsProxy, QueryLog};
-use fqdnd_ipcache::{Endpoint, EndpointId};
+use fqdnd_engine::endpoints::{Added, Registry, Source};
+use fqdnd_ipcache::EndpointId;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
+use tokio::task::JoinSet;
 
-use crate::admin::{self, AdminMode, AdminState};
 use crate::clock::Clock;
-use crate::datapath::AnyDatapath;
-use crate::engine::Engine;
-use crate::gateway::observer::{EngineObserver, SharedEngine};
-use crate::gateway::policy::{CompiledPolicy, GatewayPolicy};
+use crate::daemon::{
+    self, Desired, Loaded, ModeHooks, Prepared, Running, Shared, SharedKernel, StartOptions, lock,
+};
 use crate::kernel::{self, Kernel, Wanted};
 pub(crate) use drops::{DropLog, DropPage};
 pub(crate) use services::ServiceRow;
 use services::Services;
-
-/// An endpoint added through the admin API.
-#[derive(Debug, Clone)]
-struct Added {
-    endpoint: Endpoint,
-    interface: String,
-    /// The `Endpoint` document as received (what is saved for restarts).
-    document: String,
-}
-
-/// Parses one `Endpoint` document (the admin API's request body, or a saved one).
-fn parse_added(document: &str) -> Result<Added> {
-    let parsed = fqdnd_config::load_str(document, std::path::Path::new("<request>"))
-        .map_err(|errors| anyhow!("{errors}"))?;
-    let [endpoint] = parsed.endpoints.as_slice() else {
-        bail!(
-            "the request must hold exactly one `kind: Endpoint` document (it has {})",
-            parsed.endpoints.len()
-        );
-    };
-    let Some(interface) = parsed.interfaces.get(&endpoint.id).cloned() else {
-        bail!("endpoint {} has no `spec.interface`", endpoint.name);
-    };
-    Ok(Added {
-        endpoint: endpoint.clone(),
-        interface,
-        document: document.trim().to_owned(),
-    })
-}
 
 /// One row of `fqdnd endpoint list`.
 #[derive(Debug, Serialize, Deserialize)]
@@ -80,19 +51,57 @@ pub(crate) struct EndpointRow {
     pub(crate) source: String,
 }
 
-/// The node's state beyond the engine: the kernel side, the endpoints, the drop log.
+/// Node mode as the daemon skeleton sees it.
+pub(crate) struct NodeMode(pub(crate) Arc<NodeRuntime>);
+
+impl ModeHooks for NodeMode {
+    fn name(&self) -> &'static str {
+        "node"
+    }
+
+    fn sync(
+        &self,
+        kernel: Option<&SharedKernel>,
+        config: &Config,
+        enforcing: &BTreeMap<EndpointId, bool>,
+    ) -> Result<()> {
+        self.0.sync(kernel, config, enforcing)
+    }
+
+    fn reload(&self, paths: &[PathBuf], _demo: bool) -> Result<Loaded> {
+        self.0.reload(paths)
+    }
+
+    fn proxy_bound(&self, kernel: Option<&SharedKernel>) -> Result<()> {
+        self.0.proxy_bound(kernel)
+    }
+
+    fn spawn_tasks(
+        &self,
+        tasks: &mut JoinSet<Result<()>>,
+        stopped: &watch::Receiver<bool>,
+    ) -> Result<()> {
+        self.0.spawn_tasks(tasks, stopped)
+    }
+
+    fn leaves(&self) -> &'static str {
+        " (programs stay attached)"
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// The node's own state.
 pub(crate) struct NodeRuntime {
     node: Node,
-    kernel: Mutex<Kernel>,
-    /// The configuration files as last loaded without error.
-    files: Mutex<Config>,
-    /// Endpoints added through the admin API.
-    added: Mutex<BTreeMap<EndpointId, Added>>,
-    /// Where they are saved so a restart brings them back (`<stateDir>/endpoints.yaml`).
+    pin_dir: PathBuf,
+    registry: Mutex<Registry>,
+    /// Where the endpoints added through the API are saved (`<stateDir>/endpoints.yaml`).
     added_file: Option<PathBuf>,
     /// Policy drops, for metrics and `fqdnd monitor`.
     pub(crate) drops: DropLog,
-    /// The load balancer's services.
     services: Mutex<Services>,
 }
 
@@ -104,12 +113,8 @@ impl std::fmt::Debug for NodeRuntime {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> Result<std::sync::MutexGuard<'_, T>> {
-    m.lock().map_err(|_| anyhow!("node state lock poisoned"))
-}
-
 /// Loads the configuration files; a missing `Node` document means the defaults.
-pub(crate) fn load(paths: &[PathBuf]) -> Result<(Config, Node)> {
+fn load(paths: &[PathBuf]) -> Result<(Config, Node)> {
     let config = fqdnd_config::load(paths).map_err(|errors| anyhow!("{errors}"))?;
     if config.gateway.is_some() {
         tracing::warn!("the `kind: Gateway` document is ignored by `fqdnd node`");
@@ -118,178 +123,194 @@ pub(crate) fn load(paths: &[PathBuf]) -> Result<(Config, Node)> {
     Ok((config, node))
 }
 
-impl NodeRuntime {
-    /// The files' configuration with the endpoints added at run time.
-    fn merged(&self) -> Result<Config> {
-        let mut config = lock(&self.files)?.clone();
-        for added in lock(&self.added)?.values() {
-            config.endpoints.push(added.endpoint.clone());
-            config
-                .interfaces
-                .insert(added.endpoint.id, added.interface.clone());
+/// Reads the endpoints saved by an earlier run into `registry`; those whose interface is
+/// gone are dropped (a CNI plugin would add them again).
+fn load_added(registry: &mut Registry, path: &std::path::Path) -> Result<()> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    for parsed in Registry::parse_saved(&text) {
+        match parsed {
+            Ok(a) if kernel::ifindex(&a.interface).is_err() => {
+                tracing::warn!(endpoint = %a.endpoint.id, interface = %a.interface, "saved endpoint dropped: its interface is gone");
+            }
+            Ok(a) => {
+                let (id, interface) = (a.endpoint.id, a.interface.clone());
+                match registry.restore(a) {
+                    Ok(()) => {
+                        tracing::info!(endpoint = %id, interface = %interface, "endpoint added through the API restored");
+                    }
+                    Err(e) => {
+                        tracing::warn!(endpoint = %id, error = %fqdnd_engine::error_chain(&e), "a saved endpoint conflicts with the configuration files and is dropped");
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(file = %path.display(), error = %fqdnd_engine::error_chain(&e), "a saved endpoint does not load");
+            }
         }
-        Ok(config)
+    }
+    Ok(())
+}
+
+impl NodeRuntime {
+    /// Everything the node needs before the engine: its document, the kernel programs, the
+    /// services (reconciled first: established flows use their translations), the endpoints
+    /// saved by an earlier run (part of the desired state from the first write on, so the
+    /// reconciliation keeps their entries).
+    fn prepare(paths: &[PathBuf]) -> Result<Prepared> {
+        let (config, node) = load(paths)?;
+        crate::perms::check(paths, &config, &node.daemon, &[]);
+        daemon::create_state_dir(&node.daemon)?;
+        let pin_dir = node
+            .pin_dir
+            .clone()
+            .unwrap_or_else(fqdnd_ebpf::default_pin_dir);
+        let kernel = Kernel::load(&pin_dir, &node.daemon.map_sizes, true)?;
+        let mut services = Services::open(&pin_dir, node.daemon.state_dir.as_deref())?;
+        services.apply(&config.services, true)?;
+        let lb = services.shared();
+        let added_file = node
+            .daemon
+            .state_dir
+            .as_ref()
+            .map(|d| d.join("endpoints.yaml"));
+        let mut registry = Registry::new(config);
+        if let Some(path) = &added_file {
+            load_added(&mut registry, path)?;
+        }
+        let config = registry.merged();
+        let listen = vec![
+            SocketAddr::from((Ipv4Addr::UNSPECIFIED, node.dns_proxy_port)),
+            SocketAddr::from((Ipv6Addr::UNSPECIFIED, node.dns_proxy_port)),
+        ];
+        let runtime = Arc::new(Self {
+            pin_dir: pin_dir.clone(),
+            registry: Mutex::new(registry),
+            added_file,
+            drops: DropLog::default(),
+            services: Mutex::new(services),
+            node: node.clone(),
+        });
+        runtime.save_added();
+        Ok(Prepared {
+            config,
+            daemon: node.daemon.clone(),
+            kernel: Some((kernel, pin_dir)),
+            proxy: fqdnd_dnsproxy::Config {
+                listen_udp: listen.clone(),
+                listen_tcp: listen,
+                upstreams: Vec::new(),
+                transparent: true,
+                forward_to_original_destination: true,
+                ..fqdnd_dnsproxy::Config::default()
+            },
+            conntrack_idle: node.conntrack_idle_timeout,
+            services: Some(lb),
+            admin_socket: node.daemon.admin_socket.clone(),
+            mode: Box::new(NodeMode(runtime)),
+        })
     }
 
-    /// Brings engine, DNS policy and kernel to `config`: endpoints and policy into the engine
-    /// (so policy entries exist before an endpoint is enforced), then the kernel's endpoint
-    /// entries and program attachments, then the DNS policy.
-    fn apply(
+    /// The kernel's endpoint entries and attachments, then the services, to `config`.
+    pub(crate) fn sync(
         &self,
+        kernel: Option<&SharedKernel>,
         config: &Config,
-        engine: &SharedEngine,
-        policy: &GatewayPolicy,
-        clock: Clock,
+        enforcing: &BTreeMap<EndpointId, bool>,
     ) -> Result<()> {
-        let compiled = CompiledPolicy::compile(config, &self.node.daemon.lists)?;
-        let wanted = {
-            let mut engine = engine.lock().map_err(|_| anyhow!("engine lock poisoned"))?;
-            engine.ipcache.set_endpoints(config.endpoints.clone())?;
-            engine.set_policy(config.rules.clone(), clock.now())?;
-            wanted(config, &engine)
-        };
-        lock(&self.kernel)?.sync(&wanted)?;
-        lock(&self.services)?.apply(&config.services, false)?;
-        policy.replace(compiled);
-        Ok(())
+        let kernel = kernel.context("node mode without its kernel side")?;
+        let wanted: Vec<Wanted> = config
+            .endpoints
+            .iter()
+            .filter_map(|e| {
+                let Some(interface) = config.interfaces.get(&e.id) else {
+                    tracing::warn!(endpoint = %e.id, name = %e.name, "endpoint has no `interface`: its DNS is not redirected and its egress not enforced by this node");
+                    return None;
+                };
+                Some(Wanted {
+                    id: e.id,
+                    interface: interface.clone(),
+                    enforcing: enforcing.get(&e.id).copied().unwrap_or(false),
+                })
+            })
+            .collect();
+        lock(kernel, "kernel")?.sync(&wanted)?;
+        lock(&self.services, "services")?.apply(&config.services, false)
     }
 
-    /// Adds or replaces a service given as a `Service` document.
-    pub(crate) fn set_service(&self, document: &str) -> Result<ServiceRow> {
-        let parsed = fqdnd_config::load_str(document, std::path::Path::new("<request>"))
-            .map_err(|errors| anyhow!("{errors}"))?;
-        let [service] = parsed.services.as_slice() else {
-            bail!(
-                "the request must hold exactly one `kind: Service` document (it has {})",
-                parsed.services.len()
-            );
-        };
-        let files = lock(&self.files)?.services.clone();
-        let mut services = lock(&self.services)?;
-        services.add(service.clone(), &files)?;
-        services
-            .rows(&files)?
-            .into_iter()
-            .find(|r| r.name == service.name)
-            .context("the service vanished while being set")
-    }
-
-    /// Removes a service added through the admin API.
-    pub(crate) fn remove_service(&self, name: &str) -> Result<()> {
-        let files = lock(&self.files)?.services.clone();
-        lock(&self.services)?.remove(name, &files)
-    }
-
-    /// Every service with its backend ids.
-    pub(crate) fn service_rows(&self) -> Result<Vec<ServiceRow>> {
-        let files = lock(&self.files)?.services.clone();
-        lock(&self.services)?.rows(&files)
-    }
-
-    /// Re-reads the configuration files and applies them with the run-time endpoints.
-    pub(crate) fn reload(&self, state: &AdminState) -> Result<()> {
-        let (config, node) = load(&state.paths)?;
-        crate::perms::check(&state.paths, &config, &node.daemon, &[]);
+    /// Re-reads the configuration files for a reload, with the run-time endpoints.
+    pub(crate) fn reload(self: &Arc<Self>, paths: &[PathBuf]) -> Result<Loaded> {
+        let (files, node) = load(paths)?;
+        crate::perms::check(paths, &files, &node.daemon, &[]);
         if node != self.node {
             tracing::warn!(
                 "the `kind: Node` document changes only on restart; the running settings stay"
             );
         }
-        let previous = std::mem::replace(&mut *lock(&self.files)?, config);
-        let merged = self.merged()?;
-        if let Err(e) = self.apply(&merged, &state.engine, &state.policy, state.clock) {
-            *lock(&self.files)? = previous;
-            return Err(e);
-        }
-        Ok(())
+        let mut next = lock(&self.registry, "endpoints")?.clone();
+        next.replace_files(files.clone());
+        let config = next.merged();
+        let runtime = Arc::clone(self);
+        Ok(Loaded {
+            desired: Desired {
+                config,
+                lists: node.daemon.lists,
+            },
+            commit: Box::new(move || {
+                if let Ok(mut registry) = runtime.registry.lock() {
+                    registry.replace_files(files);
+                }
+            }),
+        })
     }
 
     /// Adds (or replaces, same id) an endpoint given as an `Endpoint` document.
-    pub(crate) fn add_endpoint(&self, document: &str, state: &AdminState) -> Result<EndpointRow> {
-        let new = parse_added(document)?;
-        let (endpoint, interface) = (&new.endpoint, new.interface.clone());
-        kernel::ifindex(&interface)?;
-        let files = lock(&self.files)?.clone();
-        if files.endpoints.iter().any(|e| e.id == endpoint.id) {
-            bail!(
-                "endpoint id {} is declared in the configuration files; change it there",
-                endpoint.id
-            );
-        }
-        let mut others: Vec<(Endpoint, Option<String>)> = files
-            .endpoints
-            .iter()
-            .map(|e| (e.clone(), files.interfaces.get(&e.id).cloned()))
-            .collect();
-        others.extend(
-            lock(&self.added)?
-                .values()
-                .filter(|a| a.endpoint.id != endpoint.id)
-                .map(|a| (a.endpoint.clone(), Some(a.interface.clone()))),
-        );
-        for (other, other_if) in &others {
-            if other.name == endpoint.name {
-                bail!(
-                    "endpoint name {} is taken by id {}",
-                    endpoint.name,
-                    other.id
-                );
-            }
-            if other_if.as_deref() == Some(interface.as_str()) {
-                bail!(
-                    "interface {interface} belongs to endpoint {} ({})",
-                    other.name,
-                    other.id
-                );
-            }
-            if let Some(addr) = endpoint
-                .addresses
-                .iter()
-                .find(|a| other.addresses.contains(a))
-            {
-                bail!(
-                    "address {addr} belongs to endpoint {} ({})",
-                    other.name,
-                    other.id
-                );
-            }
-        }
-        let id = endpoint.id;
-        let name = endpoint.name.clone();
-        let previous = lock(&self.added)?.insert(id, new);
-        let merged = self.merged()?;
-        if let Err(e) = self.apply(&merged, &state.engine, &state.policy, state.clock) {
-            let mut added = lock(&self.added)?;
-            match previous {
-                Some(p) => added.insert(id, p),
-                None => added.remove(&id),
-            };
+    pub(crate) fn add_endpoint(&self, shared: &Shared, document: &str) -> Result<EndpointRow> {
+        let new = Added::parse(document).map_err(engine_error)?;
+        kernel::ifindex(&new.interface)?;
+        let (id, name) = (new.endpoint.id, new.endpoint.name.clone());
+        let _changes = lock(&shared.changes, "changes")?;
+        let (previous, config) = {
+            let mut registry = lock(&self.registry, "endpoints")?;
+            let previous = registry.add(new).map_err(engine_error)?;
+            (previous, registry.merged())
+        };
+        if let Err(e) = self.apply(shared, config) {
+            lock(&self.registry, "endpoints")?.undo_add(id, previous);
             return Err(e);
         }
         self.save_added();
         tracing::info!(endpoint = %id, name = %name, "endpoint added through the admin API");
-        self.rows(&state.engine)?
+        self.rows(shared)?
             .into_iter()
             .find(|r| r.id == id.0)
             .context("the endpoint vanished while being added")
     }
 
     /// Removes an endpoint added through the admin API.
-    pub(crate) fn remove_endpoint(&self, id: EndpointId, state: &AdminState) -> Result<()> {
-        let Some(removed) = lock(&self.added)?.remove(&id) else {
-            if lock(&self.files)?.endpoints.iter().any(|e| e.id == id) {
-                bail!("endpoint {id} is declared in the configuration files; remove it there");
-            }
-            bail!("no endpoint {id}");
+    pub(crate) fn remove_endpoint(&self, shared: &Shared, id: EndpointId) -> Result<()> {
+        let _changes = lock(&shared.changes, "changes")?;
+        let (removed, config) = {
+            let mut registry = lock(&self.registry, "endpoints")?;
+            let removed = registry.remove(id).map_err(engine_error)?;
+            (removed, registry.merged())
         };
-        let merged = self.merged()?;
-        if let Err(e) = self.apply(&merged, &state.engine, &state.policy, state.clock) {
-            lock(&self.added)?.insert(id, removed);
+        if let Err(e) = self.apply(shared, config) {
+            lock(&self.registry, "endpoints")?.undo_remove(removed);
             return Err(e);
         }
         self.save_added();
         tracing::info!(endpoint = %id, "endpoint removed through the admin API");
         Ok(())
+    }
+
+    /// Applies `config` with the lists in force.
+    fn apply(&self, shared: &Shared, config: Config) -> Result<()> {
+        let lists = shared.desired()?.lists;
+        shared.apply(Desired { config, lists })
     }
 
     /// Saves the endpoints added through the API (temp file + rename), so a restart brings
@@ -298,53 +319,33 @@ impl NodeRuntime {
         let Some(path) = &self.added_file else {
             return;
         };
-        let Ok(added) = lock(&self.added) else {
+        let Ok(text) = lock(&self.registry, "endpoints").map(|r| r.saved()) else {
             return;
         };
-        let text: Vec<&str> = added.values().map(|a| a.document.as_str()).collect();
         let tmp = path.with_extension("yaml.tmp");
-        let result = std::fs::write(&tmp, text.join("\n---\n") + "\n")
+        let result = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()))
             .and_then(|()| std::fs::rename(&tmp, path));
         if let Err(e) = result {
+            crate::metrics::count_state_file_error();
             tracing::warn!(file = %path.display(), error = %e, "saving the endpoints added through the API failed: they will not come back after a restart");
         }
     }
 
-    /// Loads the endpoints saved by an earlier run; those whose interface is gone are
-    /// dropped (a CNI plugin would add them again).
-    fn load_added(&self) -> Result<()> {
-        let Some(path) = &self.added_file else {
-            return Ok(());
-        };
-        let text = match std::fs::read_to_string(path) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-        };
-        let mut added = lock(&self.added)?;
-        for document in text.split("\n---\n").filter(|d| !d.trim().is_empty()) {
-            match parse_added(document) {
-                Ok(a) if kernel::ifindex(&a.interface).is_ok() => {
-                    tracing::info!(endpoint = %a.endpoint.id, interface = %a.interface, "endpoint added through the API restored");
-                    added.insert(a.endpoint.id, a);
-                }
-                Ok(a) => {
-                    tracing::warn!(endpoint = %a.endpoint.id, interface = %a.interface, "saved endpoint dropped: its interface is gone")
-                }
-                Err(e) => {
-                    tracing::warn!(file = %path.display(), error = %format!("{e:#}"), "a saved endpoint does not load")
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// Every endpoint with its kernel state.
-    pub(crate) fn rows(&self, engine: &SharedEngine) -> Result<Vec<EndpointRow>> {
-        let merged = self.merged()?;
-        let added = lock(&self.added)?;
-        let kernel = lock(&self.kernel)?;
-        let engine = engine.lock().map_err(|_| anyhow!("engine lock poisoned"))?;
+    pub(crate) fn rows(&self, shared: &Shared) -> Result<Vec<EndpointRow>> {
+        let registry = lock(&self.registry, "endpoints")?;
+        let merged = registry.merged();
+        let attached = match &shared.kernel {
+            Some(k) => lock(k, "kernel")?.attached().clone(),
+            None => BTreeMap::new(),
+        };
+        let engine = lock(&shared.engine, "engine")?;
         Ok(merged
             .endpoints
             .iter()
@@ -359,187 +360,72 @@ impl NodeRuntime {
                         .iter()
                         .map(|l| format!("{}:{}={}", l.source, l.key, l.value))
                         .collect(),
-                    ifindex: kernel.attached().get(&interface).map(|a| a.ifindex),
+                    ifindex: attached.get(&interface).map(|a| a.ifindex),
                     interface,
                     enforcing: engine.ipcache.endpoint_enforcing(e.id).unwrap_or(false),
-                    source: if added.contains_key(&e.id) {
-                        "api".to_owned()
-                    } else {
-                        "config".to_owned()
-                    },
+                    source: registry
+                        .source(e.id)
+                        .unwrap_or(Source::Config)
+                        .as_str()
+                        .to_owned(),
                 }
             })
             .collect())
     }
-}
 
-/// What the kernel must hold for `config`'s endpoints.
-fn wanted(config: &Config, engine: &Engine<AnyDatapath>) -> Vec<Wanted> {
-    config
-        .endpoints
-        .iter()
-        .filter_map(|e| {
-            let Some(interface) = config.interfaces.get(&e.id) else {
-                tracing::warn!(endpoint = %e.id, name = %e.name, "endpoint has no `interface`: its DNS is not redirected and its egress not enforced by this node");
-                return None;
-            };
-            Some(Wanted {
-                id: e.id,
-                interface: interface.clone(),
-                enforcing: engine.ipcache.endpoint_enforcing(e.id).unwrap_or(false),
-            })
-        })
-        .collect()
-}
-
-fn proxy_config(config: &Config, node: &Node) -> fqdnd_dnsproxy::Config {
-    let listen = vec![
-        SocketAddr::from((Ipv4Addr::UNSPECIFIED, node.dns_proxy_port)),
-        SocketAddr::from((Ipv6Addr::UNSPECIFIED, node.dns_proxy_port)),
-    ];
-    fqdnd_dnsproxy::Config {
-        listen_udp: listen.clone(),
-        listen_tcp: listen,
-        upstreams: Vec::new(),
-        transparent: true,
-        forward_to_original_destination: true,
-        ..crate::daemon::proxy_config(&config.settings, &node.daemon)
+    /// Adds or replaces a service given as a `Service` document.
+    pub(crate) fn set_service(&self, document: &str) -> Result<ServiceRow> {
+        let parsed = fqdnd_config::load_str(document, std::path::Path::new("<request>"))
+            .map_err(|errors| anyhow!("{errors}"))?;
+        let [service] = parsed.services.as_slice() else {
+            bail!(
+                "the request must hold exactly one `kind: Service` document (it has {})",
+                parsed.services.len()
+            );
+        };
+        let files = lock(&self.registry, "endpoints")?.files().services.clone();
+        let mut services = lock(&self.services, "services")?;
+        services.add(service.clone(), &files)?;
+        services
+            .rows(&files)?
+            .into_iter()
+            .find(|r| r.name == service.name)
+            .context("the service vanished while being set")
     }
-}
 
-/// A running node agent.
-pub(crate) struct RunningNode {
-    stop: watch::Sender<bool>,
-    tasks: tokio::task::JoinSet<Result<()>>,
-}
+    /// Removes a service added through the admin API.
+    pub(crate) fn remove_service(&self, name: &str) -> Result<()> {
+        let files = lock(&self.registry, "endpoints")?.files().services.clone();
+        lock(&self.services, "services")?.remove(name, &files)
+    }
 
-impl RunningNode {
-    /// Stops every task and waits for them. The programs stay attached and enforcing.
-    pub(crate) async fn shutdown(mut self) -> Result<()> {
-        let _ = self.stop.send(true);
-        while let Some(result) = self.tasks.join_next().await {
-            result.context("node task panicked")??;
-        }
+    /// Every service with its backend ids.
+    pub(crate) fn service_rows(&self) -> Result<Vec<ServiceRow>> {
+        let files = lock(&self.registry, "endpoints")?.files().services.clone();
+        lock(&self.services, "services")?.rows(&files)
+    }
+
+    /// Once the proxy listens: points the DNS redirect at it.
+    pub(crate) fn proxy_bound(&self, kernel: Option<&SharedKernel>) -> Result<()> {
+        let kernel = kernel.context("node mode without its kernel side")?;
+        lock(kernel, "kernel")?.set_dns_proxy(self.node.dns_proxy_port)?;
+        tracing::info!(pin_dir = %self.pin_dir.display(), "DNS redirect points at the proxy");
         Ok(())
     }
-}
 
-/// Starts the node agent: kernel programs and maps, engine, proxy, GC, drop events, admin API.
-pub(crate) async fn start(
-    paths: Vec<PathBuf>,
-    admin_socket: Option<PathBuf>,
-    strict_restore: bool,
-) -> Result<RunningNode> {
-    let clock = Clock::start();
-    let (config, node) = load(&paths)?;
-    crate::perms::check(&paths, &config, &node.daemon, &[]);
-    let pin_dir = node
-        .pin_dir
-        .clone()
-        .unwrap_or_else(fqdnd_ebpf::default_pin_dir);
-    let kernel = Kernel::load(&pin_dir, &node.daemon.map_sizes, true)?;
-    let mut services = Services::open(&pin_dir, node.daemon.state_dir.as_deref())?;
-    // Before the endpoints' programs see traffic from a restarted daemon's policy: the
-    // translations established flows use are reconciled first (kept as they are).
-    services.apply(&config.services, true)?;
-    let lb = services.shared();
-
-    let runtime = Arc::new(NodeRuntime {
-        node: node.clone(),
-        kernel: Mutex::new(kernel),
-        files: Mutex::new(config.clone()),
-        added: Mutex::new(BTreeMap::new()),
-        added_file: node
-            .daemon
-            .state_dir
-            .as_ref()
-            .map(|d| d.join("endpoints.yaml")),
-        drops: DropLog::default(),
-        services: Mutex::new(services),
-    });
-    // Endpoints added through the API before a restart are part of the desired state from
-    // the first write on, so the reconciliation keeps their entries.
-    runtime.load_added()?;
-    let merged = runtime.merged()?;
-    let (restored, persist) = crate::state::start(&node.daemon, strict_restore, clock)?;
-    let mut engine = kernel::engine_on_kernel(&merged, &pin_dir, clock, &restored)?;
-    drop(restored);
-    // The engine refuses new prefixes past the kernel ipcache's size (fail closed).
-    let ipcache_room = lock(&runtime.kernel)?.sizes().ipcache as usize;
-    engine.ipcache.set_datapath_prefixes(Some(ipcache_room));
-    let engine: SharedEngine = Arc::new(Mutex::new(engine));
-    crate::state::settle(persist.as_deref(), &engine).await?;
-    let policy = Arc::new(GatewayPolicy::with_services(lb));
-    runtime.apply(&merged, &engine, &policy, clock)?;
-    runtime.save_added();
-
-    let observer = Arc::new(EngineObserver {
-        engine: Arc::clone(&engine),
-        clock,
-        persist: persist.clone(),
-    });
-    let query_log: Option<Arc<dyn QueryLog>> = match &node.daemon.query_log {
-        Some(path) => Some(Arc::new(crate::gateway::querylog::JsonLines::open(path)?)),
-        None => None,
-    };
-    if let Some(addr) = node.daemon.metrics {
-        crate::metrics::install(addr)?;
-    }
-    fqdnd_dnsproxy::describe_metrics();
-    metrics::describe_counter!(
-        "fqdnd_policy_drops_total",
-        "packets the datapath dropped, by reason"
-    );
-    let proxy = DnsProxy::bind(
-        proxy_config(&config, &node),
-        Arc::clone(&policy) as Arc<dyn fqdnd_dnsproxy::QueryPolicy>,
-        observer,
-        query_log,
-    )
-    .await
-    .context("starting the transparent DNS proxy")?;
-    lock(&runtime.kernel)?.set_dns_proxy(node.dns_proxy_port)?;
-    let listen = proxy.udp_addrs();
-    tracing::info!(udp = ?listen, tcp = ?proxy.tcp_addrs(), pin_dir = %pin_dir.display(), "node agent running");
-
-    let (stop, stopped) = watch::channel(false);
-    let mut tasks = tokio::task::JoinSet::new();
-    let proxy_stats = proxy.stats_handle();
-    {
-        let mut stopped = stopped.clone();
-        tasks.spawn(async move {
-            proxy
-                .run(async move { while stopped.changed().await.is_ok() && !*stopped.borrow() {} })
-                .await?;
-            Ok(())
-        });
-    }
-    {
-        let engine = Arc::clone(&engine);
-        let runtime = Arc::clone(&runtime);
-        let persist = persist.clone();
-        let interval = config.settings.gc_interval;
-        let idle = node.conntrack_idle_timeout;
-        let mut stopped = stopped.clone();
-        tasks.spawn(async move {
-            let mut tick =
-                tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {
-                        kernel::gc(&engine, Some(&runtime.kernel), clock, idle);
-                        if let Some(p) = &persist {
-                            p.tick(&engine).await;
-                        }
-                    }
-                    _ = stopped.changed() => return Ok(()),
-                }
-            }
-        });
-    }
-    {
-        let runtime = Arc::clone(&runtime);
-        let mut events = fqdnd_ebpf::Events::open(&pin_dir).context("opening the drop events")?;
+    /// The node's own task: draining the datapath's drop events.
+    pub(crate) fn spawn_tasks(
+        self: &Arc<Self>,
+        tasks: &mut JoinSet<Result<()>>,
+        stopped: &watch::Receiver<bool>,
+    ) -> Result<()> {
+        metrics::describe_counter!(
+            "fqdnd_policy_drops_total",
+            "packets the datapath dropped, by reason"
+        );
+        let runtime = Arc::clone(self);
+        let mut events =
+            fqdnd_ebpf::Events::open(&self.pin_dir).context("opening the drop events")?;
         let mut stopped = stopped.clone();
         tasks.spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(100));
@@ -550,49 +436,18 @@ pub(crate) async fn start(
                 }
             }
         });
+        Ok(())
     }
-    let conntrack: crate::daemon::ConntrackProbe = {
-        let runtime = Arc::clone(&runtime);
-        Box::new(move || {
-            let k = lock(&runtime.kernel)?;
-            Ok((k.conntrack_entries()?, k.sizes().conntrack))
-        })
-    };
-    crate::daemon::spawn_metrics(
-        &mut tasks,
-        &stopped,
-        &engine,
-        persist.as_ref(),
-        Some(conntrack),
-    );
-    let state = Arc::new(AdminState {
-        engine: Arc::clone(&engine),
-        policy: Arc::clone(&policy),
-        paths: paths.clone(),
-        demo: false,
-        clock,
-        proxy: proxy_stats,
-        mode: AdminMode::Node(Arc::clone(&runtime)),
-        listen,
-        reloads: Mutex::new(admin::ReloadHistory::default()),
-    });
-    let socket = admin_socket.unwrap_or_else(|| node.daemon.admin_socket.clone());
-    crate::daemon::spawn_admin(&mut tasks, &stopped, &state, &socket)?;
-    Ok(RunningNode { stop, tasks })
 }
 
-/// Runs the node agent until SIGINT or SIGTERM.
-pub(crate) async fn run(
-    paths: Vec<PathBuf>,
-    admin_socket: Option<PathBuf>,
-    strict_restore: bool,
-) -> Result<()> {
-    let node = start(paths, admin_socket, strict_restore).await?;
-    crate::privileges::drop_all_but("node", crate::privileges::NODE)?;
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping (programs stay attached)"),
-        _ = term.recv() => tracing::info!("SIGTERM: stopping (programs stay attached)"),
-    }
-    node.shutdown().await
+/// An engine error as the admin API reports it.
+fn engine_error(e: fqdnd_engine::Error) -> anyhow::Error {
+    anyhow!(fqdnd_engine::error_chain(&e))
+}
+
+/// Starts the node agent.
+pub(crate) async fn start(options: StartOptions) -> Result<Running> {
+    let clock = Clock::start();
+    let prepared = NodeRuntime::prepare(&options.paths)?;
+    daemon::start(prepared, options, clock).await
 }

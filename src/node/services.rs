@@ -8,17 +8,14 @@
 //! state directory the ids are adopted from the pinned maps.
 
 use std::collections::BTreeMap;
-use std::hash::{BuildHasher, Hash, Hasher};
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use anyhow::{Context, Result, anyhow, bail};
 use fqdnd_checkpoint::{Options, Seq, SnapshotMeta};
 use fqdnd_config::Service;
-use fqdnd_dnsproxy::Transport;
 use fqdnd_ebpf::LbMaps;
-use fqdnd_lb::{LbState, LoadBalancer, Protocol, ServiceKey};
+use fqdnd_lb::{LbState, LoadBalancer, ServiceKey};
 use serde::{Deserialize, Serialize};
 
 /// The layout version of the saved services.
@@ -46,36 +43,6 @@ pub(crate) struct ServiceRow {
 
 /// The load balancer as the DNS proxy reads it: VIP → backend per client flow.
 pub(crate) type SharedLb = Arc<RwLock<LoadBalancer>>;
-
-/// The backend of `service` for the flow `client` → `server` over `transport`: the flow's
-/// hash picks the slot, so every query of one flow goes to the same backend.
-pub(crate) fn backend_for(
-    lb: &SharedLb,
-    client: SocketAddr,
-    server: SocketAddr,
-    transport: Transport,
-) -> Option<SocketAddr> {
-    let proto = match transport {
-        Transport::Udp => Protocol::Udp,
-        Transport::Tcp => Protocol::Tcp,
-    };
-    let key = ServiceKey {
-        vip: server.ip(),
-        port: server.port(),
-        proto,
-    };
-    let lb = lb.read().ok()?;
-    if !lb.contains(&key) {
-        return None;
-    }
-    // A fixed-key hasher: the same flow hashes the same in every process.
-    let mut h =
-        std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
-            .build_hasher();
-    client.hash(&mut h);
-    h.write_u8(proto.number());
-    lb.pick(&key, (h.finish() >> 32) as u32)
-}
 
 /// The services, their kernel maps and where they are saved.
 pub(crate) struct Services {
@@ -307,14 +274,18 @@ impl Services {
             next_seq: Seq(0),
             taken_at_unix_ms: 0,
         };
-        let result = std::fs::create_dir_all(dir)
-            .map_err(anyhow::Error::from)
-            .and_then(|()| {
-                fqdnd_checkpoint::write_snapshot(dir, SCHEMA, &meta, &saved)
-                    .map_err(anyhow::Error::from)
-            });
+        let result = std::os::unix::fs::DirBuilderExt::mode(
+            std::fs::DirBuilder::new().recursive(true),
+            0o700,
+        )
+        .create(dir)
+        .map_err(anyhow::Error::from)
+        .and_then(|()| {
+            fqdnd_checkpoint::write_snapshot(dir, SCHEMA, &meta, &saved)
+                .map_err(anyhow::Error::from)
+        });
         if let Err(e) = result {
-            metrics::counter!("fqdnd_checkpoint_errors_total").increment(1);
+            crate::metrics::count_state_file_error();
             tracing::error!(dir = %dir.display(), error = %format!("{e:#}"), "saving the services failed");
         }
     }

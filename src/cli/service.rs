@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use fqdnd_ebpf::LbMaps;
 use fqdnd_lb::{LoadBalancer, Protocol, SlotValue};
 
-use crate::admin::{request, request_with_body};
+use crate::admin::client::{self, Target};
 use crate::node::ServiceRow;
 
 /// What `fqdnd service set` is told.
@@ -89,32 +89,31 @@ fn print_services(rows: &[ServiceRow]) -> Result<()> {
 }
 
 /// `fqdnd service set`.
-pub(crate) fn set(socket: &Path, args: &SetService, json: bool) -> Result<ExitCode> {
-    let body = request_with_body(socket, "POST", "/v1/services", &args.document()?)?;
+pub(crate) fn set(target: &Target, args: &SetService, json: bool) -> Result<ExitCode> {
+    let (body, row): (_, ServiceRow) =
+        client::post(&target.socket()?, "/v1/services", &args.document()?)?;
     if json {
         println!("{body}");
     } else {
-        let row: ServiceRow = serde_json::from_str(&body).context("decoding the answer")?;
         print_services(&[row])?;
     }
     Ok(ExitCode::SUCCESS)
 }
 
 /// `fqdnd service remove`.
-pub(crate) fn remove(socket: &Path, name: &str) -> Result<ExitCode> {
-    request(socket, "DELETE", &format!("/v1/services/{name}"))?;
+pub(crate) fn remove(target: &Target, name: &str) -> Result<ExitCode> {
+    client::delete(&target.socket()?, &format!("/v1/services/{name}"))?;
     println!("service {name} removed");
     Ok(ExitCode::SUCCESS)
 }
 
 /// `fqdnd service list`.
-pub(crate) fn list(socket: &Path, json: bool) -> Result<ExitCode> {
-    let body = request(socket, "GET", "/v1/services")?;
+pub(crate) fn list(target: &Target, json: bool) -> Result<ExitCode> {
+    let (body, rows): (_, Vec<ServiceRow>) = client::get(&target.socket()?, "/v1/services")?;
     if json {
         println!("{body}");
         return Ok(ExitCode::SUCCESS);
     }
-    let rows: Vec<ServiceRow> = serde_json::from_str(&body).context("decoding services")?;
     print_services(&rows)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -122,7 +121,7 @@ pub(crate) fn list(socket: &Path, json: bool) -> Result<ExitCode> {
 /// `fqdnd bpf lb list`: every service with its slots, then the backends and rev-NAT entries,
 /// as the maps hold them; exit 1 when they break an invariant the datapath relies on.
 pub(crate) fn bpf_lb(pin_dir: Option<&Path>) -> Result<ExitCode> {
-    let dir = crate::node_cmd::pins(pin_dir);
+    let dir = crate::cli::node::pins(pin_dir);
     let maps = LbMaps::open(&dir)
         .with_context(|| {
             format!(

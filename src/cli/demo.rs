@@ -12,8 +12,6 @@ use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::{Name, RData, RecordType};
 use tokio::net::UdpSocket;
 
-use crate::admin::{identity_rows, ipcache_rows};
-
 /// The questions the demo asks, with why.
 const QUESTIONS: &[(&str, RecordType, &str)] = &[
     (
@@ -65,9 +63,15 @@ fn rcode_name(code: ResponseCode) -> String {
 
 /// Runs the demo and returns its report.
 pub(crate) async fn run() -> Result<String> {
-    let gateway = crate::gateway::start(Vec::new(), true, None, false).await?;
+    let gateway = crate::gateway::start(crate::daemon::StartOptions {
+        paths: Vec::new(),
+        demo: true,
+        admin_socket: None,
+        strict_restore: false,
+    })
+    .await?;
     let server = *gateway
-        .udp
+        .udp()
         .first()
         .context("the demo gateway listens nowhere")?;
     let mut out = String::new();
@@ -100,7 +104,11 @@ pub(crate) async fn run() -> Result<String> {
         out,
         "\nidentities (one per label set; the fqdn ones were pre-allocated from policy):"
     )?;
-    for row in identity_rows(&gateway.engine) {
+    let (identities, ipcache) = {
+        let engine = crate::daemon::lock(&gateway.shared.engine, "engine")?;
+        (engine.identity_rows(), engine.ipcache_rows())
+    };
+    for row in identities {
         writeln!(
             out,
             "  {:<9} refs {:<3} {}",
@@ -110,7 +118,7 @@ pub(crate) async fn run() -> Result<String> {
         )?;
     }
     writeln!(out, "\nipcache (what the datapath now knows):")?;
-    for row in ipcache_rows(&gateway.engine) {
+    for row in ipcache {
         writeln!(
             out,
             "  {:<22} {:<9} {}",

@@ -1,29 +1,24 @@
 //! The commands that read the running gateway through its admin API.
 
 use std::io::Write;
-use std::path::Path;
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
-use serde::de::DeserializeOwned;
+use anyhow::Result;
+use fqdnd_engine::view::{CacheRow, IdentityRow, IpcacheRow};
 
-use crate::admin::{CacheRow, IdentityRow, IpcacheRow, Reload, Status, request};
-
-fn get<T: DeserializeOwned>(socket: &Path, path: &str) -> Result<(String, T)> {
-    let body = request(socket, "GET", path)?;
-    let parsed = serde_json::from_str(&body).with_context(|| format!("decoding {path}"))?;
-    Ok((body, parsed))
-}
+use crate::admin::client::{Target, get, post};
+use crate::admin::{Reload, Status};
 
 /// `fqdnd status`.
-pub(crate) fn status(socket: &Path, json: bool) -> Result<ExitCode> {
-    let (body, s): (_, Status) = get(socket, "/v1/status")?;
+pub(crate) fn status(target: &Target, json: bool) -> Result<ExitCode> {
+    let (body, s): (_, Status) = get(&target.socket()?, "/v1/status")?;
     let mut out = std::io::stdout().lock();
     if json {
         writeln!(out, "{body}")?;
         return Ok(ExitCode::SUCCESS);
     }
     writeln!(out, "version:          {}", s.version)?;
+    writeln!(out, "mode:             {}", s.mode)?;
     writeln!(out, "uptime:           {}s", s.uptime_seconds)?;
     writeln!(out, "config:           {}", s.config.join(", "))?;
     writeln!(out, "listening on:     {}", s.listen.join(", "))?;
@@ -70,8 +65,8 @@ pub(crate) fn status(socket: &Path, json: bool) -> Result<ExitCode> {
 }
 
 /// `fqdnd cache list`.
-pub(crate) fn cache(socket: &Path, json: bool) -> Result<ExitCode> {
-    let (body, rows): (_, Vec<CacheRow>) = get(socket, "/v1/cache")?;
+pub(crate) fn cache(target: &Target, json: bool) -> Result<ExitCode> {
+    let (body, rows): (_, Vec<CacheRow>) = get(&target.socket()?, "/v1/cache")?;
     let mut out = std::io::stdout().lock();
     if json {
         writeln!(out, "{body}")?;
@@ -98,8 +93,8 @@ pub(crate) fn cache(socket: &Path, json: bool) -> Result<ExitCode> {
 }
 
 /// `fqdnd identity list`.
-pub(crate) fn identities(socket: &Path, json: bool) -> Result<ExitCode> {
-    let (body, rows): (_, Vec<IdentityRow>) = get(socket, "/v1/identities")?;
+pub(crate) fn identities(target: &Target, json: bool) -> Result<ExitCode> {
+    let (body, rows): (_, Vec<IdentityRow>) = get(&target.socket()?, "/v1/identities")?;
     let mut out = std::io::stdout().lock();
     if json {
         writeln!(out, "{body}")?;
@@ -119,8 +114,8 @@ pub(crate) fn identities(socket: &Path, json: bool) -> Result<ExitCode> {
 }
 
 /// `fqdnd ipcache list`.
-pub(crate) fn ipcache(socket: &Path, json: bool) -> Result<ExitCode> {
-    let (body, rows): (_, Vec<IpcacheRow>) = get(socket, "/v1/ipcache")?;
+pub(crate) fn ipcache(target: &Target, json: bool) -> Result<ExitCode> {
+    let (body, rows): (_, Vec<IpcacheRow>) = get(&target.socket()?, "/v1/ipcache")?;
     let mut out = std::io::stdout().lock();
     if json {
         writeln!(out, "{body}")?;
@@ -140,9 +135,8 @@ pub(crate) fn ipcache(socket: &Path, json: bool) -> Result<ExitCode> {
 }
 
 /// `fqdnd policy reload`.
-pub(crate) fn reload(socket: &Path, json: bool) -> Result<ExitCode> {
-    let body = request(socket, "POST", "/v1/policy/reload")?;
-    let reload: Reload = serde_json::from_str(&body).context("decoding the reload answer")?;
+pub(crate) fn reload(target: &Target, json: bool) -> Result<ExitCode> {
+    let (body, reload): (_, Reload) = post(&target.socket()?, "/v1/policy/reload", "")?;
     let mut out = std::io::stdout().lock();
     if json {
         writeln!(out, "{body}")?;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use fqdnd_ebpf::KernelDatapath;
 
-use crate::admin::{request, request_with_body};
+use crate::admin::client::{self, Target};
 use crate::node::{DropPage, EndpointRow};
 
 /// What `fqdnd endpoint add` is told.
@@ -105,68 +105,62 @@ fn print_endpoints(rows: &[EndpointRow]) -> Result<()> {
 }
 
 /// `fqdnd endpoint add`.
-pub(crate) fn add(socket: &Path, args: &AddEndpoint, json: bool) -> Result<ExitCode> {
-    let body = request_with_body(socket, "POST", "/v1/endpoints", &args.document()?)?;
+pub(crate) fn add(target: &Target, args: &AddEndpoint, json: bool) -> Result<ExitCode> {
+    let (body, row): (_, EndpointRow) =
+        client::post(&target.socket()?, "/v1/endpoints", &args.document()?)?;
     if json {
         println!("{body}");
     } else {
-        let row: EndpointRow = serde_json::from_str(&body).context("decoding the answer")?;
         print_endpoints(&[row])?;
     }
     Ok(ExitCode::SUCCESS)
 }
 
 /// `fqdnd endpoint remove`.
-pub(crate) fn remove(socket: &Path, id: u16) -> Result<ExitCode> {
-    request(socket, "DELETE", &format!("/v1/endpoints/{id}"))?;
+pub(crate) fn remove(target: &Target, id: u16) -> Result<ExitCode> {
+    client::delete(&target.socket()?, &format!("/v1/endpoints/{id}"))?;
     println!("endpoint {id} removed");
     Ok(ExitCode::SUCCESS)
 }
 
 /// `fqdnd endpoint list`.
-pub(crate) fn list(socket: &Path, json: bool) -> Result<ExitCode> {
-    let body = request(socket, "GET", "/v1/endpoints")?;
+pub(crate) fn list(target: &Target, json: bool) -> Result<ExitCode> {
+    let (body, rows): (_, Vec<EndpointRow>) = client::get(&target.socket()?, "/v1/endpoints")?;
     if json {
         println!("{body}");
         return Ok(ExitCode::SUCCESS);
     }
-    let rows: Vec<EndpointRow> = serde_json::from_str(&body).context("decoding endpoints")?;
     print_endpoints(&rows)?;
     Ok(ExitCode::SUCCESS)
 }
 
 /// `fqdnd monitor`: prints policy drops as they happen (polls the admin API).
 pub(crate) fn monitor(
-    socket: &Path,
+    target: &Target,
     json: bool,
     count: Option<u64>,
     recent: bool,
 ) -> Result<ExitCode> {
+    let socket = target.socket()?;
+    let page = |since: u64| -> Result<DropPage> {
+        Ok(client::get(&socket, &format!("/v1/drops?since={since}"))?.1)
+    };
     let mut since = 0;
     if !recent {
         // Start from the drops that happen from now on.
-        let first: DropPage = serde_json::from_str(&request(socket, "GET", "/v1/drops?since=0")?)?;
-        since = first.next;
-        while let Ok(page) = serde_json::from_str::<DropPage>(&request(
-            socket,
-            "GET",
-            &format!("/v1/drops?since={since}"),
-        )?) {
-            if page.drops.is_empty() {
+        since = page(0)?.next;
+        loop {
+            let next = page(since)?;
+            if next.drops.is_empty() {
                 break;
             }
-            since = page.next;
+            since = next.next;
         }
     }
     let mut printed = 0u64;
     let mut out = std::io::stdout().lock();
     loop {
-        let page: DropPage = serde_json::from_str(&request(
-            socket,
-            "GET",
-            &format!("/v1/drops?since={since}"),
-        )?)
-        .context("decoding drops")?;
+        let page = page(since)?;
         if page.missed > 0 {
             writeln!(
                 out,
@@ -315,10 +309,18 @@ pub(crate) fn bpf_endpoints(pin_dir: Option<&Path>) -> Result<ExitCode> {
         "{:<8} {:<16} {:<9} FLAGS",
         "IFINDEX", "INTERFACE", "ENDPOINT"
     )?;
+    // Names as the agent attached them (its network namespace), not as this command's
+    // namespace would name the index.
+    let names: std::collections::BTreeMap<u32, String> =
+        fqdnd_ebpf::attached_ifindexes(&pins(pin_dir))
+            .into_iter()
+            .map(|(name, index)| (index, name))
+            .collect();
     let name = |ifindex: u32| {
-        nix::net::if_::if_indextoname(ifindex)
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|_| "?".to_owned())
+        names
+            .get(&ifindex)
+            .cloned()
+            .unwrap_or_else(|| "?".to_owned())
     };
     for entry in maps.endpoint_entries()? {
         match entry {

@@ -8,7 +8,8 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use fqdnd_checkpoint::{Options, decode_journal_bytes, format::decode_value, read_snapshot};
 
-use crate::state::{Record, SCHEMA, Snapshot};
+use fqdnd_engine::Clock as _;
+use fqdnd_engine::durable::{Record, SCHEMA, Snapshot};
 
 /// Prints the files, the snapshot's age, record counts by kind, identities, and any tail
 /// recovery would cut off. Exit 1 when something is damaged.
@@ -79,4 +80,12 @@ pub(crate) fn inspect(dir: &Path) -> Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// `fqdnd checkpoint synthesize`: a synthetic state directory for restore benchmarks.
+pub(crate) fn synthesize(dir: &Path, zone: &str, names: u32, ips: u32) -> Result<ExitCode> {
+    let clock = crate::clock::Clock::start();
+    fqdnd_engine::durable::synthesize(dir, &clock, zone, names, ips)
+        .with_context(|| format!("writing a synthetic state directory in {}", dir.display()))?;
+    Ok(ExitCode::SUCCESS)
 }

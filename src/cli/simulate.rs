@@ -11,10 +11,11 @@ use fqdnd_ipcache::policy::Protocol;
 use fqdnd_ipcache::{Identity, MemoryDatapath};
 use fqdnd_namemgr::Answer;
 
-use crate::engine::Engine;
+use fqdnd_engine::Engine;
+use fqdnd_engine::dns::Clients;
 
 /// The answers the README's main job replays when no file is given.
-pub(crate) const EXAMPLE_ANSWERS: &str = include_str!("../examples/answers.txt");
+pub(crate) const EXAMPLE_ANSWERS: &str = include_str!("../../examples/answers.txt");
 
 /// One line of an answers file.
 struct Line {
@@ -90,7 +91,8 @@ pub(crate) fn run(configs: &[PathBuf], answers: Option<&Path>, end: Option<f64>)
     };
     let lines = parse_answers(&text, &file)?;
     let gc_interval = config.settings.gc_interval.max(Duration::from_secs(1));
-    let mut engine = Engine::new(&config, MemoryDatapath::default(), Duration::ZERO)?;
+    let mut engine = Engine::from_config(&config, MemoryDatapath::default(), Duration::ZERO)?;
+    let clients = Clients::new(&config.endpoints);
     let mut out = String::new();
     let mut next_gc = gc_interval;
     let nothing_in_use = |_: IpAddr| false;
@@ -109,7 +111,7 @@ pub(crate) fn run(configs: &[PathBuf], answers: Option<&Path>, end: Option<f64>)
             }
             next_gc += gc_interval;
         }
-        let Some(endpoint) = engine.endpoint_of(line.client) else {
+        let Some(endpoint) = clients.lookup(line.client) else {
             writeln!(
                 out,
                 "{:>6.1}s  {} is in no endpoint or client group: not learned",
@@ -120,8 +122,14 @@ pub(crate) fn run(configs: &[PathBuf], answers: Option<&Path>, end: Option<f64>)
         };
         answered += 1;
         let name = &line.answer.name;
-        match engine.observe(endpoint, &line.answer, line.at) {
-            Ok(learned) => {
+        match engine.learn(
+            endpoint,
+            &line.answer.name,
+            &line.answer.addrs,
+            line.answer.ttl,
+            line.at,
+        ) {
+            Ok(fqdnd_engine::Learning { learned, .. }) => {
                 let identities: std::collections::BTreeSet<String> = line
                     .answer
                     .addrs
@@ -147,8 +155,9 @@ pub(crate) fn run(configs: &[PathBuf], answers: Option<&Path>, end: Option<f64>)
             }
             Err(e) => writeln!(
                 out,
-                "{:>6.1}s  endpoint {endpoint} {name}: {e:#}",
-                line.at.as_secs_f64()
+                "{:>6.1}s  endpoint {endpoint} {name}: {}",
+                line.at.as_secs_f64(),
+                fqdnd_engine::error_chain(&e)
             )?,
         }
     }

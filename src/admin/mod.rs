@@ -1,0 +1,58 @@
+//! The admin API: HTTP/1.1 with JSON on a Unix socket (mode 0600) — the server the daemon runs
+//! ([`server`]) and the client the CLI commands use ([`client`]), over the types here and the
+//! engine's listings (`fqdnd_engine::view`).
+//!
+//! | method | path | returns |
+//! |---|---|---|
+//! | GET | `/v1/status` | [`Status`] |
+//! | GET | `/v1/cache` | `CacheRow`s: Cilium's `fqdn cache list` columns |
+//! | GET | `/v1/identities` | `IdentityRow`s |
+//! | GET | `/v1/ipcache` | `IpcacheRow`s |
+//! | POST | `/v1/policy/reload` | [`Reload`]: the old policy stays if the new one has errors |
+//! | GET | `/v1/endpoints` | node: `EndpointRow`s |
+//! | POST | `/v1/endpoints` | node: body = one `kind: Endpoint` YAML document; adds or replaces it |
+//! | DELETE | `/v1/endpoints/{id}` | node: removes an endpoint added through the API |
+//! | GET | `/v1/services` | node: `ServiceRow`s (backend ids, rev-NAT index) |
+//! | POST | `/v1/services` | node: body = one `kind: Service` YAML document; sets it |
+//! | DELETE | `/v1/services/{name}` | node: removes a service added through the API |
+//! | GET | `/v1/drops?since=N` | node: `DropPage`, policy drops after sequence number N |
+
+pub(crate) mod client;
+pub(crate) mod server;
+
+use serde::{Deserialize, Serialize};
+
+pub(crate) use crate::daemon::{Reload, ReloadHistory};
+
+/// `GET /v1/status`.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct Status {
+    pub(crate) version: String,
+    /// `gateway` or `node`.
+    #[serde(default)]
+    pub(crate) mode: String,
+    pub(crate) uptime_seconds: u64,
+    pub(crate) config: Vec<String>,
+    pub(crate) listen: Vec<String>,
+    pub(crate) queries: Vec<(String, u64)>,
+    pub(crate) upstreams: Vec<UpstreamRow>,
+    pub(crate) cache_names: usize,
+    pub(crate) cache_entries: usize,
+    pub(crate) cache_zombies: usize,
+    pub(crate) identities: usize,
+    pub(crate) fqdn_identities: usize,
+    pub(crate) ipcache_prefixes: usize,
+    pub(crate) breaker_trips: u64,
+    pub(crate) deny_list_patterns: usize,
+    pub(crate) allow_list_patterns: usize,
+    pub(crate) reloads: ReloadHistory,
+}
+
+/// One upstream's health.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct UpstreamRow {
+    pub(crate) addr: String,
+    pub(crate) alive: bool,
+    pub(crate) failures: u32,
+    pub(crate) rtt_us: Option<u64>,
+}

@@ -1,0 +1,300 @@
+//! The admin API server (axum on a Unix socket), reading the daemon's shared state.
+
+use std::future::Future;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use axum::Json;
+use axum::extract::{Path as UrlPath, Query, State};
+use axum::http::StatusCode;
+use axum::routing::{delete, get, post};
+use fqdnd_engine::Clock as _;
+use fqdnd_engine::view::{CacheRow, IdentityRow, IpcacheRow};
+use fqdnd_ipcache::EndpointId;
+use serde::Deserialize;
+use tokio::net::UnixListener;
+
+use super::{Reload, Status, UpstreamRow};
+use crate::daemon::{Running, Shared};
+use crate::node::{DropPage, EndpointRow, NodeMode, NodeRuntime, ServiceRow};
+
+/// Binds the admin socket with mode 0600, replacing a stale socket file.
+pub(crate) fn bind(path: &Path) -> Result<UnixListener> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            bail!("{} is in use: is another fqdnd running?", path.display());
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("removing stale socket {}", path.display()))?;
+    }
+    let listener = UnixListener::bind(path)
+        .with_context(|| format!("binding the admin socket {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("setting mode 0600 on {}", path.display()))?;
+    Ok(listener)
+}
+
+/// Serves the admin API of `running` on its socket (mode 0600) and reloads the policy on
+/// SIGHUP; nothing for the demo (no socket).
+pub(crate) fn spawn(running: &mut Running) -> Result<()> {
+    let Some(socket) = running.admin_socket.clone() else {
+        return Ok(());
+    };
+    let listener = bind(&socket)?;
+    {
+        let shared = Arc::clone(&running.shared);
+        let mut stopped = running.stopped.clone();
+        running.tasks.spawn(async move {
+            serve(listener, shared, async move {
+                let _ = stopped.changed().await;
+            })
+            .await
+        });
+    }
+    let shared = Arc::clone(&running.shared);
+    let mut stopped = running.stopped.clone();
+    running.tasks.spawn(async move {
+        let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .context("installing the SIGHUP handler")?;
+        loop {
+            tokio::select! {
+                _ = hangup.recv() => {
+                    tracing::info!("SIGHUP: reloading policy");
+                    let shared = Arc::clone(&shared);
+                    // A reload writes kernel maps and reads files: off the async threads.
+                    let _ = tokio::task::spawn_blocking(move || shared.reload()).await;
+                }
+                _ = stopped.changed() => return Ok(()),
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Serves the API until `shutdown`.
+pub(crate) async fn serve(
+    listener: UnixListener,
+    shared: Arc<Shared>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    let app = axum::Router::new()
+        .route("/v1/status", get(status))
+        .route("/v1/cache", get(cache))
+        .route("/v1/identities", get(identities))
+        .route("/v1/ipcache", get(ipcache))
+        .route("/v1/policy/reload", post(reload))
+        .route("/v1/endpoints", get(endpoints).post(add_endpoint))
+        .route("/v1/endpoints/{id}", delete(remove_endpoint))
+        .route("/v1/services", get(services).post(set_service))
+        .route("/v1/services/{name}", delete(remove_service))
+        .route("/v1/drops", get(drops))
+        .with_state(shared);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+        .context("admin API")
+}
+
+type ApiError = (StatusCode, String);
+
+fn internal(e: &anyhow::Error) -> ApiError {
+    (StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}"))
+}
+
+async fn status(State(shared): State<Arc<Shared>>) -> Json<Status> {
+    Json(status_of(&shared))
+}
+
+/// The daemon's state for `fqdnd status`.
+pub(crate) fn status_of(shared: &Shared) -> Status {
+    let proxy = shared.proxy.get().map(|p| p.stats());
+    let (deny, allow) = shared.dns.current().list_sizes();
+    let reloads = shared.reloads.lock().map(|r| r.clone()).unwrap_or_default();
+    let counts = shared.engine.lock().map(|e| e.counts()).unwrap_or_default();
+    Status {
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        mode: shared.mode.name().to_owned(),
+        uptime_seconds: shared.clock.now().as_secs(),
+        config: if shared.demo {
+            vec!["<embedded gateway demo>".to_owned()]
+        } else {
+            shared
+                .paths
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect()
+        },
+        listen: shared
+            .listen
+            .get()
+            .into_iter()
+            .flatten()
+            .map(ToString::to_string)
+            .collect(),
+        queries: proxy
+            .iter()
+            .flat_map(|p| &p.queries)
+            .map(|(k, v)| (k.as_str().to_owned(), *v))
+            .collect(),
+        upstreams: proxy
+            .iter()
+            .flat_map(|p| &p.upstreams)
+            .map(|u| UpstreamRow {
+                addr: u.addr.to_string(),
+                alive: u.alive,
+                failures: u.consecutive_failures,
+                rtt_us: u
+                    .last_rtt
+                    .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX)),
+            })
+            .collect(),
+        cache_names: counts.cache_names,
+        cache_entries: counts.cache_entries,
+        cache_zombies: counts.cache_zombies,
+        identities: counts.identities,
+        fqdn_identities: counts.fqdn_identities,
+        ipcache_prefixes: counts.ipcache_prefixes,
+        breaker_trips: counts.breaker_trips,
+        deny_list_patterns: deny,
+        allow_list_patterns: allow,
+        reloads,
+    }
+}
+
+async fn cache(State(shared): State<Arc<Shared>>) -> Json<Vec<CacheRow>> {
+    let rows = shared
+        .engine
+        .lock()
+        .map(|e| e.cache_rows(&shared.clock))
+        .unwrap_or_default();
+    Json(rows)
+}
+
+async fn identities(State(shared): State<Arc<Shared>>) -> Json<Vec<IdentityRow>> {
+    Json(
+        shared
+            .engine
+            .lock()
+            .map(|e| e.identity_rows())
+            .unwrap_or_default(),
+    )
+}
+
+async fn ipcache(State(shared): State<Arc<Shared>>) -> Json<Vec<IpcacheRow>> {
+    Json(
+        shared
+            .engine
+            .lock()
+            .map(|e| e.ipcache_rows())
+            .unwrap_or_default(),
+    )
+}
+
+async fn reload(State(shared): State<Arc<Shared>>) -> Result<Json<Reload>, ApiError> {
+    // A reload reads files and writes kernel maps: off the async threads.
+    tokio::task::spawn_blocking(move || shared.reload())
+        .await
+        .map(Json)
+        .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+}
+
+fn node_only(shared: &Shared) -> Result<&Arc<NodeRuntime>, ApiError> {
+    match shared.mode.as_any().downcast_ref::<NodeMode>() {
+        Some(NodeMode(runtime)) => Ok(runtime),
+        None => Err((
+            StatusCode::NOT_FOUND,
+            "only `fqdnd node` manages endpoints, services and datapath drops".to_owned(),
+        )),
+    }
+}
+
+async fn endpoints(State(shared): State<Arc<Shared>>) -> Result<Json<Vec<EndpointRow>>, ApiError> {
+    let runtime = node_only(&shared)?;
+    runtime.rows(&shared).map(Json).map_err(|e| internal(&e))
+}
+
+/// Runs a change of the node's state off the async threads (it writes kernel maps and
+/// files); its error is the client's (400).
+async fn node_change<T: Send + 'static>(
+    shared: Arc<Shared>,
+    change: impl FnOnce(&NodeRuntime, &Shared) -> Result<T> + Send + 'static,
+) -> Result<T, ApiError> {
+    let runtime = Arc::clone(node_only(&shared)?);
+    tokio::task::spawn_blocking(move || change(&runtime, &shared))
+        .await
+        .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map_err(|e| (StatusCode::BAD_REQUEST, format!("{e:#}")))
+}
+
+fn done() -> Json<Reload> {
+    Json(Reload {
+        ok: true,
+        errors: Vec::new(),
+    })
+}
+
+async fn add_endpoint(
+    State(shared): State<Arc<Shared>>,
+    body: String,
+) -> Result<Json<EndpointRow>, ApiError> {
+    node_change(shared, move |runtime, shared| {
+        runtime.add_endpoint(shared, &body)
+    })
+    .await
+    .map(Json)
+}
+
+async fn remove_endpoint(
+    State(shared): State<Arc<Shared>>,
+    UrlPath(id): UrlPath<u16>,
+) -> Result<Json<Reload>, ApiError> {
+    node_change(shared, move |runtime, shared| {
+        runtime.remove_endpoint(shared, EndpointId(id))
+    })
+    .await
+    .map(|()| done())
+}
+
+async fn services(State(shared): State<Arc<Shared>>) -> Result<Json<Vec<ServiceRow>>, ApiError> {
+    node_only(&shared)?
+        .service_rows()
+        .map(Json)
+        .map_err(|e| internal(&e))
+}
+
+async fn set_service(
+    State(shared): State<Arc<Shared>>,
+    body: String,
+) -> Result<Json<ServiceRow>, ApiError> {
+    node_change(shared, move |runtime, _| runtime.set_service(&body))
+        .await
+        .map(Json)
+}
+
+async fn remove_service(
+    State(shared): State<Arc<Shared>>,
+    UrlPath(name): UrlPath<String>,
+) -> Result<Json<Reload>, ApiError> {
+    node_change(shared, move |runtime, _| runtime.remove_service(&name))
+        .await
+        .map(|()| done())
+}
+
+/// `?since=N`.
+#[derive(Debug, Deserialize)]
+struct Since {
+    #[serde(default)]
+    since: u64,
+}
+
+async fn drops(
+    State(shared): State<Arc<Shared>>,
+    Query(q): Query<Since>,
+) -> Result<Json<DropPage>, ApiError> {
+    Ok(Json(node_only(&shared)?.drops.page(q.since, 1000)))
+}

@@ -1,0 +1,13 @@
+//! The command-line tools other than the daemons: clients of the admin API (`status`, the
+//! listings, `policy reload`, `endpoint`, `service`, `monitor`), readers of the pinned maps
+//! (`bpf … list`) and of state directories (`checkpoint`), and the offline tools (`policy
+//! check|match`, `simulate`, `replay`, the demo).
+
+pub(crate) mod checkpoint;
+pub(crate) mod demo;
+pub(crate) mod list;
+pub(crate) mod node;
+pub(crate) mod policy;
+pub(crate) mod replay;
+pub(crate) mod service;
+pub(crate) mod simulate;

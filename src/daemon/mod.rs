@@ -1,0 +1,472 @@
+//! The daemon skeleton gateway and node share: start, reload, stop — written once.
+//!
+//! Start: the mode prepares what is its own (its document, the kernel programs, static zones,
+//! services, saved endpoints) → the state directory is opened and the engine built from the
+//! desired configuration with what it held → [`Shared::apply`] brings the engine, the mode's
+//! kernel side and the DNS policy to that configuration → the journal settles → the proxy
+//! binds → the periodic tasks (GC, metrics), the mode's own tasks and the admin API start.
+//!
+//! Reload (SIGHUP, `fqdnd policy reload`, and every endpoint change of node mode) is
+//! [`Shared::apply`]: DNS policy compiled, engine changed (rolled back inside if the datapath
+//! refuses), the mode's kernel side synced (on failure the engine and kernel go back to the
+//! configuration in force), then the DNS policy swapped. A refused change leaves nothing
+//! behind.
+
+mod dns;
+mod observer;
+mod querylog;
+mod state;
+mod tasks;
+
+pub(crate) use state::create_state_dir;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow};
+use fqdnd_config::{Config, Daemon, Lists};
+use fqdnd_dnsproxy::{DnsProxy, QueryLog};
+use fqdnd_engine::dns::DnsPolicy;
+use fqdnd_engine::{Clock as _, Engine};
+use fqdnd_ipcache::EndpointId;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::clock::Clock;
+use crate::datapath::AnyDatapath;
+use crate::kernel::Kernel;
+pub(crate) use dns::{DnsHandle, SharedLb};
+
+/// The engine, shared between the proxy's observer, the GC task and the admin API. Each
+/// holder locks it briefly (one answer, one GC pass, one listing).
+pub(crate) type SharedEngine = Arc<Mutex<Engine<AnyDatapath>>>;
+
+/// The kernel side, when the mode has one (node; gateway with `enforceInterfaces`).
+pub(crate) type SharedKernel = Arc<Mutex<Kernel>>;
+
+/// Locks `m`, naming it in the error if a holder panicked.
+pub(crate) fn lock<'a, T>(m: &'a Mutex<T>, what: &str) -> Result<MutexGuard<'a, T>> {
+    m.lock().map_err(|_| anyhow!("{what} lock poisoned"))
+}
+
+/// What differs between gateway and node, as the skeleton needs it. The skeleton knows no
+/// mode: each implements this.
+pub(crate) trait ModeHooks: Send + Sync + 'static {
+    /// `gateway` or `node`.
+    fn name(&self) -> &'static str;
+    /// Brings the mode's kernel side (and services) to `config`, after the engine has it;
+    /// `enforcing` says which endpoints are under egress policy.
+    fn sync(
+        &self,
+        kernel: Option<&SharedKernel>,
+        config: &Config,
+        enforcing: &BTreeMap<EndpointId, bool>,
+    ) -> Result<()>;
+    /// Re-reads the configuration files for a reload.
+    fn reload(&self, paths: &[PathBuf], demo: bool) -> Result<Loaded>;
+    /// Once the proxy listens (node: points the DNS redirect at it).
+    fn proxy_bound(&self, _kernel: Option<&SharedKernel>) -> Result<()> {
+        Ok(())
+    }
+    /// The mode's own tasks (node: the drop events).
+    fn spawn_tasks(
+        &self,
+        _tasks: &mut JoinSet<Result<()>>,
+        _stopped: &watch::Receiver<bool>,
+    ) -> Result<()> {
+        Ok(())
+    }
+    /// Stops what the mode runs beside the tasks (gateway: the static zone server).
+    fn stop(&self) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async {})
+    }
+    /// What stopping leaves in place, for the log line.
+    fn leaves(&self) -> &'static str {
+        ""
+    }
+    /// The mode, for the admin API's mode-specific routes.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// What a mode hands the skeleton at start.
+pub(crate) struct Prepared {
+    /// The desired configuration (node: files + saved endpoints).
+    pub(crate) config: Config,
+    /// The daemon options of the mode's document.
+    pub(crate) daemon: Daemon,
+    /// The loaded programs and where their maps are pinned, if the mode enforces.
+    pub(crate) kernel: Option<(Kernel, PathBuf)>,
+    /// The proxy's listen addresses, upstreams and transparent mode; the rest comes from
+    /// `daemon` and the settings ([`proxy_config`]).
+    pub(crate) proxy: fqdnd_dnsproxy::Config,
+    /// How long an idle flow keeps its destination alive for GC.
+    pub(crate) conntrack_idle: Duration,
+    /// The mode's own state.
+    pub(crate) mode: Box<dyn ModeHooks>,
+    /// Node: queries to a service VIP are forwarded to one of its backends.
+    pub(crate) services: Option<SharedLb>,
+    /// The admin socket the mode's document names.
+    pub(crate) admin_socket: PathBuf,
+}
+
+/// What one (re)load wants: the configuration and the lists that go with it.
+#[derive(Debug, Clone)]
+pub(crate) struct Desired {
+    pub(crate) config: Config,
+    pub(crate) lists: Lists,
+}
+
+/// The reloads so far and the last one's errors (for `status`).
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+pub(crate) struct ReloadHistory {
+    pub(crate) reloads: u64,
+    pub(crate) failed: u64,
+    pub(crate) last_errors: Vec<String>,
+}
+
+/// The outcome of a reload or another change (`POST /v1/policy/reload`).
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct Reload {
+    pub(crate) ok: bool,
+    pub(crate) errors: Vec<String>,
+}
+
+/// Everything the daemon's tasks and the admin API share.
+pub(crate) struct Shared {
+    pub(crate) engine: SharedEngine,
+    pub(crate) dns: Arc<DnsHandle>,
+    pub(crate) clock: Clock,
+    pub(crate) kernel: Option<SharedKernel>,
+    pub(crate) mode: Box<dyn ModeHooks>,
+    /// The configuration files given on the command line.
+    pub(crate) paths: Vec<PathBuf>,
+    pub(crate) demo: bool,
+    /// The configuration in force (what the last successful apply installed).
+    desired: Mutex<Desired>,
+    pub(crate) reloads: Mutex<ReloadHistory>,
+    /// Held by every change of the desired state (reloads, endpoint changes), one at a time.
+    pub(crate) changes: Mutex<()>,
+    /// Set once the proxy is bound.
+    pub(crate) proxy: OnceLock<fqdnd_dnsproxy::StatsHandle>,
+    pub(crate) listen: OnceLock<Vec<SocketAddr>>,
+    pub(crate) persist: Option<Arc<fqdnd_engine::durable::Persist>>,
+}
+
+impl Shared {
+    /// The configuration in force.
+    pub(crate) fn desired(&self) -> Result<Desired> {
+        Ok(lock(&self.desired, "configuration")?.clone())
+    }
+
+    /// Brings the engine, the mode's kernel side and the DNS policy to `next`. On any
+    /// failure what was in force stays in force.
+    pub(crate) fn apply(&self, next: Desired) -> Result<()> {
+        let compiled = DnsPolicy::compile(&next.config, &next.lists)?;
+        let previous = self.desired()?;
+        let enforced = {
+            let mut engine = lock(&self.engine, "engine")?;
+            engine.apply(
+                next.config.endpoints.clone(),
+                next.config.rules.clone(),
+                self.clock.now(),
+            )?;
+            enforcing(&next.config, &engine)
+        };
+        if let Err(e) = self.sync(&next.config, &enforced) {
+            // Back to the configuration in force, in the engine and the kernel.
+            let undo = lock(&self.engine, "engine").and_then(|mut engine| {
+                engine.apply(
+                    previous.config.endpoints.clone(),
+                    previous.config.rules.clone(),
+                    self.clock.now(),
+                )?;
+                Ok(enforcing(&previous.config, &engine))
+            });
+            match undo.and_then(|before| self.sync(&previous.config, &before)) {
+                Ok(()) => {}
+                Err(undo) => {
+                    tracing::error!(error = %format!("{undo:#}"), "going back to the configuration in force failed")
+                }
+            }
+            return Err(e);
+        }
+        self.dns.replace(compiled);
+        *lock(&self.desired, "configuration")? = next;
+        Ok(())
+    }
+
+    /// The mode's kernel side (and services) to `config`.
+    fn sync(&self, config: &Config, enforcing: &BTreeMap<EndpointId, bool>) -> Result<()> {
+        self.mode.sync(self.kernel.as_ref(), config, enforcing)
+    }
+
+    /// Re-reads the configuration files and applies them; the outcome is recorded for
+    /// `status` and logged.
+    pub(crate) fn reload(&self) -> Reload {
+        let outcome = (|| {
+            let _changes = lock(&self.changes, "changes")?;
+            let loaded = self.mode.reload(&self.paths, self.demo)?;
+            self.apply(loaded.desired)?;
+            (loaded.commit)();
+            Ok(())
+        })();
+        self.record_reload(outcome)
+    }
+
+    fn record_reload(&self, outcome: Result<()>) -> Reload {
+        let mut history = self
+            .reloads
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        history.reloads += 1;
+        match outcome {
+            Ok(()) => {
+                history.last_errors.clear();
+                tracing::info!(mode = self.mode.name(), "policy reloaded");
+                Reload {
+                    ok: true,
+                    errors: Vec::new(),
+                }
+            }
+            Err(e) => {
+                history.failed += 1;
+                let errors: Vec<String> = format!("{e:#}").lines().map(str::to_owned).collect();
+                for line in &errors {
+                    tracing::error!(error = %line, "reload rejected; the previous policy stays in force");
+                }
+                history.last_errors = errors.clone();
+                Reload { ok: false, errors }
+            }
+        }
+    }
+}
+
+/// A reload as a mode reads it: what to apply, and what to do once it is in force.
+pub(crate) struct Loaded {
+    pub(crate) desired: Desired,
+    pub(crate) commit: Box<dyn FnOnce() + Send>,
+}
+
+/// Whether each endpoint of `config` is under egress policy in `engine`.
+fn enforcing(config: &Config, engine: &Engine<AnyDatapath>) -> BTreeMap<EndpointId, bool> {
+    config
+        .endpoints
+        .iter()
+        .map(|e| {
+            (
+                e.id,
+                engine.ipcache.endpoint_enforcing(e.id).unwrap_or(false),
+            )
+        })
+        .collect()
+}
+
+/// The proxy's settings from `Settings` and the mode's `Daemon` options, over the mode's
+/// listen addresses, upstreams and transparent mode.
+pub(crate) fn proxy_config(
+    settings: &fqdnd_config::Settings,
+    daemon: &Daemon,
+    base: fqdnd_dnsproxy::Config,
+) -> fqdnd_dnsproxy::Config {
+    fqdnd_dnsproxy::Config {
+        upstream_timeout: daemon.upstream_timeout,
+        on_upstream_timeout: daemon.on_upstream_timeout,
+        response_max_delay: settings.proxy_response_max_delay,
+        on_hold_timeout: daemon.on_hold_timeout,
+        on_truncated: daemon.on_truncated,
+        randomize_case: daemon.randomize_case,
+        reject_code: settings.reject_response_code,
+        concurrency_limit: settings.concurrency_limit,
+        rate_limit_qps: daemon.rate_limit.map_or(0, |r| r.qps),
+        rate_limit_burst: daemon.rate_limit.map_or(0, |r| r.burst),
+        rate_limit_clients: daemon.rate_limit.map_or(65_536, |r| r.clients),
+        rate_limit_action: daemon.rate_limit.map(|r| r.action).unwrap_or_default(),
+        ..base
+    }
+}
+
+/// A running daemon.
+pub(crate) struct Running {
+    pub(crate) shared: Arc<Shared>,
+    stop: watch::Sender<bool>,
+    /// Tasks fire when the stop channel does.
+    pub(crate) stopped: watch::Receiver<bool>,
+    pub(crate) tasks: JoinSet<Result<()>>,
+    /// Where the admin API is to listen (`None` for the demo).
+    pub(crate) admin_socket: Option<PathBuf>,
+}
+
+impl Running {
+    /// Where the proxy answers over UDP.
+    pub(crate) fn udp(&self) -> Vec<SocketAddr> {
+        self.shared.listen.get().cloned().unwrap_or_default()
+    }
+
+    /// Stops every task and waits for them (the mode's own resources go with them).
+    pub(crate) async fn shutdown(mut self) -> Result<()> {
+        let _ = self.stop.send(true);
+        while let Some(result) = self.tasks.join_next().await {
+            result.context("daemon task panicked")??;
+        }
+        self.shared.mode.stop().await;
+        Ok(())
+    }
+
+    /// Runs until SIGINT or SIGTERM, then stops.
+    pub(crate) async fn until_signal(self) -> Result<()> {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let leaves = self.shared.mode.leaves();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping{leaves}"),
+            _ = term.recv() => tracing::info!("SIGTERM: stopping{leaves}"),
+        }
+        self.shutdown().await
+    }
+}
+
+/// How a daemon is started.
+pub(crate) struct StartOptions {
+    /// Configuration files or directories.
+    pub(crate) paths: Vec<PathBuf>,
+    /// The embedded demo (no state, no admin API, no permission checks).
+    pub(crate) demo: bool,
+    /// The admin socket instead of the document's.
+    pub(crate) admin_socket: Option<PathBuf>,
+    /// Refuse a torn journal tail.
+    pub(crate) strict_restore: bool,
+}
+
+/// Starts a daemon from what its mode prepared.
+pub(crate) async fn start(
+    prepared: Prepared,
+    options: StartOptions,
+    clock: Clock,
+) -> Result<Running> {
+    let Prepared {
+        config,
+        daemon,
+        kernel,
+        proxy,
+        conntrack_idle,
+        mode,
+        services,
+        admin_socket,
+    } = prepared;
+    let (restored, persist) = if options.demo {
+        (fqdnd_engine::durable::Restored::default(), None)
+    } else {
+        state::open(&daemon, options.strict_restore, clock)?
+    };
+    let (engine, kernel) = match kernel {
+        None => (
+            state::build_engine(
+                &config,
+                AnyDatapath::Memory(Box::default()),
+                clock,
+                &restored,
+            )?,
+            None,
+        ),
+        Some((kernel, pin_dir)) => {
+            let mut engine = state::engine_on_kernel(&config, &pin_dir, clock, &restored)?;
+            // The engine refuses new prefixes past the kernel ipcache's size (fail closed).
+            engine
+                .ipcache
+                .set_datapath_prefixes(Some(kernel.sizes().ipcache as usize));
+            (engine, Some(Arc::new(Mutex::new(kernel))))
+        }
+    };
+    drop(restored);
+    let engine: SharedEngine = Arc::new(Mutex::new(engine));
+    // Gauges right after the restore, not a tick later.
+    if let Ok(engine) = engine.lock() {
+        crate::metrics::record_engine(&engine);
+    }
+    let shared = Arc::new(Shared {
+        engine: Arc::clone(&engine),
+        dns: Arc::new(DnsHandle::new(services)),
+        clock,
+        kernel,
+        mode,
+        paths: options.paths,
+        demo: options.demo,
+        desired: Mutex::new(Desired {
+            config: config.clone(),
+            lists: daemon.lists.clone(),
+        }),
+        reloads: Mutex::new(ReloadHistory::default()),
+        changes: Mutex::new(()),
+        proxy: OnceLock::new(),
+        listen: OnceLock::new(),
+        persist: persist.clone(),
+    });
+    shared.apply(Desired {
+        config: config.clone(),
+        lists: daemon.lists.clone(),
+    })?;
+    if let Some(persist) = &persist {
+        persist
+            .settle(&engine)
+            .await
+            .context("journaling the identities at start")?;
+    }
+    let query_log: Option<Arc<dyn QueryLog>> = match &daemon.query_log {
+        Some(path) => Some(Arc::new(querylog::JsonLines::open(path)?)),
+        None => None,
+    };
+    if let Some(addr) = daemon.metrics {
+        crate::metrics::install(addr)?;
+    }
+    fqdnd_dnsproxy::describe_metrics();
+    let observer = Arc::new(observer::EngineObserver {
+        engine: Arc::clone(&engine),
+        clock,
+        persist: persist.clone(),
+    });
+    let proxy = DnsProxy::bind(
+        proxy_config(&config.settings, &daemon, proxy),
+        Arc::clone(&shared.dns) as Arc<dyn fqdnd_dnsproxy::QueryPolicy>,
+        observer,
+        query_log,
+    )
+    .await
+    .context("starting the DNS proxy")?;
+    shared.mode.proxy_bound(shared.kernel.as_ref())?;
+    let udp = proxy.udp_addrs();
+    tracing::info!(mode = shared.mode.name(), udp = ?udp, tcp = ?proxy.tcp_addrs(), "listening");
+    let _ = shared.proxy.set(proxy.stats_handle());
+    let _ = shared.listen.set(udp);
+
+    let (stop, stopped) = watch::channel(false);
+    let mut tasks = JoinSet::new();
+    {
+        let mut stopped = stopped.clone();
+        tasks.spawn(async move {
+            proxy
+                .run(async move { while stopped.changed().await.is_ok() && !*stopped.borrow() {} })
+                .await?;
+            Ok(())
+        });
+    }
+    tasks::spawn_gc(
+        &mut tasks,
+        &stopped,
+        &shared,
+        config.settings.gc_interval,
+        conntrack_idle,
+    );
+    tasks::spawn_metrics(&mut tasks, &stopped, &shared);
+    shared.mode.spawn_tasks(&mut tasks, &stopped)?;
+    Ok(Running {
+        shared,
+        stop,
+        stopped,
+        tasks,
+        admin_socket: (!options.demo).then(|| options.admin_socket.unwrap_or(admin_socket)),
+    })
+}
