@@ -357,6 +357,10 @@ pub(crate) async fn start(
         services,
         admin_socket,
     } = prepared;
+    // The recorder first: the gauges are set as soon as the restore ends.
+    if let Some(addr) = daemon.metrics {
+        crate::metrics::install(addr)?;
+    }
     let (restored, persist) = if options.demo {
         (fqdnd_engine::durable::Restored::default(), None)
     } else {
@@ -419,9 +423,6 @@ pub(crate) async fn start(
         Some(path) => Some(Arc::new(querylog::JsonLines::open(path)?)),
         None => None,
     };
-    if let Some(addr) = daemon.metrics {
-        crate::metrics::install(addr)?;
-    }
     fqdnd_dnsproxy::describe_metrics();
     let observer = Arc::new(observer::EngineObserver {
         engine: Arc::clone(&engine),
