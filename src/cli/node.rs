@@ -218,7 +218,8 @@ pub(crate) fn bpf_ipcache(pin_dir: Option<&Path>) -> Result<ExitCode> {
     let mut rows = maps.ipcache_entries()?;
     rows.sort();
     for (prefix, identity) in rows {
-        writeln!(out, "{prefix:<44} {}", identity.0)?;
+        // `IpNet`'s Display ignores the width: pad its text.
+        writeln!(out, "{:<44} {}", prefix.to_string(), identity.0)?;
     }
     Ok(ExitCode::SUCCESS)
 }
