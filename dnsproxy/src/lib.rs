@@ -87,6 +87,7 @@ mod policy;
 mod proxy;
 mod query;
 mod querylog;
+mod question;
 mod ratelimit;
 mod transparent;
 mod upstream;

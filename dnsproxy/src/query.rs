@@ -4,6 +4,7 @@
 use hickory_proto::op::{Message, MessageType, OpCode};
 use hickory_proto::rr::RecordType;
 
+use crate::question::Question;
 use crate::wire::{self, Opt, rcode};
 
 /// A query that can be checked against policy and forwarded.
@@ -13,12 +14,12 @@ pub(crate) struct ParsedQuery {
     pub(crate) client_id: u16,
     /// The client's OPT record, if it sent one.
     pub(crate) opt: Option<Opt>,
-    /// Where its one question ends.
-    pub(crate) question_end: usize,
+    /// Its one question.
+    pub(crate) question: Question,
     pub(crate) qtype: RecordType,
     /// The client's UDP payload size (EDNS0, at least 512).
     pub(crate) udp_limit: u16,
-    /// The question name, canonical (see [`wire::canonical_name`]).
+    /// The question name, canonical (see [`Question::canonical_name`]).
     pub(crate) name: String,
 }
 
@@ -33,7 +34,7 @@ pub(crate) enum NotForwarded {
     /// a question count other than one, NOTIMP for an opcode other than QUERY.
     Reply {
         id: u16,
-        question_end: Option<usize>,
+        question: Option<Question>,
         qtype: Option<RecordType>,
         code: u8,
         opt: Option<Opt>,
@@ -51,12 +52,12 @@ impl NotForwarded {
             }
             Self::Reply {
                 id,
-                question_end,
+                question,
                 code,
                 opt,
                 ..
             } => {
-                wire::write_header_reply(out, raw, id, question_end, code, false, opt);
+                wire::write_header_reply(out, raw, id, question, code, false, opt);
                 Some(code)
             }
         }
@@ -88,14 +89,14 @@ pub(crate) fn parse(raw: &[u8]) -> Result<ParsedQuery, NotForwarded> {
         dnssec_ok: e.flags().dnssec_ok,
         rcode_high: 0,
     });
-    let question_end = match msg.queries.len() {
-        1 => wire::question_end(raw),
+    let question = match msg.queries.len() {
+        1 => Question::parse(raw),
         _ => None,
     };
-    let Some(question_end) = question_end else {
+    let Some(question) = question else {
         return Err(NotForwarded::Reply {
             id,
-            question_end: None,
+            question: None,
             qtype: None,
             code: rcode::FORMERR,
             opt,
@@ -105,18 +106,18 @@ pub(crate) fn parse(raw: &[u8]) -> Result<ParsedQuery, NotForwarded> {
     if msg.metadata.op_code != OpCode::Query {
         return Err(NotForwarded::Reply {
             id,
-            question_end: Some(question_end),
+            question: Some(question),
             qtype: Some(qtype),
             code: rcode::NOTIMP,
             opt,
         });
     }
-    let mut name = String::with_capacity(question_end - wire::HEADER_LEN);
-    wire::canonical_name(raw, question_end, &mut name);
+    let mut name = String::with_capacity(question.name(raw).len());
+    question.canonical_name(raw, &mut name);
     Ok(ParsedQuery {
         client_id: id,
         opt,
-        question_end,
+        question,
         qtype,
         udp_limit: msg.max_payload(),
         name,
@@ -140,7 +141,7 @@ mod tests {
         let parsed = parse(&q).unwrap();
         assert_eq!(parsed.name, "www.example.");
         assert_eq!(parsed.client_id, 0x1234);
-        assert_eq!(parsed.question_end, q.len());
+        assert_eq!(parsed.question.end(), q.len());
         assert_eq!(parsed.qtype, RecordType::A);
         assert_eq!(parsed.udp_limit, 512);
     }

@@ -10,6 +10,7 @@ use crate::config::{RateLimitAction, RejectCode};
 use crate::policy::{QueryInfo, Transport, Verdict};
 use crate::query::{self, ParsedQuery};
 use crate::querylog::QueryResult;
+use crate::question::Question;
 use crate::upstream::{Asked, ReplyTo};
 use crate::wire::{self, rcode};
 
@@ -47,7 +48,7 @@ impl Shared {
         let ParsedQuery {
             client_id,
             opt,
-            question_end,
+            question,
             qtype,
             udp_limit,
             name,
@@ -87,7 +88,7 @@ impl Shared {
                         opt,
                         received,
                     };
-                    return self.forward(w, raw, question_end, asked, reply).await;
+                    return self.forward(w, raw, question, asked, reply).await;
                 }
                 Verdict::Deny => (
                     QueryResult::Denied,
@@ -103,7 +104,7 @@ impl Shared {
             &mut w.scratch,
             raw,
             client_id,
-            Some(question_end),
+            Some(question),
             code,
             false,
             opt,
@@ -124,7 +125,7 @@ impl Shared {
         &self,
         w: &mut Worker,
         raw: &[u8],
-        question_end: usize,
+        question: Question,
         asked: &Asked,
         result: QueryResult,
         code: u8,
@@ -133,7 +134,7 @@ impl Shared {
             &mut w.scratch,
             raw,
             asked.client_id,
-            Some(question_end),
+            Some(question),
             code,
             false,
             asked.opt,

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use super::{Handled, Shared, Worker};
 use crate::case;
 use crate::querylog::QueryResult;
+use crate::question::Question;
 use crate::upstream::{Asked, OpenError, Origin, ReplyTo, Upstream};
 use crate::upstream_socket::{Inflight, UpstreamSocket};
 use crate::wire::{self, rcode};
@@ -30,7 +31,7 @@ impl Shared {
         &self,
         w: &mut Worker,
         raw: &mut [u8],
-        question_end: usize,
+        question: Question,
         asked: Asked,
         reply: impl FnOnce() -> ReplyTo,
     ) -> Handled {
@@ -42,7 +43,7 @@ impl Shared {
             return self.refuse_admitted(
                 w,
                 raw,
-                question_end,
+                question,
                 &asked,
                 QueryResult::ConcurrencyLimited,
                 rcode::SERVFAIL,
@@ -68,7 +69,7 @@ impl Shared {
                 return self.refuse_admitted(
                     w,
                     raw,
-                    question_end,
+                    question,
                     &asked,
                     QueryResult::NoUpstream,
                     code,
@@ -85,7 +86,7 @@ impl Shared {
         });
         let chosen = (0..n).find_map(|k| {
             let si = (first + k) % n;
-            self.reserve(w, upstream, si, raw, question_end, sent, &mut origin)
+            self.reserve(w, upstream, si, raw, question, sent, &mut origin)
         });
         let Some(socket) = chosen else {
             // Every socket of the upstream holds its maximum: refuse like the concurrency limit.
@@ -97,7 +98,7 @@ impl Shared {
             return self.refuse_admitted(
                 w,
                 raw,
-                question_end,
+                question,
                 &asked,
                 QueryResult::ConcurrencyLimited,
                 rcode::SERVFAIL,
@@ -135,7 +136,7 @@ impl Shared {
         upstream: &Arc<Upstream>,
         si: usize,
         raw: &mut [u8],
-        question_end: usize,
+        question: Question,
         sent: Instant,
         origin: &mut Option<Origin>,
     ) -> Option<Arc<UpstreamSocket>> {
@@ -154,10 +155,10 @@ impl Shared {
                 let sent_name = self
                     .config
                     .randomize_case
-                    .then(|| case::randomize(raw, question_end, &mut w.ids));
+                    .then(|| case::randomize(raw, question, &mut w.ids));
                 slot.fill(Inflight {
                     query,
-                    question_end,
+                    question,
                     sent_name,
                     sent,
                     origin: origin.take(),

@@ -16,6 +16,7 @@ use crate::config::HoldFallback;
 use crate::metrics::HoldFailure;
 use crate::observer::{Observation, ObserveFuture, ResponseContext};
 use crate::querylog::QueryResult;
+use crate::question::Question;
 use crate::transparent;
 use crate::upstream::{Asked, Origin, ReplyTo};
 use crate::wire::{self, rcode};
@@ -121,7 +122,7 @@ impl Shared {
             origin: Origin { reply, asked },
             upstream,
             msg,
-            question_end,
+            question,
             answered,
         } = answer;
         let code = u16::from(msg.metadata.response_code);
@@ -134,7 +135,7 @@ impl Shared {
                     asked.client_id,
                     asked.udp_limit,
                     asked.opt,
-                    question_end,
+                    question,
                     code,
                 );
                 self.send_udp_reply(listener, server, reply, asked.client)
@@ -167,11 +168,11 @@ impl Shared {
         let Answer {
             origin: Origin { reply, asked },
             upstream,
-            question_end,
+            question,
             answered,
             ..
         } = answer;
-        let code = self.send_servfail(reply, &asked, raw, question_end).await;
+        let code = self.send_servfail(reply, &asked, raw, question).await;
         let hold = answered.elapsed();
         self.metrics.hold.record(hold.as_secs_f64());
         let result = match failure {
@@ -188,21 +189,22 @@ impl Shared {
         self.finish_admitted(&asked, outcome);
     }
 
-    /// Answers the asker of `query` with SERVFAIL (question and OPT echoed); returns the code.
+    /// Answers the asker of `query` (`question` is its question) with SERVFAIL, question and OPT
+    /// echoed; returns the code.
     pub(super) async fn send_servfail(
         &self,
         reply: ReplyTo,
         asked: &Asked,
         query: &[u8],
-        question_end: usize,
+        question: Question,
     ) -> u8 {
-        let mut out = Vec::with_capacity(question_end + 11);
+        let mut out = Vec::with_capacity(question.end() + 11);
         let code = rcode::SERVFAIL;
         wire::write_header_reply(
             &mut out,
             query,
             asked.client_id,
-            Some(question_end),
+            Some(question),
             code,
             false,
             asked.opt,

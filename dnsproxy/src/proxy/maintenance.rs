@@ -13,6 +13,7 @@ use super::{Outcome, Shared};
 use crate::config::UpstreamTimeoutAction;
 use crate::ids::IdSource;
 use crate::querylog::QueryResult;
+use crate::question::Question;
 use crate::upstream::Origin;
 use crate::upstream_socket::Inflight;
 use crate::wire;
@@ -60,7 +61,7 @@ impl Shared {
                                     origin,
                                     upstream.addr,
                                     &inflight.query,
-                                    inflight.question_end,
+                                    inflight.question,
                                 )
                                 .await;
                             }
@@ -81,12 +82,12 @@ impl Shared {
         origin: Origin,
         upstream: SocketAddr,
         query: &[u8],
-        question_end: usize,
+        question: Question,
     ) {
         let Origin { reply, asked } = origin;
         let code = match self.config.on_upstream_timeout {
             UpstreamTimeoutAction::ServFail => {
-                let code = self.send_servfail(reply, &asked, query, question_end).await;
+                let code = self.send_servfail(reply, &asked, query, question).await;
                 Some(code.into())
             }
             UpstreamTimeoutAction::NoReply => None,
@@ -127,16 +128,16 @@ impl Shared {
                 let socket = upstream.socket(next_socket % upstream.slots());
                 let reserved = {
                     let mut table = socket.lock();
-                    table.insert(&mut ids).map(|slot| {
-                        wire::write_probe(&mut probe, slot.id());
-                        let question_end = probe.len();
+                    table.insert(&mut ids).and_then(|slot| {
+                        let question = wire::write_probe(&mut probe, slot.id())?;
                         slot.fill(Inflight {
                             query: probe.clone(),
-                            question_end,
+                            question,
                             sent_name: None,
                             sent: now,
                             origin: None,
                         });
+                        Some(())
                     })
                 };
                 if reserved.is_none() {

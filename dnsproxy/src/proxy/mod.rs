@@ -32,6 +32,7 @@ use crate::metrics::Metrics;
 use crate::observer::ResponseObserver;
 use crate::policy::{QueryPolicy, Transport};
 use crate::querylog::{QueryLog, QueryLogEntry, QueryResult};
+use crate::question::Question;
 use crate::ratelimit::RateLimiter;
 use crate::transparent::RawSender;
 use crate::upstream::{Asked, NewSocket, Origin, OriginalUpstreams, Upstream};
@@ -138,8 +139,8 @@ struct Answer {
     origin: Origin,
     upstream: SocketAddr,
     msg: Message,
-    /// Where the answer's question ends.
-    question_end: usize,
+    /// The answer's question.
+    question: Question,
     /// When it arrived.
     answered: Instant,
 }

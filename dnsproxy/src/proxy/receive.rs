@@ -91,7 +91,7 @@ impl Shared {
         let Validated {
             msg,
             entry,
-            question_end: answer_qend,
+            question: answer_question,
             len,
         } = match validated {
             Ok(validated) => validated,
@@ -103,7 +103,7 @@ impl Shared {
         let raw = &mut raw[..len];
         let rtt = answered.saturating_duration_since(entry.sent);
         upstream.on_success(rtt, self.elapsed_ms(answered));
-        let (Some(origin), Some(question_end)) = (entry.origin, answer_qend) else {
+        let (Some(origin), Some(question)) = (entry.origin, answer_question) else {
             upstream.probing.store(false, Ordering::Relaxed);
             return None;
         };
@@ -115,14 +115,14 @@ impl Shared {
                 upstream.clone(),
                 origin,
                 entry.query,
-                entry.question_end,
+                entry.question,
             )));
         }
         let answer = Answer {
             origin,
             upstream: upstream.addr,
             msg,
-            question_end,
+            question,
             answered,
         };
         self.observe_and_reply(answer, raw).await

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use super::{Answer, Shared};
 use crate::ids::IdSource;
 use crate::metrics::DropReason;
+use crate::question::Question;
 use crate::upstream::{Origin, Upstream};
 use crate::wire;
 
@@ -25,21 +26,21 @@ impl Shared {
         upstream: Arc<Upstream>,
         origin: Origin,
         mut query: Vec<u8>,
-        question_end: usize,
+        question: Question,
     ) {
         let upstream = upstream.addr;
         let id = IdSource::new().next_id();
         wire::set_id(&mut query, id);
-        let exchange = self.tcp_exchange(upstream, &query, id, question_end);
+        let exchange = self.tcp_exchange(upstream, &query, id, question);
         let failure = match tokio::time::timeout(self.config.upstream_timeout, exchange).await {
-            Ok(Ok(mut raw)) => match (Message::from_vec(&raw), wire::question_end(&raw)) {
-                (Ok(msg), Some(answer_qend)) => {
+            Ok(Ok(mut raw)) => match (Message::from_vec(&raw), Question::parse(&raw)) {
+                (Ok(msg), Some(answer_question)) => {
                     let answered = Instant::now();
                     let answer = Answer {
                         origin,
                         upstream,
                         msg,
-                        question_end: answer_qend,
+                        question: answer_question,
                         answered,
                     };
                     if let Some(pending) = self.observe_and_reply(answer, &mut raw).await {
@@ -56,7 +57,7 @@ impl Shared {
             Err(_) => "timed out".to_owned(),
         };
         tracing::debug!(%upstream, error = %failure, "DNS retry over TCP failed");
-        self.upstream_failed(origin, upstream, &query, question_end)
+        self.upstream_failed(origin, upstream, &query, question)
             .await;
     }
 
@@ -67,7 +68,7 @@ impl Shared {
         upstream: SocketAddr,
         query: &[u8],
         id: u16,
-        question_end: usize,
+        question: Question,
     ) -> io::Result<Vec<u8>> {
         let mut stream = TcpStream::connect(upstream).await?;
         stream.set_nodelay(true)?;
@@ -85,8 +86,8 @@ impl Shared {
                 self.dropped(DropReason::UnknownId, upstream);
                 continue;
             }
-            match wire::question_end(&answer) {
-                Some(end) if wire::same_question(&answer, end, query, question_end) => {
+            match Question::parse(&answer) {
+                Some(answered) if answered.same(&answer, question, query) => {
                     return Ok(answer);
                 }
                 _ => self.dropped(DropReason::QuestionMismatch, upstream),
