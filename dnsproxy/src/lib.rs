@@ -40,6 +40,11 @@
 //!   descriptor kept in reserve and closed at once (counted, warned at most every 10 s), so it
 //!   is not left hanging in the backlog and the accept loop does not spin; UDP goes on;
 //! - after the hold fallback the observation is not cancelled: it runs to its end;
+//! - a client message shorter than a DNS header (12 bytes) gets no reply (any reply would be
+//!   bigger: a reflection amplifier towards a spoofed source; BIND and Unbound drop them too)
+//!   and is counted as `fqdnd_dns_dropped_queries_total{reason="runt"}`, not as a query; over
+//!   TCP it also ends the connection once the queries before it are answered (BIND resets
+//!   it);
 //! - an answer without a question is accepted only for a health probe; an answer that does
 //!   not parse is dropped (counted) and the query keeps waiting for a good one or its timeout;
 //! - without [`Config::transparent`], a UDP reply leaves from the listener socket the query came
@@ -374,6 +379,7 @@ fn stats(shared: &Shared) -> ProxyStats {
             .iter()
             .map(|&r| (r, m.dropped[r as usize].get()))
             .collect(),
+        runt_queries: m.runt_queries.get(),
         concurrency_limited: m.concurrency_limited.get(),
         hold_timeouts: m.hold_timeouts.get(),
         observer_errors: m.observer_errors.get(),

@@ -26,7 +26,11 @@ pub(crate) struct ParsedQuery {
 /// Bytes that are not a query the proxy forwards, and what it answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum NotForwarded {
-    /// Nothing: a response sent to the listener (no reflection loops), or too short for an ID.
+    /// Nothing: shorter than a DNS header (12 bytes). Any reply would be larger than the
+    /// message, a reflection amplifier towards a spoofed source (BIND and Unbound drop these
+    /// too); it is not even counted as a query.
+    Runt,
+    /// Nothing: a response sent to the listener (no reflection loops).
     Drop,
     /// FORMERR with the header only: the message does not parse.
     Unparsable { id: u16 },
@@ -45,7 +49,7 @@ impl NotForwarded {
     /// Writes the reply into `out`; returns its RCODE, or `None` when nothing is sent.
     pub(crate) fn write_reply(self, out: &mut Vec<u8>, raw: &[u8]) -> Option<u8> {
         match self {
-            Self::Drop => None,
+            Self::Runt | Self::Drop => None,
             Self::Unparsable { id } => {
                 wire::write_formerr(out, raw, id);
                 Some(rcode::FORMERR)
@@ -74,6 +78,9 @@ impl NotForwarded {
 
 /// Parses a client's message once (hickory-proto) and walks its question on the wire.
 pub(crate) fn parse(raw: &[u8]) -> Result<ParsedQuery, NotForwarded> {
+    if raw.len() < wire::HEADER_LEN {
+        return Err(NotForwarded::Runt);
+    }
     let Ok(msg) = Message::from_vec(raw) else {
         return Err(match wire::id(raw) {
             // Never answer something that claims to be a response.
@@ -152,18 +159,22 @@ mod tests {
         // A response: never answered.
         let r = query([0x81, 0x80], 1, b"\x01a\x00");
         assert_eq!(parse(&r), Err(NotForwarded::Drop));
-        // Garbage with a readable ID: FORMERR, header only.
-        let junk = [0x12, 0x34, 0x01, 0x00, 0xff];
+        // Garbage after a header: FORMERR, header only.
+        let junk = [0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0, 0x3f];
         let e = parse(&junk).unwrap_err();
         assert_eq!(e, NotForwarded::Unparsable { id: 0x1234 });
         assert_eq!(e.write_reply(&mut out, &junk), Some(rcode::FORMERR));
         assert_eq!(wire::id(&out), Some(0x1234));
-        // Too short for an ID.
-        assert_eq!(parse(&[0x12]), Err(NotForwarded::Drop));
         // No question: FORMERR.
         let none = vec![0x12, 0x34, 0x01, 0x00, 0, 0, 0, 0, 0, 0, 0, 0];
         let e = parse(&none).unwrap_err();
         assert_eq!(e.write_reply(&mut out, &none), Some(rcode::FORMERR));
+        // Shorter than a header: nothing, whatever the bytes.
+        for n in 0..wire::HEADER_LEN {
+            let e = parse(&none[..n]).unwrap_err();
+            assert_eq!(e, NotForwarded::Runt, "{n} bytes");
+            assert_eq!(e.write_reply(&mut out, &none[..n]), None);
+        }
         // An opcode other than QUERY (NOTIFY = 4): NOTIMP with the question.
         let notify = query([0x20, 0], 1, b"\x01a\x00");
         let e = parse(&notify).unwrap_err();

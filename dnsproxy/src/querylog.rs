@@ -27,7 +27,8 @@ pub enum QueryResult {
     HoldTimeout,
     /// The observer failed and the fallback was SERVFAIL.
     ObserverFailed,
-    /// The query could not be parsed (FORMERR sent when an ID could be read).
+    /// The query could not be parsed (FORMERR sent unless it claims to be a response). A
+    /// message shorter than a DNS header is no query: see [`crate::ProxyStats::runt_queries`].
     Malformed,
 }
 

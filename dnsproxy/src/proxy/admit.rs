@@ -1,5 +1,6 @@
 //! The query's way in: parse, policy verdict, rate limit, then forwarding, or the reply the
-//! proxy writes itself (FORMERR/NOTIMP, REFUSED/NXDOMAIN, SERVFAIL when it cannot forward).
+//! proxy writes itself (FORMERR/NOTIMP, REFUSED/NXDOMAIN, SERVFAIL when it cannot forward),
+//! or nothing (a runt shorter than a header, a response, a query over its rate limit).
 
 use std::net::SocketAddr;
 
@@ -8,7 +9,7 @@ use tokio::time::Instant;
 use super::{Handled, Outcome, Shared, Worker};
 use crate::config::{RateLimitAction, RejectCode};
 use crate::policy::{QueryInfo, Transport, Verdict};
-use crate::query::{self, ParsedQuery};
+use crate::query::{self, NotForwarded, ParsedQuery};
 use crate::querylog::QueryResult;
 use crate::question::Question;
 use crate::upstream::{Asked, ReplyTo};
@@ -29,6 +30,11 @@ impl Shared {
         let received = Instant::now();
         let parsed = match query::parse(raw) {
             Ok(parsed) => parsed,
+            Err(NotForwarded::Runt) => {
+                self.metrics.runt_queries.inc();
+                tracing::debug!(%client, ?transport, len = raw.len(), "DNS message shorter than a header dropped");
+                return Handled::Runt;
+            }
             Err(not_forwarded) => {
                 let code = not_forwarded.write_reply(&mut w.scratch, raw);
                 self.finish(

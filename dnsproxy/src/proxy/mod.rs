@@ -111,6 +111,9 @@ pub(crate) enum Handled {
     Reply,
     /// Nothing to send.
     Dropped,
+    /// Nothing to send, and the message was shorter than a DNS header: a TCP client's
+    /// connection is closed.
+    Runt,
 }
 
 /// How a query ended, for metrics and the query log.

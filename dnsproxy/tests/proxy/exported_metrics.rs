@@ -127,6 +127,7 @@ async fn queries_move_the_described_metrics() {
         m::HOLD,
         m::OBSERVER,
         m::DROPPED_ANSWERS,
+        m::DROPPED_QUERIES,
         m::CONCURRENCY_LIMITED,
         m::INFLIGHT,
         m::UPSTREAM_UP,
@@ -173,6 +174,11 @@ async fn queries_move_the_described_metrics() {
         1
     );
     assert_eq!(recorder.counter("fqdnd_dns_concurrency_limited_total"), 0);
+    assert_eq!(
+        recorder.counter("fqdnd_dns_dropped_queries_total{reason=runt}"),
+        0,
+        "registered at bind"
+    );
     for reason in ["max_connections", "fd_exhausted"] {
         let key = format!("fqdnd_dns_tcp_connections_refused_total{{reason={reason}}}");
         assert_eq!(recorder.counter(&key), 0, "{key} registered at bind");

@@ -13,6 +13,7 @@ mod hold;
 mod lifecycle;
 mod limits;
 mod policy;
+mod runts;
 mod spoofing;
 mod tcp;
 mod transparent;

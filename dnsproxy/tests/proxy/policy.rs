@@ -95,7 +95,7 @@ async fn malformed_query_gets_formerr_and_unreadable_gets_nothing() {
         .await
         .unwrap();
     assert_eq!(r[3] & 0x0f, 1, "FORMERR for two questions");
-    // One byte: no ID, no reply.
+    // One byte: shorter than a header, no reply (see `runts`).
     assert!(
         udp_exchange(h.udp, &[0x42], Duration::from_millis(300))
             .await
@@ -109,6 +109,8 @@ async fn malformed_query_gets_formerr_and_unreadable_gets_nothing() {
             .await
             .is_none()
     );
-    assert_eq!(h.settled().await.queries(QueryResult::Malformed), 4);
+    let stats = h.settled().await;
+    assert_eq!(stats.queries(QueryResult::Malformed), 3);
+    assert_eq!(stats.runt_queries, 1);
     assert_eq!(h.upstream.queries().len(), 0);
 }
