@@ -240,6 +240,8 @@ impl DnsProxy {
             new_sockets: new_sockets_tx,
             rotation_warned_ms: AtomicU64::new(0),
             fd_warned_ms: AtomicU64::new(0),
+            observer_warned_ms: AtomicU64::new(0),
+            hold_timeout_warned_ms: AtomicU64::new(0),
         });
         Ok(Self {
             shared,

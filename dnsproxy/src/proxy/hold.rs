@@ -14,7 +14,7 @@ use super::{Answer, Outcome, Shared, Slow};
 use crate::answer;
 use crate::config::HoldFallback;
 use crate::metrics::HoldFailure;
-use crate::observer::{Observation, ObserveFuture, ResponseContext};
+use crate::observer::{Observation, ObserveError, ObserveFuture, ResponseContext};
 use crate::querylog::QueryResult;
 use crate::question::Question;
 use crate::transparent;
@@ -59,10 +59,10 @@ impl Shared {
                     .observer
                     .record(started.elapsed().as_secs_f64());
                 match result {
-                    Ok(()) => self.release(answer, raw).await,
+                    Ok(()) => self.release(answer, raw, QueryResult::Answered).await,
                     Err(e) => {
-                        tracing::warn!(name = %answer.origin.asked.name, error = %e, "DNS observer failed");
-                        self.fallback(answer, raw, HoldFailure::ObserverError).await;
+                        self.fallback(answer, raw, HoldFailure::ObserverError, Some(&e))
+                            .await;
                     }
                 }
                 None
@@ -92,32 +92,32 @@ impl Shared {
             result = &mut future => {
                 self.metrics.observer.record(started.elapsed().as_secs_f64());
                 match result {
-                    Ok(()) => self.release(answer, &mut raw).await,
+                    Ok(()) => self.release(answer, &mut raw, QueryResult::Answered).await,
                     Err(e) => {
-                        tracing::warn!(name = %answer.origin.asked.name, error = %e, "DNS observer failed");
-                        self.fallback(answer, &mut raw, HoldFailure::ObserverError).await;
+                        self.fallback(answer, &mut raw, HoldFailure::ObserverError, Some(&e)).await;
                     }
                 }
             }
             () = tokio::time::sleep_until(deadline) => {
-                tracing::warn!(
-                    name = %answer.origin.asked.name,
-                    max_delay = ?self.config.response_max_delay,
-                    "DNS observer did not finish in time"
-                );
-                self.fallback(answer, &mut raw, HoldFailure::Timeout).await;
+                let name = answer.origin.asked.name.clone();
+                self.fallback(answer, &mut raw, HoldFailure::Timeout, None).await;
                 let result = future.await;
                 self.metrics.observer.record(started.elapsed().as_secs_f64());
                 if let Err(e) = result {
-                    tracing::warn!(error = %e, "DNS observer failed after the hold timed out");
+                    if self.warn_due(&self.observer_warned_ms, Instant::now()) {
+                        tracing::warn!(%name, reason = %e, "DNS observer failed after the hold timed out (the fallback was applied then)");
+                    } else {
+                        tracing::debug!(%name, reason = %e, "DNS observer failed after the hold timed out (the fallback was applied then)");
+                    }
                 }
             }
         }
     }
 
     /// Sends the upstream's answer to the client with the client's ID (truncated for a UDP
-    /// client whose payload size it exceeds).
-    async fn release(&self, answer: Answer, raw: &mut [u8]) {
+    /// client whose payload size it exceeds); the query ends with `result` (`Answered`, or the
+    /// hold failure when the fallback releases).
+    async fn release(&self, answer: Answer, raw: &mut [u8], result: QueryResult) {
         let Answer {
             origin: Origin { reply, asked },
             upstream,
@@ -150,7 +150,7 @@ impl Shared {
         let hold = answered.elapsed();
         self.metrics.hold.record(hold.as_secs_f64());
         let outcome = Outcome {
-            result: QueryResult::Answered,
+            result,
             rcode: Some(code),
             upstream: Some(upstream),
             hold,
@@ -159,11 +159,25 @@ impl Shared {
         self.finish_admitted(&asked, outcome);
     }
 
-    /// The observer timed out or failed: release anyway or SERVFAIL, as configured.
-    async fn fallback(&self, answer: Answer, raw: &mut [u8], failure: HoldFailure) {
+    /// The observer timed out or failed (with `error`): release anyway or SERVFAIL, as
+    /// configured. Either way the query ends as `hold_timeout` or `observer_failed`, and a
+    /// warning says what happened and what was done.
+    async fn fallback(
+        &self,
+        answer: Answer,
+        raw: &mut [u8],
+        failure: HoldFailure,
+        error: Option<&ObserveError>,
+    ) {
         self.metrics.hold_failure(failure);
-        if self.config.on_hold_timeout == HoldFallback::Release {
-            return self.release(answer, raw).await;
+        let release = self.config.on_hold_timeout == HoldFallback::Release;
+        self.log_fallback(&answer.origin.asked.name, failure, error, release);
+        let result = match failure {
+            HoldFailure::Timeout => QueryResult::HoldTimeout,
+            HoldFailure::ObserverError => QueryResult::ObserverFailed,
+        };
+        if release {
+            return self.release(answer, raw, result).await;
         }
         let Answer {
             origin: Origin { reply, asked },
@@ -175,10 +189,6 @@ impl Shared {
         let code = self.send_servfail(reply, &asked, raw, question).await;
         let hold = answered.elapsed();
         self.metrics.hold.record(hold.as_secs_f64());
-        let result = match failure {
-            HoldFailure::Timeout => QueryResult::HoldTimeout,
-            HoldFailure::ObserverError => QueryResult::ObserverFailed,
-        };
         let outcome = Outcome {
             result,
             rcode: Some(code.into()),
@@ -187,6 +197,49 @@ impl Shared {
             answer: None,
         };
         self.finish_admitted(&asked, outcome);
+    }
+
+    /// Warns that the observer failed or timed out on `name`, and what the reply is: at most
+    /// every [`super::WARN_EVERY`] per kind of failure (a flood of failures would otherwise
+    /// log one line per query; they are all counted), at debug level in between.
+    fn log_fallback(
+        &self,
+        name: &str,
+        failure: HoldFailure,
+        error: Option<&ObserveError>,
+        released: bool,
+    ) {
+        let action = if released {
+            "released anyway (onHoldTimeout: release)"
+        } else {
+            "SERVFAIL (onHoldTimeout: servfail)"
+        };
+        let last = match failure {
+            HoldFailure::Timeout => &self.hold_timeout_warned_ms,
+            HoldFailure::ObserverError => &self.observer_warned_ms,
+        };
+        let warn = self.warn_due(last, Instant::now());
+        let max_delay = self.config.response_max_delay;
+        match (error, warn) {
+            (Some(e), true) => tracing::warn!(name, reason = %e, action, "DNS observer failed"),
+            (Some(e), false) => tracing::debug!(name, reason = %e, action, "DNS observer failed"),
+            (None, true) => {
+                tracing::warn!(
+                    name,
+                    ?max_delay,
+                    action,
+                    "DNS observer did not finish in time"
+                );
+            }
+            (None, false) => {
+                tracing::debug!(
+                    name,
+                    ?max_delay,
+                    action,
+                    "DNS observer did not finish in time"
+                );
+            }
+        }
     }
 
     /// Answers the asker of `query` (`question` is its question) with SERVFAIL, question and OPT

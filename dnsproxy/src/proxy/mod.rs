@@ -76,6 +76,10 @@ pub(crate) struct Shared {
     pub(crate) rotation_warned_ms: AtomicU64,
     /// When running out of file descriptors on accept was last logged (ms since `start`).
     pub(crate) fd_warned_ms: AtomicU64,
+    /// When an observer failure was last logged (ms since `start`).
+    pub(crate) observer_warned_ms: AtomicU64,
+    /// When an observer that did not finish in time was last logged (ms since `start`).
+    pub(crate) hold_timeout_warned_ms: AtomicU64,
 }
 
 /// A warning that may repeat (a failed rotation, an accept without file descriptors) is logged

@@ -66,18 +66,24 @@ async fn held_tcp_replies_also_wait() {
     assert_eq!(ips(&parse_reply(&q, &r)), [IP].into());
 }
 
+/// A query whose observation never finishes, with `fallback`; checks the warning names the
+/// action taken.
 async fn never_finishing(
     fallback: HoldFallback,
 ) -> (Harness, Duration, hickory_proto::op::Message) {
+    crate::logs::capture();
+    let (name, action) = match fallback {
+        HoldFallback::Release => ("never-release.example.", "released anyway"),
+        HoldFallback::ServFail => ("never-servfail.example.", "SERVFAIL"),
+    };
     let h = Harness::start(Mode::Never, |c| {
         c.response_max_delay = Duration::from_millis(200);
         c.on_hold_timeout = fallback;
     })
     .await;
-    h.upstream
-        .rule("held.example.", answer("held.example.", [IP]));
+    h.upstream.rule(name, answer(name, [IP]));
     let client = udp_client(Ipv4Addr::LOCALHOST.into()).await;
-    let q = query("held.example.", RecordType::A, None);
+    let q = query(name, RecordType::A, None);
     let start = Instant::now();
     client.send_to(&q, h.udp).await.unwrap();
     let r = udp_recv(&client, Duration::from_secs(3)).await.unwrap();
@@ -86,6 +92,12 @@ async fn never_finishing(
     assert!(waited < Duration::from_millis(1000), "{waited:?}");
     let msg = parse_reply(&q, &r);
     assert_eq!(h.settled().await.hold_timeouts, 1);
+    let warnings = crate::logs::warnings(name);
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("did not finish in time") && warnings[0].contains(action),
+        "{warnings:?}"
+    );
     (h, waited, msg)
 }
 
@@ -93,8 +105,15 @@ async fn never_finishing(
 async fn after_the_max_delay_release_sends_the_answer() {
     let (h, _, msg) = never_finishing(HoldFallback::Release).await;
     assert_eq!(ips(&msg), [IP].into());
-    assert_eq!(h.settled().await.queries(QueryResult::Answered), 1);
+    // Released, yet counted as what it is: a hold timeout.
+    let stats = h.settled().await;
+    assert_eq!(stats.queries(QueryResult::HoldTimeout), 1);
+    assert_eq!(stats.queries(QueryResult::Answered), 0);
     let log = h.log.entries.lock().unwrap().clone();
+    assert_eq!(
+        (log[0].result, log[0].rcode.as_str(), log[0].answers),
+        (QueryResult::HoldTimeout, "NOERROR", 1)
+    );
     assert!(log[0].hold_us >= 200_000);
 }
 
@@ -106,30 +125,51 @@ async fn after_the_max_delay_servfail_sends_servfail() {
     assert_eq!(h.settled().await.queries(QueryResult::HoldTimeout), 1);
 }
 
+/// Regression: with `release` an observer failure was counted as `answered`, although the
+/// answer was released unobserved; it is `observer_failed` whatever the fallback, and the
+/// warning says what the proxy did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn observer_error_gets_the_fallback() {
-    for (fallback, rcode, result) in [
+async fn observer_error_gets_the_fallback_and_is_counted_in_both_modes() {
+    crate::logs::capture();
+    for (fallback, name, rcode, action) in [
         (
             HoldFallback::ServFail,
+            "observer-fails-servfail.example.",
             ResponseCode::ServFail,
-            QueryResult::ObserverFailed,
+            "SERVFAIL",
         ),
         (
             HoldFallback::Release,
+            "observer-fails-release.example.",
             ResponseCode::NoError,
-            QueryResult::Answered,
+            "released anyway",
         ),
     ] {
         let h = Harness::start(Mode::Fail, |c| c.on_hold_timeout = fallback).await;
-        h.upstream
-            .rule("held.example.", answer("held.example.", [IP]));
-        let q = query("held.example.", RecordType::A, None);
-        let r = crate::harness::udp_exchange(h.udp, &q, Duration::from_secs(2))
+        h.upstream.rule(name, answer(name, [IP]));
+        let q = query(name, RecordType::A, None);
+        let r = crate::harness::udp_exchange(h.udp, &q, Duration::from_secs(10))
             .await
             .unwrap();
-        assert_eq!(parse_reply(&q, &r).metadata.response_code, rcode);
+        let msg = parse_reply(&q, &r);
+        assert_eq!(msg.metadata.response_code, rcode, "{fallback:?}");
         let stats = h.settled().await;
-        assert_eq!(stats.observer_errors, 1);
-        assert_eq!(stats.queries(result), 1);
+        assert_eq!(stats.observer_errors, 1, "{fallback:?}");
+        assert_eq!(
+            stats.queries(QueryResult::ObserverFailed),
+            1,
+            "{fallback:?}"
+        );
+        assert_eq!(stats.queries(QueryResult::Answered), 0, "{fallback:?}");
+        let log = h.log.entries.lock().unwrap().clone();
+        assert_eq!(log[0].result, QueryResult::ObserverFailed);
+        let warnings = crate::logs::warnings(name);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].contains("DNS observer failed")
+                && warnings[0].contains("test failure")
+                && warnings[0].contains(action),
+            "{fallback:?}: {warnings:?}"
+        );
     }
 }

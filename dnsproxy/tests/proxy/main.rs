@@ -12,6 +12,7 @@ mod faults;
 mod hold;
 mod lifecycle;
 mod limits;
+mod logs;
 mod policy;
 mod runts;
 mod spoofing;
