@@ -31,6 +31,10 @@
 //! - upstreams are used round robin among the live ones (per receiving task, so tasks share no
 //!   counter); a dead one gets no queries until a `. NS` probe is answered. If none is alive
 //!   the query gets SERVFAIL ([`QueryResult::NoUpstream`]);
+//! - an upstream is marked dead after [`Config::health_check_failures`] timeout sweeps in a
+//!   row found its queries (or probe) expired with no good answer in between: one failure per
+//!   sweep however many expired, so a burst of queries it ignores does not mark dead an
+//!   upstream that answers the rest;
 //! - TCP clients are forwarded over the same UDP upstream sockets; a TC=1 answer to a TCP
 //!   client is always retried over TCP so it gets the full answer, whatever
 //!   [`TruncatedAction`] says (passing TC to a TCP client would make it retry over TCP again);

@@ -193,7 +193,8 @@ pub struct UpstreamHealth {
     pub addr: SocketAddr,
     /// Whether queries are sent to it.
     pub alive: bool,
-    /// Timeouts and failed probes since its last good answer.
+    /// Timeout sweeps that found its queries or probe expired since its last good answer (at
+    /// most one failure per sweep).
     pub consecutive_failures: u32,
     /// Round-trip time of its last good answer.
     pub last_rtt: Option<Duration>,

@@ -20,7 +20,11 @@ use crate::wire;
 
 impl Shared {
     /// Every `upstream_timeout / 8` (5 ms..250 ms), takes the expired queries out of every
-    /// in-flight table: one timer for the whole proxy, not one per query.
+    /// in-flight table: one timer for the whole proxy, not one per query. A sweep that finds
+    /// expired queries (or an expired probe) of a pooled upstream counts one failure against
+    /// it, however many it finds: `health_check_failures` failures take that many sweeps with
+    /// no good answer in between, so a burst of unanswered queries (a flood of names the
+    /// upstream ignores, say) does not mark an upstream dead that answers everything else.
     pub(crate) async fn sweep_loop(self: Arc<Self>) {
         let period = (self.config.upstream_timeout / 8)
             .clamp(Duration::from_millis(5), Duration::from_millis(250));
@@ -50,10 +54,10 @@ impl Shared {
                             socket.drained.notify_one();
                         }
                     }
+                    if checked && !expired.is_empty() {
+                        upstream.on_failure(self.config.health_check_failures);
+                    }
                     for (_, inflight) in expired.drain(..) {
-                        if checked {
-                            upstream.on_failure(self.config.health_check_failures);
-                        }
                         match inflight.origin {
                             None => upstream.probing.store(false, Ordering::Relaxed),
                             Some(origin) => {

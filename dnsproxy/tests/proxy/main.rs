@@ -9,6 +9,7 @@ mod upstream;
 mod answers;
 mod exported_metrics;
 mod faults;
+mod health;
 mod hold;
 mod lifecycle;
 mod limits;
