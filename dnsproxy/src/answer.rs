@@ -12,6 +12,7 @@ use hickory_proto::op::Message;
 
 use crate::case;
 use crate::metrics::DropReason;
+use crate::question::Question;
 use crate::upstream_socket::{Inflight, TableAccess};
 use crate::wire::{self, Opt};
 
@@ -22,8 +23,8 @@ pub(crate) struct Validated {
     pub(crate) msg: Message,
     /// The query it answers.
     pub(crate) entry: Inflight,
-    /// Where the answer's question ends; `None` only for a health probe's answer.
-    pub(crate) question_end: Option<usize>,
+    /// The answer's question; `None` only for a health probe's answer.
+    pub(crate) question: Option<Question>,
     /// The answer's bytes are `raw[..len]`: all of them, or the header and question of a
     /// truncated answer cut mid-record.
     pub(crate) len: usize,
@@ -37,7 +38,7 @@ pub(crate) fn validate(raw: &mut [u8], table: &impl TableAccess) -> Result<Valid
         Some(id) if raw.len() >= wire::HEADER_LEN && wire::is_response(raw) => id,
         _ => return Err(DropReason::Malformed),
     };
-    let question_end = wire::question_end(raw);
+    let question = Question::parse(raw);
     // A compression pointer to offset 0 or 1 makes a name out of the ID bytes: the records
     // would read differently with the upstream's ID and with the client's. The observer must
     // see what the client gets, so such a message is parsed with the client's ID in place.
@@ -49,12 +50,12 @@ pub(crate) fn validate(raw: &mut [u8], table: &impl TableAccess) -> Result<Valid
     // Parsed before the table is touched: garbage with a guessed ID must not end the query.
     let (msg, len) = match Message::from_vec(raw) {
         Ok(msg) => (msg, raw.len()),
-        Err(_) => match question_end {
-            Some(end) if wire::is_truncated(raw) => {
+        Err(_) => match question {
+            Some(question) if wire::is_truncated(raw) => {
                 // Header and question only: no answer, authority or additional records.
                 raw[6..wire::HEADER_LEN].fill(0);
-                match Message::from_vec(&raw[..end]) {
-                    Ok(msg) => (msg, end),
+                match Message::from_vec(&raw[..question.end()]) {
+                    Ok(msg) => (msg, question.end()),
                     Err(_) => return Err(DropReason::Malformed),
                 }
             }
@@ -64,14 +65,14 @@ pub(crate) fn validate(raw: &mut [u8], table: &impl TableAccess) -> Result<Valid
     let raw = &mut raw[..len];
     let entry = {
         let answer: &[u8] = raw;
-        table.with_table(|t| t.take(id, |e| e.check_question(answer, question_end)))?
+        table.with_table(|t| t.take(id, |e| e.check_question(answer, question)))?
     };
     // The client gets its question as it wrote it, whether the case changed on the way out
     // (0x20) or at the upstream (which may answer in another case: names compare
     // case-insensitively), so a client doing its own 0x20 check accepts the reply.
-    let msg = match question_end {
-        Some(end) if raw.get(wire::HEADER_LEN..end) != entry.query.get(wire::HEADER_LEN..end) => {
-            case::restore(raw, &entry.query, end);
+    let msg = match question {
+        Some(answered) if answered.bytes(raw) != entry.question.bytes(&entry.query) => {
+            case::restore(raw, answered, &entry.query, entry.question);
             // Only the case of the name's letters changed: it parses as before.
             Message::from_vec(raw).unwrap_or(msg)
         }
@@ -80,7 +81,7 @@ pub(crate) fn validate(raw: &mut [u8], table: &impl TableAccess) -> Result<Valid
     Ok(Validated {
         msg,
         entry,
-        question_end,
+        question,
         len,
     })
 }
@@ -94,16 +95,16 @@ fn may_point_into_id(raw: &[u8]) -> bool {
 }
 
 /// The reply to a UDP client: the answer with the client's ID (rewritten in `raw`), or, when
-/// it is longer than the client's payload size `udp_limit`, its header and question with TC=1
-/// written into `out`, with the answer's RCODE and the client's OPT record (`opt`) carrying
-/// the RCODE's upper bits.
+/// it is longer than the client's payload size `udp_limit`, its header and question (`raw`'s
+/// `question`) with TC=1 written into `out`, with the answer's RCODE and the client's OPT
+/// record (`opt`) carrying the RCODE's upper bits.
 pub(crate) fn fit_udp<'a>(
     raw: &'a mut [u8],
     out: &'a mut Vec<u8>,
     client_id: u16,
     udp_limit: u16,
     opt: Option<Opt>,
-    question_end: usize,
+    question: Question,
     code: u16,
 ) -> &'a [u8] {
     if raw.len() <= usize::from(udp_limit) {
@@ -119,7 +120,7 @@ pub(crate) fn fit_udp<'a>(
         reason = "the low 4 bits of the RCODE"
     )]
     let low = (code & 0x0f) as u8;
-    wire::write_header_reply(out, raw, client_id, Some(question_end), low, true, opt);
+    wire::write_header_reply(out, raw, client_id, Some(question), low, true, opt);
     out
 }
 
@@ -146,14 +147,14 @@ mod tests {
         let mut ids = IdSource::new();
         let slot = table.insert(&mut ids).unwrap();
         let id = slot.id();
-        let end = wire::question_end(query).unwrap();
+        let question = Question::parse(query).unwrap();
         let mut sent = query.to_vec();
         wire::set_id(&mut sent, id);
         let stored = sent.clone();
-        let sent_name = randomize.then(|| case::randomize(&mut sent, end, &mut ids));
+        let sent_name = randomize.then(|| case::randomize(&mut sent, question, &mut ids));
         slot.fill(Inflight {
             query: stored,
-            question_end: end,
+            question,
             sent_name,
             sent: tokio::time::Instant::now(),
             origin: None,
@@ -171,7 +172,7 @@ mod tests {
     #[test]
     fn the_client_gets_its_spelling_back_when_the_upstream_changes_the_case() {
         let query = client_query();
-        let end = wire::question_end(&query).unwrap();
+        let end = Question::parse(&query).unwrap().end();
         let mut answer = query.clone();
         answer[2] |= 0x80;
         answer[HEADER_NAME_S] = b'S';
@@ -243,7 +244,7 @@ mod tests {
     #[test]
     fn a_truncated_answer_cut_mid_record_keeps_its_header_and_question() {
         let query = client_query();
-        let end = wire::question_end(&query).unwrap();
+        let end = Question::parse(&query).unwrap().end();
         let mut answer = query.clone();
         answer[2] |= 0x82; // QR, TC
         answer[7] = 1; // ANCOUNT

@@ -8,12 +8,12 @@
 //! wire form leaves its structure alone.
 
 use crate::ids::IdSource;
-use crate::wire::HEADER_LEN;
+use crate::question::Question;
 
-/// Sets the case of every ASCII letter of the question name (offset 12 to `question_end - 4`)
-/// from random bits; returns the name as it now is, to compare the answer with.
-pub(crate) fn randomize(raw: &mut [u8], question_end: usize, ids: &mut IdSource) -> Box<[u8]> {
-    let name = &mut raw[HEADER_LEN..question_end - 4];
+/// Sets the case of every ASCII letter of the name of `question`, the question of `raw`, from
+/// random bits; returns the name as it now is, to compare the answer with.
+pub(crate) fn randomize(raw: &mut [u8], question: Question, ids: &mut IdSource) -> Box<[u8]> {
+    let name = question.name_mut(raw);
     let mut bits = 0u16;
     let mut left = 0;
     for b in name.iter_mut().filter(|b| b.is_ascii_alphabetic()) {
@@ -32,11 +32,12 @@ pub(crate) fn randomize(raw: &mut [u8], question_end: usize, ids: &mut IdSource)
     name.into()
 }
 
-/// Writes the client's spelling of the question name (from `query`) over the answer's, which
-/// must be the same name in another case (checked before: same `question_end`).
-pub(crate) fn restore(answer: &mut [u8], query: &[u8], question_end: usize) {
-    let range = HEADER_LEN..question_end - 4;
-    if let (Some(dst), Some(src)) = (answer.get_mut(range.clone()), query.get(range)) {
+/// Writes the client's spelling of the question name (`asked`, the question of `query`) over
+/// the answer's (`answered`, the question of `answer`), which must be the same name in another
+/// case (checked before, with [`Question::same`]); names of different lengths are left alone.
+pub(crate) fn restore(answer: &mut [u8], answered: Question, query: &[u8], asked: Question) {
+    let (dst, src) = (answered.name_mut(answer), asked.name(query));
+    if dst.len() == src.len() {
         dst.copy_from_slice(src);
     }
 }
@@ -44,7 +45,7 @@ pub(crate) fn restore(answer: &mut [u8], query: &[u8], question_end: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire;
+    use crate::wire::HEADER_LEN;
 
     fn query(name: &[u8]) -> Vec<u8> {
         let mut q = vec![0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
@@ -56,14 +57,15 @@ mod tests {
     #[test]
     fn only_letters_change_case_and_the_choice_is_random() {
         let original = query(b"\x03www\x0bexample-123\x03com\x00");
-        let end = wire::question_end(&original).unwrap();
+        let question = Question::parse(&original).unwrap();
+        let end = question.end();
         let mut ids = IdSource::new();
         let mut spellings = std::collections::HashSet::new();
         for _ in 0..64 {
             let mut q = original.clone();
-            let sent = randomize(&mut q, end, &mut ids);
+            let sent = randomize(&mut q, question, &mut ids);
             assert_eq!(&sent[..], &q[HEADER_LEN..end - 4]);
-            assert!(wire::same_question(&q, end, &original, end), "same name");
+            assert!(question.same(&q, question, &original), "same name");
             assert_eq!(q[..HEADER_LEN], original[..HEADER_LEN]);
             assert_eq!(q[end - 4..], original[end - 4..], "type and class kept");
             for (a, b) in q.iter().zip(&original) {
@@ -78,12 +80,14 @@ mod tests {
     #[test]
     fn restore_gives_the_client_its_spelling_back() {
         let client = query(b"\x03WwW\x07ExAmPlE\x00");
-        let end = wire::question_end(&client).unwrap();
+        let question = Question::parse(&client).unwrap();
+        let end = question.end();
         let mut sent = client.clone();
-        randomize(&mut sent, end, &mut IdSource::new());
+        randomize(&mut sent, question, &mut IdSource::new());
         let mut answer = sent.clone();
         answer[2] |= 0x80;
-        restore(&mut answer, &client, end);
+        let answered = Question::parse(&answer).unwrap();
+        restore(&mut answer, answered, &client, question);
         assert_eq!(answer[HEADER_LEN..end], client[HEADER_LEN..end]);
         assert_eq!(answer[2], client[2] | 0x80, "only the name is rewritten");
     }

@@ -91,7 +91,9 @@ pub struct Config {
     pub on_upstream_timeout: UpstreamTimeoutAction,
     /// How often a dead upstream is probed, and a live one checked when idle.
     pub health_check_interval: Duration,
-    /// Consecutive failures (timeouts or failed probes) that mark an upstream dead.
+    /// Consecutive failures that mark an upstream dead. A failure is a timeout sweep (every
+    /// `upstream_timeout / 8`) that found queries or a probe of the upstream expired, however
+    /// many; any good answer starts the count again.
     pub health_check_failures: u32,
     /// Longest time an answer is held while the observer works
     /// (Cilium `tofqdns-proxy-response-max-delay`, default 100 ms).

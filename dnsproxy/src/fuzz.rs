@@ -63,14 +63,14 @@ pub fn query_path(raw: &[u8], policy: &dyn QueryPolicy, randomize_case: bool) ->
             let mut sent = raw.to_vec();
             wire::set_id(&mut sent, 0xabcd);
             if randomize_case {
-                case::randomize(&mut sent, parsed.question_end, &mut IdSource::new());
+                case::randomize(&mut sent, parsed.question, &mut IdSource::new());
             }
             (None, Some(sent))
         }
         Verdict::Deny | Verdict::UnknownClient => {
-            let qend = Some(parsed.question_end);
+            let question = Some(parsed.question);
             let (id, opt) = (parsed.client_id, parsed.opt);
-            wire::write_header_reply(&mut out, raw, id, qend, rcode::REFUSED, false, opt);
+            wire::write_header_reply(&mut out, raw, id, question, rcode::REFUSED, false, opt);
             (Some(out), None)
         }
     };
@@ -79,7 +79,7 @@ pub fn query_path(raw: &[u8], policy: &dyn QueryPolicy, randomize_case: bool) ->
         verdict: Some(verdict),
         reply,
         forwarded,
-        question_end: Some(parsed.question_end),
+        question_end: Some(parsed.question.end()),
     }
 }
 
@@ -118,7 +118,8 @@ pub struct AnswerPath {
 /// spelling restored — and fits the reply to the client's UDP payload size.
 pub fn answer_path(client_query: &[u8], answer: &[u8], shape: AnswerShape) -> Option<AnswerPath> {
     let parsed = query::parse(client_query).ok()?;
-    let qend = parsed.question_end;
+    let question = parsed.question;
+    let qend = question.end();
     let mut ids = IdSource::new();
     let mut table = Table::new();
     let slot = table.insert(&mut ids)?;
@@ -128,13 +129,13 @@ pub fn answer_path(client_query: &[u8], answer: &[u8], shape: AnswerShape) -> Op
     let query = sent_query.clone();
     let sent_name = shape
         .randomize_case
-        .then(|| case::randomize(&mut sent_query, qend, &mut ids));
+        .then(|| case::randomize(&mut sent_query, question, &mut ids));
     let now = Instant::now();
     let client = SocketAddr::from(([192, 0, 2, 1], 5353));
     let server = SocketAddr::from(([192, 0, 2, 53], 53));
     slot.fill(Inflight {
         query,
-        question_end: qend,
+        question,
         sent_name,
         sent: now,
         origin: Some(Origin {
@@ -161,10 +162,12 @@ pub fn answer_path(client_query: &[u8], answer: &[u8], shape: AnswerShape) -> Op
     if shape.right_id {
         wire::set_id(&mut raw, upstream_id);
     }
+    // The fuzzer's answer is not the query: its bytes at the query's question offsets are
+    // overwritten where they exist.
     if shape.echo_question
         && let Some(dst) = raw.get_mut(wire::HEADER_LEN..qend)
     {
-        dst.copy_from_slice(&sent_query[wire::HEADER_LEN..qend]);
+        dst.copy_from_slice(question.bytes(&sent_query));
     }
     let mut path = AnswerPath {
         client_query: client_query.to_vec(),
@@ -180,25 +183,24 @@ pub fn answer_path(client_query: &[u8], answer: &[u8], shape: AnswerShape) -> Op
         Ok(Validated {
             msg,
             entry,
-            question_end,
+            question: answer_question,
             len,
         }) => {
             raw.truncate(len);
-            let Some(origin) = entry.origin else {
+            // Accepted answers to a query always have a question (checked by validation).
+            let (Some(origin), Some(answer_question)) = (entry.origin, answer_question) else {
                 return Some(path);
             };
             let asked = origin.asked;
             let code = u16::from(msg.metadata.response_code);
             let mut out = Vec::new();
-            // Accepted answers to a query always have a question (checked by validation).
-            let answer_qend = question_end.unwrap_or(qend);
             let reply = answer::fit_udp(
                 &mut raw,
                 &mut out,
                 asked.client_id,
                 asked.udp_limit,
                 asked.opt,
-                answer_qend,
+                answer_question,
                 code,
             )
             .to_vec();

@@ -307,6 +307,14 @@ async fn tcp_connection(
                         Handled::Dropped => {
                             let _ = tx.send(None);
                         }
+                        // Shorter than a header: the client's framing cannot be trusted any
+                        // more. BIND resets such a connection (`isc_nm_bad_request`); here
+                        // reading stops, as after a zero-length prefix, and the connection
+                        // closes once the queries already in flight are answered.
+                        Handled::Runt => {
+                            let _ = tx.send(None);
+                            return;
+                        }
                     }
                     frames.consume(len);
                 }

@@ -21,6 +21,9 @@ pub const UPSTREAM_LATENCY: &str = "fqdnd_dns_upstream_latency_seconds";
 pub const HOLD: &str = "fqdnd_dns_hold_seconds";
 /// Time the observer took, seconds.
 pub const OBSERVER: &str = "fqdnd_dns_observer_seconds";
+/// Client messages dropped before they count as queries (`reason` label: `runt`, shorter
+/// than a DNS header: no reply over UDP, the connection closed over TCP).
+pub const DROPPED_QUERIES: &str = "fqdnd_dns_dropped_queries_total";
 /// Upstream answers dropped by validation (`reason` label: [`DropReason::as_str`]).
 pub const DROPPED_ANSWERS: &str = "fqdnd_dns_dropped_answers_total";
 /// Queries answered SERVFAIL because the concurrency limit was reached.
@@ -64,6 +67,11 @@ pub fn describe_metrics() {
         "time an answer was held for the observer before the reply left"
     );
     metrics::describe_histogram!(OBSERVER, Unit::Seconds, "time the response observer took");
+    metrics::describe_counter!(
+        DROPPED_QUERIES,
+        Unit::Count,
+        "client messages dropped unanswered before they count as queries (runt: shorter than a DNS header)"
+    );
     metrics::describe_counter!(
         DROPPED_ANSWERS,
         Unit::Count,
@@ -185,7 +193,8 @@ pub struct UpstreamHealth {
     pub addr: SocketAddr,
     /// Whether queries are sent to it.
     pub alive: bool,
-    /// Timeouts and failed probes since its last good answer.
+    /// Timeout sweeps that found its queries or probe expired since its last good answer (at
+    /// most one failure per sweep).
     pub consecutive_failures: u32,
     /// Round-trip time of its last good answer.
     pub last_rtt: Option<Duration>,
@@ -198,6 +207,9 @@ pub struct ProxyStats {
     pub queries: Vec<(QueryResult, u64)>,
     /// Dropped upstream answers per reason, in [`DropReason::ALL`] order.
     pub dropped_answers: Vec<(DropReason, u64)>,
+    /// Client messages shorter than a DNS header, dropped unanswered (over TCP, the
+    /// connection closed); not counted in [`ProxyStats::queries`].
+    pub runt_queries: u64,
     /// Queries refused by the concurrency limit.
     pub concurrency_limited: u64,
     /// Held answers whose observer did not finish within `response_max_delay`.
@@ -281,6 +293,7 @@ impl Count {
 pub(crate) struct Metrics {
     pub(crate) queries: [Count; 10],
     pub(crate) dropped: [Count; 7],
+    pub(crate) runt_queries: Count,
     pub(crate) concurrency_limited: Count,
     pub(crate) hold_timeouts: Count,
     pub(crate) observer_errors: Count,
@@ -305,6 +318,7 @@ impl Metrics {
                 .map(|r| Count::new(metrics::counter!(QUERIES, "result" => r.as_str()))),
             dropped: DropReason::ALL
                 .map(|r| Count::new(metrics::counter!(DROPPED_ANSWERS, "reason" => r.as_str()))),
+            runt_queries: Count::new(metrics::counter!(DROPPED_QUERIES, "reason" => "runt")),
             concurrency_limited: Count::new(metrics::counter!(CONCURRENCY_LIMITED)),
             hold_timeouts: Count::new(metrics::counter!(HOLD_FALLBACKS, "reason" => "timeout")),
             observer_errors: Count::new(

@@ -4,6 +4,7 @@
 use hickory_proto::op::{Message, MessageType, OpCode};
 use hickory_proto::rr::RecordType;
 
+use crate::question::Question;
 use crate::wire::{self, Opt, rcode};
 
 /// A query that can be checked against policy and forwarded.
@@ -13,19 +14,23 @@ pub(crate) struct ParsedQuery {
     pub(crate) client_id: u16,
     /// The client's OPT record, if it sent one.
     pub(crate) opt: Option<Opt>,
-    /// Where its one question ends.
-    pub(crate) question_end: usize,
+    /// Its one question.
+    pub(crate) question: Question,
     pub(crate) qtype: RecordType,
     /// The client's UDP payload size (EDNS0, at least 512).
     pub(crate) udp_limit: u16,
-    /// The question name, canonical (see [`wire::canonical_name`]).
+    /// The question name, canonical (see [`Question::canonical_name`]).
     pub(crate) name: String,
 }
 
 /// Bytes that are not a query the proxy forwards, and what it answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum NotForwarded {
-    /// Nothing: a response sent to the listener (no reflection loops), or too short for an ID.
+    /// Nothing: shorter than a DNS header (12 bytes). Any reply would be larger than the
+    /// message, a reflection amplifier towards a spoofed source (BIND and Unbound drop these
+    /// too); it is not even counted as a query.
+    Runt,
+    /// Nothing: a response sent to the listener (no reflection loops).
     Drop,
     /// FORMERR with the header only: the message does not parse.
     Unparsable { id: u16 },
@@ -33,7 +38,7 @@ pub(crate) enum NotForwarded {
     /// a question count other than one, NOTIMP for an opcode other than QUERY.
     Reply {
         id: u16,
-        question_end: Option<usize>,
+        question: Option<Question>,
         qtype: Option<RecordType>,
         code: u8,
         opt: Option<Opt>,
@@ -44,19 +49,19 @@ impl NotForwarded {
     /// Writes the reply into `out`; returns its RCODE, or `None` when nothing is sent.
     pub(crate) fn write_reply(self, out: &mut Vec<u8>, raw: &[u8]) -> Option<u8> {
         match self {
-            Self::Drop => None,
+            Self::Runt | Self::Drop => None,
             Self::Unparsable { id } => {
                 wire::write_formerr(out, raw, id);
                 Some(rcode::FORMERR)
             }
             Self::Reply {
                 id,
-                question_end,
+                question,
                 code,
                 opt,
                 ..
             } => {
-                wire::write_header_reply(out, raw, id, question_end, code, false, opt);
+                wire::write_header_reply(out, raw, id, question, code, false, opt);
                 Some(code)
             }
         }
@@ -73,6 +78,9 @@ impl NotForwarded {
 
 /// Parses a client's message once (hickory-proto) and walks its question on the wire.
 pub(crate) fn parse(raw: &[u8]) -> Result<ParsedQuery, NotForwarded> {
+    if raw.len() < wire::HEADER_LEN {
+        return Err(NotForwarded::Runt);
+    }
     let Ok(msg) = Message::from_vec(raw) else {
         return Err(match wire::id(raw) {
             // Never answer something that claims to be a response.
@@ -88,14 +96,14 @@ pub(crate) fn parse(raw: &[u8]) -> Result<ParsedQuery, NotForwarded> {
         dnssec_ok: e.flags().dnssec_ok,
         rcode_high: 0,
     });
-    let question_end = match msg.queries.len() {
-        1 => wire::question_end(raw),
+    let question = match msg.queries.len() {
+        1 => Question::parse(raw),
         _ => None,
     };
-    let Some(question_end) = question_end else {
+    let Some(question) = question else {
         return Err(NotForwarded::Reply {
             id,
-            question_end: None,
+            question: None,
             qtype: None,
             code: rcode::FORMERR,
             opt,
@@ -105,18 +113,18 @@ pub(crate) fn parse(raw: &[u8]) -> Result<ParsedQuery, NotForwarded> {
     if msg.metadata.op_code != OpCode::Query {
         return Err(NotForwarded::Reply {
             id,
-            question_end: Some(question_end),
+            question: Some(question),
             qtype: Some(qtype),
             code: rcode::NOTIMP,
             opt,
         });
     }
-    let mut name = String::with_capacity(question_end - wire::HEADER_LEN);
-    wire::canonical_name(raw, question_end, &mut name);
+    let mut name = String::with_capacity(question.name(raw).len());
+    question.canonical_name(raw, &mut name);
     Ok(ParsedQuery {
         client_id: id,
         opt,
-        question_end,
+        question,
         qtype,
         udp_limit: msg.max_payload(),
         name,
@@ -140,7 +148,7 @@ mod tests {
         let parsed = parse(&q).unwrap();
         assert_eq!(parsed.name, "www.example.");
         assert_eq!(parsed.client_id, 0x1234);
-        assert_eq!(parsed.question_end, q.len());
+        assert_eq!(parsed.question.end(), q.len());
         assert_eq!(parsed.qtype, RecordType::A);
         assert_eq!(parsed.udp_limit, 512);
     }
@@ -151,18 +159,22 @@ mod tests {
         // A response: never answered.
         let r = query([0x81, 0x80], 1, b"\x01a\x00");
         assert_eq!(parse(&r), Err(NotForwarded::Drop));
-        // Garbage with a readable ID: FORMERR, header only.
-        let junk = [0x12, 0x34, 0x01, 0x00, 0xff];
+        // Garbage after a header: FORMERR, header only.
+        let junk = [0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0, 0x3f];
         let e = parse(&junk).unwrap_err();
         assert_eq!(e, NotForwarded::Unparsable { id: 0x1234 });
         assert_eq!(e.write_reply(&mut out, &junk), Some(rcode::FORMERR));
         assert_eq!(wire::id(&out), Some(0x1234));
-        // Too short for an ID.
-        assert_eq!(parse(&[0x12]), Err(NotForwarded::Drop));
         // No question: FORMERR.
         let none = vec![0x12, 0x34, 0x01, 0x00, 0, 0, 0, 0, 0, 0, 0, 0];
         let e = parse(&none).unwrap_err();
         assert_eq!(e.write_reply(&mut out, &none), Some(rcode::FORMERR));
+        // Shorter than a header: nothing, whatever the bytes.
+        for n in 0..wire::HEADER_LEN {
+            let e = parse(&none[..n]).unwrap_err();
+            assert_eq!(e, NotForwarded::Runt, "{n} bytes");
+            assert_eq!(e.write_reply(&mut out, &none[..n]), None);
+        }
         // An opcode other than QUERY (NOTIFY = 4): NOTIMP with the question.
         let notify = query([0x20, 0], 1, b"\x01a\x00");
         let e = parse(&notify).unwrap_err();

@@ -8,7 +8,7 @@ use crate::policy::Transport;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum QueryResult {
-    /// Forwarded, answered, released.
+    /// Forwarded, answered, observed, released.
     Answered,
     /// Denied by policy.
     Denied,
@@ -23,11 +23,14 @@ pub enum QueryResult {
     ConcurrencyLimited,
     /// Over the client's rate limit.
     RateLimited,
-    /// The observer did not finish in time and the fallback was SERVFAIL.
+    /// The observer did not finish within `response_max_delay`: the answer was released
+    /// anyway or SERVFAIL sent, per [`crate::HoldFallback`].
     HoldTimeout,
-    /// The observer failed and the fallback was SERVFAIL.
+    /// The observer failed: the answer was released anyway or SERVFAIL sent, per
+    /// [`crate::HoldFallback`].
     ObserverFailed,
-    /// The query could not be parsed (FORMERR sent when an ID could be read).
+    /// The query could not be parsed (FORMERR sent unless it claims to be a response). A
+    /// message shorter than a DNS header is no query: see [`crate::ProxyStats::runt_queries`].
     Malformed,
 }
 

@@ -227,7 +227,8 @@ impl Upstream {
         }
     }
 
-    /// A timeout or a failed probe; `threshold` consecutive ones mark the upstream dead.
+    /// A sweep found timed-out queries or a failed probe (one call per sweep); `threshold`
+    /// consecutive ones mark the upstream dead.
     pub(crate) fn on_failure(&self, threshold: u32) {
         let n = self
             .failures

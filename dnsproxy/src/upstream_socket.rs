@@ -21,8 +21,8 @@ use tokio::time::Instant;
 
 use crate::ids::{BuildIdHasher, IdSource};
 use crate::metrics::DropReason;
+use crate::question::Question;
 use crate::upstream::Origin;
-use crate::wire;
 
 /// At most this many queries in flight on one upstream socket; past it the next socket is
 /// tried. Leaves room in the 16-bit ID space so a random free ID is found in a few draws.
@@ -49,8 +49,8 @@ pub(crate) struct Inflight {
     /// The query with the upstream ID and the client's question, byte for byte (kept for a TCP
     /// retry and for the replies the proxy writes itself).
     pub(crate) query: Vec<u8>,
-    /// Where its question ends.
-    pub(crate) question_end: usize,
+    /// The question of `query`.
+    pub(crate) question: Question,
     /// The question name as sent upstream when its case was randomised (0x20); the answer must
     /// echo exactly these bytes.
     pub(crate) sent_name: Option<Box<[u8]>>,
@@ -60,31 +60,27 @@ pub(crate) struct Inflight {
 }
 
 impl Inflight {
-    /// Whether `answer` (whose question ends at `answer_end`, if it has one) answers this
+    /// Whether `answer` (whose first question is `answered`, if it has one) answers this
     /// query: exactly one question, the same (name case-insensitively, type and class
     /// exactly); with 0x20, the name exactly as sent. A health probe accepts an answer without
     /// a question.
     pub(crate) fn check_question(
         &self,
         answer: &[u8],
-        answer_end: Option<usize>,
+        answered: Option<Question>,
     ) -> Result<(), DropReason> {
-        let Some(end) = answer_end else {
+        let Some(answered) = answered else {
             return match self.origin {
                 None => Ok(()),
                 Some(_) => Err(DropReason::QuestionMismatch),
             };
         };
         // Extra questions are no part of an answer to one (and nobody says what they mean).
-        if wire::qdcount(answer) != 1
-            || !wire::same_question(answer, end, &self.query, self.question_end)
-        {
+        if crate::wire::qdcount(answer) != 1 || !answered.same(answer, self.question, &self.query) {
             return Err(DropReason::QuestionMismatch);
         }
         match &self.sent_name {
-            Some(sent) if answer.get(wire::HEADER_LEN..end - 4) != Some(&sent[..]) => {
-                Err(DropReason::CaseMismatch)
-            }
+            Some(sent) if answered.name(answer) != &sent[..] => Err(DropReason::CaseMismatch),
             _ => Ok(()),
         }
     }
@@ -339,9 +335,11 @@ mod tests {
     use super::*;
 
     fn inflight(sent: Instant) -> Inflight {
+        let mut query = Vec::new();
+        let question = crate::wire::write_probe(&mut query, 1).unwrap();
         Inflight {
-            query: Vec::new(),
-            question_end: 0,
+            query,
+            question,
             sent_name: None,
             sent,
             origin: None,

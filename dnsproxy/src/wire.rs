@@ -1,8 +1,11 @@
-//! Raw DNS wire helpers for the fast path: header bits, the question section, and the few
-//! small messages the proxy writes itself (error replies, truncated replies, health probes).
+//! Raw DNS wire helpers for the fast path: header bits and the few small messages the proxy
+//! writes itself (error replies, truncated replies, health probes). The question section is
+//! [`crate::question`]'s.
 //!
 //! Nothing here re-serialises a message: a forwarded query or answer only ever has its two ID
 //! bytes rewritten.
+
+use crate::question::Question;
 
 /// Length of the fixed DNS header.
 pub(crate) const HEADER_LEN: usize = 12;
@@ -51,84 +54,6 @@ pub(crate) fn qdcount(raw: &[u8]) -> u16 {
     }
 }
 
-/// Where the first question ends (after QTYPE and QCLASS), walking its name's labels from
-/// offset 12. `None` if the message has no question, the name is compressed (a question name
-/// comes first in the message, so it never needs to be), or it runs past the end.
-pub(crate) fn question_end(raw: &[u8]) -> Option<usize> {
-    if qdcount(raw) == 0 {
-        return None;
-    }
-    let mut pos = HEADER_LEN;
-    loop {
-        let len = usize::from(*raw.get(pos)?);
-        if len == 0 {
-            pos += 1;
-            break;
-        }
-        if len > 63 {
-            return None;
-        }
-        pos += 1 + len;
-        if pos - HEADER_LEN > 255 {
-            return None;
-        }
-    }
-    let end = pos + 4;
-    (end <= raw.len()).then_some(end)
-}
-
-/// QTYPE of the question ending at `end` (see [`question_end`]).
-#[cfg(test)]
-pub(crate) fn qtype(raw: &[u8], end: usize) -> u16 {
-    u16::from_be_bytes([raw[end - 4], raw[end - 3]])
-}
-
-/// Appends the question's name in canonical form: lowercase, labels joined by dots, with a
-/// trailing dot (`.` for the root). Bytes that are not printable ASCII, and `.` or `\` inside a
-/// label, are escaped as `\DDD` / `\.` / `\\` so that distinct names stay distinct.
-pub(crate) fn canonical_name(raw: &[u8], end: usize, out: &mut String) {
-    let name = &raw[HEADER_LEN..end - 4];
-    let mut pos = 0;
-    while let Some(&len) = name.get(pos) {
-        let len = usize::from(len);
-        if len == 0 {
-            break;
-        }
-        for &b in &name[pos + 1..pos + 1 + len] {
-            match b {
-                b'.' | b'\\' => {
-                    out.push('\\');
-                    out.push(char::from(b));
-                }
-                0x21..=0x7e => out.push(char::from(b.to_ascii_lowercase())),
-                _ => {
-                    out.push('\\');
-                    out.push(char::from(b'0' + b / 100));
-                    out.push(char::from(b'0' + (b / 10) % 10));
-                    out.push(char::from(b'0' + b % 10));
-                }
-            }
-        }
-        out.push('.');
-        pos += 1 + len;
-    }
-    if out.is_empty() {
-        out.push('.');
-    }
-}
-
-/// Whether two questions (each from offset 12 to its `end`) are the same: the name compared
-/// ASCII-case-insensitively (RFC 4343), QTYPE and QCLASS exactly.
-pub(crate) fn same_question(a: &[u8], a_end: usize, b: &[u8], b_end: usize) -> bool {
-    if a_end != b_end {
-        return false;
-    }
-    let (a, b) = (&a[HEADER_LEN..a_end], &b[HEADER_LEN..b_end]);
-    let split = a.len() - 4;
-    // Label length bytes are below 64, so case folding never changes them.
-    a[..split].eq_ignore_ascii_case(&b[..split]) && a[split..] == b[split..]
-}
-
 /// The EDNS0 state of a client's query, echoed in replies the proxy writes itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Opt {
@@ -142,14 +67,14 @@ pub(crate) struct Opt {
 const OPT_PAYLOAD: u16 = 1232;
 
 /// Writes a reply made of `src`'s header and question only: the ID `id`, QR=1, `src`'s opcode,
-/// RD and CD bits, RA=1, TC as given, and `rcode`; the question is copied when `question_end`
-/// is given; an OPT record is added when `opt` is given. `src` is the query (for replies the
+/// RD and CD bits, RA=1, TC as given, and `rcode`; `src`'s question is copied when given; an
+/// OPT record is added when `opt` is given. `src` is the query (for replies the
 /// proxy makes up) or the upstream's answer (for truncated replies).
 pub(crate) fn write_header_reply(
     out: &mut Vec<u8>,
     src: &[u8],
     id: u16,
-    question_end: Option<usize>,
+    question: Option<Question>,
     rcode: u8,
     truncated: bool,
     opt: Option<Opt>,
@@ -162,13 +87,13 @@ pub(crate) fn write_header_reply(
     out.push(0x80 | (flags & 0x78) | (flags & 0x01) | if truncated { 0x02 } else { 0 });
     // RA=1, CD from the source, RCODE.
     out.push(0x80 | (flags2 & 0x10) | (rcode & 0x0f));
-    let qd: u16 = question_end.is_some().into();
+    let qd: u16 = question.is_some().into();
     let ar: u16 = opt.is_some().into();
     for count in [qd, 0, 0, ar] {
         out.extend_from_slice(&count.to_be_bytes());
     }
-    if let Some(end) = question_end {
-        out.extend_from_slice(&src[HEADER_LEN..end]);
+    if let Some(question) = question {
+        out.extend_from_slice(question.bytes(src));
     }
     if let Some(opt) = opt {
         out.push(0); // root owner name
@@ -187,7 +112,7 @@ pub(crate) fn write_header_reply(
 pub(crate) fn write_truncated(out: &mut Vec<u8>, reply: &[u8]) {
     let id = id(reply).unwrap_or(0);
     let low = reply.get(3).map_or(0, |b| b & 0x0f);
-    write_header_reply(out, reply, id, question_end(reply), low, true, None);
+    write_header_reply(out, reply, id, Question::parse(reply), low, true, None);
 }
 
 /// Writes a FORMERR for a message that could not be parsed: its ID, its opcode when the
@@ -197,12 +122,14 @@ pub(crate) fn write_formerr(out: &mut Vec<u8>, raw: &[u8], id: u16) {
     write_header_reply(out, header, id, None, rcode::FORMERR, false, None);
 }
 
-/// Writes the health probe: `. NS IN` with RD=1 and the given ID.
-pub(crate) fn write_probe(out: &mut Vec<u8>, id: u16) {
+/// Writes the health probe: `. NS IN` with RD=1 and the given ID; returns its question (always
+/// there: the probe is well-formed).
+pub(crate) fn write_probe(out: &mut Vec<u8>, id: u16) -> Option<Question> {
     out.clear();
     out.extend_from_slice(&id.to_be_bytes());
     out.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]);
     out.extend_from_slice(&[0, 0, 2, 0, 1]);
+    Question::parse(out)
 }
 
 /// Name of a response code for logs, e.g. `NOERROR`.
@@ -238,64 +165,24 @@ mod tests {
     }
 
     #[test]
-    fn question_walk_and_canonical_name() {
-        let q = query(b"\x03WwW\x07Example\x03COM\x00", 1);
-        let end = question_end(&q).unwrap();
-        assert_eq!(end, q.len());
-        assert_eq!(qtype(&q, end), 1);
-        let mut name = String::new();
-        canonical_name(&q, end, &mut name);
-        assert_eq!(name, "www.example.com.");
-
-        let root = query(b"\x00", 2);
-        let end = question_end(&root).unwrap();
-        let mut name = String::new();
-        canonical_name(&root, end, &mut name);
-        assert_eq!(name, ".");
-
-        let odd = query(b"\x03a.\x01\x00", 1);
-        let end = question_end(&odd).unwrap();
-        let mut name = String::new();
-        canonical_name(&odd, end, &mut name);
-        assert_eq!(name, "a\\.\\001.");
-    }
-
-    #[test]
-    fn compressed_or_short_questions_are_rejected() {
-        let mut q = query(b"\xc0\x0c", 1);
-        assert_eq!(question_end(&q), None);
-        q = query(b"\x03www\x00", 1);
-        q.truncate(q.len() - 1);
-        assert_eq!(question_end(&q), None);
-        let mut none = query(b"\x00", 1);
-        none[5] = 0;
-        assert_eq!(question_end(&none), None);
-    }
-
-    #[test]
-    fn same_question_folds_case_of_the_name_only() {
-        let a = query(b"\x03WWW\x00", 0x41);
-        let b = query(b"\x03www\x00", 0x41);
-        let c = query(b"\x03www\x00", 0x61);
-        let (ea, eb, ec) = (
-            question_end(&a).unwrap(),
-            question_end(&b).unwrap(),
-            question_end(&c).unwrap(),
-        );
-        assert!(same_question(&a, ea, &b, eb));
-        assert!(!same_question(&a, ea, &c, ec));
-    }
-
-    #[test]
     fn header_reply_echoes_the_question_and_opt() {
         let q = query(b"\x01a\x00", 1);
-        let end = question_end(&q).unwrap();
+        let question = Question::parse(&q).unwrap();
+        let end = question.end();
         let mut out = Vec::new();
         let opt = Opt {
             dnssec_ok: true,
             rcode_high: 0,
         };
-        write_header_reply(&mut out, &q, 7, Some(end), rcode::REFUSED, false, Some(opt));
+        write_header_reply(
+            &mut out,
+            &q,
+            7,
+            Some(question),
+            rcode::REFUSED,
+            false,
+            Some(opt),
+        );
         assert_eq!(id(&out), Some(7));
         assert!(is_response(&out));
         assert_eq!(out[3] & 0x0f, rcode::REFUSED);
@@ -303,8 +190,9 @@ mod tests {
         assert_eq!(out.len(), end + 11);
         assert_eq!(out[end + 7], 0x80);
         let mut probe = Vec::new();
-        write_probe(&mut probe, 9);
-        assert_eq!(question_end(&probe), Some(probe.len()));
+        let question = write_probe(&mut probe, 9).unwrap();
+        assert_eq!(question.end(), probe.len());
+        assert_eq!(question.name(&probe), b"\x00");
     }
 
     #[test]
@@ -313,7 +201,7 @@ mod tests {
         let mut reply = query(b"\x01a\x00", 1);
         reply[2] |= 0x80;
         reply[3] = 0x80 | rcode::NXDOMAIN;
-        let end = question_end(&reply).unwrap();
+        let end = Question::parse(&reply).unwrap().end();
         reply[7] = 1; // ANCOUNT
         reply[11] = 1; // ARCOUNT
         reply.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4, 192, 0, 2, 1]);

@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use fqdnd_dnsproxy::metrics as m;
 use hickory_proto::rr::RecordType;
@@ -127,6 +126,7 @@ async fn queries_move_the_described_metrics() {
         m::HOLD,
         m::OBSERVER,
         m::DROPPED_ANSWERS,
+        m::DROPPED_QUERIES,
         m::CONCURRENCY_LIMITED,
         m::INFLIGHT,
         m::UPSTREAM_UP,
@@ -173,6 +173,11 @@ async fn queries_move_the_described_metrics() {
         1
     );
     assert_eq!(recorder.counter("fqdnd_dns_concurrency_limited_total"), 0);
+    assert_eq!(
+        recorder.counter("fqdnd_dns_dropped_queries_total{reason=runt}"),
+        0,
+        "registered at bind"
+    );
     for reason in ["max_connections", "fd_exhausted"] {
         let key = format!("fqdnd_dns_tcp_connections_refused_total{{reason={reason}}}");
         assert_eq!(recorder.counter(&key), 0, "{key} registered at bind");
@@ -198,9 +203,5 @@ async fn queries_move_the_described_metrics() {
     let up = format!("fqdnd_dns_upstream_up{{upstream={}}}", h.upstream.addr);
     assert!((recorder.gauge(&up) - 1.0).abs() < f64::EPSILON);
     // The sweep samples the in-flight gauge.
-    assert!(
-        eventually(Duration::from_secs(1), || recorder.gauge(m::INFLIGHT)
-            == 0.0)
-        .await
-    );
+    assert!(eventually(|| recorder.gauge(m::INFLIGHT) == 0.0).await);
 }

@@ -1,10 +1,28 @@
-//! The proxy under test, a test policy, a recording observer and query log, and DNS clients
-//! (UDP and TCP) built on hickory-proto.
+//! The proxy under test, a test policy, a recording observer and query log, DNS clients (UDP
+//! and TCP) built on hickory-proto, and the waiting rules every test follows.
+//!
+//! Waiting: the suite runs on machines busy with other work, so
+//! - nothing is asserted on wall time. A test about durations runs on tokio's paused clock
+//!   (`#[tokio::test(start_paused = true)]`, a current-thread runtime shared by the proxy, the
+//!   upstream and the client), moves it with [`tokio::time::advance`] and asserts on what
+//!   happened at each step (the proxy reads tokio's clock);
+//! - "wait for X" polls X (or awaits the future that yields it) with a deadline of
+//!   [`PATIENCE`] of real time, generous enough that only a broken proxy reaches it;
+//! - on a current-thread runtime every wait keeps yielding instead of sleeping: a paused clock
+//!   auto-advances whenever the runtime is idle, even while a datagram is on its way through
+//!   the kernel, which would let timeouts fire that the test did not ask for. Time then moves
+//!   only when the test advances it;
+//! - "X does not happen" is checked, where possible, by the order of events (a later reply
+//!   arrives first, a counter that moves after X would have happened); otherwise over a short
+//!   window ([`within`]), which a loaded machine can only make pass, never fail.
 
 use std::collections::HashSet;
+use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::pin::pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::Duration;
 
 use fqdnd_dnsproxy::{
@@ -16,6 +34,7 @@ use hickory_proto::rr::rdata::opt::{EdnsCode, EdnsOption};
 use hickory_proto::rr::{Name, RecordType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
+use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::sync::{Semaphore, oneshot};
 
 use crate::upstream::TestUpstream;
@@ -139,7 +158,9 @@ impl QueryLog for TestLog {
     }
 }
 
-/// Test defaults: loopback, port 0, short timeouts.
+/// Test defaults: loopback, port 0, short health checks. The upstream timeout is long enough
+/// that a loaded machine does not turn an answer into a timeout on the real clock; a test about
+/// timeouts sets its own (and runs on the paused clock where it asserts durations).
 pub(crate) fn test_config(upstreams: Vec<SocketAddr>) -> Config {
     Config {
         listen_udp: vec!["127.0.0.1:0".parse().unwrap()],
@@ -147,7 +168,7 @@ pub(crate) fn test_config(upstreams: Vec<SocketAddr>) -> Config {
         udp_sockets_per_address: 2,
         upstreams,
         upstream_sockets: 2,
-        upstream_timeout: Duration::from_millis(400),
+        upstream_timeout: Duration::from_secs(2),
         health_check_interval: Duration::from_millis(200),
         health_check_failures: 3,
         response_max_delay: Duration::from_secs(2),
@@ -219,7 +240,11 @@ impl Harness {
     /// The stats once nothing is in flight (a reply leaves just before its query is
     /// counted).
     pub(crate) async fn settled(&self) -> ProxyStats {
-        eventually(Duration::from_secs(3), || self.stats().inflight == 0).await;
+        assert!(
+            eventually(|| self.stats().inflight == 0).await,
+            "queries still in flight: {:?}",
+            self.stats()
+        );
         self.stats()
     }
 
@@ -227,11 +252,7 @@ impl Harness {
     pub(crate) async fn stop(mut self) {
         let _ = self.shutdown.take().unwrap().send(());
         let run = self.run.take().unwrap();
-        tokio::time::timeout(Duration::from_secs(2), run)
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
+        patiently(run).await.unwrap().unwrap();
     }
 }
 
@@ -274,24 +295,28 @@ pub(crate) async fn udp_client(ip: IpAddr) -> UdpSocket {
     UdpSocket::bind(SocketAddr::new(ip, 0)).await.unwrap()
 }
 
-/// Sends `raw` over UDP from 127.0.0.1 and waits up to `wait` for one reply.
-pub(crate) async fn udp_exchange(
-    server: SocketAddr,
-    raw: &[u8],
-    wait: Duration,
-) -> Option<Vec<u8>> {
+/// Sends `raw` over UDP from 127.0.0.1 and waits for one reply.
+pub(crate) async fn udp_exchange(server: SocketAddr, raw: &[u8]) -> Vec<u8> {
     let socket = udp_client(IpAddr::V4(Ipv4Addr::LOCALHOST)).await;
     socket.send_to(raw, server).await.unwrap();
-    udp_recv(&socket, wait).await
+    udp_recv(&socket).await
 }
 
-/// One datagram within `wait`.
-pub(crate) async fn udp_recv(socket: &UdpSocket, wait: Duration) -> Option<Vec<u8>> {
+/// The next datagram on `socket` (panics after [`PATIENCE`]).
+pub(crate) async fn udp_recv(socket: &UdpSocket) -> Vec<u8> {
     let mut buf = vec![0u8; 65_536];
-    match tokio::time::timeout(wait, socket.recv_from(&mut buf)).await {
-        Ok(Ok((n, _))) => Some(buf[..n].to_vec()),
-        _ => None,
-    }
+    let (n, _) = patiently(socket.recv_from(&mut buf)).await.unwrap();
+    buf.truncate(n);
+    buf
+}
+
+/// A datagram on `socket` within `window`, if one comes (an error, such as an ICMP port
+/// unreachable, is none).
+pub(crate) async fn udp_recv_within(socket: &UdpSocket, window: Duration) -> Option<Vec<u8>> {
+    let mut buf = vec![0u8; 65_536];
+    let (n, _) = within(window, socket.recv_from(&mut buf)).await?.ok()?;
+    buf.truncate(n);
+    Some(buf)
 }
 
 /// Parses a reply and checks it answers `query` (same ID).
@@ -302,12 +327,10 @@ pub(crate) fn parse_reply(query: &[u8], reply: &[u8]) -> Message {
     msg
 }
 
-/// UDP query → parsed reply (panics after 3 s without one).
+/// UDP query → parsed reply.
 pub(crate) async fn ask_udp(server: SocketAddr, name: &str, qtype: RecordType) -> Message {
     let q = query(name, qtype, Some((1232, false)));
-    let r = udp_exchange(server, &q, Duration::from_secs(3))
-        .await
-        .expect("a reply");
+    let r = udp_exchange(server, &q).await;
     parse_reply(&q, &r)
 }
 
@@ -318,7 +341,7 @@ pub(crate) struct TcpClient {
 
 impl TcpClient {
     pub(crate) async fn connect(server: SocketAddr) -> Self {
-        let stream = TcpStream::connect(server).await.unwrap();
+        let stream = patiently(TcpStream::connect(server)).await.unwrap();
         stream.set_nodelay(true).unwrap();
         Self { stream }
     }
@@ -330,21 +353,27 @@ impl TcpClient {
             out.extend_from_slice(&u16::try_from(m.len()).unwrap().to_be_bytes());
             out.extend_from_slice(m);
         }
-        self.stream.write_all(&out).await.unwrap();
+        patiently(self.stream.write_all(&out)).await.unwrap();
     }
 
-    /// One framed message within `wait`; `None` on timeout or EOF.
-    pub(crate) async fn recv(&mut self, wait: Duration) -> Option<Vec<u8>> {
-        tokio::time::timeout(wait, async {
-            let mut len = [0u8; 2];
-            self.stream.read_exact(&mut len).await.ok()?;
-            let mut msg = vec![0u8; usize::from(u16::from_be_bytes(len))];
-            self.stream.read_exact(&mut msg).await.ok()?;
-            Some(msg)
-        })
-        .await
-        .ok()
-        .flatten()
+    /// The next framed message; `None` when the connection is closed (panics after
+    /// [`PATIENCE`] without either).
+    pub(crate) async fn recv(&mut self) -> Option<Vec<u8>> {
+        patiently(Self::read_message(&mut self.stream)).await
+    }
+
+    /// The next framed message if it comes within `window`: `None` if nothing does,
+    /// `Some(None)` if the connection is closed.
+    pub(crate) async fn recv_within(&mut self, window: Duration) -> Option<Option<Vec<u8>>> {
+        within(window, Self::read_message(&mut self.stream)).await
+    }
+
+    async fn read_message(stream: &mut TcpStream) -> Option<Vec<u8>> {
+        let mut len = [0u8; 2];
+        stream.read_exact(&mut len).await.ok()?;
+        let mut msg = vec![0u8; usize::from(u16::from_be_bytes(len))];
+        stream.read_exact(&mut msg).await.ok()?;
+        Some(msg)
     }
 }
 
@@ -359,14 +388,84 @@ pub(crate) fn ips(msg: &Message) -> HashSet<Ipv4Addr> {
         .collect()
 }
 
-/// Waits until `cond` holds, up to `wait`.
-pub(crate) async fn eventually(wait: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = tokio::time::Instant::now() + wait;
-    while tokio::time::Instant::now() < deadline {
+/// Real time a test waits at most for something that should happen. Generous: the suite runs
+/// on machines busy with other work, and only a broken proxy gets anywhere near it.
+pub(crate) const PATIENCE: Duration = Duration::from_secs(60);
+
+/// A real-time deadline `after` from now (test bookkeeping only: the proxy and the assertions
+/// use tokio's clock).
+#[allow(
+    clippy::disallowed_types,
+    reason = "a deadline on real time, whatever tokio's clock does"
+)]
+fn deadline(after: Duration) -> impl Fn() -> bool {
+    let end = std::time::Instant::now() + after;
+    move || std::time::Instant::now() >= end
+}
+
+/// Lets other tasks run before the condition is checked again: a yield on a current-thread
+/// runtime (the paused-clock tests), where sleeping would let the paused clock auto-advance;
+/// a short sleep otherwise.
+async fn pause() {
+    match Handle::current().runtime_flavor() {
+        RuntimeFlavor::CurrentThread => tokio::task::yield_now().await,
+        _ => tokio::time::sleep(Duration::from_millis(5)).await,
+    }
+}
+
+/// Waits until `cond` holds (false after [`PATIENCE`]).
+pub(crate) async fn eventually(mut cond: impl FnMut() -> bool) -> bool {
+    let expired = deadline(PATIENCE);
+    loop {
         if cond() {
             return true;
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        if expired() {
+            return cond();
+        }
+        pause().await;
     }
-    cond()
+}
+
+/// `fut`'s output if it completes within `window` of real time. On a current-thread runtime
+/// the wait keeps the runtime busy (see the module's doc), so a paused clock stays where the
+/// test put it.
+pub(crate) async fn within<F: Future>(window: Duration, fut: F) -> Option<F::Output> {
+    if Handle::current().runtime_flavor() != RuntimeFlavor::CurrentThread {
+        return tokio::time::timeout(window, fut).await.ok();
+    }
+    let expired = deadline(window);
+    let mut fut = pin!(fut);
+    loop {
+        let polled = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await;
+        if let Poll::Ready(out) = polled {
+            return Some(out);
+        }
+        if expired() {
+            return None;
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+/// `fut`'s output; panics if it does not complete within [`PATIENCE`].
+pub(crate) async fn patiently<F: Future>(fut: F) -> F::Output {
+    within(PATIENCE, fut)
+        .await
+        .expect("did not happen within PATIENCE")
+}
+
+/// On the paused clock: lets every task that can run do so, and the runtime take in what its
+/// sockets and timers have for it, without time passing. Before asserting that something due
+/// later has not happened yet.
+pub(crate) async fn run_ready() {
+    for _ in 0..256 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// On the paused clock: moves it by `by`, then lets what that made due run.
+pub(crate) async fn advance(by: Duration) {
+    tokio::time::advance(by).await;
+    run_ready().await;
 }

@@ -1,0 +1,158 @@
+//! The query's way in: parse, policy verdict, rate limit, then forwarding, or the reply the
+//! proxy writes itself (FORMERR/NOTIMP, REFUSED/NXDOMAIN, SERVFAIL when it cannot forward),
+//! or nothing (a runt shorter than a header, a response, a query over its rate limit).
+
+use std::net::SocketAddr;
+
+use tokio::time::Instant;
+
+use super::{Handled, Outcome, Shared, Worker};
+use crate::config::{RateLimitAction, RejectCode};
+use crate::policy::{QueryInfo, Transport, Verdict};
+use crate::query::{self, NotForwarded, ParsedQuery};
+use crate::querylog::QueryResult;
+use crate::question::Question;
+use crate::upstream::{Asked, ReplyTo};
+use crate::wire::{self, rcode};
+
+impl Shared {
+    /// Handles one query from a client. `raw` is the client's message; it is rewritten in place
+    /// (the ID only) when forwarded. `reply` is called only when the query is forwarded.
+    pub(crate) async fn handle_query(
+        &self,
+        w: &mut Worker,
+        raw: &mut [u8],
+        client: SocketAddr,
+        server: SocketAddr,
+        transport: Transport,
+        reply: impl FnOnce() -> ReplyTo,
+    ) -> Handled {
+        let received = Instant::now();
+        let parsed = match query::parse(raw) {
+            Ok(parsed) => parsed,
+            Err(NotForwarded::Runt) => {
+                self.metrics.runt_queries.inc();
+                tracing::debug!(%client, ?transport, len = raw.len(), "DNS message shorter than a header dropped");
+                return Handled::Runt;
+            }
+            Err(not_forwarded) => {
+                let code = not_forwarded.write_reply(&mut w.scratch, raw);
+                self.finish(
+                    client,
+                    transport,
+                    "",
+                    not_forwarded.qtype(),
+                    received,
+                    Outcome::local(QueryResult::Malformed, code),
+                );
+                return match code {
+                    Some(_) => Handled::Reply,
+                    None => Handled::Dropped,
+                };
+            }
+        };
+        let ParsedQuery {
+            client_id,
+            opt,
+            question,
+            qtype,
+            udp_limit,
+            name,
+        } = parsed;
+        let info = QueryInfo {
+            client,
+            server,
+            name: &name,
+            qtype,
+            transport,
+        };
+        let verdict = self.policy.check(&info);
+        let limited = verdict != Verdict::UnknownClient
+            && self
+                .rate_limit
+                .as_ref()
+                .is_some_and(|limit| !limit.allow(client.ip(), received));
+        let (result, code) = if limited {
+            if self.config.rate_limit_action == RateLimitAction::Drop {
+                let outcome = Outcome::local(QueryResult::RateLimited, None);
+                self.finish(client, transport, &name, Some(qtype), received, outcome);
+                return Handled::Dropped;
+            }
+            (QueryResult::RateLimited, rcode::REFUSED)
+        } else {
+            match verdict {
+                Verdict::Allow { tag } => {
+                    let asked = Asked {
+                        client,
+                        server,
+                        transport,
+                        client_id,
+                        name,
+                        qtype,
+                        tag,
+                        udp_limit,
+                        opt,
+                        received,
+                    };
+                    return self.forward(w, raw, question, asked, reply).await;
+                }
+                Verdict::Deny => (
+                    QueryResult::Denied,
+                    match self.config.reject_code {
+                        RejectCode::Refused => rcode::REFUSED,
+                        RejectCode::NxDomain => rcode::NXDOMAIN,
+                    },
+                ),
+                Verdict::UnknownClient => (QueryResult::UnknownClient, rcode::REFUSED),
+            }
+        };
+        wire::write_header_reply(
+            &mut w.scratch,
+            raw,
+            client_id,
+            Some(question),
+            code,
+            false,
+            opt,
+        );
+        self.finish(
+            client,
+            transport,
+            &name,
+            Some(qtype),
+            received,
+            Outcome::local(result, Some(code)),
+        );
+        Handled::Reply
+    }
+
+    /// SERVFAIL (or REFUSED) for an allowed query that cannot be forwarded.
+    pub(super) fn refuse_admitted(
+        &self,
+        w: &mut Worker,
+        raw: &[u8],
+        question: Question,
+        asked: &Asked,
+        result: QueryResult,
+        code: u8,
+    ) -> Handled {
+        wire::write_header_reply(
+            &mut w.scratch,
+            raw,
+            asked.client_id,
+            Some(question),
+            code,
+            false,
+            asked.opt,
+        );
+        self.finish(
+            asked.client,
+            asked.transport,
+            &asked.name,
+            Some(asked.qtype),
+            asked.received,
+            Outcome::local(result, Some(code)),
+        );
+        Handled::Reply
+    }
+}

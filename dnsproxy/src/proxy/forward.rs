@@ -1,0 +1,259 @@
+//! Forwarding an admitted query: the concurrency limit, the upstream (pool round robin or the
+//! original destination), a socket of it (rotated first when due) and a random free ID on
+//! it, then the send.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use tokio::time::Instant;
+
+use super::{Handled, Shared, Worker};
+use crate::case;
+use crate::querylog::QueryResult;
+use crate::question::Question;
+use crate::upstream::{Asked, OpenError, Origin, ReplyTo, Upstream};
+use crate::upstream_socket::{Inflight, UpstreamSocket};
+use crate::wire::{self, rcode};
+
+/// Where an allowed query is forwarded.
+enum Target {
+    /// The pooled upstream with this index.
+    Pool(usize),
+    /// Its original destination.
+    Original(Arc<Upstream>),
+}
+
+impl Shared {
+    /// Admits an allowed query and sends it to an upstream.
+    pub(super) async fn forward(
+        &self,
+        w: &mut Worker,
+        raw: &mut [u8],
+        question: Question,
+        asked: Asked,
+        reply: impl FnOnce() -> ReplyTo,
+    ) -> Handled {
+        let limit = self.config.concurrency_limit;
+        let before = self.inflight.fetch_add(1, Ordering::Relaxed);
+        if limit != 0 && before >= limit {
+            self.inflight.fetch_sub(1, Ordering::Relaxed);
+            self.metrics.concurrency_limited.inc();
+            return self.refuse_admitted(
+                w,
+                raw,
+                question,
+                &asked,
+                QueryResult::ConcurrencyLimited,
+                rcode::SERVFAIL,
+            );
+        }
+        let original;
+        let target = self
+            .originals
+            .as_ref()
+            .and_then(|_| {
+                self.policy
+                    .forward_to(asked.client, asked.server, asked.transport)
+            })
+            .unwrap_or(asked.server);
+        let upstream: &Arc<Upstream> = match self.upstream_for(w, target) {
+            Ok(Target::Pool(ui)) => &self.upstreams[ui],
+            Ok(Target::Original(upstream)) => {
+                original = upstream;
+                &original
+            }
+            Err(code) => {
+                self.inflight.fetch_sub(1, Ordering::Relaxed);
+                return self.refuse_admitted(
+                    w,
+                    raw,
+                    question,
+                    &asked,
+                    QueryResult::NoUpstream,
+                    code,
+                );
+            }
+        };
+        let n = upstream.slots();
+        let first = w.next_socket;
+        w.next_socket = w.next_socket.wrapping_add(1);
+        let sent = asked.received;
+        let mut origin = Some(Origin {
+            reply: reply(),
+            asked,
+        });
+        let chosen = (0..n).find_map(|k| {
+            let si = (first + k) % n;
+            self.reserve(w, upstream, si, raw, question, sent, &mut origin)
+        });
+        let Some(socket) = chosen else {
+            // Every socket of the upstream holds its maximum: refuse like the concurrency limit.
+            self.inflight.fetch_sub(1, Ordering::Relaxed);
+            self.metrics.concurrency_limited.inc();
+            let Some(Origin { asked, .. }) = origin else {
+                return Handled::Dropped;
+            };
+            return self.refuse_admitted(
+                w,
+                raw,
+                question,
+                &asked,
+                QueryResult::ConcurrencyLimited,
+                rcode::SERVFAIL,
+            );
+        };
+        let socket = &socket.socket;
+        match socket.try_send(raw) {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if let Err(e) = socket.send(raw).await {
+                    tracing::debug!(upstream = %upstream.addr, error = %e, "query not sent; it will time out");
+                }
+            }
+            // A pending ICMP error from an earlier datagram is reported once: send again.
+            Err(_) => {
+                if let Err(e) = socket.try_send(raw) {
+                    tracing::debug!(upstream = %upstream.addr, error = %e, "query not sent; it will time out");
+                }
+            }
+        }
+        Handled::Forwarded
+    }
+
+    /// Reserves a random free ID for the query on the socket of slot `si` (rotated first if it
+    /// is due), writes it into `raw` and records the query in flight; with `randomize_case`
+    /// the name's case in `raw` is then randomised (the table keeps the client's bytes).
+    /// `None` if that socket is full.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the query's parts, passed through once"
+    )]
+    fn reserve(
+        &self,
+        w: &mut Worker,
+        upstream: &Arc<Upstream>,
+        si: usize,
+        raw: &mut [u8],
+        question: Question,
+        sent: Instant,
+        origin: &mut Option<Origin>,
+    ) -> Option<Arc<UpstreamSocket>> {
+        // A closed socket was replaced in its slot before its receiver closed it: reading the
+        // slot again gives the new one.
+        for _ in 0..4 {
+            let socket = self.current_socket(upstream, si, sent);
+            {
+                let mut table = socket.lock();
+                if table.is_closed() {
+                    continue;
+                }
+                let slot = table.insert(&mut w.ids)?;
+                wire::set_id(raw, slot.id());
+                let query = raw.to_vec();
+                let sent_name = self
+                    .config
+                    .randomize_case
+                    .then(|| case::randomize(raw, question, &mut w.ids));
+                slot.fill(Inflight {
+                    query,
+                    question,
+                    sent_name,
+                    sent,
+                    origin: origin.take(),
+                });
+            }
+            socket.count_query();
+            return Some(socket);
+        }
+        None
+    }
+
+    /// The socket of slot `si`, replaced first by one on a fresh port if it has carried
+    /// `upstream_socket_max_queries` or is older than `upstream_socket_max_age`. If the new
+    /// socket cannot be opened (no file descriptor left, …) the old one goes on serving: the
+    /// failure is counted and logged at most every [`WARN_EVERY`].
+    fn current_socket(
+        &self,
+        upstream: &Arc<Upstream>,
+        si: usize,
+        now: Instant,
+    ) -> Arc<UpstreamSocket> {
+        let socket = upstream.socket(si);
+        if !socket.is_due(now) {
+            return socket;
+        }
+        match upstream.rotate(si, &socket, now) {
+            Ok(Some(fresh)) => {
+                self.metrics.upstream_socket_rotations.inc();
+                tracing::debug!(upstream = %upstream.addr, old_port = socket.port, new_port = fresh.port, "DNS upstream socket rotated");
+                // Nobody listens once the proxy stopped; nothing is received then, as for the others.
+                let _ = self.new_sockets.send((upstream.clone(), fresh.clone()));
+                fresh
+            }
+            Ok(None) => upstream.socket(si),
+            Err(e) => {
+                self.metrics.upstream_socket_rotation_failures.inc();
+                if self.warn_due(&self.rotation_warned_ms, now) {
+                    tracing::warn!(upstream = %upstream.addr, port = socket.port, error = %e, "cannot open a new DNS upstream socket; the old one stays in use");
+                }
+                socket
+            }
+        }
+    }
+
+    /// Where a query to `server` goes: its original destination when that is not one of the
+    /// proxy's own addresses and `forward_to_original_destination` is set, the pool otherwise.
+    /// `Err` carries the reply code when it cannot go anywhere: REFUSED for a query to the
+    /// proxy itself with no pool (never a loop to ourselves), SERVFAIL when no pooled upstream
+    /// is alive or no more original destinations may be opened.
+    fn upstream_for(&self, w: &mut Worker, server: SocketAddr) -> Result<Target, u8> {
+        if let Some(originals) = &self.originals
+            && !self.is_own(server)
+        {
+            return match originals.get_or_open(server) {
+                Ok(upstream) => Ok(Target::Original(upstream)),
+                Err(OpenError::Full) => {
+                    self.metrics.original_destination_overflow.inc();
+                    tracing::debug!(upstream = %server, max = self.config.max_original_destinations, "original destination not forwarded to: too many open");
+                    Err(rcode::SERVFAIL)
+                }
+                Err(OpenError::Socket(e)) => {
+                    tracing::warn!(error = %e, "original destination not forwarded to");
+                    Err(rcode::SERVFAIL)
+                }
+            };
+        }
+        if self.upstreams.is_empty() {
+            return Err(rcode::REFUSED);
+        }
+        self.pick_upstream(w)
+            .map(Target::Pool)
+            .ok_or(rcode::SERVFAIL)
+    }
+
+    /// Whether `addr` is one of the proxy's listen addresses (a wildcard one owns its port).
+    pub(crate) fn is_own(&self, addr: SocketAddr) -> bool {
+        self.own.iter().any(|own| {
+            *own == addr
+                || (own.ip().is_unspecified()
+                    && own.port() == addr.port()
+                    && own.is_ipv4() == addr.is_ipv4())
+        })
+    }
+
+    /// Round robin over live upstreams, starting one further on each call (per task, so tasks
+    /// share no counter).
+    fn pick_upstream(&self, w: &mut Worker) -> Option<usize> {
+        let n = self.upstreams.len();
+        if n == 0 {
+            return None;
+        }
+        let start = w.next_upstream % n;
+        w.next_upstream = w.next_upstream.wrapping_add(1);
+        (0..n)
+            .map(|k| (start + k) % n)
+            .find(|&i| self.upstreams[i].is_alive())
+    }
+}

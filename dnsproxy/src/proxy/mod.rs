@@ -1,0 +1,254 @@
+//! The query's way through the proxy, split by stage: [`admit`] (parse, policy, the replies
+//! the proxy writes itself), [`forward`] (upstream, socket, ID, send), [`receive`] (an
+//! upstream socket's answers validated), [`hold`] (the observer, the fallback, the reply
+//! out), [`tcp_retry`] (TC=1 asked again over TCP) and [`maintenance`] (the timeout sweep and
+//! the health prober). This module owns the state they share and the end of every query
+//! (metrics, query log).
+
+mod admit;
+mod forward;
+mod hold;
+mod maintenance;
+mod receive;
+mod tcp_retry;
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use hickory_proto::op::Message;
+use hickory_proto::rr::RecordType;
+use tokio::net::UdpSocket;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::config::Config;
+use crate::ids::IdSource;
+use crate::metrics::Metrics;
+use crate::observer::ResponseObserver;
+use crate::policy::{QueryPolicy, Transport};
+use crate::querylog::{QueryLog, QueryLogEntry, QueryResult};
+use crate::question::Question;
+use crate::ratelimit::RateLimiter;
+use crate::transparent::RawSender;
+use crate::upstream::{Asked, NewSocket, Origin, OriginalUpstreams, Upstream};
+use crate::wire;
+
+/// Packets handled per readiness wake before the task yields to others on its thread.
+pub(crate) const BATCH: usize = 64;
+
+/// One UDP listener socket (several may share an address through SO_REUSEPORT).
+pub(crate) struct UdpListener {
+    pub(crate) socket: UdpSocket,
+    pub(crate) local: SocketAddr,
+}
+
+/// State shared by every task of one proxy.
+pub(crate) struct Shared {
+    pub(crate) config: Config,
+    pub(crate) policy: Arc<dyn QueryPolicy>,
+    pub(crate) observer: Arc<dyn ResponseObserver>,
+    pub(crate) query_log: Option<Arc<dyn QueryLog>>,
+    pub(crate) udp: Vec<UdpListener>,
+    /// The configured pool.
+    pub(crate) upstreams: Vec<Arc<Upstream>>,
+    /// Upstreams for original destinations, with `forward_to_original_destination`.
+    pub(crate) originals: Option<OriginalUpstreams>,
+    /// The raw sockets replies from an original destination leave through (transparent mode).
+    pub(crate) raw: Option<RawSender>,
+    /// Every listen address actually bound (UDP and TCP): a query to one of them is the
+    /// proxy's own, never forwarded to its original destination.
+    pub(crate) own: Vec<SocketAddr>,
+    /// Queries admitted (forwarded) and not yet finished.
+    pub(crate) inflight: AtomicUsize,
+    pub(crate) tcp_open: AtomicUsize,
+    pub(crate) metrics: Metrics,
+    pub(crate) start: Instant,
+    /// Per-client token buckets, when a rate limit is configured.
+    pub(crate) rate_limit: Option<RateLimiter>,
+    /// Upstream sockets opened while running (rotations), whose receivers `run` starts.
+    pub(crate) new_sockets: mpsc::UnboundedSender<NewSocket>,
+    /// When a failed socket rotation was last logged (ms since `start`), to rate-limit it.
+    pub(crate) rotation_warned_ms: AtomicU64,
+    /// When running out of file descriptors on accept was last logged (ms since `start`).
+    pub(crate) fd_warned_ms: AtomicU64,
+    /// When an observer failure was last logged (ms since `start`).
+    pub(crate) observer_warned_ms: AtomicU64,
+    /// When an observer that did not finish in time was last logged (ms since `start`).
+    pub(crate) hold_timeout_warned_ms: AtomicU64,
+}
+
+/// A warning that may repeat (a failed rotation, an accept without file descriptors) is logged
+/// at most this often.
+pub(crate) const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// Per-task state of a query-receiving task: no sharing, no locking.
+pub(crate) struct Worker {
+    ids: IdSource,
+    next_upstream: usize,
+    next_socket: usize,
+    /// A reply the proxy wrote itself, ready to send.
+    pub(crate) scratch: Vec<u8>,
+}
+
+impl Worker {
+    pub(crate) fn new(seed: usize) -> Self {
+        Self {
+            ids: IdSource::new(),
+            next_upstream: seed,
+            next_socket: seed,
+            scratch: Vec::new(),
+        }
+    }
+}
+
+/// What became of a query.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Handled {
+    /// Sent upstream; the reply comes later through its [`ReplyTo`].
+    Forwarded,
+    /// Answered at once: the reply is in [`Worker::scratch`].
+    Reply,
+    /// Nothing to send.
+    Dropped,
+    /// Nothing to send, and the message was shorter than a DNS header: a TCP client's
+    /// connection is closed.
+    Runt,
+}
+
+/// How a query ended, for metrics and the query log.
+struct Outcome<'a> {
+    result: QueryResult,
+    rcode: Option<u16>,
+    upstream: Option<SocketAddr>,
+    hold: Duration,
+    answer: Option<&'a Message>,
+}
+
+impl Outcome<'_> {
+    fn local(result: QueryResult, rcode: Option<u8>) -> Self {
+        Self {
+            result,
+            rcode: rcode.map(u16::from),
+            upstream: None,
+            hold: Duration::ZERO,
+            answer: None,
+        }
+    }
+}
+
+/// A validated answer on its way to the client.
+struct Answer {
+    origin: Origin,
+    upstream: SocketAddr,
+    msg: Message,
+    /// The answer's question.
+    question: Question,
+    /// When it arrived.
+    answered: Instant,
+}
+
+/// Receive errors that concern one packet or an ICMP report, not the socket.
+pub(crate) fn is_transient(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::Interrupted
+            | io::ErrorKind::HostUnreachable
+            | io::ErrorKind::NetworkUnreachable
+    )
+}
+
+/// After an unexpected receive error the task logs it and pauses this long rather than stop
+/// serving (or spin on an error that repeats).
+pub(crate) const ERROR_PAUSE: Duration = Duration::from_millis(10);
+
+impl Shared {
+    /// Whether a warning last logged at `last` (ms since start) may be logged again now; if
+    /// so, records now.
+    pub(crate) fn warn_due(&self, last: &AtomicU64, now: Instant) -> bool {
+        let now_ms = self.elapsed_ms(now).saturating_add(1);
+        let before = last.load(Ordering::Relaxed);
+        let every = u64::try_from(WARN_EVERY.as_millis()).unwrap_or(u64::MAX);
+        (before == 0 || now_ms.saturating_sub(before) >= every)
+            && last
+                .compare_exchange(before, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    /// Milliseconds from the proxy's start to `now`.
+    fn elapsed_ms(&self, now: Instant) -> u64 {
+        u64::try_from(now.saturating_duration_since(self.start).as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// A forwarded query ended.
+    fn finish_admitted(&self, asked: &Asked, outcome: Outcome<'_>) {
+        self.finish(
+            asked.client,
+            asked.transport,
+            &asked.name,
+            Some(asked.qtype),
+            asked.received,
+            outcome,
+        );
+        // Last, so a snapshot showing nothing in flight includes this query's counts.
+        self.inflight.fetch_sub(1, Ordering::Release);
+    }
+
+    /// Counts the query and writes its log entry.
+    fn finish(
+        &self,
+        client: SocketAddr,
+        transport: Transport,
+        name: &str,
+        qtype: Option<RecordType>,
+        received: Instant,
+        outcome: Outcome<'_>,
+    ) {
+        self.metrics.query(outcome.result);
+        let Some(log) = &self.query_log else { return };
+        let total = received.elapsed();
+        let answers = outcome.answer.map_or(0, |m| {
+            m.answers
+                .iter()
+                .filter(|r| matches!(r.record_type(), RecordType::A | RecordType::AAAA))
+                .count()
+        });
+        log.record(QueryLogEntry {
+            time_ms: epoch_ms().saturating_sub(u64::try_from(total.as_millis()).unwrap_or(0)),
+            client,
+            transport,
+            name: name.to_owned(),
+            qtype: qtype.map(|t| t.to_string()).unwrap_or_default(),
+            result: outcome.result,
+            rcode: outcome
+                .rcode
+                .map(|c| wire::rcode_name(c).to_owned())
+                .unwrap_or_default(),
+            upstream: outcome.upstream,
+            total_us: u64::try_from(total.as_micros()).unwrap_or(u64::MAX),
+            hold_us: u64::try_from(outcome.hold.as_micros()).unwrap_or(u64::MAX),
+            answers,
+        });
+    }
+}
+
+/// Work an answer leaves behind (a pending observation or a TCP retry): boxed, off the fast
+/// path.
+pub(crate) type Slow = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// Milliseconds since the Unix epoch, for the query log only.
+#[allow(
+    clippy::disallowed_types,
+    reason = "the query log records wall-clock time"
+)]
+fn epoch_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}

@@ -1,0 +1,135 @@
+//! The answer's way in: one receiver per upstream socket validates each datagram (source,
+//! ID, question) and hands it on to the hold, or to a TCP retry when truncated.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use super::{Answer, BATCH, ERROR_PAUSE, Shared, Slow, is_transient};
+use crate::answer::{self, Validated};
+use crate::config::TruncatedAction;
+use crate::metrics::DropReason;
+use crate::policy::Transport;
+use crate::upstream::Upstream;
+use crate::upstream_socket::UpstreamSocket;
+
+impl Shared {
+    /// Receives answers on one upstream socket until it fails, or until it was retired by a
+    /// rotation and its last query in flight was answered or expired: then it waits for the
+    /// observations it started and returns `Ok`, closing the socket.
+    pub(crate) async fn upstream_loop(
+        self: Arc<Self>,
+        upstream: Arc<Upstream>,
+        socket: Arc<UpstreamSocket>,
+    ) -> Result<(), crate::Error> {
+        let mut buf = vec![0u8; 65_536];
+        let mut pending = JoinSet::new();
+        loop {
+            tokio::select! {
+                ready = socket.socket.readable() => {
+                    ready.map_err(|source| crate::Error::Upstream {
+                        upstream: upstream.addr,
+                        source,
+                    })?;
+                }
+                () = socket.drained.notified() => {}
+            }
+            let mut batch = 0;
+            loop {
+                match socket.socket.try_recv_from(&mut buf) {
+                    Ok((n, from)) => {
+                        if let Some(task) = self
+                            .on_answer(&upstream, &socket, &mut buf[..n], from)
+                            .await
+                        {
+                            pending.spawn(task);
+                        }
+                        batch += 1;
+                        if batch == BATCH {
+                            batch = 0;
+                            tokio::task::yield_now().await;
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    // ICMP port unreachable and the like: the sweep counts the timeouts.
+                    Err(e) if is_transient(&e) => {}
+                    Err(e) => {
+                        tracing::warn!(upstream = %upstream.addr, error = %e, "DNS upstream socket error");
+                        tokio::time::sleep(ERROR_PAUSE).await;
+                        break;
+                    }
+                }
+            }
+            while pending.try_join_next().is_some() {}
+            if socket.close_if_drained() {
+                while pending.join_next().await.is_some() {}
+                tracing::debug!(upstream = %upstream.addr, port = socket.port, "retired DNS upstream socket drained and closed");
+                return Ok(());
+            }
+        }
+    }
+
+    /// Validates one datagram from an upstream socket and replies, or returns the task that
+    /// will (a pending observation or a TCP retry).
+    async fn on_answer(
+        self: &Arc<Self>,
+        upstream: &Arc<Upstream>,
+        socket: &UpstreamSocket,
+        raw: &mut [u8],
+        from: SocketAddr,
+    ) -> Option<Slow> {
+        if from != upstream.addr {
+            self.dropped(DropReason::WrongSource, upstream.addr);
+            return None;
+        }
+        let answered = Instant::now();
+        let validated = answer::validate(raw, socket);
+        let Validated {
+            msg,
+            entry,
+            question: answer_question,
+            len,
+        } = match validated {
+            Ok(validated) => validated,
+            Err(reason) => {
+                self.dropped(reason, upstream.addr);
+                return None;
+            }
+        };
+        let raw = &mut raw[..len];
+        let rtt = answered.saturating_duration_since(entry.sent);
+        upstream.on_success(rtt, self.elapsed_ms(answered));
+        let (Some(origin), Some(question)) = (entry.origin, answer_question) else {
+            upstream.probing.store(false, Ordering::Relaxed);
+            return None;
+        };
+        self.metrics.upstream_latency.record(rtt.as_secs_f64());
+        let pass_through = origin.asked.transport == Transport::Udp
+            && self.config.on_truncated == TruncatedAction::PassThrough;
+        if msg.metadata.truncation && !pass_through {
+            return Some(Box::pin(self.clone().retry_tcp(
+                upstream.clone(),
+                origin,
+                entry.query,
+                entry.question,
+            )));
+        }
+        let answer = Answer {
+            origin,
+            upstream: upstream.addr,
+            msg,
+            question,
+            answered,
+        };
+        self.observe_and_reply(answer, raw).await
+    }
+
+    pub(super) fn dropped(&self, reason: DropReason, upstream: SocketAddr) {
+        self.metrics.drop_answer(reason);
+        tracing::debug!(%upstream, reason = reason.as_str(), "DNS answer dropped");
+    }
+}
