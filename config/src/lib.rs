@@ -35,6 +35,7 @@
 
 mod cnp;
 mod convert;
+mod documents;
 mod endpoint;
 mod error;
 mod gateway;
@@ -48,6 +49,7 @@ use std::path::PathBuf;
 use fqdnd_ipcache::Endpoint;
 use fqdnd_ipcache::policy::Rule;
 
+pub use documents::{Document, Documents, documents};
 pub use error::{Duplicated, Error, Errors};
 pub use gateway::{
     DEFAULT_ADMIN_SOCKET, DEFAULT_DNS_PROXY_PORT, Daemon, Gateway, Lists, MapSizes, Node,
