@@ -11,9 +11,11 @@
 //!   `kind: Node` (how the daemon runs, as [`Gateway`] / [`Node`]), and `kind: Service`
 //!   (a VIP the node load-balances, as [`Service`]).
 //!
-//! Any number of documents of any kind may share a file (`---` between them). Every problem is
-//! reported with its `file:line:column`, and loading goes on after one so that a single run
-//! shows them all ([`Errors`]).
+//! Any number of documents of any kind may share a file (`---` between them). A file is split
+//! into its documents before it is parsed ([`documents`]), and each document is checked on its
+//! own: a syntax error in one does not hide the errors of the next. Every problem is reported
+//! with its `file:line:column`, and loading goes on after one (an unknown field too, within its
+//! document) so that a single run shows them all ([`Errors`]).
 //!
 //! **What it must never do.**
 //!

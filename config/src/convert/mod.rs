@@ -63,8 +63,9 @@ pub(crate) fn policy(
         .chain(doc.value.specs.iter().flatten())
         .collect();
     if specs.is_empty() {
-        diag.invalid(
+        diag.missing(
             at(doc),
+            &["spec", "specs"],
             format!(
                 "a {} needs `spec` (one rule) or `specs` (a list of rules)",
                 kind.name()
@@ -81,7 +82,8 @@ pub(crate) fn policy(
     let rules: Vec<Rule> = specs
         .into_iter()
         .filter_map(|spec| {
-            let origin = format!("{}:{} {qualified}", diag.file().display(), at(spec).line());
+            let line = diag.position(at(spec)).0;
+            let origin = format!("{}:{line} {qualified}", diag.file().display());
             rule(spec, origin, scope, diag)
         })
         .collect();
@@ -99,8 +101,9 @@ fn policy_metadata(
     diag: &mut Diag<'_>,
 ) -> (Option<String>, Location, Option<String>) {
     let Some(meta) = &doc.value.metadata else {
-        diag.invalid(
+        diag.missing(
             at(doc),
+            &["metadata"],
             format!("a {} needs `metadata` with a `name`", kind.name()),
         );
         return (None, at(doc), None);
@@ -130,7 +133,7 @@ pub(crate) fn object_name(
 ) -> Option<String> {
     match name {
         None => {
-            diag.invalid(parent, "`metadata.name` is required");
+            diag.missing(parent, &["name"], "`metadata.name` is required");
             None
         }
         Some(n) if n.value.trim().is_empty() || n.value.chars().any(char::is_control) => {
@@ -205,8 +208,9 @@ fn rule(
             s
         }),
         None => {
-            diag.invalid(
+            diag.missing(
                 at(spec),
+                &["endpointSelector"],
                 "a rule needs an `endpointSelector` (use `{}` to select every endpoint)",
             );
             None
@@ -215,8 +219,9 @@ fn rule(
 
     let egress_specs = r.egress.as_deref().unwrap_or_default();
     if egress_specs.is_empty() && !had_rejected {
-        diag.invalid(
+        diag.missing(
             at(spec),
+            &["egress"],
             "a rule needs a non-empty `egress` list: fqdnd enforces egress only, so this rule \
              would do nothing (Cilium also rejects a rule without rules)",
         );
@@ -231,12 +236,13 @@ fn rule(
         .as_ref()
         .and_then(|d| d.egress)
         .unwrap_or(true);
-    (diag.count() == before).then_some(Rule {
+    let rule = Rule {
         origin,
         endpoint_selector: endpoint_selector?,
         egress,
         default_deny_egress,
-    })
+    };
+    (diag.count() == before).then_some(rule)
 }
 
 /// One `egress[]` entry. `None` when it is wrong, or when it allows nothing (no peers and no
