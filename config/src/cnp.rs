@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_saphyr::Spanned;
 
-use crate::yaml::{shape, Pairs, Scalar, Text};
+use crate::yaml::{Pairs, Scalar, Text, shape};
 
 /// A field that is recognised only to be rejected: its presence is an error naming it.
 pub(crate) type Rejected = Option<Spanned<IgnoredAny>>;

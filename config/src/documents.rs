@@ -210,7 +210,10 @@ mod tests {
             [("# header\n\n%YAML 1.2\n---\na: 1\n", 1), ("---\nb: 2", 6)]
         );
         // Two markers in a row: an empty document, then the next one.
-        assert_eq!(split("---\n---\na: 1\n"), [("---\n", 1), ("---\na: 1\n", 2)]);
+        assert_eq!(
+            split("---\n---\na: 1\n"),
+            [("---\n", 1), ("---\na: 1\n", 2)]
+        );
     }
 
     #[test]
@@ -224,7 +227,10 @@ mod tests {
             ]
         );
         // Content right after `...` is a new (bare) document.
-        assert_eq!(split("a: 1\n... # end\nb: 2\n"), [("a: 1\n... # end\n", 1), ("b: 2\n", 3)]);
+        assert_eq!(
+            split("a: 1\n... # end\nb: 2\n"),
+            [("a: 1\n... # end\n", 1), ("b: 2\n", 3)]
+        );
     }
 
     #[test]
@@ -241,7 +247,10 @@ mod tests {
             split("a: 1\r\n---\r\nb: 2\r\n...\r\nc: 3"),
             [("a: 1\r\n", 1), ("---\r\nb: 2\r\n...\r\n", 2), ("c: 3", 5)]
         );
-        assert_eq!(split("a: 1\r---\rb: 2\r"), [("a: 1\r", 1), ("---\rb: 2\r", 2)]);
+        assert_eq!(
+            split("a: 1\r---\rb: 2\r"),
+            [("a: 1\r", 1), ("---\rb: 2\r", 2)]
+        );
     }
 
     #[test]
@@ -296,9 +305,29 @@ mod tests {
     /// Lines drawn from what a YAML stream holds, markers and near-markers included.
     fn line_strategy() -> impl Strategy<Value = &'static str> {
         prop::sample::select(vec![
-            "---", "--- ", "--- # c", "--- |", "---x", "...", "... # c", "....", "%YAML 1.2",
-            "%TAG ! tag:x,2000:", "# comment", "", "  ", "\t", "a: 1", "b: |", "  ---", "  ...",
-            "- x", "'q ---", "\"q", "  %x", "\u{feff}---",
+            "---",
+            "--- ",
+            "--- # c",
+            "--- |",
+            "---x",
+            "...",
+            "... # c",
+            "....",
+            "%YAML 1.2",
+            "%TAG ! tag:x,2000:",
+            "# comment",
+            "",
+            "  ",
+            "\t",
+            "a: 1",
+            "b: |",
+            "  ---",
+            "  ...",
+            "- x",
+            "'q ---",
+            "\"q",
+            "  %x",
+            "\u{feff}---",
         ])
     }
 

@@ -23,7 +23,7 @@ use serde_saphyr::{Location, Spanned};
 
 use crate::cnp::ObjectMeta;
 use crate::convert::{NAMESPACE_KEY, namespace, object_name, parse_cidr};
-use crate::yaml::{shape, Diag, Pairs, Scalar, Text, at, int_in_range, sanitize};
+use crate::yaml::{Diag, Pairs, Scalar, Text, at, int_in_range, sanitize, shape};
 
 /// A whole `Endpoint` or `ClientGroup` document.
 #[derive(Debug, Deserialize)]
@@ -47,10 +47,7 @@ struct EndpointSpec {
     interface: Option<Text>,
 }
 
-shape!(
-    EndpointDoc,
-    EndpointSpec,
-);
+shape!(EndpointDoc, EndpointSpec,);
 
 /// Which of the two kinds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

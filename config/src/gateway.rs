@@ -50,7 +50,7 @@ use serde_saphyr::Spanned;
 use fqdnd_dnsproxy::{HoldFallback, RateLimitAction, TruncatedAction, UpstreamTimeoutAction};
 
 use crate::cnp::ObjectMeta;
-use crate::yaml::{shape, Diag, Text, at, duration, sanitize};
+use crate::yaml::{Diag, Text, at, duration, sanitize, shape};
 
 /// Where the admin API listens unless told otherwise.
 pub const DEFAULT_ADMIN_SOCKET: &str = "/run/fqdnd/admin.sock";

@@ -17,16 +17,16 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_saphyr::{Location, Spanned};
 
+use crate::Config;
 use crate::cnp::PolicyDoc;
-use crate::documents::documents;
 use crate::convert::{self, PolicyKind};
+use crate::documents::documents;
 use crate::endpoint::{self, Declared, EndpointDoc, EndpointKind};
 use crate::error::{Duplicated, Error, Errors};
 use crate::gateway::{self, DaemonDoc, Gateway, Node};
 use crate::service::{self, DeclaredService, ServiceDoc};
 use crate::settings::{self, Settings, SettingsDoc};
 use crate::yaml::{Diag, Text, at, collect_unknown_fields, sanitize};
-use crate::Config;
 
 /// The `apiVersion` of Cilium's policies.
 pub const CILIUM_API_VERSION: &str = "cilium.io/v2";
@@ -238,17 +238,15 @@ impl Loader {
     /// Reads one document: its header, then its shape. Returns whether it is a document at
     /// all (not empty, not a lone `null`).
     fn add_document(&mut self, text: &str, diag: &mut Diag<'_>) -> bool {
-        let header = match serde_saphyr::from_str_with_options::<Option<Spanned<Header>>>(
-            text,
-            options(),
-        ) {
-            Ok(Some(header)) => header,
-            Ok(None) => return false,
-            Err(e) => {
-                diag.yaml(&e, Location::UNKNOWN);
-                return true;
-            }
-        };
+        let header =
+            match serde_saphyr::from_str_with_options::<Option<Spanned<Header>>>(text, options()) {
+                Ok(Some(header)) => header,
+                Ok(None) => return false,
+                Err(e) => {
+                    diag.yaml(&e, Location::UNKNOWN);
+                    return true;
+                }
+            };
         let Some(kind) = classify(&header, diag) else {
             return true;
         };
@@ -457,11 +455,7 @@ impl Loader {
             settings: self.settings.unwrap_or_default(),
             endpoints,
             rules: self.rules,
-            services: self
-                .services
-                .into_iter()
-                .map(|(d, ..)| d.service)
-                .collect(),
+            services: self.services.into_iter().map(|(d, ..)| d.service).collect(),
             gateway: self.gateway,
             node: self.node,
             interfaces,
@@ -530,7 +524,9 @@ fn utf8(bytes: &[u8]) -> Result<String, (u64, u64, String)> {
             let breaks = valid.iter().filter(|&&b| b == b'\n' || b == b'\r').count()
                 - valid.windows(2).filter(|w| *w == b"\r\n").count();
             let line = 1 + breaks;
-            let column = 1 + String::from_utf8_lossy(&valid[line_start..]).chars().count();
+            let column = 1 + String::from_utf8_lossy(&valid[line_start..])
+                .chars()
+                .count();
             Err((
                 line as u64,
                 column as u64,
@@ -545,7 +541,11 @@ fn utf8(bytes: &[u8]) -> Result<String, (u64, u64, String)> {
 
 /// Reads a document with the shape `T`, reporting what is wrong: every unknown field (the read
 /// goes on after one), and the first other error, which ends the read.
-fn read<T: DeserializeOwned>(text: &str, doc_at: Location, diag: &mut Diag<'_>) -> Option<Spanned<T>> {
+fn read<T: DeserializeOwned>(
+    text: &str,
+    doc_at: Location,
+    diag: &mut Diag<'_>,
+) -> Option<Spanned<T>> {
     let (result, unknown) = collect_unknown_fields(|| {
         serde_saphyr::from_str_with_options::<Spanned<T>>(text, options())
     });

@@ -22,7 +22,7 @@ use serde_saphyr::{Location, Spanned};
 
 use crate::cnp::ObjectMeta;
 use crate::convert::object_name;
-use crate::yaml::{shape, Diag, Text, at};
+use crate::yaml::{Diag, Text, at, shape};
 
 /// A service as configured.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -55,10 +55,7 @@ struct ServiceSpec {
     backends: Option<Vec<Text>>,
 }
 
-shape!(
-    ServiceDoc,
-    ServiceSpec,
-);
+shape!(ServiceDoc, ServiceSpec,);
 
 /// A converted service and where its name is written.
 pub(crate) struct DeclaredService {

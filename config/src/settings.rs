@@ -29,7 +29,7 @@ use serde::de::IgnoredAny;
 use serde_saphyr::Spanned;
 
 use crate::cnp::ObjectMeta;
-use crate::yaml::{shape, Diag, Scalar, Text, at, duration, int_in_range, sanitize};
+use crate::yaml::{Diag, Scalar, Text, at, duration, int_in_range, sanitize, shape};
 
 /// Longest `proxyResponseMaxDelay` accepted: holding answers longer than this outlasts the
 /// retry timeout of common resolvers (5 s) and Cilium's own forward timeout (10 s).
@@ -173,12 +173,7 @@ struct BreakersSpec {
     max_cache_entries: Option<Spanned<Scalar>>,
 }
 
-shape!(
-    SettingsDoc,
-    SettingsSpec,
-    DnsSpec,
-    BreakersSpec,
-);
+shape!(SettingsDoc, SettingsSpec, DnsSpec, BreakersSpec,);
 
 /// Largest count accepted: far beyond any sane setting, and fits `usize` on every target.
 const MAX_COUNT: i128 = u32::MAX as i128;

@@ -457,7 +457,11 @@ fn a_syntax_error_does_not_hide_the_errors_of_later_documents() {
                 .unwrap_or_else(|| panic!("no error at {needle:?} ({line}:{column}): {errors:#?}"))
         };
         assert!(by_needle("toPortz").3.contains("unknown field `toPortz`"));
-        assert!(by_needle("egressDeny").3.contains("`egressDeny` is not supported"));
+        assert!(
+            by_needle("egressDeny")
+                .3
+                .contains("`egressDeny` is not supported")
+        );
         // The indentation error is reported on its line, where the parser finds it.
         let (line, _) = at("   namespace");
         let syntax_error = errors.iter().find(|e| e.2 == "syntax").unwrap();
@@ -536,19 +540,37 @@ fn an_unknown_field_does_not_stop_the_rest_of_its_document() {
 fn a_missing_field_is_reported_unless_an_unknown_one_is_its_typo() {
     // `endpointSelectr` is the missing `endpointSelector`: one error.
     let text = cnp(&format!("  endpointSelectr: {{}}\n{EGRESS}"));
-    assert!(one_err(&text).to_string().contains("unknown field `endpointSelectr`"));
+    assert!(
+        one_err(&text)
+            .to_string()
+            .contains("unknown field `endpointSelectr`")
+    );
     // `colour` is not `egress`: both are reported.
     let text = cnp("  colour: blue\n");
     let errors = messages(&text);
     assert_eq!(errors.len(), 2, "{errors:#?}");
     assert!(errors.iter().any(|e| e.contains("unknown field `colour`")));
-    assert!(errors.iter().any(|e| e.contains("needs a non-empty `egress` list")));
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("needs a non-empty `egress` list"))
+    );
     // A typo in one rule does not excuse another rule's missing field.
     let text = "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata: {name: p}\nspecs:\n  - endpointSelectr: {}\n    egress: [{toFQDNs: [{matchName: a.example}]}]\n  - egress: [{toFQDNs: [{matchName: b.example}]}]\n";
     let errors = messages(text);
     assert_eq!(errors.len(), 2, "{errors:#?}");
-    assert!(errors.iter().any(|e| e.contains("unknown field `endpointSelectr`")), "{errors:#?}");
-    assert!(errors.iter().any(|e| e.contains("needs an `endpointSelector`")), "{errors:#?}");
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("unknown field `endpointSelectr`")),
+        "{errors:#?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("needs an `endpointSelector`")),
+        "{errors:#?}"
+    );
 }
 
 #[test]

@@ -66,7 +66,11 @@ pub(super) fn selector(spec: &Spanned<SelectorSpec>, diag: &mut Diag<'_>) -> Opt
         let key = match &e.key {
             Some(k) => selector_key(k, diag),
             None => {
-                diag.missing(at(expr), &["key"], "a `matchExpressions` entry needs a `key`");
+                diag.missing(
+                    at(expr),
+                    &["key"],
+                    "a `matchExpressions` entry needs a `key`",
+                );
                 None
             }
         };

@@ -226,27 +226,50 @@ mod tests {
         let common = a.common_name(b);
         match &common {
             Some(name) => {
-                assert!(a.matches(name), "{a:?} {b:?}: {name:?} not matched by the first");
-                assert!(b.matches(name), "{a:?} {b:?}: {name:?} not matched by the second");
+                assert!(
+                    a.matches(name),
+                    "{a:?} {b:?}: {name:?} not matched by the first"
+                );
+                assert!(
+                    b.matches(name),
+                    "{a:?} {b:?}: {name:?} not matched by the second"
+                );
             }
             None => {
-                let both = in_a.iter().zip(in_b).enumerate().find(|(_, (x, y))| *x & *y != 0);
+                let both = in_a
+                    .iter()
+                    .zip(in_b)
+                    .enumerate()
+                    .find(|(_, (x, y))| *x & *y != 0);
                 if let Some((word, (x, y))) = both {
                     let i = word * 64 + (x & y).trailing_zeros() as usize;
-                    panic!("{a:?} {b:?}: no common name found, but both match {:?}", universe()[i]);
+                    panic!(
+                        "{a:?} {b:?}: no common name found, but both match {:?}",
+                        universe()[i]
+                    );
                 }
             }
         }
-        assert_eq!(common.is_some(), b.overlaps(a), "{a:?} {b:?}: not symmetric");
+        assert_eq!(
+            common.is_some(),
+            b.overlaps(a),
+            "{a:?} {b:?}: not symmetric"
+        );
     }
 
     #[test]
     fn examples() {
         let common = |a: &str, b: &str| pat(a).common_name(&pat(b));
         assert_eq!(common("*.foo.com", "foo.com"), None);
-        assert_eq!(common("*.foo.com", "**.foo.com").as_deref(), Some("a.foo.com."));
+        assert_eq!(
+            common("*.foo.com", "**.foo.com").as_deref(),
+            Some("a.foo.com.")
+        );
         assert_eq!(common("*.foo.com", "a.b.foo.com"), None);
-        assert_eq!(common("**.foo.com", "a.b.foo.com").as_deref(), Some("a.b.foo.com."));
+        assert_eq!(
+            common("**.foo.com", "a.b.foo.com").as_deref(),
+            Some("a.b.foo.com.")
+        );
         assert_eq!(common("**.foo.com", "foo.com"), None);
         assert_eq!(common("ab*", "*ba").as_deref(), Some("ababa."));
         assert_eq!(common("ab*.x", "b*.x"), None);
