@@ -15,7 +15,9 @@
 //! into its documents before it is parsed ([`documents`]), and each document is checked on its
 //! own: a syntax error in one does not hide the errors of the next. Every problem is reported
 //! with its `file:line:column`, and loading goes on after one (an unknown field too, within its
-//! document) so that a single run shows them all ([`Errors`]).
+//! document) so that a single run shows them all ([`Errors`]). A configuration that loads but
+//! cannot work as written, such as a `toFQDNs` selector whose names the DNS rules never let
+//! through, comes with [`Warning`]s.
 //!
 //! **What it must never do.**
 //!
@@ -44,6 +46,7 @@ mod gateway;
 mod load;
 mod service;
 mod settings;
+mod warnings;
 mod yaml;
 
 use std::path::PathBuf;
@@ -60,6 +63,7 @@ pub use gateway::{
 pub use load::{CILIUM_API_VERSION, FQDND_API_VERSION, load, load_str};
 pub use service::Service;
 pub use settings::{MAX_PROXY_RESPONSE_DELAY, MIN_GC_INTERVAL, Settings};
+pub use warnings::{DeadReason, Warning};
 
 /// A realistic policy file: Settings, two Endpoints and CiliumNetworkPolicies for DNS
 /// interception, FQDN egress and a CIDR set. Loads without error.
@@ -84,4 +88,7 @@ pub struct Config {
     pub interfaces: std::collections::BTreeMap<fqdnd_ipcache::EndpointId, String>,
     /// The files read, in order (a directory contributes its files).
     pub sources: Vec<PathBuf>,
+    /// What is valid but cannot work as written (`fqdnd policy check` prints them), in the
+    /// order of the rules.
+    pub warnings: Vec<Warning>,
 }

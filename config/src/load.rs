@@ -17,7 +17,6 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_saphyr::{Location, Spanned};
 
-use crate::Config;
 use crate::cnp::PolicyDoc;
 use crate::convert::{self, PolicyKind};
 use crate::documents::documents;
@@ -26,7 +25,9 @@ use crate::error::{Duplicated, Error, Errors};
 use crate::gateway::{self, DaemonDoc, Gateway, Node};
 use crate::service::{self, DeclaredService, ServiceDoc};
 use crate::settings::{self, Settings, SettingsDoc};
+use crate::warnings::{self, FqdnUse};
 use crate::yaml::{Diag, Text, at, collect_unknown_fields, sanitize};
+use crate::{Config, Warning};
 
 /// The `apiVersion` of Cilium's policies.
 pub const CILIUM_API_VERSION: &str = "cilium.io/v2";
@@ -189,6 +190,8 @@ struct Loader {
     services: Vec<(DeclaredService, PathBuf, Position, Position)>,
     policies: Vec<(PolicyKind, String, PathBuf, Position)>,
     rules: Vec<Rule>,
+    /// Every `toFQDNs` selector of `rules`, with where it is written.
+    fqdn_uses: Vec<FqdnUse>,
 }
 
 impl Loader {
@@ -304,7 +307,15 @@ impl Loader {
         }
         self.policies
             .push((kind, policy.name, file.to_path_buf(), name_at));
-        self.rules.extend(policy.rules);
+        for (rule, fqdns) in policy.rules {
+            let index = self.rules.len();
+            self.fqdn_uses.extend(fqdns.into_iter().map(|at| FqdnUse {
+                rule: index,
+                file: file.to_path_buf(),
+                at,
+            }));
+            self.rules.push(rule);
+        }
     }
 
     fn add_endpoint(
@@ -451,6 +462,8 @@ impl Loader {
             .into_iter()
             .map(|(d, ..)| d.endpoint)
             .collect();
+        let warnings: Vec<Warning> =
+            warnings::dead_fqdn_selectors(&self.rules, &endpoints, &self.fqdn_uses);
         Ok(Config {
             settings: self.settings.unwrap_or_default(),
             endpoints,
@@ -460,6 +473,7 @@ impl Loader {
             node: self.node,
             interfaces,
             sources: self.sources,
+            warnings,
         })
     }
 }

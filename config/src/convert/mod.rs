@@ -17,6 +17,7 @@ use self::ports::port_rule;
 pub(crate) use self::selector::NAMESPACE_KEY;
 use self::selector::{Scope, selector};
 use crate::cnp::{EgressSpec, PolicyDoc, Rejected, RuleSpec};
+use crate::warnings::FqdnAt;
 use crate::yaml::{Diag, Text, at, sanitize};
 
 /// The two policy kinds.
@@ -43,8 +44,8 @@ pub(crate) struct Policy {
     pub(crate) name: String,
     /// Where `metadata.name` is written.
     pub(crate) name_at: Location,
-    /// One rule per `spec` / `specs[]` entry.
-    pub(crate) rules: Vec<Rule>,
+    /// One rule per `spec` / `specs[]` entry, with its `toFQDNs` entries.
+    pub(crate) rules: Vec<(Rule, Vec<FqdnAt>)>,
 }
 
 /// Converts one policy document; `None` if anything in it is wrong (all of it reported).
@@ -79,7 +80,7 @@ pub(crate) fn policy(
     let scope = Scope {
         namespace: namespace.as_deref(),
     };
-    let rules: Vec<Rule> = specs
+    let rules: Vec<(Rule, Vec<FqdnAt>)> = specs
         .into_iter()
         .filter_map(|spec| {
             let line = diag.position(at(spec)).0;
@@ -191,13 +192,13 @@ fn reject<const N: usize>(fields: [(&'static str, &Rejected); N], diag: &mut Dia
     found
 }
 
-/// One rule (`spec` or `specs[]`).
+/// One rule (`spec` or `specs[]`), with its `toFQDNs` entries.
 fn rule(
     spec: &Spanned<RuleSpec>,
     origin: String,
     scope: Scope<'_>,
     diag: &mut Diag<'_>,
-) -> Option<Rule> {
+) -> Option<(Rule, Vec<FqdnAt>)> {
     let before = diag.count();
     let r = &spec.value;
     let had_rejected = reject(r.rejected(), diag);
@@ -226,10 +227,15 @@ fn rule(
              would do nothing (Cilium also rejects a rule without rules)",
         );
     }
-    let egress: Vec<EgressRule> = egress_specs
+    let mut egress = Vec::new();
+    let mut fqdns = Vec::new();
+    for (rule, at) in egress_specs
         .iter()
         .filter_map(|e| egress_rule(e, scope, diag))
-        .collect();
+    {
+        egress.push(rule);
+        fqdns.extend(at);
+    }
 
     let default_deny_egress = r
         .enable_default_deny
@@ -242,16 +248,16 @@ fn rule(
         egress,
         default_deny_egress,
     };
-    (diag.count() == before).then_some(rule)
+    (diag.count() == before).then_some((rule, fqdns))
 }
 
-/// One `egress[]` entry. `None` when it is wrong, or when it allows nothing (no peers and no
-/// ports, such as `- {}`: in Cilium that only enables default deny).
+/// One `egress[]` entry, with its `toFQDNs` entries. `None` when it is wrong, or when it allows
+/// nothing (no peers and no ports, such as `- {}`: in Cilium that only enables default deny).
 fn egress_rule(
     spec: &Spanned<EgressSpec>,
     scope: Scope<'_>,
     diag: &mut Diag<'_>,
-) -> Option<EgressRule> {
+) -> Option<(EgressRule, Vec<FqdnAt>)> {
     let before = diag.count();
     let e = &spec.value;
     reject(e.rejected(), diag);
@@ -277,9 +283,20 @@ fn egress_rule(
     }
 
     let mut peers = Vec::new();
+    let mut fqdns = Vec::new();
     for f in e.to_fqdns.iter().flatten() {
-        if let Some(sel) = fqdn(f, "toFQDNs", diag) {
-            peers.push(PeerSelector::Fqdn(sel.key().to_owned()));
+        if let Some(selector) = fqdn(f, "toFQDNs", diag) {
+            peers.push(PeerSelector::Fqdn(selector.key().to_owned()));
+            let written = f
+                .value
+                .match_name
+                .as_ref()
+                .or(f.value.match_pattern.as_ref());
+            fqdns.push(FqdnAt {
+                written: written.map_or_else(String::new, |t| sanitize(t.value.trim())),
+                selector,
+                at: diag.position(at(f)),
+            });
         }
     }
     for c in e.to_cidr.iter().flatten() {
@@ -311,5 +328,5 @@ fn egress_rule(
     if diag.count() != before || (peers.is_empty() && ports.is_empty()) {
         return None;
     }
-    Some(EgressRule { peers, ports })
+    Some((EgressRule { peers, ports }, fqdns))
 }
