@@ -52,7 +52,7 @@ impl FqdnSelector {
     /// ```
     /// use fqdnd_namemgr::FqdnSelector;
     /// let pattern = |p| FqdnSelector::match_pattern(p).unwrap();
-    /// assert_eq!(pattern("*.cdn.net").common_name(&pattern("e*.*.net")).as_deref(), Some("e.cdn.net."));
+    /// assert_eq!(pattern("*.cdn.net").common_name(&pattern("e*.*.net")).as_deref(), Some("ea.cdn.net."));
     /// assert!(!pattern("*.foo.com").overlaps(&pattern("foo.com")));
     /// assert!(pattern("**.foo.com").overlaps(&pattern("*")));
     /// ```
