@@ -1,7 +1,8 @@
 //! The serde shapes of CiliumNetworkPolicy / CiliumClusterwideNetworkPolicy documents, field
 //! for field as Cilium's `cilium.io/v2` API spells them.
 //!
-//! Every struct denies unknown fields, so a typo is an error listing the expected fields. Fields
+//! Every struct is a [`crate::yaml::Shape`]: an unknown field (a typo) is an error listing the
+//! expected fields, and the rest of the document is still checked. Fields
 //! fqdnd does not implement but that would change what a rule allows are still declared, as
 //! [`Rejected`], so that their presence is reported by name instead of being ignored (see
 //! [`crate::convert`]). Values are kept [`Spanned`] so that validation can point at them.
@@ -10,7 +11,7 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_saphyr::Spanned;
 
-use crate::yaml::{Pairs, Scalar, Text};
+use crate::yaml::{Pairs, Scalar, Text, shape};
 
 /// A field that is recognised only to be rejected: its presence is an error naming it.
 pub(crate) type Rejected = Option<Spanned<IgnoredAny>>;
@@ -35,7 +36,7 @@ pub(crate) fn is_rejected(expected: &[&str], field: &str) -> bool {
 /// Kubernetes `ObjectMeta`. Only `name` and `namespace` mean anything to fqdnd; the other
 /// standard fields (as `kubectl get -o yaml` prints them) are accepted and ignored.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self")]
 pub(crate) struct ObjectMeta {
     pub(crate) name: Option<Text>,
     pub(crate) namespace: Option<Text>,
@@ -69,7 +70,7 @@ pub(crate) struct ObjectMeta {
 
 /// A whole `CiliumNetworkPolicy` or `CiliumClusterwideNetworkPolicy` document.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self")]
 pub(crate) struct PolicyDoc {
     #[serde(rename = "apiVersion")]
     _api_version: Option<IgnoredAny>,
@@ -87,7 +88,7 @@ pub(crate) struct PolicyDoc {
 
 /// `spec` / `specs[]`: one Cilium rule.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(remote = "Self", rename_all = "camelCase")]
 pub(crate) struct RuleSpec {
     pub(crate) endpoint_selector: Option<Spanned<SelectorSpec>>,
     pub(crate) egress: Option<Vec<Spanned<EgressSpec>>>,
@@ -120,7 +121,7 @@ impl RuleSpec {
 
 /// `enableDefaultDeny`.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self")]
 pub(crate) struct DefaultDenySpec {
     /// Whether selecting an endpoint puts its egress into default deny (default true).
     pub(crate) egress: Option<bool>,
@@ -131,7 +132,7 @@ pub(crate) struct DefaultDenySpec {
 
 /// A Kubernetes label selector (`endpointSelector`, `toEndpoints[]`).
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(remote = "Self", rename_all = "camelCase")]
 pub(crate) struct SelectorSpec {
     pub(crate) match_labels: Option<Pairs<Text, Text>>,
     pub(crate) match_expressions: Option<Vec<Spanned<ExpressionSpec>>>,
@@ -139,7 +140,7 @@ pub(crate) struct SelectorSpec {
 
 /// `matchExpressions[]`.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self")]
 pub(crate) struct ExpressionSpec {
     pub(crate) key: Option<Text>,
     pub(crate) operator: Option<Spanned<OperatorSpec>>,
@@ -157,7 +158,7 @@ pub(crate) enum OperatorSpec {
 
 /// `egress[]`: peers × ports.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self")]
 pub(crate) struct EgressSpec {
     #[serde(rename = "toFQDNs")]
     pub(crate) to_fqdns: Option<Vec<Spanned<FqdnSpec>>>,
@@ -212,7 +213,7 @@ impl EgressSpec {
 
 /// `toFQDNs[]` and `rules.dns[]`: exactly one of `matchName` and `matchPattern`.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(remote = "Self", rename_all = "camelCase")]
 pub(crate) struct FqdnSpec {
     pub(crate) match_name: Option<Text>,
     pub(crate) match_pattern: Option<Text>,
@@ -220,7 +221,7 @@ pub(crate) struct FqdnSpec {
 
 /// `toCIDRSet[]`.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(remote = "Self", rename_all = "camelCase")]
 pub(crate) struct CidrRuleSpec {
     pub(crate) cidr: Option<Text>,
     pub(crate) except: Option<Vec<Text>>,
@@ -241,7 +242,7 @@ impl CidrRuleSpec {
 
 /// `toPorts[]`.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self")]
 pub(crate) struct PortRuleSpec {
     pub(crate) ports: Option<Vec<Spanned<PortProtocolSpec>>>,
     pub(crate) rules: Option<Spanned<L7RulesSpec>>,
@@ -276,7 +277,7 @@ impl PortRuleSpec {
 
 /// `toPorts[].ports[]`.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(remote = "Self", rename_all = "camelCase")]
 pub(crate) struct PortProtocolSpec {
     pub(crate) port: Option<Spanned<Scalar>>,
     pub(crate) end_port: Option<Spanned<Scalar>>,
@@ -285,7 +286,7 @@ pub(crate) struct PortProtocolSpec {
 
 /// `toPorts[].rules`: only `dns` is implemented.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self")]
 pub(crate) struct L7RulesSpec {
     pub(crate) dns: Option<Vec<Spanned<FqdnSpec>>>,
     pub(crate) http: Rejected,
@@ -294,6 +295,21 @@ pub(crate) struct L7RulesSpec {
     pub(crate) l7proto: Rejected,
     pub(crate) l7: Rejected,
 }
+
+shape!(
+    ObjectMeta,
+    PolicyDoc,
+    RuleSpec,
+    DefaultDenySpec,
+    SelectorSpec,
+    ExpressionSpec,
+    EgressSpec,
+    FqdnSpec,
+    CidrRuleSpec,
+    PortRuleSpec,
+    PortProtocolSpec,
+    L7RulesSpec,
+);
 
 impl L7RulesSpec {
     const REJECTED: [&str; 4] = ["http", "kafka", "l7proto", "l7"];

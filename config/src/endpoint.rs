@@ -23,11 +23,11 @@ use serde_saphyr::{Location, Spanned};
 
 use crate::cnp::ObjectMeta;
 use crate::convert::{NAMESPACE_KEY, namespace, object_name, parse_cidr};
-use crate::yaml::{Diag, Pairs, Scalar, Text, at, int_in_range, sanitize};
+use crate::yaml::{Diag, Pairs, Scalar, Text, at, int_in_range, sanitize, shape};
 
 /// A whole `Endpoint` or `ClientGroup` document.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self")]
 pub(crate) struct EndpointDoc {
     #[serde(rename = "apiVersion")]
     _api_version: Option<IgnoredAny>,
@@ -38,7 +38,7 @@ pub(crate) struct EndpointDoc {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self")]
 struct EndpointSpec {
     id: Option<Spanned<Scalar>>,
     addresses: Option<Vec<Text>>,
@@ -46,6 +46,8 @@ struct EndpointSpec {
     namespace: Option<Text>,
     interface: Option<Text>,
 }
+
+shape!(EndpointDoc, EndpointSpec,);
 
 /// Which of the two kinds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,16 +101,18 @@ pub(crate) fn endpoint(
             )
         }
         None => {
-            diag.invalid(
+            diag.missing(
                 at(doc),
+                &["metadata"],
                 format!("an {} needs `metadata` with a `name`", kind.name()),
             );
             (None, at(doc))
         }
     };
     let Some(spec) = &doc.value.spec else {
-        diag.invalid(
+        diag.missing(
             at(doc),
+            &["spec"],
             format!(
                 "an {} needs a `spec` with `id` and `addresses`",
                 kind.name()
@@ -123,8 +127,9 @@ pub(crate) fn endpoint(
             int_in_range("id", id, 1, u16::MAX.into(), diag).and_then(|v| u16::try_from(v).ok())
         }
         None => {
-            diag.invalid(
+            diag.missing(
                 at(spec),
+                &["id"],
                 "`spec.id` is required (1-65535, unique across Endpoints and ClientGroups)",
             );
             None
@@ -135,9 +140,12 @@ pub(crate) fn endpoint(
     let mut addresses = Vec::new();
     let mut address_at = Vec::new();
     match s.addresses.as_deref() {
-        None | Some([]) => {
-            diag.invalid(at(spec), "`spec.addresses` must list at least one address")
-        }
+        None => diag.missing(
+            at(spec),
+            &["addresses"],
+            "`spec.addresses` must list at least one address",
+        ),
+        Some([]) => diag.invalid(at(spec), "`spec.addresses` must list at least one address"),
         Some(list) => {
             for text in list {
                 let Some(net) = parse_cidr(text, "addresses", diag) else {

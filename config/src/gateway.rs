@@ -50,7 +50,7 @@ use serde_saphyr::Spanned;
 use fqdnd_dnsproxy::{HoldFallback, RateLimitAction, TruncatedAction, UpstreamTimeoutAction};
 
 use crate::cnp::ObjectMeta;
-use crate::yaml::{Diag, Text, at, duration, sanitize};
+use crate::yaml::{Diag, Text, at, duration, sanitize, shape};
 
 /// Where the gateway's admin API listens unless told otherwise.
 pub const DEFAULT_GATEWAY_ADMIN_SOCKET: &str = "/run/fqdnd/gateway.sock";
@@ -232,7 +232,7 @@ impl Default for Node {
 
 /// A whole `Gateway` or `Node` document.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self")]
 pub(crate) struct DaemonDoc {
     #[serde(rename = "apiVersion")]
     _api_version: Option<IgnoredAny>,
@@ -245,7 +245,7 @@ pub(crate) struct DaemonDoc {
 
 /// Both kinds' fields; each kind refuses the other's.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(remote = "Self", rename_all = "camelCase")]
 struct DaemonSpec {
     // Gateway only.
     listen: Option<Vec<Text>>,
@@ -273,7 +273,7 @@ struct DaemonSpec {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(remote = "Self", rename_all = "camelCase")]
 struct MapSizesSpec {
     ipcache: Option<Spanned<u32>>,
     policy: Option<Spanned<u32>>,
@@ -285,7 +285,7 @@ struct MapSizesSpec {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(remote = "Self", rename_all = "camelCase")]
 struct RateLimitSpec {
     qps: u32,
     burst: Option<u32>,
@@ -294,7 +294,7 @@ struct RateLimitSpec {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(remote = "Self", rename_all = "camelCase")]
 struct ZoneSpec {
     origin: Text,
     file: Option<Text>,
@@ -302,13 +302,22 @@ struct ZoneSpec {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(remote = "Self", rename_all = "camelCase")]
 struct ListsSpec {
     deny: Option<Vec<Text>>,
     allow: Option<Vec<Text>>,
     deny_names: Option<Vec<String>>,
     allow_names: Option<Vec<String>>,
 }
+
+shape!(
+    DaemonDoc,
+    DaemonSpec,
+    MapSizesSpec,
+    RateLimitSpec,
+    ZoneSpec,
+    ListsSpec,
+);
 
 /// The folder paths in the document are relative to.
 fn base_dir(diag: &Diag<'_>) -> PathBuf {
@@ -326,8 +335,9 @@ pub(crate) fn gateway(doc: &Spanned<DaemonDoc>, diag: &mut Diag<'_>) -> Option<G
     let base = base_dir(diag);
     let relative = |text: &Text| base.join(&text.value);
     let Some(spec) = &doc.value.spec else {
-        diag.invalid(
+        diag.missing(
             doc_at,
+            &["spec"],
             "a `Gateway` needs a `spec` with `listen` and `upstreams` or `staticZones`",
         );
         return None;

@@ -11,9 +11,13 @@
 //!   `kind: Node` (how the daemon runs, as [`Gateway`] / [`Node`]), and `kind: Service`
 //!   (a VIP the node load-balances, as [`Service`]).
 //!
-//! Any number of documents of any kind may share a file (`---` between them). Every problem is
-//! reported with its `file:line:column`, and loading goes on after one so that a single run
-//! shows them all ([`Errors`]).
+//! Any number of documents of any kind may share a file (`---` between them). A file is split
+//! into its documents before it is parsed ([`documents`]), and each document is checked on its
+//! own: a syntax error in one does not hide the errors of the next. Every problem is reported
+//! with its `file:line:column`, and loading goes on after one (an unknown field too, within its
+//! document) so that a single run shows them all ([`Errors`]). A configuration that loads but
+//! cannot work as written, such as a `toFQDNs` selector whose names the DNS rules never let
+//! through, comes with [`Warning`]s.
 //!
 //! **What it must never do.**
 //!
@@ -35,12 +39,14 @@
 
 mod cnp;
 mod convert;
+mod documents;
 mod endpoint;
 mod error;
 mod gateway;
 mod load;
 mod service;
 mod settings;
+mod warnings;
 mod yaml;
 
 use std::path::PathBuf;
@@ -48,6 +54,7 @@ use std::path::PathBuf;
 use fqdnd_ipcache::Endpoint;
 use fqdnd_ipcache::policy::Rule;
 
+pub use documents::{Document, Documents, documents};
 pub use error::{Duplicated, Error, Errors};
 pub use gateway::{
     DEFAULT_DNS_PROXY_PORT, DEFAULT_GATEWAY_ADMIN_SOCKET, DEFAULT_NODE_ADMIN_SOCKET, Daemon,
@@ -56,6 +63,7 @@ pub use gateway::{
 pub use load::{CILIUM_API_VERSION, FQDND_API_VERSION, load, load_str};
 pub use service::Service;
 pub use settings::{MAX_PROXY_RESPONSE_DELAY, MIN_GC_INTERVAL, Settings};
+pub use warnings::{DeadReason, Warning};
 
 /// A realistic policy file: Settings, two Endpoints and CiliumNetworkPolicies for DNS
 /// interception, FQDN egress and a CIDR set. Loads without error.
@@ -80,4 +88,7 @@ pub struct Config {
     pub interfaces: std::collections::BTreeMap<fqdnd_ipcache::EndpointId, String>,
     /// The files read, in order (a directory contributes its files).
     pub sources: Vec<PathBuf>,
+    /// What is valid but cannot work as written (`fqdnd policy check` prints them), in the
+    /// order of the rules.
+    pub warnings: Vec<Warning>,
 }

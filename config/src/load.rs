@@ -1,13 +1,13 @@
 //! Reading files and directories, splitting them into YAML documents and dispatching each
 //! document on its `apiVersion` and `kind`; then the checks across documents.
 //!
-//! A document's kind decides the shape of its `spec`, but YAML does not promise that `kind`
-//! comes before `spec`. So each file is read in passes over the same text: a first pass reads
-//! only `apiVersion` and `kind` of every document, then one pass per family of kinds present
-//! (policies, endpoints, settings) reads every document with that family's shape and keeps the
-//! results for that family's documents. serde-saphyr's document iterator recovers at the next
-//! document after an error, the same way in every pass, so document `i` of one pass is
-//! document `i` of another; a document left unread by a pass is still reported, never dropped.
+//! A file is decoded (UTF-8, or UTF-8 / UTF-16 with a byte order mark) and split into its
+//! documents before anything is parsed ([`crate::documents`]), so that each document is parsed
+//! on its own and a syntax error in one cannot hide the errors of the next. A document's kind
+//! decides the shape of its `spec`, but YAML does not promise that `kind` comes before `spec`:
+//! so a document is read twice, first for its `apiVersion` and `kind` only, then with the
+//! shape of its kind. Locations are relative to the document, and [`Diag`] shifts them by the
+//! lines before it.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -17,22 +17,24 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_saphyr::{Location, Spanned};
 
-use crate::Config;
 use crate::cnp::PolicyDoc;
 use crate::convert::{self, PolicyKind};
+use crate::documents::documents;
 use crate::endpoint::{self, Declared, EndpointDoc, EndpointKind};
 use crate::error::{Duplicated, Error, Errors};
 use crate::gateway::{self, DaemonDoc, Gateway, Node};
 use crate::service::{self, DeclaredService, ServiceDoc};
 use crate::settings::{self, Settings, SettingsDoc};
-use crate::yaml::{Diag, Text, at, position, sanitize};
+use crate::warnings::{self, FqdnUse};
+use crate::yaml::{Diag, Text, at, collect_unknown_fields, sanitize};
+use crate::{Config, Warning};
 
 /// The `apiVersion` of Cilium's policies.
 pub const CILIUM_API_VERSION: &str = "cilium.io/v2";
 /// The `apiVersion` of fqdnd's own documents.
 pub const FQDND_API_VERSION: &str = "fqdnd.io/v1";
 
-/// Documents read from one file at most; past it the file is refused.
+/// Documents read from one file at most; past it the rest of the file is refused.
 const MAX_DOCUMENTS: usize = 100_000;
 
 /// Loads policy and configuration from files and directories, in the order given.
@@ -151,7 +153,7 @@ impl Kind {
     }
 }
 
-/// The first pass's view of a document: its type and nothing else.
+/// A document's type and nothing else: read first, to know its shape.
 #[derive(Debug, Deserialize)]
 struct Header {
     #[serde(rename = "apiVersion")]
@@ -159,17 +161,14 @@ struct Header {
     kind: Option<Text>,
 }
 
-/// One document of a file, after the first pass.
-#[derive(Debug, Clone, Copy)]
-enum Slot {
-    /// Already reported as wrong; later passes skip it.
-    Reported,
-    /// To be read by the pass for its kind; `read` records that it was.
-    Pending {
-        kind: Kind,
-        at: Location,
-        read: bool,
-    },
+/// A 1-based `(line, column)` in a file.
+type Position = (u64, u64);
+
+/// Where an endpoint's unique parts are written, in its file.
+struct EndpointAt {
+    name: Position,
+    id: Position,
+    addresses: Vec<Position>,
 }
 
 /// Everything loaded so far, across files.
@@ -180,90 +179,112 @@ struct Loader {
     /// The `Settings` document, once valid.
     settings: Option<Settings>,
     /// Where the first `Settings` document is, valid or not.
-    settings_at: Option<(PathBuf, Location)>,
+    settings_at: Option<(PathBuf, Position)>,
     /// The `Gateway` document, once valid, and where the first one is.
     gateway: Option<Gateway>,
-    gateway_at: Option<(PathBuf, Location)>,
+    gateway_at: Option<(PathBuf, Position)>,
     /// The `Node` document, once valid, and where the first one is.
     node: Option<Node>,
-    node_at: Option<(PathBuf, Location)>,
-    endpoints: Vec<(Declared, PathBuf)>,
-    services: Vec<(DeclaredService, PathBuf)>,
-    policies: Vec<(PolicyKind, String, PathBuf, Location)>,
+    node_at: Option<(PathBuf, Position)>,
+    endpoints: Vec<(Declared, PathBuf, EndpointAt)>,
+    services: Vec<(DeclaredService, PathBuf, Position, Position)>,
+    policies: Vec<(PolicyKind, String, PathBuf, Position)>,
     rules: Vec<Rule>,
+    /// Every `toFQDNs` selector of `rules`, with where it is written.
+    fqdn_uses: Vec<FqdnUse>,
 }
 
 impl Loader {
     fn add_file(&mut self, file: &Path, bytes: &[u8]) {
         self.sources.push(file.to_path_buf());
-        let mut diag = Diag::new(file, bytes);
-        let mut slots = headers(bytes, &mut diag);
-        if slots.is_empty() && diag.count() == 0 {
+        let text = match decode(bytes) {
+            Ok(text) => text,
+            Err((line, column, message)) => {
+                self.errors.push(Error::Syntax {
+                    file: file.to_path_buf(),
+                    line,
+                    column,
+                    message,
+                });
+                return;
+            }
+        };
+        let mut diag = Diag::new(file);
+        let mut read = 0;
+        for document in documents(&text) {
+            diag.enter(&document);
+            if read == MAX_DOCUMENTS {
+                diag.invalid(
+                    Location::UNKNOWN,
+                    format!(
+                        "more than {MAX_DOCUMENTS} documents in one file: this one and the \
+                         rest of the file are not read"
+                    ),
+                );
+                break;
+            }
+            if !document.is_blank() && self.add_document(document.text, &mut diag) {
+                read += 1;
+            }
+        }
+        if read == 0 && diag.count() == 0 {
             self.errors.push(Error::EmptyFile {
                 file: file.to_path_buf(),
             });
             return;
         }
-        let is_policy: fn(Kind) -> bool = |k| matches!(k, Kind::Policy(_));
-        let is_endpoint: fn(Kind) -> bool = |k| matches!(k, Kind::Endpoint(_));
-        let is_settings: fn(Kind) -> bool = |k| k == Kind::Settings;
-        pass::<PolicyDoc>(
-            bytes,
-            &mut slots,
-            &mut diag,
-            is_policy,
-            |kind, doc, diag| {
-                if let Kind::Policy(kind) = kind {
-                    self.add_policy(&doc, kind, diag);
-                }
-            },
-        );
-        pass::<EndpointDoc>(
-            bytes,
-            &mut slots,
-            &mut diag,
-            is_endpoint,
-            |kind, doc, diag| {
-                if let Kind::Endpoint(kind) = kind {
-                    self.add_endpoint(&doc, kind, diag);
-                }
-            },
-        );
-        pass::<SettingsDoc>(bytes, &mut slots, &mut diag, is_settings, |_, doc, diag| {
-            self.add_settings(&doc, diag);
-        });
-        let is_service: fn(Kind) -> bool = |k| k == Kind::Service;
-        pass::<ServiceDoc>(bytes, &mut slots, &mut diag, is_service, |_, doc, diag| {
-            self.add_service(&doc, diag);
-        });
-        let is_daemon: fn(Kind) -> bool = |k| matches!(k, Kind::Gateway | Kind::Node);
-        pass::<DaemonDoc>(
-            bytes,
-            &mut slots,
-            &mut diag,
-            is_daemon,
-            |kind, doc, diag| {
-                if kind == Kind::Node {
-                    self.add_node(&doc, diag);
-                } else {
-                    self.add_gateway(&doc, diag);
-                }
-            },
-        );
-        for slot in &slots {
-            if let Slot::Pending {
-                at, read: false, ..
-            } = slot
-            {
-                diag.invalid(
-                    *at,
-                    "this document could not be read (after an error in an earlier document)",
-                );
-            }
-        }
         let mut errors = diag.into_errors();
         errors.sort_by_key(Error::position);
         self.errors.extend(errors);
+    }
+
+    /// Reads one document: its header, then its shape. Returns whether it is a document at
+    /// all (not empty, not a lone `null`).
+    fn add_document(&mut self, text: &str, diag: &mut Diag<'_>) -> bool {
+        let header =
+            match serde_saphyr::from_str_with_options::<Option<Spanned<Header>>>(text, options()) {
+                Ok(Some(header)) => header,
+                Ok(None) => return false,
+                Err(e) => {
+                    diag.yaml(&e, Location::UNKNOWN);
+                    return true;
+                }
+            };
+        let Some(kind) = classify(&header, diag) else {
+            return true;
+        };
+        match kind {
+            Kind::Policy(kind) => {
+                if let Some(doc) = read::<PolicyDoc>(text, at(&header), diag) {
+                    self.add_policy(&doc, kind, diag);
+                }
+            }
+            Kind::Endpoint(kind) => {
+                if let Some(doc) = read::<EndpointDoc>(text, at(&header), diag) {
+                    self.add_endpoint(&doc, kind, diag);
+                }
+            }
+            Kind::Settings => {
+                if let Some(doc) = read::<SettingsDoc>(text, at(&header), diag) {
+                    self.add_settings(&doc, diag);
+                }
+            }
+            Kind::Service => {
+                if let Some(doc) = read::<ServiceDoc>(text, at(&header), diag) {
+                    self.add_service(&doc, diag);
+                }
+            }
+            Kind::Gateway | Kind::Node => {
+                if let Some(doc) = read::<DaemonDoc>(text, at(&header), diag) {
+                    if kind == Kind::Node {
+                        self.add_node(&doc, diag);
+                    } else {
+                        self.add_gateway(&doc, diag);
+                    }
+                }
+            }
+        }
+        true
     }
 
     fn add_policy(&mut self, doc: &Spanned<PolicyDoc>, kind: PolicyKind, diag: &mut Diag<'_>) {
@@ -271,6 +292,7 @@ impl Loader {
             return;
         };
         let file = diag.file();
+        let name_at = diag.position(policy.name_at);
         if let Some((_, _, first_file, first_at)) = self
             .policies
             .iter()
@@ -280,12 +302,20 @@ impl Loader {
                 kind: kind.name(),
                 name: policy.name,
             };
-            diag.push(duplicate(item, file, policy.name_at, first_file, *first_at));
+            diag.push(duplicate(item, file, name_at, first_file, *first_at));
             return;
         }
         self.policies
-            .push((kind, policy.name, file.to_path_buf(), policy.name_at));
-        self.rules.extend(policy.rules);
+            .push((kind, policy.name, file.to_path_buf(), name_at));
+        for (rule, fqdns) in policy.rules {
+            let index = self.rules.len();
+            self.fqdn_uses.extend(fqdns.into_iter().map(|at| FqdnUse {
+                rule: index,
+                file: file.to_path_buf(),
+                at,
+            }));
+            self.rules.push(rule);
+        }
     }
 
     fn add_endpoint(
@@ -298,25 +328,30 @@ impl Loader {
             return;
         };
         let file = diag.file();
+        let new_at = EndpointAt {
+            name: diag.position(new.name_at),
+            id: diag.position(new.id_at),
+            addresses: new.address_at.iter().map(|&a| diag.position(a)).collect(),
+        };
         let before = diag.count();
-        for (old, old_file) in &self.endpoints {
+        for (old, old_file, old_at) in &self.endpoints {
             if old.endpoint.id == new.endpoint.id {
                 let item = Duplicated::EndpointId(new.endpoint.id.0);
-                diag.push(duplicate(item, file, new.id_at, old_file, old.id_at));
+                diag.push(duplicate(item, file, new_at.id, old_file, old_at.id));
             }
             if let (Some(a), Some(b)) = (&old.interface, &new.interface)
                 && a == b
             {
                 let item = Duplicated::Interface(a.clone());
-                diag.push(duplicate(item, file, new.name_at, old_file, old.name_at));
+                diag.push(duplicate(item, file, new_at.name, old_file, old_at.name));
             }
             if old.endpoint.name == new.endpoint.name {
                 let item = Duplicated::EndpointName(new.endpoint.name.clone());
-                diag.push(duplicate(item, file, new.name_at, old_file, old.name_at));
+                diag.push(duplicate(item, file, new_at.name, old_file, old_at.name));
             }
-            for (net, net_at) in new.endpoint.addresses.iter().zip(&new.address_at) {
+            for (net, net_at) in new.endpoint.addresses.iter().zip(&new_at.addresses) {
                 if let Some(i) = old.endpoint.addresses.iter().position(|a| a == net) {
-                    let first_at = old.address_at.get(i).copied().unwrap_or(old.id_at);
+                    let first_at = old_at.addresses.get(i).copied().unwrap_or(old_at.id);
                     diag.push(duplicate(
                         Duplicated::Address(*net),
                         file,
@@ -328,23 +363,24 @@ impl Loader {
             }
         }
         if diag.count() == before {
-            self.endpoints.push((new, file.to_path_buf()));
+            self.endpoints.push((new, file.to_path_buf(), new_at));
         }
     }
 
     fn add_settings(&mut self, doc: &Spanned<SettingsDoc>, diag: &mut Diag<'_>) {
         let file = diag.file();
+        let doc_at = diag.position(at(doc));
         if let Some((first_file, first_at)) = &self.settings_at {
             diag.push(duplicate(
                 Duplicated::Settings,
                 file,
-                at(doc),
+                doc_at,
                 first_file,
                 *first_at,
             ));
             return;
         }
-        self.settings_at = Some((file.to_path_buf(), at(doc)));
+        self.settings_at = Some((file.to_path_buf(), doc_at));
         self.settings = settings::settings(&doc.value, diag);
     }
 
@@ -353,18 +389,20 @@ impl Loader {
             return;
         };
         let file = diag.file();
-        for (old, old_file) in &self.services {
+        let name_at = diag.position(new.name_at);
+        let frontend_at = diag.position(new.frontend_at);
+        for (old, old_file, old_name_at, old_frontend_at) in &self.services {
             let (item, at_new, at_old) = if old.service.name == new.service.name {
                 (
                     Duplicated::ServiceName(new.service.name.clone()),
-                    new.name_at,
-                    old.name_at,
+                    name_at,
+                    *old_name_at,
                 )
             } else if old.service.key == new.service.key {
                 (
                     Duplicated::ServiceFrontend(new.service.key.to_string()),
-                    new.frontend_at,
-                    old.frontend_at,
+                    frontend_at,
+                    *old_frontend_at,
                 )
             } else {
                 continue;
@@ -372,38 +410,41 @@ impl Loader {
             diag.push(duplicate(item, file, at_new, old_file, at_old));
             return;
         }
-        self.services.push((new, file.to_path_buf()));
+        self.services
+            .push((new, file.to_path_buf(), name_at, frontend_at));
     }
 
     fn add_node(&mut self, doc: &Spanned<DaemonDoc>, diag: &mut Diag<'_>) {
         let file = diag.file();
+        let doc_at = diag.position(at(doc));
         if let Some((first_file, first_at)) = &self.node_at {
             diag.push(duplicate(
                 Duplicated::Node,
                 file,
-                at(doc),
+                doc_at,
                 first_file,
                 *first_at,
             ));
             return;
         }
-        self.node_at = Some((file.to_path_buf(), at(doc)));
+        self.node_at = Some((file.to_path_buf(), doc_at));
         self.node = gateway::node(doc, diag);
     }
 
     fn add_gateway(&mut self, doc: &Spanned<DaemonDoc>, diag: &mut Diag<'_>) {
         let file = diag.file();
+        let doc_at = diag.position(at(doc));
         if let Some((first_file, first_at)) = &self.gateway_at {
             diag.push(duplicate(
                 Duplicated::Gateway,
                 file,
-                at(doc),
+                doc_at,
                 first_file,
                 *first_at,
             ));
             return;
         }
-        self.gateway_at = Some((file.to_path_buf(), at(doc)));
+        self.gateway_at = Some((file.to_path_buf(), doc_at));
         self.gateway = gateway::gateway(doc, diag);
     }
 
@@ -414,21 +455,25 @@ impl Loader {
         let interfaces = self
             .endpoints
             .iter()
-            .filter_map(|(d, _)| Some((d.endpoint.id, d.interface.clone()?)))
+            .filter_map(|(d, ..)| Some((d.endpoint.id, d.interface.clone()?)))
             .collect();
+        let endpoints: Vec<_> = self
+            .endpoints
+            .into_iter()
+            .map(|(d, ..)| d.endpoint)
+            .collect();
+        let warnings: Vec<Warning> =
+            warnings::dead_fqdn_selectors(&self.rules, &endpoints, &self.fqdn_uses);
         Ok(Config {
             settings: self.settings.unwrap_or_default(),
-            endpoints: self
-                .endpoints
-                .into_iter()
-                .map(|(d, _)| d.endpoint)
-                .collect(),
+            endpoints,
             rules: self.rules,
-            services: self.services.into_iter().map(|(d, _)| d.service).collect(),
+            services: self.services.into_iter().map(|(d, ..)| d.service).collect(),
             gateway: self.gateway,
             node: self.node,
             interfaces,
             sources: self.sources,
+            warnings,
         })
     }
 }
@@ -436,12 +481,10 @@ impl Loader {
 fn duplicate(
     item: Duplicated,
     file: &Path,
-    at: Location,
+    (line, column): Position,
     first_file: &Path,
-    first_at: Location,
+    (first_line, first_column): Position,
 ) -> Error {
-    let (line, column) = position(at);
-    let (first_line, first_column) = position(first_at);
     Error::Duplicate {
         file: file.to_path_buf(),
         line,
@@ -453,31 +496,85 @@ fn duplicate(
     }
 }
 
-/// The first pass: every document's kind, or its error reported.
-fn headers(bytes: &[u8], diag: &mut Diag<'_>) -> Vec<Slot> {
-    let mut reader = bytes;
-    let mut slots = Vec::new();
-    for result in serde_saphyr::read::<_, Spanned<Header>>(&mut reader) {
-        if slots.len() == MAX_DOCUMENTS {
-            diag.invalid(
-                Location::UNKNOWN,
-                format!("more than {MAX_DOCUMENTS} documents in one file"),
-            );
-            break;
-        }
-        let slot = match result {
-            Ok(header) => classify(&header, diag),
-            Err(e) => {
-                diag.yaml(&e, Location::UNKNOWN);
-                Slot::Reported
-            }
-        };
-        slots.push(slot);
+/// The options of every read: serde-saphyr's defaults (its budget bounds what one document
+/// may cost), without the source snippets fqdnd's messages do not show.
+fn options() -> serde_saphyr::Options {
+    serde_saphyr::options! {
+        with_snippet: false,
     }
-    slots
 }
 
-fn classify(header: &Spanned<Header>, diag: &mut Diag<'_>) -> Slot {
+/// The text of a file: UTF-8, or UTF-8 / UTF-16 (LE or BE) after a byte order mark, the
+/// encodings YAML allows (and serde-saphyr reads). Otherwise the `(line, column)` of the first
+/// byte that is not text, and a message.
+fn decode(bytes: &[u8]) -> Result<String, (u64, u64, String)> {
+    let utf16 = |rest: &[u8], from: fn([u8; 2]) -> u16| {
+        let units = rest.chunks(2).map(|pair| match *pair {
+            [a, b] => from([a, b]),
+            // An odd byte at the end: not UTF-16.
+            _ => 0xD800,
+        });
+        char::decode_utf16(units)
+            .collect::<Result<String, _>>()
+            .map_err(|_| (1, 1, "the file is not valid UTF-16 text".to_owned()))
+    };
+    match bytes {
+        [0xEF, 0xBB, 0xBF, rest @ ..] => utf8(rest),
+        [0xFF, 0xFE, rest @ ..] => utf16(rest, u16::from_le_bytes),
+        [0xFE, 0xFF, rest @ ..] => utf16(rest, u16::from_be_bytes),
+        _ => utf8(bytes),
+    }
+}
+
+fn utf8(bytes: &[u8]) -> Result<String, (u64, u64, String)> {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => Ok(text.to_owned()),
+        Err(e) => {
+            let valid = &bytes[..e.valid_up_to()];
+            let line_start = valid
+                .iter()
+                .rposition(|&b| b == b'\n' || b == b'\r')
+                .map_or(0, |i| i + 1);
+            let breaks = valid.iter().filter(|&&b| b == b'\n' || b == b'\r').count()
+                - valid.windows(2).filter(|w| *w == b"\r\n").count();
+            let line = 1 + breaks;
+            let column = 1 + String::from_utf8_lossy(&valid[line_start..])
+                .chars()
+                .count();
+            Err((
+                line as u64,
+                column as u64,
+                format!(
+                    "the file is not UTF-8 text (byte {} is not valid UTF-8); save it as UTF-8",
+                    e.valid_up_to() + 1
+                ),
+            ))
+        }
+    }
+}
+
+/// Reads a document with the shape `T`, reporting what is wrong: every unknown field (the read
+/// goes on after one), and the first other error, which ends the read.
+fn read<T: DeserializeOwned>(
+    text: &str,
+    doc_at: Location,
+    diag: &mut Diag<'_>,
+) -> Option<Spanned<T>> {
+    let (result, unknown) = collect_unknown_fields(|| {
+        serde_saphyr::from_str_with_options::<Spanned<T>>(text, options())
+    });
+    diag.unknown_fields(unknown);
+    match result {
+        Ok(doc) => Some(doc),
+        Err(e) => {
+            diag.yaml(&e, doc_at);
+            None
+        }
+    }
+}
+
+/// The kind of a document from its header, or its error reported.
+fn classify(header: &Spanned<Header>, diag: &mut Diag<'_>) -> Option<Kind> {
     let (Some(api_version), Some(kind)) = (&header.value.api_version, &header.value.kind) else {
         let missing = if header.value.api_version.is_none() {
             "apiVersion"
@@ -491,16 +588,12 @@ fn classify(header: &Spanned<Header>, diag: &mut Diag<'_>) -> Slot {
                  `kind` (such as `apiVersion: cilium.io/v2`, `kind: CiliumNetworkPolicy`)"
             ),
         );
-        return Slot::Reported;
+        return None;
     };
     match Kind::of(&api_version.value, &kind.value) {
-        Some(k) => Slot::Pending {
-            kind: k,
-            at: at(header),
-            read: false,
-        },
+        Some(kind) => Some(kind),
         None => {
-            let (line, column) = position(at(kind));
+            let (line, column) = diag.position(at(kind));
             diag.push(Error::UnknownKind {
                 file: diag.file().to_path_buf(),
                 line,
@@ -508,38 +601,7 @@ fn classify(header: &Spanned<Header>, diag: &mut Diag<'_>) -> Slot {
                 api_version: sanitize(&api_version.value),
                 kind: sanitize(&kind.value),
             });
-            Slot::Reported
-        }
-    }
-}
-
-/// A later pass, for one family of kinds: reads every document as `T` and hands those of the
-/// family whose slot is pending to `accept`. Skipped when no document is of the family.
-fn pass<T: DeserializeOwned>(
-    bytes: &[u8],
-    slots: &mut [Slot],
-    diag: &mut Diag<'_>,
-    family: fn(Kind) -> bool,
-    mut accept: impl FnMut(Kind, Spanned<T>, &mut Diag<'_>),
-) {
-    let wanted =
-        |slot: &Slot| matches!(slot, Slot::Pending { kind, read: false, .. } if family(*kind));
-    if !slots.iter().any(wanted) {
-        return;
-    }
-    let mut reader = bytes;
-    let results = serde_saphyr::read::<_, Spanned<T>>(&mut reader);
-    for (slot, result) in slots.iter_mut().zip(results) {
-        if !wanted(slot) {
-            continue;
-        }
-        let Slot::Pending { kind, at, read } = slot else {
-            continue;
-        };
-        *read = true;
-        match result {
-            Ok(doc) => accept(*kind, doc, diag),
-            Err(e) => diag.yaml(&e, *at),
+            None
         }
     }
 }

@@ -22,7 +22,7 @@ use serde_saphyr::{Location, Spanned};
 
 use crate::cnp::ObjectMeta;
 use crate::convert::object_name;
-use crate::yaml::{Diag, Text, at};
+use crate::yaml::{Diag, Text, at, shape};
 
 /// A service as configured.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -37,7 +37,7 @@ pub struct Service {
 
 /// A whole `Service` document.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self")]
 pub(crate) struct ServiceDoc {
     #[serde(rename = "apiVersion")]
     _api_version: Option<IgnoredAny>,
@@ -48,12 +48,14 @@ pub(crate) struct ServiceDoc {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self")]
 struct ServiceSpec {
     frontend: Option<Text>,
     protocol: Option<Text>,
     backends: Option<Vec<Text>>,
 }
+
+shape!(ServiceDoc, ServiceSpec,);
 
 /// A converted service and where its name is written.
 pub(crate) struct DeclaredService {
@@ -94,13 +96,18 @@ pub(crate) fn service(doc: &Spanned<ServiceDoc>, diag: &mut Diag<'_>) -> Option<
             meta.value.name.as_ref().map_or(at(meta), at),
         ),
         None => {
-            diag.invalid(at(doc), "a Service needs `metadata` with a `name`");
+            diag.missing(
+                at(doc),
+                &["metadata"],
+                "a Service needs `metadata` with a `name`",
+            );
             (None, at(doc))
         }
     };
     let Some(spec) = &doc.value.spec else {
-        diag.invalid(
+        diag.missing(
             at(doc),
+            &["spec"],
             "a Service needs a `spec` with `frontend` and `backends`",
         );
         return None;
@@ -109,7 +116,11 @@ pub(crate) fn service(doc: &Spanned<ServiceDoc>, diag: &mut Diag<'_>) -> Option<
     let frontend = match &s.frontend {
         Some(f) => socket_addr(f, "`spec.frontend`", diag),
         None => {
-            diag.invalid(at(spec), "`spec.frontend` (VIP:PORT) is required");
+            diag.missing(
+                at(spec),
+                &["frontend"],
+                "`spec.frontend` (VIP:PORT) is required",
+            );
             None
         }
     };

@@ -29,7 +29,7 @@ use serde::de::IgnoredAny;
 use serde_saphyr::Spanned;
 
 use crate::cnp::ObjectMeta;
-use crate::yaml::{Diag, Scalar, Text, at, duration, int_in_range, sanitize};
+use crate::yaml::{Diag, Scalar, Text, at, duration, int_in_range, sanitize, shape};
 
 /// Longest `proxyResponseMaxDelay` accepted: holding answers longer than this outlasts the
 /// retry timeout of common resolvers (5 s) and Cilium's own forward timeout (10 s).
@@ -129,7 +129,7 @@ impl Settings {
 
 /// A whole `Settings` document.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self")]
 pub(crate) struct SettingsDoc {
     #[serde(rename = "apiVersion")]
     _api_version: Option<IgnoredAny>,
@@ -141,7 +141,7 @@ pub(crate) struct SettingsDoc {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(remote = "Self", rename_all = "camelCase")]
 struct SettingsSpec {
     dns: Option<DnsSpec>,
     breakers: Option<BreakersSpec>,
@@ -149,7 +149,7 @@ struct SettingsSpec {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(remote = "Self", rename_all = "camelCase")]
 struct DnsSpec {
     #[serde(rename = "minTTL")]
     min_ttl: Option<Spanned<Scalar>>,
@@ -163,7 +163,7 @@ struct DnsSpec {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(remote = "Self", rename_all = "camelCase")]
 struct BreakersSpec {
     #[serde(rename = "maxFQDNIdentities")]
     max_fqdn_identities: Option<Spanned<Scalar>>,
@@ -172,6 +172,8 @@ struct BreakersSpec {
     max_names_per_endpoint: Option<Spanned<Scalar>>,
     max_cache_entries: Option<Spanned<Scalar>>,
 }
+
+shape!(SettingsDoc, SettingsSpec, DnsSpec, BreakersSpec,);
 
 /// Largest count accepted: far beyond any sane setting, and fits `usize` on every target.
 const MAX_COUNT: i128 = u32::MAX as i128;

@@ -1,31 +1,55 @@
-//! Glue to serde-saphyr: collecting located errors, and the small value types the document
-//! shapes share (whole numbers, ports, ordered maps).
+//! Glue to serde-saphyr: collecting located errors, reading a document's mappings so that an
+//! unknown field does not stop the rest of the document from being checked, and the small
+//! value types the document shapes share (whole numbers, ports, ordered maps).
 
+use std::cell::RefCell;
 use std::fmt;
 use std::marker::PhantomData;
 use std::path::Path;
 
 use serde::Deserialize;
-use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{
+    self, DeserializeSeed, Deserializer, IgnoredAny, IntoDeserializer, MapAccess, SeqAccess,
+    Visitor,
+};
 use serde_saphyr::{Location, MessageFormatter, Spanned};
 
+use crate::documents::Document;
 use crate::error::Error;
 
 /// Collects the errors of one file, each located in it.
+///
+/// The file is parsed one document at a time ([`crate::documents`]), so the locations the
+/// parser gives are relative to the current document ([`Diag::enter`]); every error Diag builds
+/// is located in the whole file.
 pub(crate) struct Diag<'a> {
     file: &'a Path,
-    /// The file's text, when it is UTF-8: used to find the key of a value.
+    /// The current document's text: used to find the key of a value.
     text: Option<&'a str>,
+    /// Lines of the file before the current document.
+    line_offset: u64,
+    /// The unknown fields of the current document (reported already), to leave out a missing
+    /// field that is one of them misspelt.
+    unknown: Vec<UnknownField>,
     errors: Vec<Error>,
 }
 
 impl<'a> Diag<'a> {
-    pub(crate) fn new(file: &'a Path, bytes: &'a [u8]) -> Self {
+    pub(crate) fn new(file: &'a Path) -> Self {
         Self {
             file,
-            text: std::str::from_utf8(bytes).ok(),
+            text: None,
+            line_offset: 0,
+            unknown: Vec::new(),
             errors: Vec::new(),
         }
+    }
+
+    /// From now on, locations are those of a parser given `document.text` alone.
+    pub(crate) fn enter(&mut self, document: &Document<'a>) {
+        self.text = Some(document.text);
+        self.line_offset = document.input_line(1) - 1;
+        self.unknown.clear();
     }
 
     pub(crate) fn file(&self) -> &'a Path {
@@ -41,15 +65,39 @@ impl<'a> Diag<'a> {
         self.errors.push(error);
     }
 
+    /// The 1-based `(line, column)` in the file of `at`, a location in the current document;
+    /// an unknown location becomes the start of the document.
+    pub(crate) fn position(&self, at: Location) -> (u64, u64) {
+        self.shift(position(at))
+    }
+
+    fn shift(&self, (line, column): (u64, u64)) -> (u64, u64) {
+        (line.saturating_add(self.line_offset), column)
+    }
+
     /// A problem with a well-formed value at `at`.
     pub(crate) fn invalid(&mut self, at: Location, message: impl Into<String>) {
-        let (line, column) = position(at);
+        let (line, column) = self.position(at);
         self.errors.push(Error::Invalid {
             file: self.file.to_path_buf(),
             line,
             column,
             message: message.into(),
         });
+    }
+
+    /// A required field is missing from the mapping at `at`: `fields` are the names that would
+    /// have satisfied it. Not reported when that mapping has an unknown field within two edits
+    /// of one of them (`adresses`, `endpointSelectr`): the unknown-field error already says
+    /// what is wrong, and the missing field is most likely that one, misspelt.
+    pub(crate) fn missing(&mut self, at: Location, fields: &[&str], message: impl Into<String>) {
+        let misspelt = self.unknown.iter().any(|u| {
+            u.mapping == Some(position(at))
+                && fields.iter().any(|f| edit_distance(&u.field, f) <= 2)
+        });
+        if !misspelt {
+            self.invalid(at, message);
+        }
     }
 
     /// A problem with the field `key` whose value is at `value_at`: located at the key when
@@ -60,10 +108,11 @@ impl<'a> Diag<'a> {
         key: &str,
         message: impl Into<String>,
     ) {
-        let (line, column) = self
-            .text
-            .and_then(|text| key_position(text, position(value_at), key))
-            .unwrap_or_else(|| position(value_at));
+        let (line, column) = self.shift(
+            self.text
+                .and_then(|text| key_position(text, position(value_at), key))
+                .unwrap_or_else(|| position(value_at)),
+        );
         self.errors.push(Error::Invalid {
             file: self.file.to_path_buf(),
             line,
@@ -78,7 +127,7 @@ impl<'a> Diag<'a> {
             .location()
             .filter(|l| l.line() > 0)
             .unwrap_or(fallback);
-        let (line, column) = position(at);
+        let (line, column) = self.position(at);
         let file = self.file.to_path_buf();
         let message = yaml_message(error);
         self.errors.push(if is_syntax(error) {
@@ -98,8 +147,251 @@ impl<'a> Diag<'a> {
         });
     }
 
+    /// Reports the unknown fields found while reading the current document (each once, though
+    /// a mapping read again through an alias meets them again).
+    pub(crate) fn unknown_fields(&mut self, found: Vec<UnknownField>) {
+        for field in found {
+            if self
+                .unknown
+                .iter()
+                .any(|u| u.field == field.field && u.at == field.at)
+            {
+                continue;
+            }
+            let (line, column) = self.shift(field.at);
+            self.errors.push(Error::Invalid {
+                file: self.file.to_path_buf(),
+                line,
+                column,
+                message: unknown_field_message(&field.field, field.expected),
+            });
+            self.unknown.push(field);
+        }
+    }
+
     pub(crate) fn into_errors(self) -> Vec<Error> {
         self.errors
+    }
+}
+
+/// Levenshtein distance between two field names (short: quadratic is fine).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let substitute = diagonal + usize::from(ca != *cb);
+            diagonal = row[j + 1];
+            row[j + 1] = substitute.min(row[j] + 1).min(row[j + 1] + 1);
+        }
+    }
+    row[b.len()]
+}
+
+/// A field a document shape does not have, met while reading a document.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct UnknownField {
+    /// The key as written (sanitised).
+    field: String,
+    /// Where the key is written, in the document.
+    at: (u64, u64),
+    /// Where the mapping holding it starts, in the document, once known.
+    mapping: Option<(u64, u64)>,
+    /// The fields of the shape.
+    expected: &'static [&'static str],
+}
+
+thread_local! {
+    /// The unknown fields met by the read in progress on this thread, when it collects them
+    /// ([`collect_unknown_fields`]). serde's `Deserialize` takes no context argument, so this
+    /// is the only way out of a derived implementation; serde-saphyr locates serde's own
+    /// errors the same way.
+    static UNKNOWN_FIELDS: RefCell<Option<Vec<UnknownField>>> = const { RefCell::new(None) };
+}
+
+/// Runs `read` (a serde-saphyr read of document shapes) collecting, instead of failing on, the
+/// unknown fields it meets, and returns them beside its result. Outside of it, an unknown field
+/// is an error, as with `#[serde(deny_unknown_fields)]`.
+pub(crate) fn collect_unknown_fields<R>(read: impl FnOnce() -> R) -> (R, Vec<UnknownField>) {
+    /// Puts back what was collecting before, even if `read` unwinds.
+    struct Restore(Option<Vec<UnknownField>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let previous = self.0.take();
+            UNKNOWN_FIELDS.with(|u| *u.borrow_mut() = previous);
+        }
+    }
+    let restore = Restore(UNKNOWN_FIELDS.with(|u| u.borrow_mut().replace(Vec::new())));
+    let result = read();
+    let found = UNKNOWN_FIELDS
+        .with(|u| u.borrow_mut().take())
+        .unwrap_or_default();
+    drop(restore);
+    (result, found)
+}
+
+/// Records an unknown field; `false` when nothing is collecting.
+fn record_unknown_field(key: &Spanned<String>, expected: &'static [&'static str]) -> bool {
+    UNKNOWN_FIELDS.with(|u| match u.borrow_mut().as_mut() {
+        Some(found) => {
+            found.push(UnknownField {
+                field: sanitize(&key.value),
+                at: position(key.defined),
+                mapping: None,
+                expected,
+            });
+            true
+        }
+        None => false,
+    })
+}
+
+/// How many unknown fields are collected so far (0 when nothing is collecting).
+fn unknown_field_count() -> usize {
+    UNKNOWN_FIELDS.with(|u| u.borrow().as_ref().map_or(0, Vec::len))
+}
+
+/// Notes that the unknown fields collected from `from` on and not yet placed are in the
+/// mapping at `mapping` (inner mappings are read, and place theirs, first).
+fn place_unknown_fields(from: usize, mapping: Location) {
+    UNKNOWN_FIELDS.with(|u| {
+        if let Some(found) = u.borrow_mut().as_mut() {
+            for field in found.iter_mut().skip(from) {
+                field.mapping.get_or_insert(position(mapping));
+            }
+        }
+    });
+}
+
+/// A document shape: a struct whose `Deserialize` is derived with `#[serde(remote = "Self")]`
+/// (an inherent `deserialize`) and implemented by [`shape!`] around it, so that an unknown
+/// field is collected and skipped ([`collect_unknown_fields`]) instead of ending the read of
+/// the whole document.
+pub(crate) trait Shape: Sized {
+    /// The derived implementation.
+    fn derived<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error>;
+}
+
+/// Implements [`Shape`] and `Deserialize` for structs deriving `Deserialize` with
+/// `#[serde(remote = "Self")]`.
+macro_rules! shape {
+    ($($shape:ty),+ $(,)?) => {$(
+        impl $crate::yaml::Shape for $shape {
+            fn derived<'de, D: serde::Deserializer<'de>>(
+                deserializer: D,
+            ) -> Result<Self, D::Error> {
+                <$shape>::deserialize(deserializer)
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $shape {
+            fn deserialize<D: serde::Deserializer<'de>>(
+                deserializer: D,
+            ) -> Result<Self, D::Error> {
+                $crate::yaml::read_shape(deserializer)
+            }
+        }
+    )+};
+}
+pub(crate) use shape;
+
+/// `Deserialize` of a [`Shape`]: reads a mapping, handing the derived implementation only
+/// the keys it knows.
+pub(crate) fn read_shape<'de, T: Shape, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<T, D::Error> {
+    /// The mapping itself, read inside `Spanned` to learn where it starts.
+    struct Mapping<T>(T);
+    impl<'de, T: Shape> Deserialize<'de> for Mapping<T> {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            deserializer
+                .deserialize_map(MappingVisitor(PhantomData))
+                .map(Mapping)
+        }
+    }
+    struct MappingVisitor<T>(PhantomData<T>);
+    impl<'de, T: Shape> Visitor<'de> for MappingVisitor<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a mapping")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+            T::derived(KnownFields { map })
+        }
+    }
+    let from = unknown_field_count();
+    let mapping = Spanned::<Mapping<T>>::deserialize(deserializer)?;
+    place_unknown_fields(from, mapping.referenced);
+    Ok(mapping.value.0)
+}
+
+/// A mapping handed to a derived `Deserialize`, as a deserializer.
+struct KnownFields<A> {
+    map: A,
+}
+
+impl<'de, A: MapAccess<'de>> Deserializer<'de> for KnownFields<A> {
+    type Error = A::Error;
+
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        fields: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, A::Error> {
+        visitor.visit_map(KnownFieldsAccess {
+            map: self.map,
+            fields,
+        })
+    }
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, A::Error> {
+        self.deserialize_struct("", &[], visitor)
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+        option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
+        ignored_any
+    }
+}
+
+/// The entries of a mapping whose keys are among `fields`; the others are recorded as unknown
+/// (or are an error, when nothing collects them) and skipped.
+struct KnownFieldsAccess<A> {
+    map: A,
+    fields: &'static [&'static str],
+}
+
+impl<'de, A: MapAccess<'de>> MapAccess<'de> for KnownFieldsAccess<A> {
+    type Error = A::Error;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, A::Error> {
+        loop {
+            let Some(key) = self.map.next_key::<Spanned<String>>()? else {
+                return Ok(None);
+            };
+            if self.fields.contains(&key.value.as_str()) {
+                return seed.deserialize(key.value.into_deserializer()).map(Some);
+            }
+            if !record_unknown_field(&key, self.fields) {
+                return Err(de::Error::unknown_field(&key.value, self.fields));
+            }
+            self.map.next_value::<IgnoredAny>()?;
+        }
+    }
+
+    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, A::Error> {
+        self.map.next_value_seed(seed)
+    }
+
+    fn size_hint(&self) -> Option<usize> {
+        self.map.size_hint()
     }
 }
 
@@ -151,8 +443,8 @@ fn key_position(text: &str, value: (u64, u64), key: &str) -> Option<(u64, u64)> 
     Some((line, column))
 }
 
-/// 1-based `(line, column)`; an unknown location becomes the start of the file.
-pub(crate) fn position(at: Location) -> (u64, u64) {
+/// 1-based `(line, column)` in the text parsed; an unknown location becomes its start.
+fn position(at: Location) -> (u64, u64) {
     (at.line().max(1), at.column().max(1))
 }
 
@@ -182,25 +474,13 @@ fn is_syntax(error: &serde_saphyr::Error) -> bool {
 }
 
 /// The message of a serde-saphyr error, without its location suffix.
-///
-/// An unknown-field error lists the accepted fields only: fields that fqdnd recognises in order
-/// to reject them (see [`crate::cnp::is_rejected`]) are not offered as alternatives.
 fn yaml_message(error: &serde_saphyr::Error) -> String {
     let error = inner(error);
     if let serde_saphyr::Error::SerdeUnknownField {
         field, expected, ..
     } = error
     {
-        let expected: Vec<String> = expected
-            .iter()
-            .filter(|name| !crate::cnp::is_rejected(expected, name))
-            .map(|name| format!("`{name}`"))
-            .collect();
-        return format!(
-            "unknown field `{}`: expected one of {}",
-            sanitize(field),
-            expected.join(", ")
-        );
+        return unknown_field_message(&sanitize(field), expected);
     }
     if let serde_saphyr::Error::Unexpected { expected, .. } = error {
         let what = match *expected {
@@ -212,6 +492,21 @@ fn yaml_message(error: &serde_saphyr::Error) -> String {
         return format!("expected {what}");
     }
     sanitize(&serde_saphyr::UserMessageFormatter.format_message(error))
+}
+
+/// The message for the unknown field `field` (sanitised) of a shape whose fields are
+/// `expected`: fields that fqdnd recognises in order to reject them (see
+/// [`crate::cnp::is_rejected`]) are not offered as alternatives.
+fn unknown_field_message(field: &str, expected: &[&str]) -> String {
+    let alternatives: Vec<String> = expected
+        .iter()
+        .filter(|name| !crate::cnp::is_rejected(expected, name))
+        .map(|name| format!("`{name}`"))
+        .collect();
+    format!(
+        "unknown field `{field}`: expected one of {}",
+        alternatives.join(", ")
+    )
 }
 
 /// Escapes control characters so a message stays on one line and cannot drive a terminal.

@@ -12,7 +12,7 @@ mod common;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use common::{EGRESS, ccnp, cnp, errs, find, ok, one_err, pos};
+use common::{EGRESS, ccnp, cnp, errs, find, messages, ok, one_err, pos};
 use fqdnd_config::{Duplicated, Error, load, load_str};
 
 fn endpoint(name: &str, id: u16, address: &str) -> String {
@@ -401,9 +401,189 @@ spec:
 #[test]
 fn an_error_in_an_alias_points_at_its_use() {
     let text = "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata: {name: x}\nx-bad: &bad \"10.0.0.1/8\"\n";
-    // Unknown top-level field comes first here; check the alias case inside a valid shape.
-    assert!(one_err(text).to_string().contains("unknown field `x-bad`"));
+    // An unknown top-level field (and the missing `spec`); check the alias case inside a
+    // valid shape.
+    let errors = messages(text);
+    assert!(
+        errors.iter().any(|e| e.contains("unknown field `x-bad`")),
+        "{errors:?}"
+    );
     let text = "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata: {name: &n x}\nspec:\n  endpointSelector: {}\n  egress:\n    - toCIDR: [*n]\n";
     let e = one_err(text);
     assert_eq!(pos(&e), find(text, "*n"), "{e}");
+}
+
+/// Three documents: an unknown field, a syntax (indentation) error, a rejected field.
+fn three_bad_documents() -> [String; 3] {
+    let unknown = cnp("  egress:\n    - toFQDNs: [{matchName: a.example}]\n      toPortz: []\n")
+        .replace("name: p", "name: p1");
+    let syntax = "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata:\n  name: p2\n   namespace: x\nspec: {}\n".to_owned();
+    let rejected = cnp(&format!("  egressDeny: []\n{EGRESS}")).replace("name: p", "name: p3");
+    [unknown, syntax, rejected]
+}
+
+/// The errors of `text`: (line, column, kind of error, message).
+fn located(text: &str) -> Vec<(u64, u64, &'static str, String)> {
+    errs(text)
+        .into_iter()
+        .map(|e| {
+            let kind = match &e {
+                Error::Syntax { .. } => "syntax",
+                _ => "invalid",
+            };
+            let (line, column) = pos(&e);
+            (line, column, kind, e.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn a_syntax_error_does_not_hide_the_errors_of_later_documents() {
+    let [unknown, syntax, rejected] = three_bad_documents();
+    for order in [
+        [&unknown, &syntax, &rejected],
+        [&syntax, &unknown, &rejected],
+        [&rejected, &syntax, &unknown],
+    ] {
+        let text = format!("{}---\n{}---\n{}", order[0], order[1], order[2]);
+        let errors = located(&text);
+        assert_eq!(errors.len(), 3, "{errors:#?}");
+        let at = |needle: &str| find(&text, needle);
+        let by_needle = |needle: &str| {
+            let (line, column) = at(needle);
+            errors
+                .iter()
+                .find(|(l, c, ..)| (*l, *c) == (line, column))
+                .unwrap_or_else(|| panic!("no error at {needle:?} ({line}:{column}): {errors:#?}"))
+        };
+        assert!(by_needle("toPortz").3.contains("unknown field `toPortz`"));
+        assert!(
+            by_needle("egressDeny")
+                .3
+                .contains("`egressDeny` is not supported")
+        );
+        // The indentation error is reported on its line, where the parser finds it.
+        let (line, _) = at("   namespace");
+        let syntax_error = errors.iter().find(|e| e.2 == "syntax").unwrap();
+        assert_eq!(syntax_error.0, line, "{errors:#?}");
+        // In file order.
+        assert!(errors.windows(2).all(|w| w[0].0 < w[1].0), "{errors:#?}");
+    }
+}
+
+#[test]
+fn later_documents_keep_their_lines_with_crlf_line_ends() {
+    let [unknown, syntax, rejected] = three_bad_documents();
+    let text = format!("{syntax}---\n{unknown}---\n{rejected}");
+    let crlf = text.replace('\n', "\r\n");
+    let lines = |text: &str| -> Vec<(u64, u64)> {
+        located(text).iter().map(|(l, c, ..)| (*l, *c)).collect()
+    };
+    assert_eq!(lines(&crlf), lines(&text));
+    assert_eq!(lines(&text).len(), 3);
+}
+
+#[test]
+fn an_end_marker_and_a_leading_marker() {
+    let text = format!(
+        "---\n{}...\n# between\n---\n{}",
+        cnp(EGRESS).replace("name: p", "name: p1"),
+        cnp("  egress:\n    - toCIDR: [nope]\n").replace("name: p", "name: p2"),
+    );
+    let e = one_err(&text);
+    assert_eq!(pos(&e), find(&text, "nope"), "{e}");
+    // After `...`, a document needs no `---`.
+    let text = format!(
+        "{}...\n{}",
+        cnp(EGRESS).replace("name: p", "name: p1"),
+        cnp("  egress:\n    - toCIDR: [nope]\n").replace("name: p", "name: p2"),
+    );
+    let e = one_err(&text);
+    assert_eq!(pos(&e), find(&text, "nope"), "{e}");
+}
+
+#[test]
+fn a_marker_inside_a_block_scalar_or_a_quoted_string_does_not_split() {
+    for description in [
+        "  description: |\n    first\n    ---\n    second\n",
+        "  description: \"first\n    ---\n    second\"\n",
+        "  description: 'first\n    ---\n    second'\n",
+    ] {
+        let text = cnp(&format!("{description}  egressDeny: []\n{EGRESS}"));
+        let e = one_err(&text);
+        assert_eq!(pos(&e), find(&text, "egressDeny"), "{description:?}: {e}");
+        let ok_text = cnp(&format!("{description}{EGRESS}"));
+        assert_eq!(ok(&ok_text).rules.len(), 1, "{description:?}");
+    }
+}
+
+#[test]
+fn an_unknown_field_does_not_stop_the_rest_of_its_document() {
+    let text = cnp(
+        "  egress:\n    - toFQDN: [{matchName: a.example}]\n    - toCIDR: [nope]\n      toPortz: []\n    - toCIDRSet: [{cidr: 10.0.0.0/8, exept: []}]\n",
+    );
+    let errors = located(&text);
+    let expected = [
+        (find(&text, "toFQDN:"), "unknown field `toFQDN`"),
+        (find(&text, "nope"), "is not an IP address"),
+        (find(&text, "toPortz"), "unknown field `toPortz`"),
+        (find(&text, "exept"), "unknown field `exept`"),
+    ];
+    assert_eq!(errors.len(), expected.len(), "{errors:#?}");
+    for ((at, message), error) in expected.iter().zip(&errors) {
+        assert_eq!((error.0, error.1), *at, "{errors:#?}");
+        assert!(error.3.contains(message), "{errors:#?}");
+    }
+}
+
+#[test]
+fn a_missing_field_is_reported_unless_an_unknown_one_is_its_typo() {
+    // `endpointSelectr` is the missing `endpointSelector`: one error.
+    let text = cnp(&format!("  endpointSelectr: {{}}\n{EGRESS}"));
+    assert!(
+        one_err(&text)
+            .to_string()
+            .contains("unknown field `endpointSelectr`")
+    );
+    // `colour` is not `egress`: both are reported.
+    let text = cnp("  colour: blue\n");
+    let errors = messages(&text);
+    assert_eq!(errors.len(), 2, "{errors:#?}");
+    assert!(errors.iter().any(|e| e.contains("unknown field `colour`")));
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("needs a non-empty `egress` list"))
+    );
+    // A typo in one rule does not excuse another rule's missing field.
+    let text = "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata: {name: p}\nspecs:\n  - endpointSelectr: {}\n    egress: [{toFQDNs: [{matchName: a.example}]}]\n  - egress: [{toFQDNs: [{matchName: b.example}]}]\n";
+    let errors = messages(text);
+    assert_eq!(errors.len(), 2, "{errors:#?}");
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("unknown field `endpointSelectr`")),
+        "{errors:#?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("needs an `endpointSelector`")),
+        "{errors:#?}"
+    );
+}
+
+#[test]
+fn an_unknown_field_in_an_aliased_mapping_is_reported_once() {
+    let text = "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata: {name: p}\nspec:\n  endpointSelector: {}\n  egress:\n    - toPorts: &ports [{ports: [{port: \"443\"}], colour: blue}]\n    - toPorts: *ports\n";
+    let e = one_err(text);
+    assert_eq!(pos(&e), find(text, "colour"), "{e}");
+}
+
+#[test]
+fn the_document_splitter_is_public() {
+    let text = "a: 1\n---\nb: 2\n";
+    let docs: Vec<fqdnd_config::Document<'_>> = fqdnd_config::documents(text).collect();
+    assert_eq!(docs.len(), 2);
+    assert_eq!((docs[1].text, docs[1].first_line), ("---\nb: 2\n", 2));
 }

@@ -24,6 +24,8 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
+mod overlap;
+
 /// Longest pattern or name accepted in a selector, in characters (after trimming, not
 /// counting one trailing dot, so that a selector's key — which always has one — parses again).
 pub const MAX_PATTERN_LEN: usize = 255;

@@ -8,10 +8,18 @@ use anyhow::Result;
 use fqdnd_namemgr::{FqdnSelector, canonicalize};
 use serde::Serialize;
 
-/// `policy check`: loads every file (or directory) and prints every error.
+/// `policy check`: loads every file (or directory) and prints every error, and every warning
+/// (`file:line:column: warning: …`, on stderr; warnings do not change the exit status).
 pub(crate) fn check(paths: &[PathBuf]) -> Result<ExitCode> {
     match fqdnd_config::load(paths) {
         Ok(config) => {
+            if !config.warnings.is_empty() {
+                let mut err = std::io::stderr().lock();
+                for warning in &config.warnings {
+                    writeln!(err, "{warning}")?;
+                }
+                writeln!(err, "{} warning(s)", config.warnings.len())?;
+            }
             let fqdn_selectors: std::collections::BTreeSet<_> = config
                 .rules
                 .iter()

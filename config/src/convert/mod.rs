@@ -17,6 +17,7 @@ use self::ports::port_rule;
 pub(crate) use self::selector::NAMESPACE_KEY;
 use self::selector::{Scope, selector};
 use crate::cnp::{EgressSpec, PolicyDoc, Rejected, RuleSpec};
+use crate::warnings::FqdnAt;
 use crate::yaml::{Diag, Text, at, sanitize};
 
 /// The two policy kinds.
@@ -43,8 +44,8 @@ pub(crate) struct Policy {
     pub(crate) name: String,
     /// Where `metadata.name` is written.
     pub(crate) name_at: Location,
-    /// One rule per `spec` / `specs[]` entry.
-    pub(crate) rules: Vec<Rule>,
+    /// One rule per `spec` / `specs[]` entry, with its `toFQDNs` entries.
+    pub(crate) rules: Vec<(Rule, Vec<FqdnAt>)>,
 }
 
 /// Converts one policy document; `None` if anything in it is wrong (all of it reported).
@@ -63,8 +64,9 @@ pub(crate) fn policy(
         .chain(doc.value.specs.iter().flatten())
         .collect();
     if specs.is_empty() {
-        diag.invalid(
+        diag.missing(
             at(doc),
+            &["spec", "specs"],
             format!(
                 "a {} needs `spec` (one rule) or `specs` (a list of rules)",
                 kind.name()
@@ -78,10 +80,11 @@ pub(crate) fn policy(
     let scope = Scope {
         namespace: namespace.as_deref(),
     };
-    let rules: Vec<Rule> = specs
+    let rules: Vec<(Rule, Vec<FqdnAt>)> = specs
         .into_iter()
         .filter_map(|spec| {
-            let origin = format!("{}:{} {qualified}", diag.file().display(), at(spec).line());
+            let line = diag.position(at(spec)).0;
+            let origin = format!("{}:{line} {qualified}", diag.file().display());
             rule(spec, origin, scope, diag)
         })
         .collect();
@@ -99,8 +102,9 @@ fn policy_metadata(
     diag: &mut Diag<'_>,
 ) -> (Option<String>, Location, Option<String>) {
     let Some(meta) = &doc.value.metadata else {
-        diag.invalid(
+        diag.missing(
             at(doc),
+            &["metadata"],
             format!("a {} needs `metadata` with a `name`", kind.name()),
         );
         return (None, at(doc), None);
@@ -130,7 +134,7 @@ pub(crate) fn object_name(
 ) -> Option<String> {
     match name {
         None => {
-            diag.invalid(parent, "`metadata.name` is required");
+            diag.missing(parent, &["name"], "`metadata.name` is required");
             None
         }
         Some(n) if n.value.trim().is_empty() || n.value.chars().any(char::is_control) => {
@@ -188,13 +192,13 @@ fn reject<const N: usize>(fields: [(&'static str, &Rejected); N], diag: &mut Dia
     found
 }
 
-/// One rule (`spec` or `specs[]`).
+/// One rule (`spec` or `specs[]`), with its `toFQDNs` entries.
 fn rule(
     spec: &Spanned<RuleSpec>,
     origin: String,
     scope: Scope<'_>,
     diag: &mut Diag<'_>,
-) -> Option<Rule> {
+) -> Option<(Rule, Vec<FqdnAt>)> {
     let before = diag.count();
     let r = &spec.value;
     let had_rejected = reject(r.rejected(), diag);
@@ -205,8 +209,9 @@ fn rule(
             s
         }),
         None => {
-            diag.invalid(
+            diag.missing(
                 at(spec),
+                &["endpointSelector"],
                 "a rule needs an `endpointSelector` (use `{}` to select every endpoint)",
             );
             None
@@ -215,37 +220,44 @@ fn rule(
 
     let egress_specs = r.egress.as_deref().unwrap_or_default();
     if egress_specs.is_empty() && !had_rejected {
-        diag.invalid(
+        diag.missing(
             at(spec),
+            &["egress"],
             "a rule needs a non-empty `egress` list: fqdnd enforces egress only, so this rule \
              would do nothing (Cilium also rejects a rule without rules)",
         );
     }
-    let egress: Vec<EgressRule> = egress_specs
+    let mut egress = Vec::new();
+    let mut fqdns = Vec::new();
+    for (rule, at) in egress_specs
         .iter()
         .filter_map(|e| egress_rule(e, scope, diag))
-        .collect();
+    {
+        egress.push(rule);
+        fqdns.extend(at);
+    }
 
     let default_deny_egress = r
         .enable_default_deny
         .as_ref()
         .and_then(|d| d.egress)
         .unwrap_or(true);
-    (diag.count() == before).then_some(Rule {
+    let rule = Rule {
         origin,
         endpoint_selector: endpoint_selector?,
         egress,
         default_deny_egress,
-    })
+    };
+    (diag.count() == before).then_some((rule, fqdns))
 }
 
-/// One `egress[]` entry. `None` when it is wrong, or when it allows nothing (no peers and no
-/// ports, such as `- {}`: in Cilium that only enables default deny).
+/// One `egress[]` entry, with its `toFQDNs` entries. `None` when it is wrong, or when it allows
+/// nothing (no peers and no ports, such as `- {}`: in Cilium that only enables default deny).
 fn egress_rule(
     spec: &Spanned<EgressSpec>,
     scope: Scope<'_>,
     diag: &mut Diag<'_>,
-) -> Option<EgressRule> {
+) -> Option<(EgressRule, Vec<FqdnAt>)> {
     let before = diag.count();
     let e = &spec.value;
     reject(e.rejected(), diag);
@@ -271,9 +283,20 @@ fn egress_rule(
     }
 
     let mut peers = Vec::new();
+    let mut fqdns = Vec::new();
     for f in e.to_fqdns.iter().flatten() {
-        if let Some(sel) = fqdn(f, "toFQDNs", diag) {
-            peers.push(PeerSelector::Fqdn(sel.key().to_owned()));
+        if let Some(selector) = fqdn(f, "toFQDNs", diag) {
+            peers.push(PeerSelector::Fqdn(selector.key().to_owned()));
+            let written = f
+                .value
+                .match_name
+                .as_ref()
+                .or(f.value.match_pattern.as_ref());
+            fqdns.push(FqdnAt {
+                written: written.map_or_else(String::new, |t| sanitize(t.value.trim())),
+                selector,
+                at: diag.position(at(f)),
+            });
         }
     }
     for c in e.to_cidr.iter().flatten() {
@@ -305,5 +328,5 @@ fn egress_rule(
     if diag.count() != before || (peers.is_empty() && ports.is_empty()) {
         return None;
     }
-    Some(EgressRule { peers, ports })
+    Some((EgressRule { peers, ports }, fqdns))
 }

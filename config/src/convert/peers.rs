@@ -18,7 +18,7 @@ pub(super) fn cidr_rule(spec: &Spanned<CidrRuleSpec>, diag: &mut Diag<'_>) -> Op
         return None;
     }
     let Some(cidr_text) = &c.cidr else {
-        diag.invalid(at(spec), "a `toCIDRSet` entry needs a `cidr`");
+        diag.missing(at(spec), &["cidr"], "a `toCIDRSet` entry needs a `cidr`");
         return None;
     };
     let cidr = parse_cidr(cidr_text, "toCIDRSet.cidr", diag);
@@ -92,8 +92,9 @@ pub(super) fn fqdn(
             return None;
         }
         (None, None) => {
-            diag.invalid(
+            diag.missing(
                 at(spec),
+                &["matchName", "matchPattern"],
                 format!("a `{field}` entry needs `matchName` or `matchPattern`"),
             );
             return None;

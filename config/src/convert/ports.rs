@@ -18,7 +18,13 @@ pub(super) fn port_rule(spec: &Spanned<PortRuleSpec>, diag: &mut Diag<'_>) -> Op
     reject(p.rejected(), diag);
 
     let port_specs = p.ports.as_deref().unwrap_or_default();
-    if port_specs.is_empty() {
+    if p.ports.is_none() {
+        diag.missing(
+            at(spec),
+            &["ports"],
+            "a `toPorts` entry needs a non-empty `ports` list",
+        );
+    } else if port_specs.is_empty() {
         diag.invalid(at(spec), "a `toPorts` entry needs a non-empty `ports` list");
     } else if port_specs.len() > MAX_PORTS {
         diag.invalid(
@@ -74,8 +80,9 @@ fn port(spec: &Spanned<PortProtocolSpec>, diag: &mut Diag<'_>) -> Option<PortPro
     let port = match &p.port {
         Some(v) => port_number(v, "port", diag),
         None => {
-            diag.invalid(
+            diag.missing(
                 at(spec),
+                &["port"],
                 "a `ports` entry needs a `port` (\"0\" means every port)",
             );
             None

@@ -66,12 +66,16 @@ pub(super) fn selector(spec: &Spanned<SelectorSpec>, diag: &mut Diag<'_>) -> Opt
         let key = match &e.key {
             Some(k) => selector_key(k, diag),
             None => {
-                diag.invalid(at(expr), "a `matchExpressions` entry needs a `key`");
+                diag.missing(
+                    at(expr),
+                    &["key"],
+                    "a `matchExpressions` entry needs a `key`",
+                );
                 None
             }
         };
         let Some(op) = &e.operator else {
-            diag.invalid(at(expr), "a `matchExpressions` entry needs an `operator` (In, NotIn, Exists or DoesNotExist)");
+            diag.missing(at(expr), &["operator"], "a `matchExpressions` entry needs an `operator` (In, NotIn, Exists or DoesNotExist)");
             continue;
         };
         let values: Vec<String> = e.values.iter().flatten().map(|v| v.value.clone()).collect();
