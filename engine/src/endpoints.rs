@@ -219,12 +219,13 @@ impl Registry {
         documents.join("\n---\n") + "\n"
     }
 
-    /// Reads back a text written by [`Registry::saved`]: each document on its own, so one
-    /// that no longer loads does not keep the others out.
+    /// Reads back a text written by [`Registry::saved`]: each document on its own (split by
+    /// the configuration's YAML document splitter), so one that no longer loads does not keep
+    /// the others out.
     pub fn parse_saved(text: &str) -> Vec<Result<Added, Error>> {
-        text.split("\n---\n")
-            .filter(|d| !d.trim().is_empty())
-            .map(Added::parse)
+        fqdnd_config::documents(text)
+            .filter(|d| !d.is_blank())
+            .map(|d| Added::parse(d.text))
             .collect()
     }
 
@@ -371,7 +372,8 @@ spec: {id: 100, interface: veth-web, addresses: ["10.0.0.1/32"], labels: {app: w
         r.add(doc(102, "cache", "veth-cache", "10.0.0.3/32"))
             .unwrap();
         let mut text = r.saved();
-        text.push_str("---\nkind: Broken\n");
+        // A document with a `---` inside a block scalar stays whole.
+        text.push_str("---\nkind: Broken\nnote: |\n  ---\n  not a document marker\n");
         let read = Registry::parse_saved(&text);
         assert_eq!(read.len(), 3);
         assert!(read[2].is_err(), "a broken document is reported on its own");
