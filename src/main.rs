@@ -143,6 +143,26 @@ enum Command {
     /// IpCache, in-memory datapath), with TTL expiry and GC on capture time. `--compare` runs
     /// one-identity-per-label-set and one-identity-per-IP side by side. See docs/replay.md.
     Replay(Box<cli::replay::ReplayArgs>),
+    /// Record the running gateway's or node agent's DNS traffic (every query and reply as
+    /// the client saw it, with the endpoint and verdict in each packet's comment) into
+    /// rotating pcapng files, which `fqdnd replay` and tshark read back.
+    #[command(subcommand)]
+    Record(RecordCommand),
+}
+
+#[derive(Subcommand)]
+enum RecordCommand {
+    /// Start recording into a directory.
+    Start {
+        #[command(flatten)]
+        args: cli::record::StartArgs,
+        #[command(flatten)]
+        list: ListArgs,
+    },
+    /// Stop recording; returns once every message taken is written and the files closed.
+    Stop(ListArgs),
+    /// Whether it records, what it wrote, the files.
+    Status(ListArgs),
 }
 
 /// Options of the commands that read the admin API.
@@ -443,6 +463,13 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }),
         Command::Replay(args) => cli::replay::run(*args),
+        Command::Record(RecordCommand::Start { args, list }) => {
+            cli::record::start(&list.target, &args, list.json)
+        }
+        Command::Record(RecordCommand::Stop(list)) => cli::record::stop(&list.target, list.json),
+        Command::Record(RecordCommand::Status(list)) => {
+            cli::record::status(&list.target, list.json)
+        }
     };
     match result {
         Ok(code) => code,

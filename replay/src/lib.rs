@@ -42,6 +42,7 @@ mod histogram;
 pub mod live;
 pub mod plot;
 pub mod preview;
+pub mod record;
 pub mod report;
 pub mod run;
 pub mod synth;

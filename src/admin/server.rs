@@ -17,6 +17,7 @@ use serde::Deserialize;
 use tokio::net::UnixListener;
 
 use super::{Reload, Status, UpstreamRow};
+use crate::daemon::record::{RecordRequest, RecordStatus};
 use crate::daemon::{Running, Shared};
 use crate::node::{DropPage, EndpointRow, NodeMode, NodeRuntime, ServiceRow};
 
@@ -93,6 +94,10 @@ pub(crate) async fn serve(
         .route("/v1/services", get(services).post(set_service))
         .route("/v1/services/{name}", delete(remove_service))
         .route("/v1/drops", get(drops))
+        .route(
+            "/v1/record",
+            get(record_status).post(record_start).delete(record_stop),
+        )
         .with_state(shared);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
@@ -297,4 +302,28 @@ async fn drops(
     Query(q): Query<Since>,
 ) -> Result<Json<DropPage>, ApiError> {
     Ok(Json(node_only(&shared)?.drops.page(q.since, 1000)))
+}
+
+async fn record_status(State(shared): State<Arc<Shared>>) -> Json<RecordStatus> {
+    Json(shared.recorder.status())
+}
+
+async fn record_start(
+    State(shared): State<Arc<Shared>>,
+    Json(request): Json<RecordRequest>,
+) -> Result<Json<RecordStatus>, ApiError> {
+    shared
+        .recorder
+        .start(&request, shared.mode.name())
+        .map(Json)
+        .map_err(|e| (StatusCode::BAD_REQUEST, format!("{e:#}")))
+}
+
+async fn record_stop(State(shared): State<Arc<Shared>>) -> Result<Json<RecordStatus>, ApiError> {
+    // Waits for the writer to drain the queue and close the files: off the async threads.
+    tokio::task::spawn_blocking(move || shared.recorder.stop())
+        .await
+        .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map(Json)
+        .map_err(|e| (StatusCode::BAD_REQUEST, format!("{e:#}")))
 }

@@ -15,6 +15,7 @@
 mod dns;
 mod observer;
 mod querylog;
+pub(crate) mod record;
 mod state;
 mod tasks;
 
@@ -155,6 +156,8 @@ pub(crate) struct Shared {
     pub(crate) proxy: OnceLock<fqdnd_dnsproxy::StatsHandle>,
     pub(crate) listen: OnceLock<Vec<SocketAddr>>,
     pub(crate) persist: Option<Arc<fqdnd_engine::durable::Persist>>,
+    /// `fqdnd record`.
+    pub(crate) recorder: record::SharedRecorder,
 }
 
 impl Shared {
@@ -408,6 +411,7 @@ pub(crate) async fn start(
         proxy: OnceLock::new(),
         listen: OnceLock::new(),
         persist: persist.clone(),
+        recorder: Arc::default(),
     });
     shared.apply(Desired {
         config: config.clone(),
@@ -433,7 +437,10 @@ pub(crate) async fn start(
         proxy_config(&config.settings, &daemon, proxy),
         Arc::clone(&shared.dns) as Arc<dyn fqdnd_dnsproxy::QueryPolicy>,
         observer,
-        query_log,
+        fqdnd_dnsproxy::Taps {
+            query_log,
+            recorder: Some(Arc::clone(&shared.recorder) as Arc<dyn fqdnd_dnsproxy::Recorder>),
+        },
     )
     .await
     .context("starting the DNS proxy")?;
