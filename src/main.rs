@@ -8,6 +8,7 @@
 mod admin;
 mod cli;
 mod clock;
+mod cni;
 mod daemon;
 mod datapath;
 mod gateway;
@@ -348,6 +349,11 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 fn main() -> ExitCode {
+    // Called as `fqdnd-cni` (a link in the runtime's CNI plugin directory): the CNI plugin.
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    if std::path::Path::new(&argv0).file_name() == Some(std::ffi::OsStr::new("fqdnd-cni")) {
+        return cni::main();
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FQDND_LOG")

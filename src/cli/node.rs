@@ -37,11 +37,6 @@ pub(crate) struct AddEndpoint {
     pub(crate) label: Vec<String>,
 }
 
-/// YAML double-quoted scalar.
-fn quoted(text: &str) -> String {
-    serde_json::to_string(text).unwrap_or_default()
-}
-
 impl AddEndpoint {
     /// The `Endpoint` document the flags describe (validated by the daemon).
     fn document(&self) -> Result<String> {
@@ -56,26 +51,20 @@ impl AddEndpoint {
             }
             return Ok(text);
         }
-        let mut doc = format!(
-            "apiVersion: fqdnd.io/v1\nkind: Endpoint\nmetadata:\n  name: {}\nspec:\n  id: {}\n  interface: {}\n  addresses: [{}]\n",
-            quoted(self.name.as_deref().unwrap_or_default()),
-            self.id.unwrap_or_default(),
-            quoted(self.interface.as_deref().unwrap_or_default()),
-            self.address
-                .iter()
-                .map(|a| quoted(&a.to_string()))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-        if !self.label.is_empty() {
-            doc.push_str("  labels:\n");
-            for label in &self.label {
-                let Some((key, value)) = label.split_once('=') else {
-                    bail!("label {label:?} is not KEY=VALUE");
-                };
-                doc.push_str(&format!("    {}: {}\n", quoted(key), quoted(value)));
-            }
+        let mut labels = Vec::new();
+        for label in &self.label {
+            let Some((key, value)) = label.split_once('=') else {
+                bail!("label {label:?} is not KEY=VALUE");
+            };
+            labels.push((key.to_owned(), value.to_owned()));
         }
+        let doc = fqdnd_engine::endpoints::document(
+            self.name.as_deref().unwrap_or_default(),
+            fqdnd_ipcache::EndpointId(self.id.unwrap_or_default()),
+            self.interface.as_deref().unwrap_or_default(),
+            &self.address,
+            &labels,
+        );
         Ok(doc)
     }
 }
