@@ -2,8 +2,8 @@
 //! the running node agent. The `fqdnd` binary runs as the plugin when it is called through a
 //! link named `fqdnd-cni` (in the runtime's CNI plugin directory).
 //!
-//! It runs after the plugin that creates the interface (bridge, ptp): on ADD it reads the host
-//! side interface and the container's addresses from the previous result, labels from its
+//! It runs after the plugin that creates the interface — the routed `ptp` plugin (a bridge's
+//! port is refused: see [`host_interface`]): on ADD it reads the host side interface and the container's addresses from the previous result, labels from its
 //! configuration (`labels`, and the conventions' `args.cni.labels`) and the runtime's
 //! `CNI_ARGS` (`K8S_POD_NAMESPACE`, `K8S_POD_NAME`), and registers the endpoint with the agent
 //! through its admin socket (`adminSocket`, default the node's). If the agent is down, ADD
@@ -225,18 +225,59 @@ fn prev_result(conf: &NetConf) -> Result<(&Value, PrevResult), CniError> {
     Ok((raw, parsed))
 }
 
+/// What `ip -details link` says of a link in the plugin's network namespace (sysfs may show
+/// another namespace's links).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct LinkInfo {
+    /// `veth`, `bridge`, …
+    kind: Option<String>,
+    /// `bridge` when the link is a bridge's port.
+    port_of: Option<String>,
+}
+
+fn link_info(name: &str) -> LinkInfo {
+    let Some(out) = std::process::Command::new("ip")
+        .args(["-j", "-d", "link", "show", "dev", name])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+    else {
+        return LinkInfo::default();
+    };
+    let links: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let info = links.get(0).and_then(|l| l.get("linkinfo"));
+    let text = |key: &str| {
+        info.and_then(|i| i.get(key))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+    LinkInfo {
+        kind: text("info_kind"),
+        port_of: text("info_slave_kind"),
+    }
+}
+
 /// The host-side interface of the previous result: the one outside the container that is not
-/// a bridge.
-fn host_interface(prev: &PrevResult, sysfs: &Path) -> Result<String, CniError> {
-    let candidates: Vec<&str> = prev
+/// a bridge (`kind` tells a link's kind).
+///
+/// A bridge's port is refused: the DNS redirect assigns the proxy's socket at the interface's
+/// ingress, and the Linux bridge does not carry that assignment to the IP layer, so every DNS
+/// query of the container would be dropped. The routed `ptp` plugin works.
+fn host_interface(prev: &PrevResult, info: impl Fn(&str) -> LinkInfo) -> Result<String, CniError> {
+    let candidates: Vec<(&str, LinkInfo)> = prev
         .interfaces
         .iter()
         .filter(|i| i.sandbox.as_deref().is_none_or(str::is_empty))
-        .filter(|i| !sysfs.join(&i.name).join("bridge").exists())
-        .map(|i| i.name.as_str())
+        .map(|i| (i.name.as_str(), info(&i.name)))
+        .filter(|(_, l)| l.kind.as_deref() != Some("bridge"))
         .collect();
     match candidates.as_slice() {
-        [one] => Ok((*one).to_owned()),
+        [(one, l)] if l.port_of.as_deref() == Some("bridge") => Err(error(
+            code::INVALID_CONFIG,
+            format!("{one} is a port of a bridge: fqdnd's DNS redirect needs a routed interface"),
+            "the bridge does not keep the socket the redirect assigns; chain fqdnd-cni after the ptp plugin",
+        )),
+        [(one, _)] => Ok((*one).to_owned()),
         [] => Err(error(
             code::INVALID_CONFIG,
             "the previous result has no host-side interface (one outside the container that is not a bridge)",
@@ -245,7 +286,7 @@ fn host_interface(prev: &PrevResult, sysfs: &Path) -> Result<String, CniError> {
         many => Err(error(
             code::INVALID_CONFIG,
             "the previous result has several host-side interfaces",
-            many.join(", "),
+            many.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", "),
         )),
     }
 }
@@ -313,13 +354,11 @@ fn add(conf: &NetConf, socket: &Path) -> Result<Option<String>, CniError> {
     let container_id = env("CNI_CONTAINERID")?;
     let attachment = CniAttachment {
         container_id,
-        interface: host_interface(&prev, Path::new("/sys/class/net"))?,
+        interface: host_interface(&prev, link_info)?,
         addresses: addresses(&prev)?,
         labels: labels(conf, &std::env::var("CNI_ARGS").unwrap_or_default()),
     };
-    let body = serde_json::to_string(&attachment)
-        .map_err(|e| error(code::IO, "encoding the request", e.to_string()))?;
-    client::post::<EndpointRow>(socket, "/v1/cni", &body).map_err(|e| {
+    client::post_json::<EndpointRow>(socket, "/v1/cni", &attachment).map_err(|e| {
         let text = format!("{e:#}");
         if text.contains("admin API answered") {
             error(
@@ -359,7 +398,7 @@ fn del(socket: &Path) {
 fn check(conf: &NetConf, socket: &Path) -> Result<Option<String>, CniError> {
     let (_, prev) = prev_result(conf)?;
     let container_id = env("CNI_CONTAINERID")?;
-    let interface = host_interface(&prev, Path::new("/sys/class/net"))?;
+    let interface = host_interface(&prev, link_info)?;
     let (_, row): (_, EndpointRow) = client::get(socket, &format!("/v1/cni/{container_id}"))
         .map_err(|e| {
             error(
@@ -402,10 +441,33 @@ mod tests {
 
     #[test]
     fn the_host_veth_and_container_addresses_come_from_a_bridge_result() {
-        let sysfs = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(sysfs.path().join("cni-test0/bridge")).unwrap();
+        let link = |kind: &str, port_of: Option<&str>| LinkInfo {
+            kind: Some(kind.to_owned()),
+            port_of: port_of.map(str::to_owned),
+        };
+        let routed = |name: &str| {
+            link(
+                if name == "cni-test0" {
+                    "bridge"
+                } else {
+                    "veth"
+                },
+                None,
+            )
+        };
         let p = prev(BRIDGE);
-        assert_eq!(host_interface(&p, sysfs.path()).unwrap(), "veth12345");
+        assert_eq!(host_interface(&p, routed).unwrap(), "veth12345");
+        // A bridge's port: refused with the reason.
+        let bridged = |name: &str| {
+            if name == "cni-test0" {
+                link("bridge", None)
+            } else {
+                link("veth", Some("bridge"))
+            }
+        };
+        let refused = host_interface(&p, bridged).unwrap_err();
+        assert_eq!(refused.code, code::INVALID_CONFIG);
+        assert!(refused.msg.contains("port of a bridge"), "{}", refused.msg);
         assert_eq!(
             addresses(&p).unwrap(),
             [
@@ -414,9 +476,10 @@ mod tests {
             ]
         );
         // Without knowing the bridge for one, two interfaces are outside: ambiguous.
-        let empty = tempfile::tempdir().unwrap();
         assert_eq!(
-            host_interface(&p, empty.path()).unwrap_err().code,
+            host_interface(&p, |_| LinkInfo::default())
+                .unwrap_err()
+                .code,
             code::INVALID_CONFIG
         );
     }

@@ -81,8 +81,8 @@ pub(crate) fn start(target: &Target, args: &StartArgs, json: bool) -> Result<Exi
         max_file_bytes: args.max_file_size,
         max_files: args.max_files,
     };
-    let body = serde_json::to_string(&request)?;
-    let (text, status): (_, RecordStatus) = client::post(&target.socket()?, "/v1/record", &body)?;
+    let (text, status): (_, RecordStatus) =
+        client::post_json(&target.socket()?, "/v1/record", &request)?;
     print(&status, json, &text)
 }
 
