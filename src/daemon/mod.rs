@@ -360,10 +360,12 @@ pub(crate) async fn start(
         services,
         admin_socket,
     } = prepared;
-    // The recorder first: the gauges are set as soon as the restore ends.
-    if let Some(addr) = daemon.metrics {
-        crate::metrics::install(addr)?;
-    }
+    // The recorder first: the gauges are set as soon as the restore ends; the endpoint serves
+    // from then on.
+    let exporter = match daemon.metrics {
+        Some(addr) => Some(crate::metrics::install(addr)?),
+        None => None,
+    };
     let (restored, persist) = if options.demo {
         (fqdnd_engine::durable::Restored::default(), None)
     } else {
@@ -393,6 +395,9 @@ pub(crate) async fn start(
     // Gauges right after the restore, not a tick later.
     if let Ok(engine) = engine.lock() {
         crate::metrics::record_engine(&engine);
+    }
+    if let Some(exporter) = exporter {
+        crate::metrics::serve(exporter);
     }
     let shared = Arc::new(Shared {
         engine: Arc::clone(&engine),
