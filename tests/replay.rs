@@ -6,26 +6,9 @@
     reason = "test code: a failed step should panic"
 )]
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn fqdnd(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fqdnd"))
-        .args(args)
-        .output()
-        .expect("fqdnd runs")
-}
-
-fn path(rel: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join(rel)
-        .display()
-        .to_string()
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use common::{TestDir, fqdnd, repo_path as path, text};
 
 const POLICY: &str = "replay/tests/policies/fixtures.yaml";
 
@@ -70,8 +53,7 @@ fn json_report_parses_and_compare_holds_both_modes() {
 
 #[test]
 fn summary_plot_and_time_series() {
-    let dir = std::env::temp_dir().join(format!("fqdnd-cli-replay-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TestDir::new("cli-replay");
     let svg = dir.join("ids.svg");
     let csv = dir.join("ts.csv");
     let out = fqdnd(&[
@@ -105,7 +87,6 @@ fn summary_plot_and_time_series() {
             .unwrap()
             .starts_with("second,mode,")
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
