@@ -62,6 +62,25 @@ pub(crate) fn poll<T, E: Display>(
     }
 }
 
+/// [`poll`] at a fixed pace: every `every`, for when the first success itself is judged.
+pub(crate) fn poll_every<T, E: Display>(
+    every: Duration,
+    within: Duration,
+    what: &str,
+    mut attempt: impl FnMut() -> Result<T, E>,
+) -> T {
+    let start = Instant::now();
+    loop {
+        match attempt() {
+            Ok(value) => return value,
+            Err(last) if start.elapsed() >= within => {
+                panic!("waited {within:?} for {what}, in vain; last seen: {last}")
+            }
+            Err(_) => std::thread::sleep(every),
+        }
+    }
+}
+
 /// [`poll`] for an attempt that has nothing to say when it fails.
 pub(crate) fn poll_until<T>(
     within: Duration,
@@ -606,4 +625,71 @@ pub(crate) fn addrs(msg: &Message) -> Vec<IpAddr> {
             _ => None,
         })
         .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// File modes.
+
+/// Sets this test process's umask to 022 (inherited by the daemons it starts), the usual
+/// default: a file or directory created without an explicit mode then gets group and other
+/// read bits, so a test of "created private" can fail whatever umask the runner had.
+pub(crate) fn usual_umask() {
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
+}
+
+/// `dir` and every directory and file under it, sorted.
+pub(crate) fn tree(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(path) = todo.pop() {
+        if std::fs::symlink_metadata(&path).unwrap().is_dir() {
+            for entry in std::fs::read_dir(&path).unwrap() {
+                todo.push(entry.unwrap().path());
+            }
+        }
+        out.push(path);
+    }
+    out.sort();
+    out
+}
+
+/// The paths of [`tree`] whose mode gives their group or others any access, with the mode.
+pub(crate) fn not_private(dir: &Path) -> Vec<(PathBuf, u32)> {
+    use std::os::unix::fs::PermissionsExt;
+    tree(dir)
+        .into_iter()
+        .filter_map(|path| {
+            let mode = std::fs::symlink_metadata(&path)
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o7777;
+            (mode & 0o077 != 0).then_some((path, mode))
+        })
+        .collect()
+}
+
+/// Asserts that `dir` holds `expected` (relative paths; a name ending in `*` is a prefix) and
+/// that nothing in it (itself included) gives its group or others any access.
+pub(crate) fn assert_private(dir: &Path, expected: &[&str]) {
+    let names: Vec<String> = tree(dir)
+        .iter()
+        .map(|p| p.strip_prefix(dir).unwrap().display().to_string())
+        .collect();
+    for want in expected {
+        let found = match want.strip_suffix('*') {
+            Some(prefix) => names.iter().any(|n| n.starts_with(prefix)),
+            None => names.iter().any(|n| n == want),
+        };
+        assert!(found, "no {want} in {}: {names:?}", dir.display());
+    }
+    let loose = not_private(dir);
+    assert!(
+        loose.is_empty(),
+        "group or others have access (mode in octal): {:?}",
+        loose
+            .iter()
+            .map(|(p, m)| format!("{} {m:o}", p.display()))
+            .collect::<Vec<_>>()
+    );
 }
