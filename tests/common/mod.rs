@@ -416,17 +416,7 @@ impl Gateway {
     /// Waits until the admin socket answers `fqdnd status` (panics at once if the process
     /// exits), and takes the DNS address from it.
     pub(crate) fn wait_ready(&mut self) -> serde_json::Value {
-        let socket = self.socket.clone();
-        let what = format!(
-            "the gateway to answer `fqdnd status` on {}",
-            socket.display()
-        );
-        let status = poll(2 * PATIENCE, &what, || {
-            if let Some(code) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("the gateway exited ({code}) before it answered");
-            }
-            try_admin(&socket, &["status"])
-        });
+        let status = wait_serving(self.child.as_mut().unwrap(), &self.socket, "the gateway");
         self.dns = status["listen"][0]
             .as_str()
             .unwrap_or_else(|| panic!("no listen address in {status}"))
@@ -483,6 +473,18 @@ impl Drop for Gateway {
             }
         }
     }
+}
+
+/// Waits until the daemon `child` (`what`, for messages) answers `fqdnd status` on `socket`;
+/// panics at once if it exits. Returns the status.
+pub(crate) fn wait_serving(child: &mut Child, socket: &Path, what: &str) -> serde_json::Value {
+    let waited = format!("{what} to answer `fqdnd status` on {}", socket.display());
+    poll(2 * PATIENCE, &waited, || {
+        if let Some(code) = child.try_wait().unwrap() {
+            panic!("{what} exited ({code}) before it answered");
+        }
+        try_admin(socket, &["status"])
+    })
 }
 
 /// `fqdnd ARGS --json --admin-socket SOCKET`, decoded; panics if it fails.

@@ -249,8 +249,7 @@ fn a_restarted_node_keeps_every_translation_and_established_flow() {
             "flow to {backend} broke while the node was down"
         );
     }
-    let config = t.dir.join("node.yaml");
-    t.start_node(&config);
+    t.start_node(&t.config_dir());
     for (stream, backend) in &mut flows {
         assert!(
             echo(stream, b"restarted"),

@@ -12,6 +12,8 @@
     reason = "test code: real clocks and sleeps, a failed step should panic"
 )]
 
+#[path = "../common/mod.rs"]
+mod common;
 mod dns;
 mod lb;
 pub(crate) mod topology;
@@ -22,6 +24,7 @@ use std::time::Duration;
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
 
+use common::{PATIENCE, metric, poll, poll_until, scrape};
 use topology::{Topology, echo, privileged, tcp_open, tcp_reaches, udp_reaches};
 
 /// Long enough for a dropped SYN to show as a failure, short enough to keep tests quick.
@@ -136,8 +139,9 @@ fn setup_with(test: &str, config: impl FnOnce(&Topology) -> String) -> Option<To
     }
     let mut t = Topology::new(test);
     t.start_dns(&zone(&t, ZONE));
-    let config = t.write_node_config(&config(&t));
-    t.start_node(&config);
+    // The directory: a reload reads every file in it.
+    t.write_node_config(&config(&t));
+    t.start_node(&t.config_dir());
     // After start-up the node holds no capability in any thread; the endpoint below is added
     // (programs attached to its interface) without any.
     t.expect_caps(NODE_CAPS);
@@ -321,17 +325,28 @@ fn expired_ips_close_to_new_connections_while_established_ones_live_on() {
                 .unwrap_or_else(|| panic!("allowed connection to {kept} failed\n{}", t.logs()))
         })
         .collect();
-    // TTL 2 s, GC every 1 s, conntrack idle 2 s: keep the connections busy for 6 s.
-    for _ in 0..12 {
-        std::thread::sleep(Duration::from_millis(500));
-        for stream in &mut streams {
-            assert!(
-                echo(stream, b"still there"),
-                "established connection broke\n{}",
-                t.logs()
-            );
-        }
-    }
+    // TTL 2 s, GC every 1 s, conntrack idle 2 s: the connections stay busy (an echo each
+    // round) until the unused IPs have expired and been collected, out of the kernel ipcache.
+    let pin = t.pin_dir.to_str().unwrap().to_owned();
+    let unused_ips = [t.v4(10, 3), t.v6(10, 3)];
+    poll_until(
+        PATIENCE,
+        "the unused IPs to leave the kernel ipcache",
+        || {
+            for stream in &mut streams {
+                assert!(
+                    echo(stream, b"still there"),
+                    "established connection broke\n{}",
+                    t.logs()
+                );
+            }
+            let ipcache = t.cli(&["bpf", "ipcache", "list", "--pin-dir", &pin]);
+            (!unused_ips
+                .iter()
+                .any(|ip| ipcache.contains(&format!("{ip}/"))))
+            .then_some(())
+        },
+    );
     // The unused IPs expired and were collected: new connections to them are dropped.
     for unused in [sa(t.v4(10, 3), 8080), sa(t.v6(10, 3), 8080)] {
         assert!(
@@ -763,22 +778,33 @@ fn a_full_ipcache_fails_new_answers_closed_and_keeps_serving_known_names() {
     let reply = dns::udp(&t.ep_a, resolver, "api.example.test.", RecordType::A).unwrap();
     assert_eq!(reply.rcode, ResponseCode::NoError);
     assert!(tcp_reaches(&t.ep_a, api, REACHES));
-    // Metrics: the refusals, and the occupancy against the size.
-    std::thread::sleep(Duration::from_millis(1500));
-    let text = topology::in_netns(&t.host, move || {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", metrics_port)).unwrap();
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .unwrap();
-        let mut text = String::new();
-        s.read_to_string(&mut text).unwrap();
-        text
+    // Metrics: the refusals, and the occupancy against the size (sampled once a second: the
+    // page is read until a sample shows them, then judged).
+    let metrics = SocketAddr::from(([127, 0, 0, 1], metrics_port));
+    let text = poll(PATIENCE, "the datapath gauges on the metrics page", || {
+        let page =
+            topology::in_netns(&t.host, move || scrape(metrics)).map_err(|e| e.to_string())?;
+        let has = |series: &str, wanted: fn(f64) -> bool| metric(&page, series).is_some_and(wanted);
+        if has("fqdnd_datapath_map_full_total{map=\"ipcache\"}", |v| {
+            v >= 2.0
+        }) && has("fqdnd_datapath_map_entries{map=\"ipcache4\"}", |v| v == 3.0)
+            && has("fqdnd_datapath_map_capacity{map=\"ipcache4\"}", |v| {
+                v == 3.0
+            })
+            && has("fqdnd_datapath_map_entries{map=\"conntrack\"}", |v| {
+                v >= 0.0
+            })
+            && has("fqdnd_datapath_map_capacity{map=\"conntrack\"}", |v| {
+                v > 0.0
+            })
+        {
+            Ok(page)
+        } else {
+            Err(page)
+        }
     });
     let value = |series: &str| -> f64 {
-        text.lines()
-            .find(|l| l.starts_with(series))
-            .and_then(|l| l.split_whitespace().last()?.parse().ok())
-            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+        metric(&text, series).unwrap_or_else(|| panic!("no {series} in\n{text}"))
     };
     assert!(value("fqdnd_datapath_map_full_total{map=\"ipcache\"}") >= 2.0);
     assert_eq!(value("fqdnd_datapath_map_entries{map=\"ipcache4\"}"), 3.0);
