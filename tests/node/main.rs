@@ -16,6 +16,7 @@
 mod common;
 mod dns;
 mod lb;
+mod regressions;
 pub(crate) mod topology;
 
 use std::net::SocketAddr;
