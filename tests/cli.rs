@@ -3,7 +3,7 @@
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
-    reason = "test code: a failed step should panic"
+    reason = "a failed step should panic"
 )]
 
 mod common;

@@ -6,14 +6,15 @@
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
-    clippy::disallowed_types,
-    clippy::disallowed_methods,
-    reason = "test code: real processes and clocks; a failed step should panic"
+    reason = "a failed step should panic"
 )]
 
 mod common;
 
-use common::{Gateway, question, udp};
+use common::{
+    DNS_ANYWHERE, Gateway, LAN_GROUP, documents, fqdns_on_443, gateway_doc, lan_policy,
+    numbered_zone, privileged, question, udp,
+};
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
 
@@ -23,52 +24,24 @@ fn ask(gw: &Gateway, name: &str) -> Option<ResponseCode> {
 
 #[test]
 fn a_full_state_disk_fails_new_learning_closed_and_keeps_known_names() {
-    if !nix::unistd::geteuid().is_root() {
-        assert!(
-            std::env::var("FQDND_REQUIRE_PRIVILEGED").as_deref() != Ok("1"),
-            "needs root to mount a small tmpfs, and FQDND_REQUIRE_PRIVILEGED=1"
-        );
-        eprintln!("disk_full: needs root (skipped)");
+    if !privileged("disk_full", "to mount a small tmpfs") {
         return;
     }
     let mut g = Gateway::setup("diskfull");
     g.mount_tmpfs("state", "64k");
-    let mut zone = String::from(
-        "$TTL 3600\n@ IN SOA ns.corp.test. admin.corp.test. 1 3600 600 86400 60\n@ IN NS ns.corp.test.\n",
-    );
-    for i in 0..5000u32 {
-        zone += &format!("h{i:04} IN A 100.64.{}.{}\n", i / 250, i % 250 + 1);
-    }
-    g.file("corp.zone", zone);
+    g.file("corp.zone", numbered_zone(5000));
     let metrics = g.metrics_port();
+    let spec = format!(
+        "  staticZones: [{{origin: corp.test, file: corp.zone}}]\n  stateDir: state\n  onHoldTimeout: servfail\n  metrics: 127.0.0.1:{metrics}\n"
+    );
+    let fqdns = fqdns_on_443(&["matchPattern: \"*.corp.test\""]);
     g.config(
         "gateway.yaml",
-        &format!(
-            "apiVersion: fqdnd.io/v1
-kind: Gateway
-spec:
-  listen: [\"127.0.0.1:0\"]
-  staticZones: [{{origin: corp.test, file: corp.zone}}]
-  stateDir: state
-  onHoldTimeout: servfail
-  metrics: 127.0.0.1:{metrics}
----
-apiVersion: fqdnd.io/v1
-kind: ClientGroup
-metadata: {{name: lan}}
-spec: {{id: 7, addresses: [\"127.0.0.0/8\"], labels: {{site: lan}}}}
----
-apiVersion: cilium.io/v2
-kind: CiliumClusterwideNetworkPolicy
-metadata: {{name: lan}}
-spec:
-  endpointSelector: {{matchLabels: {{site: lan}}}}
-  egress:
-  - toPorts: [{{ports: [{{port: \"53\", protocol: ANY}}]}}]
-  - toFQDNs: [{{matchPattern: \"*.corp.test\"}}]
-    toPorts: [{{ports: [{{port: \"443\", protocol: TCP}}]}}]
-"
-        ),
+        &documents(&[
+            &gateway_doc("127.0.0.1:0", &spec),
+            LAN_GROUP,
+            &lan_policy(&(DNS_ANYWHERE.to_owned() + &fqdns)),
+        ]),
     );
     let gw = g.start();
 

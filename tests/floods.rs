@@ -12,9 +12,12 @@
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
+    reason = "a failed step should panic"
+)]
+#![allow(
     clippy::disallowed_types,
     clippy::disallowed_methods,
-    reason = "test code: real processes, clocks and sleeps; a failed step should panic"
+    reason = "paced load"
 )]
 
 mod common;
@@ -26,7 +29,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Gateway, question, rcode, tcp, udp_from};
+use common::{
+    DNS_ANYWHERE, Gateway, LAN_GROUP, documents, fqdns_on_443, gateway_doc, lan_policy, question,
+    rcode, settings_doc, tcp, udp_from,
+};
 use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
 use hickory_proto::rr::rdata::A;
 use hickory_proto::rr::{RData, Record, RecordType};
@@ -153,47 +159,24 @@ fn start(test: &str, extra: &str, settings: &str) -> (Gateway, Upstream) {
     let upstream = start_upstream();
     let mut g = Gateway::setup(&format!("floods-{test}"));
     let metrics = g.metrics_port();
-    let selectors: String = (1..=12)
-        .map(|n| format!("    - matchName: a{n}.multi.test\n"))
+    let mut selectors: Vec<String> = ["*.flood.test", "*.big.test", "*.corp.test", "*.multi.test"]
+        .iter()
+        .map(|p| format!("matchPattern: \"{p}\""))
         .collect();
+    selectors.extend((1..=12).map(|n| format!("matchName: a{n}.multi.test")));
+    let selectors: Vec<&str> = selectors.iter().map(String::as_str).collect();
+    let spec = format!(
+        "  upstreams: [\"{}\"]\n  metrics: 127.0.0.1:{metrics}\n  onHoldTimeout: servfail\n{extra}\n",
+        upstream.addr
+    );
     g.config(
         "gateway.yaml",
-        &format!(
-            "apiVersion: fqdnd.io/v1
-kind: Gateway
-spec:
-  listen: [\"127.0.0.1:0\"]
-  upstreams: [\"{upstream}\"]
-  metrics: 127.0.0.1:{metrics}
-  onHoldTimeout: servfail
-{extra}
----
-apiVersion: fqdnd.io/v1
-kind: Settings
-spec:
-{settings}
----
-apiVersion: fqdnd.io/v1
-kind: ClientGroup
-metadata: {{name: lan}}
-spec: {{id: 7, addresses: [\"127.0.0.0/8\"], labels: {{site: lan}}}}
----
-apiVersion: cilium.io/v2
-kind: CiliumClusterwideNetworkPolicy
-metadata: {{name: lan}}
-spec:
-  endpointSelector: {{matchLabels: {{site: lan}}}}
-  egress:
-  - toPorts: [{{ports: [{{port: \"53\", protocol: ANY}}]}}]
-  - toFQDNs:
-    - matchPattern: \"*.flood.test\"
-    - matchPattern: \"*.big.test\"
-    - matchPattern: \"*.corp.test\"
-    - matchPattern: \"*.multi.test\"
-{selectors}    toPorts: [{{ports: [{{port: \"443\", protocol: TCP}}]}}]
-",
-            upstream = upstream.addr
-        ),
+        &documents(&[
+            &gateway_doc("127.0.0.1:0", &spec),
+            &settings_doc(&format!("{settings}\n")),
+            LAN_GROUP,
+            &lan_policy(&(DNS_ANYWHERE.to_owned() + &fqdns_on_443(&selectors))),
+        ]),
     );
     (g.start(), upstream)
 }

@@ -4,12 +4,7 @@
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
-    reason = "test code: a failed step should panic"
-)]
-#![allow(
-    clippy::disallowed_types,
-    clippy::disallowed_methods,
-    reason = "the test waits for a real process"
+    reason = "a failed step should panic"
 )]
 
 mod common;
@@ -18,7 +13,8 @@ use std::net::SocketAddr;
 use std::process::Output;
 
 use common::{
-    Gateway, PATIENCE, Setup, TestDir, fqdnd, fqdnd_command, poll, poll_until, question, run, text,
+    Gateway, LAN_GROUP, PATIENCE, Setup, TestDir, documents, fqdnd, fqdnd_command, fqdns_on_443,
+    gateway_doc, lan_policy, poll, poll_until, question, run, text,
 };
 use hickory_proto::op::{Edns, Message, ResponseCode};
 use hickory_proto::rr::RecordType;
@@ -35,43 +31,28 @@ secret IN A 203.0.113.9
 ";
 
 fn policy(allowed: &str) -> String {
-    format!(
-        "apiVersion: cilium.io/v2
-kind: CiliumClusterwideNetworkPolicy
-metadata: {{name: lan}}
-spec:
-  endpointSelector: {{matchLabels: {{site: lan}}}}
-  egress:
-  - toPorts:
+    lan_policy(&format!(
+        "  - toPorts:
     - ports: [{{port: \"53\", protocol: ANY}}]
       rules:
         dns: [{allowed}]
-  - toFQDNs: [{{matchPattern: \"*.corp.test\"}}]
-    toPorts: [{{ports: [{{port: \"443\", protocol: TCP}}]}}]
-"
-    )
+{}",
+        fqdns_on_443(&["matchPattern: \"*.corp.test\""])
+    ))
 }
 
 /// The Gateway document (with the client group), its admin socket `socket` (relative to the
 /// file).
 fn gateway_yaml(metrics: u16, socket: &str) -> String {
-    format!(
-        "apiVersion: fqdnd.io/v1
-kind: Gateway
-spec:
-  listen: [\"127.0.0.1:0\"]
-  staticZones: [{{origin: corp.test, file: corp.zone}}]
+    let spec = format!(
+        "  staticZones: [{{origin: corp.test, file: corp.zone}}]
   metrics: 127.0.0.1:{metrics}
   queryLog: queries.jsonl
   adminSocket: {socket}
   lists: {{denyNames: [\"secret.corp.test\"]}}
----
-apiVersion: fqdnd.io/v1
-kind: ClientGroup
-metadata: {{name: lan}}
-spec: {{id: 7, addresses: [\"127.0.0.0/8\"], labels: {{site: lan}}}}
 "
-    )
+    );
+    documents(&[&gateway_doc("127.0.0.1:0", &spec), LAN_GROUP])
 }
 
 /// `gateway.yaml` (naming `admin.sock`, so the gateway is started without `--admin-socket`)

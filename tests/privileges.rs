@@ -6,9 +6,7 @@
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
-    clippy::disallowed_types,
-    clippy::disallowed_methods,
-    reason = "test code: real processes, clocks and sleeps; a failed step should panic"
+    reason = "a failed step should panic"
 )]
 
 mod common;
@@ -16,7 +14,10 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use common::{Gateway, PATIENCE, Setup, assert_private, poll_until, rcode, text, usual_umask};
+use common::{
+    DNS_ANYWHERE, Gateway, LAN_GROUP, PATIENCE, Setup, assert_private, documents, gateway_doc,
+    lan_policy, poll_until, privileged, rcode, settings_doc, text, usual_umask,
+};
 use hickory_proto::op::ResponseCode;
 
 fn chmod(path: &Path, mode: u32) {
@@ -29,37 +30,23 @@ fn chmod(path: &Path, mode: u32) {
 fn setup(test: &str, spec: &str, docs: &str) -> Setup {
     let mut g = Gateway::setup(&format!("privs-{test}"));
     chmod(g.dir(), 0o755);
-    g.config(
-        "gateway.yaml",
-        &format!(
-            "apiVersion: fqdnd.io/v1
-kind: Gateway
-spec:
-  listen: [\"127.0.0.1:0\"]
-  staticZones: [{{origin: corp.test, records: \"$TTL 300\\n@ IN SOA ns.corp.test. a.corp.test. 1 3600 600 86400 60\\nwww IN A 192.0.2.10\\n\"}}]
+    let spec = format!(
+        "  staticZones: [{{origin: corp.test, records: \"$TTL 300\\n@ IN SOA ns.corp.test. a.corp.test. 1 3600 600 86400 60\\nwww IN A 192.0.2.10\\n\"}}]
   adminSocket: admin.sock
   queryLog: queries.jsonl
   stateDir: state
   lists: {{deny: [deny.txt]}}
-{spec}---
-apiVersion: fqdnd.io/v1
-kind: ClientGroup
-metadata: {{name: lan}}
-spec: {{id: 7, addresses: [\"127.0.0.0/8\"], labels: {{site: lan}}}}
-{docs}"
-        ),
+{spec}"
+    );
+    g.config(
+        "gateway.yaml",
+        &(documents(&[&gateway_doc("127.0.0.1:0", &spec), LAN_GROUP]) + docs),
     );
     g.config(
         "policy.yaml",
-        "apiVersion: cilium.io/v2
-kind: CiliumClusterwideNetworkPolicy
-metadata: {name: lan}
-spec:
-  endpointSelector: {matchLabels: {site: lan}}
-  egress:
-  - toPorts: [{ports: [{port: \"53\", protocol: ANY}]}]
-  - toFQDNs: [{matchPattern: \"*.corp.test\"}]
-",
+        &lan_policy(&format!(
+            "{DNS_ANYWHERE}  - toFQDNs: [{{matchPattern: \"*.corp.test\"}}]\n"
+        )),
     );
     g.file("deny.txt", "ads.corp.test\n");
     g.socket_from_config();
@@ -135,12 +122,7 @@ fn caps_of(status: &str, key: &str) -> u64 {
 
 #[test]
 fn a_running_gateway_holds_no_capability_in_any_thread() {
-    if !nix::unistd::geteuid().is_root() {
-        assert!(
-            std::env::var("FQDND_REQUIRE_PRIVILEGED").as_deref() != Ok("1"),
-            "needs root to start with capabilities, and FQDND_REQUIRE_PRIVILEGED=1"
-        );
-        eprintln!("privileges: needs root (skipped)");
+    if !privileged("privileges", "to start with capabilities") {
         return;
     }
     let gw = start("caps", (0o644, 0o644, 0o644));
@@ -187,7 +169,7 @@ fn the_state_directory_and_its_files_are_private_and_not_warned_about() {
     let g = setup(
         "state",
         "  stateCompactAfter: 1\n",
-        "---\napiVersion: fqdnd.io/v1\nkind: Settings\nspec: {gcInterval: 1s}\n",
+        &format!("---\n{}", settings_doc("  gcInterval: 1s\n")),
     );
     let state = g.dir().join("state");
     let mut gw = g.start();

@@ -7,9 +7,11 @@
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
-    clippy::disallowed_types,
+    reason = "a failed step should panic"
+)]
+#![allow(
     clippy::disallowed_methods,
-    reason = "test code: real processes, clocks and sleeps; a failed step should panic"
+    reason = "kills at random moments (sleeps)"
 )]
 
 mod common;
@@ -22,8 +24,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{
-    Gateway, PATIENCE, Setup, fqdnd_command, free_port, metric, poll_every, poll_until, question,
-    rcode, run, scrape, text,
+    DNS_ANYWHERE, Gateway, LAN_GROUP, PATIENCE, Setup, documents, fqdnd_command, fqdns_on_443,
+    free_port, gateway_doc, lan_policy, metric, numbered_zone, poll_every, poll_until, question,
+    rcode, run, scrape, settings_doc, text,
 };
 use hickory_proto::op::{Message, ResponseCode};
 use hickory_proto::rr::{RData, RecordType};
@@ -42,10 +45,6 @@ impl Rng {
     }
 }
 
-fn addr_of(i: u32) -> IpAddr {
-    IpAddr::from([100, 64, (i / 250) as u8, (i % 250 + 1) as u8])
-}
-
 /// A gateway with a state directory on `127.0.0.1:port`, serving `h0000…h2999.corp.test`;
 /// with a metrics port if `metrics`.
 fn setup(test: &str, port: u16, metrics: bool) -> Setup {
@@ -55,52 +54,26 @@ fn setup(test: &str, port: u16, metrics: bool) -> Setup {
     } else {
         String::new()
     };
-    let mut zone = String::from(
-        "$TTL 3600\n@ IN SOA ns.corp.test. admin.corp.test. 1 3600 600 86400 60\n@ IN NS ns.corp.test.\n",
-    );
-    for i in 0..NAMES {
-        zone += &format!("h{i:04} IN A {}\n", addr_of(i));
-    }
-    g.file("corp.zone", zone);
+    g.file("corp.zone", numbered_zone(NAMES));
     // Overlapping selectors: several label sets ({*.corp.test}, {*.corp.test, h1*},
     // {*.corp.test, h2*}, {*.corp.test, h2*, h22*}), so identity numbers can be told apart.
+    let spec = format!(
+        "  staticZones: [{{origin: corp.test, file: corp.zone}}]\n  stateDir: state\n  stateCompactAfter: 700\n  onHoldTimeout: servfail\n{metrics}"
+    );
+    let fqdns = fqdns_on_443(&[
+        "matchPattern: \"*.corp.test\"",
+        "matchPattern: \"h1*.corp.test\"",
+        "matchPattern: \"h2*.corp.test\"",
+        "matchPattern: \"h22*.corp.test\"",
+    ]);
     g.config(
         "gateway.yaml",
-        &format!(
-            "apiVersion: fqdnd.io/v1
-kind: Gateway
-spec:
-  listen: [\"127.0.0.1:{port}\"]
-  staticZones: [{{origin: corp.test, file: corp.zone}}]
-  stateDir: state
-  stateCompactAfter: 700
-  onHoldTimeout: servfail
-{metrics}---
-apiVersion: fqdnd.io/v1
-kind: Settings
-spec:
-  gcInterval: 1s
----
-apiVersion: fqdnd.io/v1
-kind: ClientGroup
-metadata: {{name: lan}}
-spec: {{id: 7, addresses: [\"127.0.0.0/8\"], labels: {{site: lan}}}}
----
-apiVersion: cilium.io/v2
-kind: CiliumClusterwideNetworkPolicy
-metadata: {{name: lan}}
-spec:
-  endpointSelector: {{matchLabels: {{site: lan}}}}
-  egress:
-  - toPorts: [{{ports: [{{port: \"53\", protocol: ANY}}]}}]
-  - toFQDNs:
-    - matchPattern: \"*.corp.test\"
-    - matchPattern: \"h1*.corp.test\"
-    - matchPattern: \"h2*.corp.test\"
-    - matchPattern: \"h22*.corp.test\"
-    toPorts: [{{ports: [{{port: \"443\", protocol: TCP}}]}}]
-"
-        ),
+        &documents(&[
+            &gateway_doc(&format!("127.0.0.1:{port}"), &spec),
+            &settings_doc("  gcInterval: 1s\n"),
+            LAN_GROUP,
+            &lan_policy(&(DNS_ANYWHERE.to_owned() + &fqdns)),
+        ]),
     );
     g.env("FQDND_LOG", "info");
     g

@@ -147,6 +147,88 @@ pub(crate) fn repo_path(rel: &str) -> String {
         .to_string()
 }
 
+/// Whether this process may run a test that needs root (`test` names it); without root the
+/// test is skipped with a message, unless `FQDND_REQUIRE_PRIVILEGED=1` (CI), where it fails.
+/// `why` says what root is needed for.
+pub(crate) fn privileged(test: &str, why: &str) -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    let msg = format!("{test}: needs root {why} (skipped)");
+    assert!(
+        std::env::var("FQDND_REQUIRE_PRIVILEGED").as_deref() != Ok("1"),
+        "{msg}, and FQDND_REQUIRE_PRIVILEGED=1"
+    );
+    eprintln!("{msg}");
+    false
+}
+
+// ---------------------------------------------------------------------------------------------
+// Configuration documents.
+
+/// YAML documents joined with `---`.
+pub(crate) fn documents(docs: &[&str]) -> String {
+    docs.join("---\n")
+}
+
+/// A `kind: Gateway` document listening on `listen` (`127.0.0.1:0`: a port the kernel picks,
+/// read back from `fqdnd status`); `spec` holds more spec lines, indented two spaces.
+pub(crate) fn gateway_doc(listen: &str, spec: &str) -> String {
+    format!("apiVersion: fqdnd.io/v1\nkind: Gateway\nspec:\n  listen: [\"{listen}\"]\n{spec}")
+}
+
+/// The address of `h<i>.corp.test` in [`numbered_zone`]: 100.64.x.y.
+pub(crate) fn numbered_addr(i: u32) -> IpAddr {
+    IpAddr::from([100, 64, (i / 250) as u8, (i % 250 + 1) as u8])
+}
+
+/// A zone file for `corp.test` with `names` names `h0000`, `h0001`… (TTL 1 h), each with
+/// its [`numbered_addr`].
+pub(crate) fn numbered_zone(names: u32) -> String {
+    let mut zone = String::from(
+        "$TTL 3600\n@ IN SOA ns.corp.test. admin.corp.test. 1 3600 600 86400 60\n@ IN NS ns.corp.test.\n",
+    );
+    for i in 0..names {
+        zone += &format!("h{i:04} IN A {}\n", numbered_addr(i));
+    }
+    zone
+}
+
+/// A `kind: Settings` document; `spec` holds its spec lines, indented two spaces.
+pub(crate) fn settings_doc(spec: &str) -> String {
+    format!("apiVersion: fqdnd.io/v1\nkind: Settings\nspec:\n{spec}")
+}
+
+/// The gateway tests' clients: every loopback address, client group 7, `site: lan`.
+pub(crate) const LAN_GROUP: &str = "apiVersion: fqdnd.io/v1
+kind: ClientGroup
+metadata: {name: lan}
+spec: {id: 7, addresses: [\"127.0.0.0/8\"], labels: {site: lan}}
+";
+
+/// A Cilium policy `kind` (`CiliumNetworkPolicy`, `CiliumClusterwideNetworkPolicy`) named
+/// `name` for the endpoints labelled `label` (`key: value`), with `egress` rules (lines
+/// starting `  - `).
+pub(crate) fn policy_doc(kind: &str, name: &str, label: &str, egress: &str) -> String {
+    format!(
+        "apiVersion: cilium.io/v2\nkind: {kind}\nmetadata: {{name: {name}}}\nspec:\n  endpointSelector: {{matchLabels: {{{label}}}}}\n  egress:\n{egress}"
+    )
+}
+
+/// The clusterwide policy of the [`LAN_GROUP`], with `egress` rules.
+pub(crate) fn lan_policy(egress: &str) -> String {
+    policy_doc("CiliumClusterwideNetworkPolicy", "lan", "site: lan", egress)
+}
+
+/// An egress rule: DNS to anywhere on port 53, any name.
+pub(crate) const DNS_ANYWHERE: &str = "  - toPorts: [{ports: [{port: \"53\", protocol: ANY}]}]\n";
+
+/// An egress rule: `selectors` (`matchPattern: …` or `matchName: …`) on TCP 443.
+pub(crate) fn fqdns_on_443(selectors: &[&str]) -> String {
+    let list: String = selectors.iter().map(|s| format!("    - {s}\n")).collect();
+    format!("  - toFQDNs:\n{list}    toPorts: [{{ports: [{{port: \"443\", protocol: TCP}}]}}]\n")
+}
+
 // ---------------------------------------------------------------------------------------------
 // Ports and scratch directories.
 

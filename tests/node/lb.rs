@@ -8,33 +8,26 @@ use std::net::{IpAddr, SocketAddr};
 
 use hickory_proto::rr::RecordType;
 
+use crate::common::policy_doc;
 use crate::topology::{Topology, echo, whoami_tcp_open, whoami_udp_ask};
-use crate::{A_PORTS, DROPPED, REACHES, ZONE, dns, node_config_with, sa, setup_with, zone};
+use crate::{A_PORTS, DROPPED, REACHES, ZONE, dns, dns_to, node_config_with, sa, setup_with, zone};
 
 /// The node configuration of the other tests, plus: endpoint A may reach the backends
 /// (10.N.10.0/24 on TCP 7070 and UDP 7053) and resolve anything through the cluster-DNS VIP
 /// 10.N.96.53; `docs` adds more documents.
 fn lb_config(t: &Topology, node_extra: &str, docs: &str) -> String {
     let n = t.n;
-    format!(
-        "{}---
-apiVersion: cilium.io/v2
-kind: CiliumNetworkPolicy
-metadata: {{name: a-backends}}
-spec:
-  endpointSelector: {{matchLabels: {{app: a}}}}
-  egress:
-  - toCIDR: [10.{n}.10.0/24, \"fd00:{n}:10::/64\"]
+    let egress = format!(
+        "  - toCIDR: [10.{n}.10.0/24, \"fd00:{n}:10::/64\"]
     toPorts:
     - ports: [{{port: \"7070\", protocol: TCP}}, {{port: \"7053\", protocol: UDP}}]
-  - toCIDR: [10.{n}.96.53/32]
-    toPorts:
-    - ports: [{{port: \"53\", protocol: ANY}}]
-      rules:
-        dns:
-        - matchPattern: \"*\"
-{docs}",
-        node_config_with(t, A_PORTS, node_extra)
+{}",
+        dns_to(&format!("10.{n}.96.53/32"), "{matchPattern: \"*\"}")
+    );
+    format!(
+        "{}---\n{}{docs}",
+        node_config_with(t, A_PORTS, node_extra),
+        policy_doc("CiliumNetworkPolicy", "a-backends", "app: a", &egress)
     )
 }
 

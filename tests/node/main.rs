@@ -7,9 +7,7 @@
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
-    clippy::disallowed_types,
-    clippy::disallowed_methods,
-    reason = "test code: real clocks and sleeps, a failed step should panic"
+    reason = "a failed step should panic"
 )]
 
 #[path = "../common/mod.rs"]
@@ -25,7 +23,7 @@ use std::time::Duration;
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
 
-use common::{PATIENCE, metric, poll, poll_until, scrape};
+use common::{PATIENCE, documents, metric, policy_doc, poll, poll_until, scrape, settings_doc};
 use topology::{Topology, echo, privileged, tcp_open, tcp_reaches, udp_reaches};
 
 /// Long enough for a dropped SYN to show as a failure, short enough to keep tests quick.
@@ -53,20 +51,33 @@ fn node_config(t: &Topology, a_ports: &str) -> String {
 /// [`node_config`] with more lines for the Node document's spec (indented two spaces).
 fn node_config_with(t: &Topology, a_ports: &str, node_extra: &str) -> String {
     let n = t.n;
-    format!(
-        "apiVersion: fqdnd.io/v1
+    let resolver = format!("10.{n}.9.53/32, \"fd00:{n}:9::53/128\"");
+    let a_egress = format!(
+        "{}  - toFQDNs:
+    - matchName: api.example.test
+    - matchName: short.example.test
+    toPorts:
+    - ports: [{a_ports}]
+",
+        dns_to(
+            &resolver,
+            "{matchName: api.example.test}, {matchPattern: \"short.example.test\"}"
+        )
+    );
+    documents(&[
+        &format!(
+            "apiVersion: fqdnd.io/v1
 kind: Node
 spec:
   pinDir: {pin}
   conntrackIdleTimeout: 2s
   upstreamTimeout: 2s
-{node_extra}---
-apiVersion: fqdnd.io/v1
-kind: Settings
-spec:
-  gcInterval: 1s
----
-apiVersion: fqdnd.io/v1
+{node_extra}",
+            pin = t.pin_dir.display()
+        ),
+        &settings_doc("  gcInterval: 1s\n"),
+        &format!(
+            "apiVersion: fqdnd.io/v1
 kind: Endpoint
 metadata: {{name: a}}
 spec:
@@ -74,41 +85,29 @@ spec:
   interface: {if_a}
   addresses: [10.{n}.1.2, \"fd00:{n}:1::2\"]
   labels: {{app: a}}
----
-apiVersion: cilium.io/v2
-kind: CiliumNetworkPolicy
-metadata: {{name: a-egress}}
-spec:
-  endpointSelector: {{matchLabels: {{app: a}}}}
-  egress:
-  - toCIDR: [10.{n}.9.53/32, \"fd00:{n}:9::53/128\"]
-    toPorts:
-    - ports: [{{port: \"53\", protocol: ANY}}]
-      rules:
-        dns:
-        - matchName: api.example.test
-        - matchPattern: \"short.example.test\"
-  - toFQDNs:
-    - matchName: api.example.test
-    - matchName: short.example.test
-    toPorts:
-    - ports: [{a_ports}]
----
-apiVersion: cilium.io/v2
-kind: CiliumNetworkPolicy
-metadata: {{name: b-egress}}
-spec:
-  endpointSelector: {{matchLabels: {{app: b}}}}
-  egress:
-  - toCIDR: [10.{n}.9.53/32, \"fd00:{n}:9::53/128\"]
-    toPorts:
-    - ports: [{{port: \"53\", protocol: ANY}}]
-      rules:
-        dns:
-        - matchPattern: \"*\"
 ",
-        pin = t.pin_dir.display(),
-        if_a = t.if_a,
+            if_a = t.if_a
+        ),
+        &policy_doc("CiliumNetworkPolicy", "a-egress", "app: a", &a_egress),
+        &policy_doc(
+            "CiliumNetworkPolicy",
+            "b-egress",
+            "app: b",
+            &dns_to(&resolver, "{matchPattern: \"*\"}"),
+        ),
+    ])
+}
+
+/// An egress rule: DNS (port 53) to `cidrs`, for the names `rules` allow (a flow list's
+/// items).
+fn dns_to(cidrs: &str, rules: &str) -> String {
+    format!(
+        "  - toCIDR: [{cidrs}]
+    toPorts:
+    - ports: [{{port: \"53\", protocol: ANY}}]
+      rules:
+        dns: [{rules}]
+"
     )
 }
 
@@ -448,68 +447,54 @@ fn an_enforcing_gateway_lets_each_client_group_reach_only_its_answers() {
         return;
     }
     let mut t = Topology::new("gateway");
-    t.start_dns(
-        &ZONE
-            .replace(".N.", &format!(".{}.", t.n))
-            .replace(":N:", &format!(":{}:", t.n)),
-    );
+    t.start_dns(&zone(&t, ZONE));
     let n = t.n;
-    let config = t.write_node_config(&format!(
-        "apiVersion: fqdnd.io/v1
+    let group = |name: &str, id: u32, net: u32| {
+        format!(
+            "apiVersion: fqdnd.io/v1
+kind: ClientGroup
+metadata: {{name: {name}}}
+spec:
+  id: {id}
+  addresses: [10.{n}.{net}.0/24, \"fd00:{n}:{net}::/64\"]
+  labels: {{group: {name}}}
+"
+        )
+    };
+    let a_egress = format!(
+        "{}  - toFQDNs: [{{matchName: api.example.test}}]
+    toPorts:
+    - ports: [{{port: \"8080\", protocol: TCP}}]
+",
+        dns_to(
+            &format!("10.{n}.1.1/32, \"fd00:{n}:1::1/128\""),
+            "{matchName: api.example.test}"
+        )
+    );
+    let config = t.write_node_config(&documents(&[
+        &format!(
+            "apiVersion: fqdnd.io/v1
 kind: Gateway
 spec:
   listen: [\"10.{n}.1.1:53\", \"10.{n}.2.1:53\", \"[fd00:{n}:1::1]:53\"]
   upstreams: [\"10.{n}.9.53:53\"]
   enforceInterfaces: [{if_a}, {if_b}]
   pinDir: {pin}
----
-apiVersion: fqdnd.io/v1
-kind: ClientGroup
-metadata: {{name: a}}
-spec:
-  id: 10
-  addresses: [10.{n}.1.0/24, \"fd00:{n}:1::/64\"]
-  labels: {{group: a}}
----
-apiVersion: fqdnd.io/v1
-kind: ClientGroup
-metadata: {{name: b}}
-spec:
-  id: 11
-  addresses: [10.{n}.2.0/24, \"fd00:{n}:2::/64\"]
-  labels: {{group: b}}
----
-apiVersion: cilium.io/v2
-kind: CiliumClusterwideNetworkPolicy
-metadata: {{name: a}}
-spec:
-  endpointSelector: {{matchLabels: {{group: a}}}}
-  egress:
-  - toCIDR: [10.{n}.1.1/32, \"fd00:{n}:1::1/128\"]
-    toPorts:
-    - ports: [{{port: \"53\", protocol: ANY}}]
-      rules:
-        dns: [{{matchName: api.example.test}}]
-  - toFQDNs: [{{matchName: api.example.test}}]
-    toPorts:
-    - ports: [{{port: \"8080\", protocol: TCP}}]
----
-apiVersion: cilium.io/v2
-kind: CiliumClusterwideNetworkPolicy
-metadata: {{name: b}}
-spec:
-  endpointSelector: {{matchLabels: {{group: b}}}}
-  egress:
-  - toCIDR: [10.{n}.2.1/32]
-    toPorts:
-    - ports: [{{port: \"53\", protocol: ANY}}]
-      rules:
-        dns: [{{matchPattern: \"*\"}}]
 ",
-        if_a = t.if_a,
-        if_b = t.if_b,
-        pin = t.pin_dir.display(),
-    ));
+            if_a = t.if_a,
+            if_b = t.if_b,
+            pin = t.pin_dir.display(),
+        ),
+        &group("a", 10, 1),
+        &group("b", 11, 2),
+        &policy_doc("CiliumClusterwideNetworkPolicy", "a", "group: a", &a_egress),
+        &policy_doc(
+            "CiliumClusterwideNetworkPolicy",
+            "b",
+            "group: b",
+            &dns_to(&format!("10.{n}.2.1/32"), "{matchPattern: \"*\"}"),
+        ),
+    ]));
     t.start_daemon("gateway", &config);
     t.expect_caps(0);
     let api = sa(t.v4(10, 1), 8080);
@@ -739,11 +724,7 @@ fn a_full_ipcache_fails_new_answers_closed_and_keeps_serving_known_names() {
         return;
     }
     let mut t = Topology::new("mapfull");
-    t.start_dns(
-        &ZONE
-            .replace(".N.", &format!(".{}.", t.n))
-            .replace(":N:", &format!(":{}:", t.n)),
-    );
+    t.start_dns(&zone(&t, ZONE));
     let metrics_port = 19_000 + t.n as u16;
     let extra = format!(
         "  mapSizes: {{ipcache: 3}}\n  onHoldTimeout: servfail\n  metrics: 127.0.0.1:{metrics_port}\n"

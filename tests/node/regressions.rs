@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
 
-use crate::common::{assert_private, fqdnd_command, run, text, usual_umask};
+use crate::common::{assert_private, fqdnd_command, policy_doc, run, text, usual_umask};
 use crate::{A_PORTS, dns, node_config_with, sa, setup, setup_with};
 
 /// Guards the privacy of the node's state directory: fqdnd creates it 0700 and every file in
@@ -98,17 +98,16 @@ fn a_reload_the_datapath_refuses_leaves_nothing_behind() {
 
     let wide = t.write_config_file(
         "wide.yaml",
-        &format!(
-            "apiVersion: cilium.io/v2
-kind: CiliumNetworkPolicy
-metadata: {{name: a-wide}}
-spec:
-  endpointSelector: {{matchLabels: {{app: a}}}}
-  egress:
-  - toCIDR: [10.{n}.10.3/32]
+        &policy_doc(
+            "CiliumNetworkPolicy",
+            "a-wide",
+            "app: a",
+            &format!(
+                "  - toCIDR: [10.{n}.10.3/32]
     toPorts:
     - ports: [{{port: \"1000\", endPort: 3000, protocol: TCP}}]
 "
+            ),
         ),
     );
     let out = t.cli_in(&t.host, &["policy", "reload", "--admin-socket", &admin]);

@@ -25,16 +25,7 @@ use crate::common::{PATIENCE, poll, run, text, wait_serving};
 /// Whether this process may build the topology; without root the test is skipped, unless
 /// `FQDND_REQUIRE_PRIVILEGED=1` (CI), where it fails.
 pub(crate) fn privileged(test: &str) -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    let msg = format!("{test}: needs root for netns and eBPF (skipped)");
-    assert!(
-        std::env::var("FQDND_REQUIRE_PRIVILEGED").as_deref() != Ok("1"),
-        "{msg}, and FQDND_REQUIRE_PRIVILEGED=1"
-    );
-    eprintln!("{msg}");
-    false
+    crate::common::privileged(test, "for netns and eBPF")
 }
 
 /// Runs a shell command; panics with its output when it fails.
