@@ -10,7 +10,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{fqdnd, text};
+use common::{fqdnd, json_of, stdout_of, text};
 
 #[test]
 fn policy_match_follows_cilium_semantics_and_canonicalises_names() {
@@ -24,8 +24,7 @@ fn policy_match_follows_cilium_semantics_and_canonicalises_names() {
         "a.b.cilium.io.",
         "sub.cilium.io",
     ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = json_of(&out);
     let got: Vec<(String, bool)> = rows
         .as_array()
         .unwrap()
@@ -84,13 +83,8 @@ fn policy_check_reports_every_error_with_its_location() {
 #[test]
 fn policy_check_accepts_the_bundled_example() {
     let example = common::repo_path("config/examples/policy.yaml");
-    let out = fqdnd(&["policy", "check", &example]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stdout).starts_with("ok: 1 file(s)"),
-        "{}",
-        text(&out.stdout)
-    );
+    let stdout = stdout_of(&fqdnd(&["policy", "check", &example]));
+    assert!(stdout.starts_with("ok: 1 file(s)"), "{stdout}");
 }
 
 #[test]
@@ -102,9 +96,7 @@ fn policy_check_fails_cleanly_on_a_missing_file() {
 
 #[test]
 fn simulate_runs_the_embedded_example_and_shares_identities() {
-    let out = fqdnd(&["simulate"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let stdout = text(&out.stdout);
+    let stdout = stdout_of(&fqdnd(&["simulate"]));
     // 24 rotating S3 addresses end up under the one pre-allocated *.s3.amazonaws.com identity.
     let s3_line = stdout
         .lines()

@@ -14,7 +14,7 @@ use std::process::Output;
 
 use common::{
     Gateway, LAN_GROUP, PATIENCE, Setup, TestDir, documents, fqdnd, fqdnd_command, fqdns_on_443,
-    gateway_doc, lan_policy, poll, poll_until, question, run, text,
+    gateway_doc, json_of, lan_policy, poll, poll_until, question, run, stdout_of, text,
 };
 use hickory_proto::op::{Edns, Message, ResponseCode};
 use hickory_proto::rr::RecordType;
@@ -88,6 +88,13 @@ fn udp(server: SocketAddr, msg: &Message) -> Message {
     reply
 }
 
+/// The response code of an A question over UDP.
+fn ask(gw: &Gateway, name: &str) -> ResponseCode {
+    udp(gw.dns, &query(name, RecordType::A, false))
+        .metadata
+        .response_code
+}
+
 fn tcp(server: SocketAddr, msg: &Message) -> Message {
     common::tcp(server, msg).expect("a TCP reply").0
 }
@@ -107,25 +114,10 @@ fn allowed_refused_nxdomain_cname_tcp_edns_and_listings() {
     assert_eq!(got, vec!["192.0.2.10", "192.0.2.11"]);
 
     // Not allowed by the DNS rules, and a deny-listed name: REFUSED.
-    assert_eq!(
-        udp(gw.dns, &query("corp.test.", RecordType::A, false))
-            .metadata
-            .response_code,
-        ResponseCode::Refused
-    );
-    assert_eq!(
-        udp(gw.dns, &query("secret.corp.test.", RecordType::A, false))
-            .metadata
-            .response_code,
-        ResponseCode::Refused
-    );
+    assert_eq!(ask(&gw, "corp.test."), ResponseCode::Refused);
+    assert_eq!(ask(&gw, "secret.corp.test."), ResponseCode::Refused);
     // NXDOMAIN passes through.
-    assert_eq!(
-        udp(gw.dns, &query("nope.corp.test.", RecordType::A, false))
-            .metadata
-            .response_code,
-        ResponseCode::NXDomain
-    );
+    assert_eq!(ask(&gw, "nope.corp.test."), ResponseCode::NXDomain);
     // CNAME chain, over TCP.
     let app = tcp(gw.dns, &query("app.corp.test.", RecordType::A, false));
     assert_eq!(addrs(&app), vec!["198.51.100.5"]);
@@ -211,12 +203,7 @@ fn allowed_refused_nxdomain_cname_tcp_edns_and_listings() {
 #[test]
 fn hot_reload_keeps_the_old_policy_when_the_new_one_is_broken() {
     let gw = start("{matchPattern: \"*.corp.test\"}");
-    assert_eq!(
-        udp(gw.dns, &query("www.corp.test.", RecordType::A, false))
-            .metadata
-            .response_code,
-        ResponseCode::NoError
-    );
+    assert_eq!(ask(&gw, "www.corp.test."), ResponseCode::NoError);
 
     // A broken file: rejected with its errors, the old policy stays.
     std::fs::write(
@@ -231,12 +218,7 @@ fn hot_reload_keeps_the_old_policy_when_the_new_one_is_broken() {
         stdout.contains("policy.yaml:") && stdout.contains("invalid character '!'"),
         "{stdout}"
     );
-    assert_eq!(
-        udp(gw.dns, &query("www.corp.test.", RecordType::A, false))
-            .metadata
-            .response_code,
-        ResponseCode::NoError
-    );
+    assert_eq!(ask(&gw, "www.corp.test."), ResponseCode::NoError);
 
     // SIGHUP with a good file that allows only app.corp.test.
     std::fs::write(
@@ -249,18 +231,11 @@ fn hot_reload_keeps_the_old_policy_when_the_new_one_is_broken() {
         PATIENCE,
         "the SIGHUP reload to refuse www.corp.test",
         || {
-            let rcode = udp(gw.dns, &query("www.corp.test.", RecordType::A, false))
-                .metadata
-                .response_code;
+            let rcode = ask(&gw, "www.corp.test.");
             (rcode == ResponseCode::Refused).then_some(())
         },
     );
-    assert_eq!(
-        udp(gw.dns, &query("app.corp.test.", RecordType::A, false))
-            .metadata
-            .response_code,
-        ResponseCode::NoError
-    );
+    assert_eq!(ask(&gw, "app.corp.test."), ResponseCode::NoError);
     let status = gw.status();
     assert_eq!(status["reloads"]["failed"], 1, "{status}");
 }
@@ -276,13 +251,7 @@ fn a_gateway_needs_a_gateway_document() {
 
 #[test]
 fn the_demo_runs_with_no_network() {
-    let out = fqdnd(&["gateway", "--demo"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = stdout_of(&fqdnd(&["gateway", "--demo"]));
     assert!(
         text.contains("www.example.test.")
             && text.contains("NOERROR")
@@ -306,8 +275,7 @@ fn the_cli_finds_the_admin_socket_from_the_environment_and_the_config() {
     let gw = start("{matchPattern: \"*.corp.test\"}");
     let listen = gw.dns.to_string();
     let answers = |out: &Output| {
-        assert!(out.status.success(), "{}", text(&out.stderr));
-        let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let status = json_of(out);
         assert_eq!(status["listen"][0], listen.as_str(), "{status}");
     };
     let configs = || {
@@ -330,11 +298,10 @@ fn the_cli_finds_the_admin_socket_from_the_environment_and_the_config() {
         .args(["status", "--json"])
         .args(configs())
         .current_dir("/")));
-    let out = run(fqdnd_command()
+    stdout_of(&run(fqdnd_command()
         .args(["policy", "reload"])
         .args(configs())
-        .current_dir("/"));
-    assert!(out.status.success(), "{}", text(&out.stderr));
+        .current_dir("/")));
     // --admin-socket wins over a wrong environment and a wrong configuration...
     answers(&run(fqdnd_command()
         .args(["status", "--json", "--admin-socket"])

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{TestDir, fqdnd, repo_path as path, text};
+use common::{TestDir, fqdnd, json_of, repo_path as path, stdout_of, text};
 
 const POLICY: &str = "replay/tests/policies/fixtures.yaml";
 
@@ -27,8 +27,7 @@ fn json_report_parses_and_compare_holds_both_modes() {
         "--progress",
         "0",
     ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = json_of(&out);
     assert_eq!(v["schema_version"], 1);
     assert_eq!(v["responses"], 42);
     assert_eq!(v["identity_mode"], "selector");
@@ -71,8 +70,7 @@ fn summary_plot_and_time_series() {
         "--gc-interval",
         "10s",
     ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let stdout = text(&out.stdout);
+    let stdout = stdout_of(&out);
     assert!(stdout.starts_with("Statistics:"), "{stdout}");
     assert!(stdout.contains("Responses:             41"), "{stdout}");
     let modes = stdout
@@ -119,7 +117,7 @@ fn bad_input_is_an_error_with_the_file_named() {
         "--policy",
         &path(POLICY),
     ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    stdout_of(&out);
     assert!(
         text(&out.stderr).contains("cut off"),
         "{}",

@@ -139,6 +139,24 @@ pub(crate) fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// The stdout of a command that must have succeeded; panics with its output otherwise.
+pub(crate) fn stdout_of(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}: {}{}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+/// [`stdout_of`], decoded as JSON.
+pub(crate) fn json_of(out: &Output) -> serde_json::Value {
+    let stdout = stdout_of(out);
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
+}
+
 /// A path of the repository (`CARGO_MANIFEST_DIR`).
 pub(crate) fn repo_path(rel: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))

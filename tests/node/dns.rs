@@ -5,7 +5,7 @@ use std::net::{IpAddr, SocketAddr};
 use hickory_proto::op::{Message, ResponseCode};
 use hickory_proto::rr::RecordType;
 
-use super::topology::in_netns;
+use super::topology::{Topology, in_netns};
 use crate::common::{addrs, question};
 
 /// What came back.
@@ -28,15 +28,35 @@ fn reply((m, from): (Message, SocketAddr), id: u16) -> Reply {
     }
 }
 
-/// Asks `server` over UDP from namespace `ns` (unconnected socket, so the reply's source is
-/// whatever the network delivers); `None` on timeout.
-pub(crate) fn udp(ns: &str, server: SocketAddr, name: &str, qtype: RecordType) -> Option<Reply> {
-    let q = question(0x4a4a, name, qtype);
-    in_netns(ns, move || crate::common::udp(server, &q)).map(|r| reply(r, 0x4a4a))
+/// Which transport a question takes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Over {
+    /// An unconnected socket, so the reply's source is whatever the network delivers.
+    Udp,
+    /// The reply's `from` is the address connected to.
+    Tcp,
 }
 
-/// Asks `server` over TCP from namespace `ns`; `None` when the connection or read fails.
-pub(crate) fn tcp(ns: &str, server: SocketAddr, name: &str, qtype: RecordType) -> Option<Reply> {
-    let q = question(0x5b5b, name, qtype);
-    in_netns(ns, move || crate::common::tcp(server, &q)).map(|r| reply(r, 0x5b5b))
+/// Asks `server` for `name` from namespace `ns`; panics (with the daemons' logs) without an
+/// answer.
+pub(crate) fn ask(
+    t: &Topology,
+    over: Over,
+    ns: &str,
+    server: SocketAddr,
+    name: &str,
+    qtype: RecordType,
+) -> Reply {
+    let q = question(0x4a4a, name, qtype);
+    let exchanged = in_netns(ns, move || match over {
+        Over::Udp => crate::common::udp(server, &q),
+        Over::Tcp => crate::common::tcp(server, &q),
+    });
+    let got = exchanged.unwrap_or_else(|| {
+        panic!(
+            "no answer over {over:?} from {server} for {name}\n{}",
+            t.logs()
+        )
+    });
+    reply(got, 0x4a4a)
 }

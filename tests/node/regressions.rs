@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
 
-use crate::common::{assert_private, fqdnd_command, policy_doc, run, text, usual_umask};
-use crate::{A_PORTS, dns, node_config_with, sa, setup, setup_with};
+use crate::common::{assert_private, fqdnd_command, policy_doc, run, stdout_of, text, usual_umask};
+use crate::{A_PORTS, node_config_with, resolve, sa, setup, setup_with};
 
 /// Guards the privacy of the node's state directory: fqdnd creates it 0700 and every file in
 /// it without group or other bits — the lock and the journal, `endpoints.yaml` (endpoints
@@ -42,13 +42,7 @@ fn the_state_directory_and_its_files_are_private_and_not_warned_about() {
         "--backend",
         &backend.to_string(),
     ]);
-    let reply = dns::udp(
-        &t.ep_a,
-        sa(t.v4(9, 53), 53),
-        "api.example.test.",
-        RecordType::A,
-    )
-    .unwrap_or_else(|| panic!("no answer\n{}", t.logs()));
+    let reply = resolve(&t, "api.example.test.", RecordType::A);
     assert_eq!(reply.rcode, ResponseCode::NoError);
     let files = [
         "lock",
@@ -58,8 +52,7 @@ fn the_state_directory_and_its_files_are_private_and_not_warned_about() {
         "services/snapshot",
     ];
     assert_private(&state, &files);
-    let status: serde_json::Value =
-        serde_json::from_str(&t.cli(&["status", "--json", "--admin-socket", &admin])).unwrap();
+    let status = t.admin_json(&["status"]);
     assert_eq!(status["mode"], "node", "{status}");
 
     // The next start finds the directory it created: no warning about it, then or on reload.
@@ -84,9 +77,8 @@ fn a_reload_the_datapath_refuses_leaves_nothing_behind() {
     let Some(t) = setup("refused") else { return };
     let n = t.n;
     let admin = t.admin().to_str().unwrap().to_owned();
-    let pin = t.pin_dir.to_str().unwrap().to_owned();
-    let policy = || t.cli(&["bpf", "policy", "list", "--pin-dir", &pin]);
-    let ipcache = || t.cli(&["bpf", "ipcache", "list", "--pin-dir", &pin]);
+    let policy = || t.bpf_list("policy");
+    let ipcache = || t.bpf_list("ipcache");
     // What node.yaml says (endpoint 1 may use its resolver on 53).
     let (policy_before, ipcache_before) = (policy(), ipcache());
     assert!(
@@ -134,8 +126,7 @@ fn a_reload_the_datapath_refuses_leaves_nothing_behind() {
         "the policy is not what the files say"
     );
     assert_eq!(ipcache(), ipcache_before);
-    let status: serde_json::Value =
-        serde_json::from_str(&t.cli(&["status", "--json", "--admin-socket", &admin])).unwrap();
+    let status = t.admin_json(&["status"]);
     assert_eq!(status["reloads"]["failed"], 1, "{status}");
 }
 
@@ -173,12 +164,10 @@ fn bpf_endpoint_list_names_the_agents_interfaces_from_another_namespace() {
         .collect();
     assert_eq!(interfaces(&in_agents), expected, "{in_agents}");
     for ns in [&t.ep_a, &t.ext] {
-        let out = t.cli_in(ns, &args);
-        assert!(out.status.success(), "{}", text(&out.stderr));
-        assert_eq!(text(&out.stdout), in_agents, "from namespace {ns}");
+        let listed = stdout_of(&t.cli_in(ns, &args));
+        assert_eq!(listed, in_agents, "from namespace {ns}");
     }
     // And from this test's own namespace.
-    let out = run(fqdnd_command().args(args));
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    assert_eq!(text(&out.stdout), in_agents, "from the test's namespace");
+    let listed = stdout_of(&run(fqdnd_command().args(args)));
+    assert_eq!(listed, in_agents, "from the test's namespace");
 }

@@ -159,42 +159,32 @@ impl Topology {
                  ip -n {ext} addr add fd00:{n}:10::{i}/128 dev lo nodad"
             ));
         }
-        for port in [8080, 9090] {
+        for (port, serve) in [
+            (8080, tcp_echo as fn(&TcpListener)),
+            (9090, tcp_echo),
+            // Load-balancer backends say who they are: TCP 7070 writes its address first,
+            // then echoes; UDP 7053 answers any datagram with its address.
+            (7070, whoami_tcp),
+        ] {
             in_netns(ext, move || {
                 let listener = TcpListener::bind(("::", port)).unwrap();
-                std::thread::spawn(move || tcp_echo(&listener));
-            });
-        }
-        // Load-balancer backends say who they are: TCP 7070 writes its address first, then
-        // echoes; UDP 7053 answers any datagram with its address.
-        in_netns(ext, move || {
-            let listener = TcpListener::bind(("::", 7070)).unwrap();
-            std::thread::spawn(move || whoami_tcp(&listener));
-        });
-        for i in 1..=3 {
-            let addrs: [SocketAddr; 2] = [
-                format!("10.{n}.10.{i}:7053").parse().unwrap(),
-                format!("[fd00:{n}:10::{i}]:7053").parse().unwrap(),
-            ];
-            in_netns(ext, move || {
-                for addr in addrs {
-                    let socket = UdpSocket::bind(addr).unwrap();
-                    std::thread::spawn(move || whoami_udp(&socket));
-                }
+                std::thread::spawn(move || serve(&listener));
             });
         }
         // UDP replies must leave from the address asked: one socket per server address.
-        for i in 1..=3 {
-            let addrs: [SocketAddr; 2] = [
-                format!("10.{n}.10.{i}:8053").parse().unwrap(),
-                format!("[fd00:{n}:10::{i}]:8053").parse().unwrap(),
-            ];
-            in_netns(ext, move || {
-                for addr in addrs {
-                    let socket = UdpSocket::bind(addr).unwrap();
-                    std::thread::spawn(move || udp_echo(&socket));
-                }
-            });
+        for (port, serve) in [(7053, whoami_udp as fn(&UdpSocket)), (8053, udp_echo)] {
+            for i in 1..=3 {
+                let addrs: [SocketAddr; 2] = [
+                    format!("10.{n}.10.{i}:{port}").parse().unwrap(),
+                    format!("[fd00:{n}:10::{i}]:{port}").parse().unwrap(),
+                ];
+                in_netns(ext, move || {
+                    for addr in addrs {
+                        let socket = UdpSocket::bind(addr).unwrap();
+                        std::thread::spawn(move || serve(&socket));
+                    }
+                });
+            }
         }
     }
 
@@ -356,6 +346,31 @@ impl Topology {
             self.logs()
         );
         text(&out.stdout)
+    }
+
+    /// `fqdnd ARGS --admin-socket <the node's>` (host namespace), returns stdout; panics on
+    /// failure.
+    pub(crate) fn admin_cli(&self, args: &[&str]) -> String {
+        let admin = self.admin();
+        let mut args = args.to_vec();
+        args.extend(["--admin-socket", admin.to_str().unwrap()]);
+        self.cli(&args)
+    }
+
+    /// `fqdnd ARGS --json` against the node's admin socket, decoded; panics if it fails.
+    pub(crate) fn admin_json(&self, args: &[&str]) -> serde_json::Value {
+        crate::common::admin(&self.admin(), args)
+    }
+
+    /// `fqdnd bpf WHAT list` of the node's pinned maps.
+    pub(crate) fn bpf_list(&self, what: &str) -> String {
+        self.cli(&[
+            "bpf",
+            what,
+            "list",
+            "--pin-dir",
+            self.pin_dir.to_str().unwrap(),
+        ])
     }
 
     /// `fqdnd ARGS` in network namespace `ns` only (nsenter: the mount namespace stays, so
