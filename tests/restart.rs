@@ -248,6 +248,7 @@ fn acknowledged_answers_and_identity_numbers_survive_kill_9() {
             }
             numbers.entry(labels).or_insert(id);
         }
+        // (A random moment again, past the listing.)
         std::thread::sleep(Duration::from_millis(rng.next() % 200));
         gw.kill();
         stop.store(true, Ordering::Relaxed);

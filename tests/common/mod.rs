@@ -45,21 +45,13 @@ pub(crate) const ANSWER_WAIT: Duration = Duration::from_secs(10);
 pub(crate) fn poll<T, E: Display>(
     within: Duration,
     what: &str,
-    mut attempt: impl FnMut() -> Result<T, E>,
+    attempt: impl FnMut() -> Result<T, E>,
 ) -> T {
-    let start = Instant::now();
     let mut pause = Duration::from_millis(5);
-    loop {
-        match attempt() {
-            Ok(value) => return value,
-            Err(last) if start.elapsed() >= within => {
-                panic!("waited {within:?} for {what}, in vain; last seen: {last}")
-            }
-            Err(_) => {}
-        }
-        std::thread::sleep(pause);
+    poll_paced(within, what, attempt, || {
         pause = (pause * 2).min(Duration::from_millis(100));
-    }
+        pause
+    })
 }
 
 /// [`poll`] at a fixed pace: every `every`, for when the first success itself is judged.
@@ -67,7 +59,16 @@ pub(crate) fn poll_every<T, E: Display>(
     every: Duration,
     within: Duration,
     what: &str,
+    attempt: impl FnMut() -> Result<T, E>,
+) -> T {
+    poll_paced(within, what, attempt, || every)
+}
+
+fn poll_paced<T, E: Display>(
+    within: Duration,
+    what: &str,
     mut attempt: impl FnMut() -> Result<T, E>,
+    mut pause: impl FnMut() -> Duration,
 ) -> T {
     let start = Instant::now();
     loop {
@@ -76,7 +77,7 @@ pub(crate) fn poll_every<T, E: Display>(
             Err(last) if start.elapsed() >= within => {
                 panic!("waited {within:?} for {what}, in vain; last seen: {last}")
             }
-            Err(_) => std::thread::sleep(every),
+            Err(_) => std::thread::sleep(pause()),
         }
     }
 }
