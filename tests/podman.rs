@@ -9,19 +9,9 @@
     reason = "test code: a failed step should panic"
 )]
 
-use std::process::Command;
+mod common;
 
-fn privileged() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var("FQDND_REQUIRE_PRIVILEGED").as_deref() != Ok("1"),
-        "podman e2e needs root, and FQDND_REQUIRE_PRIVILEGED=1"
-    );
-    eprintln!("podman e2e: needs root (skipped)");
-    false
-}
+use std::process::Command;
 
 fn run(plugin: &str) -> String {
     let out = Command::new(concat!(
@@ -43,7 +33,7 @@ fn run(plugin: &str) -> String {
 
 #[test]
 fn a_podman_container_is_an_endpoint_while_it_runs() {
-    if !privileged() {
+    if !common::privileged("podman e2e", "for namespaces, eBPF and podman") {
         return;
     }
     assert_eq!(run("ptp"), "podman e2e: ok");

@@ -352,13 +352,9 @@ fn acknowledged_answers_and_identity_numbers_survive_kill_9() {
 /// no recorder (it was installed later), so the page showed no `fqdnd_cache_entries` until
 /// the first sampling tick. The page is asked for every millisecond from the moment the
 /// process starts, and the very first answer is judged.
-///
-/// Ignored: it reveals that the endpoint now answers *before* the restore ends — the
-/// recorder, with its HTTP listener, is installed first (src/daemon/mod.rs, `start`), so
-/// during the restore (~130 ms for these 3,000 names) `/metrics` answers 200 with an empty
-/// page. Run it with `--ignored` once the listener opens only after the gauges are set.
+/// It also guards the endpoint not answering an empty page while the restore runs (the
+/// listener is bound before the restore and serves only once the gauges are set).
 #[test]
-#[ignore = "reveals a bug: /metrics answers an empty page while the restore runs"]
 fn the_first_metrics_after_a_restart_count_the_restored_cache() {
     let mut gw = setup("gauges", free_port(), true).start();
     for i in 0..NAMES {

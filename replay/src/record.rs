@@ -201,17 +201,24 @@ impl Recording {
                 }
             }
         }
-        let path = self
-            .dir
-            .join(format!("{}-{:06}.pcapng", self.prefix, self.next));
-        self.next += 1;
-        // 0600: a recording says which client asked for which name.
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&path)?;
+        // A new file, never an existing one (an earlier recording's, say): the next free number.
+        let (file, path) = loop {
+            let path = self
+                .dir
+                .join(format!("{}-{:06}.pcapng", self.prefix, self.next));
+            self.next += 1;
+            // 0600: a recording says which client asked for which name.
+            match OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+            {
+                Ok(file) => break (file, path),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+        };
         let mut file = BufWriter::new(file);
         let header = header_blocks()?;
         file.write_all(&header)?;
@@ -291,7 +298,12 @@ mod tests {
                 .unwrap();
         }
         rec.close().unwrap();
+        // A second recording with the same prefix never overwrites the first one's files.
+        let mut second = Recording::new(dir.path(), "t", bounds).unwrap();
+        second.write(&packet(&msg, "again")).unwrap();
+        second.close().unwrap();
         let files: Vec<PathBuf> = rec.files().map(Path::to_path_buf).collect();
+        assert!(files.iter().all(|f| !second.files().any(|g| g == f)));
         assert_eq!(files.len(), 3, "at most max_files kept");
         assert!(rec.written().rotated_out > 0);
         let mut read = 0;
