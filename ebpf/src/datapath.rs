@@ -13,8 +13,8 @@ use ipnet::IpNet;
 
 use crate::error::Error;
 use crate::sys::{
-    self, CtKey, CtValue, DnsProxy, DropEvent, EndpointValue, EpAddrKey, EpAddrValue,
-    IpcacheValue, PolicyData, PolicyKey, PolicyValue, Settings,
+    self, CtKey, CtValue, DnsProxy, DropEvent, EndpointValue, EpAddrKey, EpAddrValue, IpcacheValue,
+    PolicyData, PolicyKey, PolicyValue, Settings,
 };
 
 fn open_map(pin_dir: &Path, name: &str) -> Result<Map, Error> {
@@ -301,7 +301,11 @@ pub fn port_prefixes(first: u16, last: u16) -> Vec<(u16, u8)> {
     let mut out = Vec::new();
     while lo <= hi {
         // the largest aligned block starting at `lo` that stays within `hi`
-        let mut size: u32 = if lo == 0 { 1 << 16 } else { lo & lo.wrapping_neg() };
+        let mut size: u32 = if lo == 0 {
+            1 << 16
+        } else {
+            lo & lo.wrapping_neg()
+        };
         while lo + size - 1 > hi {
             size >>= 1;
         }
@@ -971,7 +975,12 @@ impl KernelDatapath {
         Ok(())
     }
 
-    fn ipc_insert(&mut self, prefix: &IpNet, identity: Identity, flags: u64) -> Result<(), MapError> {
+    fn ipc_insert(
+        &mut self,
+        prefix: &IpNet,
+        identity: Identity,
+        flags: u64,
+    ) -> Result<(), MapError> {
         let v = IpcacheValue {
             identity: identity.0,
         };

@@ -13,8 +13,8 @@ use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, MapError, MapInfo, MapTyp
 use crate::error::Error;
 use crate::sys::{
     CtKey, CtValue, DnsProxy, EndpointValue, EpAddrKey, EpAddrValue, FragKey, FragValue,
-    IpcacheKey4, IpcacheKey6, IpcacheValue, LbBackend, LbRevNat, LbSvcKey, LbSvcValue,
-    PolicyData, PolicyKey, PolicyValue, Settings,
+    IpcacheKey4, IpcacheKey6, IpcacheValue, LbBackend, LbRevNat, LbSvcKey, LbSvcValue, PolicyData,
+    PolicyKey, PolicyValue, Settings,
 };
 
 /// `max_entries` of the maps whose size is configurable. [`Default`] = the sizes in

@@ -248,11 +248,12 @@ impl PolicyKey {
 
     /// The destination ports (host order) this entry matches, first and last.
     pub fn ports(&self) -> (u16, u16) {
-        let bits = self
-            .prefixlen
-            .saturating_sub(POLICY_PREFIX_PROTO)
-            .min(16);
-        let mask: u16 = if bits == 0 { 0 } else { u16::MAX << (16 - bits) };
+        let bits = self.prefixlen.saturating_sub(POLICY_PREFIX_PROTO).min(16);
+        let mask: u16 = if bits == 0 {
+            0
+        } else {
+            u16::MAX << (16 - bits)
+        };
         let first = u16::from_be(self.dport) & mask;
         (first, first | !mask)
     }
@@ -604,7 +605,14 @@ mod tests {
             c,
             "fqdnd_ct_value",
             CtValue,
-            [created_ns, last_seen_ns, expires_ns, flags, rev_nat, backend]
+            [
+                created_ns,
+                last_seen_ns,
+                expires_ns,
+                flags,
+                rev_nat,
+                backend
+            ]
         );
         check!(
             c,
@@ -676,9 +684,18 @@ mod tests {
             offset_of!(PolicyKey, endpoint) - 4,
             offset_of!(PolicyData, endpoint)
         );
-        assert_eq!(offset_of!(PolicyKey, proto) - 4, offset_of!(PolicyData, proto));
-        assert_eq!(offset_of!(PolicyKey, dport) - 4, offset_of!(PolicyData, dport));
-        assert_eq!(offset_of!(PolicyKey, pad2) - 4, offset_of!(PolicyData, pad2));
+        assert_eq!(
+            offset_of!(PolicyKey, proto) - 4,
+            offset_of!(PolicyData, proto)
+        );
+        assert_eq!(
+            offset_of!(PolicyKey, dport) - 4,
+            offset_of!(PolicyData, dport)
+        );
+        assert_eq!(
+            offset_of!(PolicyKey, pad2) - 4,
+            offset_of!(PolicyData, pad2)
+        );
         assert_eq!(size_of::<PolicyData>() + 4, size_of::<PolicyKey>());
         let k = PolicyKey::new(
             POLICY_PREFIX_PROTO + 6,
@@ -714,10 +731,22 @@ mod tests {
                 .to_owned()
         };
         let num = |name: &str| -> u64 { define(name).parse().unwrap() };
-        assert_eq!(num("FQDND_POLICY_PREFIX_ANY_PROTO"), u64::from(POLICY_PREFIX_ANY_PROTO));
-        assert_eq!(num("FQDND_POLICY_PREFIX_PROTO"), u64::from(POLICY_PREFIX_PROTO));
-        assert_eq!(num("FQDND_POLICY_PREFIX_FULL"), u64::from(POLICY_PREFIX_FULL));
-        assert_eq!(num("FQDND_IPV6_MAX_EXT_HEADERS"), u64::from(IPV6_MAX_EXT_HEADERS));
+        assert_eq!(
+            num("FQDND_POLICY_PREFIX_ANY_PROTO"),
+            u64::from(POLICY_PREFIX_ANY_PROTO)
+        );
+        assert_eq!(
+            num("FQDND_POLICY_PREFIX_PROTO"),
+            u64::from(POLICY_PREFIX_PROTO)
+        );
+        assert_eq!(
+            num("FQDND_POLICY_PREFIX_FULL"),
+            u64::from(POLICY_PREFIX_FULL)
+        );
+        assert_eq!(
+            num("FQDND_IPV6_MAX_EXT_HEADERS"),
+            u64::from(IPV6_MAX_EXT_HEADERS)
+        );
         for (name, value) in [
             ("FQDND_DROP_SPOOFED", DROP_SPOOFED),
             ("FQDND_DROP_FRAGMENT", DROP_FRAGMENT),
@@ -734,15 +763,24 @@ mod tests {
                 .map(|f| f.trim().trim_end_matches("ULL").parse::<u64>().unwrap())
                 .product()
         };
-        assert_eq!(seconds("FQDND_CT_TCP_SYN_DEFAULT_NS"), CT_TCP_SYN_DEFAULT_NS);
+        assert_eq!(
+            seconds("FQDND_CT_TCP_SYN_DEFAULT_NS"),
+            CT_TCP_SYN_DEFAULT_NS
+        );
         assert_eq!(
             seconds("FQDND_CT_TCP_ESTABLISHED_DEFAULT_NS"),
             CT_TCP_ESTABLISHED_DEFAULT_NS
         );
-        assert_eq!(seconds("FQDND_CT_TCP_CLOSING_DEFAULT_NS"), CT_TCP_CLOSING_DEFAULT_NS);
+        assert_eq!(
+            seconds("FQDND_CT_TCP_CLOSING_DEFAULT_NS"),
+            CT_TCP_CLOSING_DEFAULT_NS
+        );
         assert_eq!(seconds("FQDND_CT_OTHER_DEFAULT_NS"), CT_OTHER_DEFAULT_NS);
         assert_eq!(seconds("FQDND_FRAG_LIFETIME_NS"), FRAG_LIFETIME_NS);
-        assert_eq!(define("FQDND_EP_CHECK_SOURCE"), format!("{EP_CHECK_SOURCE:#x}"));
+        assert_eq!(
+            define("FQDND_EP_CHECK_SOURCE"),
+            format!("{EP_CHECK_SOURCE:#x}")
+        );
     }
 
     #[test]

@@ -671,11 +671,10 @@ fn conntrack_listing_and_gc() {
     // a SYN: the TCP SYN lifetime (60 s by default)
     let now = fqdnd_ebpf::monotonic_ns().unwrap();
     assert_eq!(e.state(), fqdnd_ebpf::CtState::TcpSyn);
-    assert!(e.remaining(now) > Duration::from_secs(50) && e.remaining(now) <= Duration::from_secs(60));
-    assert_eq!(
-        dp.live_destinations().unwrap(),
-        [ok].into_iter().collect()
+    assert!(
+        e.remaining(now) > Duration::from_secs(50) && e.remaining(now) <= Duration::from_secs(60)
     );
+    assert_eq!(dp.live_destinations().unwrap(), [ok].into_iter().collect());
     assert_eq!(dp.gc_conntrack().unwrap(), 0);
     // short lifetimes: a new packet of each flow expires it 200 ms later; the GC then
     // removes both (polled: the machine may be slow)
@@ -693,7 +692,10 @@ fn conntrack_listing_and_gc() {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let mut removed = 0;
     while removed < 2 {
-        assert!(std::time::Instant::now() < deadline, "entries never expired");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "entries never expired"
+        );
         removed += dp.gc_conntrack().unwrap();
         std::thread::sleep(Duration::from_millis(20));
     }
