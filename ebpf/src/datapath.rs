@@ -1221,3 +1221,121 @@ impl Events {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Whether prefix (base, bits) holds `port`.
+    fn holds((base, bits): (u16, u8), port: u16) -> bool {
+        bits == 0 || (port ^ base) >> (16 - bits) == 0
+    }
+
+    /// The prefixes tile `lo..=hi` exactly: each aligned, in order, each starting where the
+    /// previous one ended, the first at `lo`, the last ending at `hi`.
+    fn assert_tiles(lo: u16, hi: u16) -> Vec<(u16, u8)> {
+        let p = port_prefixes(lo, hi);
+        let mut next = u32::from(lo);
+        for &(base, bits) in &p {
+            let size = 1u32 << (16 - u32::from(bits));
+            assert_eq!(u32::from(base), next, "{lo}-{hi}: {p:?}");
+            assert_eq!(
+                u32::from(base) % size,
+                0,
+                "{lo}-{hi}: unaligned {base}/{bits}"
+            );
+            next += size;
+        }
+        assert_eq!(next, u32::from(hi) + 1, "{lo}-{hi}: {p:?}");
+        assert!(p.len() <= 30, "{lo}-{hi}: {} prefixes", p.len());
+        p
+    }
+
+    #[test]
+    fn well_known_ranges() {
+        assert_eq!(port_prefixes(0, 65535), vec![(0, 0)]);
+        assert_eq!(port_prefixes(443, 443), vec![(443, 16)]);
+        assert_eq!(
+            port_prefixes(1024, 65535),
+            vec![
+                (1024, 6),
+                (2048, 5),
+                (4096, 4),
+                (8192, 3),
+                (16384, 2),
+                (32768, 1)
+            ]
+        );
+        assert_eq!(assert_tiles(1, 65535).len(), 16);
+        assert_eq!(assert_tiles(1, 65534).len(), 30);
+        assert_eq!(port_prefixes(80, 82), vec![(80, 15), (82, 16)]);
+    }
+
+    #[test]
+    fn every_small_range_tiles_exactly() {
+        for lo in 0..=200u16 {
+            for hi in lo..=200 {
+                let p = assert_tiles(lo, hi);
+                for port in lo.saturating_sub(2)..=hi + 2 {
+                    let n = p.iter().filter(|&&q| holds(q, port)).count();
+                    assert_eq!(
+                        n,
+                        usize::from((lo..=hi).contains(&port)),
+                        "{lo}-{hi} port {port}"
+                    );
+                }
+            }
+        }
+    }
+
+    proptest! {
+        /// Every port of a range is held by exactly one prefix, no port outside by any.
+        #[test]
+        fn prefixes_hold_exactly_the_range(a in any::<u16>(), b in any::<u16>(), probe in any::<u16>()) {
+            let (lo, hi) = (a.min(b), a.max(b));
+            let p = assert_tiles(lo, hi);
+            for port in [lo, hi, lo.wrapping_sub(1), hi.wrapping_add(1), probe] {
+                let n = p.iter().filter(|&&q| holds(q, port)).count();
+                prop_assert_eq!(n, usize::from((lo..=hi).contains(&port)), "{}-{} port {}", lo, hi, port);
+            }
+        }
+
+        /// The kernel keys of a policy key: its protocols, each with the range's prefixes.
+        #[test]
+        fn expansion_follows_the_prefixes(a in 1u16.., b in 1u16.., proto in 0u8..3) {
+            let (lo, hi) = (a.min(b), a.max(b));
+            let protocol = [Protocol::Tcp, Protocol::Udp, Protocol::Any][usize::from(proto)];
+            let key = fqdnd_ipcache::PolicyKey { identity: Identity(9), protocol, port: lo, end_port: hi };
+            let keys = expand(EndpointId(3), &key);
+            let n = port_prefixes(lo, hi).len();
+            prop_assert_eq!(keys.len(), if protocol == Protocol::Any { 2 * n } else { n });
+            for k in &keys {
+                prop_assert_eq!((k.identity, k.endpoint), (9, 3));
+                let (first, last) = k.ports();
+                prop_assert!(lo <= first && last <= hi);
+                prop_assert!(matches!(k.protocol(), Some(sys::PROTO_TCP | sys::PROTO_UDP)));
+            }
+        }
+    }
+
+    #[test]
+    fn rules_without_ports_match_every_protocol() {
+        let any = expand(EndpointId(1), &fqdnd_ipcache::PolicyKey::ALLOW_ALL);
+        assert_eq!(any.len(), 1);
+        assert_eq!((any[0].protocol(), any[0].ports()), (None, (0, 65535)));
+        let tcp = expand(
+            EndpointId(1),
+            &fqdnd_ipcache::PolicyKey {
+                identity: Identity(5),
+                protocol: Protocol::Tcp,
+                port: 0,
+                end_port: 0,
+            },
+        );
+        assert_eq!(
+            (tcp.len(), tcp[0].protocol(), tcp[0].ports()),
+            (1, Some(sys::PROTO_TCP), (0, 65535))
+        );
+    }
+}

@@ -2,7 +2,13 @@
 //!
 //! They need root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN to mount bpffs). Without it they
 //! skip with a message, or fail when `FQDND_REQUIRE_PRIVILEGED=1` (CI sets it).
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::disallowed_methods,
+    clippy::disallowed_types,
+    reason = "tests; waiting for conntrack entries to expire polls the real clock"
+)]
 
 mod common;
 
