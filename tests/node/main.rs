@@ -13,6 +13,7 @@
 )]
 
 mod dns;
+mod enforcement;
 mod lb;
 pub(crate) mod topology;
 
