@@ -14,7 +14,7 @@
 
 mod common;
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use aya::programs::{TestRun, TestRunOptions};
