@@ -897,3 +897,52 @@ fn a_refused_batch_is_undone() {
         vec![("10.0.0.2/32".parse().unwrap(), Identity(200))]
     );
 }
+
+/// The cost of ipcache upserts through the undo log, one change per batch as a DNS answer
+/// brings them (run with `--ignored --nocapture`; use a release build): a new prefix is one
+/// `BPF_NOEXIST` write; an existing one a failed write and a lookup (plus the write when its
+/// identity changes).
+#[test]
+#[ignore = "measurement"]
+fn ipcache_upsert_cost() {
+    let Some(mut t) = T::new("upcost") else {
+        return;
+    };
+    let n = 20_000u32;
+    let prefix =
+        |i: u32| ipnet::IpNet::new(IpAddr::V4(Ipv4Addr::from(0x0a80_0000 + i)), 32).unwrap();
+    let mut time = |t: &mut T, id: u32| {
+        let start = std::time::Instant::now();
+        for i in 0..n {
+            t.dp.apply(&[DatapathChange::IpcacheUpsert {
+                prefix: prefix(i),
+                identity: Identity(id),
+            }])
+            .unwrap();
+        }
+        start.elapsed() / n
+    };
+    let new = time(&mut t, 1000);
+    let same = time(&mut t, 1000);
+    let changed = time(&mut t, 1001);
+    // the bare kernel write, for comparison: an LPM insert of other prefixes
+    let mut trie: aya::maps::LpmTrie<aya::maps::MapData, [u8; 4], sys::IpcacheValue> =
+        aya::maps::Map::from_map_data(
+            aya::maps::MapData::from_pin(t.dir.0.join("fqdnd_ipc4")).unwrap(),
+        )
+        .unwrap()
+        .try_into()
+        .unwrap();
+    let start = std::time::Instant::now();
+    for i in 0..n {
+        let key = aya::maps::lpm_trie::Key::new(32, (0x0b80_0000 + i).to_be_bytes());
+        trie.insert(&key, sys::IpcacheValue { identity: 7 }, 0)
+            .unwrap();
+    }
+    let bare = start.elapsed() / n;
+    eprintln!(
+        "ipcache upsert, one per batch (mean over {n}): new prefix {new:?}, existing with the \
+         same identity {same:?}, existing with another identity {changed:?}; a bare LPM \
+         insert {bare:?}"
+    );
+}

@@ -428,34 +428,83 @@ fn batches_read_back() {
     assert_eq!(rows(&dp).len(), 1 + 6 + 2 * 16);
 }
 
-/// Per-packet cost of the policy program, printed (run with --nocapture to see it).
+/// Per-packet cost of the policy program, printed (run with --nocapture to see it), with
+/// maps of a realistic size (2 000 ipcache /32s, 1 000 policy entries besides the flows').
 #[test]
 fn per_packet_cost() {
     let Some((_dir, mut loaded, mut dp)) = setup("cost") else {
         return;
     };
     base_policy(&mut dp);
+    let mut filler = Vec::new();
+    for i in 0..2000u32 {
+        filler.push(DatapathChange::IpcacheUpsert {
+            prefix: ipnet::IpNet::new(IpAddr::V4(Ipv4Addr::from(0x0a40_0000 + i)), 32).unwrap(),
+            identity: Identity(FQDN_ID + 10 + i),
+        });
+    }
+    for i in 0..1000u16 {
+        filler.push(DatapathChange::PolicyUpsert {
+            endpoint: EndpointId(100 + i % 50),
+            key: key(
+                FQDN_ID + 10 + u32::from(i),
+                Protocol::Tcp,
+                1000 + i,
+                1000 + i,
+            ),
+        });
+    }
+    // a wide range for the range lookups: 1-65535 is 16 prefixes per protocol
+    filler.push(DatapathChange::PolicyUpsert {
+        endpoint: EP,
+        key: key(FQDN_ID, Protocol::Udp, 1, 65535),
+    });
+    dp.apply(&filler).unwrap();
     let ep = IpAddr::V4(EP_V4);
+    let ok = IpAddr::V4(ALLOWED_V4);
     let n = 100_000;
-    // conntrack hit
-    let est = packet(ep, IpAddr::V4(ALLOWED_V4), 6, 40000, 443);
-    run(&mut loaded, FROM_ENDPOINT, &est, 1);
-    let (_, hit) = run(&mut loaded, FROM_ENDPOINT, &est, n);
+    let mut cost = |loaded: &mut Loaded, pkt: &[u8], want: u32| {
+        run(loaded, FROM_ENDPOINT, pkt, 1);
+        let (v, d) = run(loaded, FROM_ENDPOINT, pkt, n);
+        assert_eq!(v, want);
+        d
+    };
+    // established, enforcing: conntrack hit + ipcache LPM + policy LPM (exact port)
+    let est = packet(ep, ok, 6, 40000, 443);
+    let enforced = cost(&mut loaded, &est, TC_ACT_OK);
+    // established, allowed by a port range (a port prefix of 1-65535)
+    let ranged = cost(&mut loaded, &packet(ep, ok, 17, 40001, 40000), TC_ACT_OK);
+    // established, with source validation (the node's endpoints): + one hash lookup
+    dp.set_endpoint_addresses(LO_IFINDEX, EP, &[ep]).unwrap();
+    dp.set_endpoint(
+        LO_IFINDEX,
+        EP,
+        EndpointFlags {
+            check_source: true,
+            ..ENFORCE
+        },
+    )
+    .unwrap();
+    let node = cost(&mut loaded, &est, TC_ACT_OK);
+    // established, not enforcing: conntrack only (what an established flow cost before
+    // policy was checked on every packet)
+    dp.set_endpoint(LO_IFINDEX, EP, EndpointFlags::default())
+        .unwrap();
+    let ct_only = cost(&mut loaded, &est, TC_ACT_OK);
+    dp.set_endpoint(LO_IFINDEX, EP, ENFORCE).unwrap();
     // policy miss → full lookup chain + drop event
-    let deny = packet(ep, IpAddr::V4(ALLOWED_V4), 6, 40001, 80);
-    let (v, miss) = run(&mut loaded, FROM_ENDPOINT, &deny, n);
-    assert_eq!(v, TC_ACT_SHOT);
+    let miss = cost(&mut loaded, &packet(ep, ok, 6, 40002, 80), TC_ACT_SHOT);
     // DNS redirect, no proxy socket: one UDP listener lookup + drop (event while the ring
     // has room). BPF_PROG_TEST_RUN is not at tc ingress, so even a found socket could not be
     // assigned there: the real-traffic figure is in tests/netns.rs (redirect_cost_in_netns).
     dp.set_endpoint(LO_IFINDEX, EP, REDIRECT).unwrap();
     dp.set_dns_proxy(Some("127.0.0.1:1".parse().unwrap()), None)
         .unwrap();
-    let dns = packet(ep, IpAddr::V4(ALLOWED_V4), 17, 40002, 53);
-    let (v, no_proxy) = run(&mut loaded, FROM_ENDPOINT, &dns, n);
-    assert_eq!(v, TC_ACT_SHOT);
+    let no_proxy = cost(&mut loaded, &packet(ep, ok, 17, 40003, 53), TC_ACT_SHOT);
     eprintln!(
-        "per packet (mean over {n}): conntrack hit {hit:?}, full policy miss + event {miss:?}, \
+        "per packet (mean over {n}): established flow, policy checked again {enforced:?} \
+         (allowed by a port range {ranged:?}; with source validation {node:?}); established \
+         flow, conntrack only (not enforcing) {ct_only:?}; full policy miss + event {miss:?}; \
          DNS redirect without proxy (UDP lookup + drop) {no_proxy:?}"
     );
 }
