@@ -911,7 +911,7 @@ fn ipcache_upsert_cost() {
     let n = 20_000u32;
     let prefix =
         |i: u32| ipnet::IpNet::new(IpAddr::V4(Ipv4Addr::from(0x0a80_0000 + i)), 32).unwrap();
-    let mut time = |t: &mut T, id: u32| {
+    let time = |t: &mut T, id: u32| {
         let start = std::time::Instant::now();
         for i in 0..n {
             t.dp.apply(&[DatapathChange::IpcacheUpsert {
