@@ -463,7 +463,7 @@ fn per_packet_cost() {
     let ep = IpAddr::V4(EP_V4);
     let ok = IpAddr::V4(ALLOWED_V4);
     let n = 100_000;
-    let mut cost = |loaded: &mut Loaded, pkt: &[u8], want: u32| {
+    let cost = |loaded: &mut Loaded, pkt: &[u8], want: u32| {
         run(loaded, FROM_ENDPOINT, pkt, 1);
         let (v, d) = run(loaded, FROM_ENDPOINT, pkt, n);
         assert_eq!(v, want);
