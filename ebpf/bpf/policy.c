@@ -1049,9 +1049,11 @@ static __always_inline int icmp_related(struct __sk_buff *skb, const struct pkt 
 }
 
 /* The verdict on a packet of the endpoint `ep` (TC_ACT_OK or TC_ACT_SHOT, event emitted);
- * *backend: the service backend a passed packet was translated to. */
+ * *backend: the service backend a passed packet was translated to; *follow = 0 when the later
+ * fragments of a passed first fragment must not follow it. */
 static __always_inline int egress(struct __sk_buff *skb, struct pkt *p, int r,
-				  const struct fqdnd_endpoint_value *ep, __u64 now, __u16 *backend)
+				  const struct fqdnd_endpoint_value *ep, __u64 now, __u16 *backend,
+				  __u8 *follow)
 {
 	int enforce = ep->flags & FQDND_EP_ENFORCE_EGRESS;
 	struct fqdnd_ct_value *ct;
@@ -1092,6 +1094,9 @@ static __always_inline int egress(struct __sk_buff *skb, struct pkt *p, int r,
 
 	if ((ep->flags & FQDND_EP_REDIRECT_DNS) && p->icmp == ICMP_NONE &&
 	    p->key.dport == bpf_htons(53)) {
+		/* a fragmented query's later fragments would go to the original destination,
+		 * past the proxy: they are dropped */
+		*follow = 0;
 		if (redirect_dns(skb, &p->key) == 0) {
 			skb->mark = (skb->mark & ~FQDND_MARK_MASK) | FQDND_MARK_TO_PROXY;
 			return TC_ACT_OK;
@@ -1159,6 +1164,7 @@ int fqdnd_from_ep(struct __sk_buff *skb)
 	struct fqdnd_endpoint_value *iface;
 	__u32 ifindex = skb->ifindex;
 	__u16 backend = 0;
+	__u8 follow = 1;
 	__u64 now;
 	int r, verdict;
 
@@ -1185,8 +1191,8 @@ int fqdnd_from_ep(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	}
 	now = bpf_ktime_get_ns();
-	verdict = egress(skb, &p, r, &ep, now, &backend);
-	frag_record(&p, verdict == TC_ACT_OK, backend, 0, now);
+	verdict = egress(skb, &p, r, &ep, now, &backend, &follow);
+	frag_record(&p, verdict == TC_ACT_OK && follow, backend, 0, now);
 	return verdict;
 }
 

@@ -717,3 +717,60 @@ fn redirect_cost_in_netns() {
         }
     });
 }
+
+/// A fragmented DNS query: its first fragment is assigned to the proxy; its later fragments
+/// do not follow it to the original destination (past the proxy) — they are dropped as
+/// fragments of no allowed datagram. The later fragments of an allowed datagram pass.
+#[test]
+fn fragmented_dns_query_never_bypasses_the_proxy() {
+    let Some(mut s) = setup("fragdns", 9) else {
+        return;
+    };
+    let proxy = Proxy::new(Ipv4Addr::UNSPECIFIED.into());
+    s.dp.set_dns_proxy(
+        Some(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, proxy.addr.port())),
+        None,
+    )
+    .unwrap();
+    s.dp.apply(&[DatapathChange::PolicyUpsert {
+        endpoint: EP,
+        key: fqdnd_ipcache::PolicyKey {
+            identity: Identity(sys::ID_ANY),
+            protocol: Protocol::Udp,
+            port: 9998,
+            end_port: 9998,
+        },
+    }])
+    .unwrap();
+    let big = |sport: u16, dst: SocketAddr| {
+        s.ns.run(move || {
+            let u = UdpSocket::bind(("0.0.0.0", sport)).unwrap();
+            u.send_to(&[7u8; 3000], dst).unwrap();
+        });
+    };
+    let resolver = SocketAddr::from((RESOLVER_V4, 53));
+    big(40998, resolver);
+    let ev = wait_event(&mut s.events, |e| e.reason == sys::DROP_FRAGMENT);
+    let frags: Vec<_> = ev
+        .iter()
+        .filter(|e| e.reason == sys::DROP_FRAGMENT)
+        .collect();
+    assert!(!frags.is_empty(), "{ev:?}");
+    assert!(
+        frags
+            .iter()
+            .all(|e| e.daddr[..4] == RESOLVER_V4.octets() && e.proto == sys::PROTO_UDP),
+        "{ev:?}"
+    );
+    // nothing whole reached the proxy (its first fragment waits for the rest in vain)
+    assert!(proxy.recv_udp(Duration::from_millis(300)).is_none());
+    // an allowed datagram of the same size: its first fragment passed (its flow is in
+    // conntrack) and none of its fragments is dropped
+    big(
+        40999,
+        SocketAddr::from((Ipv4Addr::new(10, 99, 0, 80), 9998)),
+    );
+    assert!(wait_ct(&s.dp, 40999, 9998, 0).is_some());
+    let ev = wait_event(&mut s.events, |e| e.reason == sys::DROP_FRAGMENT);
+    assert!(ev.is_empty(), "{ev:?}");
+}
