@@ -416,11 +416,28 @@ pub(crate) fn bpf_unload(pin_dir: Option<&Path>) -> Result<ExitCode> {
     if dir.exists() {
         std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
     }
-    fqdnd_ebpf::route::remove_local_delivery().context("removing the local-delivery routes")?;
+    // The routes are shared: programs of another layout version (a sibling v<N> directory,
+    // say the running agent's after an upgrade) still redirect DNS through them.
+    let others: Vec<String> = fqdnd_ebpf::other_abi_dirs(&dir)
+        .into_iter()
+        .filter(|d| !fqdnd_ebpf::attached_interfaces(d).is_empty())
+        .map(|d| d.display().to_string())
+        .collect();
+    if others.is_empty() {
+        fqdnd_ebpf::route::remove_local_delivery().context("removing the local-delivery routes")?;
+    }
     println!(
-        "detached from {} interface(s), removed {}",
+        "detached from {} interface(s), removed {}{}",
         detached,
-        dir.display()
+        dir.display(),
+        if others.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; the local-delivery routes stay for the programs pinned in {}",
+                others.join(", ")
+            )
+        }
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -928,3 +928,60 @@ fn wide_port_ranges_enforce_exactly() {
     }
     wait_drop(&t, "policy-denied", &[("dst", ":1023")]);
 }
+
+/// Issue 15 bumped the map layout version: a restart whose pin directory is `…/v3` next to
+/// a `…/v2` of an earlier run leaves the old maps as they are (not migrated: the new ones
+/// start empty and are filled by the agent), names them and the interfaces their programs
+/// still run on in a warning, and `fqdnd bpf unload --pin-dir …/v2` removes them without
+/// touching the running agent (its DNS redirect keeps working).
+#[test]
+fn a_restart_under_a_new_layout_version_leaves_the_old_pins() {
+    const PORTS: &str = "{port: \"8080\", protocol: TCP}";
+    let Some(mut t) = start("abi", |t| {
+        let with_v2 = config(t, PORTS, "", "");
+        let pins = t.pin_dir.display().to_string();
+        with_v2.replace(
+            &format!("pinDir: {pins}\n"),
+            &format!("pinDir: {pins}/v2\n"),
+        )
+    }) else {
+        return;
+    };
+    let (v2, v3) = (t.pin_dir.join("v2"), t.pin_dir.join("v3"));
+    let list = |t: &Topology, dir: &std::path::Path, what: &str| {
+        t.cli(&["bpf", what, "list", "--pin-dir", dir.to_str().unwrap()])
+    };
+    resolve(&t, "api.example.test.");
+    let api = sa(t.v4(10, 1), 8080);
+    assert!(tcp_reaches(&t.ep_a, api, REACHES), "{}", t.logs());
+    let api_prefix = format!("{}/32", t.v4(10, 1));
+    assert!(list(&t, &v2, "ipcache").contains(&api_prefix));
+
+    t.kill_node();
+    let pins = t.pin_dir.display().to_string();
+    let next = config(&t, PORTS, "", "").replace(
+        &format!("pinDir: {pins}\n"),
+        &format!("pinDir: {pins}/v3\n"),
+    );
+    let path = t.write_node_config(&next);
+    t.start_node(&path);
+    let log = std::fs::read_to_string(t.dir.join("node.log")).unwrap();
+    let warning = log
+        .lines()
+        .find(|l| l.contains("maps of another layout version"))
+        .unwrap_or_else(|| panic!("no warning:\n{log}"));
+    for name in [v2.to_str().unwrap(), "fqdnd_ct", "fqdnd_policy", &t.if_a] {
+        assert!(warning.contains(name), "{name} not named: {warning}");
+    }
+    // not migrated: the old maps keep their entries, the new ones start without them
+    assert!(list(&t, &v2, "ipcache").contains(&api_prefix));
+    assert!(!list(&t, &v3, "ipcache").contains(&api_prefix));
+
+    // the old layout's programs removed; the agent's redirect and policy work on
+    let out = t.cli(&["bpf", "unload", "--pin-dir", v2.to_str().unwrap()]);
+    assert!(out.contains("routes stay"), "{out}");
+    assert!(!v2.exists());
+    resolve(&t, "api.example.test.");
+    assert!(tcp_reaches(&t.ep_a, api, REACHES), "{}", t.logs());
+    assert!(!tcp_reaches(&t.ep_a, sa(t.v4(10, 1), 9090), DROPPED));
+}
