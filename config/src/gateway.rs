@@ -32,7 +32,7 @@
 //! kind: Node                                  # every field optional
 //! spec:
 //!   dnsProxyPort: 10053                       # transparent proxy sockets (eBPF redirect)
-//!   pinDir: /sys/fs/bpf/fqdnd/v2              # default: versioned by the maps' layout
+//!   pinDir: /sys/fs/bpf/fqdnd/v3              # default: versioned by the maps' layout
 //!   conntrack: {tcpSyn: 60s, tcpEstablished: 6h, tcpClosing: 10s, other: 60s}
 //!                                             # lifetimes after each packet, by state (also
 //!                                             # in a Gateway); a flow alive in conntrack
