@@ -729,6 +729,38 @@ fn icmp_fragments_and_extension_headers() {
     }
 }
 
+/// From `ns`: a DNS query for `name` sent from `src` (a socket bound to it) to `server`; the
+/// reply's response code, or `None` when nothing comes back within 1.5 s.
+fn ask_from(ns: &str, src: IpAddr, server: SocketAddr, name: &str) -> Option<ResponseCode> {
+    let name = name.to_owned();
+    in_netns(ns, move || {
+        let socket = UdpSocket::bind(sa(src, 0)).unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_millis(1500)))
+            .unwrap();
+        let qtype = if server.is_ipv4() {
+            RecordType::A
+        } else {
+            RecordType::AAAA
+        };
+        let mut m = hickory_proto::op::Message::new(
+            0x5eed,
+            hickory_proto::op::MessageType::Query,
+            hickory_proto::op::OpCode::Query,
+        );
+        m.metadata.recursion_desired = true;
+        m.queries.push(hickory_proto::op::Query::query(
+            hickory_proto::rr::Name::from_ascii(&name).unwrap(),
+            qtype,
+        ));
+        socket.send_to(&m.to_vec().unwrap(), server).unwrap();
+        let mut buf = [0u8; 512];
+        let (n, _) = socket.recv_from(&mut buf).ok()?;
+        let reply = hickory_proto::op::Message::from_vec(&buf[..n]).ok()?;
+        Some(reply.metadata.response_code)
+    })
+}
+
 /// Issue 15: a DNS query and a TCP SYN from endpoint A with endpoint B's source address are
 /// dropped before the proxy (B's rules would let the name through) and reported as
 /// `source-spoofed` in the drop log and the metrics.
@@ -754,33 +786,8 @@ fn spoofed_sources_are_dropped_before_the_proxy() {
         (t.v6(1, 2), t.v6(2, 2), t.v6(9, 53), t.v6(10, 1)),
     ] {
         // a name only B may resolve, asked with B's source: no answer, nothing learned
-        let asked = in_netns(&t.ep_a, move || {
-            let socket = UdpSocket::bind(sa(neighbour, 0)).unwrap();
-            socket
-                .set_read_timeout(Some(Duration::from_millis(1500)))
-                .unwrap();
-            let qtype = if neighbour.is_ipv4() {
-                RecordType::A
-            } else {
-                RecordType::AAAA
-            };
-            let mut m = hickory_proto::op::Message::new(
-                0x5eed,
-                hickory_proto::op::MessageType::Query,
-                hickory_proto::op::OpCode::Query,
-            );
-            m.metadata.recursion_desired = true;
-            m.queries.push(hickory_proto::op::Query::query(
-                hickory_proto::rr::Name::from_ascii("short.example.test.").unwrap(),
-                qtype,
-            ));
-            socket
-                .send_to(&m.to_vec().unwrap(), sa(resolver, 53))
-                .unwrap();
-            let mut buf = [0u8; 512];
-            socket.recv_from(&mut buf).is_ok()
-        });
-        assert!(!asked, "a spoofed query was answered");
+        let asked = ask_from(&t.ep_a, neighbour, sa(resolver, 53), "short.example.test.");
+        assert!(asked.is_none(), "a spoofed query was answered: {asked:?}");
         wait_drop(
             &t,
             "source-spoofed",
@@ -851,6 +858,44 @@ fn spoofed_sources_are_dropped_before_the_proxy() {
                 .is_some_and(|v| v >= 4.0)
         },
     );
+
+    // the addresses follow the configuration: a reload that gives A another address and
+    // removes B rewrites them (A's extra address becomes a valid source, B's go)
+    let endpoints = bpf(&t, "endpoint");
+    for ip in [t.v4(1, 2), t.v6(1, 2), t.v4(2, 2), t.v6(2, 2)] {
+        assert!(
+            endpoints.contains(&format!("source {ip} ")),
+            "{ip}:\n{endpoints}"
+        );
+    }
+    let metrics_line = format!("  metrics: 127.0.0.1:{metrics_port}\n");
+    let next = config(&t, PORTS, "", &metrics_line).replace(
+        &format!("addresses: [10.{n}.1.2, "),
+        &format!("addresses: [10.{n}.1.2, 10.{n}.1.3, "),
+    );
+    let b = next.find("kind: Endpoint\nmetadata: {name: b}").unwrap();
+    let b_end = b + next[b..].find("---\n").unwrap() + 4;
+    // the document before B's `kind:` line starts with its apiVersion line
+    let b_start = next[..b].rfind("---\n").unwrap() + 4;
+    let next = format!("{}{}", &next[..b_start], &next[b_end..]);
+    t.write_node_config(&next);
+    let out = t.cli(&[
+        "policy",
+        "reload",
+        "--admin-socket",
+        t.admin().to_str().unwrap(),
+    ]);
+    assert!(out.contains("reloaded") || out.contains("ok"), "{out}");
+    wait_until(&t, Duration::from_secs(10), "addresses rewritten", || {
+        let e = bpf(&t, "endpoint");
+        e.contains(&format!("source {} ", t.v4(1, 3)))
+            && !e.contains(&format!("source {} ", t.v4(2, 2)))
+            && !e.contains(&format!("source {} ", t.v6(2, 2)))
+    });
+    let extra = t.v4(1, 3);
+    sh(&format!("ip -n {} addr add {extra}/32 dev lo", t.ep_a));
+    let reply = ask_from(&t.ep_a, extra, sa(t.v4(9, 53), 53), "api.example.test.");
+    assert_eq!(reply, Some(ResponseCode::NoError), "{}", t.logs());
 }
 
 /// Issue 15: `endPort` ranges 1024–65535 (TCP) and 1–65535 (UDP) pass `fqdnd policy check`,
