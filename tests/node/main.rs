@@ -13,6 +13,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod dns;
+mod enforcement;
 mod lb;
 mod regressions;
 pub(crate) mod topology;
