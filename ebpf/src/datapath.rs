@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use aya::maps::lpm_trie::Key;
 use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, MapError, RingBuf};
-use fqdnd_ipcache::policy::Protocol;
+use fqdnd_ipcache::policy::{Direction, Protocol};
 use fqdnd_ipcache::{Datapath, DatapathChange, DatapathError, EndpointId, Identity};
 use ipnet::IpNet;
 
@@ -261,8 +261,29 @@ pub struct KernelDatapath {
     dns_proxy: Array<MapData, DnsProxy>,
     ep_addrs: HashMap<MapData, EpAddrKey, EpAddrValue>,
     settings: Array<MapData, Settings>,
-    refs: StdHashMap<PolicyKey, u32>,
+    refs: StdHashMap<PolicyKey, Refs>,
     resync: Option<Resync>,
+}
+
+/// How many policy keys stand for one kernel entry, allowing and denying. The entry denies
+/// while any deny does (a deny wins), else allows; it is absent while both are zero.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Refs {
+    allow: u32,
+    deny: u32,
+}
+
+impl Refs {
+    /// The value the kernel entry has, `None` = no entry.
+    fn flags(self) -> Option<u32> {
+        if self.deny > 0 {
+            Some(sys::POLICY_DENY)
+        } else if self.allow > 0 {
+            Some(sys::POLICY_ALLOW)
+        } else {
+            None
+        }
+    }
 }
 
 fn map_err(map: &'static str, operation: &'static str, e: MapError) -> DatapathError {
@@ -321,8 +342,12 @@ pub fn port_prefixes(first: u16, last: u16) -> Vec<(u16, u8)> {
 /// "any") one entry for every port or one per port prefix of its range. Every range is
 /// representable.
 fn expand(endpoint: EndpointId, key: &fqdnd_ipcache::PolicyKey) -> Vec<PolicyKey> {
+    let direction = match key.direction {
+        Direction::Egress => 0,
+        Direction::Ingress => sys::POLICY_ID_INGRESS,
+    };
     let base = PolicyData {
-        identity: key.identity.0,
+        identity: key.identity.0 | direction,
         endpoint: endpoint.0,
         ..PolicyData::default()
     };
@@ -333,6 +358,22 @@ fn expand(endpoint: EndpointId, key: &fqdnd_ipcache::PolicyKey) -> Vec<PolicyKey
         Protocol::Tcp => &[sys::PROTO_TCP],
         Protocol::Udp => &[sys::PROTO_UDP],
         Protocol::Any => &[sys::PROTO_TCP, sys::PROTO_UDP],
+        // The ICMP type, exactly, as the destination port.
+        Protocol::Icmp | Protocol::Icmpv6 => {
+            let proto = if key.protocol == Protocol::Icmp {
+                sys::PROTO_ICMP
+            } else {
+                sys::PROTO_ICMPV6
+            };
+            return vec![PolicyKey::new(
+                sys::POLICY_PREFIX_FULL,
+                PolicyData {
+                    proto,
+                    dport: key.port.to_be(),
+                    ..base
+                },
+            )];
+        }
     };
     let mut out = Vec::new();
     for &proto in protos {
@@ -357,16 +398,15 @@ fn expand(endpoint: EndpointId, key: &fqdnd_ipcache::PolicyKey) -> Vec<PolicyKey
 /// One kernel write of a batch, as it is undone when a later write fails.
 #[derive(Debug)]
 enum Undo {
-    /// A policy entry was written: delete it (and its count).
-    PolicyWritten(PolicyKey),
-    /// A policy entry was deleted (its count reached 0): write it back with count 1.
-    PolicyDeleted(PolicyKey),
-    /// A policy entry's count went up (no write): down again.
-    RefUp(PolicyKey),
-    /// A policy entry's count went down (no write): up again.
-    RefDown(PolicyKey),
-    /// Resync: a policy entry present before the restart was confirmed.
-    ResyncPolicy(PolicyKey),
+    /// A policy entry's counts changed (and, when its value changed, the kernel entry was
+    /// written or deleted): the counts and the entry go back to `before`.
+    Policy {
+        key: PolicyKey,
+        before: Option<Refs>,
+    },
+    /// Resync: a policy entry present before the restart (with these flags) was confirmed
+    /// (and its value written).
+    ResyncPolicy(PolicyKey, u32),
     /// A new ipcache prefix was written: delete it.
     IpcWritten(IpNet),
     /// An ipcache prefix's identity was replaced: write the old one back.
@@ -908,18 +948,29 @@ impl KernelDatapath {
         Ok(out)
     }
 
-    fn policy_write(&mut self, k: &PolicyKey) -> Result<(), DatapathError> {
-        let v = PolicyValue {
-            flags: sys::POLICY_ALLOW,
-        };
+    fn policy_write(&mut self, k: &PolicyKey, flags: u32) -> Result<(), DatapathError> {
         self.policy
-            .insert(&Key::new(k.prefixlen, k.data()), v, 0)
+            .insert(&Key::new(k.prefixlen, k.data()), PolicyValue { flags }, 0)
             .map_err(|e| policy_key_error(k, "policy upsert", e))
     }
 
     fn policy_remove(&mut self, k: &PolicyKey) -> Result<(), DatapathError> {
         ignore_absent(self.policy.remove(&Key::new(k.prefixlen, k.data())))
             .map_err(|e| policy_key_error(k, "policy delete", e))
+    }
+
+    /// Brings the kernel entry of `k` from the value of `before` to that of `after`.
+    fn policy_set(
+        &mut self,
+        k: &PolicyKey,
+        before: Option<u32>,
+        after: Option<u32>,
+    ) -> Result<(), DatapathError> {
+        match (before, after) {
+            (b, a) if b == a => Ok(()),
+            (_, Some(flags)) => self.policy_write(k, flags),
+            (_, None) => self.policy_remove(k),
+        }
     }
 
     fn policy_upsert(
@@ -929,26 +980,38 @@ impl KernelDatapath {
         undo: &mut Vec<Undo>,
     ) -> Result<(), DatapathError> {
         for k in expand(endpoint, key) {
-            if let Some(n) = self.refs.get_mut(&k) {
-                *n += 1;
-                undo.push(Undo::RefUp(k));
-                continue;
+            let before = self.refs.get(&k).copied();
+            let mut after = before.unwrap_or_default();
+            if key.deny {
+                after.deny += 1;
+            } else {
+                after.allow += 1;
             }
-            if let Some(rs) = &mut self.resync
+            if before.is_none()
+                && let Some(rs) = &mut self.resync
                 && rs.policy.remove(&k)
             {
-                // present before the restart (the value is always ALLOW): confirmed
+                // present before the restart: confirmed, its value written as wanted
+                let old = self
+                    .policy
+                    .get(&Key::new(k.prefixlen, k.data()), 0)
+                    .map_or(sys::POLICY_ALLOW, |v| v.flags);
                 rs.stats.kept += 1;
-                self.refs.insert(k, 1);
-                undo.push(Undo::ResyncPolicy(k));
+                undo.push(Undo::ResyncPolicy(k, old));
+                self.refs.insert(k, after);
+                if let Some(flags) = after.flags().filter(|f| *f != old) {
+                    self.policy_write(&k, flags)?;
+                }
                 continue;
             }
-            self.policy_write(&k)?;
-            if let Some(rs) = &mut self.resync {
+            self.policy_set(&k, before.and_then(Refs::flags), after.flags())?;
+            if before.is_none()
+                && let Some(rs) = &mut self.resync
+            {
                 rs.stats.added += 1;
             }
-            self.refs.insert(k, 1);
-            undo.push(Undo::PolicyWritten(k));
+            self.refs.insert(k, after);
+            undo.push(Undo::Policy { key: k, before });
         }
         Ok(())
     }
@@ -960,17 +1023,25 @@ impl KernelDatapath {
         undo: &mut Vec<Undo>,
     ) -> Result<(), DatapathError> {
         for k in expand(endpoint, key) {
-            let Some(n) = self.refs.get_mut(&k) else {
+            let Some(before) = self.refs.get(&k).copied() else {
                 continue;
             };
-            if *n > 1 {
-                *n -= 1;
-                undo.push(Undo::RefDown(k));
-                continue;
+            let mut after = before;
+            if key.deny {
+                after.deny = after.deny.saturating_sub(1);
+            } else {
+                after.allow = after.allow.saturating_sub(1);
             }
-            self.policy_remove(&k)?;
-            self.refs.remove(&k);
-            undo.push(Undo::PolicyDeleted(k));
+            self.policy_set(&k, before.flags(), after.flags())?;
+            if after.flags().is_none() {
+                self.refs.remove(&k);
+            } else {
+                self.refs.insert(k, after);
+            }
+            undo.push(Undo::Policy {
+                key: k,
+                before: Some(before),
+            });
         }
         Ok(())
     }
@@ -1107,33 +1178,20 @@ impl KernelDatapath {
         let mut first = None;
         for u in undo.into_iter().rev() {
             let r = match u {
-                Undo::PolicyWritten(k) => {
-                    self.refs.remove(&k);
-                    self.policy_remove(&k)
+                Undo::Policy { key, before } => {
+                    let now = self.refs.get(&key).copied().and_then(Refs::flags);
+                    match before {
+                        Some(refs) => self.refs.insert(key, refs),
+                        None => self.refs.remove(&key),
+                    };
+                    self.policy_set(&key, now, before.and_then(Refs::flags))
                 }
-                Undo::PolicyDeleted(k) => {
-                    self.refs.insert(k, 1);
-                    self.policy_write(&k)
-                }
-                Undo::RefUp(k) => {
-                    if let Some(n) = self.refs.get_mut(&k) {
-                        *n -= 1;
-                        if *n == 0 {
-                            self.refs.remove(&k);
-                        }
-                    }
-                    Ok(())
-                }
-                Undo::RefDown(k) => {
-                    *self.refs.entry(k).or_insert(0) += 1;
-                    Ok(())
-                }
-                Undo::ResyncPolicy(k) => {
-                    self.refs.remove(&k);
+                Undo::ResyncPolicy(k, old) => {
+                    let now = self.refs.remove(&k).and_then(Refs::flags);
                     if let Some(rs) = &mut self.resync {
                         rs.policy.insert(k);
                     }
-                    Ok(())
+                    self.policy_set(&k, now, Some(old))
                 }
                 Undo::IpcWritten(prefix) => self
                     .ipc_remove(&prefix)

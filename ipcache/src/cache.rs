@@ -11,12 +11,12 @@ use smallvec::SmallVec;
 use crate::config::Config;
 use crate::datapath::{Datapath, DatapathChange, PolicyKey};
 use crate::endpoint::{Endpoint, EndpointId};
-use crate::endpoint_policy::{EndpointPolicy, PolicyState, contributions};
+use crate::endpoint_policy::{EndpointPolicy, PolicyState, Use, contributions};
 use crate::error::{Breaker, Error};
 use crate::identity::{Allocator, Identity, Scope};
 use crate::labels::{Label, LabelId, LabelSet, LabelTable};
 use crate::metadata::{CidrLabels, Metadata, OwnerKind, PrefixEntry, ResourceOwner};
-use crate::policy::{PeerSelector, Rule};
+use crate::policy::{Direction, PeerSelector, Rule};
 use crate::selector::{SelectorCache, SelectorIdx};
 
 /// How often a tripped breaker may log a warning.
@@ -439,8 +439,7 @@ impl<D: Datapath> IpCache<D> {
         let wanted: BTreeSet<IpNet> = self
             .rules
             .iter()
-            .flat_map(|r| &r.egress)
-            .flat_map(|e| &e.peers)
+            .flat_map(Rule::peers)
             .filter_map(|p| match p {
                 PeerSelector::Cidr { cidr, except } => Some(std::iter::once(cidr).chain(except)),
                 _ => None,
@@ -518,32 +517,36 @@ impl<D: Datapath> IpCache<D> {
     /// Re-resolves every endpoint's policy from the rules and diffs it into pending changes.
     fn rebuild_policy(&mut self) {
         let mut fresh: BTreeMap<EndpointId, EndpointPolicy> = BTreeMap::new();
-        let mut users: HashMap<SelectorIdx, Vec<(EndpointId, Vec<_>)>> = HashMap::new();
+        let mut users: HashMap<SelectorIdx, Vec<(EndpointId, Use)>> = HashMap::new();
         for endpoint in self.endpoints.values() {
             let (enforcing, contribs) = contributions(&self.rules, endpoint);
-            let mut policy = EndpointPolicy {
-                enforcing,
-                ..EndpointPolicy::default()
-            };
-            if !enforcing {
-                policy.entries.insert(PolicyKey::ALLOW_ALL, 1);
-                fresh.insert(endpoint.id, policy);
-                continue;
-            }
+            let mut policy = EndpointPolicy::new(enforcing);
             for contrib in contribs {
+                let d = usize::from(contrib.direction == Direction::Ingress);
+                if !contrib.deny && !enforcing[d] {
+                    // allows add nothing to an allow-all direction
+                    continue;
+                }
                 match contrib.peer {
-                    None => policy.add(Identity::ANY, &contrib.ports, |_, _| {}),
+                    None => policy.add(
+                        Identity::ANY,
+                        &contrib.ports,
+                        contrib.direction,
+                        contrib.deny,
+                        |_, _| {},
+                    ),
                     Some(peer) => {
                         let all = self.alloc.iter().map(|(id, labels, _)| (id, labels));
                         let idx = self.selectors.register(peer, &mut self.labels, all);
                         policy.selectors.push(idx);
-                        for id in self.selectors.identities(idx) {
-                            policy.add(id, &contrib.ports, |_, _| {});
+                        let ids: Vec<Identity> = self.selectors.identities(idx).collect();
+                        for id in ids {
+                            policy.add(id, &contrib.ports, contrib.direction, contrib.deny, |_, _| {});
                         }
-                        users
-                            .entry(idx)
-                            .or_default()
-                            .push((endpoint.id, contrib.ports));
+                        users.entry(idx).or_default().push((
+                            endpoint.id,
+                            (contrib.direction, contrib.deny, contrib.ports),
+                        ));
                     }
                 }
             }
@@ -551,17 +554,19 @@ impl<D: Datapath> IpCache<D> {
         }
         let old = std::mem::take(&mut self.policy.endpoints);
         for (ep, policy) in &old {
-            let new_entries = fresh.get(ep).map(|p| &p.entries);
-            for key in policy.entries.keys() {
-                if !new_entries.is_some_and(|n| n.contains_key(key)) {
+            let new_entries: BTreeSet<&PolicyKey> =
+                fresh.get(ep).map(|p| p.keys().collect()).unwrap_or_default();
+            for key in policy.keys() {
+                if !new_entries.contains(key) {
                     self.pending.policy_change(*ep, *key, false);
                 }
             }
         }
         for (ep, policy) in &fresh {
-            let old_entries = old.get(ep).map(|p| &p.entries);
-            for key in policy.entries.keys() {
-                if !old_entries.is_some_and(|o| o.contains_key(key)) {
+            let old_entries: BTreeSet<&PolicyKey> =
+                old.get(ep).map(|p| p.keys().collect()).unwrap_or_default();
+            for key in policy.keys() {
+                if !old_entries.contains(key) {
                     self.pending.policy_change(*ep, *key, true);
                 }
             }
@@ -590,8 +595,7 @@ impl<D> IpCache<D> {
         let keys: BTreeSet<&String> = self
             .rules
             .iter()
-            .flat_map(|r| &r.egress)
-            .flat_map(|e| &e.peers)
+            .flat_map(Rule::peers)
             .filter_map(|p| match p {
                 PeerSelector::Fqdn(key) => Some(key),
                 _ => None,
@@ -702,10 +706,25 @@ impl<D> IpCache<D> {
         self.selectors.iter()
     }
 
-    /// An endpoint's resolved policy keys, sorted; `None` for an unknown endpoint.
+    /// An endpoint's egress policy keys as the datapath holds them, sorted; `None` for an
+    /// unknown endpoint.
     pub fn endpoint_policy(&self, endpoint: EndpointId) -> Option<Vec<PolicyKey>> {
+        self.endpoint_policy_dir(endpoint, Direction::Egress)
+    }
+
+    /// An endpoint's policy keys of one direction as the datapath holds them (allows, denies
+    /// and the denies derived from overlaps), sorted; `None` for an unknown endpoint.
+    pub fn endpoint_policy_dir(
+        &self,
+        endpoint: EndpointId,
+        direction: Direction,
+    ) -> Option<Vec<PolicyKey>> {
         self.policy.endpoints.get(&endpoint).map(|p| {
-            let mut keys: Vec<PolicyKey> = p.entries.keys().copied().collect();
+            let mut keys: Vec<PolicyKey> = p
+                .keys()
+                .filter(|k| k.direction == direction)
+                .copied()
+                .collect();
             keys.sort();
             keys
         })
@@ -713,7 +732,16 @@ impl<D> IpCache<D> {
 
     /// Whether an endpoint is under egress policy (default deny); `None` if unknown.
     pub fn endpoint_enforcing(&self, endpoint: EndpointId) -> Option<bool> {
-        self.policy.endpoints.get(&endpoint).map(|p| p.enforcing)
+        self.policy.endpoints.get(&endpoint).map(|p| p.enforcing[0])
+    }
+
+    /// Whether the datapath must look at an endpoint's policy in `direction` (default deny
+    /// there, or a deny to apply); `None` if unknown. This is the kernel's enforce flag.
+    pub fn endpoint_under_policy(&self, endpoint: EndpointId, direction: Direction) -> Option<bool> {
+        self.policy
+            .endpoints
+            .get(&endpoint)
+            .map(|p| p.under_policy(direction))
     }
 
     /// The endpoints, by id.
