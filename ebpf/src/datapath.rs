@@ -1364,7 +1364,7 @@ mod tests {
         fn expansion_follows_the_prefixes(a in 1u16.., b in 1u16.., proto in 0u8..3) {
             let (lo, hi) = (a.min(b), a.max(b));
             let protocol = [Protocol::Tcp, Protocol::Udp, Protocol::Any][usize::from(proto)];
-            let key = fqdnd_ipcache::PolicyKey { identity: Identity(9), protocol, port: lo, end_port: hi };
+            let key = fqdnd_ipcache::PolicyKey { identity: Identity(9), protocol, port: lo, end_port: hi, ..Default::default() };
             let keys = expand(EndpointId(3), &key);
             let n = port_prefixes(lo, hi).len();
             prop_assert_eq!(keys.len(), if protocol == Protocol::Any { 2 * n } else { n });
@@ -1389,6 +1389,7 @@ mod tests {
                 protocol: Protocol::Tcp,
                 port: 0,
                 end_port: 0,
+                ..Default::default()
             },
         );
         assert_eq!(

@@ -81,6 +81,7 @@ fn key(identity: u32, protocol: Protocol, port: u16, end_port: u16) -> PolicyKey
         protocol,
         port,
         end_port,
+        ..Default::default()
     }
 }
 

@@ -52,6 +52,7 @@ fn key(identity: u32, protocol: Protocol, port: u16, end_port: u16) -> fqdnd_ipc
         protocol,
         port,
         end_port,
+        ..Default::default()
     }
 }
 

@@ -73,6 +73,7 @@ fn policy_key(port: u16, end_port: u16) -> fqdnd_ipcache::PolicyKey {
         protocol: Protocol::Tcp,
         port,
         end_port,
+        ..Default::default()
     }
 }
 

@@ -282,6 +282,7 @@ fn dns_redirect_v4_in_netns() {
             protocol: Protocol::Udp,
             port: 9998,
             end_port: 9998,
+            ..Default::default()
         },
     }])
     .unwrap();
@@ -486,6 +487,7 @@ fn migration_keeps_enforcing_on_veth() {
             protocol: Protocol::Udp,
             port: 9998,
             end_port: 9998,
+            ..Default::default()
         },
     }])
     .unwrap();
@@ -537,6 +539,7 @@ fn migration_keeps_enforcing_on_veth() {
             protocol: Protocol::Udp,
             port: 9998,
             end_port: 9998,
+            ..Default::default()
         },
     };
     s.dp.begin_resync().unwrap();
@@ -674,6 +677,7 @@ fn redirect_cost_in_netns() {
             protocol: Protocol::Udp,
             port: 9998,
             end_port: 9998,
+            ..Default::default()
         },
     }])
     .unwrap();
@@ -739,6 +743,7 @@ fn fragmented_dns_query_never_bypasses_the_proxy() {
             protocol: Protocol::Udp,
             port: 9998,
             end_port: 9998,
+            ..Default::default()
         },
     }])
     .unwrap();

@@ -541,7 +541,13 @@ impl<D: Datapath> IpCache<D> {
                         policy.selectors.push(idx);
                         let ids: Vec<Identity> = self.selectors.identities(idx).collect();
                         for id in ids {
-                            policy.add(id, &contrib.ports, contrib.direction, contrib.deny, |_, _| {});
+                            policy.add(
+                                id,
+                                &contrib.ports,
+                                contrib.direction,
+                                contrib.deny,
+                                |_, _| {},
+                            );
                         }
                         users.entry(idx).or_default().push((
                             endpoint.id,
@@ -554,8 +560,10 @@ impl<D: Datapath> IpCache<D> {
         }
         let old = std::mem::take(&mut self.policy.endpoints);
         for (ep, policy) in &old {
-            let new_entries: BTreeSet<&PolicyKey> =
-                fresh.get(ep).map(|p| p.keys().collect()).unwrap_or_default();
+            let new_entries: BTreeSet<&PolicyKey> = fresh
+                .get(ep)
+                .map(|p| p.keys().collect())
+                .unwrap_or_default();
             for key in policy.keys() {
                 if !new_entries.contains(key) {
                     self.pending.policy_change(*ep, *key, false);
@@ -737,7 +745,11 @@ impl<D> IpCache<D> {
 
     /// Whether the datapath must look at an endpoint's policy in `direction` (default deny
     /// there, or a deny to apply); `None` if unknown. This is the kernel's enforce flag.
-    pub fn endpoint_under_policy(&self, endpoint: EndpointId, direction: Direction) -> Option<bool> {
+    pub fn endpoint_under_policy(
+        &self,
+        endpoint: EndpointId,
+        direction: Direction,
+    ) -> Option<bool> {
         self.policy
             .endpoints
             .get(&endpoint)

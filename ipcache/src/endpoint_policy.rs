@@ -249,7 +249,9 @@ impl EndpointPolicy {
         let old = if fresh.is_empty() {
             self.effective.remove(&group).unwrap_or_default()
         } else {
-            self.effective.insert(group, fresh.clone()).unwrap_or_default()
+            self.effective
+                .insert(group, fresh.clone())
+                .unwrap_or_default()
         };
         for k in fresh.difference(&old) {
             changed(*k, true);

@@ -222,7 +222,12 @@ pub(crate) fn reserved_of(entity: Entity) -> Vec<Identity> {
         Entity::WorldIpv6 => vec![Identity::WORLD_IPV6],
         // `all` is resolved as "any identity"; the selector is never registered for it, but
         // if it were it would hold every reserved number fqdnd uses.
-        Entity::All => vec![Identity::WORLD_IPV4, Identity::WORLD_IPV6, HOST, REMOTE_NODE],
+        Entity::All => vec![
+            Identity::WORLD_IPV4,
+            Identity::WORLD_IPV6,
+            HOST,
+            REMOTE_NODE,
+        ],
         Entity::Host => vec![HOST],
         Entity::Cluster => vec![HOST, REMOTE_NODE],
         Entity::RemoteNode => vec![REMOTE_NODE],

@@ -102,6 +102,7 @@ fn rule(selector: LabelSelector, peers: Vec<PeerSelector>, ports: Vec<PortRule>)
         endpoint_selector: selector,
         egress: vec![EgressRule { peers, ports }],
         default_deny_egress: true,
+        ..Default::default()
     }
 }
 
@@ -513,6 +514,7 @@ fn a_rule_without_egress_entries_still_denies_by_default() {
         endpoint_selector: app("web"),
         egress: vec![],
         default_deny_egress: true,
+        ..Default::default()
     }])
     .unwrap();
     c.commit().unwrap();
@@ -527,6 +529,7 @@ fn a_rule_without_egress_entries_still_denies_by_default() {
         endpoint_selector: app("web"),
         egress: vec![],
         default_deny_egress: false,
+        ..Default::default()
     }])
     .unwrap();
     c.commit().unwrap();

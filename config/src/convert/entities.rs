@@ -22,7 +22,12 @@ pub(super) fn entity(text: &Text, field: &str, diag: &mut Diag<'_>) -> Option<En
         "cluster" => Entity::Cluster,
         "remote-node" => Entity::RemoteNode,
         _ if KUBERNETES_ONLY.contains(&s) => {
-            diag.unsupported(at(text), field, format!("{field}: {s}"), Unsupported::KubernetesOnly);
+            diag.unsupported(
+                at(text),
+                field,
+                format!("{field}: {s}"),
+                Unsupported::KubernetesOnly,
+            );
             return None;
         }
         _ => {
@@ -121,7 +126,9 @@ pub(crate) fn icmp_type(family: Protocol, value: &Scalar) -> Result<u8, String> 
                     known.join(", ")
                 )
             }),
-        other @ Scalar::Other(_) => Err(format!("an ICMP type must be a number or a name, not {other}")),
+        other @ Scalar::Other(_) => Err(format!(
+            "an ICMP type must be a number or a name, not {other}"
+        )),
     }
 }
 
@@ -138,7 +145,10 @@ pub(super) fn icmp_rule(spec: &Spanned<IcmpRuleSpec>, diag: &mut Diag<'_>) -> Op
         return None;
     }
     if fields.len() > 40 {
-        diag.invalid(at(spec), "an `icmps` entry may list at most 40 fields (as in Cilium)");
+        diag.invalid(
+            at(spec),
+            "an `icmps` entry may list at most 40 fields (as in Cilium)",
+        );
     }
     let ports: Vec<PortProtocol> = fields.iter().filter_map(|f| icmp_field(f, diag)).collect();
     (diag.count() == before).then_some(PortRule { ports, dns: None })
@@ -153,7 +163,10 @@ fn icmp_field(spec: &Spanned<IcmpFieldSpec>, diag: &mut Diag<'_>) -> Option<Port
             if let Some(t) = &f.family {
                 diag.invalid(
                     at(t),
-                    format!("unknown ICMP `family` {:?}: expected IPv4 or IPv6", sanitize(other)),
+                    format!(
+                        "unknown ICMP `family` {:?}: expected IPv4 or IPv6",
+                        sanitize(other)
+                    ),
                 );
             }
             return None;

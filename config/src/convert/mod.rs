@@ -12,8 +12,8 @@ mod selector;
 use fqdnd_ipcache::policy::{EgressRule, PeerSelector, PortRule, Rule};
 use serde_saphyr::{Location, Spanned};
 
-pub(crate) use self::peers::parse_cidr;
 use self::entities::{entity, icmp_rule};
+pub(crate) use self::peers::parse_cidr;
 use self::peers::{cidr_rule, fqdn};
 use self::ports::port_rule;
 pub(crate) use self::selector::NAMESPACE_KEY;
@@ -250,10 +250,10 @@ fn rule(
     };
 
     let present = |v: Option<usize>| v.is_some_and(|n| n > 0);
-    let has_egress = present(r.egress.as_ref().map(Vec::len))
-        || present(r.egress_deny.as_ref().map(Vec::len));
-    let has_ingress = present(r.ingress.as_ref().map(Vec::len))
-        || present(r.ingress_deny.as_ref().map(Vec::len));
+    let has_egress =
+        present(r.egress.as_ref().map(Vec::len)) || present(r.egress_deny.as_ref().map(Vec::len));
+    let has_ingress =
+        present(r.ingress.as_ref().map(Vec::len)) || present(r.ingress_deny.as_ref().map(Vec::len));
     if !has_egress && !has_ingress && !had_rejected {
         diag.missing(
             at(spec),
@@ -289,8 +289,7 @@ fn rule(
     // rules, and false otherwise."
     let default_deny = r.enable_default_deny.as_ref();
     let default_deny_egress = has_egress && default_deny.and_then(|d| d.egress).unwrap_or(true);
-    let default_deny_ingress =
-        has_ingress && default_deny.and_then(|d| d.ingress).unwrap_or(true);
+    let default_deny_ingress = has_ingress && default_deny.and_then(|d| d.ingress).unwrap_or(true);
     let rule = Rule {
         origin,
         endpoint_selector: endpoint_selector?,
@@ -343,7 +342,12 @@ fn ports_and_icmps(
         .flatten()
         .filter_map(|p| port_rule(p, deny, dns_allowed, diag))
         .collect();
-    out.extend(icmps.into_iter().flatten().filter_map(|i| icmp_rule(i, diag)));
+    out.extend(
+        icmps
+            .into_iter()
+            .flatten()
+            .filter_map(|i| icmp_rule(i, diag)),
+    );
     out
 }
 

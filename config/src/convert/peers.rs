@@ -22,7 +22,11 @@ pub(super) fn cidr_rule(
         return None;
     }
     let Some(cidr_text) = &c.cidr else {
-        diag.missing(at(spec), &["cidr"], format!("a `{field}` entry needs a `cidr`"));
+        diag.missing(
+            at(spec),
+            &["cidr"],
+            format!("a `{field}` entry needs a `cidr`"),
+        );
         return None;
     };
     let cidr = parse_cidr(cidr_text, &format!("{field}.cidr"), diag);

@@ -53,7 +53,10 @@ pub(super) fn port_rule(
         );
     } else if let Some(rules) = &p.rules {
         reject(rules.value.rejected(), diag);
-        if let (false, Some(first)) = (dns_allowed, rules.value.dns.as_ref().and_then(|d| d.first())) {
+        if let (false, Some(first)) = (
+            dns_allowed,
+            rules.value.dns.as_ref().and_then(|d| d.first()),
+        ) {
             diag.invalid_field(
                 at(first),
                 "dns",

@@ -28,8 +28,14 @@ use prefix_trie::joint::map::JointPrefixMap;
 use crate::Error;
 use lists::NameList;
 
-const V4_ALL: IpNet = IpNet::V4(ipnet::Ipv4Net::new_assert(std::net::Ipv4Addr::UNSPECIFIED, 0));
-const V6_ALL: IpNet = IpNet::V6(ipnet::Ipv6Net::new_assert(std::net::Ipv6Addr::UNSPECIFIED, 0));
+const V4_ALL: IpNet = IpNet::V4(ipnet::Ipv4Net::new_assert(
+    std::net::Ipv4Addr::UNSPECIFIED,
+    0,
+));
+const V6_ALL: IpNet = IpNet::V6(ipnet::Ipv6Net::new_assert(
+    std::net::Ipv6Addr::UNSPECIFIED,
+    0,
+));
 
 /// The port rules must allow for DNS: the proxy is the DNS service, whatever port it listens
 /// on.
@@ -274,7 +280,8 @@ impl DnsPolicy {
                     }
                 }
                 // The host and remote nodes are no DNS server fqdnd knows the addresses of.
-                PeerSelector::Entity(Entity::Host | Entity::RemoteNode) | PeerSelector::Fqdn(_) => {}
+                PeerSelector::Entity(Entity::Host | Entity::RemoteNode) | PeerSelector::Fqdn(_) => {
+                }
             }
         }
         (!nets.is_empty()).then_some(Servers::Prefixes(nets))
@@ -297,7 +304,11 @@ impl DnsPolicy {
         let Some(group) = self.groups.get(&endpoint) else {
             return Verdict::UnknownClient;
         };
-        if group.denies.iter().any(|g| g.allows(server, protocol, name)) {
+        if group
+            .denies
+            .iter()
+            .any(|g| g.allows(server, protocol, name))
+        {
             return Verdict::Deny;
         }
         let allowed = !group.enforcing
