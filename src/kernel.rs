@@ -17,6 +17,16 @@ use fqdnd_ipcache::EndpointId;
 
 use ipnet::IpNet;
 
+/// Whether an endpoint is under policy in each direction: the kernel's enforce flags (default
+/// deny there, or a deny to apply).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Enforcing {
+    /// Its egress.
+    pub(crate) egress: bool,
+    /// Its ingress.
+    pub(crate) ingress: bool,
+}
+
 /// One endpoint as the kernel knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Attached {
@@ -24,8 +34,8 @@ pub(crate) struct Attached {
     pub(crate) id: EndpointId,
     /// Its host-side interface index.
     pub(crate) ifindex: u32,
-    /// Under egress policy.
-    pub(crate) enforcing: bool,
+    /// Under policy, per direction.
+    pub(crate) enforcing: Enforcing,
     /// The sources its packets may have (anything else is dropped as spoofed).
     pub(crate) addresses: Vec<IpAddr>,
 }
@@ -37,8 +47,8 @@ pub(crate) struct Wanted {
     pub(crate) id: EndpointId,
     /// Its host-side interface.
     pub(crate) interface: String,
-    /// Under egress policy.
-    pub(crate) enforcing: bool,
+    /// Under policy, per direction.
+    pub(crate) enforcing: Enforcing,
     /// Its addresses: the only sources its packets may have.
     pub(crate) addresses: Vec<IpAddr>,
 }
@@ -199,9 +209,10 @@ impl Kernel {
                 let _ = self.maps.remove_endpoint(old.ifindex);
             }
             let flags = EndpointFlags {
-                enforce_egress: w.enforcing,
+                enforce_egress: w.enforcing.egress,
                 redirect_dns: true,
                 check_source: true,
+                enforce_ingress: w.enforcing.ingress,
             };
             if entry.addresses.is_empty() {
                 tracing::warn!(endpoint = %w.id, interface = %w.interface, "endpoint has no `addresses`: every packet from it is dropped as spoofed");
@@ -224,9 +235,9 @@ impl Kernel {
                 self.loaded
                     .attach(&w.interface)
                     .with_context(|| format!("attaching the programs to {}", w.interface))?;
-                tracing::info!(endpoint = %w.id, interface = %w.interface, ifindex = index, enforcing = w.enforcing, "endpoint attached");
+                tracing::info!(endpoint = %w.id, interface = %w.interface, ifindex = index, egress = w.enforcing.egress, ingress = w.enforcing.ingress, "endpoint attached");
             } else {
-                tracing::info!(endpoint = %w.id, interface = %w.interface, enforcing = w.enforcing, "endpoint updated");
+                tracing::info!(endpoint = %w.id, interface = %w.interface, egress = w.enforcing.egress, ingress = w.enforcing.ingress, "endpoint updated");
             }
             self.attached.insert(w.interface.clone(), entry);
         }
@@ -272,14 +283,15 @@ impl Kernel {
     pub(crate) fn sync_gateway(
         &mut self,
         interfaces: &[String],
-        clients: &[(IpNet, EndpointId, bool)],
+        clients: &[(IpNet, EndpointId, Enforcing)],
     ) -> Result<()> {
         let mut wanted = BTreeMap::new();
         for &(prefix, id, enforcing) in clients {
             let flags = EndpointFlags {
-                enforce_egress: enforcing,
+                enforce_egress: enforcing.egress,
                 redirect_dns: false,
                 check_source: false,
+                enforce_ingress: enforcing.ingress,
             };
             wanted.insert(prefix.trunc(), (id, flags));
         }

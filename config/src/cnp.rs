@@ -85,6 +85,9 @@ pub(crate) struct PolicyDoc {
     /// Written by the Cilium operator; meaningless here.
     #[serde(rename = "status")]
     _status: Option<IgnoredAny>,
+    /// A free-text description some of Cilium's own examples put here.
+    #[serde(rename = "description")]
+    _description: Option<IgnoredAny>,
 }
 
 /// `spec` / `specs[]`: one Cilium rule.
@@ -335,6 +338,8 @@ pub(crate) struct PortProtocolSpec {
 #[serde(remote = "Self")]
 pub(crate) struct L7RulesSpec {
     pub(crate) dns: Option<Vec<Spanned<FqdnSpec>>>,
+    /// Cilium decodes field names case-insensitively; its examples write `HTTP`.
+    #[serde(alias = "HTTP")]
     pub(crate) http: Rejected,
     pub(crate) kafka: Rejected,
     #[serde(rename = "l7proto")]

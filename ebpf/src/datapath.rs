@@ -32,6 +32,8 @@ pub struct EndpointFlags {
     /// ([`KernelDatapath::set_endpoint_addresses`]) are dropped, before the DNS redirect.
     /// Interface endpoints only (a by-source interface finds its endpoints by source).
     pub check_source: bool,
+    /// Its ingress goes through its ingress policy entries (default deny there, or denies).
+    pub enforce_ingress: bool,
 }
 
 impl EndpointFlags {
@@ -46,6 +48,9 @@ impl EndpointFlags {
         if self.check_source {
             b |= sys::EP_CHECK_SOURCE;
         }
+        if self.enforce_ingress {
+            b |= sys::EP_ENFORCE_INGRESS;
+        }
         b
     }
 
@@ -54,6 +59,7 @@ impl EndpointFlags {
             enforce_egress: b & sys::EP_ENFORCE_EGRESS != 0,
             redirect_dns: b & sys::EP_REDIRECT_DNS != 0,
             check_source: b & sys::EP_CHECK_SOURCE != 0,
+            enforce_ingress: b & sys::EP_ENFORCE_INGRESS != 0,
         }
     }
 }

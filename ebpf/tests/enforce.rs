@@ -40,6 +40,7 @@ const ENFORCE: EndpointFlags = EndpointFlags {
     enforce_egress: true,
     redirect_dns: false,
     check_source: false,
+    ..Default::default()
 };
 /// Allowed at L3 (every protocol and port).
 const L3_ID: u32 = (1 << 24) + 1;
@@ -607,6 +608,7 @@ fn spoofed_sources_drop_before_the_redirect() {
         enforce_egress: true,
         redirect_dns: true,
         check_source: true,
+        ..Default::default()
     };
     let (ep4, ep6) = (v4([10, 0, 0, 7]), v6("fd00::7"));
     t.dp.set_endpoint_addresses(LO, EP, &[ep4, ep6]).unwrap();

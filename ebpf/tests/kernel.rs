@@ -34,6 +34,7 @@ const ENFORCE: EndpointFlags = EndpointFlags {
     enforce_egress: true,
     redirect_dns: false,
     check_source: false,
+    ..Default::default()
 };
 
 fn setup(test: &str) -> Option<(PinDir, Loaded, KernelDatapath)> {
@@ -538,6 +539,7 @@ const REDIRECT: EndpointFlags = EndpointFlags {
     enforce_egress: true,
     redirect_dns: true,
     check_source: false,
+    ..Default::default()
 };
 
 /// DNS from a redirecting endpoint with no proxy socket: dropped with `DROP_NO_PROXY` (fail

@@ -33,6 +33,7 @@ use fqdnd_dnsproxy::{DnsProxy, QueryLog};
 use fqdnd_engine::dns::DnsPolicy;
 use fqdnd_engine::{Clock as _, Engine};
 use fqdnd_ipcache::EndpointId;
+use fqdnd_ipcache::policy::Direction;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -65,7 +66,7 @@ pub(crate) trait ModeHooks: Send + Sync + 'static {
         &self,
         kernel: Option<&SharedKernel>,
         config: &Config,
-        enforcing: &BTreeMap<EndpointId, bool>,
+        enforcing: &BTreeMap<EndpointId, crate::kernel::Enforcing>,
     ) -> Result<()>;
     /// Re-reads the configuration files for a reload.
     fn reload(&self, paths: &[PathBuf], demo: bool) -> Result<Loaded>;
@@ -201,7 +202,11 @@ impl Shared {
     }
 
     /// The mode's kernel side (and services) to `config`.
-    fn sync(&self, config: &Config, enforcing: &BTreeMap<EndpointId, bool>) -> Result<()> {
+    fn sync(
+        &self,
+        config: &Config,
+        enforcing: &BTreeMap<EndpointId, crate::kernel::Enforcing>,
+    ) -> Result<()> {
         self.mode.sync(self.kernel.as_ref(), config, enforcing)
     }
 
@@ -253,14 +258,26 @@ pub(crate) struct Loaded {
 }
 
 /// Whether each endpoint of `config` is under egress policy in `engine`.
-fn enforcing(config: &Config, engine: &Engine<AnyDatapath>) -> BTreeMap<EndpointId, bool> {
+fn enforcing(
+    config: &Config,
+    engine: &Engine<AnyDatapath>,
+) -> BTreeMap<EndpointId, crate::kernel::Enforcing> {
     config
         .endpoints
         .iter()
         .map(|e| {
             (
                 e.id,
-                engine.ipcache.endpoint_enforcing(e.id).unwrap_or(false),
+                crate::kernel::Enforcing {
+                    egress: engine
+                        .ipcache
+                        .endpoint_under_policy(e.id, Direction::Egress)
+                        .unwrap_or(false),
+                    ingress: engine
+                        .ipcache
+                        .endpoint_under_policy(e.id, Direction::Ingress)
+                        .unwrap_or(false),
+                },
             )
         })
         .collect()

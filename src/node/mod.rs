@@ -63,7 +63,7 @@ impl ModeHooks for NodeMode {
         &self,
         kernel: Option<&SharedKernel>,
         config: &Config,
-        enforcing: &BTreeMap<EndpointId, bool>,
+        enforcing: &BTreeMap<EndpointId, crate::kernel::Enforcing>,
     ) -> Result<()> {
         self.0.sync(kernel, config, enforcing)
     }
@@ -263,7 +263,7 @@ impl NodeRuntime {
         &self,
         kernel: Option<&SharedKernel>,
         config: &Config,
-        enforcing: &BTreeMap<EndpointId, bool>,
+        enforcing: &BTreeMap<EndpointId, crate::kernel::Enforcing>,
     ) -> Result<()> {
         let kernel = kernel.context("node mode without its kernel side")?;
         let wanted: Vec<Wanted> = config
@@ -285,7 +285,7 @@ impl NodeRuntime {
                 Some(Wanted {
                     id: e.id,
                     interface: interface.clone(),
-                    enforcing: enforcing.get(&e.id).copied().unwrap_or(false),
+                    enforcing: enforcing.get(&e.id).copied().unwrap_or_default(),
                     addresses,
                 })
             })

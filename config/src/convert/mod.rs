@@ -203,8 +203,8 @@ fn reject<const N: usize>(fields: [(&'static str, &Rejected); N], diag: &mut Dia
                     at(value),
                     name,
                     format!(
-                        "`{name}` is deprecated in Cilium and not supported by fqdnd: it would \
-                         change what this rule allows; select the peers directly"
+                        "`{name}` is not supported by fqdnd: it is deprecated in Cilium, and it \
+                         would change what this rule allows; select the peers directly"
                     ),
                 ),
             }
@@ -239,6 +239,8 @@ fn rule(
             scope.confine(&mut s, false);
             s
         }),
+        // A host policy (`nodeSelector`) is refused already.
+        None if r.node_selector.is_some() => None,
         None => {
             diag.missing(
                 at(spec),
@@ -254,7 +256,13 @@ fn rule(
         present(r.egress.as_ref().map(Vec::len)) || present(r.egress_deny.as_ref().map(Vec::len));
     let has_ingress =
         present(r.ingress.as_ref().map(Vec::len)) || present(r.ingress_deny.as_ref().map(Vec::len));
-    if !has_egress && !has_ingress && !had_rejected {
+    // Cilium: "If omitted or empty, this rule does not apply at egress" (and ingress): an empty
+    // list is accepted and does nothing; a rule with none of the four is refused.
+    let none = r.egress.is_none()
+        && r.ingress.is_none()
+        && r.egress_deny.is_none()
+        && r.ingress_deny.is_none();
+    if none && !had_rejected {
         diag.missing(
             at(spec),
             &["egress", "ingress", "egressDeny", "ingressDeny"],

@@ -151,12 +151,22 @@ fn port_number(value: &Spanned<Scalar>, field: &str, diag: &mut Diag<'_>) -> Opt
         {
             s.parse::<i128>().unwrap_or(i128::MAX)
         }
-        Scalar::Str(s) => {
+        Scalar::Str(s)
+            if s.bytes().any(|b| b.is_ascii_alphabetic())
+                && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') =>
+        {
             diag.unsupported(
                 at(value),
                 field,
                 format!("{field}: {} (a named port)", sanitize(s)),
                 Unsupported::KubernetesOnly,
+            );
+            return None;
+        }
+        Scalar::Str(s) => {
+            diag.invalid(
+                at(value),
+                format!("`{field}` {:?} is not a port number (0-65535)", sanitize(s)),
             );
             return None;
         }
