@@ -34,7 +34,7 @@ const ENFORCE: EndpointFlags = EndpointFlags {
     enforce_egress: true,
     redirect_dns: false,
     check_source: false,
-    ..Default::default()
+    enforce_ingress: false,
 };
 
 fn setup(test: &str) -> Option<(PinDir, Loaded, KernelDatapath)> {
@@ -539,7 +539,7 @@ const REDIRECT: EndpointFlags = EndpointFlags {
     enforce_egress: true,
     redirect_dns: true,
     check_source: false,
-    ..Default::default()
+    enforce_ingress: false,
 };
 
 /// DNS from a redirecting endpoint with no proxy socket: dropped with `DROP_NO_PROXY` (fail

@@ -35,7 +35,7 @@ const ENFORCE: EndpointFlags = EndpointFlags {
     enforce_egress: true,
     redirect_dns: false,
     check_source: false,
-    ..Default::default()
+    enforce_ingress: false,
 };
 const EP_V4: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 7);
 const ALLOWED_V4: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);

@@ -39,7 +39,7 @@ const REDIRECT: EndpointFlags = EndpointFlags {
     enforce_egress: true,
     redirect_dns: true,
     check_source: false,
-    ..Default::default()
+    enforce_ingress: false,
 };
 const RESOLVER_V4: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 53);
 const RESOLVER_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, 0x53);
