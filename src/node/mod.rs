@@ -32,7 +32,7 @@ use crate::clock::Clock;
 use crate::daemon::{
     self, Desired, Loaded, ModeHooks, Prepared, Running, Shared, SharedKernel, StartOptions, lock,
 };
-use crate::kernel::{self, Kernel, Wanted};
+use crate::kernel::{self, Enforcing, Kernel, Wanted};
 pub(crate) use drops::{DropLog, DropPage};
 pub(crate) use services::ServiceRow;
 use services::Services;
@@ -63,7 +63,7 @@ impl ModeHooks for NodeMode {
         &self,
         kernel: Option<&SharedKernel>,
         config: &Config,
-        enforcing: &BTreeMap<EndpointId, crate::kernel::Enforcing>,
+        enforcing: &BTreeMap<EndpointId, Enforcing>,
     ) -> Result<()> {
         self.0.sync(kernel, config, enforcing)
     }
@@ -263,7 +263,7 @@ impl NodeRuntime {
         &self,
         kernel: Option<&SharedKernel>,
         config: &Config,
-        enforcing: &BTreeMap<EndpointId, crate::kernel::Enforcing>,
+        enforcing: &BTreeMap<EndpointId, Enforcing>,
     ) -> Result<()> {
         let kernel = kernel.context("node mode without its kernel side")?;
         let wanted: Vec<Wanted> = config

@@ -14,6 +14,7 @@
 mod common;
 mod dns;
 mod enforcement;
+mod ingress;
 mod lb;
 mod regressions;
 pub(crate) mod topology;
