@@ -1260,6 +1260,11 @@ static __always_inline int ingress(struct __sk_buff *skb, struct pkt *p, int r,
 			emit_drop(skb, ep->endpoint, identity, p, FQDND_DROP_POLICY);
 			return TC_ACT_SHOT;
 		}
+		/* The entry may be the sender's own (another endpoint of this node opened the
+		 * flow at its egress, and conntrack is shared): it is a flow towards this
+		 * endpoint too, whose replies must pass. */
+		if (!(ct->flags & FQDND_CT_INGRESS))
+			ct->flags |= FQDND_CT_INGRESS;
 		ct_refresh(ct, p, 1, now);
 		return TC_ACT_OK;
 	}
