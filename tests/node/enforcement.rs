@@ -18,10 +18,7 @@ use crate::topology::{
     Topology, echo, in_netns, privileged, sh, tcp_open, tcp_reaches, udp_reaches,
 };
 
-/// Long enough for a dropped packet to show as a failure.
-const DROPPED: Duration = Duration::from_millis(700);
-/// How long an allowed exchange may take on a loaded machine.
-const REACHES: Duration = Duration::from_secs(5);
+use crate::{DROPPED, REACHES};
 
 const ZONE: &str = "\
 api 300 IN A 10.N.10.1
