@@ -893,7 +893,11 @@ fn wide_port_ranges_enforce_exactly() {
     let Some(t) = start("ranges", |t| config(t, PORTS, "", "")) else {
         return;
     };
-    let checked = t.cli(&["policy", "check", t.dir.join("node.yaml").to_str().unwrap()]);
+    let checked = t.cli(&[
+        "policy",
+        "check",
+        t.config_dir().join("node.yaml").to_str().unwrap(),
+    ]);
     assert!(!checked.is_empty(), "{checked}");
     resolve(&t, "api.example.test.");
     let policy = bpf(&t, "policy");
