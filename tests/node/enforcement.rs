@@ -18,10 +18,7 @@ use crate::topology::{
     Topology, echo, in_netns, privileged, sh, tcp_open, tcp_reaches, udp_reaches,
 };
 
-/// Long enough for a dropped packet to show as a failure.
-const DROPPED: Duration = Duration::from_millis(700);
-/// How long an allowed exchange may take on a loaded machine.
-const REACHES: Duration = Duration::from_secs(5);
+use crate::{DROPPED, REACHES};
 
 const ZONE: &str = "\
 api 300 IN A 10.N.10.1
@@ -896,7 +893,11 @@ fn wide_port_ranges_enforce_exactly() {
     let Some(t) = start("ranges", |t| config(t, PORTS, "", "")) else {
         return;
     };
-    let checked = t.cli(&["policy", "check", t.dir.join("node.yaml").to_str().unwrap()]);
+    let checked = t.cli(&[
+        "policy",
+        "check",
+        t.config_dir().join("node.yaml").to_str().unwrap(),
+    ]);
     assert!(!checked.is_empty(), "{checked}");
     resolve(&t, "api.example.test.");
     let policy = bpf(&t, "policy");
