@@ -26,14 +26,11 @@ fn invalid_at(text: &str, at: &str, expected: &str) {
 
 #[test]
 fn every_unsupported_field_is_rejected_by_name_at_its_key() {
-    let mut texts = Vec::new();
-    for field in ["nodeSelector"] {
-        // A block sequence below the key, as usually written.
-        texts.push((
-            field,
-            cnp(&format!("  {field}:\n  - {{marker: 1}}\n{EGRESS}")),
-        ));
-    }
+    // A block sequence below the key, as usually written.
+    let mut texts = vec![(
+        "nodeSelector",
+        cnp(&format!("  nodeSelector:\n  - {{marker: 1}}\n{EGRESS}")),
+    )];
     for field in [
         "toServices",
         "toGroups",

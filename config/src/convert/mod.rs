@@ -22,7 +22,7 @@ use crate::cnp::{
     EgressSpec, IcmpRuleSpec, IngressSpec, PolicyDoc, PortRuleSpec, Rejected, RuleSpec,
 };
 use crate::error::Unsupported;
-use crate::warnings::FqdnAt;
+use crate::warnings::{FqdnAt, RuleAt};
 use crate::yaml::{Diag, Text, at, sanitize};
 
 /// The two policy kinds.
@@ -49,8 +49,8 @@ pub(crate) struct Policy {
     pub(crate) name: String,
     /// Where `metadata.name` is written.
     pub(crate) name_at: Location,
-    /// One rule per `spec` / `specs[]` entry, with its `toFQDNs` entries.
-    pub(crate) rules: Vec<(Rule, Vec<FqdnAt>)>,
+    /// One rule per `spec` / `specs[]` entry, with where its pieces are written.
+    pub(crate) rules: Vec<(Rule, RuleAt)>,
 }
 
 /// Converts one policy document; `None` if anything in it is wrong (all of it reported).
@@ -85,7 +85,7 @@ pub(crate) fn policy(
     let scope = Scope {
         namespace: namespace.as_deref(),
     };
-    let rules: Vec<(Rule, Vec<FqdnAt>)> = specs
+    let rules: Vec<(Rule, RuleAt)> = specs
         .into_iter()
         .filter_map(|spec| {
             let line = diag.position(at(spec)).0;
@@ -220,16 +220,16 @@ struct Sections {
     ingress: Vec<EgressRule>,
     egress_deny: Vec<EgressRule>,
     ingress_deny: Vec<EgressRule>,
-    fqdns: Vec<FqdnAt>,
+    at: RuleAt,
 }
 
-/// One rule (`spec` or `specs[]`), with its `toFQDNs` entries.
+/// One rule (`spec` or `specs[]`), with where its pieces are written.
 fn rule(
     spec: &Spanned<RuleSpec>,
     origin: String,
     scope: Scope<'_>,
     diag: &mut Diag<'_>,
-) -> Option<(Rule, Vec<FqdnAt>)> {
+) -> Option<(Rule, RuleAt)> {
     let before = diag.count();
     let r = &spec.value;
     let had_rejected = reject(r.rejected(), diag);
@@ -272,24 +272,28 @@ fn rule(
     }
     let mut sections = Sections::default();
     for e in r.egress.iter().flatten() {
-        if let Some((rule, at)) = egress_rule(e, scope, false, diag) {
+        if let Some((rule, fqdns)) = egress_rule(e, scope, false, diag) {
             sections.egress.push(rule);
-            sections.fqdns.extend(at);
+            sections.at.egress.push(diag.position(at(e)));
+            sections.at.fqdns.extend(fqdns);
         }
     }
     for e in r.egress_deny.iter().flatten() {
         if let Some((rule, _)) = egress_rule(e, scope, true, diag) {
             sections.egress_deny.push(rule);
+            sections.at.egress_deny.push(diag.position(at(e)));
         }
     }
     for i in r.ingress.iter().flatten() {
         if let Some(rule) = ingress_rule(i, scope, false, diag) {
             sections.ingress.push(rule);
+            sections.at.ingress.push(diag.position(at(i)));
         }
     }
     for i in r.ingress_deny.iter().flatten() {
         if let Some(rule) = ingress_rule(i, scope, true, diag) {
             sections.ingress_deny.push(rule);
+            sections.at.ingress_deny.push(diag.position(at(i)));
         }
     }
 
@@ -308,7 +312,7 @@ fn rule(
         ingress_deny: sections.ingress_deny,
         default_deny_ingress,
     };
-    (diag.count() == before).then_some((rule, sections.fqdns))
+    (diag.count() == before).then_some((rule, sections.at))
 }
 
 /// Reports a combination of two L3 selectors in one section (Cilium rejects it).
