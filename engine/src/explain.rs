@@ -11,8 +11,9 @@
 
 use std::net::IpAddr;
 
-use fqdnd_ipcache::policy::{Direction, EgressRule, Entity, PeerSelector, Protocol};
+use fqdnd_ipcache::policy::{Direction, EgressRule, Entity, Operator, PeerSelector, Protocol};
 use fqdnd_ipcache::{EndpointId, Identity, IpCache, PolicyKey};
+use serde::{Deserialize, Serialize};
 
 /// The flow to explain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,7 +32,7 @@ pub struct Flow {
 }
 
 /// One section that matches the flow.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Match {
     /// Where the rule came from (`file:line name`).
     pub origin: String,
@@ -45,11 +46,39 @@ pub struct Match {
     pub ports: String,
 }
 
+/// The flow as an [`Explanation`] tells it (the admin API's JSON).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlowView {
+    /// The endpoint (or client group) id.
+    pub endpoint: u16,
+    /// `egress` or `ingress`.
+    pub direction: String,
+    /// The other end.
+    pub peer: IpAddr,
+    /// `TCP`, `UDP`, `ICMP`, `ICMPv6`, or `ANY` (every protocol).
+    pub protocol: String,
+    /// The destination port, or the ICMP type.
+    pub port: u16,
+}
+
+impl From<Flow> for FlowView {
+    fn from(f: Flow) -> Self {
+        Self {
+            endpoint: f.endpoint.0,
+            direction: f.direction.name().to_owned(),
+            peer: f.peer,
+            protocol: f.protocol.name().to_owned(),
+            port: f.port,
+        }
+    }
+}
+
 /// The answer.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Explanation {
     /// The flow.
-    pub flow: Flow,
+    pub flow: FlowView,
     /// The peer's identity, and its labels.
     pub identity: u32,
     /// `reserved:world-ipv4`, endpoint labels, `cidr:`/`fqdn:` labels…
@@ -76,13 +105,21 @@ fn peer_text(peer: &PeerSelector) -> String {
             let except: Vec<String> = except.iter().map(ToString::to_string).collect();
             format!("CIDR {cidr} except {}", except.join(", "))
         }
+        PeerSelector::Endpoints(sel) if sel.requirements.is_empty() => "every endpoint".to_owned(),
         PeerSelector::Endpoints(sel) => {
+            // Kubernetes' selector syntax: `app=b,tier in (x, y),!legacy`.
             let reqs: Vec<String> = sel
                 .requirements
                 .iter()
-                .map(|r| format!("{} {:?}", r.key, r.operator))
+                .map(|r| match &r.operator {
+                    Operator::In(v) if v.len() == 1 => format!("{}={}", r.key, v[0]),
+                    Operator::In(v) => format!("{} in ({})", r.key, v.join(", ")),
+                    Operator::NotIn(v) => format!("{} notin ({})", r.key, v.join(", ")),
+                    Operator::Exists => r.key.clone(),
+                    Operator::DoesNotExist => format!("!{}", r.key),
+                })
                 .collect();
-            format!("endpoints {{{}}}", reqs.join(", "))
+            format!("endpoints {}", reqs.join(","))
         }
         PeerSelector::Entity(e) => format!("entity {}", e.name()),
     }
@@ -231,7 +268,7 @@ pub fn explain<D>(ipcache: &IpCache<D>, flow: Flow) -> Explanation {
     )
     .is_some_and(|k| !k.deny);
     Explanation {
-        flow,
+        flow: flow.into(),
         identity: identity.0,
         labels,
         known_endpoint: endpoint.is_some(),
@@ -246,21 +283,22 @@ pub fn explain<D>(ipcache: &IpCache<D>, flow: Flow) -> Explanation {
 impl std::fmt::Display for Explanation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let f_ = &self.flow;
-        let (from, to) = match f_.direction {
-            Direction::Egress => (format!("endpoint {}", f_.endpoint), f_.peer.to_string()),
-            Direction::Ingress => (f_.peer.to_string(), format!("endpoint {}", f_.endpoint)),
+        let (from, to) = if f_.direction == Direction::Ingress.name() {
+            (f_.peer.to_string(), format!("endpoint {}", f_.endpoint))
+        } else {
+            (format!("endpoint {}", f_.endpoint), f_.peer.to_string())
         };
-        let what = if f_.protocol.is_icmp() {
-            format!("{} type {}", f_.protocol.name(), f_.port)
-        } else if f_.protocol == Protocol::Any {
+        let what = if f_.protocol.starts_with("ICMP") {
+            format!("{} type {}", f_.protocol, f_.port)
+        } else if f_.protocol == Protocol::Any.name() {
             "every protocol".to_owned()
         } else {
-            format!("{}/{}", f_.protocol.name(), f_.port)
+            format!("{}/{}", f_.protocol, f_.port)
         };
         writeln!(
             f,
             "{} {from} -> {to} {what}: {}",
-            f_.direction.name(),
+            f_.direction,
             if self.allowed { "ALLOWED" } else { "DENIED" }
         )?;
         writeln!(f, "  peer identity {} ({})", self.identity, self.labels)?;
@@ -315,19 +353,46 @@ pub fn parse_target(text: &str) -> Result<(IpAddr, Protocol, u16), String> {
     let port: u16 = port
         .parse()
         .map_err(|_| format!("{port:?} is not a port number"))?;
-    let protocol = match proto.to_ascii_lowercase().as_str() {
+    let protocol = parse_protocol(proto)?;
+    check_port(addr, protocol, port)?;
+    Ok((addr, protocol, port))
+}
+
+/// A protocol by name, any case: tcp, udp, icmp, icmpv6, or any (every protocol, port 0).
+///
+/// # Errors
+/// A message saying what is wrong.
+pub fn parse_protocol(text: &str) -> Result<Protocol, String> {
+    Ok(match text.to_ascii_lowercase().as_str() {
         "tcp" => Protocol::Tcp,
         "udp" => Protocol::Udp,
         "icmp" => Protocol::Icmp,
         "icmpv6" => Protocol::Icmpv6,
+        "any" => Protocol::Any,
         other => {
             return Err(format!(
-                "unknown protocol {other:?}: tcp, udp, icmp or icmpv6"
+                "unknown protocol {:?}: tcp, udp, icmp or icmpv6",
+                other.escape_debug().to_string()
             ));
         }
-    };
-    if protocol.is_icmp() && port > 255 {
-        return Err(format!("ICMP type {port} is out of range (0-255)"));
+    })
+}
+
+/// Whether `port` fits `protocol` and `peer`'s family: an ICMP type is 0-255 and of the
+/// peer's family (`icmp` for IPv4, `icmpv6` for IPv6); `any` means every protocol, port 0.
+///
+/// # Errors
+/// A message saying what is wrong.
+pub fn check_port(peer: IpAddr, protocol: Protocol, port: u16) -> Result<(), String> {
+    match protocol {
+        Protocol::Icmp | Protocol::Icmpv6 if port > 255 => {
+            Err(format!("ICMP type {port} is out of range (0-255)"))
+        }
+        Protocol::Icmp if peer.is_ipv6() => Err(format!("{peer} is IPv6: its ICMP is icmpv6")),
+        Protocol::Icmpv6 if peer.is_ipv4() => Err(format!("{peer} is IPv4: icmpv6 is IPv6's ICMP")),
+        Protocol::Any if port != 0 => Err(
+            "`any` protocol means every protocol: give no port (ADDR alone), or tcp/udp".to_owned(),
+        ),
+        _ => Ok(()),
     }
-    Ok((addr, protocol, port))
 }

@@ -353,6 +353,156 @@ fn a_cidr_deny_wins_over_to_fqdns() {
     );
 }
 
+/// https://docs.cilium.io/en/latest/security/policy/language/#entities-based — "host: The
+/// host entity includes the local host"; "cluster: ... all Cilium-managed endpoints of the
+/// local cluster ... as well as the host"; `world` is outside the cluster, so not the host.
+/// And .../language/#selecting-nodes-with-cidr-ipblock: "By default, CIDR-based selectors do
+/// not match in-cluster entities (pods or nodes)". The node's addresses are what the agent
+/// tells the engine; an endpoint's address stays the endpoint's.
+#[test]
+fn the_host_entity_is_the_nodes_own_addresses() {
+    let policy = |peer: &str| {
+        cnp(
+            "p",
+            &format!(
+                "  endpointSelector: {{matchLabels: {{role: server}}}}\n  ingress:\n  - {peer}\n  egress:\n  - {}\n",
+                peer.replace("from", "to")
+            ),
+        )
+    };
+    let host = ["10.0.0.254", "fd00::fe", "192.0.2.1"];
+    for (peer, host_ok, world_ok, endpoint_ok) in [
+        ("fromEntities: [host]", true, false, false),
+        ("fromEntities: [cluster]", true, false, true),
+        ("fromEntities: [world]", false, true, false),
+        ("fromEntities: [all]", true, true, true),
+        (
+            "fromCIDR: [\"192.0.2.0/24\", \"10.0.0.0/8\", \"fd00::/64\"]",
+            false,
+            false,
+            false,
+        ),
+    ] {
+        let mut e = engine(&policy(peer));
+        // Before the node tells its addresses they are the world's.
+        assert_eq!(
+            inbound(&e, SERVER, "10.0.0.254", Protocol::Tcp, 22),
+            world_ok || peer.contains("CIDR"),
+            "{peer}"
+        );
+        let mut addrs: Vec<IpAddr> = host.iter().map(|a| ip(a)).collect();
+        // An endpoint's address listed among the node's stays the endpoint's.
+        addrs.push(ip("10.0.0.2"));
+        assert!(e.set_host_addresses(&addrs).unwrap());
+        assert!(!e.set_host_addresses(&addrs).unwrap(), "no change");
+        for a in host {
+            assert_eq!(
+                inbound(&e, SERVER, a, Protocol::Tcp, 22),
+                host_ok,
+                "{peer} from {a}"
+            );
+            assert_eq!(
+                outbound(&e, SERVER, a, Protocol::Tcp, 22),
+                host_ok,
+                "{peer} to {a}"
+            );
+        }
+        assert_eq!(
+            inbound(&e, SERVER, "198.51.100.1", Protocol::Tcp, 22),
+            world_ok,
+            "{peer}"
+        );
+        assert_eq!(
+            inbound(&e, SERVER, "10.0.0.2", Protocol::Tcp, 22),
+            endpoint_ok,
+            "{peer}: 10.0.0.2 is the client endpoint"
+        );
+        let x = fqdnd_engine::explain::explain(
+            &e.ipcache,
+            fqdnd_engine::explain::Flow {
+                endpoint: SERVER,
+                direction: Direction::Ingress,
+                peer: ip("fd00::fe"),
+                protocol: Protocol::Tcp,
+                port: 22,
+            },
+        );
+        assert_eq!((x.identity, x.labels.as_str()), (1, "reserved:host"));
+        assert_eq!((x.allowed, x.datapath_allowed), (host_ok, host_ok), "{x}");
+        // An address the node no longer has is the world's again.
+        e.set_host_addresses(&[ip("10.0.0.254")]).unwrap();
+        assert_eq!(
+            inbound(&e, SERVER, "192.0.2.1", Protocol::Tcp, 22),
+            world_ok || peer.contains("CIDR"),
+            "{peer}"
+        );
+        assert_eq!(
+            inbound(&e, SERVER, "10.0.0.254", Protocol::Tcp, 22),
+            host_ok
+        );
+    }
+}
+
+/// `fqdnd policy explain`: the deny that wins and the allows it shadows, the allow that
+/// decides, and default deny, in both directions.
+#[test]
+fn explain_names_the_deciding_rule() {
+    use fqdnd_engine::explain::{Flow, explain};
+    let e = engine(&format!(
+        "{}{}",
+        cnp(
+            "allow",
+            "  endpointSelector: {matchLabels: {role: server}}\n  ingress:\n  - fromEndpoints: [{matchLabels: {role: client}}]\n    toPorts: [{ports: [{port: \"80\", protocol: TCP}]}]\n  - fromEntities: [cluster]\n",
+        ),
+        cnp(
+            "deny",
+            "  endpointSelector: {matchLabels: {role: server}}\n  ingressDeny:\n  - fromEndpoints: [{matchLabels: {role: other}}]\n",
+        ),
+    ));
+    let flow = |peer: &str, port: u16| Flow {
+        endpoint: SERVER,
+        direction: Direction::Ingress,
+        peer: ip(peer),
+        protocol: Protocol::Tcp,
+        port,
+    };
+    let x = explain(&e.ipcache, flow("10.0.0.2", 80));
+    assert!(x.allowed && x.datapath_allowed, "{x}");
+    assert_eq!(x.matches.len(), 2, "{x}");
+    assert!(x.reason.starts_with("allowed by policy.yaml:"), "{x}");
+    assert!(
+        x.to_string().contains("endpoints role=client on TCP/80"),
+        "{x}"
+    );
+    let x = explain(&e.ipcache, flow("10.0.0.3", 80));
+    assert!(!x.allowed && !x.datapath_allowed, "{x}");
+    assert!(
+        x.reason.contains("deny ingressDeny[0]") && x.reason.contains("shadows 1 matching allow"),
+        "{x}"
+    );
+    assert!(x.matches[0].deny && !x.matches[1].deny, "denies first: {x}");
+    let x = explain(&e.ipcache, flow("198.51.100.1", 80));
+    assert!(!x.allowed && x.default_deny && x.matches.is_empty(), "{x}");
+    assert!(x.reason.contains("default deny"), "{x}");
+    // Egress is not under policy for the server.
+    let x = explain(
+        &e.ipcache,
+        Flow {
+            direction: Direction::Egress,
+            ..flow("198.51.100.1", 443)
+        },
+    );
+    assert!(x.allowed && !x.default_deny, "{x}");
+    let x = explain(
+        &e.ipcache,
+        Flow {
+            endpoint: EndpointId(99),
+            ..flow("10.0.0.2", 80)
+        },
+    );
+    assert!(!x.allowed && !x.known_endpoint, "{x}");
+}
+
 // ---- the property ----
 
 /// A random rule's pieces: peers are drawn from a small pool so that they overlap.
@@ -509,6 +659,15 @@ proptest! {
                         want,
                         "{} {:?}/{} with\n{}", src, proto, port, text
                     );
+                    // `fqdnd policy explain` reads the rules to the same verdict.
+                    let x = fqdnd_engine::explain::explain(&e.ipcache, fqdnd_engine::explain::Flow {
+                        endpoint: SERVER,
+                        direction: Direction::Ingress,
+                        peer: ip(src),
+                        protocol: proto,
+                        port,
+                    });
+                    prop_assert_eq!((x.allowed, x.datapath_allowed), (want, want), "{}\nwith\n{}", x, text);
                 }
             }
         }

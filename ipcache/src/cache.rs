@@ -2,6 +2,7 @@
 
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +16,7 @@ use crate::endpoint_policy::{EndpointPolicy, PolicyState, Use, contributions};
 use crate::error::{Breaker, Error};
 use crate::identity::{Allocator, Identity, Scope};
 use crate::labels::{Label, LabelId, LabelSet, LabelTable};
-use crate::metadata::{CidrLabels, Metadata, OwnerKind, PrefixEntry, ResourceOwner};
+use crate::metadata::{CidrLabels, Metadata, OwnerKind, PrefixEntry, ResourceOwner, host_prefix};
 use crate::policy::{Direction, PeerSelector, Rule};
 use crate::selector::{SelectorCache, SelectorIdx};
 
@@ -103,13 +104,17 @@ impl Identities<'_> {
         scope: Scope,
         from_dns: bool,
     ) -> Result<Identity, Error> {
-        let requested = if self.restore.is_empty() {
+        let requested = if scope == Scope::Reserved {
+            reserved_number(labels)
+        } else if self.restore.is_empty() {
             None
         } else {
             self.restore.get(&self.labels.canonical(labels)).copied()
         };
         let allocation = self.alloc.allocate(labels, scope, requested, from_dns)?;
-        if allocation.created {
+        // A reserved identity is in the selectors of its entities from their registration on
+        // (`selector::reserved_of`): its allocation changes no selector.
+        if allocation.created && scope != Scope::Reserved {
             let id = allocation.identity;
             self.scratch.clear();
             self.selectors
@@ -129,6 +134,9 @@ impl Identities<'_> {
         let Some(labels) = self.alloc.release(id) else {
             return;
         };
+        if id.scope() == Some(Scope::Reserved) {
+            return;
+        }
         self.scratch.clear();
         self.selectors.identity_removed(id, &labels, self.scratch);
         for idx in self.scratch.iter() {
@@ -173,6 +181,8 @@ pub struct IpCache<D> {
     rules: Vec<Rule>,
     endpoints: BTreeMap<EndpointId, Endpoint>,
     policy_cidrs: BTreeSet<IpNet>,
+    /// The node's own addresses (host prefixes).
+    host: BTreeSet<IpNet>,
     preallocated: HashMap<LabelId, [Identity; 2]>,
     pending: Pending,
     batch: Vec<DatapathChange>,
@@ -200,6 +210,7 @@ impl<D: Datapath> IpCache<D> {
             rules: Vec::new(),
             endpoints: BTreeMap::new(),
             policy_cidrs: BTreeSet::new(),
+            host: BTreeSet::new(),
             preallocated: HashMap::new(),
             pending: Pending::default(),
             batch: Vec::new(),
@@ -340,6 +351,40 @@ impl<D: Datapath> IpCache<D> {
         }
         self.rebuild_policy();
         Ok(())
+    }
+
+    /// Replaces the node's own addresses: each gets the host identity (`reserved:host`, 1),
+    /// which `toEntities`/`fromEntities` `host` and `cluster` select, unless an endpoint
+    /// claims it. Returns whether anything changed; [`IpCache::commit`] writes it.
+    pub fn set_host_addresses(
+        &mut self,
+        addresses: impl IntoIterator<Item = IpAddr>,
+    ) -> Result<bool, Error> {
+        let wanted: BTreeSet<IpNet> = addresses.into_iter().map(host_prefix).collect();
+        if wanted == self.host {
+            return Ok(false);
+        }
+        let mut touched = BTreeSet::new();
+        for gone in self.host.difference(&wanted) {
+            if self.meta.remove(gone, &host_owner(gone)).is_some() {
+                touched.insert(*gone);
+            }
+        }
+        for new in wanted.difference(&self.host) {
+            self.meta
+                .upsert(*new, &Arc::new(host_owner(new)), Arc::new(LabelSet::new()));
+            touched.insert(*new);
+        }
+        self.host = wanted;
+        for prefix in touched {
+            self.resolve(prefix)?;
+        }
+        Ok(true)
+    }
+
+    /// The node's own addresses ([`IpCache::set_host_addresses`]).
+    pub fn host_addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.host.iter().map(IpNet::addr)
     }
 
     /// Replaces the policy rules: CIDR labels, pre-allocated FQDN identities, selectors and
@@ -856,7 +901,8 @@ fn resolve_entry(
 
 /// The label set a prefix should carry, and the identity scope it belongs to.
 ///
-/// An endpoint's prefix carries its endpoint labels only. Any other prefix carries the union
+/// An endpoint's prefix carries its endpoint labels only. A node's own address (and no
+/// endpoint's) is the host: `reserved:host`, identity 1. Any other prefix carries the union
 /// of its owners' labels, the `cidr:` label of the closest labelled CIDR that contains it (only
 /// the longest one), and the world label of its family. A prefix without owners carries none.
 fn desired_labels(
@@ -882,6 +928,12 @@ fn desired_labels(
         }
         return Some((set, Scope::Cluster));
     }
+    if entry.owners.iter().any(|(o, _)| o.kind == OwnerKind::Host) {
+        // The node's own address is the host, whatever name answered with it or policy CIDR
+        // holds it (as in Cilium: CIDR selectors do not select the host).
+        set.insert(LabelTable::HOST);
+        return Some((set, Scope::Reserved));
+    }
     // Owners of one prefix mostly share a handful of label sets (the NameManager shares one
     // `Arc` per distinct set): merge each distinct set once.
     let mut merged: SmallVec<[*const LabelSet; 4]> = SmallVec::new();
@@ -902,6 +954,18 @@ fn desired_labels(
     }
     set.insert(LabelTable::world(matches!(prefix, IpNet::V4(_))));
     Some((set, Scope::Local))
+}
+
+/// The number of a reserved label set (`reserved:host` → 1).
+fn reserved_number(labels: &LabelSet) -> Option<Identity> {
+    (labels.contains(LabelTable::HOST) && labels.len() == 1).then_some(Identity::HOST)
+}
+
+fn host_owner(prefix: &IpNet) -> ResourceOwner {
+    ResourceOwner {
+        kind: OwnerKind::Host,
+        name: Arc::from(prefix.addr().to_string()),
+    }
 }
 
 fn endpoint_owner(id: EndpointId) -> ResourceOwner {

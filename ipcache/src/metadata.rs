@@ -25,6 +25,8 @@ pub enum OwnerKind {
     Policy,
     /// An endpoint or client group (`endpoint/<name>`).
     Endpoint,
+    /// The node itself: its own addresses (`host/<address>`).
+    Host,
 }
 
 /// A resource owner: a kind and a name. Each owner's labels on a prefix are kept apart and
@@ -53,6 +55,7 @@ impl fmt::Display for ResourceOwner {
             OwnerKind::NameManager => "fqdn-name-manager",
             OwnerKind::Policy => "policy",
             OwnerKind::Endpoint => "endpoint",
+            OwnerKind::Host => "host",
         };
         write!(f, "{kind}/{}", self.name)
     }

@@ -209,12 +209,12 @@ impl SelectorCache {
     }
 }
 
-/// Reserved identity numbers (Cilium's): the local host and remote nodes.
-pub(crate) const HOST: Identity = Identity(1);
-/// `reserved:remote-node`.
-pub(crate) const REMOTE_NODE: Identity = Identity(6);
+const HOST: Identity = Identity::HOST;
+const REMOTE_NODE: Identity = Identity::REMOTE_NODE;
 
-/// The reserved identities an entity selects, which no label set stands for.
+/// The reserved identities an entity selects. They are selected whether or not they are
+/// allocated (the host's is once the node tells its addresses): a reserved identity's
+/// allocation never changes what a selector holds.
 pub(crate) fn reserved_of(entity: Entity) -> Vec<Identity> {
     match entity {
         Entity::World => vec![Identity::WORLD_IPV4, Identity::WORLD_IPV6],
