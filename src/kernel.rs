@@ -91,6 +91,32 @@ fn pinned_names(dir: &Path) -> Vec<String> {
     names
 }
 
+/// The node's own addresses (of every interface of the agent's network namespace), but
+/// loopback and link-local ones: the sources the host's own traffic towards an endpoint has,
+/// and the destinations of an endpoint's traffic to the host — the `host` entity.
+pub(crate) fn host_addresses() -> Result<Vec<IpAddr>> {
+    let mut out: Vec<IpAddr> = nix::ifaddrs::getifaddrs()
+        .context("listing the node's addresses")?
+        .filter_map(|a| {
+            let addr = a.address?;
+            let ip = match (addr.as_sockaddr_in(), addr.as_sockaddr_in6()) {
+                (Some(v4), _) => IpAddr::V4(v4.ip()),
+                (_, Some(v6)) => IpAddr::V6(v6.ip()),
+                _ => return None,
+            };
+            let link_local = match ip {
+                IpAddr::V4(v4) => v4.is_link_local(),
+                IpAddr::V6(v6) => v6.is_unicast_link_local(),
+            };
+            (!ip.is_loopback() && !ip.is_unspecified() && !ip.is_multicast() && !link_local)
+                .then_some(ip)
+        })
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
 /// The interface index of `name`.
 pub(crate) fn ifindex(name: &str) -> Result<u32> {
     nix::net::if_::if_nametoindex(name)

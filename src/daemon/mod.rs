@@ -74,6 +74,12 @@ pub(crate) trait ModeHooks: Send + Sync + 'static {
     fn proxy_bound(&self, _kernel: Option<&SharedKernel>) -> Result<()> {
         Ok(())
     }
+    /// The node's own addresses, which get the host identity (`reserved:host`); `None` when
+    /// the mode gives none (gateway: its clients are groups of addresses, not endpoints on
+    /// this host).
+    fn host_addresses(&self) -> Option<Vec<std::net::IpAddr>> {
+        None
+    }
     /// The mode's own tasks (node: the drop events).
     fn spawn_tasks(
         &self,
@@ -171,6 +177,7 @@ impl Shared {
         let previous = self.desired()?;
         let enforced = {
             let mut engine = lock(&self.engine, "engine")?;
+            self.refresh_host(&mut engine, false);
             engine.apply(
                 next.config.endpoints.clone(),
                 next.config.rules.clone(),
@@ -199,6 +206,32 @@ impl Shared {
         self.dns.replace(compiled);
         *lock(&self.desired, "configuration")? = next;
         Ok(())
+    }
+
+    /// Gives the node's current addresses the host identity; with `commit`, writes the
+    /// change at once (else it goes with the caller's commit). A failure is logged: the
+    /// addresses keep the identity they had.
+    pub(crate) fn refresh_host(&self, engine: &mut Engine<AnyDatapath>, commit: bool) {
+        let Some(addrs) = self.mode.host_addresses() else {
+            return;
+        };
+        let result = if commit {
+            engine.set_host_addresses(&addrs)
+        } else {
+            engine
+                .ipcache
+                .set_host_addresses(addrs.iter().copied())
+                .map_err(fqdnd_engine::Error::Endpoints)
+        };
+        match result {
+            Ok(true) => {
+                tracing::info!(addresses = ?addrs, "the node's addresses (the host identity)")
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(error = %fqdnd_engine::error_chain(&e), "giving the node's addresses the host identity failed")
+            }
+        }
     }
 
     /// The mode's kernel side (and services) to `config`.
@@ -481,6 +514,7 @@ pub(crate) async fn start(
     }
     tasks::spawn_gc(&mut tasks, &stopped, &shared, config.settings.gc_interval);
     tasks::spawn_metrics(&mut tasks, &stopped, &shared);
+    tasks::spawn_host_addresses(&mut tasks, &stopped, &shared);
     shared.mode.spawn_tasks(&mut tasks, &stopped)?;
     Ok(Running {
         shared,

@@ -76,6 +76,16 @@ impl ModeHooks for NodeMode {
         self.0.proxy_bound(kernel)
     }
 
+    fn host_addresses(&self) -> Option<Vec<std::net::IpAddr>> {
+        match kernel::host_addresses() {
+            Ok(addrs) => Some(addrs),
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "reading the node's addresses failed");
+                None
+            }
+        }
+    }
+
     fn spawn_tasks(
         &self,
         tasks: &mut JoinSet<Result<()>>,
