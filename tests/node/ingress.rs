@@ -1,8 +1,11 @@
 //! Issue 18 end to end, IPv4 and IPv6: ingress policy towards an endpoint (another endpoint
 //! allowed on one port, dropped on another; echo allowed by `icmps` and dropped without
-//! it), a deny of one FQDN-learned address winning over `toFQDNs`, and replies to the
+//! it), a deny of one FQDN-learned address winning over `toFQDNs`, replies to the
 //! endpoint's own egress flows (DNS answers from the transparent proxy included) passing
-//! while its ingress is in default deny.
+//! while its ingress is in default deny; the entities a node has (`host`: its own addresses,
+//! `cluster`: its endpoints and itself, `world`: the rest) in both directions, an
+//! `ingressDeny` winning over them, and `fqdnd policy explain` telling why, from the running
+//! agent.
 
 use std::net::{IpAddr, TcpListener};
 use std::time::Duration;
@@ -135,8 +138,15 @@ fn resolve(t: &Topology, name: &str) {
     ] {
         for over in [dns::Over::Udp, dns::Over::Tcp] {
             let reply = dns::ask(t, over, &t.ep_a, resolver, name, qtype);
-            assert_eq!(reply.rcode, ResponseCode::NoError, "{name} {qtype} {over:?}");
-            assert!(!reply.addrs.is_empty(), "{name} {qtype} {over:?}: no address");
+            assert_eq!(
+                reply.rcode,
+                ResponseCode::NoError,
+                "{name} {qtype} {over:?}"
+            );
+            assert!(
+                !reply.addrs.is_empty(),
+                "{name} {qtype} {over:?}: no address"
+            );
         }
     }
 }
@@ -157,7 +167,10 @@ fn ingress_from_another_endpoint_on_one_port() {
         assert!(!tcp_reaches(&t.ep_b, sa(a, 9090), DROPPED), "B -> {a}:9090");
         let src = b.to_string();
         wait_drop(&t, "policy-denied", &[("src", &src), ("dst", ":9090")]);
-        assert!(!tcp_reaches(&t.ext, sa(a, 8080), DROPPED), "world -> {a}:8080");
+        assert!(
+            !tcp_reaches(&t.ext, sa(a, 8080), DROPPED),
+            "world -> {a}:8080"
+        );
     }
     // B is not under ingress policy: A may not reach it (A's egress has no rule for B) but the
     // external host's traffic to B is not A's business — B has no ingress rule, so it passes.
@@ -189,7 +202,10 @@ fn icmp_echo_follows_icmps() {
     ]);
     assert!(out.contains("reloaded") || out.contains("ok"), "{out}");
     for a in a_addrs(&t) {
-        assert!(!ping(&t.ep_b, a, DROPPED), "B's ping to {a} after the reload");
+        assert!(
+            !ping(&t.ep_b, a, DROPPED),
+            "B's ping to {a} after the reload"
+        );
     }
     wait_drop(&t, "policy-denied", &[("proto", "icmp")]);
 }
@@ -210,7 +226,10 @@ fn replies_pass_and_a_deny_wins_over_to_fqdns() {
             "A -> {ok}:8080 (a reply under ingress default deny)\n{}",
             t.logs()
         );
-        assert!(udp_reaches(&t.ep_a, sa(ok, 8053), REACHES), "A -> {ok}:8053");
+        assert!(
+            udp_reaches(&t.ep_a, sa(ok, 8053), REACHES),
+            "A -> {ok}:8053"
+        );
         assert!(
             !tcp_reaches(&t.ep_a, sa(denied, 8080), DROPPED),
             "A -> {denied}:8080 is denied"
@@ -219,6 +238,214 @@ fn replies_pass_and_a_deny_wins_over_to_fqdns() {
         wait_drop(&t, "policy-denied", &[("dst", &format!("{denied}"))]);
     }
     for api in [t.v4(10, 1), t.v6(10, 1)] {
-        assert!(tcp_reaches(&t.ep_a, sa(api, 8080), REACHES), "A -> {api}:8080");
+        assert!(
+            tcp_reaches(&t.ep_a, sa(api, 8080), REACHES),
+            "A -> {api}:8080"
+        );
     }
+}
+
+/// Endpoint A's policy by entities: ingress from the host on 8080, from the cluster (its
+/// endpoints and the host) on 8081 but B denied there, from the world on 8082; egress to the
+/// host on any port and to the world on TCP 8080. B has no policy.
+fn entities_config(t: &Topology) -> String {
+    format!(
+        "apiVersion: fqdnd.io/v1
+kind: Node
+spec:
+  pinDir: {pin}
+---
+apiVersion: fqdnd.io/v1
+kind: Endpoint
+metadata: {{name: a}}
+spec:
+  id: 1
+  interface: {if_a}
+  addresses: [10.{n}.1.2, \"fd00:{n}:1::2\"]
+  labels: {{app: a}}
+---
+apiVersion: fqdnd.io/v1
+kind: Endpoint
+metadata: {{name: b}}
+spec:
+  id: 2
+  interface: {if_b}
+  addresses: [10.{n}.2.2, \"fd00:{n}:2::2\"]
+  labels: {{app: b}}
+---
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {{name: a-entities}}
+spec:
+  endpointSelector: {{matchLabels: {{app: a}}}}
+  ingress:
+  - fromEntities: [host]
+    toPorts: [{{ports: [{{port: \"8080\", protocol: TCP}}]}}]
+  - fromEntities: [cluster]
+    toPorts: [{{ports: [{{port: \"8081\", protocol: TCP}}]}}]
+  - fromEntities: [world]
+    toPorts: [{{ports: [{{port: \"8082\", protocol: TCP}}]}}]
+  ingressDeny:
+  - fromEndpoints: [{{matchLabels: {{app: b}}}}]
+    toPorts: [{{ports: [{{port: \"8081\", protocol: TCP}}]}}]
+  egress:
+  - toEntities: [host]
+  - toEntities: [world]
+    toPorts: [{{ports: [{{port: \"8080\", protocol: TCP}}]}}]
+",
+        n = t.n,
+        pin = t.pin_dir.display(),
+        if_a = t.if_a,
+        if_b = t.if_b,
+    )
+}
+
+/// `fqdnd policy explain ARGS` against the running node: its exit status and output.
+fn explain(t: &Topology, args: &[&str]) -> (bool, String) {
+    let admin = t.admin();
+    let mut all = vec![
+        "policy",
+        "explain",
+        "--admin-socket",
+        admin.to_str().unwrap(),
+    ];
+    all.extend(args);
+    let out = t.cli_in(&t.host, &all);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "fqdnd {all:?}: {text}"
+    );
+    (out.status.success(), text)
+}
+
+/// The entities on a node: `host` is the node's own addresses (the agent's namespace), so the
+/// host reaches A where `fromEntities: [host]` allows it and the world (the external host
+/// behind the node) does not; `cluster` admits the node's endpoints and the host, but B is
+/// denied on that port (a deny wins over the allow); `world` admits the external host and
+/// neither the host nor B. Egress the same way: A reaches every port of the host (any of its
+/// addresses) and only TCP 8080 of the world. `fqdnd policy explain` says the same.
+#[test]
+fn entities_host_cluster_world_and_a_deny_over_them() {
+    if !privileged("ingress-entities") {
+        return;
+    }
+    let mut t = Topology::new("ingress-entities");
+    let path = t.write_node_config(&entities_config(&t));
+    t.start_node(&path);
+    for port in [8080u16, 8081, 8082] {
+        in_netns(&t.ep_a, move || {
+            let listener = TcpListener::bind(("::", port)).unwrap();
+            std::thread::spawn(move || tcp_echo(&listener));
+        });
+    }
+    in_netns(&t.host, || {
+        let listener = TcpListener::bind(("::", 9000)).unwrap();
+        std::thread::spawn(move || tcp_echo(&listener));
+    });
+    let families = [
+        (
+            t.v4(1, 2),
+            t.v4(2, 2),
+            t.v4(9, 2),
+            t.v4(1, 1),
+            t.v4(9, 1),
+            t.v4(10, 1),
+        ),
+        (
+            t.v6(1, 2),
+            t.v6(2, 2),
+            t.v6(9, 2),
+            t.v6(1, 1),
+            t.v6(9, 1),
+            t.v6(10, 1),
+        ),
+    ];
+    for (a, b, ext, host, host_far, world) in families {
+        // ingress
+        for (ns, who, port, allowed) in [
+            (&t.host, "host", 8080, true),
+            (&t.ep_b, "B", 8080, false),
+            (&t.ext, "world", 8080, false),
+            (&t.host, "host", 8081, true),
+            (&t.ep_b, "B (denied)", 8081, false),
+            (&t.ext, "world", 8081, false),
+            (&t.ext, "world", 8082, true),
+            (&t.host, "host", 8082, false),
+            (&t.ep_b, "B", 8082, false),
+        ] {
+            let timeout = if allowed { REACHES } else { DROPPED };
+            assert_eq!(
+                tcp_reaches(ns, sa(a, port), timeout),
+                allowed,
+                "{who} -> {a}:{port}\n{}",
+                t.logs()
+            );
+        }
+        wait_drop(
+            &t,
+            "policy-denied",
+            &[("src", &b.to_string()), ("dst", ":8081")],
+        );
+        // egress
+        for (to, port, allowed) in [
+            (host, 9000, true),
+            (host_far, 9000, true),
+            (world, 8080, true),
+            (world, 9090, false),
+        ] {
+            let timeout = if allowed { REACHES } else { DROPPED };
+            assert_eq!(
+                tcp_reaches(&t.ep_a, sa(to, port), timeout),
+                allowed,
+                "A -> {to}:{port}\n{}",
+                t.logs()
+            );
+        }
+        // why, from the running agent
+        let bracket = |ip: IpAddr, port: u16| match ip {
+            IpAddr::V4(_) => format!("{ip}:{port}/tcp"),
+            IpAddr::V6(_) => format!("[{ip}]:{port}/tcp"),
+        };
+        let (ok, text) = explain(&t, &["--endpoint", "1", "--from", &bracket(host, 8080)]);
+        assert!(ok && text.contains("ALLOWED"), "{text}");
+        assert!(
+            text.contains("peer identity 1 (reserved:host)") && text.contains("entity host"),
+            "{text}"
+        );
+        let (ok, text) = explain(&t, &["--endpoint", "1", "--from", &bracket(b, 8081)]);
+        assert!(!ok && text.contains("DENIED"), "{text}");
+        assert!(
+            text.contains("ingressDeny[0]") && text.contains("shadows 1 matching allow"),
+            "{text}"
+        );
+        let (ok, text) = explain(&t, &["--endpoint", "1", "--from", &bracket(ext, 8082)]);
+        assert!(ok && text.contains("entity world"), "{text}");
+        let (ok, text) = explain(&t, &["--endpoint", "1", &bracket(host_far, 9000)]);
+        assert!(ok && text.contains("egress endpoint 1"), "{text}");
+        let (ok, text) = explain(&t, &["--endpoint", "1", "--to", &bracket(world, 9090)]);
+        assert!(!ok && text.contains("default deny"), "{text}");
+        assert!(
+            !text.contains("WARNING"),
+            "the datapath's entries agree: {text}"
+        );
+    }
+    // JSON, as a script reads it.
+    let (_, text) = explain(
+        &t,
+        &[
+            "--endpoint",
+            "1",
+            "--from",
+            &t.v4(1, 1).to_string(),
+            "--json",
+        ],
+    );
+    let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+    assert_eq!(v["identity"], 1, "{v}");
+    assert_eq!(v["flow"]["direction"], "ingress", "{v}");
 }
