@@ -181,8 +181,10 @@ pub struct IpCache<D> {
     rules: Vec<Rule>,
     endpoints: BTreeMap<EndpointId, Endpoint>,
     policy_cidrs: BTreeSet<IpNet>,
-    /// The node's own addresses (host prefixes).
+    /// The node's own addresses (host prefixes) that have the host identity.
     host: BTreeSet<IpNet>,
+    /// The node's addresses left out for want of room in the datapath.
+    host_no_room: BTreeSet<IpNet>,
     preallocated: HashMap<LabelId, [Identity; 2]>,
     pending: Pending,
     batch: Vec<DatapathChange>,
@@ -211,6 +213,7 @@ impl<D: Datapath> IpCache<D> {
             endpoints: BTreeMap::new(),
             policy_cidrs: BTreeSet::new(),
             host: BTreeSet::new(),
+            host_no_room: BTreeSet::new(),
             preallocated: HashMap::new(),
             pending: Pending::default(),
             batch: Vec::new(),
@@ -356,30 +359,62 @@ impl<D: Datapath> IpCache<D> {
     /// Replaces the node's own addresses: each gets the host identity (`reserved:host`, 1),
     /// which `toEntities`/`fromEntities` `host` and `cluster` select, unless an endpoint
     /// claims it. Returns whether anything changed; [`IpCache::commit`] writes it.
+    ///
+    /// An address that would need a new datapath entry when the datapath's room
+    /// ([`Config::datapath_prefixes`]) is used up is left out (it stays what it was, the world
+    /// if nothing else): endpoints, policy CIDRs and learned names, there first, keep their
+    /// entries. A warning names such addresses when they change; they are tried again at
+    /// the next call.
     pub fn set_host_addresses(
         &mut self,
         addresses: impl IntoIterator<Item = IpAddr>,
     ) -> Result<bool, Error> {
         let wanted: BTreeSet<IpNet> = addresses.into_iter().map(host_prefix).collect();
         if wanted == self.host {
+            self.host_no_room.clear();
             return Ok(false);
         }
-        let mut touched = BTreeSet::new();
-        for gone in self.host.difference(&wanted) {
-            if self.meta.remove(gone, &host_owner(gone)).is_some() {
-                touched.insert(*gone);
+        let mut changed = false;
+        // The addresses gone first: their room goes to the new ones.
+        let gone: Vec<IpNet> = self.host.difference(&wanted).copied().collect();
+        for gone in gone {
+            self.host.remove(&gone);
+            changed = true;
+            if self.meta.remove(&gone, &host_owner(&gone)).is_some() {
+                self.resolve(gone)?;
             }
         }
-        for new in wanted.difference(&self.host) {
+        let mut no_room = BTreeSet::new();
+        let new: Vec<IpNet> = wanted.difference(&self.host).copied().collect();
+        for new in new {
+            let family = usize::from(matches!(new, IpNet::V6(_)));
+            let has_entry = self.meta.get(&new).is_some_and(|e| e.identity.is_some());
+            if !has_entry
+                && self
+                    .config
+                    .datapath_prefixes
+                    .is_some_and(|room| self.written[family] >= room)
+            {
+                no_room.insert(new);
+                continue;
+            }
             self.meta
-                .upsert(*new, &Arc::new(host_owner(new)), Arc::new(LabelSet::new()));
-            touched.insert(*new);
+                .upsert(new, &Arc::new(host_owner(&new)), Arc::new(LabelSet::new()));
+            self.host.insert(new);
+            changed = true;
+            self.resolve(new)?;
         }
-        self.host = wanted;
-        for prefix in touched {
-            self.resolve(prefix)?;
+        if no_room != self.host_no_room {
+            if !no_room.is_empty() {
+                let left: Vec<String> = no_room.iter().map(|p| p.addr().to_string()).collect();
+                tracing::warn!(
+                    addresses = %left.join(", "),
+                    "the datapath's ipcache is full: these node addresses are not the host identity (they stay the world's)"
+                );
+            }
+            self.host_no_room = no_room;
         }
-        Ok(true)
+        Ok(changed)
     }
 
     /// The node's own addresses ([`IpCache::set_host_addresses`]).

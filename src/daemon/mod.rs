@@ -177,12 +177,13 @@ impl Shared {
         let previous = self.desired()?;
         let enforced = {
             let mut engine = lock(&self.engine, "engine")?;
-            self.refresh_host(&mut engine, false);
             engine.apply(
                 next.config.endpoints.clone(),
                 next.config.rules.clone(),
                 self.clock.now(),
             )?;
+            // After the endpoints and policy: they have the datapath's room first.
+            self.refresh_host(&mut engine);
             enforcing(&next.config, &engine)
         };
         if let Err(e) = self.sync(&next.config, &enforced) {
@@ -208,22 +209,13 @@ impl Shared {
         Ok(())
     }
 
-    /// Gives the node's current addresses the host identity; with `commit`, writes the
-    /// change at once (else it goes with the caller's commit). A failure is logged: the
-    /// addresses keep the identity they had.
-    pub(crate) fn refresh_host(&self, engine: &mut Engine<AnyDatapath>, commit: bool) {
+    /// Gives the node's current addresses the host identity, committed. A failure is
+    /// logged: the addresses keep the identity they had.
+    pub(crate) fn refresh_host(&self, engine: &mut Engine<AnyDatapath>) {
         let Some(addrs) = self.mode.host_addresses() else {
             return;
         };
-        let result = if commit {
-            engine.set_host_addresses(&addrs)
-        } else {
-            engine
-                .ipcache
-                .set_host_addresses(addrs.iter().copied())
-                .map_err(fqdnd_engine::Error::Endpoints)
-        };
-        match result {
+        match engine.set_host_addresses(&addrs) {
             Ok(true) => {
                 tracing::info!(addresses = ?addrs, "the node's addresses (the host identity)")
             }

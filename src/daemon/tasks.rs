@@ -102,7 +102,7 @@ pub(super) fn spawn_host_addresses(
             tokio::select! {
                 _ = tick.tick() => {
                     if let Ok(mut engine) = shared.engine.lock() {
-                        shared.refresh_host(&mut engine, true);
+                        shared.refresh_host(&mut engine);
                     }
                 }
                 _ = stopped.changed() => return Ok(()),
