@@ -449,3 +449,78 @@ fn entities_host_cluster_world_and_a_deny_over_them() {
     assert_eq!(v["identity"], 1, "{v}");
     assert_eq!(v["flow"]["direction"], "ingress", "{v}");
 }
+
+/// Gateway mode with `enforceInterfaces`: ingress policy of a client group is enforced on
+/// traffic towards it (the group found by the destination's prefix): the external host
+/// reaches group A on the port its `fromEntities: [world]` rule allows and not on another;
+/// group B, without ingress rules, takes anything.
+#[test]
+fn a_gateway_enforces_a_client_groups_ingress() {
+    if !privileged("ingress-gateway") {
+        return;
+    }
+    let mut t = Topology::new("ingress-gateway");
+    let n = t.n;
+    let group = |name: &str, id: u32, net: u32| {
+        format!(
+            "apiVersion: fqdnd.io/v1
+kind: ClientGroup
+metadata: {{name: {name}}}
+spec:
+  id: {id}
+  addresses: [10.{n}.{net}.0/24, \"fd00:{n}:{net}::/64\"]
+  labels: {{group: {name}}}
+"
+        )
+    };
+    let config = t.write_node_config(&format!(
+        "apiVersion: fqdnd.io/v1
+kind: Gateway
+spec:
+  listen: [\"10.{n}.1.1:53\"]
+  upstreams: [\"10.{n}.9.53:53\"]
+  enforceInterfaces: [{if_a}, {if_b}]
+  pinDir: {pin}
+---
+{a}---
+{b}---
+apiVersion: cilium.io/v2
+kind: CiliumClusterwideNetworkPolicy
+metadata: {{name: a-in}}
+spec:
+  endpointSelector: {{matchLabels: {{group: a}}}}
+  ingress:
+  - fromEntities: [world]
+    toPorts: [{{ports: [{{port: \"8080\", protocol: TCP}}]}}]
+",
+        if_a = t.if_a,
+        if_b = t.if_b,
+        pin = t.pin_dir.display(),
+        a = group("a", 10, 1),
+        b = group("b", 11, 2),
+    ));
+    t.start_daemon("gateway", &config);
+    for ns in [t.ep_a.clone(), t.ep_b.clone()] {
+        for port in [8080u16, 9090] {
+            in_netns(&ns, move || {
+                let listener = TcpListener::bind(("::", port)).unwrap();
+                std::thread::spawn(move || tcp_echo(&listener));
+            });
+        }
+    }
+    for (a, b) in [(t.v4(1, 2), t.v4(2, 2)), (t.v6(1, 2), t.v6(2, 2))] {
+        assert!(
+            tcp_reaches(&t.ext, sa(a, 8080), REACHES),
+            "world -> {a}:8080\n{}",
+            t.logs()
+        );
+        assert!(
+            !tcp_reaches(&t.ext, sa(a, 9090), DROPPED),
+            "world -> {a}:9090"
+        );
+        assert!(
+            tcp_reaches(&t.ext, sa(b, 9090), REACHES),
+            "world -> {b}:9090"
+        );
+    }
+}
