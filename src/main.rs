@@ -320,7 +320,8 @@ enum PolicyCommand {
     /// SRC[:PORT/PROTO]`, PORT being the endpoint's. PROTO is tcp (the default), udp, icmp or
     /// icmpv6 (PORT is then the ICMP type); an IPv6 address with a port is written
     /// `[ADDR]:PORT/PROTO`. An address alone asks about every protocol (only rules without
-    /// ports match). Exits 0 when the flow is allowed, 1 when it is denied.
+    /// ports match). Exits 0 when the flow is allowed, 1 when it is denied, 2 when there is
+    /// no answer (a flow it cannot read, no agent, files with errors).
     Explain {
         /// The endpoint (node) or client group (gateway) whose policy decides.
         #[arg(long, value_name = "ID")]

@@ -89,8 +89,25 @@ pub(crate) fn matches(pattern: &str, names: &[String], json: bool) -> Result<Exi
 
 /// `policy explain`: asks the running agent (or, with `offline` files, an engine built from
 /// them) which rule allows or denies the flow of `endpoint` to `dest` (egress) or from `src`
-/// (ingress). Exit status: 0 allowed, 1 denied.
+/// (ingress). Exit status: 0 allowed, 1 denied, 2 no answer (the error on stderr).
 pub(crate) fn explain(
+    target: &Target,
+    offline: &[PathBuf],
+    endpoint: u16,
+    dest: Option<&str>,
+    src: Option<&str>,
+    json: bool,
+) -> Result<ExitCode> {
+    match explain_flow(target, offline, endpoint, dest, src, json) {
+        Ok(code) => Ok(code),
+        Err(e) => {
+            eprintln!("fqdnd: {e:#}");
+            Ok(ExitCode::from(2))
+        }
+    }
+}
+
+fn explain_flow(
     target: &Target,
     offline: &[PathBuf],
     endpoint: u16,
