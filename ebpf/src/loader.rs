@@ -571,7 +571,8 @@ pub fn detach_cgroup_pinned(pin_dir: &Path) -> Result<(), Error> {
 /// temporary name, then renamed over the old pin (atomic), whose link is released.
 fn swap_pin(link: FdLink, dir: &Path, name: &str) -> Result<(), Error> {
     let pin = dir.join(name);
-    let fresh = dir.join(format!("{name}.new"));
+    // (bpffs refuses names with a dot)
+    let fresh = dir.join(format!("{name}_new"));
     match std::fs::remove_file(&fresh) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
