@@ -202,7 +202,7 @@ fn layout(manifest: &Path, out: &Path) {
             &["addr", "port", "endpoint", "family", "proto", "pad"],
         ),
         ("fqdnd_origin_key", &["addr", "port", "proto", "family"]),
-        ("fqdnd_sock_cfg", &["netns_cookie"]),
+        ("fqdnd_sock_cfg", &["netns_cookie", "endpoints", "pad"]),
     ];
     let mut c = String::from(
         "#include <stdio.h>\n#include <stddef.h>\n#include \"fqdnd_maps.h\"\nint main(void) {\n",

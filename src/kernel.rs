@@ -93,6 +93,8 @@ pub(crate) struct Kernel {
     cgroups: BTreeMap<EndpointId, CgroupAttached>,
     /// The cgroup v2 mount the socket programs are attached at (by this run), once they are.
     cgroup_root: Option<PathBuf>,
+    /// This process's network namespace cookie (the proxy's), once read.
+    netns_cookie: Option<u64>,
 }
 
 impl std::fmt::Debug for Kernel {
@@ -196,6 +198,7 @@ impl Kernel {
             sizes,
             cgroups: BTreeMap::new(),
             cgroup_root: None,
+            netns_cookie: None,
         })
     }
 
@@ -388,21 +391,28 @@ impl Kernel {
         &self.cgroups
     }
 
-    /// Makes the endpoints-by-cgroup map hold `wanted`, attaching the cgroup socket programs
-    /// for the first one (after the start-up checks) and detaching them after the last one
-    /// (including programs an earlier run left attached). Entries are written before the
-    /// programs are attached, so they never run without them; entries no endpoint wants
-    /// (removed endpoints, an earlier run's) are removed. A cgroup whose directory does not
-    /// exist yet gets its entry once it does ([`Self::refresh_cgroups`]).
-    pub(crate) fn sync_cgroups(&mut self, wanted: &[WantedCgroup]) -> Result<()> {
-        if wanted.is_empty() {
+    /// Makes the endpoints-by-cgroup map hold `wanted`. The cgroup socket programs are
+    /// attached (after the start-up checks) when the first cgroup endpoint comes, or at the
+    /// first sync with `host_processes`; once attached by this run they stay (attaching a
+    /// cgroup skb program needs CAP_NET_ADMIN, which the node drops after start-up), doing
+    /// nothing but a lookup while no cgroup endpoint is left. Programs an earlier run left
+    /// attached are replaced, or detached when this run wants none. Entries are written
+    /// before the programs run with them; entries no endpoint wants (removed endpoints, an
+    /// earlier run's) are removed. A cgroup whose directory does not exist yet gets its entry
+    /// once it does ([`Self::refresh_cgroups`]).
+    pub(crate) fn sync_cgroups(
+        &mut self,
+        wanted: &[WantedCgroup],
+        host_processes: bool,
+    ) -> Result<()> {
+        if wanted.is_empty() && !host_processes && self.cgroup_root.is_none() {
             self.cgroups.clear();
             self.remove_unwanted_cgroup_entries()?;
-            if self.cgroup_root.take().is_some() || fqdnd_ebpf::cgroup_attached(&self.pin_dir) {
+            if fqdnd_ebpf::cgroup_attached(&self.pin_dir) {
                 self.loaded
                     .detach_cgroup()
-                    .context("detaching the cgroup socket programs")?;
-                tracing::info!("cgroup socket programs detached: no cgroup endpoint left");
+                    .context("detaching the cgroup socket programs an earlier run attached")?;
+                tracing::info!("cgroup socket programs detached: no cgroup endpoint");
             }
             return Ok(());
         }
@@ -417,65 +427,77 @@ impl Kernel {
                 && own.starts_with(&path)
             {
                 bail!(
-                    "endpoint {} ({}): fqdnd itself runs in {}, inside that cgroup: its own                      upstream queries would be redirected to itself; run fqdnd outside the                      endpoint's cgroup",
+                    "endpoint {} ({}): fqdnd itself runs in {}, inside that cgroup: its own \
+                     upstream queries would be redirected to itself; run fqdnd outside the \
+                     endpoint's cgroup",
                     w.id,
                     w.cgroup,
                     own.display()
                 );
             }
+            let kept = self
+                .cgroups
+                .get(&w.id)
+                .filter(|old| old.wanted == *w && old.path == path)
+                .and_then(|old| old.cgroup_id);
             next.insert(
                 w.id,
                 CgroupAttached {
                     wanted: w.clone(),
                     path,
-                    cgroup_id: None,
+                    cgroup_id: kept,
                 },
             );
         }
-        // Gone endpoints first, so their ids are free for the ones that stay.
-        let gone: Vec<EndpointId> = self
-            .cgroups
-            .keys()
-            .filter(|id| !next.contains_key(id))
-            .copied()
-            .collect();
-        for id in gone {
-            if let Some(cgroup_id) = self.cgroups.remove(&id).and_then(|old| old.cgroup_id) {
+        // The entries of endpoints gone or changed go first, so an id is never claimed twice.
+        for (id, old) in &self.cgroups {
+            let stays = next.get(id).and_then(|n| n.cgroup_id);
+            if let Some(cgroup_id) = old.cgroup_id
+                && stays != Some(cgroup_id)
+            {
                 self.maps
                     .remove_cgroup_endpoint(cgroup_id)
                     .with_context(|| format!("removing the cgroup entry of endpoint {id}"))?;
-                tracing::info!(endpoint = %id, cgroup_id, "cgroup endpoint removed");
+                tracing::info!(endpoint = %id, cgroup_id, "cgroup endpoint entry removed");
             }
         }
-        for (id, entry) in next {
-            let kept = self
-                .cgroups
-                .get(&id)
-                .filter(|old| old.wanted == entry.wanted && old.path == entry.path)
-                .and_then(|old| old.cgroup_id);
-            self.cgroups.insert(
-                id,
-                CgroupAttached {
-                    cgroup_id: kept,
-                    ..entry
-                },
-            );
-        }
+        self.cgroups = next;
         self.refresh_cgroups()?;
         self.remove_unwanted_cgroup_entries()?;
+        self.write_sock_settings()?;
         if self.cgroup_root.is_none() {
-            let cookie = fqdnd_ebpf::sys::netns_cookie()
-                .context("reading the proxy's network namespace cookie")?;
-            self.maps
-                .set_sock_netns(cookie)
-                .context("writing the proxy's network namespace into the socket settings")?;
             self.loaded.attach_cgroup(&root).with_context(|| {
-                format!("attaching the cgroup socket programs at {}", root.display())
+                format!(
+                    "attaching the cgroup socket programs at {} (a node that has dropped its \
+                     capabilities cannot: with `hostProcesses: true` in the Node document, or a \
+                     cgroup Endpoint in the files, they are attached at start-up)",
+                    root.display()
+                )
             })?;
             tracing::info!(root = %root.display(), "cgroup socket programs attached");
             self.cgroup_root = Some(root);
         }
         Ok(())
+    }
+
+    /// The socket programs' settings: the proxy's network namespace and how many cgroup
+    /// endpoint entries there are (none: the programs return at once).
+    fn write_sock_settings(&mut self) -> Result<()> {
+        let cookie = match self.netns_cookie {
+            Some(c) => c,
+            None => *self.netns_cookie.insert(
+                fqdnd_ebpf::sys::netns_cookie()
+                    .context("reading the proxy's network namespace cookie")?,
+            ),
+        };
+        let entries = self
+            .cgroups
+            .values()
+            .filter(|c| c.cgroup_id.is_some())
+            .count();
+        self.maps
+            .set_sock_settings(cookie, u32::try_from(entries).unwrap_or(u32::MAX))
+            .context("writing the socket programs' settings")
     }
 
     /// Removes the map's entries of cgroups no endpoint has now.
@@ -529,6 +551,9 @@ impl Kernel {
             }
             entry.cgroup_id = now;
             changed += 1;
+        }
+        if changed > 0 {
+            self.write_sock_settings()?;
         }
         Ok(changed)
     }

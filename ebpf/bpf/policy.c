@@ -1381,7 +1381,9 @@ static __always_inline int sock_addr_endpoint(struct bpf_sock_addr *ctx,
 	__u32 zero = 0;
 
 	cfg = bpf_map_lookup_elem(&fqdnd_sock_cfg, &zero);
-	if (cfg && cfg->netns_cookie && cfg->netns_cookie != bpf_get_netns_cookie(ctx))
+	if (!cfg || !cfg->endpoints)
+		return 0;
+	if (cfg->netns_cookie && cfg->netns_cookie != bpf_get_netns_cookie(ctx))
 		return 0;
 	return CGROUP_ENDPOINT(bpf_get_current_cgroup_id(), CURRENT_ANCESTOR, out);
 }
@@ -1738,6 +1740,17 @@ static __always_inline int sock_verdict(struct __sk_buff *skb, struct pkt *p, in
 	return SOCK_PASS;
 }
 
+/* Whether any cgroup endpoint exists (the skb programs' first question, for every packet of
+ * the host). */
+static __always_inline int cgroup_endpoints(void)
+{
+	struct fqdnd_sock_cfg *cfg;
+	__u32 zero = 0;
+
+	cfg = bpf_map_lookup_elem(&fqdnd_sock_cfg, &zero);
+	return cfg && cfg->endpoints;
+}
+
 SEC("cgroup_skb/egress")
 int fqdnd_sock_egress(struct __sk_buff *skb)
 {
@@ -1746,7 +1759,7 @@ int fqdnd_sock_egress(struct __sk_buff *skb)
 	__u64 now;
 	int r, verdict;
 
-	if (!CGROUP_ENDPOINT(bpf_skb_cgroup_id(skb), SKB_ANCESTOR, &ep))
+	if (!cgroup_endpoints() || !CGROUP_ENDPOINT(bpf_skb_cgroup_id(skb), SKB_ANCESTOR, &ep))
 		return SOCK_PASS;
 	r = parse_l3(skb, &p, 0, skb->protocol);
 	if (r == PARSE_NOT_IP || r == PARSE_ALWAYS_PASS)
@@ -1773,7 +1786,7 @@ int fqdnd_sock_ingress(struct __sk_buff *skb)
 	__u64 now;
 	int r;
 
-	if (!CGROUP_ENDPOINT(bpf_skb_cgroup_id(skb), SKB_ANCESTOR, &ep))
+	if (!cgroup_endpoints() || !CGROUP_ENDPOINT(bpf_skb_cgroup_id(skb), SKB_ANCESTOR, &ep))
 		return SOCK_PASS;
 	r = parse_l3(skb, &p, 0, skb->protocol);
 	if (r != PARSE_OK)

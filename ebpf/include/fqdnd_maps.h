@@ -302,9 +302,10 @@ struct fqdnd_drop_event {
 /* ---- host processes as endpoints: cgroup v2 socket programs ----
  *
  * Attached once at the root of the cgroup v2 hierarchy, they run for every socket of the
- * host. A socket belongs to the cgroup it was created in; its endpoint is the entry of the
- * deepest cgroup on the path from the root to that cgroup (itself included) in fqdnd_cgroups,
- * so cgroups created later under an endpoint's cgroup belong to it too. */
+ * host. The endpoint of a cgroup is the entry of the deepest cgroup on the path from the root
+ * to it (itself included) in fqdnd_cgroups, so cgroups created later under an endpoint's
+ * cgroup belong to it too. The skb programs take a socket's cgroup (the one it was created
+ * in); the sock_addr programs, which cannot read it, the calling process's. */
 
 /* fqdnd_cgroups: hash, cgroup v2 id (__u64: the cgroup directory's inode number) → struct
  * fqdnd_endpoint_value (flags FQDND_EP_ENFORCE_EGRESS, FQDND_EP_REDIRECT_DNS). */
@@ -341,6 +342,9 @@ struct fqdnd_origin_key {
 struct fqdnd_sock_cfg {
 	__u64 netns_cookie; /* the proxy's network namespace: sockets of others are left alone
 			     * by the redirect (0 = every namespace) */
-};                          /* 8 bytes */
+	__u32 endpoints;    /* entries in fqdnd_cgroups: while 0 every socket program returns
+			     * at once (the programs stay attached without cgroup endpoints) */
+	__u32 pad;
+};                          /* 16 bytes */
 
 #endif /* FQDND_MAPS_H */

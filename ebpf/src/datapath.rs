@@ -907,11 +907,22 @@ impl KernelDatapath {
         Ok(out)
     }
 
-    /// The network namespace whose sockets the redirect applies to (the proxy's:
-    /// [`crate::sys::netns_cookie`]); `0` = every namespace.
-    pub fn set_sock_netns(&mut self, netns_cookie: u64) -> Result<(), DatapathError> {
+    /// The socket programs' settings: the network namespace whose sockets the redirect
+    /// applies to (the proxy's: [`crate::sys::netns_cookie`]; `0` = every namespace), and how
+    /// many cgroup endpoints there are (while 0, every socket program returns at once, so the
+    /// programs can stay attached for nothing but a lookup per call or packet).
+    pub fn set_sock_settings(
+        &mut self,
+        netns_cookie: u64,
+        endpoints: u32,
+    ) -> Result<(), DatapathError> {
+        let v = SockCfg {
+            netns_cookie,
+            endpoints,
+            pad: 0,
+        };
         self.sock_cfg
-            .set(0, SockCfg { netns_cookie }, 0)
+            .set(0, v, 0)
             .map_err(|e| map_err("fqdnd_sock_cfg", "socket settings update", e))
     }
 

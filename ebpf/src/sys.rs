@@ -473,6 +473,10 @@ pub struct OriginKey {
 pub struct SockCfg {
     /// The proxy's network namespace cookie (0 = every namespace).
     pub netns_cookie: u64,
+    /// Entries in `fqdnd_cgroups` (0: every socket program returns at once).
+    pub endpoints: u32,
+    /// Padding.
+    pub pad: u32,
 }
 
 /// `struct fqdnd_drop_event`.
@@ -778,12 +782,12 @@ mod tests {
             OriginKey,
             [addr, port, proto, family]
         );
-        check!(c, "fqdnd_sock_cfg", SockCfg, [netns_cookie]);
+        check!(c, "fqdnd_sock_cfg", SockCfg, [netns_cookie, endpoints, pad]);
         // (struct size rows + fields) of every struct above
         assert_eq!(
             c.len(),
             [
-                3, 3, 2, 4, 7, 8, 2, 5, 3, 9, 7, 5, 7, 6, 7, 5, 5, 5, 14, 7, 5, 2
+                3, 3, 2, 4, 7, 8, 2, 5, 3, 9, 7, 5, 7, 6, 7, 5, 5, 5, 14, 7, 5, 4
             ]
             .iter()
             .sum::<usize>()

@@ -182,7 +182,7 @@ fn setup(test: &str, n: u8, flags: EndpointFlags) -> Option<Setup> {
         )),
     )
     .unwrap();
-    dp.set_sock_netns(cookie).unwrap();
+    dp.set_sock_settings(cookie, 1).unwrap();
     let root = fqdnd_ebpf::cgroup::v2_root().unwrap();
     let cgroup = TestCgroup::new(&root, &format!("fqdnd-test-{}-{test}", std::process::id()));
     dp.set_cgroup_endpoint(cgroup.id(), EP, flags).unwrap();
@@ -234,7 +234,7 @@ fn connected_udp(
 
 #[test]
 fn dns_is_redirected_to_the_proxy_and_the_resolver_shown_back() {
-    let Some(s) = setup("redirect", 41, REDIRECT) else {
+    let Some(mut s) = setup("redirect", 41, REDIRECT) else {
         return;
     };
     let n = 41;
@@ -334,6 +334,18 @@ fn dns_is_redirected_to_the_proxy_and_the_resolver_shown_back() {
     assert_eq!(peer, resolver4(n));
     assert_eq!(s.origins.lookup(local, false), None);
     drop(nested);
+
+    // In the cgroup again, with the settings saying there is no cgroup endpoint (the programs
+    // stay attached once the last one goes): left alone.
+    let cookie = s.ns.run(|| sys::netns_cookie().unwrap());
+    s.dp.set_sock_settings(cookie, 0).unwrap();
+    let _joined = s.cgroup.join();
+    let peer = s.ns.run(move || {
+        let c = UdpSocket::bind("0.0.0.0:0").unwrap();
+        c.connect(resolver4(n)).unwrap();
+        c.peer_addr().unwrap()
+    });
+    assert_eq!(peer, resolver4(n));
 }
 
 /// The drop events of the ring buffer, until `want` is among them (or `WAIT` passes).
@@ -526,6 +538,15 @@ fn per_connect_cost() {
         });
     };
     let port54 = SocketAddr::from((Ipv4Addr::new(10, 98, n, 53), 54));
+    let cookie = s.ns.run(|| sys::netns_cookie().unwrap());
+    s.dp.set_sock_settings(cookie, 0).unwrap();
+    phase(
+        &mut s,
+        "fqdnd_sock_egress",
+        "no cgroup endpoint (programs attached), per packet",
+        &sends,
+    );
+    s.dp.set_sock_settings(cookie, 1).unwrap();
     phase(
         &mut s,
         "fqdnd_connect4",

@@ -338,7 +338,7 @@ impl NodeRuntime {
         {
             let mut kernel = lock(kernel, "kernel")?;
             kernel.sync(&wanted)?;
-            kernel.sync_cgroups(&cgroups)?;
+            kernel.sync_cgroups(&cgroups, self.node.host_processes)?;
         }
         self.drops.set_names(
             config
