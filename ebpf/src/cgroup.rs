@@ -123,7 +123,8 @@ pub const V1_NET_CONTROLLERS: [&str; 2] = ["net_cls", "net_prio"];
 fn in_use_file(controller: &str) -> (&'static str, fn(&str) -> bool) {
     if controller == "net_cls" {
         ("net_cls.classid", |text| {
-            text.trim().parse::<u64>().map_or(true, |v| v != 0)
+            // anything but a plain 0 counts (an unreadable value too)
+            !matches!(text.trim().parse::<u64>(), Ok(0))
         })
     } else {
         ("net_prio.ifpriomap", |text| {
@@ -176,16 +177,16 @@ pub fn v1_net_mounts(proc_cgroups: &str, mountinfo: &str) -> Vec<V1NetMount> {
     out
 }
 
-/// The decision of [`check_v1_net`]: given the mounted v1 net controllers and, for each, a
-/// reader returning every `(file, contents)` of its in-use file in the hierarchy, the first
-/// file showing a non-default value.
+/// Reads every `(file, contents)` of one file name (second argument) in the cgroup tree
+/// under a hierarchy's mount (first argument).
+pub type TreeReader<'a> = dyn FnMut(&Path, &str) -> Vec<(PathBuf, String)> + 'a;
+
+/// The decision of [`check_v1_net`]: given the mounted v1 net controllers and a reader of
+/// their in-use files, the first file showing a non-default value.
 ///
 /// # Errors
 /// [`Error::CgroupV1InUse`] naming the controller, the file and its value.
-pub fn v1_net_in_use(
-    mounted: &[V1NetMount],
-    files: &mut dyn FnMut(&Path, &str) -> Vec<(PathBuf, String)>,
-) -> Result<(), Error> {
+pub fn v1_net_in_use(mounted: &[V1NetMount], files: &mut TreeReader<'_>) -> Result<(), Error> {
     for m in mounted {
         let Some(path) = &m.path else { continue };
         let (name, in_use) = in_use_file(m.controller);

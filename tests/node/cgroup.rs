@@ -420,7 +420,7 @@ fn host_processes_of_a_cgroup_are_an_endpoint() {
     let rows = cache.as_array().unwrap();
     assert!(
         rows.iter()
-            .any(|r| r["fqdn"] == "api.example.test." && r["endpoint"] == RUNNER.to_string()),
+            .any(|r| r["fqdn"] == "api.example.test." && r["endpoint"] == json!(RUNNER.to_string())),
         "{cache}"
     );
     assert!(
