@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0 OR Apache-2.0
 /*
- * fqdnd egress policy: tc programs on the host side of an endpoint's veth.
+ * fqdnd egress policy: tc programs on the host side of an endpoint's veth, and (at the end of
+ * this file) the cgroup v2 socket programs of host processes, which share the maps, the
+ * parser, conntrack and the policy lookups.
  *
  *  fqdnd_from_ep  host-side veth *ingress* = the endpoint's egress. Source validation first
  *                 (interfaces flagged CHECK_SOURCE: a source that is not one of the
@@ -1406,6 +1408,38 @@ static __always_inline void proxy_addr6(const struct fqdnd_dns_proxy *cfg, __u32
 		out[3] = bpf_htonl(1);
 }
 
+/* Whether the four network-order words `a` are the proxy's IPv6 address. */
+static __always_inline int is_proxy6(const struct fqdnd_dns_proxy *cfg, const __u32 a[4])
+{
+	__u32 proxy[4];
+
+	proxy_addr6(cfg, proxy);
+	return a[0] == proxy[0] && a[1] == proxy[1] && a[2] == proxy[2] && a[3] == proxy[3];
+}
+
+/* The sock_addr context's IPv6 address, read and written a word at a time (the only access
+ * the verifier allows). */
+static __always_inline void load_ip6(const struct bpf_sock_addr *ctx, __u32 a[4])
+{
+	a[0] = ctx->user_ip6[0];
+	a[1] = ctx->user_ip6[1];
+	a[2] = ctx->user_ip6[2];
+	a[3] = ctx->user_ip6[3];
+}
+
+static __always_inline void store_ip6(struct bpf_sock_addr *ctx, const __u32 a[4])
+{
+	ctx->user_ip6[0] = a[0];
+	ctx->user_ip6[1] = a[1];
+	ctx->user_ip6[2] = a[2];
+	ctx->user_ip6[3] = a[3];
+}
+
+static __always_inline int v4_mapped(const __u32 a[4])
+{
+	return !a[0] && !a[1] && a[2] == bpf_htonl(0xffff);
+}
+
 /* A drop event for a call the sock_addr programs refused (no proxy). */
 static __always_inline void emit_sock(__u16 endpoint, const __u8 *daddr, __u8 family,
 				      __u16 dport, __u8 proto, __u8 reason)
@@ -1479,12 +1513,9 @@ static __always_inline int redirect6(struct bpf_sock_addr *ctx)
 
 	if (!dns_call(ctx, &ep))
 		return 1;
-	dst[0] = ctx->user_ip6[0];
-	dst[1] = ctx->user_ip6[1];
-	dst[2] = ctx->user_ip6[2];
-	dst[3] = ctx->user_ip6[3];
+	load_ip6(ctx, dst);
 	__builtin_memcpy(o.addr, dst, 16);
-	mapped = !dst[0] && !dst[1] && dst[2] == bpf_htonl(0xffff);
+	mapped = v4_mapped(dst);
 	cfg = bpf_map_lookup_elem(&fqdnd_dns_proxy, &zero);
 	if (!cfg || !(mapped ? cfg->port4 : cfg->port6)) {
 		emit_sock(ep.endpoint, o.addr, 6, ctx->user_port, ctx->protocol,
@@ -1503,10 +1534,7 @@ static __always_inline int redirect6(struct bpf_sock_addr *ctx)
 		return 1;
 	}
 	proxy_addr6(cfg, proxy);
-	ctx->user_ip6[0] = proxy[0];
-	ctx->user_ip6[1] = proxy[1];
-	ctx->user_ip6[2] = proxy[2];
-	ctx->user_ip6[3] = proxy[3];
+	store_ip6(ctx, proxy);
 	ctx->user_port = cfg->port6;
 	return 1;
 }
@@ -1564,36 +1592,25 @@ static __always_inline int restore6(struct bpf_sock_addr *ctx)
 {
 	struct fqdnd_sock_origin *o;
 	struct fqdnd_dns_proxy *cfg;
-	__u32 zero = 0, a[4], proxy[4];
+	__u32 zero = 0, a[4];
 	__u64 cookie;
-	int mapped;
 
 	cfg = bpf_map_lookup_elem(&fqdnd_dns_proxy, &zero);
 	if (!cfg)
 		return 1;
-	a[0] = ctx->user_ip6[0];
-	a[1] = ctx->user_ip6[1];
-	a[2] = ctx->user_ip6[2];
-	a[3] = ctx->user_ip6[3];
-	mapped = !a[0] && !a[1] && a[2] == bpf_htonl(0xffff);
-	if (mapped) {
+	load_ip6(ctx, a);
+	if (v4_mapped(a)) {
 		if (!cfg->port4 || ctx->user_port != cfg->port4 || a[3] != proxy_addr4(cfg))
 			return 1;
-	} else {
-		proxy_addr6(cfg, proxy);
-		if (!cfg->port6 || ctx->user_port != cfg->port6 || a[0] != proxy[0] ||
-		    a[1] != proxy[1] || a[2] != proxy[2] || a[3] != proxy[3])
-			return 1;
+	} else if (!cfg->port6 || ctx->user_port != cfg->port6 || !is_proxy6(cfg, a)) {
+		return 1;
 	}
 	cookie = bpf_get_socket_cookie(ctx);
 	o = bpf_map_lookup_elem(&fqdnd_sock_dns, &cookie);
 	if (!o || o->family != 6)
 		return 1;
 	__builtin_memcpy(a, o->addr, 16);
-	ctx->user_ip6[0] = a[0];
-	ctx->user_ip6[1] = a[1];
-	ctx->user_ip6[2] = a[2];
-	ctx->user_ip6[3] = a[3];
+	store_ip6(ctx, a);
 	ctx->user_port = o->port;
 	return 1;
 }
@@ -1656,12 +1673,10 @@ static __always_inline void record_origin(struct __sk_buff *skb, const struct pk
 		if (!cfg->port4 || p->key.dport != cfg->port4 || d != proxy_addr4(cfg))
 			return;
 	} else {
-		__u32 d[4], proxy[4];
+		__u32 d[4];
 
 		__builtin_memcpy(d, p->key.daddr, 16);
-		proxy_addr6(cfg, proxy);
-		if (!cfg->port6 || p->key.dport != cfg->port6 || d[0] != proxy[0] ||
-		    d[1] != proxy[1] || d[2] != proxy[2] || d[3] != proxy[3])
+		if (!cfg->port6 || p->key.dport != cfg->port6 || !is_proxy6(cfg, d))
 			return;
 	}
 	__builtin_memcpy(k.addr, p->key.saddr, 16);

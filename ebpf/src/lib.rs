@@ -1,6 +1,9 @@
 //! fqdnd's kernel datapath: the C eBPF programs in `bpf/` (compiled by build.rs with clang-19),
 //! their maps pinned under a versioned bpffs directory, and [`KernelDatapath`], the
-//! [`fqdnd_ipcache::Datapath`] that writes ipcache and policy batches into those maps.
+//! [`fqdnd_ipcache::Datapath`] that writes ipcache and policy batches into those maps. The
+//! programs are the tc pair of interface endpoints and the cgroup v2 socket programs of host
+//! processes ([`Loaded::attach_cgroup`]); [`cgroup`] finds where those attach and what the
+//! host must not be doing for them to work.
 //!
 //! Map layouts come from one header, `include/fqdnd_maps.h`; [`sys`] mirrors it and its tests
 //! compare both layouts field by field.

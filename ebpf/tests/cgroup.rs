@@ -307,6 +307,29 @@ fn dns_is_redirected_to_the_proxy_and_the_resolver_shown_back() {
         assert_eq!(s.origins.lookup(client, true), origin(to), "v6={v6}");
     }
 
+    // A socket of another network namespace (this thread's, not the proxy's): left alone.
+    let c = UdpSocket::bind("0.0.0.0:0").unwrap();
+    c.connect(resolver4(n)).unwrap();
+    assert_eq!(c.peer_addr().unwrap(), resolver4(n));
+
+    // No proxy for a family: the call is refused (DNS fails closed).
+    s.dp.set_dns_proxy(None, None).unwrap();
+    let refused = s.ns.run(move || {
+        let c = UdpSocket::bind("0.0.0.0:0").unwrap();
+        c.connect(resolver4(n)).unwrap_err()
+    });
+    assert_eq!(refused.kind(), std::io::ErrorKind::PermissionDenied);
+    s.dp.set_dns_proxy(
+        Some(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, s.proxy.port4())),
+        Some(SocketAddrV6::new(
+            Ipv6Addr::UNSPECIFIED,
+            s.proxy.port6(),
+            0,
+            0,
+        )),
+    )
+    .unwrap();
+
     // Another port than 53: left alone.
     let not_dns = SocketAddr::from((Ipv4Addr::new(10, 98, n, 53), 54));
     let peer = s.ns.run(move || {

@@ -359,6 +359,20 @@ pub(crate) fn bpf_ct(pin_dir: Option<&Path>) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// An endpoint entry's flags as the listing shows them (`enforce-egress,redirect-dns`).
+fn flag_names(flags: fqdnd_ebpf::EndpointFlags) -> String {
+    [
+        (flags.enforce_egress, "enforce-egress"),
+        (flags.redirect_dns, "redirect-dns"),
+        (flags.check_source, "check-source"),
+    ]
+    .iter()
+    .filter(|(set, _)| *set)
+    .map(|(_, name)| *name)
+    .collect::<Vec<_>>()
+    .join(",")
+}
+
 /// `fqdnd bpf endpoint list`.
 pub(crate) fn bpf_endpoints(pin_dir: Option<&Path>) -> Result<ExitCode> {
     let maps = open(pin_dir)?;
@@ -384,22 +398,12 @@ pub(crate) fn bpf_endpoints(pin_dir: Option<&Path>) -> Result<ExitCode> {
     for entry in maps.endpoint_entries()? {
         match entry {
             fqdnd_ebpf::EndpointEntry::Endpoint { ifindex, id, flags } => {
-                let mut f = Vec::new();
-                if flags.enforce_egress {
-                    f.push("enforce-egress");
-                }
-                if flags.redirect_dns {
-                    f.push("redirect-dns");
-                }
-                if flags.check_source {
-                    f.push("check-source");
-                }
                 writeln!(
                     out,
                     "{ifindex:<8} {:<16} {:<9} {}",
                     name(ifindex),
                     id.0,
-                    f.join(",")
+                    flag_names(flags)
                 )?;
             }
             fqdnd_ebpf::EndpointEntry::BySource {
@@ -424,18 +428,11 @@ pub(crate) fn bpf_endpoints(pin_dir: Option<&Path>) -> Result<ExitCode> {
         writeln!(out, "  {} source {addr} → endpoint {}", name(ifindex), id.0)?;
     }
     for (cgroup_id, id, flags) in maps.cgroup_entries()? {
-        let mut f = Vec::new();
-        if flags.enforce_egress {
-            f.push("enforce-egress");
-        }
-        if flags.redirect_dns {
-            f.push("redirect-dns");
-        }
         writeln!(
             out,
             "  cgroup {cgroup_id} → endpoint {} {}",
             id.0,
-            f.join(",")
+            flag_names(flags)
         )?;
     }
     for (prefix, id, flags) in maps.client_entries()? {
