@@ -600,4 +600,12 @@ fn cgroup_endpoints_added_at_run_time_persist_and_go() {
     let r = ask(&t, inside, "udp", resolver, "evil.example.test.", "A");
     assert_eq!(r["rcode"], rcode(ResponseCode::NoError), "{r}");
     assert!(reaches(&t, inside, evil, REACHES), "{}", t.logs());
+    assert!(t.pin_dir.join("cgroup").exists());
+
+    // A start without cgroup endpoints and without `hostProcesses` detaches what an earlier
+    // run left attached.
+    t.write_node_config(&config(&t, None, &state(&t)));
+    t.kill_node();
+    t.start_node(&t.config_dir());
+    assert!(!t.pin_dir.join("cgroup").exists(), "{}", t.logs());
 }
