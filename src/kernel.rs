@@ -463,6 +463,11 @@ impl Kernel {
         }
         self.cgroups = next;
         self.refresh_cgroups()?;
+        for (id, entry) in &self.cgroups {
+            if entry.cgroup_id.is_none() {
+                tracing::warn!(endpoint = %id, cgroup = %entry.path.display(), "the endpoint's cgroup does not exist (yet): its processes are matched once it does");
+            }
+        }
         self.remove_unwanted_cgroup_entries()?;
         self.write_sock_settings()?;
         if self.cgroup_root.is_none() {

@@ -1094,10 +1094,13 @@ static __always_inline int icmp_related(struct __sk_buff *skb, const struct pkt 
 
 /* The verdict on a packet of the endpoint `ep` (TC_ACT_OK or TC_ACT_SHOT, event emitted);
  * *backend: the service backend a passed packet was translated to; *follow = 0 when the later
- * fragments of a passed first fragment must not follow it. */
+ * fragments of a passed first fragment must not follow it. `socket` (a constant: the code of
+ * the other case is compiled out) when a cgroup skb program asks for a host process's
+ * socket: no packet rewrite (the program may not), so no service translation, and DNS the
+ * socket programs did not redirect is dropped instead of assigned to the proxy. */
 static __always_inline int egress(struct __sk_buff *skb, struct pkt *p, int r,
 				  const struct fqdnd_endpoint_value *ep, __u64 now, __u16 *backend,
-				  __u8 *follow)
+				  __u8 *follow, const int socket)
 {
 	int enforce = ep->flags & FQDND_EP_ENFORCE_EGRESS;
 	struct fqdnd_ct_value *ct;
@@ -1109,7 +1112,7 @@ static __always_inline int egress(struct __sk_buff *skb, struct pkt *p, int r,
 		if (f) {
 			struct fqdnd_lb_backend be;
 
-			if (!f->backend)
+			if (socket || !f->backend)
 				return TC_ACT_OK;
 			if (backend_of(f->backend, &p->key, &be))
 				return TC_ACT_SHOT;
@@ -1141,6 +1144,12 @@ static __always_inline int egress(struct __sk_buff *skb, struct pkt *p, int r,
 		/* a fragmented query's later fragments would go to the original destination,
 		 * past the proxy: they are dropped */
 		*follow = 0;
+		if (socket) {
+			/* a host process's DNS the socket programs did not send to the proxy (a
+			 * socket connected before its cgroup became an endpoint) */
+			emit_drop(skb, ep->endpoint, 0, p, FQDND_DROP_DNS_BYPASS);
+			return TC_ACT_SHOT;
+		}
 		if (redirect_dns(skb, &p->key) == 0) {
 			skb->mark = (skb->mark & ~FQDND_MARK_MASK) | FQDND_MARK_TO_PROXY;
 			return TC_ACT_OK;
@@ -1154,7 +1163,7 @@ static __always_inline int egress(struct __sk_buff *skb, struct pkt *p, int r,
 	if (ct) {
 		/* an established flow: checked again against the policy and the destination's
 		 * identity now (a removed rule, a released name cut it) */
-		if (ct->backend) {
+		if (!socket && ct->backend) {
 			__u16 id = ct->backend;
 
 			r = lb_established(skb, p, ct, ep, now);
@@ -1187,7 +1196,7 @@ static __always_inline int egress(struct __sk_buff *skb, struct pkt *p, int r,
 		emit_drop(skb, ep->endpoint, 0, p, FQDND_DROP_ICMP);
 		return TC_ACT_SHOT;
 	}
-	if (p->icmp == ICMP_NONE) {
+	if (!socket && p->icmp == ICMP_NONE) {
 		r = lb_new_flow(skb, p, ep, now, backend);
 		if (r != LB_NONE)
 			return r == LB_PASS ? TC_ACT_OK : TC_ACT_SHOT;
@@ -1235,9 +1244,46 @@ int fqdnd_from_ep(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	}
 	now = bpf_ktime_get_ns();
-	verdict = egress(skb, &p, r, &ep, now, &backend, &follow);
+	verdict = egress(skb, &p, r, &ep, now, &backend, &follow, 0);
 	frag_record(&p, verdict == TC_ACT_OK && follow, backend, 0, now);
 	return verdict;
+}
+
+/* Conntrack of a packet towards an endpoint (no ingress policy): the flow it belongs to is
+ * refreshed, a service backend's reply gets the VIP back (not for a `socket`, whose programs
+ * may not rewrite packets and never translate), a flow opened towards the endpoint is
+ * recorded so that its replies pass. TC_ACT_OK, or TC_ACT_SHOT when a translation failed. */
+static __always_inline int inbound(struct __sk_buff *skb, struct pkt *p, const int socket)
+{
+	struct fqdnd_ct_value *ct;
+	__u64 now = bpf_ktime_get_ns();
+
+	ct = ct_lookup(&p->key, now);
+	if (ct) {
+		ct_refresh(ct, p, 1, now);
+		return TC_ACT_OK;
+	}
+	ct = ct_reply(&p->key, FQDND_CT_EGRESS, now);
+	if (ct) {
+		__u16 rev_nat = ct->rev_nat;
+
+		ct_refresh(ct, p, 0, now);
+		if (!socket && rev_nat) {
+			if (lb_reply(skb, p, rev_nat, now) == LB_DROP)
+				return TC_ACT_SHOT;
+			frag_record(p, 1, 0, rev_nat, now);
+		}
+		return TC_ACT_OK;
+	}
+	/* A flow opened towards the endpoint: its replies will pass. Only a SYN opens a TCP flow
+	 * (a stray segment, say of a flow whose entry died, must not make the endpoint's packets
+	 * replies), only a request an echo. */
+	if (p->key.proto == IPPROTO_TCP && (p->tcp_flags & (TH_SYN | TH_ACK)) != TH_SYN)
+		return TC_ACT_OK;
+	if (p->icmp == ICMP_ECHO_REPLY)
+		return TC_ACT_OK;
+	ct_create(&p->key, p, FQDND_CT_INGRESS, 0, 0, now);
+	return TC_ACT_OK;
 }
 
 SEC("classifier")
@@ -1246,9 +1292,7 @@ int fqdnd_to_ep(struct __sk_buff *skb)
 	struct pkt p = {};
 	struct fqdnd_endpoint_value ep;
 	struct fqdnd_endpoint_value *iface;
-	struct fqdnd_ct_value *ct;
 	__u32 ifindex = skb->ifindex;
-	__u64 now;
 	int r;
 
 	iface = bpf_map_lookup_elem(&fqdnd_endpoints, &ifindex);
@@ -1283,33 +1327,7 @@ int fqdnd_to_ep(struct __sk_buff *skb)
 	/* no ingress policy: ICMP errors (path MTU discovery) and other ICMP pass untracked */
 	if (p.icmp == ICMP_ERROR || p.icmp == ICMP_OTHER)
 		return TC_ACT_OK;
-	now = bpf_ktime_get_ns();
-	ct = ct_lookup(&p.key, now);
-	if (ct) {
-		ct_refresh(ct, &p, 1, now);
-		return TC_ACT_OK;
-	}
-	ct = ct_reply(&p.key, FQDND_CT_EGRESS, now);
-	if (ct) {
-		__u16 rev_nat = ct->rev_nat;
-
-		ct_refresh(ct, &p, 0, now);
-		if (rev_nat) {
-			if (lb_reply(skb, &p, rev_nat, now) == LB_DROP)
-				return TC_ACT_SHOT;
-			frag_record(&p, 1, 0, rev_nat, now);
-		}
-		return TC_ACT_OK;
-	}
-	/* A flow opened towards the endpoint: its replies will pass. Only a SYN opens a TCP flow
-	 * (a stray segment, say of a flow whose entry died, must not make the endpoint's packets
-	 * replies), only a request an echo. */
-	if (p.key.proto == IPPROTO_TCP && (p.tcp_flags & (TH_SYN | TH_ACK)) != TH_SYN)
-		return TC_ACT_OK;
-	if (p.icmp == ICMP_ECHO_REPLY)
-		return TC_ACT_OK;
-	ct_create(&p.key, &p, FQDND_CT_INGRESS, 0, 0, now);
-	return TC_ACT_OK;
+	return inbound(skb, &p, 0);
 }
 
 /* ---- host processes: cgroup v2 socket programs ----
@@ -1328,11 +1346,12 @@ int fqdnd_to_ep(struct __sk_buff *skb)
  *  fqdnd_sock_egress  cgroup_skb egress: a packet a redirected socket sends to the proxy
  *                 records that socket's destination under the packet's source address and
  *                 port (fqdnd_dns_origins, read by the proxy); other packets to loopback pass;
- *                 DNS that was not redirected is dropped; everything else gets the interface
- *                 programs' conntrack and policy (same ipcache and policy maps), in the socket
- *                 conntrack zone.
- *  fqdnd_sock_ingress cgroup_skb ingress: never drops; records flows opened towards the
- *                 endpoint's sockets so their replies pass, and refreshes established ones.
+ *                 everything else is egress() as for an interface (same ipcache, policy and
+ *                 conntrack maps, the socket conntrack zone) without service translation (a
+ *                 cgroup skb program may not rewrite packets), DNS that was not redirected
+ *                 dropped.
+ *  fqdnd_sock_ingress cgroup_skb ingress: inbound() as for an interface: never drops; records
+ *                 flows opened towards the endpoint's sockets so their replies pass.
  */
 
 #define SOCK_PASS 1
@@ -1693,68 +1712,6 @@ static __always_inline void record_origin(struct __sk_buff *skb, const struct pk
 		bpf_map_delete_elem(&fqdnd_dns_origins, &k);
 }
 
-/* The verdict on a packet a host process of endpoint `ep` sends (SOCK_PASS or SOCK_DROP,
- * event emitted): the interface programs' egress without the DNS assignment and the load
- * balancer (a socket's DNS was redirected when it was sent, or is dropped here). */
-static __always_inline int sock_verdict(struct __sk_buff *skb, struct pkt *p, int r,
-					const struct fqdnd_endpoint_value *ep, __u64 now)
-{
-	int enforce = ep->flags & FQDND_EP_ENFORCE_EGRESS;
-	struct fqdnd_ct_value *ct;
-	__u32 identity;
-
-	if (r == PARSE_LATER_FRAGMENT) {
-		if (!enforce || frag_find(p, now))
-			return SOCK_PASS;
-		emit_drop(skb, ep->endpoint, 0, p, FQDND_DROP_FRAGMENT);
-		return SOCK_DROP;
-	}
-	if (r != PARSE_OK) {
-		if (!enforce)
-			return SOCK_PASS;
-		emit_drop(skb, ep->endpoint, 0, p,
-			  r == PARSE_EXT_HEADERS ? FQDND_DROP_EXT_HEADERS : FQDND_DROP_UNHANDLED);
-		return SOCK_DROP;
-	}
-	if (p->icmp == ICMP_ERROR || p->icmp == ICMP_OTHER) {
-		if (!enforce || (p->icmp == ICMP_ERROR && icmp_related(skb, p, now)))
-			return SOCK_PASS;
-		emit_drop(skb, ep->endpoint, 0, p, FQDND_DROP_ICMP);
-		return SOCK_DROP;
-	}
-	if ((ep->flags & FQDND_EP_REDIRECT_DNS) && p->icmp == ICMP_NONE &&
-	    p->key.dport == bpf_htons(53)) {
-		emit_drop(skb, ep->endpoint, 0, p, FQDND_DROP_DNS_BYPASS);
-		return SOCK_DROP;
-	}
-	ct = ct_lookup(&p->key, now);
-	if (ct) {
-		if (enforce && !allowed(ep->endpoint, &p->key, &identity)) {
-			emit_drop(skb, ep->endpoint, identity, p, FQDND_DROP_POLICY);
-			return SOCK_DROP;
-		}
-		ct_refresh(ct, p, 1, now);
-		return SOCK_PASS;
-	}
-	ct = ct_reply(&p->key, FQDND_CT_INGRESS, now);
-	if (ct) {
-		ct_refresh(ct, p, 0, now);
-		return SOCK_PASS;
-	}
-	if (p->icmp == ICMP_ECHO_REPLY) {
-		if (!enforce)
-			return SOCK_PASS;
-		emit_drop(skb, ep->endpoint, 0, p, FQDND_DROP_ICMP);
-		return SOCK_DROP;
-	}
-	if (enforce && !allowed(ep->endpoint, &p->key, &identity)) {
-		emit_drop(skb, ep->endpoint, identity, p, FQDND_DROP_POLICY);
-		return SOCK_DROP;
-	}
-	ct_create(&p->key, p, FQDND_CT_EGRESS, 0, 0, now);
-	return SOCK_PASS;
-}
-
 /* Whether any cgroup endpoint exists (the skb programs' first question, for every packet of
  * the host). */
 static __always_inline int cgroup_endpoints(void)
@@ -1771,6 +1728,8 @@ int fqdnd_sock_egress(struct __sk_buff *skb)
 {
 	struct fqdnd_endpoint_value ep;
 	struct pkt p = {};
+	__u16 backend = 0;
+	__u8 follow = 1;
 	__u64 now;
 	int r, verdict;
 
@@ -1787,48 +1746,26 @@ int fqdnd_sock_egress(struct __sk_buff *skb)
 		return SOCK_PASS;
 	}
 	now = bpf_ktime_get_ns();
-	verdict = sock_verdict(skb, &p, r, &ep, now);
-	frag_record(&p, verdict == SOCK_PASS, 0, 0, now);
-	return verdict;
+	verdict = egress(skb, &p, r, &ep, now, &backend, &follow, 1);
+	frag_record(&p, verdict == TC_ACT_OK && follow, 0, 0, now);
+	return verdict == TC_ACT_OK ? SOCK_PASS : SOCK_DROP;
 }
 
 SEC("cgroup_skb/ingress")
 int fqdnd_sock_ingress(struct __sk_buff *skb)
 {
 	struct fqdnd_endpoint_value ep;
-	struct fqdnd_ct_value *ct;
 	struct pkt p = {};
-	__u64 now;
-	int r;
 
 	if (!cgroup_endpoints() || !CGROUP_ENDPOINT(bpf_skb_cgroup_id(skb), SKB_ANCESTOR, &ep))
 		return SOCK_PASS;
-	r = parse_l3(skb, &p, 0, skb->protocol);
-	if (r != PARSE_OK)
+	if (parse_l3(skb, &p, 0, skb->protocol) != PARSE_OK)
 		return SOCK_PASS;
 	p.key.zone = FQDND_CT_ZONE_SOCKET;
-	if (is_loopback(&p.key, p.key.saddr))
+	/* the host itself, the proxy's answers included; no ingress policy: ICMP errors and
+	 * other ICMP pass untracked */
+	if (is_loopback(&p.key, p.key.saddr) || p.icmp == ICMP_ERROR || p.icmp == ICMP_OTHER)
 		return SOCK_PASS;
-	/* no ingress policy: ICMP errors and other ICMP pass untracked */
-	if (p.icmp == ICMP_ERROR || p.icmp == ICMP_OTHER)
-		return SOCK_PASS;
-	now = bpf_ktime_get_ns();
-	ct = ct_lookup(&p.key, now);
-	if (ct) {
-		ct_refresh(ct, &p, 1, now);
-		return SOCK_PASS;
-	}
-	ct = ct_reply(&p.key, FQDND_CT_EGRESS, now);
-	if (ct) {
-		ct_refresh(ct, &p, 0, now);
-		return SOCK_PASS;
-	}
-	/* a flow opened towards the endpoint's socket (only a SYN opens a TCP flow, only a
-	 * request an echo): its replies will pass */
-	if (p.key.proto == IPPROTO_TCP && (p.tcp_flags & (TH_SYN | TH_ACK)) != TH_SYN)
-		return SOCK_PASS;
-	if (p.icmp == ICMP_ECHO_REPLY)
-		return SOCK_PASS;
-	ct_create(&p.key, &p, FQDND_CT_INGRESS, 0, 0, now);
+	inbound(skb, &p, 1);
 	return SOCK_PASS;
 }

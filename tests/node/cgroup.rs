@@ -556,6 +556,62 @@ fn cgroup_endpoints_added_at_run_time_persist_and_go() {
         t.logs()
     );
 
+    // A cgroup that does not exist yet: the endpoint is added, its cgroup matched once the
+    // directory appears, and again (a new id) when it is removed and created again, as a
+    // restarted systemd unit's is.
+    let later = TestCgroup::new("cgroupcli2");
+    std::fs::remove_dir(&later.dir).unwrap();
+    t.admin_cli(&[
+        "endpoint",
+        "add",
+        "--id",
+        "10",
+        "--name",
+        "later",
+        "--cgroup",
+        &later.below,
+        "--label",
+        "app=runner",
+    ]);
+    let cgroup_id = |t: &Topology| {
+        let rows = t.admin_json(&["endpoint", "list"]);
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["id"] == json!(10))
+            .and_then(|r| r["cgroup_id"].as_u64())
+    };
+    assert_eq!(cgroup_id(&t), None);
+    for round in 0..2 {
+        std::fs::create_dir(&later.dir).unwrap();
+        let id = fqdnd_ebpf::cgroup::cgroup_id(&later.dir).unwrap();
+        poll(PATIENCE, "the new cgroup's id in the endpoint list", || {
+            if cgroup_id(&t) == Some(id) {
+                Ok(())
+            } else {
+                Err(format!("{:?}", cgroup_id(&t)))
+            }
+        });
+        let r = ask(
+            &t,
+            Some(&later.dir),
+            "udp",
+            resolver,
+            "evil.example.test.",
+            "A",
+        );
+        assert_eq!(
+            r["rcode"],
+            rcode(ResponseCode::Refused),
+            "round {round}: {r}"
+        );
+        // (the client process is gone; its cgroup empties as it is released)
+        poll(PATIENCE, "the cgroup removed", || {
+            std::fs::remove_dir(&later.dir)
+        });
+    }
+    t.admin_cli(&["endpoint", "remove", "10"]);
+
     // A systemd unit on a host without systemd: refused with the reason.
     let refused = try_cli(
         &t,
