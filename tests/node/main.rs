@@ -10,6 +10,8 @@
     reason = "a failed step should panic"
 )]
 
+mod bridge;
+mod cgroup;
 #[path = "../common/mod.rs"]
 mod common;
 mod dns;
