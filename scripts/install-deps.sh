@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the system packages the build and the test suite need, if they are missing:
 # clang-19 + libbpf-dev (to rebuild and check the eBPF object), iproute2 (the netns tests),
-# protobuf-compiler (`protoc`: the etcd-client crate compiles etcd's protos when it builds),
+# protobuf-compiler + libprotobuf-dev (`protoc` and the well-known .proto files: the
+# etcd-client crate compiles etcd's protos when it builds),
 # etcd-server + etcd-client (the cluster tests run a real 3-member etcd; `etcdctl` inspects it).
 # Needs root and the Debian package mirror; does nothing when everything is there.
 set -euo pipefail
@@ -10,6 +11,7 @@ command -v clang-19 >/dev/null || missing+=(clang-19)
 [ -e /usr/include/bpf/bpf_helpers.h ] || missing+=(libbpf-dev)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v protoc >/dev/null || missing+=(protobuf-compiler)
+[ -e /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
 command -v etcd >/dev/null || missing+=(etcd-server)
 command -v etcdctl >/dev/null || missing+=(etcd-client)
 if [ ${#missing[@]} -eq 0 ]; then
