@@ -81,12 +81,15 @@ impl MemoryStore {
     }
 
     /// Moves the virtual clock forward by `by`; leases past their expiry are revoked (their
-    /// keys deleted, one revision per lease, as etcd does).
+    /// keys deleted, one revision per lease, as etcd does) — unless the store is down.
     pub fn advance(&self, by: Duration) {
         let revision = {
             let mut inner = self.lock();
             inner.now += by;
             let now = inner.now;
+            if inner.down {
+                return;
+            }
             let expired: Vec<LeaseId> = inner
                 .leases
                 .iter()

@@ -107,10 +107,16 @@ pub async fn run<S: Store>(
             }
         };
         let (lost_tx, lost) = watch::channel(false);
-        let keeper = tokio::spawn(keep_alive(store.clone(), lease, config.lease_ttl, lost_tx));
+        // Aborted with this future, however it ends (a dropped instance renews nothing).
+        let keeper = AbortOnDrop(tokio::spawn(keep_alive(
+            store.clone(),
+            lease,
+            config.lease_ttl,
+            lost_tx,
+        )));
         let ended = campaign_and_lead(&store, &config, lease, lost, &status, &mut stop, started)
             .await;
-        keeper.abort();
+        drop(keeper);
         status.send_modify(|s| s.leading = false);
         match ended {
             Ended::Stopped => {
@@ -124,6 +130,15 @@ pub async fn run<S: Store>(
                 let _ = store.revoke(lease).await;
             }
         }
+    }
+}
+
+/// Aborts its task when dropped.
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
