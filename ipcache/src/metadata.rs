@@ -25,6 +25,8 @@ pub enum OwnerKind {
     Policy,
     /// An endpoint or client group (`endpoint/<name>`).
     Endpoint,
+    /// Cluster mode: an endpoint of another node (`remote-endpoint/<key>`).
+    RemoteEndpoint,
 }
 
 /// A resource owner: a kind and a name. Each owner's labels on a prefix are kept apart and
@@ -53,6 +55,7 @@ impl fmt::Display for ResourceOwner {
             OwnerKind::NameManager => "fqdn-name-manager",
             OwnerKind::Policy => "policy",
             OwnerKind::Endpoint => "endpoint",
+            OwnerKind::RemoteEndpoint => "remote-endpoint",
         };
         write!(f, "{kind}/{}", self.name)
     }

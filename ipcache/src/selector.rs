@@ -212,7 +212,7 @@ fn matches(compiled: &Compiled, id: Identity, labels: &LabelSet, table: &LabelTa
             _ => false,
         }),
         Compiled::Endpoints(sel) => {
-            id.scope() == Some(Scope::Cluster)
+            matches!(id.scope(), Some(Scope::Cluster | Scope::Temporary))
                 && sel.matches(labels.iter().filter_map(|l| match table.label(l) {
                     Some(Label::Endpoint(el)) => Some(el),
                     _ => None,
