@@ -12,7 +12,11 @@
 //!   the snapshot of the whole engine, and the restore order after a restart;
 //! - [`endpoints`]: node mode's endpoint registry (endpoints from files and from the admin
 //!   API) and the rules that keep two endpoints from claiming one name, interface or address;
-//! - [`view`]: the engine's state as the admin API lists it.
+//! - [`view`]: the engine's state as the admin API lists it;
+//! - cluster mode's entry points ([`Engine::enable_cluster`], [`Engine::apply_cluster`]): the
+//!   cluster's identity numbers and other nodes' endpoints, applied in the order that keeps a
+//!   number from meaning two label sets in one batch (the binary translates the cluster
+//!   crate's view into a [`ClusterUpdate`]).
 //!
 //! It never opens a socket, never talks to the kernel (the datapath is the IpCache's
 //! [`Datapath`](fqdnd_ipcache::Datapath) trait), never reads the clock (monotonic `now` is an
@@ -32,5 +36,5 @@ mod error;
 pub mod view;
 
 pub use clock::Clock;
-pub use engine::{Engine, IdentityMode, Learning};
+pub use engine::{ClusterUpdate, Engine, IdentityMode, Learning, RemoteEndpoint};
 pub use error::{Error, error_chain};
