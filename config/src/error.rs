@@ -126,6 +126,8 @@ pub enum Duplicated {
     Gateway,
     /// A second `kind: Node` document; there may be at most one.
     Node,
+    /// A second `kind: Cluster` document; there may be at most one.
+    Cluster,
     /// Two Endpoints on the same interface.
     Interface(String),
     /// A service name (`metadata.name`), unique across `Service` documents.
@@ -151,6 +153,7 @@ impl fmt::Display for Duplicated {
             Self::Settings => f.write_str("a `kind: Settings` document (at most one is allowed)"),
             Self::Gateway => f.write_str("a `kind: Gateway` document (at most one is allowed)"),
             Self::Node => f.write_str("a `kind: Node` document (at most one is allowed)"),
+            Self::Cluster => f.write_str("a `kind: Cluster` document (at most one is allowed)"),
             Self::Interface(name) => write!(f, "interface {name} (one Endpoint per interface)"),
             Self::ServiceName(name) => write!(f, "service name {name:?}"),
             Self::ServiceFrontend(key) => write!(f, "service frontend {key}"),

@@ -8,8 +8,9 @@
 //! - fqdnd's own declarations, `apiVersion: fqdnd.io/v1`: `kind: Endpoint` and
 //!   `kind: ClientGroup` (the workloads enforced, as [`Endpoint`]s), `kind: Settings` (the
 //!   engine's tunables, as [`Settings`], with Cilium's defaults), `kind: Gateway` /
-//!   `kind: Node` (how the daemon runs, as [`Gateway`] / [`Node`]), and `kind: Service`
-//!   (a VIP the node load-balances, as [`Service`]).
+//!   `kind: Node` (how the daemon runs, as [`Gateway`] / [`Node`]), `kind: Service`
+//!   (a VIP the node load-balances, as [`Service`]) and `kind: Cluster` (cluster mode: where
+//!   etcd is, as [`Cluster`]).
 //!
 //! Any number of documents of any kind may share a file (`---` between them). A file is split
 //! into its documents before it is parsed ([`documents`]), and each document is checked on its
@@ -37,6 +38,7 @@
 
 #![forbid(unsafe_code)]
 
+mod cluster;
 mod cnp;
 mod convert;
 mod documents;
@@ -54,6 +56,7 @@ use std::path::PathBuf;
 use fqdnd_ipcache::Endpoint;
 use fqdnd_ipcache::policy::Rule;
 
+pub use cluster::{Cluster, ClusterTls, valid_node_name};
 pub use documents::{Document, Documents, documents};
 pub use error::{Duplicated, Error, Errors};
 pub use gateway::{
@@ -84,6 +87,9 @@ pub struct Config {
     pub gateway: Option<Gateway>,
     /// The `Node` document, if any (`fqdnd node` uses its defaults without one).
     pub node: Option<Node>,
+    /// The `Cluster` document, if any: cluster mode for `fqdnd node`, the enforcing gateway
+    /// and `fqdnd operator`.
+    pub cluster: Option<Cluster>,
     /// The host-side interface of each Endpoint that names one (node mode).
     pub interfaces: std::collections::BTreeMap<fqdnd_ipcache::EndpointId, String>,
     /// The files read, in order (a directory contributes its files).

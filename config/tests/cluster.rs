@@ -1,0 +1,81 @@
+//! `kind: Cluster`: cluster mode's document, and its errors with their locations.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed step should panic"
+)]
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::{messages, ok};
+
+const HEAD: &str = "apiVersion: fqdnd.io/v1\nkind: Cluster\nspec:\n";
+
+#[test]
+fn a_cluster_document_with_every_field() {
+    let c = ok(&format!(
+        "{HEAD}  endpoints: [\"https://10.0.0.1:2379\", \"https://10.0.0.2:2379\"]\n  tls: {{ca: pki/ca.pem, cert: pki/node.pem, key: pki/node-key.pem}}\n  prefix: /prod/fqdnd/\n  nodeName: node-7\n  leaseTTL: 20s\n  identityGCGrace: 30m\n"
+    ))
+    .cluster
+    .unwrap();
+    assert_eq!(c.endpoints.len(), 2);
+    assert_eq!(c.prefix, "/prod/fqdnd");
+    assert_eq!(c.node_name.as_deref(), Some("node-7"));
+    assert_eq!(c.lease_ttl, Duration::from_secs(20));
+    assert_eq!(c.identity_gc_grace, Duration::from_secs(1800));
+    let tls = c.tls.unwrap();
+    assert_eq!(tls.ca, Some(PathBuf::from("pki/ca.pem")));
+    assert_eq!(tls.key, Some(PathBuf::from("pki/node-key.pem")));
+}
+
+#[test]
+fn the_defaults() {
+    let c = ok(&format!("{HEAD}  endpoints: [\"http://127.0.0.1:2379\"]\n"))
+        .cluster
+        .unwrap();
+    assert_eq!(c.prefix, "/fqdnd");
+    assert_eq!(c.node_name, None);
+    assert_eq!(c.lease_ttl, Duration::from_secs(15));
+    assert_eq!(c.identity_gc_grace, Duration::from_secs(600));
+    assert!(c.tls.is_none());
+    assert!(ok(common::EGRESS_POLICY).cluster.is_none());
+}
+
+#[test]
+fn every_mistake_is_located() {
+    let text = format!(
+        "{HEAD}  endpoints: [\"127.0.0.1:2379\", \"http://a:1/x\", \"http://ok:1\"]\n  tls: {{cert: c.pem}}\n  prefix: fqdnd\n  nodeName: \"no/slash\"\n  leaseTTL: 1s\n  identityGCGrace: soon\n  endpoint: typo\n"
+    );
+    let m = messages(&text);
+    let has = |at: &str, what: &str| {
+        assert!(
+            m.iter().any(|e| e.starts_with(at) && e.contains(what)),
+            "no `{at}…{what}` in {m:#?}"
+        );
+    };
+    has("test.yaml:4:", "not an etcd member URL");
+    has("test.yaml:5:", "needs both `cert` and `key`");
+    has("test.yaml:5:", "TLS members are `https://`");
+    has("test.yaml:6:", "`prefix`");
+    has("test.yaml:7:", "`nodeName`");
+    has("test.yaml:8:", "`leaseTTL` must be between 2s and 1h");
+    has("test.yaml:9:", "`identityGCGrace`");
+    has("test.yaml:10:", "endpoint");
+}
+
+#[test]
+fn no_endpoints_and_a_second_document_are_errors() {
+    let m = messages(&format!("{HEAD}  prefix: /x\n"));
+    assert!(m.iter().any(|e| e.contains("at least one etcd member")), "{m:#?}");
+    let doc = format!("{HEAD}  endpoints: [\"http://127.0.0.1:2379\"]\n");
+    let m = messages(&format!("{doc}---\n{doc}"));
+    assert!(
+        m.iter()
+            .any(|e| e.starts_with("test.yaml:6:1:") && e.contains("`kind: Cluster`")),
+        "{m:#?}"
+    );
+}
