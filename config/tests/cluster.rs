@@ -79,3 +79,32 @@ fn no_endpoints_and_a_second_document_are_errors() {
         "{m:#?}"
     );
 }
+
+#[test]
+fn shared_policies_are_the_files_policy_documents_each_on_its_own() {
+    let text = format!(
+        "{}---\napiVersion: cilium.io/v2\nkind: CiliumClusterwideNetworkPolicy\nmetadata: {{name: all}}\nspec:\n  endpointSelector: {{}}\n  egress: [{{toEndpoints: [{{matchLabels: {{app: db}}}}]}}]\n",
+        common::cnp_in("prod", common::EGRESS)
+    );
+    let shared = fqdnd_config::shared_policies(&text, std::path::Path::new("p.yaml")).unwrap();
+    let names: Vec<&str> = shared.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["cnp/prod/p", "ccnp/all"]);
+    assert_eq!(shared[1].line, 11);
+    // Each document loads on its own, as a node reads it back.
+    for p in &shared {
+        assert_eq!(ok(&p.text).rules.len(), 1);
+    }
+    // A broken policy is refused with its location; so is a document of another kind.
+    let broken = common::cnp("  egress:\n    - toFQDNs:\n        - matchNam: x\n");
+    let errors = fqdnd_config::shared_policies(&broken, std::path::Path::new("p.yaml"))
+        .unwrap_err();
+    assert!(errors.iter().next().unwrap().to_string().starts_with("p.yaml:9:"), "{errors}");
+    let endpoint = format!(
+        "{}---\napiVersion: fqdnd.io/v1\nkind: Endpoint\nmetadata: {{name: a}}\nspec: {{id: 1, addresses: [10.0.0.1]}}\n",
+        common::EGRESS_POLICY
+    );
+    let errors = fqdnd_config::shared_policies(&endpoint, std::path::Path::new("p.yaml"))
+        .unwrap_err()
+        .to_string();
+    assert!(errors.starts_with("p.yaml:10:1:") && errors.contains("`Endpoint`"), "{errors}");
+}
