@@ -123,13 +123,17 @@ impl Allocator {
                         },
                     );
                 }
-                _ => tracing::warn!(key = %kv.key, "an identity value that does not parse is ignored"),
+                _ => {
+                    tracing::warn!(key = %kv.key, "an identity value that does not parse is ignored")
+                }
             },
             Some(Key::IdentityByLabels(labels)) => match decode(kv) {
                 Some(record) if record.labels == labels => {
                     self.by_labels.insert(labels, (record.id, kv.mod_revision));
                 }
-                _ => tracing::warn!(key = %kv.key, "an identity value that does not parse is ignored"),
+                _ => {
+                    tracing::warn!(key = %kv.key, "an identity value that does not parse is ignored")
+                }
             },
             Some(Key::Endpoint { labels, node, id }) => {
                 self.unused_since.remove(&labels);
@@ -369,23 +373,22 @@ fn decode(kv: &Kv) -> Option<IdentityRecord> {
 /// The identities of a snapshot as a table, checking the store's invariants: every number's
 /// two keys agree, and no label set has two numbers. Returns number → labels, or what is
 /// wrong. (Tests and `fqdnd` diagnostics.)
-pub fn check_identities(
-    layout: &Layout,
-    kvs: &[Kv],
-) -> Result<BTreeMap<u32, Labels>, String> {
+pub fn check_identities(layout: &Layout, kvs: &[Kv]) -> Result<BTreeMap<u32, Labels>, String> {
     let mut by_id: BTreeMap<u32, Labels> = BTreeMap::new();
     let mut by_labels: BTreeMap<Labels, u32> = BTreeMap::new();
     for kv in kvs {
         match layout.parse(&kv.key) {
             Some(Key::IdentityById(id)) => {
-                let record = decode(kv).ok_or_else(|| format!("{}: value does not parse", kv.key))?;
+                let record =
+                    decode(kv).ok_or_else(|| format!("{}: value does not parse", kv.key))?;
                 if record.id != id {
                     return Err(format!("{}: holds number {}", kv.key, record.id));
                 }
                 by_id.insert(id, record.labels);
             }
             Some(Key::IdentityByLabels(labels)) => {
-                let record = decode(kv).ok_or_else(|| format!("{}: value does not parse", kv.key))?;
+                let record =
+                    decode(kv).ok_or_else(|| format!("{}: value does not parse", kv.key))?;
                 if record.labels != labels {
                     return Err(format!("{}: holds other labels", kv.key));
                 }

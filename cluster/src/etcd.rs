@@ -9,9 +9,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use etcd_client::{
-    Certificate, Client, Compare as EtcdCompare, CompareOp, ConnectOptions, EventType,
-    GetOptions, Identity as TlsIdentity, PutOptions, TlsOptions, Txn as EtcdTxn, TxnOp,
-    WatchOptions, WatchResponseStream,
+    Certificate, Client, Compare as EtcdCompare, CompareOp, ConnectOptions, EventType, GetOptions,
+    Identity as TlsIdentity, PutOptions, TlsOptions, Txn as EtcdTxn, TxnOp, WatchOptions,
+    WatchResponseStream,
 };
 
 use crate::error::StoreError;
@@ -124,7 +124,8 @@ impl EtcdStore {
             }
             match (&tls.cert, &tls.key) {
                 (Some(cert), Some(key)) => {
-                    config = config.identity(TlsIdentity::from_pem(read_pem(cert)?, read_pem(key)?));
+                    config =
+                        config.identity(TlsIdentity::from_pem(read_pem(cert)?, read_pem(key)?));
                 }
                 (None, None) => {}
                 _ => return Err(setup("a client certificate needs both `cert` and `key`")),
@@ -195,7 +196,10 @@ impl Store for EtcdStore {
 
     async fn range(&self, prefix: &str) -> Result<Snapshot, StoreError> {
         let end = prefix_end(prefix);
-        let mut kv_client = self.client.kv_client().max_decoding_message_size(MAX_MESSAGE);
+        let mut kv_client = self
+            .client
+            .kv_client()
+            .max_decoding_message_size(MAX_MESSAGE);
         let mut out = Vec::new();
         let mut from = prefix.as_bytes().to_vec();
         let mut revision = 0;
@@ -204,7 +208,9 @@ impl Store for EtcdStore {
             if revision > 0 {
                 options = options.with_revision(revision);
             }
-            let resp = self.bounded(kv_client.get(from.clone(), Some(options))).await?;
+            let resp = self
+                .bounded(kv_client.get(from.clone(), Some(options)))
+                .await?;
             if revision == 0 {
                 revision = resp.header().map_or(0, |h| h.revision());
             }
@@ -232,11 +238,9 @@ impl Store for EtcdStore {
             .ops
             .into_iter()
             .map(|op| match op {
-                Op::Put { key, value, lease } => TxnOp::put(
-                    key,
-                    value,
-                    lease.map(|l| PutOptions::new().with_lease(l)),
-                ),
+                Op::Put { key, value, lease } => {
+                    TxnOp::put(key, value, lease.map(|l| PutOptions::new().with_lease(l)))
+                }
                 Op::Delete { key } => TxnOp::delete(key, None),
             })
             .collect();
@@ -285,7 +289,10 @@ impl Store for EtcdStore {
             .with_range(prefix_end(prefix))
             .with_start_revision(from)
             .with_progress_notify();
-        let mut client = self.client.watch_client().max_decoding_message_size(MAX_MESSAGE);
+        let mut client = self
+            .client
+            .watch_client()
+            .max_decoding_message_size(MAX_MESSAGE);
         let stream = self.bounded(client.watch(prefix, Some(options))).await?;
         let (sender, stream) = stream.split();
         Ok(EtcdWatch {

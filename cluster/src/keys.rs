@@ -251,7 +251,10 @@ mod tests {
         let l = Layout::new("/fqdnd/");
         assert_eq!(l.prefix(), "/fqdnd");
         assert_eq!(l.identity_by_id(256), "/fqdnd/identities/id/00256");
-        assert_eq!(l.parse(&l.identity_by_id(256)), Some(Key::IdentityById(256)));
+        assert_eq!(
+            l.parse(&l.identity_by_id(256)),
+            Some(Key::IdentityById(256))
+        );
         assert_eq!(
             l.parse(&l.identity_by_labels(&web())),
             Some(Key::IdentityByLabels(web()))
@@ -264,7 +267,10 @@ mod tests {
                 id: 7
             })
         );
-        assert!(l.endpoint(&web(), "node-1", 7).starts_with(&l.endpoints_of(&web())));
+        assert!(
+            l.endpoint(&web(), "node-1", 7)
+                .starts_with(&l.endpoints_of(&web()))
+        );
         assert_eq!(
             l.parse(&l.policy("cnp/default/web")),
             Some(Key::Policy("cnp/default/web".into()))

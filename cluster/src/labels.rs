@@ -163,7 +163,10 @@ mod tests {
 
     #[test]
     fn order_and_duplicates_do_not_change_the_set() {
-        let a = Labels::from(vec![label("k8s", "app", "web"), label("k8s", "env", "prod")]);
+        let a = Labels::from(vec![
+            label("k8s", "app", "web"),
+            label("k8s", "env", "prod"),
+        ]);
         let b = Labels::from(vec![
             label("k8s", "env", "prod"),
             label("k8s", "app", "web"),

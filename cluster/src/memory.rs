@@ -338,7 +338,11 @@ impl Store for MemoryStore {
         }
         let end = prefix_end(prefix);
         Ok(Snapshot {
-            kvs: inner.range(prefix, Some(&end)).into_iter().cloned().collect(),
+            kvs: inner
+                .range(prefix, Some(&end))
+                .into_iter()
+                .cloned()
+                .collect(),
             revision: inner.revision,
         })
     }
@@ -492,7 +496,10 @@ mod tests {
             s.advance(Duration::from_secs(3));
             assert!(s.keep_alive(lease).await.unwrap());
             s.advance(Duration::from_secs(4));
-            assert!(s.dump().contains_key("/a"), "renewed at 3 s: expires at 8 s");
+            assert!(
+                s.dump().contains_key("/a"),
+                "renewed at 3 s: expires at 8 s"
+            );
             s.advance(Duration::from_secs(1));
             assert!(!s.dump().contains_key("/a"));
             assert!(s.dump().contains_key("/b"));
@@ -529,8 +536,11 @@ mod tests {
             .unwrap();
             let mut w = s.watch("/w/", from).await.unwrap();
             let batch = w.next().await.unwrap();
-            let keys: Vec<(&str, Revision)> =
-                batch.events.iter().map(|e| (e.key(), e.revision())).collect();
+            let keys: Vec<(&str, Revision)> = batch
+                .events
+                .iter()
+                .map(|e| (e.key(), e.revision()))
+                .collect();
             assert_eq!(keys, [("/w/a", 2), ("/w/b", 4), ("/w/a", 5)]);
             assert!(matches!(batch.events[2], Event::Delete { .. }));
             s.compact(4);
@@ -553,7 +563,10 @@ mod tests {
             assert_eq!(batch.events.len(), 1);
             let mut w = s.watch("/w/", s.revision() + 1).await.unwrap();
             s.set_down(true);
-            assert!(matches!(w.next().await, Err(StoreError::Unavailable { .. })));
+            assert!(matches!(
+                w.next().await,
+                Err(StoreError::Unavailable { .. })
+            ));
         });
     }
 

@@ -114,8 +114,8 @@ pub async fn run<S: Store>(
             config.lease_ttl,
             lost_tx,
         )));
-        let ended = campaign_and_lead(&store, &config, lease, lost, &status, &mut stop, started)
-            .await;
+        let ended =
+            campaign_and_lead(&store, &config, lease, lost, &status, &mut stop, started).await;
         drop(keeper);
         status.send_modify(|s| s.leading = false);
         match ended {
@@ -352,10 +352,14 @@ async fn lead<S: Store>(
                         }
                         Ok(_) => {
                             if !still_leader(store, &config.layout.leader(), token).await {
-                                return Ended::Lost("another allocator holds the leader key".to_owned());
+                                return Ended::Lost(
+                                    "another allocator holds the leader key".to_owned(),
+                                );
                             }
                             // Our view was stale (a key exists): read it again.
-                            tracing::debug!("identity creation refused by the store; reading the view again");
+                            tracing::debug!(
+                                "identity creation refused by the store; reading the view again"
+                            );
                             continue 'view;
                         }
                         Err(StoreError::Refused { reason }) if batch > 1 => {
@@ -370,7 +374,8 @@ async fn lead<S: Store>(
                     }
                 }
             }
-            let sleep_until = retry_at.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+            let sleep_until =
+                retry_at.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
             tokio::select! {
                 next = w.next() => match next {
                     Ok(b) => alloc.apply(&b.events, now()),

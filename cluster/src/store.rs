@@ -247,8 +247,7 @@ pub trait Store: Clone + Send + Sync + 'static {
     fn grant(&self, ttl: Duration) -> impl Future<Output = Result<LeaseId, StoreError>> + Send;
 
     /// Renews a lease; `false` if it no longer exists (expired or revoked).
-    fn keep_alive(&self, lease: LeaseId)
-    -> impl Future<Output = Result<bool, StoreError>> + Send;
+    fn keep_alive(&self, lease: LeaseId) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Revokes a lease: its keys are deleted at once.
     fn revoke(&self, lease: LeaseId) -> impl Future<Output = Result<(), StoreError>> + Send;

@@ -130,7 +130,10 @@ impl View {
                 }
             }
             Some(Key::Endpoint {
-                labels, node: n, id, ..
+                labels,
+                node: n,
+                id,
+                ..
             }) if n != node => match serde_json::from_slice::<EndpointRecord>(&kv.value) {
                 Ok(record) if record.labels == labels && record.node == n && record.id == id => {
                     self.endpoints.insert(kv.key.clone(), record);

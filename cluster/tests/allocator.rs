@@ -137,7 +137,11 @@ enum Step {
     /// Allocator `who` runs its plan's creations with its (maybe deposed) token, or — as if
     /// fencing failed — with the current leader's; the numbers shifted by `shift` (whatever
     /// numbers a stale view picks, the transaction must keep the store duplicate-free).
-    Create { who: usize, unfenced: bool, shift: u32 },
+    Create {
+        who: usize,
+        unfenced: bool,
+        shift: u32,
+    },
     /// Allocator `who` runs its plan's collections.
     Collect { who: usize },
     /// Time passes.
@@ -269,7 +273,10 @@ fn a_deposed_leader_cannot_write_and_numbers_are_next_fit() {
             "fenced: a is no longer the leader"
         );
         let outcome = store
-            .txn(b.alloc.create_txn(&b.alloc.plan(now, GRACE, 8).create, b.token))
+            .txn(
+                b.alloc
+                    .create_txn(&b.alloc.plan(now, GRACE, 8).create, b.token),
+            )
             .await
             .unwrap();
         assert!(outcome.succeeded);
@@ -297,12 +304,16 @@ fn collection_waits_for_the_grace_and_fails_if_an_endpoint_appeared_meanwhile() 
             .txn(a.alloc.create_txn(&plan.create, a.token))
             .await
             .unwrap();
-        a.alloc.created(&plan.create, outcome.revision, Duration::ZERO);
+        a.alloc
+            .created(&plan.create, outcome.revision, Duration::ZERO);
         a.catch_up_one(Duration::ZERO).await;
         delete_endpoint(&store, &layout, 1, 1, 1).await;
         a.catch_up_one(Duration::from_secs(10)).await;
         assert!(
-            a.alloc.plan(Duration::from_secs(39), GRACE, 0).collect.is_empty(),
+            a.alloc
+                .plan(Duration::from_secs(39), GRACE, 0)
+                .collect
+                .is_empty(),
             "unused for 29 s only"
         );
         let plan = a.alloc.plan(Duration::from_secs(40), GRACE, 0);

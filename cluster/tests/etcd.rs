@@ -71,14 +71,19 @@ async fn eventually<T, F: Future<Output = Option<T>>>(
         if let Some(v) = f().await {
             return v;
         }
-        assert!(start.elapsed() < limit, "never happened within {limit:?}: {what}");
+        assert!(
+            start.elapsed() < limit,
+            "never happened within {limit:?}: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
 #[test]
 fn etcd_has_the_semantics_the_memory_store_assumes() {
-    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if !etcd::available("etcd_semantics") {
         return;
     }
@@ -164,10 +169,19 @@ fn etcd_has_the_semantics_the_memory_store_assumes() {
         let now = s.range("/s/").await.unwrap().revision;
         let out = std::process::Command::new("etcdctl")
             .env("ETCDCTL_API", "3")
-            .args(["--endpoints", &cluster.endpoints()[0], "compact", &now.to_string()])
+            .args([
+                "--endpoints",
+                &cluster.endpoints()[0],
+                "compact",
+                &now.to_string(),
+            ])
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let mut old = s.watch("/s/p/", r0).await.unwrap();
         assert!(matches!(
             old.next().await,
@@ -190,7 +204,9 @@ fn start_operator(
     let (status_tx, status) = watch::channel(OperatorStatus::default());
     let (stop, stop_rx) = watch::channel(false);
     let task = rt.spawn(async move {
-        operator::run(store, config, status_tx, stop_rx).await.unwrap();
+        operator::run(store, config, status_tx, stop_rx)
+            .await
+            .unwrap();
     });
     (status, stop, task)
 }
@@ -206,7 +222,9 @@ async fn table(store: &EtcdStore) -> Option<BTreeMap<u32, Labels>> {
 /// used has exactly one number, and no number changes.
 #[test]
 fn one_identity_per_label_set_through_etcd_and_allocator_leader_deaths() {
-    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if !etcd::available("allocator_on_etcd") {
         return;
     }
@@ -229,7 +247,11 @@ fn one_identity_per_label_set_through_etcd_and_allocator_leader_deaths() {
                 let layout = layout.clone();
                 tasks.push(tokio::spawn(async move {
                     for set in 0..3 {
-                        let key = layout.endpoint(&labels(&format!("r{round}s{set}")), &format!("n{node}"), 1);
+                        let key = layout.endpoint(
+                            &labels(&format!("r{round}s{set}")),
+                            &format!("n{node}"),
+                            1,
+                        );
                         eventually("an endpoint registered", Duration::from_secs(30), || {
                             let client = client.clone();
                             let key = key.clone();
@@ -237,7 +259,11 @@ fn one_identity_per_label_set_through_etcd_and_allocator_leader_deaths() {
                                 client
                                     .txn(Txn {
                                         compares: vec![],
-                                        ops: vec![Op::Put { key, value: b"{}".to_vec(), lease: None }],
+                                        ops: vec![Op::Put {
+                                            key,
+                                            value: b"{}".to_vec(),
+                                            lease: None,
+                                        }],
                                     })
                                     .await
                                     .ok()
@@ -250,11 +276,16 @@ fn one_identity_per_label_set_through_etcd_and_allocator_leader_deaths() {
             for t in tasks {
                 t.await.unwrap();
             }
-            let t = eventually("identities for the round", Duration::from_secs(60), || async {
-                let t = table(&client).await?;
-                let done = (0..3).all(|set| t.values().any(|l| *l == labels(&format!("r{round}s{set}"))));
-                done.then_some(t)
-            })
+            let t = eventually(
+                "identities for the round",
+                Duration::from_secs(60),
+                || async {
+                    let t = table(&client).await?;
+                    let done = (0..3)
+                        .all(|set| t.values().any(|l| *l == labels(&format!("r{round}s{set}"))));
+                    done.then_some(t)
+                },
+            )
             .await;
             for (id, l) in t {
                 if let Some(old) = numbers.insert(l.clone(), id) {

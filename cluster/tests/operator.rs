@@ -69,7 +69,9 @@ fn start_operator(store: &MemoryStore, name: &str) -> Instance {
     let (stop, stop_rx) = watch::channel(false);
     let store = store.clone();
     let task = tokio::spawn(async move {
-        operator::run(store, config, status_tx, stop_rx).await.unwrap();
+        operator::run(store, config, status_tx, stop_rx)
+            .await
+            .unwrap();
     });
     Instance { status, stop, task }
 }
@@ -140,7 +142,11 @@ async fn one_leader_allocates_a_dead_leader_is_replaced_and_numbers_stay() {
     victim.task.abort();
     let _ = victim.task.await;
     pass(&store, Duration::from_secs(2)).await;
-    assert_eq!(leading(&instances), 0, "the dead leader's lease still holds the key");
+    assert_eq!(
+        leading(&instances),
+        0,
+        "the dead leader's lease still holds the key"
+    );
     pass(&store, TTL).await;
     until(&store, "a new leader", || leading(&instances) == 1).await;
     register(&store, "cache", &["n3"]).await;
@@ -154,7 +160,11 @@ async fn one_leader_allocates_a_dead_leader_is_replaced_and_numbers_stay() {
     }
     assert_eq!(after.len(), 3);
     for set in ["web", "db"] {
-        assert_eq!(number_of(&after, set), number_of(&table, set), "{set} kept its number");
+        assert_eq!(
+            number_of(&after, set),
+            number_of(&table, set),
+            "{set} kept its number"
+        );
     }
     // A stopping leader resigns: the key goes at once.
     for i in &instances {
@@ -215,7 +225,11 @@ async fn an_identity_unused_for_the_grace_is_collected_and_comes_back_when_used(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_ne!(again, Some(first), "next-fit: a freed number is not reused at once");
+    assert_ne!(
+        again,
+        Some(first),
+        "next-fit: a freed number is not reused at once"
+    );
 }
 
 /// A sink that keeps the last view and every change.
@@ -240,7 +254,12 @@ struct Node {
     task: JoinHandle<()>,
 }
 
-fn start_node(store: &MemoryStore, name: &str, view: View, state: Option<std::path::PathBuf>) -> Node {
+fn start_node(
+    store: &MemoryStore,
+    name: &str,
+    view: View,
+    state: Option<std::path::PathBuf>,
+) -> Node {
     let config = NodeConfig {
         node: name.to_owned(),
         layout: Layout::new("/t"),
@@ -291,15 +310,25 @@ async fn nodes_publish_learn_each_others_endpoints_survive_an_outage_and_a_lost_
     })
     .await;
     assert!(
-        b.sink.last.lock().unwrap().endpoints.values().all(|e| e.identity.is_none()),
+        b.sink
+            .last
+            .lock()
+            .unwrap()
+            .endpoints
+            .values()
+            .all(|e| e.identity.is_none()),
         "a temporary identity never leaves its node"
     );
     let op = start_operator(&store, "op");
-    until(&store, "the identity reaches b, and a's record carries it", || {
-        let view = b.sink.last.lock().unwrap();
-        let id = view.identities.get(&labels("web")).copied();
-        id.is_some() && view.endpoints.values().all(|e| e.identity == id)
-    })
+    until(
+        &store,
+        "the identity reaches b, and a's record carries it",
+        || {
+            let view = b.sink.last.lock().unwrap();
+            let id = view.identities.get(&labels("web")).copied();
+            id.is_some() && view.endpoints.values().all(|e| e.identity == id)
+        },
+    )
     .await;
     // An outage: nothing is lost, a's new endpoint waits, everything resyncs after.
     store.set_down(true);
@@ -309,19 +338,33 @@ async fn nodes_publish_learn_each_others_endpoints_survive_an_outage_and_a_lost_
         endpoint(2, "api", "10.0.0.2"),
     ]);
     pass(&store, Duration::from_secs(30)).await;
-    assert_eq!(b.sink.last.lock().unwrap().endpoints.len(), 1, "b keeps what it knew");
+    assert_eq!(
+        b.sink.last.lock().unwrap().endpoints.len(),
+        1,
+        "b keeps what it knew"
+    );
     let saved = View::load(&state_a).unwrap().unwrap();
-    assert_eq!(saved.identities.get(&labels("web")), b.sink.last.lock().unwrap().identities.get(&labels("web")));
+    assert_eq!(
+        saved.identities.get(&labels("web")),
+        b.sink.last.lock().unwrap().identities.get(&labels("web"))
+    );
     let changes_before = b.sink.changes.lock().unwrap().len();
     store.set_down(false);
-    until(&store, "a's second endpoint reaches b with its identity", || {
-        let view = b.sink.last.lock().unwrap();
-        view.endpoints.len() == 2 && view.endpoints.values().all(|e| e.identity.is_some())
-    })
+    until(
+        &store,
+        "a's second endpoint reaches b with its identity",
+        || {
+            let view = b.sink.last.lock().unwrap();
+            view.endpoints.len() == 2 && view.endpoints.values().all(|e| e.identity.is_some())
+        },
+    )
     .await;
     // b's resync handed over only what changed: never a removal of what it knew.
     for c in &b.sink.changes.lock().unwrap()[changes_before..] {
-        assert!(c.endpoints_removed.is_empty() && c.unassigned.is_empty(), "{c:?}");
+        assert!(
+            c.endpoints_removed.is_empty() && c.unassigned.is_empty(),
+            "{c:?}"
+        );
     }
     // a's lease is revoked behind its back (as if it expired): b sees the endpoints go, a
     // notices at its next renewal and publishes again under a new lease.
@@ -338,8 +381,14 @@ async fn nodes_publish_learn_each_others_endpoints_survive_an_outage_and_a_lost_
         pass(&store, Duration::from_millis(20)).await;
     }
     let kvs = store.range(&layout.endpoints()).await.unwrap().kvs;
-    assert!(kvs.len() == 2 && kvs.iter().all(|kv| kv.lease != lease), "republished under a new lease");
-    until(&store, "b has them", || b.sink.last.lock().unwrap().endpoints.len() == 2).await;
+    assert!(
+        kvs.len() == 2 && kvs.iter().all(|kv| kv.lease != lease),
+        "republished under a new lease"
+    );
+    until(&store, "b has them", || {
+        b.sink.last.lock().unwrap().endpoints.len() == 2
+    })
+    .await;
     assert_eq!(a.status.borrow().published, 2);
     for n in [&a, &b] {
         let _ = n.stop.send(true);
@@ -356,7 +405,10 @@ async fn nodes_publish_learn_each_others_endpoints_survive_an_outage_and_a_lost_
     let a2 = start_node(&store, "a", saved.clone(), Some(state_a));
     until(&store, "a2 in sync", || a2.status.borrow().connected).await;
     for c in a2.sink.changes.lock().unwrap().iter() {
-        assert!(c.unassigned.is_empty() && c.endpoints_removed.is_empty(), "{c:?}");
+        assert!(
+            c.unassigned.is_empty() && c.endpoints_removed.is_empty(),
+            "{c:?}"
+        );
     }
     let _ = a2.stop.send(true);
     a2.task.await.unwrap();

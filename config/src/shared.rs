@@ -51,11 +51,10 @@ pub fn shared_policies(text: &str, file: &Path) -> Result<Vec<SharedPolicy>, Err
     let mut out = Vec::new();
     let mut errors = Vec::new();
     for document in documents(text).filter(|d| !d.is_blank()) {
-        let header: Header =
-            serde_saphyr::from_str::<Option<Header>>(document.text)
-                .ok()
-                .flatten()
-                .unwrap_or_default();
+        let header: Header = serde_saphyr::from_str::<Option<Header>>(document.text)
+            .ok()
+            .flatten()
+            .unwrap_or_default();
         let name = match (header.api_version.as_str(), header.kind.as_str()) {
             (CILIUM_API_VERSION, "CiliumNetworkPolicy") => format!(
                 "cnp/{}/{}",

@@ -70,7 +70,10 @@ fn every_mistake_is_located() {
 #[test]
 fn no_endpoints_and_a_second_document_are_errors() {
     let m = messages(&format!("{HEAD}  prefix: /x\n"));
-    assert!(m.iter().any(|e| e.contains("at least one etcd member")), "{m:#?}");
+    assert!(
+        m.iter().any(|e| e.contains("at least one etcd member")),
+        "{m:#?}"
+    );
     let doc = format!("{HEAD}  endpoints: [\"http://127.0.0.1:2379\"]\n");
     let m = messages(&format!("{doc}---\n{doc}"));
     assert!(
@@ -96,9 +99,17 @@ fn shared_policies_are_the_files_policy_documents_each_on_its_own() {
     }
     // A broken policy is refused with its location; so is a document of another kind.
     let broken = common::cnp("  egress:\n    - toFQDNs:\n        - matchNam: x\n");
-    let errors = fqdnd_config::shared_policies(&broken, std::path::Path::new("p.yaml"))
-        .unwrap_err();
-    assert!(errors.iter().next().unwrap().to_string().starts_with("p.yaml:9:"), "{errors}");
+    let errors =
+        fqdnd_config::shared_policies(&broken, std::path::Path::new("p.yaml")).unwrap_err();
+    assert!(
+        errors
+            .iter()
+            .next()
+            .unwrap()
+            .to_string()
+            .starts_with("p.yaml:9:"),
+        "{errors}"
+    );
     let endpoint = format!(
         "{}---\napiVersion: fqdnd.io/v1\nkind: Endpoint\nmetadata: {{name: a}}\nspec: {{id: 1, addresses: [10.0.0.1]}}\n",
         common::EGRESS_POLICY
@@ -106,5 +117,8 @@ fn shared_policies_are_the_files_policy_documents_each_on_its_own() {
     let errors = fqdnd_config::shared_policies(&endpoint, std::path::Path::new("p.yaml"))
         .unwrap_err()
         .to_string();
-    assert!(errors.starts_with("p.yaml:10:1:") && errors.contains("`Endpoint`"), "{errors}");
+    assert!(
+        errors.starts_with("p.yaml:10:1:") && errors.contains("`Endpoint`"),
+        "{errors}"
+    );
 }

@@ -14,8 +14,8 @@ use std::time::Duration;
 use fqdnd_config::Settings;
 use fqdnd_ipcache::policy::Rule;
 use fqdnd_ipcache::{Datapath, Endpoint, EndpointId, EndpointLabel, Identity, IpCache};
-use ipnet::IpNet;
 use fqdnd_namemgr::{Connections, FqdnSelector, GcStats, Learned, NameManager};
+use ipnet::IpNet;
 use serde::Serialize;
 
 use crate::Error;
@@ -253,12 +253,14 @@ impl<D: Datapath> Engine<D> {
         }
         self.commit()?;
         if !update.assigned.is_empty() {
-            note(self.ipcache.assign_cluster_identities(
-                update
-                    .assigned
-                    .into_iter()
-                    .map(|(labels, id)| (labels, Some(id))),
-            ));
+            note(
+                self.ipcache.assign_cluster_identities(
+                    update
+                        .assigned
+                        .into_iter()
+                        .map(|(labels, id)| (labels, Some(id))),
+                ),
+            );
         }
         for remote in &update.remote_upserted {
             note(self.ipcache.upsert_remote_endpoint(
@@ -369,9 +371,7 @@ mod tests {
             addresses: vec![host_prefix("10.0.0.2".parse().unwrap())],
             labels: labels("web"),
         };
-        engine
-            .apply(vec![web], Vec::new(), Duration::ZERO)
-            .unwrap();
+        engine.apply(vec![web], Vec::new(), Duration::ZERO).unwrap();
         let db = RemoteEndpoint {
             name: "n2/1".into(),
             addresses: vec![host_prefix("10.0.0.1".parse().unwrap())],
@@ -394,10 +394,7 @@ mod tests {
             .unwrap();
         assert_eq!(engine.ipcache.datapath().batches(), batches + 2);
         let dp = engine.ipcache.datapath();
-        assert_eq!(
-            dp.identity_of("10.0.0.1".parse().unwrap()),
-            Identity(300)
-        );
+        assert_eq!(dp.identity_of("10.0.0.1".parse().unwrap()), Identity(300));
         assert_eq!(
             dp.identity_of("10.0.0.2".parse().unwrap()).scope(),
             Some(Scope::Temporary)

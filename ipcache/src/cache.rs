@@ -119,7 +119,11 @@ impl Identities<'_> {
 
     /// Cluster mode: a reference on the number the cluster assigned to `labels`.
     fn acquire_exact(&mut self, labels: &LabelSet, id: Identity) -> Result<Identity, Error> {
-        if self.alloc.lookup(labels).is_some_and(|current| current != id) {
+        if self
+            .alloc
+            .lookup(labels)
+            .is_some_and(|current| current != id)
+        {
             self.alloc.detach(labels);
         }
         let allocation = self.alloc.allocate_exact(labels, id)?;
@@ -224,7 +228,10 @@ impl ClusterState {
         }
         if let Some(new) = labels {
             self.labels_of.insert(prefix, new.clone());
-            self.by_labels.entry(new.clone()).or_default().insert(prefix);
+            self.by_labels
+                .entry(new.clone())
+                .or_default()
+                .insert(prefix);
         }
     }
 }
@@ -1128,7 +1135,8 @@ fn desired_labels(
         return None;
     }
     let mut set = LabelSet::new();
-    let endpoint = |kind: OwnerKind| matches!(kind, OwnerKind::Endpoint | OwnerKind::RemoteEndpoint);
+    let endpoint =
+        |kind: OwnerKind| matches!(kind, OwnerKind::Endpoint | OwnerKind::RemoteEndpoint);
     if entry.owners.iter().any(|(o, _)| endpoint(o.kind)) {
         for (_, labels) in entry.owners.iter().filter(|(o, _)| endpoint(o.kind)) {
             set.extend(labels);

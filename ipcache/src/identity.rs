@@ -35,8 +35,8 @@ impl Identity {
             Scope::Local,
             Scope::Temporary,
         ]
-            .into_iter()
-            .find(|s| s.contains(self))
+        .into_iter()
+        .find(|s| s.contains(self))
     }
 
     /// The world identity of an address family.
@@ -386,7 +386,9 @@ mod tests {
     #[test]
     fn an_exact_number_switches_a_label_set_while_the_old_number_lives_on() {
         let mut a = Allocator::default();
-        let temp = a.allocate(&set(&[1]), Scope::Temporary, None, false).unwrap();
+        let temp = a
+            .allocate(&set(&[1]), Scope::Temporary, None, false)
+            .unwrap();
         assert_eq!(temp.identity, Identity(0x0101_0000));
         assert_eq!(temp.identity.scope(), Some(Scope::Temporary));
         a.detach(&set(&[1]));
@@ -412,7 +414,9 @@ mod tests {
     fn temporary_numbers_run_out_after_1024() {
         let mut a = Allocator::default();
         for n in 0..1024 {
-            let got = a.allocate(&set(&[n]), Scope::Temporary, None, false).unwrap();
+            let got = a
+                .allocate(&set(&[n]), Scope::Temporary, None, false)
+                .unwrap();
             assert_eq!(got.identity.scope(), Some(Scope::Temporary));
         }
         assert!(matches!(

@@ -130,14 +130,22 @@ fn a_local_endpoint_runs_on_a_temporary_identity_and_switches_without_a_gap() {
     let web = host_prefix(ip("10.0.0.2"));
     let temp = c.identity_of(&web).unwrap();
     assert_eq!(temp.scope(), Some(Scope::Temporary));
-    assert!(c.datapath().inner.allows(EndpointId(1), ip("10.0.0.2"), Protocol::Tcp, 80));
+    assert!(
+        c.datapath()
+            .inner
+            .allows(EndpointId(1), ip("10.0.0.2"), Protocol::Tcp, 80)
+    );
     assert_eq!(c.temporary_identities().len(), 2);
     c.datapath_mut().probes = vec![(EndpointId(1), ip("10.0.0.2"))];
     c.assign_cluster_identities([(labels("web"), Some(Identity(300)))])
         .unwrap();
     c.commit().unwrap();
     assert_eq!(c.identity_of(&web), Some(Identity(300)));
-    assert_eq!(c.allocator().labels(temp), None, "the temporary number is freed");
+    assert_eq!(
+        c.allocator().labels(temp),
+        None,
+        "the temporary number is freed"
+    );
     let dp = c.datapath();
     let batch = dp.changes.last().unwrap();
     let kinds: Vec<&str> = batch
@@ -157,12 +165,10 @@ fn a_local_endpoint_runs_on_a_temporary_identity_and_switches_without_a_gap() {
     );
     assert_eq!(c.cluster_identity_of(&labels("web")), Some(Identity(300)));
     // The number goes away (collected while this node was cut off): back to a temporary one.
-    c.assign_cluster_identities([(labels("web"), None)]).unwrap();
+    c.assign_cluster_identities([(labels("web"), None)])
+        .unwrap();
     c.commit().unwrap();
-    assert_eq!(
-        c.identity_of(&web).unwrap().scope(),
-        Some(Scope::Temporary)
-    );
+    assert_eq!(c.identity_of(&web).unwrap().scope(), Some(Scope::Temporary));
     assert!(c.datapath().trace.last().unwrap().iter().all(|v| v[0]));
 }
 
@@ -176,21 +182,40 @@ fn remote_endpoints_need_a_global_identity_and_go_with_their_node() {
     c.upsert_remote_endpoint("n2/5", &remote, &labels("db"))
         .unwrap();
     c.commit().unwrap();
-    assert_eq!(c.identity_of(&remote[0]), None, "no global number yet: not in the ipcache");
-    assert!(!c.datapath().inner.allows(EndpointId(1), ip("10.1.0.5"), Protocol::Tcp, 80));
+    assert_eq!(
+        c.identity_of(&remote[0]),
+        None,
+        "no global number yet: not in the ipcache"
+    );
+    assert!(
+        !c.datapath()
+            .inner
+            .allows(EndpointId(1), ip("10.1.0.5"), Protocol::Tcp, 80)
+    );
     c.assign_cluster_identities([(labels("db"), Some(Identity(257)))])
         .unwrap();
     c.commit().unwrap();
     assert_eq!(c.identity_of(&remote[0]), Some(Identity(257)));
-    assert!(c.datapath().inner.allows(EndpointId(1), ip("10.1.0.5"), Protocol::Tcp, 80));
+    assert!(
+        c.datapath()
+            .inner
+            .allows(EndpointId(1), ip("10.1.0.5"), Protocol::Tcp, 80)
+    );
     // Labels that the policy does not allow: denied.
     c.upsert_remote_endpoint("n2/6", &[host_prefix(ip("10.1.0.6"))], &labels("other"))
         .unwrap();
     c.assign_cluster_identities([(labels("other"), Some(Identity(258)))])
         .unwrap();
     c.commit().unwrap();
-    assert_eq!(c.identity_of(&host_prefix(ip("10.1.0.6"))), Some(Identity(258)));
-    assert!(!c.datapath().inner.allows(EndpointId(1), ip("10.1.0.6"), Protocol::Tcp, 80));
+    assert_eq!(
+        c.identity_of(&host_prefix(ip("10.1.0.6"))),
+        Some(Identity(258))
+    );
+    assert!(
+        !c.datapath()
+            .inner
+            .allows(EndpointId(1), ip("10.1.0.6"), Protocol::Tcp, 80)
+    );
     assert_eq!(c.remote_endpoint_count(), 2);
     c.remove_remote_endpoint("n2/5").unwrap();
     c.commit().unwrap();
@@ -202,7 +227,8 @@ fn remote_endpoints_need_a_global_identity_and_go_with_their_node() {
 #[test]
 fn a_number_moving_to_another_label_set_needs_its_release_first() {
     let mut c = cluster_cache();
-    c.set_endpoints(vec![endpoint(2, "web", "10.0.0.2")]).unwrap();
+    c.set_endpoints(vec![endpoint(2, "web", "10.0.0.2")])
+        .unwrap();
     // db's prefix sorts first: it is resolved before web lets go of 300.
     c.upsert_remote_endpoint("n2/1", &[host_prefix(ip("10.0.0.1"))], &labels("db"))
         .unwrap();
@@ -211,10 +237,7 @@ fn a_number_moving_to_another_label_set_needs_its_release_first() {
     c.commit().unwrap();
     // 300 now means db (web's was collected and reused): in one step it is refused …
     let err = c
-        .assign_cluster_identities([
-            (labels("web"), None),
-            (labels("db"), Some(Identity(300))),
-        ])
+        .assign_cluster_identities([(labels("web"), None), (labels("db"), Some(Identity(300)))])
         .unwrap_err();
     assert!(matches!(
         err,
@@ -224,18 +247,23 @@ fn a_number_moving_to_another_label_set_needs_its_release_first() {
     ));
     // … in two steps it is what the engine does.
     let mut c = cluster_cache();
-    c.set_endpoints(vec![endpoint(2, "web", "10.0.0.2")]).unwrap();
+    c.set_endpoints(vec![endpoint(2, "web", "10.0.0.2")])
+        .unwrap();
     c.upsert_remote_endpoint("n2/1", &[host_prefix(ip("10.1.0.1"))], &labels("db"))
         .unwrap();
     c.assign_cluster_identities([(labels("web"), Some(Identity(300)))])
         .unwrap();
     c.commit().unwrap();
-    c.assign_cluster_identities([(labels("web"), None)]).unwrap();
+    c.assign_cluster_identities([(labels("web"), None)])
+        .unwrap();
     c.commit().unwrap();
     c.assign_cluster_identities([(labels("db"), Some(Identity(300)))])
         .unwrap();
     c.commit().unwrap();
-    assert_eq!(c.identity_of(&host_prefix(ip("10.1.0.1"))), Some(Identity(300)));
+    assert_eq!(
+        c.identity_of(&host_prefix(ip("10.1.0.1"))),
+        Some(Identity(300))
+    );
     assert_eq!(
         c.identity_of(&host_prefix(ip("10.0.0.2"))).unwrap().scope(),
         Some(Scope::Temporary)
@@ -249,13 +277,17 @@ fn a_number_moving_to_another_label_set_needs_its_release_first() {
 #[test]
 fn a_single_node_never_sees_cluster_numbers() {
     let mut c = IpCache::new(Config::default(), MemoryDatapath::default());
-    c.set_endpoints(vec![endpoint(2, "web", "10.0.0.2")]).unwrap();
+    c.set_endpoints(vec![endpoint(2, "web", "10.0.0.2")])
+        .unwrap();
     c.assign_cluster_identities([(labels("web"), Some(Identity(999)))])
         .unwrap();
     c.upsert_remote_endpoint("n2/1", &[host_prefix(ip("10.1.0.1"))], &labels("db"))
         .unwrap();
     c.commit().unwrap();
-    assert_eq!(c.identity_of(&host_prefix(ip("10.0.0.2"))), Some(Identity(256)));
+    assert_eq!(
+        c.identity_of(&host_prefix(ip("10.0.0.2"))),
+        Some(Identity(256))
+    );
     assert_eq!(c.identity_of(&host_prefix(ip("10.1.0.1"))), None);
     assert!(!c.is_cluster());
 }

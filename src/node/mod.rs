@@ -91,6 +91,10 @@ impl ModeHooks for NodeMode {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+
+    fn publishes_cluster_addresses(&self) -> bool {
+        true
+    }
 }
 
 /// The node's own state.
