@@ -125,6 +125,8 @@ pub async fn run<S: Store, K: Sink>(
     let mut dirty = false;
     let mut backoff = Duration::from_millis(200);
     let mut first = true;
+    // What it knows before it reaches the store (the state file's view).
+    status.send_modify(|s| describe(s, &view, &publisher));
     loop {
         if *stop.borrow() {
             persist(&config, &view, &mut dirty);
