@@ -137,7 +137,7 @@ impl EtcdStore {
         }
         let client = Client::connect(&connect.endpoints, Some(options))
             .await
-            .map_err(|e| setup(e))?;
+            .map_err(setup)?;
         Ok(Self {
             client,
             timeout: connect.timeout,

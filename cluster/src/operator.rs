@@ -257,9 +257,8 @@ async fn wait_for_deletion<S: Store>(
                 .then_some(Ended::Stopped);
         }
     };
-    let Some(current) = snapshot.kvs.iter().find(|kv| kv.key == key) else {
-        return None;
-    };
+    // No leader key: campaign again at once.
+    let current = snapshot.kvs.iter().find(|kv| kv.key == key)?;
     let holder = String::from_utf8_lossy(&current.value).into_owned();
     status.send_modify(|s| s.leader = Some(holder));
     let mut w = match store.watch(key, snapshot.revision + 1).await {
