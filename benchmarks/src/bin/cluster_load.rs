@@ -295,12 +295,38 @@ async fn main() {
         });
     }
 
-    // 1. Fill.
+    // 1. Fill. Every node's lease first, kept alive from then on (a real node renews its
+    // lease from the start).
     let ttl = Duration::from_secs(a.ttl);
     let limit = Arc::new(Semaphore::new(16));
+    let mut leases = Vec::with_capacity(a.nodes);
+    for _ in 0..a.nodes {
+        leases.push(store.grant(ttl).await.unwrap());
+    }
+    {
+        let store = store.clone();
+        let leases = leases.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(ttl / 3).await;
+                for chunk in leases.chunks(64) {
+                    let mut set = tokio::task::JoinSet::new();
+                    for lease in chunk {
+                        let (store, lease) = (store.clone(), *lease);
+                        set.spawn(async move { store.keep_alive(lease).await });
+                    }
+                    while let Some(alive) = set.join_next().await {
+                        if matches!(alive, Ok(Ok(false))) {
+                            eprintln!("a simulated node's lease expired");
+                        }
+                    }
+                }
+            }
+        });
+    }
     let started = Instant::now();
     let mut handles = Vec::new();
-    for n in 0..a.nodes {
+    for (n, &lease) in leases.iter().enumerate() {
         let store = store.clone();
         let layout = layout.clone();
         let shared = Arc::clone(&shared);
@@ -309,7 +335,6 @@ async fn main() {
         handles.push(tokio::spawn(async move {
             let _permit = limit.acquire().await.unwrap();
             let name = format!("sim{n:04}");
-            let lease = store.grant(ttl).await.unwrap();
             let mut node = SimNode {
                 name,
                 lease,
@@ -345,24 +370,6 @@ async fn main() {
     }
     let published = started.elapsed();
     println!("fill_published_s {:.2}", published.as_secs_f64());
-    // Keep the leases alive from here on.
-    {
-        let store = store.clone();
-        let leases: Vec<LeaseId> = nodes.iter().map(|n| n.lease).collect();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(ttl / 3).await;
-                for chunk in leases.chunks(64) {
-                    let mut set = tokio::task::JoinSet::new();
-                    for lease in chunk {
-                        let (store, lease) = (store.clone(), *lease);
-                        set.spawn(async move { store.keep_alive(lease).await });
-                    }
-                    while set.join_next().await.is_some() {}
-                }
-            }
-        });
-    }
     // Wait for every set's identity.
     let fill_deadline = Instant::now() + Duration::from_secs(600);
     loop {
