@@ -8,7 +8,8 @@
 # duplicate identities (must be 0), etcd and real-node memory.
 #
 # Knobs (env): NODES=1000 ENDPOINTS=100 SETS=2000 DURATION=30 (churn seconds) CHURN=500
-# (endpoint replacements/s) NEW_SETS=10 (new label sets/s) TTL=15 OPERATORS=2
+# (endpoint replacements/s) NEW_SETS=10 (new label sets/s) BURST=1000 (new label sets at once)
+# TTL=15 OPERATORS=2
 # ETCD_DATA=/dev/shm (etcd data directories: tmpfs by default; a disk path for fsync costs)
 # RUN=/tmp/fqdnd-cluster-bench. Last line:
 #   cluster: nodes N, endpoints E, duplicate identities: 0, temp-to-global p99 ms: X, propagation p99 ms: Y
@@ -21,6 +22,7 @@ SETS="${SETS:-2000}"
 DURATION="${DURATION:-30}"
 CHURN="${CHURN:-500}"
 NEW_SETS="${NEW_SETS:-10}"
+BURST="${BURST:-1000}"
 TTL="${TTL:-15}"
 OPERATORS="${OPERATORS:-2}"
 ETCD_DATA="${ETCD_DATA:-/dev/shm}"
@@ -102,10 +104,10 @@ NODE_PID=$!; PIDS+=($NODE_PID)
 for _ in $(seq 1 100); do [ -S "$RUN/node.sock" ] && break; sleep 0.1; done
 node_rss0=$(awk '/VmRSS/{print $2}' /proc/$NODE_PID/status)
 etcd_rss0=$(for p in "${ETCD_PIDS[@]}"; do awk '/VmRSS/{print $2}' /proc/$p/status; done | paste -sd+ | bc)
-echo "command: NODES=$NODES ENDPOINTS=$ENDPOINTS SETS=$SETS DURATION=$DURATION CHURN=$CHURN NEW_SETS=$NEW_SETS TTL=$TTL OPERATORS=$OPERATORS ETCD_DATA=$ETCD_DATA benchmarks/cluster.sh"
+echo "command: NODES=$NODES ENDPOINTS=$ENDPOINTS SETS=$SETS DURATION=$DURATION CHURN=$CHURN NEW_SETS=$NEW_SETS BURST=$BURST TTL=$TTL OPERATORS=$OPERATORS ETCD_DATA=$ETCD_DATA benchmarks/cluster.sh"
 "$TARGET/cluster_load" --etcd "$endpoints" --node-admin "$RUN/node.sock" --prefix /fqdnd-bench \
   --nodes "$NODES" --endpoints "$ENDPOINTS" --sets "$SETS" --seconds "$DURATION" \
-  --churn "$CHURN" --new-sets "$NEW_SETS" --ttl "$TTL" >"$RUN/load.raw"
+  --churn "$CHURN" --new-sets "$NEW_SETS" --ttl "$TTL" --burst "$BURST" >"$RUN/load.raw"
 grep -v '^cluster:' "$RUN/load.raw"
 # Memory while every simulated endpoint is still published (their leases outlive the run by
 # up to TTL).

@@ -379,7 +379,7 @@ struct EngineSink {
 }
 
 impl Sink for EngineSink {
-    fn apply(&self, changes: &Changes, _view: &View) {
+    fn apply(&self, changes: &Changes) {
         let update = to_update(changes);
         if !update.is_empty() {
             match self.host.engine().lock() {

@@ -49,9 +49,9 @@ pub struct LocalEndpoint {
 
 /// Where the node's view goes: the daemon's engine.
 pub trait Sink: Send + Sync + 'static {
-    /// Applies what changed in the view (`view` is the view after the change). Called from a
-    /// blocking thread, one call at a time, in order.
-    fn apply(&self, changes: &Changes, view: &View);
+    /// Applies what changed in the view. Called from a blocking thread, one call at a time,
+    /// in order (the first call brings the view the node started from to the store's).
+    fn apply(&self, changes: &Changes);
 }
 
 /// How the node side runs.
@@ -158,7 +158,7 @@ pub async fn run<S: Store, K: Sink>(
         view = fresh;
         if !changes.is_empty() {
             dirty = true;
-            apply(&sink, changes, &view).await;
+            apply(&sink, changes).await;
         }
         publisher.published = own
             .into_iter()
@@ -204,7 +204,7 @@ pub async fn run<S: Store, K: Sink>(
                         }
                         if !changes.is_empty() {
                             dirty = true;
-                            apply(&sink, changes, &view).await;
+                            apply(&sink, changes).await;
                             status.send_modify(|s| describe(s, &view, &publisher));
                         }
                     }
@@ -276,10 +276,9 @@ fn persist(config: &NodeConfig, view: &View, dirty: &mut bool) {
     }
 }
 
-async fn apply<K: Sink>(sink: &Arc<K>, changes: Changes, view: &View) {
+async fn apply<K: Sink>(sink: &Arc<K>, changes: Changes) {
     let sink = Arc::clone(sink);
-    let view = view.clone();
-    if let Err(e) = tokio::task::spawn_blocking(move || sink.apply(&changes, &view)).await {
+    if let Err(e) = tokio::task::spawn_blocking(move || sink.apply(&changes)).await {
         tracing::error!(error = %e, "applying the cluster view panicked");
     }
 }

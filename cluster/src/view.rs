@@ -85,39 +85,102 @@ impl View {
                 own.insert(kv.key.clone(), kv.clone());
                 continue;
             }
-            view.put(layout, node, kv, &mut Changes::default());
+            view.put(layout, node, kv);
         }
         (view, own)
     }
 
-    /// Applies watch events; returns what changed. Events about node `node`'s own endpoints
-    /// are returned apart: (key, still there).
+    /// Applies watch events; returns what changed (net over the batch: a key created and
+    /// deleted in it is no change). Events about node `node`'s own endpoints are returned
+    /// apart: (key, still there). Costs what the batch touches, not the size of the view.
     pub fn apply(
         &mut self,
         layout: &Layout,
         node: &str,
         events: &[Event],
     ) -> (Changes, Vec<(String, bool)>) {
-        let before = self.clone();
         let mut own = Vec::new();
-        let mut scratch = Changes::default();
+        // What each touched key held before the batch.
+        let mut identities: BTreeMap<Labels, Option<u32>> = BTreeMap::new();
+        let mut endpoints: BTreeMap<String, Option<EndpointRecord>> = BTreeMap::new();
+        let policies_before = self.policies.len();
+        let mut policies_touched = false;
+        let leader_before = self.leader.clone();
         for event in events {
-            if let Some(Key::Endpoint { node: n, .. }) = layout.parse(event.key())
-                && n == node
-            {
-                own.push((event.key().to_owned(), matches!(event, Event::Put(_))));
-                continue;
+            let parsed = layout.parse(event.key());
+            match &parsed {
+                Some(Key::Endpoint { node: n, .. }) if n == node => {
+                    own.push((event.key().to_owned(), matches!(event, Event::Put(_))));
+                    continue;
+                }
+                Some(Key::IdentityByLabels(labels)) => {
+                    identities
+                        .entry(labels.clone())
+                        .or_insert_with(|| self.identities.get(labels).copied());
+                }
+                Some(Key::Endpoint { .. }) => {
+                    endpoints
+                        .entry(event.key().to_owned())
+                        .or_insert_with(|| self.endpoints.get(event.key()).cloned());
+                }
+                Some(Key::Policy(_)) => policies_touched = true,
+                _ => {}
             }
             match event {
-                Event::Put(kv) => self.put(layout, node, kv, &mut scratch),
+                Event::Put(kv) => self.put(layout, node, kv),
                 Event::Delete { key, .. } => self.delete(layout, key),
             }
             self.revision = self.revision.max(event.revision());
         }
-        (before.diff(self), own)
+        let mut c = Changes::default();
+        for (labels, before) in identities {
+            let now = self.identities.get(&labels).copied();
+            if before != now {
+                if let Some(old) = before {
+                    c.unassigned.push((labels.clone(), old));
+                }
+                if let Some(new) = now {
+                    c.assigned.push((labels, new));
+                }
+            }
+        }
+        for (key, before) in endpoints {
+            match self.endpoints.get(&key) {
+                None if before.is_some() => c.endpoints_removed.push(key),
+                Some(now) if before.as_ref() != Some(now) => {
+                    c.endpoints_upserted.push((key, now.clone()));
+                }
+                _ => {}
+            }
+        }
+        if policies_touched || policies_before != self.policies.len() {
+            c.policies = Some(self.policies.clone());
+        }
+        c.leader = leader_before != self.leader;
+        (c, own)
     }
 
-    fn put(&mut self, layout: &Layout, node: &str, kv: &Kv, _changes: &mut Changes) {
+    /// Applies [`Changes`] made elsewhere to this view (the identities, endpoints and
+    /// policies; not the revision or the leader's name).
+    pub fn absorb(&mut self, changes: &Changes) {
+        for (labels, _) in &changes.unassigned {
+            self.identities.remove(labels);
+        }
+        for (labels, id) in &changes.assigned {
+            self.identities.insert(labels.clone(), *id);
+        }
+        for key in &changes.endpoints_removed {
+            self.endpoints.remove(key);
+        }
+        for (key, record) in &changes.endpoints_upserted {
+            self.endpoints.insert(key.clone(), record.clone());
+        }
+        if let Some(policies) = &changes.policies {
+            self.policies.clone_from(policies);
+        }
+    }
+
+    fn put(&mut self, layout: &Layout, node: &str, kv: &Kv) {
         match layout.parse(&kv.key) {
             Some(Key::IdentityByLabels(labels)) => {
                 match serde_json::from_slice::<IdentityRecord>(&kv.value) {
@@ -337,6 +400,26 @@ mod tests {
         assert_eq!(changes.unassigned, vec![(labels("web"), 300)]);
         assert_eq!(changes.assigned, vec![(labels("web"), 301)]);
         assert_eq!(own, vec![(l.endpoint(&labels("web"), "a", 1), false)]);
+        // Within one batch, created then deleted is no change; applied elsewhere, the changes
+        // give the same view.
+        let mut mirror = view.clone();
+        let (changes, _) = view.apply(
+            &l,
+            "a",
+            &[
+                Event::Put(ep("b2")),
+                Event::Delete {
+                    key: l.endpoint(&labels("web"), "b2", 1),
+                    revision: 14,
+                },
+                Event::Put(id(302, "db")),
+            ],
+        );
+        assert!(changes.endpoints_upserted.is_empty() && changes.endpoints_removed.is_empty());
+        assert_eq!(changes.assigned, vec![(labels("db"), 302)]);
+        mirror.absorb(&changes);
+        assert_eq!(mirror.identities, view.identities);
+        assert_eq!(mirror.endpoints, view.endpoints);
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("cluster.state");
         assert_eq!(View::load(&path).unwrap(), None);

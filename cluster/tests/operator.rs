@@ -240,8 +240,8 @@ struct Recorder {
 }
 
 impl Sink for Recorder {
-    fn apply(&self, changes: &Changes, view: &View) {
-        *self.last.lock().unwrap() = view.clone();
+    fn apply(&self, changes: &Changes) {
+        self.last.lock().unwrap().absorb(changes);
         self.changes.lock().unwrap().push(changes.clone());
     }
 }

@@ -8,7 +8,9 @@
 //!
 //! 1. **fill**: every node publishes its endpoints over a pool of label sets; the allocator
 //!    creates one identity per set (identities created/s = sets / time to the last one).
-//! 2. **churn** for `--seconds`: endpoints replaced at `--churn` per second across random
+//! 2. **burst**: `--burst` label sets no node had appear at once (one endpoint each): the
+//!    allocator's rate (identities created/s) and its temporary → global under a backlog.
+//! 3. **churn** for `--seconds`: endpoints replaced at `--churn` per second across random
 //!    nodes, a fraction with label sets no node had (`--new-sets` per second). Measured:
 //!    temporary → global (a new set's first endpoint committed → its identity seen by the
 //!    nodes' watch) and propagation (a churn transaction committed → the real node's view,
@@ -18,7 +20,7 @@
 //!
 //! `cluster_load --etcd URL[,URL…] --node-admin SOCKET[,SOCKET…] [--prefix /fqdnd]
 //!  [--nodes 1000] [--endpoints 100] [--sets 2000] [--seconds 30] [--churn 500]
-//!  [--new-sets 10] [--ttl 15]`
+//!  [--new-sets 10] [--ttl 15] [--burst 1000]`
 
 #![allow(
     clippy::unwrap_used,
@@ -56,6 +58,7 @@ struct Args {
     churn: usize,
     new_sets: usize,
     ttl: u64,
+    burst: usize,
 }
 
 fn args() -> Args {
@@ -70,6 +73,7 @@ fn args() -> Args {
         churn: 500,
         new_sets: 10,
         ttl: 15,
+        burst: 1000,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     for pair in argv.chunks(2) {
@@ -91,6 +95,7 @@ fn args() -> Args {
             "--churn" => a.churn = v.parse().unwrap(),
             "--new-sets" => a.new_sets = v.parse().unwrap(),
             "--ttl" => a.ttl = v.parse().unwrap(),
+            "--burst" => a.burst = v.parse().unwrap(),
             other => panic!("unknown argument {other}"),
         }
     }
@@ -466,6 +471,80 @@ async fn main() {
     }
     shared.lock().unwrap().propagation.clear();
 
+    // 1b. Burst: `--burst` label sets no node had, one endpoint each on every tenth node,
+    // published at once: the allocator's own rate.
+    let mut next_set = a.sets;
+    if a.burst > 0 {
+        let mut by_node: BTreeMap<usize, Vec<Op>> = BTreeMap::new();
+        let mut burst_sets = Vec::new();
+        for b in 0..a.burst {
+            next_set += 1;
+            let n = (b * 10) % nodes.len();
+            let node = &mut nodes[n];
+            let id = node.next_id;
+            node.next_id += 1;
+            let slot = 200 + b % 50;
+            node.endpoints.insert(id, (next_set, slot));
+            burst_sets.push(labels(next_set));
+            by_node.entry(n).or_default().push(Op::Put {
+                key: layout.endpoint(&labels(next_set), &node.name, id),
+                value: record(&node.name, id, next_set, ip(n, slot), None),
+                lease: Some(node.lease),
+            });
+        }
+        let burst_start = Instant::now();
+        let mut set = tokio::task::JoinSet::new();
+        for (_, ops) in by_node {
+            let store = store.clone();
+            let shared = Arc::clone(&shared);
+            set.spawn(async move {
+                txn(&store, ops).await;
+            });
+            drop(shared);
+        }
+        while set.join_next().await.is_some() {}
+        {
+            let now = Instant::now();
+            let mut s = shared.lock().unwrap();
+            for l in &burst_sets {
+                if !s.identities.contains_key(l) {
+                    s.waiting.entry(l.clone()).or_insert(now);
+                }
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(300);
+        loop {
+            let done = {
+                let s = shared.lock().unwrap();
+                burst_sets.iter().all(|l| s.identities.contains_key(l))
+            };
+            if done {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the burst's identities never came"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let elapsed = {
+            let s = shared.lock().unwrap();
+            s.last_identity
+                .unwrap_or_else(Instant::now)
+                .duration_since(burst_start)
+        };
+        let mut t2g = std::mem::take(&mut shared.lock().unwrap().temp_to_global);
+        println!(
+            "burst_identities {} in {:.2} s: identities_created_per_s {:.0} (temp_to_global p50 {:.0} ms p99 {:.0} ms)",
+            a.burst,
+            elapsed.as_secs_f64(),
+            a.burst as f64 / elapsed.as_secs_f64(),
+            percentile(&mut t2g, 0.5),
+            percentile(&mut t2g, 0.99)
+        );
+        shared.lock().unwrap().appeared.clear();
+    }
+
     // 2. Churn.
     let tick = Duration::from_millis(100);
     let per_tick = (a.churn / 10).max(1);
@@ -473,7 +552,7 @@ async fn main() {
         .churn
         .checked_div(a.new_sets)
         .map_or(usize::MAX, |n| n.max(1));
-    let mut next_set = a.sets;
+    let first_new_set = next_set;
     let mut rng: u64 = 0x9E37_79B9_7F4A_7C15;
     let mut rand = move |n: usize| {
         rng ^= rng << 13;
@@ -612,7 +691,7 @@ async fn main() {
     );
     println!(
         "churn_new_sets {} (unresolved {left_waiting})",
-        next_set - a.sets
+        next_set - first_new_set
     );
     let (t2g50, t2g99) = (percentile(&mut t2g, 0.5), percentile(&mut t2g, 0.99));
     let (p50, p99) = (percentile(&mut prop, 0.5), percentile(&mut prop, 0.99));
