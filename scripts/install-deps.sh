@@ -3,7 +3,8 @@
 # clang-19 + libbpf-dev (to rebuild and check the eBPF object), iproute2 (the netns tests),
 # protobuf-compiler + libprotobuf-dev (`protoc` and the well-known .proto files: the
 # etcd-client crate compiles etcd's protos when it builds),
-# etcd-server + etcd-client (the cluster tests run a real 3-member etcd; `etcdctl` inspects it).
+# etcd-server + etcd-client (the cluster tests run a real 3-member etcd; `etcdctl` inspects it),
+# openssl (the etcd TLS test makes its certificates).
 # Needs root and the Debian package mirror; does nothing when everything is there.
 set -euo pipefail
 missing=()
@@ -14,6 +15,7 @@ command -v protoc >/dev/null || missing+=(protobuf-compiler)
 [ -e /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
 command -v etcd >/dev/null || missing+=(etcd-server)
 command -v etcdctl >/dev/null || missing+=(etcd-client)
+command -v openssl >/dev/null || missing+=(openssl)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi

@@ -329,3 +329,192 @@ fn one_identity_per_label_set_through_etcd_and_allocator_leader_deaths() {
         rt.block_on(task).unwrap();
     }
 }
+
+/// Runs `openssl` with `args` in `dir`; panics with its output on failure.
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = std::process::Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA, a server certificate for 127.0.0.1 and a client certificate, in `dir`.
+fn certificates(dir: &std::path::Path) {
+    openssl(
+        dir,
+        &[
+            "ecparam",
+            "-name",
+            "prime256v1",
+            "-genkey",
+            "-noout",
+            "-out",
+            "ca.key",
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            "ca.key",
+            "-subj",
+            "/CN=fqdnd-test-ca",
+            "-days",
+            "2",
+            "-out",
+            "ca.pem",
+        ],
+    );
+    for (name, ext) in [
+        (
+            "server",
+            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+        ),
+        ("client", "extendedKeyUsage=clientAuth\n"),
+    ] {
+        std::fs::write(dir.join(format!("{name}.ext")), ext).unwrap();
+        openssl(
+            dir,
+            &[
+                "ecparam",
+                "-name",
+                "prime256v1",
+                "-genkey",
+                "-noout",
+                "-out",
+                &format!("{name}.key"),
+            ],
+        );
+        openssl(
+            dir,
+            &[
+                "req",
+                "-new",
+                "-key",
+                &format!("{name}.key"),
+                "-subj",
+                &format!("/CN={name}"),
+                "-out",
+                &format!("{name}.csr"),
+            ],
+        );
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                &format!("{name}.ext"),
+                "-out",
+                &format!("{name}.pem"),
+            ],
+        );
+    }
+}
+
+/// A member that requires TLS client certificates: the client connects with the CA and its
+/// certificate, and is refused without the certificate.
+#[test]
+fn tls_with_a_client_certificate() {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !etcd::available("etcd_tls") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    certificates(dir.path());
+    let port = 9_000 + (std::process::id() % 900) as u16;
+    let client_url = format!("https://127.0.0.1:{port}");
+    let peer_url = format!("http://127.0.0.1:{}", port + 1000);
+    let log = std::fs::File::create(dir.path().join("etcd.log")).unwrap();
+    let pem = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
+    let mut etcd = std::process::Command::new("etcd")
+        .args(["--name", "tls0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .args([
+            "--listen-client-urls",
+            &client_url,
+            "--advertise-client-urls",
+            &client_url,
+        ])
+        .args([
+            "--listen-peer-urls",
+            &peer_url,
+            "--initial-advertise-peer-urls",
+            &peer_url,
+        ])
+        .args(["--initial-cluster", &format!("tls0={peer_url}")])
+        .args([
+            "--cert-file",
+            &pem("server.pem"),
+            "--key-file",
+            &pem("server.key"),
+        ])
+        .args(["--client-cert-auth", "--trusted-ca-file", &pem("ca.pem")])
+        .args(["--logger", "zap", "--log-outputs", "stderr"])
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        runtime().block_on(async {
+            let connect = |cert: bool| Connect {
+                endpoints: vec![client_url.clone()],
+                tls: Some(fqdnd_cluster::TlsFiles {
+                    ca: Some(dir.path().join("ca.pem")),
+                    cert: cert.then(|| dir.path().join("client.pem")),
+                    key: cert.then(|| dir.path().join("client.key")),
+                }),
+                timeout: Duration::from_secs(3),
+            };
+            let store = EtcdStore::connect(&connect(true)).await.unwrap();
+            eventually("a TLS transaction", Duration::from_secs(30), || {
+                let store = store.clone();
+                async move {
+                    store
+                        .txn(Txn {
+                            compares: vec![],
+                            ops: vec![Op::Put {
+                                key: "/tls/k".into(),
+                                value: b"v".to_vec(),
+                                lease: None,
+                            }],
+                        })
+                        .await
+                        .ok()
+                }
+            })
+            .await;
+            assert_eq!(store.range("/tls/").await.unwrap().kvs.len(), 1);
+            let anonymous = EtcdStore::connect(&connect(false)).await.unwrap();
+            assert!(
+                anonymous.range("/tls/").await.is_err(),
+                "without a client certificate the member refuses"
+            );
+        });
+    }));
+    let _ = etcd.kill();
+    let _ = etcd.wait();
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
