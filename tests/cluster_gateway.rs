@@ -251,20 +251,18 @@ spec: {{id: 1, addresses: [\"127.0.0.0/8\"], labels: {{app: lan}}}}
     let policy = dir.path().join("policy.yaml");
     std::fs::write(
         &policy,
-        format!(
-            "apiVersion: cilium.io/v2
+        "apiVersion: cilium.io/v2
 kind: CiliumClusterwideNetworkPolicy
-metadata: {{name: lan-dns}}
+metadata: {name: lan-dns}
 spec:
-  endpointSelector: {{matchLabels: {{app: lan}}}}
+  endpointSelector: {matchLabels: {app: lan}}
   egress:
   - toCIDR: [127.0.0.1/32]
     toPorts:
-    - ports: [{{port: \"53\", protocol: UDP}}]
+    - ports: [{port: \"53\", protocol: UDP}]
       rules:
-        dns: [{{matchName: api.example.test}}]
-"
-        ),
+        dns: [{matchName: api.example.test}]
+",
     )
     .unwrap();
     let cfg = cluster_yaml.to_str().unwrap();
