@@ -115,7 +115,12 @@ impl EtcdStore {
         let mut options = ConnectOptions::new()
             .with_timeout(connect.timeout)
             .with_connect_timeout(connect.timeout)
-            .with_keep_alive(Duration::from_secs(2), connect.timeout)
+            // HTTP/2 pings find a member that went silent (a killed one resets at once);
+            // generous, so a loaded machine does not cut a healthy watch.
+            .with_keep_alive(
+                Duration::from_secs(5),
+                connect.timeout.max(Duration::from_secs(10)),
+            )
             .with_keep_alive_while_idle(true);
         if let Some(tls) = &connect.tls {
             let mut config = TlsOptions::new();
