@@ -154,6 +154,10 @@ struct Shared {
     propagation: Vec<f64>,
     /// When the last identity was seen.
     last_identity: Option<Instant>,
+    /// Every transaction of this generator: (revision, committed at), in commit order.
+    commits: Vec<(Revision, Instant)>,
+    /// Identities seen: (create revision, seen at, waiting since).
+    created: Vec<(Revision, Instant, Instant)>,
 }
 
 fn record(node: &str, id: u16, set: usize, addr: IpAddr, identity: Option<u32>) -> Vec<u8> {
@@ -269,6 +273,7 @@ async fn main() {
                         if let Some(since) = s.waiting.remove(&l) {
                             s.temp_to_global
                                 .push(now.duration_since(since).as_secs_f64() * 1000.0);
+                            s.created.push((kv.create_revision, now, since));
                         }
                         s.appeared.push(l);
                     }
@@ -654,6 +659,7 @@ async fn main() {
                 let now = Instant::now();
                 let mut s = shared.lock().unwrap();
                 s.pending.push((rev, now));
+                s.commits.push((rev, now));
                 for l in new_sets {
                     if !s.identities.contains_key(&l) {
                         s.waiting.entry(l).or_insert(now);
