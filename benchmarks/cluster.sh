@@ -33,6 +33,7 @@ TARGET="${CARGO_TARGET_DIR:-$ROOT/target}/release"
 rm -rf "$RUN" && mkdir -p "$RUN"
 PIDS=()
 ETCD_PIDS=()
+OP_PIDS=()
 DATA_DIRS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
@@ -74,7 +75,7 @@ spec:
 YAML
 for i in $(seq 1 "$OPERATORS"); do
   FQDND_LOG=warn "$TARGET/fqdnd" operator --config "$RUN/cluster.yaml" --name "op$i" >"$RUN/op$i.log" 2>&1 &
-  PIDS+=($!)
+  PIDS+=($!); OP_PIDS+=($!)
 done
 port=$(python3 -c 'import socket;s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
 cat >"$RUN/node.yaml" <<YAML
@@ -115,5 +116,7 @@ node_rss=$(awk '/VmRSS/{print $2}' /proc/$NODE_PID/status)
 etcd_rss=$(for p in "${ETCD_PIDS[@]}"; do awk '/VmRSS/{print $2}' /proc/$p/status; done | paste -sd+ | bc)
 echo "etcd_rss_mib $((etcd_rss / 1024)) (3 members; $((etcd_rss0 / 1024)) at start)"
 echo "real_node_rss_mib $((node_rss / 1024)) ($((node_rss0 / 1024)) at start)"
+cpu() { awk -v t="$(getconf CLK_TCK)" '{printf "%.0f", ($14 + $15) / t}' "/proc/$1/stat"; }
+echo "cpu_s etcd $(for p in "${ETCD_PIDS[@]}"; do cpu "$p"; echo; done | paste -sd+ | bc), allocators $(for p in "${OP_PIDS[@]}"; do cpu "$p"; echo; done | paste -sd+ | bc), real_node $(cpu "$NODE_PID") (load average $(cut -d' ' -f1-3 /proc/loadavg))"
 echo "real_node_state_file_kib $(( $(stat -c %s "$RUN/node-state/cluster.state" 2>/dev/null || echo 0) / 1024 ))"
 grep '^cluster:' "$RUN/load.raw"
