@@ -14,7 +14,11 @@
 #
 # With STATE=1 the node has a stateDir (on the disk, /var/tmp): each reply is then held until
 # its journal record is fsynced (group commit) as well.
-# Knobs (env): RATES="1000 5000" DURATION=10 (s per rate), STATE=0, RUN=/tmp/fqdnd-hold-time.
+# With RECORD=1 `fqdnd record` writes every query and reply into pcapng files meanwhile (to
+# measure what recording adds to the hold); at the end the files are read back by
+# `fqdnd replay` and the record status (written, dropped) is printed.
+# Knobs (env): RATES="1000 5000" DURATION=10 (s per rate), STATE=0, RECORD=0,
+# RUN=/tmp/fqdnd-hold-time.
 # Last line: `hold-time: <rate>/s p50 <µs> p99 <µs> ...` for each rate.
 # Everything started here (namespaces, processes, pins) is removed on exit.
 set -euo pipefail
@@ -129,6 +133,10 @@ wait_sock "$RUN/dns-admin.sock"
 FQDND_LOG=warn nsenter --net="/run/netns/$P-host" "$BIN" node --config "$RUN/node.yaml" >"$RUN/node.log" 2>&1 &
 PIDS+=($!)
 wait_sock "$RUN/node-admin.sock"
+if [ "${RECORD:-0}" = 1 ]; then
+  "$BIN" record start --dir "$RUN/rec" --max-files 1000 --admin-socket "$RUN/node-admin.sock" >/dev/null
+  log "recording into $RUN/rec"
+fi
 
 metrics() {
   ip netns exec "$P-host" python3 -c 'import urllib.request;print(urllib.request.urlopen("http://127.0.0.1:9967/metrics").read().decode())'
@@ -159,4 +167,10 @@ if [ "${STATE:-0}" = 1 ]; then
   m="$(metrics)"
   log "journal: $(grep -E '^fqdnd_checkpoint_(records|fsyncs)_total' <<<"$m" | tr '\n' ' ')"
 fi
-echo "hold-time$( [ "${STATE:-0}" = 1 ] && echo ' (stateDir, fsync per batch)'): $(IFS=';'; echo "${summary[*]}")"
+if [ "${RECORD:-0}" = 1 ]; then
+  "$BIN" record stop --json --admin-socket "$RUN/node-admin.sock" >"$RUN/record.json"
+  log "record: $(python3 -c 'import json,sys;d=json.load(open(sys.argv[1]));print("taken",d["taken"],"written",d["packets"],"dropped",d["dropped"],"files",len(d["files"]))' "$RUN/record.json")"
+  replayed=$("$BIN" replay "$RUN"/rec/*.pcapng --policy "$RUN/node.yaml" --json --progress 0 | python3 -c 'import json,sys;d=json.load(sys.stdin);print(d["queries"],"queries",d["responses"],"responses")')
+  log "read back by fqdnd replay: $replayed"
+fi
+echo "hold-time$( [ "${STATE:-0}" = 1 ] && echo ' (stateDir, fsync per batch)')$( [ "${RECORD:-0}" = 1 ] && echo ' (recording)'): $(IFS=';'; echo "${summary[*]}")"

@@ -9,6 +9,7 @@ mod admin;
 mod cli;
 mod clock;
 mod cluster;
+mod cni;
 mod daemon;
 mod datapath;
 mod gateway;
@@ -159,6 +160,26 @@ enum Command {
     /// IpCache, in-memory datapath), with TTL expiry and GC on capture time. `--compare` runs
     /// one-identity-per-label-set and one-identity-per-IP side by side. See docs/replay.md.
     Replay(Box<cli::replay::ReplayArgs>),
+    /// Record the running gateway's or node agent's DNS traffic (every query and reply as
+    /// the client saw it, with the endpoint and verdict in each packet's comment) into
+    /// rotating pcapng files, which `fqdnd replay` and tshark read back.
+    #[command(subcommand)]
+    Record(RecordCommand),
+}
+
+#[derive(Subcommand)]
+enum RecordCommand {
+    /// Start recording into a directory.
+    Start {
+        #[command(flatten)]
+        args: cli::record::StartArgs,
+        #[command(flatten)]
+        list: ListArgs,
+    },
+    /// Stop recording; returns once every message taken is written and the files closed.
+    Stop(ListArgs),
+    /// Whether it records, what it wrote, the files.
+    Status(ListArgs),
 }
 
 /// Options of the commands that read the admin API.
@@ -229,7 +250,7 @@ enum BpfCommand {
     /// The kernel policy: (endpoint, identity, port, protocol) entries that allow.
     #[command(subcommand)]
     Policy(BpfList),
-    /// Conntrack entries with their idle time.
+    /// Conntrack entries with their state, remaining lifetime and idle time.
     #[command(subcommand)]
     Ct(BpfList),
     /// The endpoint map: interface → endpoint id and flags.
@@ -374,6 +395,11 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 fn main() -> ExitCode {
+    // Called as `fqdnd-cni` (a link in the runtime's CNI plugin directory): the CNI plugin.
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    if std::path::Path::new(&argv0).file_name() == Some(std::ffi::OsStr::new("fqdnd-cni")) {
+        return cni::main();
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FQDND_LOG")
@@ -497,6 +523,13 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }),
         Command::Replay(args) => cli::replay::run(*args),
+        Command::Record(RecordCommand::Start { args, list }) => {
+            cli::record::start(&list.target, &args, list.json)
+        }
+        Command::Record(RecordCommand::Stop(list)) => cli::record::stop(&list.target, list.json),
+        Command::Record(RecordCommand::Status(list)) => {
+            cli::record::status(&list.target, list.json)
+        }
     };
     match result {
         Ok(code) => code,

@@ -4,14 +4,18 @@
 use std::net::SocketAddr;
 
 use anyhow::{Context, Result};
-use metrics_exporter_prometheus::PrometheusBuilder;
+use metrics_exporter_prometheus::{ExporterFuture, PrometheusBuilder};
 
-/// Serves `/metrics` on `addr`.
-pub(crate) fn install(addr: SocketAddr) -> Result<()> {
-    PrometheusBuilder::new()
+/// Installs the recorder and binds `/metrics` on `addr`; the returned exporter serves it once
+/// spawned (the daemon spawns it when the restore has set the gauges: a scrape during the
+/// restore waits, it never reads an empty page).
+pub(crate) fn install(addr: SocketAddr) -> Result<ExporterFuture> {
+    let (recorder, exporter) = PrometheusBuilder::new()
         .with_http_listener(addr)
-        .install()
+        .build()
         .with_context(|| format!("serving Prometheus metrics on {addr}"))?;
+    metrics::set_global_recorder(recorder)
+        .map_err(|_| anyhow::anyhow!("a metrics recorder is installed already"))?;
     metrics::describe_gauge!("fqdnd_identities", "identities allocated (all scopes)");
     metrics::describe_gauge!(
         "fqdnd_cluster_connected",
@@ -67,7 +71,16 @@ pub(crate) fn install(addr: SocketAddr) -> Result<()> {
         "fqdnd_querylog_dropped_total",
         "query-log records dropped because the writer fell behind"
     );
-    Ok(())
+    Ok(exporter)
+}
+
+/// Serves `/metrics` from now on.
+pub(crate) fn serve(exporter: ExporterFuture) {
+    tokio::spawn(async move {
+        if let Err(e) = exporter.await {
+            tracing::error!(error = ?e, "the metrics endpoint stopped");
+        }
+    });
 }
 
 /// Samples the engine's state into gauges (once a second, and right after a restore).

@@ -3,21 +3,14 @@
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
-    reason = "test code: a failed step should panic"
+    reason = "a failed step should panic"
 )]
 
-use std::process::{Command, Output};
+mod common;
 
-fn fqdnd(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fqdnd"))
-        .args(args)
-        .output()
-        .expect("fqdnd runs")
-}
+use std::path::Path;
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use common::{fqdnd, json_of, stdout_of, text};
 
 #[test]
 fn policy_match_follows_cilium_semantics_and_canonicalises_names() {
@@ -31,8 +24,7 @@ fn policy_match_follows_cilium_semantics_and_canonicalises_names() {
         "a.b.cilium.io.",
         "sub.cilium.io",
     ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = json_of(&out);
     let got: Vec<(String, bool)> = rows
         .as_array()
         .unwrap()
@@ -79,8 +71,8 @@ fn policy_match_rejects_an_invalid_pattern() {
 
 #[test]
 fn policy_check_reports_every_error_with_its_location() {
-    let bad = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/bad.yaml");
-    let out = fqdnd(&["policy", "check", bad]);
+    let bad = common::repo_path("tests/fixtures/bad.yaml");
+    let out = fqdnd(&["policy", "check", &bad]);
     assert_eq!(out.status.code(), Some(1));
     let stderr = text(&out.stderr);
     assert!(stderr.contains("bad.yaml:11:"), "{stderr}");
@@ -90,14 +82,9 @@ fn policy_check_reports_every_error_with_its_location() {
 
 #[test]
 fn policy_check_accepts_the_bundled_example() {
-    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/config/examples/policy.yaml");
-    let out = fqdnd(&["policy", "check", example]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stdout).starts_with("ok: 1 file(s)"),
-        "{}",
-        text(&out.stdout)
-    );
+    let example = common::repo_path("config/examples/policy.yaml");
+    let stdout = stdout_of(&fqdnd(&["policy", "check", &example]));
+    assert!(stdout.starts_with("ok: 1 file(s)"), "{stdout}");
 }
 
 #[test]
@@ -109,9 +96,7 @@ fn policy_check_fails_cleanly_on_a_missing_file() {
 
 #[test]
 fn simulate_runs_the_embedded_example_and_shares_identities() {
-    let out = fqdnd(&["simulate"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let stdout = text(&out.stdout);
+    let stdout = stdout_of(&fqdnd(&["simulate"]));
     // 24 rotating S3 addresses end up under the one pre-allocated *.s3.amazonaws.com identity.
     let s3_line = stdout
         .lines()
@@ -120,4 +105,26 @@ fn simulate_runs_the_embedded_example_and_shares_identities() {
     assert!(s3_line.contains("refs 25"), "{s3_line}");
     assert!(stdout.contains("10.0.9.9 is in no endpoint"), "{stdout}");
     assert!(stdout.contains("summary: 7 answer(s)"), "{stdout}");
+}
+
+/// Guards the CLI's search for the admin socket: with no `--admin-socket`, no
+/// `FQDND_ADMIN_SOCKET`, no `--config` and no daemon at either default socket, the error names
+/// both defaults, the gateway's and the node's (before, there was one default,
+/// `/run/fqdnd/admin.sock`, and the error named only it). Nothing is created under
+/// /run/fqdnd: if a daemon's default socket exists on this machine, the case cannot be set up
+/// and the test says so and returns.
+#[test]
+fn without_any_socket_the_error_names_both_default_sockets() {
+    let defaults = ["/run/fqdnd/gateway.sock", "/run/fqdnd/node.sock"];
+    if let Some(present) = defaults.iter().find(|p| Path::new(p).exists()) {
+        eprintln!("{present} exists on this machine: the no-daemon error cannot be checked here");
+        return;
+    }
+    // `fqdnd()` removes FQDND_ADMIN_SOCKET from the environment.
+    let out = fqdnd(&["status"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    let stderr = text(&out.stderr);
+    for default in defaults {
+        assert!(stderr.contains(default), "{stderr}");
+    }
 }

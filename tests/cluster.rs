@@ -25,6 +25,9 @@
     reason = "test code: real clocks and sleeps, a failed step should panic"
 )]
 
+#[path = "common/mod.rs"]
+mod common;
+
 #[path = "node/topology.rs"]
 #[allow(
     dead_code,

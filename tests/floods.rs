@@ -12,23 +12,30 @@
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
+    reason = "a failed step should panic"
+)]
+#![allow(
     clippy::disallowed_types,
     clippy::disallowed_methods,
-    reason = "test code: real processes, clocks and sleeps; a failed step should panic"
+    reason = "paced load"
 )]
+
+mod common;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
+use common::{
+    DNS_ANYWHERE, Gateway, LAN_GROUP, documents, fqdns_on_443, gateway_doc, lan_policy, question,
+    rcode, settings_doc, tcp, udp_from,
+};
+use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
 use hickory_proto::rr::rdata::A;
-use hickory_proto::rr::{Name, RData, Record, RecordType};
+use hickory_proto::rr::{RData, Record, RecordType};
 
 /// Addresses `cdn.big.test` hands out per answer.
 const BIG_PER_ANSWER: u32 = 2500;
@@ -146,210 +153,61 @@ fn start_upstream() -> Upstream {
     Upstream { addr, stop }
 }
 
-/// A gateway process and its upstream, both gone when dropped.
-struct Gateway {
-    child: Child,
-    dir: PathBuf,
-    socket: PathBuf,
-    dns: SocketAddr,
-    metrics: u16,
-    _upstream: Upstream,
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!("gateway files kept in {}", self.dir.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Starts a gateway on the test upstream; `extra` is added to the Gateway spec, `settings` is
-/// the Settings document's spec.
-fn start(test: &str, extra: &str, settings: &str) -> Gateway {
+/// Starts a gateway on a new test upstream (returned too: it lives as long as the caller keeps
+/// it); `extra` is added to the Gateway spec, `settings` is the Settings document's spec.
+fn start(test: &str, extra: &str, settings: &str) -> (Gateway, Upstream) {
     let upstream = start_upstream();
-    let dir = std::env::temp_dir().join(format!("fqdnd-floods-{}-{test}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let (dns, metrics) = (free_port(), free_port());
-    let selectors: String = (1..=12)
-        .map(|n| format!("    - matchName: a{n}.multi.test\n"))
+    let mut g = Gateway::setup(&format!("floods-{test}"));
+    let metrics = g.metrics_port();
+    let mut selectors: Vec<String> = ["*.flood.test", "*.big.test", "*.corp.test", "*.multi.test"]
+        .iter()
+        .map(|p| format!("matchPattern: \"{p}\""))
         .collect();
-    let config = dir.join("gateway.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "apiVersion: fqdnd.io/v1
-kind: Gateway
-spec:
-  listen: [\"127.0.0.1:{dns}\"]
-  upstreams: [\"{upstream}\"]
-  metrics: 127.0.0.1:{metrics}
-  onHoldTimeout: servfail
-{extra}
----
-apiVersion: fqdnd.io/v1
-kind: Settings
-spec:
-{settings}
----
-apiVersion: fqdnd.io/v1
-kind: ClientGroup
-metadata: {{name: lan}}
-spec: {{id: 7, addresses: [\"127.0.0.0/8\"], labels: {{site: lan}}}}
----
-apiVersion: cilium.io/v2
-kind: CiliumClusterwideNetworkPolicy
-metadata: {{name: lan}}
-spec:
-  endpointSelector: {{matchLabels: {{site: lan}}}}
-  egress:
-  - toPorts: [{{ports: [{{port: \"53\", protocol: ANY}}]}}]
-  - toFQDNs:
-    - matchPattern: \"*.flood.test\"
-    - matchPattern: \"*.big.test\"
-    - matchPattern: \"*.corp.test\"
-    - matchPattern: \"*.multi.test\"
-{selectors}    toPorts: [{{ports: [{{port: \"443\", protocol: TCP}}]}}]
-",
-            upstream = upstream.addr
-        ),
-    )
-    .unwrap();
-    let socket = dir.join("admin.sock");
-    let log = std::fs::File::create(dir.join("gateway.log")).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_fqdnd"))
-        .args(["gateway", "--config"])
-        .arg(&config)
-        .arg("--admin-socket")
-        .arg(&socket)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let mut gw = Gateway {
-        child,
-        dir,
-        socket,
-        dns: format!("127.0.0.1:{dns}").parse().unwrap(),
-        metrics,
-        _upstream: upstream,
-    };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::os::unix::net::UnixStream::connect(&gw.socket).is_err() {
-        assert!(
-            gw.child.try_wait().unwrap().is_none(),
-            "the gateway exited: {}",
-            gw.log()
-        );
-        assert!(Instant::now() < deadline, "the gateway did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    gw
+    selectors.extend((1..=12).map(|n| format!("matchName: a{n}.multi.test")));
+    let selectors: Vec<&str> = selectors.iter().map(String::as_str).collect();
+    let spec = format!(
+        "  upstreams: [\"{}\"]\n  metrics: 127.0.0.1:{metrics}\n  onHoldTimeout: servfail\n{extra}\n",
+        upstream.addr
+    );
+    g.config(
+        "gateway.yaml",
+        &documents(&[
+            &gateway_doc("127.0.0.1:0", &spec),
+            &settings_doc(&format!("{settings}\n")),
+            LAN_GROUP,
+            &lan_policy(&(DNS_ANYWHERE.to_owned() + &fqdns_on_443(&selectors))),
+        ]),
+    );
+    (g.start(), upstream)
 }
 
-impl Gateway {
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("gateway.log")).unwrap_or_default()
-    }
-
-    fn admin(&self, args: &[&str]) -> serde_json::Value {
-        let out = Command::new(env!("CARGO_BIN_EXE_fqdnd"))
-            .args(args)
-            .args(["--json", "--admin-socket"])
-            .arg(&self.socket)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
-    }
-
-    /// The sum of every series of a metric whose line starts with `prefix`.
-    fn metric(&self, prefix: &str) -> f64 {
-        let mut s = TcpStream::connect(("127.0.0.1", self.metrics)).unwrap();
-        write!(
-            s,
-            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut text = String::new();
-        s.read_to_string(&mut text).unwrap();
-        text.lines()
-            .filter(|l| l.starts_with(prefix))
-            .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
-            .sum()
-    }
-
-    /// Resident memory of the gateway, current and peak, in MiB.
-    fn rss_mib(&self) -> (f64, f64) {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        let kib = |key: &str| -> f64 {
-            status
-                .lines()
-                .find(|l| l.starts_with(key))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-                .unwrap()
-        };
-        (kib("VmRSS:") / 1024.0, kib("VmHWM:") / 1024.0)
-    }
+/// Resident memory of the gateway, current and peak, in MiB.
+fn rss_mib(gw: &Gateway) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", gw.pid())).unwrap();
+    let kib = |key: &str| -> f64 {
+        status
+            .lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+            .unwrap()
+    };
+    (kib("VmRSS:") / 1024.0, kib("VmHWM:") / 1024.0)
 }
 
 fn query(id: u16, name: &str) -> Vec<u8> {
-    let mut q = Message::new(id, MessageType::Query, OpCode::Query);
-    q.metadata.recursion_desired = true;
-    q.queries
-        .push(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
-    q.to_vec().unwrap()
+    question(id, name, RecordType::A).to_vec().unwrap()
 }
 
-/// One UDP question from `from`; `None` if no reply within 3 s.
+/// One UDP question from `from`; `None` without a reply.
 fn ask_from(from: IpAddr, server: SocketAddr, name: &str) -> Option<Message> {
-    let socket = UdpSocket::bind((from, 0)).unwrap();
-    socket
-        .set_read_timeout(Some(Duration::from_secs(3)))
-        .unwrap();
-    socket.send_to(&query(0x4242, name), server).unwrap();
-    let mut buf = [0u8; 4096];
-    let (n, _) = socket.recv_from(&mut buf).ok()?;
-    Message::from_vec(&buf[..n]).ok()
-}
-
-fn rcode(server: SocketAddr, name: &str) -> Option<ResponseCode> {
-    ask_from(IpAddr::from([127, 0, 0, 1]), server, name).map(|m| m.metadata.response_code)
+    udp_from(from, server, &question(0x4242, name, RecordType::A)).map(|(m, _)| m)
 }
 
 /// One question over TCP.
 fn ask_tcp(server: SocketAddr, name: &str) -> Message {
-    let mut stream = TcpStream::connect(server).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    let bytes = query(0x4243, name);
-    stream
-        .write_all(&(bytes.len() as u16).to_be_bytes())
-        .unwrap();
-    stream.write_all(&bytes).unwrap();
-    let mut len = [0u8; 2];
-    stream.read_exact(&mut len).unwrap();
-    let mut buf = vec![0u8; usize::from(u16::from_be_bytes(len))];
-    stream.read_exact(&mut buf).unwrap();
-    Message::from_vec(&buf).unwrap()
+    tcp(server, &question(0x4243, name, RecordType::A))
+        .expect("a TCP reply")
+        .0
 }
 
 /// Sends `count` unique `*.flood.test` names over UDP with up to `window` outstanding; returns
@@ -386,19 +244,19 @@ fn a_water_torture_flood_stays_under_the_cache_bound() {
     const BOUND: u64 = 20_000;
     const NAMES: u32 = 150_000;
     // The per-endpoint breaker is lifted: the global bound alone must hold.
-    let gw = start(
+    let (mut gw, _upstream) = start(
         "flood",
         "",
         &format!("  breakers: {{maxCacheEntries: {BOUND}, maxNamesPerEndpoint: 10000000}}"),
     );
     assert_eq!(rcode(gw.dns, "www.corp.test."), Some(ResponseCode::NoError));
-    let (rss_before, _) = gw.rss_mib();
+    let (rss_before, _) = rss_mib(&gw);
     let started = Instant::now();
     let codes = flood(gw.dns, NAMES, 200);
     let took = started.elapsed();
     let status = gw.admin(&["status"]);
     let entries = status["cache_entries"].as_u64().unwrap();
-    let (rss, peak) = gw.rss_mib();
+    let (rss, peak) = rss_mib(&gw);
     eprintln!(
         "flood: {NAMES} names in {took:?}, replies {codes:?}, cache entries {entries}, RSS {rss_before:.1} -> {rss:.1} MiB (peak {peak:.1})"
     );
@@ -419,16 +277,16 @@ fn a_water_torture_flood_stays_under_the_cache_bound() {
     assert!(peak < 64.0, "peak RSS {peak:.1} MiB");
     // The known name keeps being answered, and metrics show the trips.
     assert_eq!(rcode(gw.dns, "www.corp.test."), Some(ResponseCode::NoError));
-    std::thread::sleep(Duration::from_millis(1500));
-    assert!(gw.metric("fqdnd_breaker_trips_total{breaker=\"cache_entries\"}") > 0.0);
-    assert_eq!(gw.metric("fqdnd_cache_entries_max"), BOUND as f64);
-    assert!(gw.child_alive());
-}
-
-impl Gateway {
-    fn child_alive(&self) -> bool {
-        std::fs::metadata(format!("/proc/{}", self.child.id())).is_ok()
-    }
+    // (Gauges and breaker counters are sampled once a second.)
+    gw.wait_metric(
+        "fqdnd_breaker_trips_total{breaker=\"cache_entries\"}",
+        "> 0",
+        |v| v > 0.0,
+    );
+    gw.wait_metric("fqdnd_cache_entries_max", &format!("= {BOUND}"), |v| {
+        v == BOUND as f64
+    });
+    assert!(gw.alive());
 }
 
 #[test]
@@ -437,7 +295,7 @@ fn ten_thousand_addresses_for_one_name_are_capped_per_name() {
     // TCP answers of 2,500 each (the engine-level test with one in-memory answer of 10k is
     // in namemgr/tests/manager.rs). Answers a second apart expire a second apart, so each
     // evicts the previous one's addresses into zombies: only the per-name breaker bounds them.
-    let gw = start(
+    let (gw, _upstream) = start(
         "big",
         "",
         "  dns: {maxIPsPerHostname: 1000}\n  breakers: {maxIPsPerName: 2000}",
@@ -445,6 +303,7 @@ fn ten_thousand_addresses_for_one_name_are_capped_per_name() {
     let mut codes = Vec::new();
     for k in 0..4 {
         if k > 0 {
+            // Pacing, not waiting: the answers must expire in different seconds.
             std::thread::sleep(Duration::from_millis(1100));
         }
         codes.push(ask_tcp(gw.dns, "cdn.big.test.").metadata.response_code);
@@ -466,8 +325,11 @@ fn ten_thousand_addresses_for_one_name_are_capped_per_name() {
         "{codes:?}"
     );
     assert_eq!(rcode(gw.dns, "www.corp.test."), Some(ResponseCode::NoError));
-    std::thread::sleep(Duration::from_millis(1500));
-    assert!(gw.metric("fqdnd_breaker_trips_total{breaker=\"ips_per_name\"}") > 0.0);
+    gw.wait_metric(
+        "fqdnd_breaker_trips_total{breaker=\"ips_per_name\"}",
+        "> 0",
+        |v| v > 0.0,
+    );
 }
 
 #[test]
@@ -476,7 +338,7 @@ fn selectors_overlapping_on_one_ip_trip_the_identity_breaker_and_fail_closed() {
     // own address plus 203.0.113.1, shared by all: every name gives its own address a new
     // label set, and the shared address the union of all so far. With room for 4 DNS-created
     // identities the third name is one too many.
-    let gw = start("identities", "", "  breakers: {maxFQDNIdentities: 4}");
+    let (gw, _upstream) = start("identities", "", "  breakers: {maxFQDNIdentities: 4}");
     let mut codes = Vec::new();
     for n in 1..=6 {
         codes.push(rcode(gw.dns, &format!("a{n}.multi.test.")).unwrap());
@@ -498,14 +360,17 @@ fn selectors_overlapping_on_one_ip_trip_the_identity_breaker_and_fail_closed() {
             Some(ResponseCode::NoError)
         );
     }
-    std::thread::sleep(Duration::from_millis(1500));
-    assert!(gw.metric("fqdnd_breaker_trips_total{breaker=\"fqdn_identities\"}") >= 4.0);
-    assert!(gw.metric("fqdnd_dns_hold_fallbacks_total") >= 4.0);
+    gw.wait_metric(
+        "fqdnd_breaker_trips_total{breaker=\"fqdn_identities\"}",
+        ">= 4",
+        |v| v >= 4.0,
+    );
+    gw.wait_metric("fqdnd_dns_hold_fallbacks_total", ">= 4", |v| v >= 4.0);
 }
 
 #[test]
 fn a_client_over_its_rate_limit_is_refused_and_counted() {
-    let gw = start(
+    let (gw, _upstream) = start(
         "ratelimit",
         "  rateLimit: {qps: 5, burst: 5, action: refused}",
         "  gcInterval: 60s",
@@ -535,8 +400,10 @@ fn a_client_over_its_rate_limit_is_refused_and_counted() {
             .map(|m| m.metadata.response_code),
         Some(ResponseCode::NoError)
     );
-    assert_eq!(
-        gw.metric("fqdnd_dns_queries_total{result=\"rate_limited\"}"),
-        f64::from(refused)
+    // (Counted when the query's task ends, possibly after the client has the reply.)
+    gw.wait_metric(
+        "fqdnd_dns_queries_total{result=\"rate_limited\"}",
+        &format!("= {refused} (the refused replies)"),
+        |v| v == f64::from(refused),
     );
 }

@@ -4,53 +4,20 @@
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
-    reason = "test code: a failed step should panic"
-)]
-#![allow(
-    clippy::disallowed_types,
-    clippy::disallowed_methods,
-    reason = "the test waits for a real process"
+    reason = "a failed step should panic"
 )]
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream, UdpSocket};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
-use hickory_proto::rr::{Name, RData, RecordType};
+use std::net::SocketAddr;
+use std::process::Output;
 
-/// A gateway process, killed when dropped (also when the test fails).
-struct Gateway {
-    child: Child,
-    dir: PathBuf,
-    socket: PathBuf,
-    dns: SocketAddr,
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn fqdnd(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fqdnd"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn free_tcp_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use common::{
+    Gateway, LAN_GROUP, PATIENCE, Setup, TestDir, documents, fqdnd, fqdnd_command, fqdns_on_443,
+    gateway_doc, json_of, lan_policy, poll, poll_until, question, run, stdout_of, text,
+};
+use hickory_proto::op::{Edns, Message, ResponseCode};
+use hickory_proto::rr::RecordType;
 
 const ZONE: &str = "$TTL 300
 @ IN SOA ns.corp.test. admin.corp.test. 1 3600 600 86400 60
@@ -64,102 +31,48 @@ secret IN A 203.0.113.9
 ";
 
 fn policy(allowed: &str) -> String {
-    format!(
-        "apiVersion: cilium.io/v2
-kind: CiliumClusterwideNetworkPolicy
-metadata: {{name: lan}}
-spec:
-  endpointSelector: {{matchLabels: {{site: lan}}}}
-  egress:
-  - toPorts:
+    lan_policy(&format!(
+        "  - toPorts:
     - ports: [{{port: \"53\", protocol: ANY}}]
       rules:
         dns: [{allowed}]
-  - toFQDNs: [{{matchPattern: \"*.corp.test\"}}]
-    toPorts: [{{ports: [{{port: \"443\", protocol: TCP}}]}}]
+{}",
+        fqdns_on_443(&["matchPattern: \"*.corp.test\""])
+    ))
+}
+
+/// The Gateway document (with the client group), its admin socket `socket` (relative to the
+/// file).
+fn gateway_yaml(metrics: u16, socket: &str) -> String {
+    let spec = format!(
+        "  staticZones: [{{origin: corp.test, file: corp.zone}}]
+  metrics: 127.0.0.1:{metrics}
+  queryLog: queries.jsonl
+  adminSocket: {socket}
+  lists: {{denyNames: [\"secret.corp.test\"]}}
 "
-    )
+    );
+    documents(&[&gateway_doc("127.0.0.1:0", &spec), LAN_GROUP])
+}
+
+/// `gateway.yaml` (naming `admin.sock`, so the gateway is started without `--admin-socket`)
+/// and `policy.yaml` allowing the DNS names `allowed`.
+fn setup(allowed: &str) -> Setup {
+    let mut g = Gateway::setup("gw");
+    g.file("corp.zone", ZONE);
+    let metrics = g.metrics_port();
+    g.config("gateway.yaml", &gateway_yaml(metrics, "admin.sock"));
+    g.config("policy.yaml", &policy(allowed));
+    g.socket_from_config();
+    g
 }
 
 fn start(allowed: &str) -> Gateway {
-    static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("fqdnd-gw-{}-{n}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("corp.zone"), ZONE).unwrap();
-    let metrics = free_tcp_port();
-    std::fs::write(
-        dir.join("gateway.yaml"),
-        format!(
-            "apiVersion: fqdnd.io/v1
-kind: Gateway
-spec:
-  listen: [\"127.0.0.1:0\"]
-  staticZones: [{{origin: corp.test, file: corp.zone}}]
-  metrics: 127.0.0.1:{metrics}
-  queryLog: queries.jsonl
-  lists: {{denyNames: [\"secret.corp.test\"]}}
----
-apiVersion: fqdnd.io/v1
-kind: ClientGroup
-metadata: {{name: lan}}
-spec: {{id: 7, addresses: [\"127.0.0.0/8\"], labels: {{site: lan}}}}
-"
-        ),
-    )
-    .unwrap();
-    std::fs::write(dir.join("policy.yaml"), policy(allowed)).unwrap();
-    let socket = dir.join("admin.sock");
-    let child = Command::new(env!("CARGO_BIN_EXE_fqdnd"))
-        .args(["gateway", "--config"])
-        .arg(dir.join("gateway.yaml"))
-        .arg("--config")
-        .arg(dir.join("policy.yaml"))
-        .arg("--admin-socket")
-        .arg(&socket)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut gw = Gateway {
-        child,
-        dir,
-        socket,
-        dns: "127.0.0.1:1".parse().unwrap(),
-    };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let out = fqdnd(&[
-            "status",
-            "--json",
-            "--admin-socket",
-            gw.socket.to_str().unwrap(),
-        ]);
-        if out.status.success() {
-            let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-            gw.dns = status["listen"][0].as_str().unwrap().parse().unwrap();
-            break;
-        }
-        assert!(
-            gw.child.try_wait().unwrap().is_none(),
-            "fqdnd gateway exited"
-        );
-        assert!(
-            Instant::now() < deadline,
-            "gateway did not come up: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    std::fs::write(gw.dir.join("metrics.port"), metrics.to_string()).unwrap();
-    gw
+    setup(allowed).start()
 }
 
 fn query(name: &str, qtype: RecordType, edns: bool) -> Message {
-    let mut q = Message::new(0x1234, MessageType::Query, OpCode::Query);
-    q.metadata.recursion_desired = true;
-    q.queries
-        .push(Query::query(Name::from_ascii(name).unwrap(), qtype));
+    let mut q = question(0x1234, name, qtype);
     if edns {
         let mut e = Edns::new();
         e.set_max_payload(1232);
@@ -170,54 +83,24 @@ fn query(name: &str, qtype: RecordType, edns: bool) -> Message {
 }
 
 fn udp(server: SocketAddr, msg: &Message) -> Message {
-    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
-    socket
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    socket.send_to(&msg.to_vec().unwrap(), server).unwrap();
-    let mut buf = [0u8; 4096];
-    let (n, from) = socket.recv_from(&mut buf).unwrap();
+    let (reply, from) = common::udp(server, msg).expect("a UDP reply");
     assert_eq!(from, server, "the reply comes from the address asked");
-    Message::from_vec(&buf[..n]).unwrap()
+    reply
+}
+
+/// The response code of an A question over UDP.
+fn ask(gw: &Gateway, name: &str) -> ResponseCode {
+    udp(gw.dns, &query(name, RecordType::A, false))
+        .metadata
+        .response_code
 }
 
 fn tcp(server: SocketAddr, msg: &Message) -> Message {
-    let mut stream = TcpStream::connect(server).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    let bytes = msg.to_vec().unwrap();
-    stream
-        .write_all(&(bytes.len() as u16).to_be_bytes())
-        .unwrap();
-    stream.write_all(&bytes).unwrap();
-    let mut len = [0u8; 2];
-    stream.read_exact(&mut len).unwrap();
-    let mut buf = vec![0u8; usize::from(u16::from_be_bytes(len))];
-    stream.read_exact(&mut buf).unwrap();
-    Message::from_vec(&buf).unwrap()
+    common::tcp(server, msg).expect("a TCP reply").0
 }
 
 fn addrs(msg: &Message) -> Vec<String> {
-    msg.answers
-        .iter()
-        .filter_map(|rr| match &rr.data {
-            RData::A(a) => Some(a.0.to_string()),
-            _ => None,
-        })
-        .collect()
-}
-
-fn list(gw: &Gateway, what: &[&str]) -> serde_json::Value {
-    let mut args = what.to_vec();
-    args.extend(["--json", "--admin-socket", gw.socket.to_str().unwrap()]);
-    let out = fqdnd(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    common::addrs(msg).iter().map(ToString::to_string).collect()
 }
 
 #[test]
@@ -231,25 +114,10 @@ fn allowed_refused_nxdomain_cname_tcp_edns_and_listings() {
     assert_eq!(got, vec!["192.0.2.10", "192.0.2.11"]);
 
     // Not allowed by the DNS rules, and a deny-listed name: REFUSED.
-    assert_eq!(
-        udp(gw.dns, &query("corp.test.", RecordType::A, false))
-            .metadata
-            .response_code,
-        ResponseCode::Refused
-    );
-    assert_eq!(
-        udp(gw.dns, &query("secret.corp.test.", RecordType::A, false))
-            .metadata
-            .response_code,
-        ResponseCode::Refused
-    );
+    assert_eq!(ask(&gw, "corp.test."), ResponseCode::Refused);
+    assert_eq!(ask(&gw, "secret.corp.test."), ResponseCode::Refused);
     // NXDOMAIN passes through.
-    assert_eq!(
-        udp(gw.dns, &query("nope.corp.test.", RecordType::A, false))
-            .metadata
-            .response_code,
-        ResponseCode::NXDomain
-    );
+    assert_eq!(ask(&gw, "nope.corp.test."), ResponseCode::NXDomain);
     // CNAME chain, over TCP.
     let app = tcp(gw.dns, &query("app.corp.test.", RecordType::A, false));
     assert_eq!(addrs(&app), vec!["198.51.100.5"]);
@@ -258,7 +126,7 @@ fn allowed_refused_nxdomain_cname_tcp_edns_and_listings() {
     assert!(edns.edns.is_some(), "the OPT record passes through");
 
     // What the answers taught.
-    let identities = list(&gw, &["identity", "list"]);
+    let identities = gw.admin(&["identity", "list"]);
     let fqdn = identities
         .as_array()
         .unwrap()
@@ -278,7 +146,7 @@ fn allowed_refused_nxdomain_cname_tcp_edns_and_listings() {
         .expect("the *.corp.test identity");
     // 192.0.2.10, .11 and 198.51.100.5 share it, plus the pre-allocation reference.
     assert_eq!(fqdn["refs"], 4, "{identities}");
-    let ipcache = list(&gw, &["ipcache", "list"]);
+    let ipcache = gw.admin(&["ipcache", "list"]);
     let prefixes: Vec<&str> = ipcache
         .as_array()
         .unwrap()
@@ -292,7 +160,7 @@ fn allowed_refused_nxdomain_cname_tcp_edns_and_listings() {
         !prefixes.contains(&"203.0.113.9/32"),
         "a refused name teaches nothing"
     );
-    let cache = list(&gw, &["cache", "list"]);
+    let cache = gw.admin(&["cache", "list"]);
     let www_row = cache
         .as_array()
         .unwrap()
@@ -302,109 +170,88 @@ fn allowed_refused_nxdomain_cname_tcp_edns_and_listings() {
     assert_eq!(www_row["endpoint"], "7");
     assert_eq!(www_row["source"], "lookup");
 
-    // Metrics.
-    let port = std::fs::read_to_string(gw.dir.join("metrics.port")).unwrap();
-    let mut http = TcpStream::connect(format!("127.0.0.1:{port}")).unwrap();
-    http.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut text = String::new();
-    http.read_to_string(&mut text).unwrap();
-    assert!(text.contains("fqdnd_dns_queries_total"), "{text}");
+    // Metrics (a query is counted when its task ends, possibly after the client has the
+    // reply).
+    poll(
+        PATIENCE,
+        "fqdnd_dns_queries_total on the metrics page",
+        || {
+            let page = gw.metrics_text();
+            if page.contains("fqdnd_dns_queries_total") {
+                Ok(())
+            } else {
+                Err(page)
+            }
+        },
+    );
 
-    // The query log has a line per query.
-    let log = std::fs::read_to_string(gw.dir.join("queries.jsonl")).unwrap_or_default();
-    assert!(log.lines().count() >= 6, "{log}");
-    let status = list(&gw, &["status"]);
+    // The query log has a line per query (written behind the replies).
+    poll(PATIENCE, "a query-log line per query", || {
+        let log = std::fs::read_to_string(gw.join("queries.jsonl")).unwrap_or_default();
+        if log.lines().count() >= 6 {
+            Ok(())
+        } else {
+            Err(log)
+        }
+    });
+    let status = gw.status();
     assert!(status["cache_names"].as_u64().unwrap() >= 2, "{status}");
+    // Guards `mode` in the status (it was not there): a gateway says it is one.
+    assert_eq!(status["mode"], "gateway", "{status}");
 }
 
 #[test]
 fn hot_reload_keeps_the_old_policy_when_the_new_one_is_broken() {
     let gw = start("{matchPattern: \"*.corp.test\"}");
-    let socket = gw.socket.to_str().unwrap().to_owned();
-    assert_eq!(
-        udp(gw.dns, &query("www.corp.test.", RecordType::A, false))
-            .metadata
-            .response_code,
-        ResponseCode::NoError
-    );
+    assert_eq!(ask(&gw, "www.corp.test."), ResponseCode::NoError);
 
     // A broken file: rejected with its errors, the old policy stays.
     std::fs::write(
-        gw.dir.join("policy.yaml"),
+        gw.join("policy.yaml"),
         policy("{matchPattern: \"*.cor!p.test\"}"),
     )
     .unwrap();
-    let out = fqdnd(&["policy", "reload", "--admin-socket", &socket]);
+    let out = gw.cli(&["policy", "reload"]);
     assert_eq!(out.status.code(), Some(1));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         stdout.contains("policy.yaml:") && stdout.contains("invalid character '!'"),
         "{stdout}"
     );
-    assert_eq!(
-        udp(gw.dns, &query("www.corp.test.", RecordType::A, false))
-            .metadata
-            .response_code,
-        ResponseCode::NoError
-    );
+    assert_eq!(ask(&gw, "www.corp.test."), ResponseCode::NoError);
 
     // SIGHUP with a good file that allows only app.corp.test.
     std::fs::write(
-        gw.dir.join("policy.yaml"),
+        gw.join("policy.yaml"),
         policy("{matchName: \"app.corp.test\"}"),
     )
     .unwrap();
-    let pid = gw.child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-HUP", &pid])
-            .status()
-            .unwrap()
-            .success()
+    gw.signal(nix::sys::signal::Signal::SIGHUP);
+    poll_until(
+        PATIENCE,
+        "the SIGHUP reload to refuse www.corp.test",
+        || {
+            let rcode = ask(&gw, "www.corp.test.");
+            (rcode == ResponseCode::Refused).then_some(())
+        },
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let rcode = udp(gw.dns, &query("www.corp.test.", RecordType::A, false))
-            .metadata
-            .response_code;
-        if rcode == ResponseCode::Refused {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the reload did not take effect");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert_eq!(
-        udp(gw.dns, &query("app.corp.test.", RecordType::A, false))
-            .metadata
-            .response_code,
-        ResponseCode::NoError
-    );
-    let status = list(&gw, &["status"]);
+    assert_eq!(ask(&gw, "app.corp.test."), ResponseCode::NoError);
+    let status = gw.status();
     assert_eq!(status["reloads"]["failed"], 1, "{status}");
 }
 
 #[test]
 fn a_gateway_needs_a_gateway_document() {
-    let dir = std::env::temp_dir().join(format!("fqdnd-gw-none-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("p.yaml");
-    std::fs::write(&file, policy("{matchPattern: \"*\"}")).unwrap();
+    let dir = TestDir::new("gw-none");
+    let file = dir.write("p.yaml", policy("{matchPattern: \"*\"}"));
     let out = fqdnd(&["gateway", "--config", file.to_str().unwrap()]);
-    let _ = std::fs::remove_dir_all(Path::new(&dir));
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no `kind: Gateway` document"));
 }
 
 #[test]
 fn the_demo_runs_with_no_network() {
-    let out = fqdnd(&["gateway", "--demo"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = stdout_of(&fqdnd(&["gateway", "--demo"]));
     assert!(
         text.contains("www.example.test.")
             && text.contains("NOERROR")
@@ -416,4 +263,62 @@ fn the_demo_runs_with_no_network() {
         "{text}"
     );
     assert!(text.contains("fqdn:*.example.test."), "{text}");
+}
+
+/// Guards how the CLI finds the admin socket without `--admin-socket` (before, it used
+/// `--admin-socket` or one fixed default, and the listing commands took no `--config`): from
+/// `FQDND_ADMIN_SOCKET`, and from `--config` with the gateway's own files (the Gateway
+/// document's `adminSocket`, relative to the file, whatever the working directory); and
+/// `--admin-socket` wins over both, in either direction.
+#[test]
+fn the_cli_finds_the_admin_socket_from_the_environment_and_the_config() {
+    let gw = start("{matchPattern: \"*.corp.test\"}");
+    let listen = gw.dns.to_string();
+    let answers = |out: &Output| {
+        let status = json_of(out);
+        assert_eq!(status["listen"][0], listen.as_str(), "{status}");
+    };
+    let configs = || {
+        gw.configs()
+            .iter()
+            .flat_map(|c| ["--config".as_ref(), c.as_os_str()])
+            .collect::<Vec<&std::ffi::OsStr>>()
+    };
+    // Where no daemon listens, named by the environment and by a configuration file.
+    let nobody = gw.join("nobody.sock");
+    let decoy = gw.join("decoy.yaml");
+    std::fs::write(&decoy, gateway_yaml(1, "nobody.sock")).unwrap();
+
+    // FQDND_ADMIN_SOCKET.
+    answers(&run(fqdnd_command()
+        .args(["status", "--json"])
+        .env("FQDND_ADMIN_SOCKET", &gw.socket)));
+    // --config: the gateway's files, run from another directory.
+    answers(&run(fqdnd_command()
+        .args(["status", "--json"])
+        .args(configs())
+        .current_dir("/")));
+    stdout_of(&run(fqdnd_command()
+        .args(["policy", "reload"])
+        .args(configs())
+        .current_dir("/")));
+    // --admin-socket wins over a wrong environment and a wrong configuration...
+    answers(&run(fqdnd_command()
+        .args(["status", "--json", "--admin-socket"])
+        .arg(&gw.socket)
+        .arg("--config")
+        .arg(&decoy)
+        .env("FQDND_ADMIN_SOCKET", &nobody)));
+    // ...and a wrong one is not saved by right ones.
+    let out = run(fqdnd_command()
+        .args(["status", "--json", "--admin-socket"])
+        .arg(&nobody)
+        .args(configs())
+        .env("FQDND_ADMIN_SOCKET", &gw.socket));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stderr).contains(&*nobody.to_string_lossy()),
+        "{}",
+        text(&out.stderr)
+    );
 }

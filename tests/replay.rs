@@ -3,29 +3,12 @@
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
-    reason = "test code: a failed step should panic"
+    reason = "a failed step should panic"
 )]
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn fqdnd(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fqdnd"))
-        .args(args)
-        .output()
-        .expect("fqdnd runs")
-}
-
-fn path(rel: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join(rel)
-        .display()
-        .to_string()
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use common::{TestDir, fqdnd, json_of, repo_path as path, stdout_of, text};
 
 const POLICY: &str = "replay/tests/policies/fixtures.yaml";
 
@@ -44,8 +27,7 @@ fn json_report_parses_and_compare_holds_both_modes() {
         "--progress",
         "0",
     ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = json_of(&out);
     assert_eq!(v["schema_version"], 1);
     assert_eq!(v["responses"], 42);
     assert_eq!(v["identity_mode"], "selector");
@@ -70,8 +52,7 @@ fn json_report_parses_and_compare_holds_both_modes() {
 
 #[test]
 fn summary_plot_and_time_series() {
-    let dir = std::env::temp_dir().join(format!("fqdnd-cli-replay-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TestDir::new("cli-replay");
     let svg = dir.join("ids.svg");
     let csv = dir.join("ts.csv");
     let out = fqdnd(&[
@@ -89,8 +70,7 @@ fn summary_plot_and_time_series() {
         "--gc-interval",
         "10s",
     ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let stdout = text(&out.stdout);
+    let stdout = stdout_of(&out);
     assert!(stdout.starts_with("Statistics:"), "{stdout}");
     assert!(stdout.contains("Responses:             41"), "{stdout}");
     let modes = stdout
@@ -105,7 +85,6 @@ fn summary_plot_and_time_series() {
             .unwrap()
             .starts_with("second,mode,")
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -138,7 +117,7 @@ fn bad_input_is_an_error_with_the_file_named() {
         "--policy",
         &path(POLICY),
     ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    stdout_of(&out);
     assert!(
         text(&out.stderr).contains("cut off"),
         "{}",

@@ -7,21 +7,29 @@
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
-    clippy::disallowed_types,
-    clippy::disallowed_methods,
-    reason = "test code: real processes, clocks and sleeps; a failed step should panic"
+    reason = "a failed step should panic"
 )]
+#![allow(
+    clippy::disallowed_methods,
+    reason = "kills at random moments (sleeps)"
+)]
+
+mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
-use hickory_proto::rr::{Name, RData, RecordType};
+use common::{
+    DNS_ANYWHERE, Gateway, LAN_GROUP, PATIENCE, Setup, documents, fqdnd_command, fqdns_on_443,
+    free_port, gateway_doc, lan_policy, metric, numbered_zone, poll_every, poll_until, question,
+    rcode, run, scrape, settings_doc, text,
+};
+use hickory_proto::op::{Message, ResponseCode};
+use hickory_proto::rr::{RData, RecordType};
 
 const NAMES: u32 = 3000;
 
@@ -37,104 +45,43 @@ impl Rng {
     }
 }
 
-fn addr_of(i: u32) -> IpAddr {
-    IpAddr::from([100, 64, (i / 250) as u8, (i % 250 + 1) as u8])
-}
-
-fn write_config(dir: &Path, port: u16) -> PathBuf {
-    let mut zone = String::from(
-        "$TTL 3600\n@ IN SOA ns.corp.test. admin.corp.test. 1 3600 600 86400 60\n@ IN NS ns.corp.test.\n",
-    );
-    for i in 0..NAMES {
-        zone += &format!("h{i:04} IN A {}\n", addr_of(i));
-    }
-    std::fs::write(dir.join("corp.zone"), zone).unwrap();
-    let config = dir.join("gateway.yaml");
+/// A gateway with a state directory on `127.0.0.1:port`, serving `h0000…h2999.corp.test`;
+/// with a metrics port if `metrics`.
+fn setup(test: &str, port: u16, metrics: bool) -> Setup {
+    let mut g = Gateway::setup(test);
+    let metrics = if metrics {
+        format!("  metrics: 127.0.0.1:{}\n", g.metrics_port())
+    } else {
+        String::new()
+    };
+    g.file("corp.zone", numbered_zone(NAMES));
     // Overlapping selectors: several label sets ({*.corp.test}, {*.corp.test, h1*},
     // {*.corp.test, h2*}, {*.corp.test, h2*, h22*}), so identity numbers can be told apart.
-    std::fs::write(
-        &config,
-        format!(
-            "apiVersion: fqdnd.io/v1
-kind: Gateway
-spec:
-  listen: [\"127.0.0.1:{port}\"]
-  staticZones: [{{origin: corp.test, file: corp.zone}}]
-  stateDir: state
-  stateCompactAfter: 700
-  onHoldTimeout: servfail
----
-apiVersion: fqdnd.io/v1
-kind: Settings
-spec:
-  gcInterval: 1s
----
-apiVersion: fqdnd.io/v1
-kind: ClientGroup
-metadata: {{name: lan}}
-spec: {{id: 7, addresses: [\"127.0.0.0/8\"], labels: {{site: lan}}}}
----
-apiVersion: cilium.io/v2
-kind: CiliumClusterwideNetworkPolicy
-metadata: {{name: lan}}
-spec:
-  endpointSelector: {{matchLabels: {{site: lan}}}}
-  egress:
-  - toPorts: [{{ports: [{{port: \"53\", protocol: ANY}}]}}]
-  - toFQDNs:
-    - matchPattern: \"*.corp.test\"
-    - matchPattern: \"h1*.corp.test\"
-    - matchPattern: \"h2*.corp.test\"
-    - matchPattern: \"h22*.corp.test\"
-    toPorts: [{{ports: [{{port: \"443\", protocol: TCP}}]}}]
-"
-        ),
-    )
-    .unwrap();
-    config
-}
-
-fn start(config: &Path, socket: &Path, log: &Path) -> Child {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_fqdnd"))
-        .args(["gateway", "--config"])
-        .arg(config)
-        .arg("--admin-socket")
-        .arg(socket)
-        .env("FQDND_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::os::unix::net::UnixStream::connect(socket).is_err() {
-        assert!(Instant::now() < deadline, "the gateway did not come back");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child
-}
-
-fn admin(socket: &Path, what: &str) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_fqdnd"))
-        .args([what, "list", "--json", "--admin-socket"])
-        .arg(socket)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let spec = format!(
+        "  staticZones: [{{origin: corp.test, file: corp.zone}}]\n  stateDir: state\n  stateCompactAfter: 700\n  onHoldTimeout: servfail\n{metrics}"
     );
-    serde_json::from_slice(&out.stdout).unwrap()
+    let fqdns = fqdns_on_443(&[
+        "matchPattern: \"*.corp.test\"",
+        "matchPattern: \"h1*.corp.test\"",
+        "matchPattern: \"h2*.corp.test\"",
+        "matchPattern: \"h22*.corp.test\"",
+    ]);
+    g.config(
+        "gateway.yaml",
+        &documents(&[
+            &gateway_doc(&format!("127.0.0.1:{port}"), &spec),
+            &settings_doc("  gcInterval: 1s\n"),
+            LAN_GROUP,
+            &lan_policy(&(DNS_ANYWHERE.to_owned() + &fqdns)),
+        ]),
+    );
+    g.env("FQDND_LOG", "info");
+    g
 }
 
 /// Label set → identity number, as the gateway lists them.
-fn identities(socket: &Path) -> BTreeMap<String, u64> {
-    admin(socket, "identity")
+fn identities(gw: &Gateway) -> BTreeMap<String, u64> {
+    gw.admin(&["identity", "list"])
         .as_array()
         .unwrap()
         .iter()
@@ -152,8 +99,8 @@ fn identities(socket: &Path) -> BTreeMap<String, u64> {
         .collect()
 }
 
-fn ipcache(socket: &Path) -> BTreeSet<String> {
-    admin(socket, "ipcache")
+fn ipcache(gw: &Gateway) -> BTreeSet<String> {
+    gw.admin(&["ipcache", "list"])
         .as_array()
         .unwrap()
         .iter()
@@ -173,13 +120,9 @@ fn load(server: SocketAddr, seed: u64, stop: &AtomicBool, acked: &Mutex<Vec<(u32
     while !stop.load(Ordering::Relaxed) {
         let i = (rng.next() % u64::from(NAMES)) as u32;
         let id = (rng.next() & 0xffff) as u16;
-        let mut q = Message::new(id, MessageType::Query, OpCode::Query);
-        q.metadata.recursion_desired = true;
-        q.queries.push(Query::query(
-            Name::from_ascii(format!("h{i:04}.corp.test.")).unwrap(),
-            RecordType::A,
-        ));
+        let q = question(id, &format!("h{i:04}.corp.test."), RecordType::A);
         if socket.send_to(&q.to_vec().unwrap(), server).is_err() {
+            // Pacing: the gateway is down (killed); try again shortly.
             std::thread::sleep(Duration::from_millis(10));
             continue;
         }
@@ -203,21 +146,21 @@ fn load(server: SocketAddr, seed: u64, stop: &AtomicBool, acked: &Mutex<Vec<(u32
 /// After a restart: every acknowledged mapping is in the ipcache, every known label set has
 /// its old number.
 fn check(
-    socket: &Path,
+    gw: &Gateway,
     round: u32,
     acked_all: &BTreeSet<(u32, IpAddr)>,
     numbers: &mut BTreeMap<String, u64>,
     lost: &mut usize,
     changed: &mut usize,
 ) {
-    let prefixes = ipcache(socket);
+    let prefixes = ipcache(gw);
     for (i, ip) in acked_all {
         if !prefixes.contains(&format!("{ip}/32")) {
             eprintln!("round {round}: h{i:04} → {ip} acknowledged before a kill, missing now");
             *lost += 1;
         }
     }
-    for (labels, id) in identities(socket) {
+    for (labels, id) in identities(gw) {
         match numbers.get(&labels) {
             Some(old) if *old != id => {
                 eprintln!("round {round}: {labels} was {old}, now {id}");
@@ -237,23 +180,16 @@ fn acknowledged_answers_and_identity_numbers_survive_kill_9() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
-    let dir = std::env::temp_dir().join(format!("fqdnd-kill-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let port = {
-        let s = UdpSocket::bind("127.0.0.1:0").unwrap();
-        s.local_addr().unwrap().port()
-    };
+    // A fixed port: the clients keep asking it across restarts.
+    let port = free_port();
     let server: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let config = write_config(&dir, port);
-    let socket = dir.join("admin.sock");
-    let log = dir.join("gateway.log");
+    let mut gw = setup("kill", port, false).start();
+    let dir = gw.dir().to_path_buf();
     let mut rng = Rng(u64::from(std::process::id()) * 0x9e37_79b9 + 7);
 
     let mut acked_all: BTreeSet<(u32, IpAddr)> = BTreeSet::new();
     let mut numbers: BTreeMap<String, u64> = BTreeMap::new();
     let (mut lost, mut changed) = (0usize, 0usize);
-    let mut child = start(&config, &socket, &log);
     // benchmarks/kill-restart.sh adds dnsperf as background load (FQDND_KILL_DNSPERF=QPS).
     let mut dnsperf = std::env::var("FQDND_KILL_DNSPERF").ok().map(|qps| {
         let queries = dir.join("queries.txt");
@@ -281,7 +217,7 @@ fn acknowledged_answers_and_identity_numbers_survive_kill_9() {
     });
     for round in 0..iterations {
         check(
-            &socket,
+            &gw,
             round,
             &acked_all,
             &mut numbers,
@@ -299,10 +235,11 @@ fn acknowledged_answers_and_identity_numbers_survive_kill_9() {
                 std::thread::spawn(move || load(server, seed, &stop, &acked))
             })
             .collect();
-        // Some rounds run past a GC tick (1 s), where compactions happen (every 700 records).
+        // A random kill moment (not a wait): some rounds run past a GC tick (1 s), where
+        // compactions happen (every 700 records).
         std::thread::sleep(Duration::from_millis(150 + rng.next() % 1500));
         // Identity numbers seen under load count too (some label sets appear only now).
-        for (labels, id) in identities(&socket) {
+        for (labels, id) in identities(&gw) {
             if let Some(old) = numbers.get(&labels)
                 && *old != id
             {
@@ -311,18 +248,18 @@ fn acknowledged_answers_and_identity_numbers_survive_kill_9() {
             }
             numbers.entry(labels).or_insert(id);
         }
+        // (A random moment again, past the listing.)
         std::thread::sleep(Duration::from_millis(rng.next() % 200));
-        child.kill().unwrap();
-        child.wait().unwrap();
+        gw.kill();
         stop.store(true, Ordering::Relaxed);
         for w in workers {
             w.join().unwrap();
         }
         acked_all.extend(acked.lock().unwrap().iter().copied());
-        child = start(&config, &socket, &log);
+        gw.restart();
     }
     check(
-        &socket,
+        &gw,
         iterations,
         &acked_all,
         &mut numbers,
@@ -333,8 +270,7 @@ fn acknowledged_answers_and_identity_numbers_survive_kill_9() {
         let _ = d.kill();
         let _ = d.wait();
     }
-    let _ = child.kill();
-    let _ = child.wait();
+    gw.kill();
     println!(
         "kill-restart: {iterations} kills, lost acknowledged mappings: {lost}, identity changes: {changed} ({} mappings, {} label sets checked)",
         acked_all.len(),
@@ -342,30 +278,26 @@ fn acknowledged_answers_and_identity_numbers_survive_kill_9() {
     );
     assert!(acked_all.len() > 100, "too little load to show anything");
     if iterations >= 10 {
-        let text = std::fs::read_to_string(&log).unwrap();
         assert!(
-            text.contains("state compacted"),
+            gw.log().contains("state compacted"),
             "no compaction happened under load"
         );
     }
-    assert_eq!((lost, changed), (0, 0), "log: {}", log.display());
+    assert_eq!(
+        (lost, changed),
+        (0, 0),
+        "log: {}",
+        gw.join("gateway.log").display()
+    );
 
     // What an operator sees afterwards.
     let state = dir.join("state");
-    let out = Command::new(env!("CARGO_BIN_EXE_fqdnd"))
-        .args(["checkpoint", "inspect"])
-        .arg(&state)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let out = run(fqdnd_command().args(["checkpoint", "inspect"]).arg(&state));
+    let inspected = text(&out.stdout);
+    assert!(out.status.success(), "{inspected}{}", text(&out.stderr));
     assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        text.contains("answers") && text.contains("identit"),
-        "{text}"
+        inspected.contains("answers") && inspected.contains("identit"),
+        "{inspected}"
     );
 
     // A torn tail (a crash mid-write): inspect reports it; --strict-restore refuses to start
@@ -388,20 +320,14 @@ fn acknowledged_answers_and_identity_numbers_survive_kill_9() {
     std::io::Write::write_all(&mut file, &[0x40, 0, 0, 0, 0xde, 0xad, 0xbe, 0xef, 1, 2, 3])
         .unwrap();
     drop(file);
-    let out = Command::new(env!("CARGO_BIN_EXE_fqdnd"))
-        .args(["checkpoint", "inspect"])
-        .arg(&state)
-        .output()
-        .unwrap();
+    let out = run(fqdnd_command().args(["checkpoint", "inspect"]).arg(&state));
     assert!(!out.status.success(), "a torn tail must be reported");
-    let strict = Command::new(env!("CARGO_BIN_EXE_fqdnd"))
+    let strict = run(fqdnd_command()
         .args(["gateway", "--strict-restore", "--config"])
-        .arg(&config)
+        .arg(&gw.configs()[0])
         .arg("--admin-socket")
-        .arg(&socket)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&strict.stderr);
+        .arg(&gw.socket));
+    let err = text(&strict.stderr);
     assert!(
         !strict.status.success(),
         "--strict-restore started on a torn tail"
@@ -410,15 +336,51 @@ fn acknowledged_answers_and_identity_numbers_survive_kill_9() {
         err.contains(&*journal.to_string_lossy()) && err.contains("offset"),
         "{err}"
     );
-    let mut child = start(&config, &socket, &log);
-    let before = ipcache(&socket);
+    gw.restart();
+    let before = ipcache(&gw);
     assert!(
         acked_all
             .iter()
             .all(|(_, ip)| before.contains(&format!("{ip}/32")))
     );
-    let _ = child.kill();
-    let _ = child.wait();
-    assert!(std::fs::read_to_string(&log).unwrap().contains("cut off"));
-    let _ = std::fs::remove_dir_all(&dir);
+    gw.kill();
+    assert!(gw.log().contains("cut off"));
+}
+
+/// Guards the gauges after a restore: a restarted gateway's first answer on `/metrics` already
+/// counts the DNS cache it restored. Before, the gauges were set right after the restore into
+/// no recorder (it was installed later), so the page showed no `fqdnd_cache_entries` until
+/// the first sampling tick. The page is asked for every millisecond from the moment the
+/// process starts, and the very first answer is judged.
+/// It also guards the endpoint not answering an empty page while the restore runs (the
+/// listener is bound before the restore and serves only once the gauges are set).
+#[test]
+fn the_first_metrics_after_a_restart_count_the_restored_cache() {
+    let mut gw = setup("gauges", free_port(), true).start();
+    for i in 0..NAMES {
+        let name = format!("h{i:04}.corp.test.");
+        // `onHoldTimeout: servfail`: a journal sync slower than the hold (a busy disk) fails
+        // the answer closed; it is learned all the same, and the next ask is answered.
+        poll_until(PATIENCE, &format!("an answer for {name}"), || {
+            (rcode(gw.dns, &name) == Some(ResponseCode::NoError)).then_some(())
+        });
+    }
+    let learned = gw.status()["cache_entries"].as_u64().unwrap();
+    assert!(learned >= u64::from(NAMES), "{learned}");
+
+    gw.kill();
+    gw.spawn();
+    let addr = gw.metrics.unwrap();
+    let first = poll_every(
+        Duration::from_millis(1),
+        2 * PATIENCE,
+        "the restarted gateway's metrics page",
+        || scrape(addr),
+    );
+    gw.wait_ready();
+    assert_eq!(
+        metric(&first, "fqdnd_cache_entries"),
+        Some(learned as f64),
+        "the first metrics page after the restart:\n{first}"
+    );
 }

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use fqdnd_dnsproxy::{
     Config, DnsProxy, Observation, QueryInfo, QueryPolicy, QueryResult, ResponseContext,
-    ResponseObserver, Verdict,
+    ResponseObserver, Taps, Verdict,
 };
 
 const NAMES: usize = 10_000;
@@ -293,7 +293,12 @@ fn main() {
     });
     let observer = Arc::new(Count(AtomicU64::new(0)));
     let proxy = rt
-        .block_on(DnsProxy::bind(config, policy, observer.clone(), None))
+        .block_on(DnsProxy::bind(
+            config,
+            policy,
+            observer.clone(),
+            Taps::default(),
+        ))
         .expect("bind");
     let addr = proxy.udp_addrs()[0];
     let stats = proxy.stats_handle();

@@ -98,6 +98,7 @@ mod query;
 mod querylog;
 mod question;
 mod ratelimit;
+mod record;
 mod transparent;
 mod upstream;
 mod upstream_socket;
@@ -121,6 +122,7 @@ pub use error::Error;
 pub use observer::{Observation, ObserveError, ObserveFuture, ResponseContext, ResponseObserver};
 pub use policy::{QueryInfo, QueryPolicy, Transport, Verdict};
 pub use querylog::{QueryLog, QueryLogEntry, QueryResult};
+pub use record::{Direction, Recorded, Recorder};
 
 use crate::metrics::Metrics;
 use crate::proxy::{Shared, UdpListener};
@@ -128,6 +130,25 @@ use crate::ratelimit::RateLimiter;
 use crate::transparent::RawSender;
 use crate::upstream::{NewSocket, OriginalUpstreams, Upstream};
 use crate::upstream_socket::Rotation;
+
+/// What the proxy reports beside its metrics: a record per finished query, and every message
+/// as the client saw it. Both are optional and must not block.
+#[derive(Clone, Default)]
+pub struct Taps {
+    /// One entry per finished query.
+    pub query_log: Option<Arc<dyn QueryLog>>,
+    /// Every query and reply, when recording is on.
+    pub recorder: Option<Arc<dyn Recorder>>,
+}
+
+impl std::fmt::Debug for Taps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Taps")
+            .field("query_log", &self.query_log.is_some())
+            .field("recorder", &self.recorder.is_some())
+            .finish()
+    }
+}
 
 /// A bound DNS proxy; [`DnsProxy::run`] serves until shut down.
 pub struct DnsProxy {
@@ -155,7 +176,7 @@ impl DnsProxy {
         config: Config,
         policy: Arc<dyn QueryPolicy>,
         observer: Arc<dyn ResponseObserver>,
-        query_log: Option<Arc<dyn QueryLog>>,
+        taps: Taps,
     ) -> Result<Self, Error> {
         validate(&config)?;
         let transparent = config.transparent;
@@ -230,7 +251,8 @@ impl DnsProxy {
             config,
             policy,
             observer,
-            query_log,
+            query_log: taps.query_log,
+            recorder: taps.recorder,
             udp,
             upstreams,
             originals,
@@ -546,9 +568,14 @@ mod tests {
     /// past `max_original_destinations` a new destination gets SERVFAIL and is counted.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn original_destinations_are_forwarded_to_and_bounded() {
-        let proxy = DnsProxy::bind(config(), Arc::new(AllowAll), Arc::new(Done), None)
-            .await
-            .unwrap();
+        let proxy = DnsProxy::bind(
+            config(),
+            Arc::new(AllowAll),
+            Arc::new(Done),
+            Taps::default(),
+        )
+        .await
+        .unwrap();
         let shared = proxy.shared.clone();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let run = tokio::spawn(proxy.run(async move {

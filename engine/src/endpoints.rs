@@ -51,6 +51,49 @@ impl Added {
     }
 }
 
+/// The `Endpoint` document of an endpoint given field by field (what `fqdnd endpoint add` and
+/// the CNI plugin send): every value a YAML double-quoted scalar, so no name, interface or
+/// label can change the document's structure.
+pub fn document(
+    name: &str,
+    id: EndpointId,
+    interface: &str,
+    addresses: &[std::net::IpAddr],
+    labels: &[(String, String)],
+) -> String {
+    let addresses: Vec<String> = addresses.iter().map(|a| quoted(&a.to_string())).collect();
+    let mut doc = format!(
+        "apiVersion: fqdnd.io/v1\nkind: Endpoint\nmetadata:\n  name: {}\nspec:\n  id: {}\n  interface: {}\n  addresses: [{}]\n",
+        quoted(name),
+        id.0,
+        quoted(interface),
+        addresses.join(", ")
+    );
+    if !labels.is_empty() {
+        doc.push_str("  labels:\n");
+        for (key, value) in labels {
+            doc.push_str(&format!("    {}: {}\n", quoted(key), quoted(value)));
+        }
+    }
+    doc
+}
+
+/// `text` as a YAML double-quoted scalar.
+fn quoted(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
 /// Where an endpoint was declared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
@@ -201,6 +244,25 @@ impl Registry {
             return Err(Error::DeclaredInFiles { id });
         }
         Err(Error::NoEndpoint { id })
+    }
+
+    /// The lowest endpoint id at or above `from` that no endpoint has.
+    pub fn free_id(&self, from: u16) -> Option<EndpointId> {
+        let used: std::collections::BTreeSet<u16> = self
+            .files
+            .endpoints
+            .iter()
+            .map(|e| e.id.0)
+            .chain(self.added.keys().map(|id| id.0))
+            .collect();
+        (from.max(1)..=u16::MAX)
+            .find(|id| !used.contains(id))
+            .map(EndpointId)
+    }
+
+    /// The endpoint added through the API under `name`, if any.
+    pub fn added_named(&self, name: &str) -> Option<&Added> {
+        self.added.values().find(|a| a.endpoint.name == name)
     }
 
     /// Puts back an endpoint [`Registry::remove`] took out.
@@ -363,6 +425,59 @@ spec: {id: 100, interface: veth-web, addresses: ["10.0.0.1/32"], labels: {app: w
             Added::parse("kind: [oops"),
             Err(Error::EndpointDocument { .. })
         ));
+    }
+
+    #[test]
+    fn a_document_built_from_fields_loads_whatever_the_text_in_them() {
+        let labels = vec![
+            ("app".to_owned(), "we\"b: {x}".to_owned()),
+            ("cni:name".to_owned(), "a\\b".to_owned()),
+        ];
+        let text = document(
+            "c-1\"]",
+            EndpointId(40000),
+            "veth1",
+            &["10.0.0.9".parse().unwrap(), "fd00::9".parse().unwrap()],
+            &labels,
+        );
+        let added = Added::parse(&text).unwrap();
+        assert_eq!(added.endpoint.name, "c-1\"]");
+        assert_eq!(added.endpoint.id, EndpointId(40000));
+        assert_eq!(added.interface, "veth1");
+        assert_eq!(added.endpoint.addresses.len(), 2);
+        let value = |key: &str| {
+            added
+                .endpoint
+                .labels
+                .iter()
+                .find(|l| l.key == key)
+                .map(|l| (l.source.clone(), l.value.clone()))
+        };
+        assert_eq!(
+            value("app"),
+            Some(("k8s".to_owned(), "we\"b: {x}".to_owned()))
+        );
+        assert_eq!(value("name"), Some(("cni".to_owned(), "a\\b".to_owned())));
+        // A control character stays a control character: the loader refuses it.
+        let newline = vec![("app".to_owned(), "a\nb".to_owned())];
+        let text = document("x", EndpointId(1), "veth1", &[], &newline);
+        assert!(matches!(
+            Added::parse(&text),
+            Err(Error::EndpointDocument { .. })
+        ));
+    }
+
+    #[test]
+    fn free_ids_skip_every_endpoints_ids() {
+        let mut r = registry();
+        assert_eq!(r.free_id(100), Some(EndpointId(101)));
+        r.add(doc(101, "db", "veth-db", "10.0.0.2/32")).unwrap();
+        assert_eq!(r.free_id(100), Some(EndpointId(102)));
+        assert_eq!(r.free_id(0), Some(EndpointId(1)));
+        assert_eq!(
+            r.added_named("db").map(|a| a.endpoint.id),
+            Some(EndpointId(101))
+        );
     }
 
     #[test]

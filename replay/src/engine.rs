@@ -16,7 +16,7 @@ use fqdnd_engine::Engine;
 pub use fqdnd_engine::IdentityMode;
 use fqdnd_engine::dns::Clients as ClientPrefixes;
 use fqdnd_ipcache::policy::{LabelSelector, Rule};
-use fqdnd_ipcache::{Endpoint, EndpointId, Identity, IpCache, MemoryDatapath};
+use fqdnd_ipcache::{Endpoint, EndpointId, Identity, IpCache, MemoryDatapath, PolicyKey};
 use fqdnd_namemgr::NameManager;
 use serde::Serialize;
 
@@ -244,6 +244,36 @@ impl EngineRun {
             Err(e) => self.engine_error(&e),
         }
         self.gc_nanos += started.elapsed().as_nanos();
+    }
+
+    /// The policy entries that let `endpoint` reach `addr` now (identity any or `addr`'s),
+    /// with the identity left out: the ports and protocols it may use.
+    pub fn access(&self, endpoint: EndpointId, addr: IpAddr) -> Vec<PolicyKey> {
+        let datapath = self.engine.ipcache.datapath();
+        let identity = datapath.identity_of(addr);
+        datapath
+            .policy(endpoint)
+            .into_iter()
+            .flatten()
+            .filter(|k| k.identity == Identity::ANY || k.identity == identity)
+            .map(|k| PolicyKey {
+                identity: Identity::ANY,
+                ..*k
+            })
+            .collect()
+    }
+
+    /// The entries of `endpoint`'s policy that reach every address (identity any).
+    pub fn access_anywhere(&self, endpoint: EndpointId) -> Vec<PolicyKey> {
+        self.engine
+            .ipcache
+            .datapath()
+            .policy(endpoint)
+            .into_iter()
+            .flatten()
+            .filter(|k| k.identity == Identity::ANY)
+            .copied()
+            .collect()
     }
 
     /// Learns one answer for `client` at `now`: `addrs` for `name` with `ttl`.

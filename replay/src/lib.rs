@@ -41,6 +41,8 @@ pub mod fuzz;
 mod histogram;
 pub mod live;
 pub mod plot;
+pub mod preview;
+pub mod record;
 pub mod report;
 pub mod run;
 pub mod synth;
@@ -54,6 +56,7 @@ pub use capture::{CaptureError, CaptureReader, Frame};
 pub use engine::{Clients, EngineRun, IdentityMode, RunReport};
 pub use extract::{Counters, DnsPayload, Extractor, Limits, Transport, extract_bytes};
 pub use live::{LiveOptions, LiveReport, live};
+pub use preview::{PreviewOptions, PreviewReport, preview};
 pub use run::{InputReport, Options, Progress, Replay, Report, SettingsOverrides, replay};
 
 /// Why a replay could not run.

@@ -509,18 +509,7 @@ impl Sink {
         if msg.header.rcode != dns::RCODE_NOERROR {
             return;
         }
-        // The answer as the daemon reads it (one rule: fqdnd_engine::answer).
-        let records = msg.answers.iter().map(|rr| AnswerRecord {
-            owner: msg.name(&rr.owner),
-            class: rr.class,
-            ttl: rr.ttl,
-            data: match (&rr.data, rr.rtype) {
-                (Data::Addr(a), _) => AnswerData::Addr(*a),
-                (Data::Name(target), dns::TYPE_CNAME) => AnswerData::Cname(msg.name(target)),
-                _ => AnswerData::Other,
-            },
-        });
-        if answer::extract(qname, records, &mut self.extracted).is_err() {
+        if extract_answer(msg, &mut self.extracted).is_err() {
             self.input.responses_invalid_answer += 1;
             return;
         }
@@ -541,6 +530,25 @@ impl Sink {
             );
         }
     }
+}
+
+/// What a decoded response teaches, read as the daemon reads an answer (one rule:
+/// `fqdnd_engine::answer`).
+pub(crate) fn extract_answer(
+    msg: &dns::Decoded,
+    out: &mut Extracted,
+) -> Result<(), fqdnd_namemgr::AnswerError> {
+    let records = msg.answers.iter().map(|rr| AnswerRecord {
+        owner: msg.name(&rr.owner),
+        class: rr.class,
+        ttl: rr.ttl,
+        data: match (&rr.data, rr.rtype) {
+            (Data::Addr(a), _) => AnswerData::Addr(*a),
+            (Data::Name(target), dns::TYPE_CNAME) => AnswerData::Cname(msg.name(target)),
+            _ => AnswerData::Other,
+        },
+    });
+    answer::extract(msg.qname(), records, out)
 }
 
 /// Loads the policy and endpoints, reads every capture, and reports.

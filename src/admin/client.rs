@@ -81,18 +81,37 @@ impl Target {
 
 /// One request; returns the body of a 2xx answer, or the answer as the error.
 pub(crate) fn request(socket: &Path, method: Method, path: &str, body: &str) -> Result<String> {
+    send(socket, method, path, body, None)
+}
+
+fn send(
+    socket: &Path,
+    method: Method,
+    path: &str,
+    body: &str,
+    content_type: Option<&'static str>,
+) -> Result<String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the client's runtime")?;
     runtime.block_on(async {
-        tokio::time::timeout(TIMEOUT, exchange(socket, method, path, body.to_owned()))
-            .await
-            .map_err(|_| anyhow!("the admin API did not answer within {}s", TIMEOUT.as_secs()))?
+        tokio::time::timeout(
+            TIMEOUT,
+            exchange(socket, method, path, body.to_owned(), content_type),
+        )
+        .await
+        .map_err(|_| anyhow!("the admin API did not answer within {}s", TIMEOUT.as_secs()))?
     })
 }
 
-async fn exchange(socket: &Path, method: Method, path: &str, body: String) -> Result<String> {
+async fn exchange(
+    socket: &Path,
+    method: Method,
+    path: &str,
+    body: String,
+    content_type: Option<&'static str>,
+) -> Result<String> {
     let stream = UnixStream::connect(socket).await.with_context(|| {
         format!(
             "connecting to the admin socket {} (is fqdnd running? see --admin-socket)",
@@ -103,10 +122,14 @@ async fn exchange(socket: &Path, method: Method, path: &str, body: String) -> Re
         .await
         .context("talking HTTP to the admin socket")?;
     let driver = tokio::spawn(connection);
-    let request = Request::builder()
+    let mut request = Request::builder()
         .method(method)
         .uri(path)
-        .header(hyper::header::HOST, "fqdnd")
+        .header(hyper::header::HOST, "fqdnd");
+    if let Some(content_type) = content_type {
+        request = request.header(hyper::header::CONTENT_TYPE, content_type);
+    }
+    let request = request
         .body(Full::new(Bytes::from(body)))
         .context("building the request")?;
     let response = sender
@@ -142,6 +165,18 @@ pub(crate) fn post<T: DeserializeOwned>(
     body: &str,
 ) -> Result<(String, T)> {
     let text = request(socket, Method::POST, path, body)?;
+    let parsed = serde_json::from_str(&text).with_context(|| format!("decoding {path}"))?;
+    Ok((text, parsed))
+}
+
+/// `POST path` with `body` as JSON, decoded; also returns the raw JSON.
+pub(crate) fn post_json<T: DeserializeOwned>(
+    socket: &Path,
+    path: &str,
+    body: &impl serde::Serialize,
+) -> Result<(String, T)> {
+    let body = serde_json::to_string(body).context("encoding the request")?;
+    let text = send(socket, Method::POST, path, &body, Some("application/json"))?;
     let parsed = serde_json::from_str(&text).with_context(|| format!("decoding {path}"))?;
     Ok((text, parsed))
 }

@@ -17,8 +17,9 @@ use serde::Deserialize;
 use tokio::net::UnixListener;
 
 use super::{Reload, Status, UpstreamRow};
+use crate::daemon::record::{RecordRequest, RecordStatus};
 use crate::daemon::{Running, Shared};
-use crate::node::{DropPage, EndpointRow, NodeMode, NodeRuntime, ServiceRow};
+use crate::node::{CniAttachment, DropPage, EndpointRow, NodeMode, NodeRuntime, ServiceRow};
 
 /// Binds the admin socket with mode 0600, replacing a stale socket file.
 pub(crate) fn bind(path: &Path) -> Result<UnixListener> {
@@ -93,6 +94,12 @@ pub(crate) async fn serve(
         .route("/v1/services", get(services).post(set_service))
         .route("/v1/services/{name}", delete(remove_service))
         .route("/v1/drops", get(drops))
+        .route("/v1/cni", post(cni_add))
+        .route("/v1/cni/{container}", get(cni_get).delete(cni_del))
+        .route(
+            "/v1/record",
+            get(record_status).post(record_start).delete(record_stop),
+        )
         .with_state(shared);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
@@ -302,4 +309,65 @@ async fn drops(
     Query(q): Query<Since>,
 ) -> Result<Json<DropPage>, ApiError> {
     Ok(Json(node_only(&shared)?.drops.page(q.since, 1000)))
+}
+
+async fn record_status(State(shared): State<Arc<Shared>>) -> Json<RecordStatus> {
+    Json(shared.recorder.status())
+}
+
+async fn record_start(
+    State(shared): State<Arc<Shared>>,
+    Json(request): Json<RecordRequest>,
+) -> Result<Json<RecordStatus>, ApiError> {
+    shared
+        .recorder
+        .start(&request, shared.mode.name())
+        .map(Json)
+        .map_err(|e| (StatusCode::BAD_REQUEST, format!("{e:#}")))
+}
+
+async fn record_stop(State(shared): State<Arc<Shared>>) -> Result<Json<RecordStatus>, ApiError> {
+    // Waits for the writer to drain the queue and close the files: off the async threads.
+    tokio::task::spawn_blocking(move || shared.recorder.stop())
+        .await
+        .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map(Json)
+        .map_err(|e| (StatusCode::BAD_REQUEST, format!("{e:#}")))
+}
+
+async fn cni_add(
+    State(shared): State<Arc<Shared>>,
+    Json(attachment): Json<CniAttachment>,
+) -> Result<Json<EndpointRow>, ApiError> {
+    node_change(shared, move |runtime, shared| {
+        runtime.cni_add(shared, &attachment)
+    })
+    .await
+    .map(Json)
+}
+
+async fn cni_del(
+    State(shared): State<Arc<Shared>>,
+    UrlPath(container): UrlPath<String>,
+) -> Result<Json<Reload>, ApiError> {
+    node_change(shared, move |runtime, shared| {
+        runtime.cni_del(shared, &container)
+    })
+    .await
+    .map(|()| done())
+}
+
+async fn cni_get(
+    State(shared): State<Arc<Shared>>,
+    UrlPath(container): UrlPath<String>,
+) -> Result<Json<EndpointRow>, ApiError> {
+    let runtime = node_only(&shared)?;
+    match runtime.cni_get(&shared, &container) {
+        Ok(Some(row)) => Ok(Json(row)),
+        Ok(None) => Err((
+            StatusCode::NOT_FOUND,
+            format!("no endpoint for container {container}"),
+        )),
+        Err(e) => Err((StatusCode::BAD_REQUEST, format!("{e:#}"))),
+    }
 }

@@ -10,6 +10,7 @@ pub(crate) mod demo;
 pub(crate) mod list;
 pub(crate) mod node;
 pub(crate) mod policy;
+pub(crate) mod record;
 pub(crate) mod replay;
 pub(crate) mod service;
 pub(crate) mod simulate;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
-use fqdnd_replay::{IdentityMode, Limits, LiveOptions, Options, SettingsOverrides};
+use fqdnd_replay::{IdentityMode, Limits, LiveOptions, Options, PreviewOptions, SettingsOverrides};
 
 /// Identity allocation to replay with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -39,8 +39,14 @@ pub(crate) struct ReplayArgs {
     #[arg(long, value_enum, default_value = "selector")]
     identity_mode: ModeArg,
     /// Run both identity modes on the same answers and show them side by side.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "baseline")]
     compare: bool,
+    /// Policy preview: replay the capture under `--policy` (the new policy) and under these
+    /// files (the policy in force), each query judged by its DNS rules as the daemon would,
+    /// and report per endpoint the names whose verdict changes and the addresses that gain
+    /// or lose access, with each side's identities and breaker trips. Repeatable.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["live", "plot", "csv_timeseries"])]
+    baseline: Vec<PathBuf>,
     /// Override `dns.minTTL` (seconds).
     #[arg(long, value_name = "SECONDS")]
     min_ttl: Option<u32>,
@@ -129,6 +135,34 @@ pub(crate) fn run(args: ReplayArgs) -> Result<ExitCode> {
     if args.gc_interval.is_some_and(|d| d < Duration::from_secs(1)) {
         bail!("--gc-interval must be at least 1s");
     }
+    let settings = SettingsOverrides {
+        min_ttl: args.min_ttl,
+        max_ips_per_hostname: usize_of(args.max_ips_per_hostname),
+        max_fqdn_identities: usize_of(args.max_fqdn_identities),
+        max_ips_per_name: usize_of(args.max_ips_per_name),
+        max_names_per_endpoint: usize_of(args.max_names_per_endpoint),
+        gc_interval: args.gc_interval,
+    };
+    if !args.baseline.is_empty() {
+        let report = fqdnd_replay::preview(&PreviewOptions {
+            traces: args.traces.clone(),
+            policy: args.policy.clone(),
+            baseline: args.baseline.clone(),
+            endpoints: args.endpoints.clone(),
+            ports,
+            settings,
+            limits: Limits::default(),
+        })?;
+        for e in &report.capture_errors {
+            eprintln!("fqdnd: warning: {e}");
+        }
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            print!("{}", report.summary());
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let first = match args.identity_mode {
         ModeArg::Selector => IdentityMode::Selector,
         ModeArg::PerIp => IdentityMode::PerIp,
@@ -148,14 +182,7 @@ pub(crate) fn run(args: ReplayArgs) -> Result<ExitCode> {
         endpoints: args.endpoints.clone(),
         ports,
         modes,
-        settings: SettingsOverrides {
-            min_ttl: args.min_ttl,
-            max_ips_per_hostname: usize_of(args.max_ips_per_hostname),
-            max_fqdn_identities: usize_of(args.max_fqdn_identities),
-            max_ips_per_name: usize_of(args.max_ips_per_name),
-            max_names_per_endpoint: usize_of(args.max_names_per_endpoint),
-            gc_interval: args.gc_interval,
-        },
+        settings,
         limits: Limits::default(),
         csv_timeseries: args.csv_timeseries.clone(),
         progress_interval,

@@ -16,6 +16,7 @@
 mod dns;
 mod observer;
 mod querylog;
+pub(crate) mod record;
 mod state;
 mod tasks;
 
@@ -26,7 +27,6 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
 use fqdnd_config::{Config, Daemon, Lists};
@@ -112,8 +112,6 @@ pub(crate) struct Prepared {
     /// The proxy's listen addresses, upstreams and transparent mode; the rest comes from
     /// `daemon` and the settings ([`proxy_config`]).
     pub(crate) proxy: fqdnd_dnsproxy::Config,
-    /// How long an idle flow keeps its destination alive for GC.
-    pub(crate) conntrack_idle: Duration,
     /// The mode's own state.
     pub(crate) mode: Box<dyn ModeHooks>,
     /// Node: queries to a service VIP are forwarded to one of its backends.
@@ -163,6 +161,8 @@ pub(crate) struct Shared {
     pub(crate) proxy: OnceLock<fqdnd_dnsproxy::StatsHandle>,
     pub(crate) listen: OnceLock<Vec<SocketAddr>>,
     pub(crate) persist: Option<Arc<fqdnd_engine::durable::Persist>>,
+    /// `fqdnd record`.
+    pub(crate) recorder: record::SharedRecorder,
     /// Cluster mode, with a `kind: Cluster` document.
     pub(crate) cluster: Option<Arc<ClusterRuntime>>,
     /// The shared policy's rules in force (what the last successful apply merged).
@@ -396,15 +396,16 @@ pub(crate) async fn start(
         daemon,
         kernel,
         proxy,
-        conntrack_idle,
         mode,
         services,
         admin_socket,
     } = prepared;
-    // The recorder first: the gauges are set as soon as the restore ends.
-    if let Some(addr) = daemon.metrics {
-        crate::metrics::install(addr)?;
-    }
+    // The recorder first: the gauges are set as soon as the restore ends; the endpoint serves
+    // from then on.
+    let exporter = match daemon.metrics {
+        Some(addr) => Some(crate::metrics::install(addr)?),
+        None => None,
+    };
     let (restored, persist) = if options.demo {
         (fqdnd_engine::durable::Restored::default(), None)
     } else {
@@ -455,6 +456,9 @@ pub(crate) async fn start(
     if let Ok(engine) = engine.lock() {
         crate::metrics::record_engine(&engine);
     }
+    if let Some(exporter) = exporter {
+        crate::metrics::serve(exporter);
+    }
     let shared = Arc::new(Shared {
         engine: Arc::clone(&engine),
         dns: Arc::new(DnsHandle::new(services)),
@@ -472,6 +476,7 @@ pub(crate) async fn start(
         proxy: OnceLock::new(),
         listen: OnceLock::new(),
         persist: persist.clone(),
+        recorder: Arc::default(),
         cluster,
         cluster_rules: Mutex::new(Vec::new()),
     });
@@ -499,7 +504,10 @@ pub(crate) async fn start(
         proxy_config(&config.settings, &daemon, proxy),
         Arc::clone(&shared.dns) as Arc<dyn fqdnd_dnsproxy::QueryPolicy>,
         observer,
-        query_log,
+        fqdnd_dnsproxy::Taps {
+            query_log,
+            recorder: Some(Arc::clone(&shared.recorder) as Arc<dyn fqdnd_dnsproxy::Recorder>),
+        },
     )
     .await
     .context("starting the DNS proxy")?;
@@ -520,13 +528,7 @@ pub(crate) async fn start(
             Ok(())
         });
     }
-    tasks::spawn_gc(
-        &mut tasks,
-        &stopped,
-        &shared,
-        config.settings.gc_interval,
-        conntrack_idle,
-    );
+    tasks::spawn_gc(&mut tasks, &stopped, &shared, config.settings.gc_interval);
     tasks::spawn_metrics(&mut tasks, &stopped, &shared);
     shared.mode.spawn_tasks(&mut tasks, &stopped)?;
     if let Some(cluster) = &shared.cluster {

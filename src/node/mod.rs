@@ -97,6 +97,39 @@ impl ModeHooks for NodeMode {
     }
 }
 
+/// Endpoints added by the CNI plugin get ids from here up (those below are left to the files
+/// and to `fqdnd endpoint add`).
+pub(crate) const CNI_FIRST_ID: u16 = 32_768;
+
+/// `POST /v1/cni`: what the CNI plugin tells the agent on ADD.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct CniAttachment {
+    /// `CNI_CONTAINERID`.
+    pub(crate) container_id: String,
+    /// The host-side interface (from the previous plugin's result).
+    pub(crate) interface: String,
+    /// The container's addresses.
+    pub(crate) addresses: Vec<std::net::IpAddr>,
+    /// Its labels (`key` or `source:key` → value).
+    #[serde(default)]
+    pub(crate) labels: BTreeMap<String, String>,
+}
+
+/// The endpoint name of a container: `cni-` and the first 16 characters of its id, which the
+/// CNI spec restricts to letters, digits, `_`, `.` and `-`.
+fn cni_name(container_id: &str) -> Result<String> {
+    if container_id.is_empty()
+        || !container_id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+    {
+        bail!("container id {container_id:?} is not a CNI container id");
+    }
+    let short: String = container_id.chars().take(16).collect();
+    Ok(format!("cni-{short}"))
+}
+
 /// The node's own state.
 pub(crate) struct NodeRuntime {
     node: Node,
@@ -172,7 +205,19 @@ impl NodeRuntime {
             .pin_dir
             .clone()
             .unwrap_or_else(fqdnd_ebpf::default_pin_dir);
-        let kernel = Kernel::load(&pin_dir, &node.daemon.map_sizes, true)?;
+        if let Some(idle) = node.conntrack_idle_timeout {
+            tracing::warn!(
+                conntrack_idle_timeout = ?idle,
+                "`conntrackIdleTimeout` is deprecated: it sets every conntrack lifetime that \
+                 `conntrack: {{tcpSyn, tcpEstablished, tcpClosing, other}}` does not"
+            );
+        }
+        let kernel = Kernel::load(
+            &pin_dir,
+            &node.daemon.map_sizes,
+            &node.daemon.conntrack,
+            true,
+        )?;
         let mut services = Services::open(&pin_dir, node.daemon.state_dir.as_deref())?;
         services.apply(&config.services, true)?;
         let lb = services.shared();
@@ -211,7 +256,6 @@ impl NodeRuntime {
                 forward_to_original_destination: true,
                 ..fqdnd_dnsproxy::Config::default()
             },
-            conntrack_idle: node.conntrack_idle_timeout,
             services: Some(lb),
             admin_socket: node.daemon.admin_socket.clone(),
             mode: Box::new(NodeMode(runtime)),
@@ -234,10 +278,19 @@ impl NodeRuntime {
                     tracing::warn!(endpoint = %e.id, name = %e.name, "endpoint has no `interface`: its DNS is not redirected and its egress not enforced by this node");
                     return None;
                 };
+                let mut addresses = Vec::new();
+                for net in &e.addresses {
+                    if net.prefix_len() == net.max_prefix_len() {
+                        addresses.push(net.addr());
+                    } else {
+                        tracing::warn!(endpoint = %e.id, prefix = %net, "an endpoint address that is not a single address is not a valid source on its interface");
+                    }
+                }
                 Some(Wanted {
                     id: e.id,
                     interface: interface.clone(),
                     enforcing: enforcing.get(&e.id).copied().unwrap_or(false),
+                    addresses,
                 })
             })
             .collect();
@@ -274,9 +327,14 @@ impl NodeRuntime {
     /// Adds (or replaces, same id) an endpoint given as an `Endpoint` document.
     pub(crate) fn add_endpoint(&self, shared: &Shared, document: &str) -> Result<EndpointRow> {
         let new = Added::parse(document).map_err(engine_error)?;
+        let _changes = lock(&shared.changes, "changes")?;
+        self.add_locked(shared, new)
+    }
+
+    /// Adds `new`; the caller holds `shared.changes`.
+    fn add_locked(&self, shared: &Shared, new: Added) -> Result<EndpointRow> {
         kernel::ifindex(&new.interface)?;
         let (id, name) = (new.endpoint.id, new.endpoint.name.clone());
-        let _changes = lock(&shared.changes, "changes")?;
         let (previous, config) = {
             let mut registry = lock(&self.registry, "endpoints")?;
             let previous = registry.add(new).map_err(engine_error)?;
@@ -288,15 +346,103 @@ impl NodeRuntime {
         }
         self.save_added();
         tracing::info!(endpoint = %id, name = %name, "endpoint added through the admin API");
+        self.row(shared, id)
+    }
+
+    /// The listing row of endpoint `id`.
+    fn row(&self, shared: &Shared, id: EndpointId) -> Result<EndpointRow> {
         self.rows(shared)?
             .into_iter()
             .find(|r| r.id == id.0)
             .context("the endpoint vanished while being added")
     }
 
+    /// CNI ADD: the container's endpoint, under the name `cni-<container id>` with an id the
+    /// agent picks (from [`CNI_FIRST_ID`] up). Asked again for the same container (a runtime
+    /// retrying), it changes nothing when the interface and addresses are the same.
+    pub(crate) fn cni_add(
+        &self,
+        shared: &Shared,
+        attachment: &CniAttachment,
+    ) -> Result<EndpointRow> {
+        let name = cni_name(&attachment.container_id)?;
+        let mut labels: Vec<(String, String)> = attachment
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        labels.sort();
+        let _changes = lock(&shared.changes, "changes")?;
+        let id = {
+            let registry = lock(&self.registry, "endpoints")?;
+            match registry.added_named(&name) {
+                Some(existing) => {
+                    let mut same: Vec<_> = attachment
+                        .addresses
+                        .iter()
+                        .map(|a| ipnet::IpNet::from(*a))
+                        .collect();
+                    same.sort();
+                    let mut had = existing.endpoint.addresses.clone();
+                    had.sort();
+                    if existing.interface == attachment.interface && had == same {
+                        let id = existing.endpoint.id;
+                        drop(registry);
+                        return self.row(shared, id);
+                    }
+                    existing.endpoint.id
+                }
+                None => registry
+                    .free_id(CNI_FIRST_ID)
+                    .context("no endpoint id is free")?,
+            }
+        };
+        let document = fqdnd_engine::endpoints::document(
+            &name,
+            id,
+            &attachment.interface,
+            &attachment.addresses,
+            &labels,
+        );
+        let new = Added::parse(&document).map_err(engine_error)?;
+        self.add_locked(shared, new)
+    }
+
+    /// CNI DEL: removes the container's endpoint; nothing to remove is not an error (DEL may
+    /// come more than once, or for an ADD that failed).
+    pub(crate) fn cni_del(&self, shared: &Shared, container_id: &str) -> Result<()> {
+        let name = cni_name(container_id)?;
+        let _changes = lock(&shared.changes, "changes")?;
+        let id = lock(&self.registry, "endpoints")?
+            .added_named(&name)
+            .map(|a| a.endpoint.id);
+        match id {
+            Some(id) => self.remove_locked(shared, id),
+            None => Ok(()),
+        }
+    }
+
+    /// CNI CHECK: the container's endpoint, if the agent has it.
+    pub(crate) fn cni_get(
+        &self,
+        shared: &Shared,
+        container_id: &str,
+    ) -> Result<Option<EndpointRow>> {
+        let name = cni_name(container_id)?;
+        let id = lock(&self.registry, "endpoints")?
+            .added_named(&name)
+            .map(|a| a.endpoint.id);
+        id.map(|id| self.row(shared, id)).transpose()
+    }
+
     /// Removes an endpoint added through the admin API.
     pub(crate) fn remove_endpoint(&self, shared: &Shared, id: EndpointId) -> Result<()> {
         let _changes = lock(&shared.changes, "changes")?;
+        self.remove_locked(shared, id)
+    }
+
+    /// Removes endpoint `id`; the caller holds `shared.changes`.
+    fn remove_locked(&self, shared: &Shared, id: EndpointId) -> Result<()> {
         let (removed, config) = {
             let mut registry = lock(&self.registry, "endpoints")?;
             let removed = registry.remove(id).map_err(engine_error)?;

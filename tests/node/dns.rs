@@ -1,13 +1,12 @@
 //! A DNS client run from inside an endpoint namespace, as a workload would ask its resolver.
 
-use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
-use std::time::Duration;
+use std::net::{IpAddr, SocketAddr};
 
-use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
-use hickory_proto::rr::{Name, RData, RecordType};
+use hickory_proto::op::{Message, ResponseCode};
+use hickory_proto::rr::RecordType;
 
-use super::topology::in_netns;
+use super::topology::{Topology, in_netns};
+use crate::common::{addrs, question};
 
 /// What came back.
 #[derive(Debug)]
@@ -20,73 +19,44 @@ pub(crate) struct Reply {
     pub(crate) addrs: Vec<IpAddr>,
 }
 
-fn query_bytes(name: &str, qtype: RecordType, id: u16) -> Vec<u8> {
-    let mut m = Message::new(id, MessageType::Query, OpCode::Query);
-    m.metadata.recursion_desired = true;
-    m.queries
-        .push(Query::query(Name::from_ascii(name).unwrap(), qtype));
-    m.to_vec().unwrap()
-}
-
-fn reply(bytes: &[u8], from: SocketAddr, id: u16) -> Reply {
-    let m = Message::from_vec(bytes).unwrap();
+fn reply((m, from): (Message, SocketAddr), id: u16) -> Reply {
     assert_eq!(m.metadata.id, id, "reply to another query");
     Reply {
         from,
         rcode: m.metadata.response_code,
-        addrs: m
-            .answers
-            .iter()
-            .filter_map(|r| match &r.data {
-                RData::A(a) => Some(IpAddr::V4(a.0)),
-                RData::AAAA(a) => Some(IpAddr::V6(a.0)),
-                _ => None,
-            })
-            .collect(),
+        addrs: addrs(&m),
     }
 }
 
-/// Asks `server` over UDP from namespace `ns` (unconnected socket, so the reply's source is
-/// whatever the network delivers); `None` on timeout.
-pub(crate) fn udp(ns: &str, server: SocketAddr, name: &str, qtype: RecordType) -> Option<Reply> {
-    let name = name.to_owned();
-    in_netns(ns, move || {
-        let bind: SocketAddr = if server.is_ipv4() {
-            "0.0.0.0:0".parse().unwrap()
-        } else {
-            "[::]:0".parse().unwrap()
-        };
-        let socket = UdpSocket::bind(bind).unwrap();
-        socket
-            .set_read_timeout(Some(Duration::from_secs(3)))
-            .unwrap();
-        let id = 0x4a4a;
-        socket
-            .send_to(&query_bytes(&name, qtype, id), server)
-            .unwrap();
-        let mut buf = [0u8; 4096];
-        let (n, from) = socket.recv_from(&mut buf).ok()?;
-        Some(reply(&buf[..n], from, id))
-    })
+/// Which transport a question takes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Over {
+    /// An unconnected socket, so the reply's source is whatever the network delivers.
+    Udp,
+    /// The reply's `from` is the address connected to.
+    Tcp,
 }
 
-/// Asks `server` over TCP from namespace `ns`; `None` when the connection or read fails.
-pub(crate) fn tcp(ns: &str, server: SocketAddr, name: &str, qtype: RecordType) -> Option<Reply> {
-    let name = name.to_owned();
-    in_netns(ns, move || {
-        let mut stream = TcpStream::connect_timeout(&server, Duration::from_secs(3)).ok()?;
-        stream
-            .set_read_timeout(Some(Duration::from_secs(3)))
-            .unwrap();
-        let id = 0x5b5b;
-        let q = query_bytes(&name, qtype, id);
-        let mut framed = u16::try_from(q.len()).unwrap().to_be_bytes().to_vec();
-        framed.extend_from_slice(&q);
-        stream.write_all(&framed).ok()?;
-        let mut len = [0u8; 2];
-        stream.read_exact(&mut len).ok()?;
-        let mut buf = vec![0u8; usize::from(u16::from_be_bytes(len))];
-        stream.read_exact(&mut buf).ok()?;
-        Some(reply(&buf, stream.peer_addr().ok()?, id))
-    })
+/// Asks `server` for `name` from namespace `ns`; panics (with the daemons' logs) without an
+/// answer.
+pub(crate) fn ask(
+    t: &Topology,
+    over: Over,
+    ns: &str,
+    server: SocketAddr,
+    name: &str,
+    qtype: RecordType,
+) -> Reply {
+    let q = question(0x4a4a, name, qtype);
+    let exchanged = in_netns(ns, move || match over {
+        Over::Udp => crate::common::udp(server, &q),
+        Over::Tcp => crate::common::tcp(server, &q),
+    });
+    let got = exchanged.unwrap_or_else(|| {
+        panic!(
+            "no answer over {over:?} from {server} for {name}\n{}",
+            t.logs()
+        )
+    });
+    reply(got, 0x4a4a)
 }

@@ -8,33 +8,27 @@ use std::net::{IpAddr, SocketAddr};
 
 use hickory_proto::rr::RecordType;
 
+use crate::common::policy_doc;
+use crate::dns::Over;
 use crate::topology::{Topology, echo, whoami_tcp_open, whoami_udp_ask};
-use crate::{A_PORTS, DROPPED, REACHES, ZONE, dns, node_config_with, sa, setup_with, zone};
+use crate::{A_PORTS, DROPPED, REACHES, ZONE, dns, dns_to, node_config_with, sa, setup_with, zone};
 
 /// The node configuration of the other tests, plus: endpoint A may reach the backends
 /// (10.N.10.0/24 on TCP 7070 and UDP 7053) and resolve anything through the cluster-DNS VIP
 /// 10.N.96.53; `docs` adds more documents.
 fn lb_config(t: &Topology, node_extra: &str, docs: &str) -> String {
     let n = t.n;
-    format!(
-        "{}---
-apiVersion: cilium.io/v2
-kind: CiliumNetworkPolicy
-metadata: {{name: a-backends}}
-spec:
-  endpointSelector: {{matchLabels: {{app: a}}}}
-  egress:
-  - toCIDR: [10.{n}.10.0/24, \"fd00:{n}:10::/64\"]
+    let egress = format!(
+        "  - toCIDR: [10.{n}.10.0/24, \"fd00:{n}:10::/64\"]
     toPorts:
     - ports: [{{port: \"7070\", protocol: TCP}}, {{port: \"7053\", protocol: UDP}}]
-  - toCIDR: [10.{n}.96.53/32]
-    toPorts:
-    - ports: [{{port: \"53\", protocol: ANY}}]
-      rules:
-        dns:
-        - matchPattern: \"*\"
-{docs}",
-        node_config_with(t, A_PORTS, node_extra)
+{}",
+        dns_to(&format!("10.{n}.96.53/32"), "{matchPattern: \"*\"}")
+    );
+    format!(
+        "{}---\n{}{docs}",
+        node_config_with(t, A_PORTS, node_extra),
+        policy_doc("CiliumNetworkPolicy", "a-backends", "app: a", &egress)
     )
 }
 
@@ -48,27 +42,14 @@ fn service_doc(name: &str, frontend: &str, protocol: &str, backends: &[String]) 
 
 /// `fqdnd service set` for the web VIP 10.N.96.10:80 with backends 10.N.10.{hosts}:7070.
 fn set_web(t: &Topology, hosts: &[u32]) {
-    let admin = t.admin();
     let frontend = sa(t.v4(96, 10), 80).to_string();
-    let mut args: Vec<String> = [
-        "service",
-        "set",
-        "--admin-socket",
-        admin.to_str().unwrap(),
-        "--name",
-        "web",
-        "--frontend",
-        &frontend,
-    ]
-    .iter()
-    .map(ToString::to_string)
-    .collect();
-    for h in hosts {
-        args.push("--backend".into());
-        args.push(sa(t.v4(10, *h), 7070).to_string());
-    }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    t.cli(&args);
+    let backends: Vec<String> = hosts
+        .iter()
+        .map(|h| sa(t.v4(10, *h), 7070).to_string())
+        .collect();
+    let mut args = vec!["service", "set", "--name", "web", "--frontend", &frontend];
+    args.extend(backends.iter().flat_map(|b| ["--backend", b.as_str()]));
+    t.admin_cli(&args);
 }
 
 /// `count` new connections from endpoint A to `vip`: the backend each reached, in order.
@@ -149,8 +130,7 @@ fn services_spread_keep_established_flows_and_separate_protocols() {
         [t.v4(10, 1), t.v4(10, 3)].into_iter().collect(),
         "the remaining backends should both get new connections"
     );
-    let pin = t.pin_dir.to_str().unwrap().to_owned();
-    let maps = t.cli(&["bpf", "lb", "list", "--pin-dir", &pin]);
+    let maps = t.bpf_list("lb");
     assert!(maps.contains("count=2"), "{maps}");
 
     // TCP and UDP services on one VIP and port are distinct; the UDP reply comes back from
@@ -249,8 +229,7 @@ fn a_restarted_node_keeps_every_translation_and_established_flow() {
             "flow to {backend} broke while the node was down"
         );
     }
-    let config = t.dir.join("node.yaml");
-    t.start_node(&config);
+    t.start_node(&t.config_dir());
     for (stream, backend) in &mut flows {
         assert!(
             echo(stream, b"restarted"),
@@ -290,16 +269,28 @@ fn dns_to_a_service_vip_goes_to_its_backend_per_protocol() {
         ),
     );
     let vip = sa(t.v4(96, 53), 53);
-    let udp = dns::udp(&t.ep_a, vip, "api.example.test.", RecordType::A)
-        .unwrap_or_else(|| panic!("no UDP answer through the VIP\n{}", t.logs()));
+    let udp = dns::ask(
+        &t,
+        Over::Udp,
+        &t.ep_a,
+        vip,
+        "api.example.test.",
+        RecordType::A,
+    );
     assert_eq!(udp.from, vip, "the UDP reply must come from the VIP");
     assert_eq!(
         udp.addrs,
         vec![t.v4(10, 1)],
         "UDP went to the UDP service's backend"
     );
-    let tcp = dns::tcp(&t.ep_a, vip, "api.example.test.", RecordType::A)
-        .unwrap_or_else(|| panic!("no TCP answer through the VIP\n{}", t.logs()));
+    let tcp = dns::ask(
+        &t,
+        Over::Tcp,
+        &t.ep_a,
+        vip,
+        "api.example.test.",
+        RecordType::A,
+    );
     assert_eq!(
         tcp.addrs,
         vec![t.v4(10, 2)],

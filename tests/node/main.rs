@@ -7,13 +7,15 @@
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
-    clippy::disallowed_types,
-    clippy::disallowed_methods,
-    reason = "test code: real clocks and sleeps, a failed step should panic"
+    reason = "a failed step should panic"
 )]
 
+#[path = "../common/mod.rs"]
+mod common;
 mod dns;
+mod enforcement;
 mod lb;
+mod regressions;
 pub(crate) mod topology;
 
 use std::net::SocketAddr;
@@ -22,13 +24,15 @@ use std::time::Duration;
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
 
+use common::{PATIENCE, documents, metric, policy_doc, poll, poll_until, scrape, settings_doc};
+use dns::Over;
 use topology::{Topology, echo, privileged, tcp_open, tcp_reaches, udp_reaches};
 
 /// Long enough for a dropped SYN to show as a failure, short enough to keep tests quick.
-const DROPPED: Duration = Duration::from_millis(700);
+pub(crate) const DROPPED: Duration = Duration::from_millis(700);
 
 /// How long an allowed connection may take (SYN retransmits included) on a loaded machine.
-const REACHES: Duration = Duration::from_secs(5);
+pub(crate) const REACHES: Duration = Duration::from_secs(5);
 
 const ZONE: &str = "\
 api 300 IN A 10.N.10.1
@@ -49,20 +53,33 @@ fn node_config(t: &Topology, a_ports: &str) -> String {
 /// [`node_config`] with more lines for the Node document's spec (indented two spaces).
 fn node_config_with(t: &Topology, a_ports: &str, node_extra: &str) -> String {
     let n = t.n;
-    format!(
-        "apiVersion: fqdnd.io/v1
+    let resolver = format!("10.{n}.9.53/32, \"fd00:{n}:9::53/128\"");
+    let a_egress = format!(
+        "{}  - toFQDNs:
+    - matchName: api.example.test
+    - matchName: short.example.test
+    toPorts:
+    - ports: [{a_ports}]
+",
+        dns_to(
+            &resolver,
+            "{matchName: api.example.test}, {matchPattern: \"short.example.test\"}"
+        )
+    );
+    documents(&[
+        &format!(
+            "apiVersion: fqdnd.io/v1
 kind: Node
 spec:
   pinDir: {pin}
   conntrackIdleTimeout: 2s
   upstreamTimeout: 2s
-{node_extra}---
-apiVersion: fqdnd.io/v1
-kind: Settings
-spec:
-  gcInterval: 1s
----
-apiVersion: fqdnd.io/v1
+{node_extra}",
+            pin = t.pin_dir.display()
+        ),
+        &settings_doc("  gcInterval: 1s\n"),
+        &format!(
+            "apiVersion: fqdnd.io/v1
 kind: Endpoint
 metadata: {{name: a}}
 spec:
@@ -70,41 +87,29 @@ spec:
   interface: {if_a}
   addresses: [10.{n}.1.2, \"fd00:{n}:1::2\"]
   labels: {{app: a}}
----
-apiVersion: cilium.io/v2
-kind: CiliumNetworkPolicy
-metadata: {{name: a-egress}}
-spec:
-  endpointSelector: {{matchLabels: {{app: a}}}}
-  egress:
-  - toCIDR: [10.{n}.9.53/32, \"fd00:{n}:9::53/128\"]
-    toPorts:
-    - ports: [{{port: \"53\", protocol: ANY}}]
-      rules:
-        dns:
-        - matchName: api.example.test
-        - matchPattern: \"short.example.test\"
-  - toFQDNs:
-    - matchName: api.example.test
-    - matchName: short.example.test
-    toPorts:
-    - ports: [{a_ports}]
----
-apiVersion: cilium.io/v2
-kind: CiliumNetworkPolicy
-metadata: {{name: b-egress}}
-spec:
-  endpointSelector: {{matchLabels: {{app: b}}}}
-  egress:
-  - toCIDR: [10.{n}.9.53/32, \"fd00:{n}:9::53/128\"]
-    toPorts:
-    - ports: [{{port: \"53\", protocol: ANY}}]
-      rules:
-        dns:
-        - matchPattern: \"*\"
 ",
-        pin = t.pin_dir.display(),
-        if_a = t.if_a,
+            if_a = t.if_a
+        ),
+        &policy_doc("CiliumNetworkPolicy", "a-egress", "app: a", &a_egress),
+        &policy_doc(
+            "CiliumNetworkPolicy",
+            "b-egress",
+            "app: b",
+            &dns_to(&resolver, "{matchPattern: \"*\"}"),
+        ),
+    ])
+}
+
+/// An egress rule: DNS (port 53) to `cidrs`, for the names `rules` allow (a flow list's
+/// items).
+fn dns_to(cidrs: &str, rules: &str) -> String {
+    format!(
+        "  - toCIDR: [{cidrs}]
+    toPorts:
+    - ports: [{{port: \"53\", protocol: ANY}}]
+      rules:
+        dns: [{rules}]
+"
     )
 }
 
@@ -129,39 +134,74 @@ fn zone(t: &Topology, zone: &str) -> String {
         .replace(":N:", &format!(":{}:", t.n))
 }
 
-/// [`setup`] with the node configuration `config` writes.
-fn setup_with(test: &str, config: impl FnOnce(&Topology) -> String) -> Option<Topology> {
+/// Kills the node (SIGKILL) and starts it again from `config`; it holds no capability after.
+fn restart_node(t: &mut Topology, config: &std::path::Path) {
+    t.kill_node();
+    t.start_node(config);
+    t.expect_caps(NODE_CAPS);
+}
+
+/// The network with its DNS server serving [`ZONE`], if this process may build it.
+fn topology(test: &str) -> Option<Topology> {
     if !privileged(test) {
         return None;
     }
     let mut t = Topology::new(test);
     t.start_dns(&zone(&t, ZONE));
-    let config = t.write_node_config(&config(&t));
-    t.start_node(&config);
+    Some(t)
+}
+
+/// [`setup`] with the node configuration `config` writes.
+fn setup_with(test: &str, config: impl FnOnce(&Topology) -> String) -> Option<Topology> {
+    let mut t = topology(test)?;
+    // The directory: a reload reads every file in it.
+    t.write_node_config(&config(&t));
+    t.start_node(&t.config_dir());
     // After start-up the node holds no capability in any thread; the endpoint below is added
     // (programs attached to its interface) without any.
     t.expect_caps(NODE_CAPS);
-    let admin = t.admin();
-    let (b4, b6) = (t.v4(2, 2).to_string(), t.v6(2, 2).to_string());
-    t.cli(&[
-        "endpoint",
-        "add",
-        "--admin-socket",
-        admin.to_str().unwrap(),
-        "--id",
-        "2",
-        "--name",
-        "b",
-        "--interface",
-        &t.if_b.clone(),
-        "--address",
-        &b4,
-        "--address",
-        &b6,
-        "--label",
-        "app=b",
-    ]);
+    add_endpoint_b(&t, &[t.v4(2, 2), t.v6(2, 2)]);
     Some(t)
+}
+
+/// Endpoint A reaches `allowed` (TCP), but neither another port of its address nor
+/// `unresolved`.
+fn reaches_only(t: &Topology, allowed: SocketAddr, unresolved: std::net::IpAddr) {
+    assert!(
+        tcp_reaches(&t.ep_a, allowed, REACHES),
+        "allowed {allowed} dropped\n{}",
+        t.logs()
+    );
+    let other_port = sa(allowed.ip(), 9090);
+    assert!(
+        !tcp_reaches(&t.ep_a, other_port, DROPPED),
+        "{other_port} reached"
+    );
+    let unresolved = sa(unresolved, 8080);
+    assert!(
+        !tcp_reaches(&t.ep_a, unresolved, DROPPED),
+        "unresolved {unresolved} reached"
+    );
+}
+
+/// Endpoint A asks its resolver over UDP (10.N.9.53 for A, fd00:N:9::53 for AAAA); panics
+/// without an answer.
+fn resolve(t: &Topology, name: &str, qtype: RecordType) -> dns::Reply {
+    let resolver = if qtype == RecordType::AAAA {
+        t.v6(9, 53)
+    } else {
+        t.v4(9, 53)
+    };
+    dns::ask(t, Over::Udp, &t.ep_a, sa(resolver, 53), name, qtype)
+}
+
+/// `fqdnd endpoint add` of endpoint B (id 2, `app: b`) with `addresses`.
+fn add_endpoint_b(t: &Topology, addresses: &[std::net::IpAddr]) {
+    let addresses: Vec<String> = addresses.iter().map(ToString::to_string).collect();
+    let mut args = vec!["endpoint", "add", "--id", "2", "--name", "b"];
+    args.extend(["--interface", &t.if_b, "--label", "app=b"]);
+    args.extend(addresses.iter().flat_map(|a| ["--address", a.as_str()]));
+    t.admin_cli(&args);
 }
 
 #[test]
@@ -184,8 +224,7 @@ fn dns_is_redirected_and_answers_open_exactly_the_allowed_ips() {
         );
 
         // A resolves an allowed name over UDP: the reply comes from its resolver's address.
-        let reply = dns::udp(&t.ep_a, resolver, "api.example.test.", qtype)
-            .unwrap_or_else(|| panic!("v6={v6}: no UDP answer\n{}", logs()));
+        let reply = resolve(&t, "api.example.test.", qtype);
         assert_eq!(
             reply.from, resolver,
             "v6={v6}: reply from the wrong address"
@@ -193,27 +232,15 @@ fn dns_is_redirected_and_answers_open_exactly_the_allowed_ips() {
         assert_eq!(reply.rcode, ResponseCode::NoError);
         assert_eq!(reply.addrs, vec![ip(10, 1)]);
 
-        // Then reaches the answer's IP on the allowed port and protocols only.
-        assert!(
-            tcp_reaches(&t.ep_a, api, REACHES),
-            "v6={v6}: allowed TCP dropped\n{}",
-            logs()
-        );
+        // Then reaches the answer's IP on the allowed port and protocols only, and not an
+        // IP no allowed answer named.
+        reaches_only(&t, api, ip(10, 3));
         assert!(
             udp_reaches(&t.ep_a, sa(ip(10, 1), 8053), REACHES),
             "v6={v6}: allowed UDP dropped"
         );
-        assert!(
-            !tcp_reaches(&t.ep_a, sa(ip(10, 1), 9090), DROPPED),
-            "v6={v6}: other port reached"
-        );
-        // An IP no allowed answer named.
-        assert!(
-            !tcp_reaches(&t.ep_a, sa(ip(10, 3), 8080), DROPPED),
-            "v6={v6}: unresolved IP reached"
-        );
         // Endpoint B has no FQDN egress: it may ask, but not connect.
-        let reply = dns::udp(&t.ep_b, resolver, "api.example.test.", qtype).unwrap();
+        let reply = dns::ask(&t, Over::Udp, &t.ep_b, resolver, "api.example.test.", qtype);
         assert_eq!(reply.addrs, vec![ip(10, 1)]);
         assert!(
             !tcp_reaches(&t.ep_b, api, DROPPED),
@@ -221,58 +248,46 @@ fn dns_is_redirected_and_answers_open_exactly_the_allowed_ips() {
         );
 
         // A denied name: REFUSED, from the resolver's address.
-        let reply = dns::udp(&t.ep_a, resolver, "evil.example.test.", qtype).unwrap();
+        let reply = resolve(&t, "evil.example.test.", qtype);
         assert_eq!(reply.rcode, ResponseCode::Refused);
         assert_eq!(reply.from, resolver);
         assert!(reply.addrs.is_empty());
 
         // TCP DNS goes through the proxy too, to the same resolver address.
-        let reply = dns::tcp(&t.ep_a, resolver, "api.example.test.", qtype)
-            .unwrap_or_else(|| panic!("v6={v6}: no TCP answer\n{}", logs()));
+        let reply = dns::ask(&t, Over::Tcp, &t.ep_a, resolver, "api.example.test.", qtype);
         assert_eq!(reply.from, resolver);
         assert_eq!(reply.addrs, vec![ip(10, 1)]);
-        let reply = dns::tcp(&t.ep_a, resolver, "evil.example.test.", qtype).unwrap();
+        let reply = dns::ask(
+            &t,
+            Over::Tcp,
+            &t.ep_a,
+            resolver,
+            "evil.example.test.",
+            qtype,
+        );
         assert_eq!(reply.rcode, ResponseCode::Refused);
     }
 
     // What the operator sees.
-    let ipcache = t.cli(&[
-        "bpf",
-        "ipcache",
-        "list",
-        "--pin-dir",
-        t.pin_dir.to_str().unwrap(),
-    ]);
+    let ipcache = t.bpf_list("ipcache");
     assert!(
         ipcache.contains(&format!("{}/32", t.v4(10, 1))),
         "{ipcache}"
     );
-    let policy = t.cli(&[
-        "bpf",
-        "policy",
-        "list",
-        "--pin-dir",
-        t.pin_dir.to_str().unwrap(),
-    ]);
+    let policy = t.bpf_list("policy");
     assert!(policy.contains("8080"), "{policy}");
     // A fresh v6 flow, then the listing (entries idle for 2 s are collected every second:
-    // on a loaded machine the listing may come too late, so up to three tries).
+    // on a loaded machine the listing may come too late, so a fresh flow each try).
     let wanted = format!("[{}]:8080", t.v6(10, 1));
-    let mut ct = String::new();
-    for _ in 0..3 {
+    poll(PATIENCE, &format!("{wanted} in `bpf ct list`"), || {
         assert!(tcp_reaches(&t.ep_a, sa(t.v6(10, 1), 8080), REACHES));
-        ct = t.cli(&[
-            "bpf",
-            "ct",
-            "list",
-            "--pin-dir",
-            t.pin_dir.to_str().unwrap(),
-        ]);
+        let ct = t.bpf_list("ct");
         if ct.contains(&wanted) {
-            break;
+            Ok(())
+        } else {
+            Err(ct)
         }
-    }
-    assert!(ct.contains(&wanted), "{ct}");
+    });
     let endpoints = t.cli(&["endpoint", "list", "--admin-socket", admin]);
     assert!(
         endpoints.contains("api") && endpoints.contains("config"),
@@ -298,21 +313,9 @@ fn dns_is_redirected_and_answers_open_exactly_the_allowed_ips() {
 fn expired_ips_close_to_new_connections_while_established_ones_live_on() {
     let Some(t) = setup("expiry") else { return };
     // IPv4 and IPv6 side by side: one address of each family is used, the other is not.
-    let reply = dns::udp(
-        &t.ep_a,
-        sa(t.v4(9, 53), 53),
-        "short.example.test.",
-        RecordType::A,
-    )
-    .unwrap();
+    let reply = resolve(&t, "short.example.test.", RecordType::A);
     assert_eq!(reply.addrs.len(), 2);
-    let reply = dns::udp(
-        &t.ep_a,
-        sa(t.v6(9, 53), 53),
-        "short.example.test.",
-        RecordType::AAAA,
-    )
-    .unwrap();
+    let reply = resolve(&t, "short.example.test.", RecordType::AAAA);
     assert_eq!(reply.addrs.len(), 2);
     let mut streams: Vec<_> = [sa(t.v4(10, 2), 8080), sa(t.v6(10, 2), 8080)]
         .into_iter()
@@ -321,17 +324,27 @@ fn expired_ips_close_to_new_connections_while_established_ones_live_on() {
                 .unwrap_or_else(|| panic!("allowed connection to {kept} failed\n{}", t.logs()))
         })
         .collect();
-    // TTL 2 s, GC every 1 s, conntrack idle 2 s: keep the connections busy for 6 s.
-    for _ in 0..12 {
-        std::thread::sleep(Duration::from_millis(500));
-        for stream in &mut streams {
-            assert!(
-                echo(stream, b"still there"),
-                "established connection broke\n{}",
-                t.logs()
-            );
-        }
-    }
+    // TTL 2 s, GC every 1 s, conntrack idle 2 s: the connections stay busy (an echo each
+    // round) until the unused IPs have expired and been collected, out of the kernel ipcache.
+    let unused_ips = [t.v4(10, 3), t.v6(10, 3)];
+    poll_until(
+        PATIENCE,
+        "the unused IPs to leave the kernel ipcache",
+        || {
+            for stream in &mut streams {
+                assert!(
+                    echo(stream, b"still there"),
+                    "established connection broke\n{}",
+                    t.logs()
+                );
+            }
+            let ipcache = t.bpf_list("ipcache");
+            (!unused_ips
+                .iter()
+                .any(|ip| ipcache.contains(&format!("{ip}/"))))
+            .then_some(())
+        },
+    );
     // The unused IPs expired and were collected: new connections to them are dropped.
     for unused in [sa(t.v4(10, 3), 8080), sa(t.v6(10, 3), 8080)] {
         assert!(
@@ -363,17 +376,10 @@ fn expired_ips_close_to_new_connections_while_established_ones_live_on() {
 #[test]
 fn a_policy_reload_that_removes_a_rule_removes_access() {
     let Some(t) = setup("reload") else { return };
-    let resolver = sa(t.v4(9, 53), 53);
     let api = sa(t.v4(10, 1), 8080);
-    dns::udp(&t.ep_a, resolver, "api.example.test.", RecordType::A).unwrap();
+    resolve(&t, "api.example.test.", RecordType::A);
     assert!(tcp_reaches(&t.ep_a, api, REACHES), "{}", t.logs());
-    dns::udp(
-        &t.ep_a,
-        sa(t.v6(9, 53), 53),
-        "api.example.test.",
-        RecordType::AAAA,
-    )
-    .unwrap();
+    resolve(&t, "api.example.test.", RecordType::AAAA);
     assert!(
         tcp_reaches(&t.ep_a, sa(t.v6(10, 1), 8080), REACHES),
         "{}",
@@ -409,13 +415,7 @@ fn a_policy_reload_that_removes_a_rule_removes_access() {
         "--admin-socket",
         t.admin().to_str().unwrap(),
     ]);
-    let endpoints = t.cli(&[
-        "bpf",
-        "endpoint",
-        "list",
-        "--pin-dir",
-        t.pin_dir.to_str().unwrap(),
-    ]);
+    let endpoints = t.bpf_list("endpoint");
     assert!(!endpoints.contains(&t.if_b), "{endpoints}");
     assert!(
         tcp_reaches(&t.ep_b, api, REACHES),
@@ -428,135 +428,89 @@ fn a_policy_reload_that_removes_a_rule_removes_access() {
 /// the group's allowed answers resolved to.
 #[test]
 fn an_enforcing_gateway_lets_each_client_group_reach_only_its_answers() {
-    if !privileged("gateway") {
+    let Some(mut t) = topology("gateway") else {
         return;
-    }
-    let mut t = Topology::new("gateway");
-    t.start_dns(
-        &ZONE
-            .replace(".N.", &format!(".{}.", t.n))
-            .replace(":N:", &format!(":{}:", t.n)),
-    );
+    };
     let n = t.n;
-    let config = t.write_node_config(&format!(
-        "apiVersion: fqdnd.io/v1
+    let group = |name: &str, id: u32, net: u32| {
+        format!(
+            "apiVersion: fqdnd.io/v1
+kind: ClientGroup
+metadata: {{name: {name}}}
+spec:
+  id: {id}
+  addresses: [10.{n}.{net}.0/24, \"fd00:{n}:{net}::/64\"]
+  labels: {{group: {name}}}
+"
+        )
+    };
+    let a_egress = format!(
+        "{}  - toFQDNs: [{{matchName: api.example.test}}]
+    toPorts:
+    - ports: [{{port: \"8080\", protocol: TCP}}]
+",
+        dns_to(
+            &format!("10.{n}.1.1/32, \"fd00:{n}:1::1/128\""),
+            "{matchName: api.example.test}"
+        )
+    );
+    let config = t.write_node_config(&documents(&[
+        &format!(
+            "apiVersion: fqdnd.io/v1
 kind: Gateway
 spec:
   listen: [\"10.{n}.1.1:53\", \"10.{n}.2.1:53\", \"[fd00:{n}:1::1]:53\"]
   upstreams: [\"10.{n}.9.53:53\"]
   enforceInterfaces: [{if_a}, {if_b}]
   pinDir: {pin}
----
-apiVersion: fqdnd.io/v1
-kind: ClientGroup
-metadata: {{name: a}}
-spec:
-  id: 10
-  addresses: [10.{n}.1.0/24, \"fd00:{n}:1::/64\"]
-  labels: {{group: a}}
----
-apiVersion: fqdnd.io/v1
-kind: ClientGroup
-metadata: {{name: b}}
-spec:
-  id: 11
-  addresses: [10.{n}.2.0/24, \"fd00:{n}:2::/64\"]
-  labels: {{group: b}}
----
-apiVersion: cilium.io/v2
-kind: CiliumClusterwideNetworkPolicy
-metadata: {{name: a}}
-spec:
-  endpointSelector: {{matchLabels: {{group: a}}}}
-  egress:
-  - toCIDR: [10.{n}.1.1/32, \"fd00:{n}:1::1/128\"]
-    toPorts:
-    - ports: [{{port: \"53\", protocol: ANY}}]
-      rules:
-        dns: [{{matchName: api.example.test}}]
-  - toFQDNs: [{{matchName: api.example.test}}]
-    toPorts:
-    - ports: [{{port: \"8080\", protocol: TCP}}]
----
-apiVersion: cilium.io/v2
-kind: CiliumClusterwideNetworkPolicy
-metadata: {{name: b}}
-spec:
-  endpointSelector: {{matchLabels: {{group: b}}}}
-  egress:
-  - toCIDR: [10.{n}.2.1/32]
-    toPorts:
-    - ports: [{{port: \"53\", protocol: ANY}}]
-      rules:
-        dns: [{{matchPattern: \"*\"}}]
 ",
-        if_a = t.if_a,
-        if_b = t.if_b,
-        pin = t.pin_dir.display(),
-    ));
+            if_a = t.if_a,
+            if_b = t.if_b,
+            pin = t.pin_dir.display(),
+        ),
+        &group("a", 10, 1),
+        &group("b", 11, 2),
+        &policy_doc("CiliumClusterwideNetworkPolicy", "a", "group: a", &a_egress),
+        &policy_doc(
+            "CiliumClusterwideNetworkPolicy",
+            "b",
+            "group: b",
+            &dns_to(&format!("10.{n}.2.1/32"), "{matchPattern: \"*\"}"),
+        ),
+    ]));
     t.start_daemon("gateway", &config);
     t.expect_caps(0);
+    // IPv4, then IPv6 asked over IPv6.
+    for v6 in [false, true] {
+        let ip = |net, host| if v6 { t.v6(net, host) } else { t.v4(net, host) };
+        let qtype = if v6 { RecordType::AAAA } else { RecordType::A };
+        let api = sa(ip(10, 1), 8080);
+        assert!(
+            !tcp_reaches(&t.ep_a, api, DROPPED),
+            "v6={v6}: reached before DNS\n{}",
+            t.logs()
+        );
+        let gateway = sa(ip(1, 1), 53);
+        let reply = dns::ask(&t, Over::Udp, &t.ep_a, gateway, "api.example.test.", qtype);
+        assert_eq!(reply.addrs, vec![ip(10, 1)]);
+        reaches_only(&t, api, ip(10, 2));
+    }
     let api = sa(t.v4(10, 1), 8080);
-    assert!(
-        !tcp_reaches(&t.ep_a, api, DROPPED),
-        "reached before DNS\n{}",
-        t.logs()
-    );
-    let reply = dns::udp(
-        &t.ep_a,
-        sa(t.v4(1, 1), 53),
-        "api.example.test.",
-        RecordType::A,
-    )
-    .unwrap_or_else(|| panic!("no answer from the gateway\n{}", t.logs()));
-    assert_eq!(reply.addrs, vec![t.v4(10, 1)]);
-    assert!(
-        tcp_reaches(&t.ep_a, api, REACHES),
-        "allowed flow dropped\n{}",
-        t.logs()
-    );
-    assert!(
-        !tcp_reaches(&t.ep_a, sa(t.v4(10, 1), 9090), DROPPED),
-        "other port reached"
-    );
-    assert!(
-        !tcp_reaches(&t.ep_a, sa(t.v4(10, 2), 8080), DROPPED),
-        "unresolved IP reached"
-    );
-    // IPv6, asked over IPv6.
-    let reply = dns::udp(
-        &t.ep_a,
-        sa(t.v6(1, 1), 53),
-        "api.example.test.",
-        RecordType::AAAA,
-    )
-    .unwrap_or_else(|| panic!("no v6 answer\n{}", t.logs()));
-    assert_eq!(reply.addrs, vec![t.v6(10, 1)]);
-    assert!(
-        tcp_reaches(&t.ep_a, sa(t.v6(10, 1), 8080), REACHES),
-        "allowed v6 flow dropped\n{}",
-        t.logs()
-    );
     // Group B resolves the same name through the gateway but may not connect.
-    let reply = dns::udp(
+    let reply = dns::ask(
+        &t,
+        Over::Udp,
         &t.ep_b,
         sa(t.v4(2, 1), 53),
         "api.example.test.",
         RecordType::A,
-    )
-    .unwrap();
+    );
     assert_eq!(reply.addrs, vec![t.v4(10, 1)]);
     assert!(
         !tcp_reaches(&t.ep_b, api, DROPPED),
         "group B reached A's answer"
     );
-    let endpoints = t.cli(&[
-        "bpf",
-        "endpoint",
-        "list",
-        "--pin-dir",
-        t.pin_dir.to_str().unwrap(),
-    ]);
+    let endpoints = t.bpf_list("endpoint");
     assert!(
         endpoints.contains("by-source") && endpoints.contains(&format!("10.{n}.1.0/24")),
         "{endpoints}"
@@ -578,47 +532,15 @@ fn a_killed_node_restarts_without_breaking_flows_or_forgetting_answers() {
     let config = t.write_node_config(&node_config_with(&t, A_PORTS, &extra));
     // Restart the agent with the state directory (setup started it without), and add
     // endpoint B again through the API: with a state directory it is saved.
-    t.kill_node();
-    t.start_node(&config);
-    t.expect_caps(NODE_CAPS);
-    let admin = t.admin();
-    let (b4, if_b) = (t.v4(2, 2).to_string(), t.if_b.clone());
-    t.cli(&[
-        "endpoint",
-        "add",
-        "--admin-socket",
-        admin.to_str().unwrap(),
-        "--id",
-        "2",
-        "--name",
-        "b",
-        "--interface",
-        &if_b,
-        "--address",
-        &b4,
-        "--label",
-        "app=b",
-    ]);
-    let resolver = sa(t.v4(9, 53), 53);
+    restart_node(&mut t, &config);
+    add_endpoint_b(&t, &[t.v4(2, 2)]);
     let api = sa(t.v4(10, 1), 8080);
     let api6 = sa(t.v6(10, 1), 8080);
-    dns::udp(&t.ep_a, resolver, "api.example.test.", RecordType::A).unwrap();
-    dns::udp(
-        &t.ep_a,
-        sa(t.v6(9, 53), 53),
-        "api.example.test.",
-        RecordType::AAAA,
-    )
-    .unwrap();
+    resolve(&t, "api.example.test.", RecordType::A);
+    resolve(&t, "api.example.test.", RecordType::AAAA);
     let mut stream = tcp_open(&t.ep_a, api).unwrap_or_else(|| panic!("{}", t.logs()));
     assert!(echo(&mut stream, b"before"));
-    let identities_before = t.cli(&[
-        "identity",
-        "list",
-        "--json",
-        "--admin-socket",
-        t.admin().to_str().unwrap(),
-    ]);
+    let identities_before = t.admin_json(&["identity", "list"]);
 
     t.kill_node();
     // Nothing runs in user space now: the pinned programs keep the flow going.
@@ -644,15 +566,8 @@ fn a_killed_node_restarts_without_breaking_flows_or_forgetting_answers() {
         "restored v6 IP not allowed\n{}",
         t.logs()
     );
-    let identities_after = t.cli(&[
-        "identity",
-        "list",
-        "--json",
-        "--admin-socket",
-        t.admin().to_str().unwrap(),
-    ]);
-    let numbers = |json: &str| -> Vec<(u64, String)> {
-        let rows: serde_json::Value = serde_json::from_str(json).unwrap();
+    let identities_after = t.admin_json(&["identity", "list"]);
+    let numbers = |rows: &serde_json::Value| -> Vec<(u64, String)> {
         let mut out: Vec<(u64, String)> = rows
             .as_array()
             .unwrap()
@@ -668,12 +583,7 @@ fn a_killed_node_restarts_without_breaking_flows_or_forgetting_answers() {
         "identity numbers changed"
     );
     // The endpoint added through the API came back with the restart.
-    let endpoints = t.cli(&[
-        "endpoint",
-        "list",
-        "--admin-socket",
-        t.admin().to_str().unwrap(),
-    ]);
+    let endpoints = t.admin_cli(&["endpoint", "list"]);
     assert!(
         endpoints
             .lines()
@@ -682,25 +592,22 @@ fn a_killed_node_restarts_without_breaking_flows_or_forgetting_answers() {
     );
 
     // Bigger conntrack and ipcache maps: migrated, not flushed.
-    let pin = t.pin_dir.to_str().unwrap().to_owned();
-    let ct_before = t.cli(&["bpf", "ct", "list", "--pin-dir", &pin]);
-    let ipcache_before = t.cli(&["bpf", "ipcache", "list", "--pin-dir", &pin]);
+    let ct_before = t.bpf_list("ct");
+    let ipcache_before = t.bpf_list("ipcache");
     let extra = format!(
         "  stateDir: {}\n  mapSizes: {{conntrack: 300000, ipcache: 600000}}\n",
         state.display()
     );
     let config = t.write_node_config(&node_config_with(&t, A_PORTS, &extra));
-    t.kill_node();
-    t.start_node(&config);
-    t.expect_caps(NODE_CAPS);
+    restart_node(&mut t, &config);
     assert!(
         echo(&mut stream, b"after resize"),
         "flow broke across the resize\n{}",
         t.logs()
     );
-    let ipcache_after = t.cli(&["bpf", "ipcache", "list", "--pin-dir", &pin]);
+    let ipcache_after = t.bpf_list("ipcache");
     assert_eq!(ipcache_before, ipcache_after);
-    let ct_after = t.cli(&["bpf", "ct", "list", "--pin-dir", &pin]);
+    let ct_after = t.bpf_list("ct");
     // The busy flow's entry was carried over (idle ones may have been collected meanwhile).
     let flow = format!("{}", stream.local_addr().unwrap());
     assert!(
@@ -719,15 +626,9 @@ fn a_killed_node_restarts_without_breaking_flows_or_forgetting_answers() {
 /// keeps being answered and its connections keep working.
 #[test]
 fn a_full_ipcache_fails_new_answers_closed_and_keeps_serving_known_names() {
-    if !privileged("mapfull") {
+    let Some(mut t) = topology("mapfull") else {
         return;
-    }
-    let mut t = Topology::new("mapfull");
-    t.start_dns(
-        &ZONE
-            .replace(".N.", &format!(".{}.", t.n))
-            .replace(":N:", &format!(":{}:", t.n)),
-    );
+    };
     let metrics_port = 19_000 + t.n as u16;
     let extra = format!(
         "  mapSizes: {{ipcache: 3}}\n  onHoldTimeout: servfail\n  metrics: 127.0.0.1:{metrics_port}\n"
@@ -735,50 +636,54 @@ fn a_full_ipcache_fails_new_answers_closed_and_keeps_serving_known_names() {
     let config = t.write_node_config(&node_config_with(&t, A_PORTS, &extra));
     t.start_node(&config);
     t.expect_caps(NODE_CAPS);
-    let resolver = sa(t.v4(9, 53), 53);
     let api = sa(t.v4(10, 1), 8080);
 
-    let reply = dns::udp(&t.ep_a, resolver, "api.example.test.", RecordType::A).unwrap();
+    let reply = resolve(&t, "api.example.test.", RecordType::A);
     assert_eq!(reply.rcode, ResponseCode::NoError, "{}", t.logs());
     assert!(tcp_reaches(&t.ep_a, api, REACHES), "{}", t.logs());
     // No room for short.example.test's two IPs: not released as allowed, now or later.
     for _ in 0..2 {
-        let reply = dns::udp(&t.ep_a, resolver, "short.example.test.", RecordType::A).unwrap();
+        let reply = resolve(&t, "short.example.test.", RecordType::A);
         assert_eq!(reply.rcode, ResponseCode::ServFail, "{}", t.logs());
         assert!(reply.addrs.is_empty());
     }
     assert!(!tcp_reaches(&t.ep_a, sa(t.v4(10, 2), 8080), DROPPED));
-    let ipcache = t.cli(&[
-        "bpf",
-        "ipcache",
-        "list",
-        "--pin-dir",
-        t.pin_dir.to_str().unwrap(),
-    ]);
+    let ipcache = t.bpf_list("ipcache");
     assert!(
         !ipcache.contains(&format!("{}/32", t.v4(10, 2))),
         "{ipcache}"
     );
     // The known name is still answered, and its connections still pass.
-    let reply = dns::udp(&t.ep_a, resolver, "api.example.test.", RecordType::A).unwrap();
+    let reply = resolve(&t, "api.example.test.", RecordType::A);
     assert_eq!(reply.rcode, ResponseCode::NoError);
     assert!(tcp_reaches(&t.ep_a, api, REACHES));
-    // Metrics: the refusals, and the occupancy against the size.
-    std::thread::sleep(Duration::from_millis(1500));
-    let text = topology::in_netns(&t.host, move || {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", metrics_port)).unwrap();
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .unwrap();
-        let mut text = String::new();
-        s.read_to_string(&mut text).unwrap();
-        text
+    // Metrics: the refusals, and the occupancy against the size (sampled once a second: the
+    // page is read until a sample shows them, then judged).
+    let metrics = SocketAddr::from(([127, 0, 0, 1], metrics_port));
+    let text = poll(PATIENCE, "the datapath gauges on the metrics page", || {
+        let page =
+            topology::in_netns(&t.host, move || scrape(metrics)).map_err(|e| e.to_string())?;
+        let has = |series: &str, wanted: fn(f64) -> bool| metric(&page, series).is_some_and(wanted);
+        if has("fqdnd_datapath_map_full_total{map=\"ipcache\"}", |v| {
+            v >= 2.0
+        }) && has("fqdnd_datapath_map_entries{map=\"ipcache4\"}", |v| v == 3.0)
+            && has("fqdnd_datapath_map_capacity{map=\"ipcache4\"}", |v| {
+                v == 3.0
+            })
+            && has("fqdnd_datapath_map_entries{map=\"conntrack\"}", |v| {
+                v >= 0.0
+            })
+            && has("fqdnd_datapath_map_capacity{map=\"conntrack\"}", |v| {
+                v > 0.0
+            })
+        {
+            Ok(page)
+        } else {
+            Err(page)
+        }
     });
     let value = |series: &str| -> f64 {
-        text.lines()
-            .find(|l| l.starts_with(series))
-            .and_then(|l| l.split_whitespace().last()?.parse().ok())
-            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+        metric(&text, series).unwrap_or_else(|| panic!("no {series} in\n{text}"))
     };
     assert!(value("fqdnd_datapath_map_full_total{map=\"ipcache\"}") >= 2.0);
     assert_eq!(value("fqdnd_datapath_map_entries{map=\"ipcache4\"}"), 3.0);

@@ -16,23 +16,16 @@ use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::common::{PATIENCE, poll, run, text, wait_serving};
 
 /// Whether this process may build the topology; without root the test is skipped, unless
 /// `FQDND_REQUIRE_PRIVILEGED=1` (CI), where it fails.
 pub(crate) fn privileged(test: &str) -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    let msg = format!("{test}: needs root for netns and eBPF (skipped)");
-    assert!(
-        std::env::var("FQDND_REQUIRE_PRIVILEGED").as_deref() != Ok("1"),
-        "{msg}, and FQDND_REQUIRE_PRIVILEGED=1"
-    );
-    eprintln!("{msg}");
-    false
+    crate::common::privileged(test, "for netns and eBPF")
 }
 
 /// Runs a shell command; panics with its output when it fails.
@@ -166,42 +159,32 @@ impl Topology {
                  ip -n {ext} addr add fd00:{n}:10::{i}/128 dev lo nodad"
             ));
         }
-        for port in [8080, 9090] {
+        for (port, serve) in [
+            (8080, tcp_echo as fn(&TcpListener)),
+            (9090, tcp_echo),
+            // Load-balancer backends say who they are: TCP 7070 writes its address first,
+            // then echoes; UDP 7053 answers any datagram with its address.
+            (7070, whoami_tcp),
+        ] {
             in_netns(ext, move || {
                 let listener = TcpListener::bind(("::", port)).unwrap();
-                std::thread::spawn(move || tcp_echo(&listener));
-            });
-        }
-        // Load-balancer backends say who they are: TCP 7070 writes its address first, then
-        // echoes; UDP 7053 answers any datagram with its address.
-        in_netns(ext, move || {
-            let listener = TcpListener::bind(("::", 7070)).unwrap();
-            std::thread::spawn(move || whoami_tcp(&listener));
-        });
-        for i in 1..=3 {
-            let addrs: [SocketAddr; 2] = [
-                format!("10.{n}.10.{i}:7053").parse().unwrap(),
-                format!("[fd00:{n}:10::{i}]:7053").parse().unwrap(),
-            ];
-            in_netns(ext, move || {
-                for addr in addrs {
-                    let socket = UdpSocket::bind(addr).unwrap();
-                    std::thread::spawn(move || whoami_udp(&socket));
-                }
+                std::thread::spawn(move || serve(&listener));
             });
         }
         // UDP replies must leave from the address asked: one socket per server address.
-        for i in 1..=3 {
-            let addrs: [SocketAddr; 2] = [
-                format!("10.{n}.10.{i}:8053").parse().unwrap(),
-                format!("[fd00:{n}:10::{i}]:8053").parse().unwrap(),
-            ];
-            in_netns(ext, move || {
-                for addr in addrs {
-                    let socket = UdpSocket::bind(addr).unwrap();
-                    std::thread::spawn(move || udp_echo(&socket));
-                }
-            });
+        for (port, serve) in [(7053, whoami_udp as fn(&UdpSocket)), (8053, udp_echo)] {
+            for i in 1..=3 {
+                let addrs: [SocketAddr; 2] = [
+                    format!("10.{n}.10.{i}:{port}").parse().unwrap(),
+                    format!("[fd00:{n}:10::{i}]:{port}").parse().unwrap(),
+                ];
+                in_netns(ext, move || {
+                    for addr in addrs {
+                        let socket = UdpSocket::bind(addr).unwrap();
+                        std::thread::spawn(move || serve(&socket));
+                    }
+                });
+            }
         }
     }
 
@@ -236,8 +219,10 @@ impl Topology {
             &["gateway", "--config", config.to_str().unwrap()],
             &name,
         );
-        self.children.push((name, child));
-        wait_for(&admin, Duration::from_secs(30));
+        self.children.push((name.clone(), child));
+        // (Killed by Drop if it never answers.)
+        let (_, child) = self.children.last_mut().unwrap();
+        wait_serving(child, &admin, &name);
     }
 
     /// `fqdnd ARGS` inside namespace `ns` (nsenter switches only the network namespace, so
@@ -255,9 +240,20 @@ impl Topology {
             .unwrap()
     }
 
-    /// Writes the node's configuration file and returns its path.
+    /// Writes the node's configuration file (`config/node.yaml`) and returns its path.
     pub(crate) fn write_node_config(&self, documents: &str) -> PathBuf {
-        let path = self.dir.join("node.yaml");
+        self.write_config_file("node.yaml", documents)
+    }
+
+    /// The node's configuration directory: `config/` (`node.yaml` and any other file).
+    pub(crate) fn config_dir(&self) -> PathBuf {
+        self.dir.join("config")
+    }
+
+    /// Writes `config/NAME` and returns its path.
+    pub(crate) fn write_config_file(&self, name: &str, documents: &str) -> PathBuf {
+        let path = self.config_dir().join(name);
+        std::fs::create_dir_all(self.config_dir()).unwrap();
         std::fs::write(&path, documents).unwrap();
         path
     }
@@ -288,8 +284,9 @@ impl Topology {
             ],
             "node",
         );
-        self.node = Some(child);
-        wait_for(&admin, Duration::from_secs(30));
+        // (Killed by Drop, its log printed, if it never answers.)
+        let child = self.node.insert(child);
+        wait_serving(child, &admin, &format!("fqdnd {mode}"));
     }
 
     /// The daemon's process id (nsenter execs it: the same process).
@@ -297,9 +294,9 @@ impl Topology {
         self.node.as_ref().map(Child::id)
     }
 
-    /// Waits (at most 10 s) until every thread of the daemon holds exactly `expected` as its
-    /// effective and permitted capabilities (it drops the others after start-up); panics
-    /// with the threads' sets if it never does.
+    /// Waits until every thread of the daemon holds exactly `expected` as its effective and
+    /// permitted capabilities (it drops the others after start-up); panics with the threads'
+    /// sets if it never does.
     pub(crate) fn expect_caps(&self, expected: u64) {
         let pid = self.node_pid().unwrap();
         let read = || -> Vec<(u64, u64)> {
@@ -319,19 +316,15 @@ impl Topology {
                 })
                 .unwrap_or_default()
         };
-        let start = Instant::now();
-        loop {
+        let what = format!("every thread's capabilities (effective, permitted) to be {expected:x}");
+        poll(PATIENCE, &what, || {
             let threads = read();
             if !threads.is_empty() && threads.iter().all(|&(e, p)| e == expected && p == expected) {
-                return;
+                Ok(())
+            } else {
+                Err(format!("{threads:x?}"))
             }
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "capabilities (effective, permitted) per thread: {threads:x?}, expected {expected:x}\n{}",
-                self.logs()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        });
     }
 
     /// Kills the node agent (SIGKILL) and waits for it.
@@ -344,31 +337,50 @@ impl Topology {
 
     /// Runs `fqdnd ARGS` against the node (host namespace), returns stdout; panics on failure.
     pub(crate) fn cli(&self, args: &[&str]) -> String {
-        let mut child = Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{}", self.host))
-            .arg(env!("CARGO_BIN_EXE_fqdnd"))
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let start = Instant::now();
-        while child.try_wait().unwrap().is_none() {
-            if start.elapsed() > Duration::from_secs(20) {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("fqdnd {args:?} did not finish within 20 s\n{}", self.logs());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let out = child.wait_with_output().unwrap();
+        let out = self.cli_in(&self.host, args);
         assert!(
             out.status.success(),
-            "fqdnd {args:?} failed: {}\n{}",
-            String::from_utf8_lossy(&out.stderr),
+            "fqdnd {args:?} failed: {}{}\n{}",
+            text(&out.stdout),
+            text(&out.stderr),
             self.logs()
         );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        text(&out.stdout)
+    }
+
+    /// `fqdnd ARGS --admin-socket <the node's>` (host namespace), returns stdout; panics on
+    /// failure.
+    pub(crate) fn admin_cli(&self, args: &[&str]) -> String {
+        let admin = self.admin();
+        let mut args = args.to_vec();
+        args.extend(["--admin-socket", admin.to_str().unwrap()]);
+        self.cli(&args)
+    }
+
+    /// `fqdnd ARGS --json` against the node's admin socket, decoded; panics if it fails.
+    pub(crate) fn admin_json(&self, args: &[&str]) -> serde_json::Value {
+        crate::common::admin(&self.admin(), args)
+    }
+
+    /// `fqdnd bpf WHAT list` of the node's pinned maps.
+    pub(crate) fn bpf_list(&self, what: &str) -> String {
+        self.cli(&[
+            "bpf",
+            what,
+            "list",
+            "--pin-dir",
+            self.pin_dir.to_str().unwrap(),
+        ])
+    }
+
+    /// `fqdnd ARGS` in network namespace `ns` only (nsenter: the mount namespace stays, so
+    /// bpffs stays visible — `ip netns exec` would mount a fresh /sys over it), run to the end.
+    pub(crate) fn cli_in(&self, ns: &str, args: &[&str]) -> Output {
+        run(Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{ns}"))
+            .arg(env!("CARGO_BIN_EXE_fqdnd"))
+            .args(args)
+            .env_remove("FQDND_ADMIN_SOCKET"))
     }
 
     /// The node's and the DNS server's logs, for failure messages.
@@ -412,21 +424,9 @@ impl Drop for Topology {
         if !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.dir);
         } else {
-            eprintln!("logs kept in {}", self.dir.display());
+            eprintln!("{}logs kept in {}", self.logs(), self.dir.display());
         }
     }
-}
-
-/// Waits until a Unix socket accepts connections.
-fn wait_for(socket: &Path, limit: Duration) {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if std::os::unix::net::UnixStream::connect(socket).is_ok() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("{} did not come up within {limit:?}", socket.display());
 }
 
 fn tcp_echo(listener: &TcpListener) {

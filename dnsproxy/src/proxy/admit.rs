@@ -12,6 +12,7 @@ use crate::policy::{QueryInfo, Transport, Verdict};
 use crate::query::{self, NotForwarded, ParsedQuery};
 use crate::querylog::QueryResult;
 use crate::question::Question;
+use crate::record::Direction;
 use crate::upstream::{Asked, ReplyTo};
 use crate::wire::{self, rcode};
 
@@ -36,7 +37,28 @@ impl Shared {
                 return Handled::Runt;
             }
             Err(not_forwarded) => {
+                self.tap(
+                    Direction::Query,
+                    client,
+                    server,
+                    transport,
+                    raw,
+                    None,
+                    "malformed",
+                );
                 let code = not_forwarded.write_reply(&mut w.scratch, raw);
+                if code.is_some() {
+                    let result = QueryResult::Malformed.as_str();
+                    self.tap(
+                        Direction::Reply,
+                        client,
+                        server,
+                        transport,
+                        &w.scratch,
+                        None,
+                        result,
+                    );
+                }
                 self.finish(
                     client,
                     transport,
@@ -72,6 +94,14 @@ impl Shared {
                 .rate_limit
                 .as_ref()
                 .is_some_and(|limit| !limit.allow(client.ip(), received));
+        let (tag, said) = match verdict {
+            _ if limited => (None, "rate_limited"),
+            Verdict::Allow { tag } => (Some(tag), "allow"),
+            Verdict::Deny => (None, "deny"),
+            Verdict::UnknownClient => (None, "unknown_client"),
+        };
+        // Before `forward` rewrites the ID: the query as the client sent it.
+        self.tap(Direction::Query, client, server, transport, raw, tag, said);
         let (result, code) = if limited {
             if self.config.rate_limit_action == RateLimitAction::Drop {
                 let outcome = Outcome::local(QueryResult::RateLimited, None);
@@ -115,6 +145,15 @@ impl Shared {
             false,
             opt,
         );
+        self.tap(
+            Direction::Reply,
+            client,
+            server,
+            transport,
+            &w.scratch,
+            None,
+            result.as_str(),
+        );
         self.finish(
             client,
             transport,
@@ -145,6 +184,7 @@ impl Shared {
             false,
             asked.opt,
         );
+        self.tap_reply(asked, &w.scratch, result);
         self.finish(
             asked.client,
             asked.transport,

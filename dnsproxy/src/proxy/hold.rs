@@ -138,12 +138,14 @@ impl Shared {
                     question,
                     code,
                 );
+                self.tap_reply(&asked, reply, result);
                 self.send_udp_reply(listener, server, reply, asked.client)
                     .await;
             }
             ReplyTo::Tcp(tcp) => {
                 let mut out = raw.to_vec();
                 wire::set_id(&mut out, asked.client_id);
+                self.tap_reply(&asked, &out, result);
                 tcp.send(out);
             }
         }
@@ -186,7 +188,9 @@ impl Shared {
             answered,
             ..
         } = answer;
-        let code = self.send_servfail(reply, &asked, raw, question).await;
+        let code = self
+            .send_servfail(reply, &asked, raw, question, result)
+            .await;
         let hold = answered.elapsed();
         self.metrics.hold.record(hold.as_secs_f64());
         let outcome = Outcome {
@@ -250,6 +254,7 @@ impl Shared {
         asked: &Asked,
         query: &[u8],
         question: Question,
+        result: QueryResult,
     ) -> u8 {
         let mut out = Vec::with_capacity(question.end() + 11);
         let code = rcode::SERVFAIL;
@@ -262,6 +267,7 @@ impl Shared {
             false,
             asked.opt,
         );
+        self.tap_reply(asked, &out, result);
         self.send_reply(reply, asked.client, &out).await;
         code
     }

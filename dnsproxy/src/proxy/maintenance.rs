@@ -91,7 +91,9 @@ impl Shared {
         let Origin { reply, asked } = origin;
         let code = match self.config.on_upstream_timeout {
             UpstreamTimeoutAction::ServFail => {
-                let code = self.send_servfail(reply, &asked, query, question).await;
+                let code = self
+                    .send_servfail(reply, &asked, query, question, QueryResult::UpstreamTimeout)
+                    .await;
                 Some(code.into())
             }
             UpstreamTimeoutAction::NoReply => None,

@@ -34,6 +34,7 @@ use crate::policy::{QueryPolicy, Transport};
 use crate::querylog::{QueryLog, QueryLogEntry, QueryResult};
 use crate::question::Question;
 use crate::ratelimit::RateLimiter;
+use crate::record::{Direction, Recorded, Recorder};
 use crate::transparent::RawSender;
 use crate::upstream::{Asked, NewSocket, Origin, OriginalUpstreams, Upstream};
 use crate::wire;
@@ -53,6 +54,7 @@ pub(crate) struct Shared {
     pub(crate) policy: Arc<dyn QueryPolicy>,
     pub(crate) observer: Arc<dyn ResponseObserver>,
     pub(crate) query_log: Option<Arc<dyn QueryLog>>,
+    pub(crate) recorder: Option<Arc<dyn Recorder>>,
     pub(crate) udp: Vec<UdpListener>,
     /// The configured pool.
     pub(crate) upstreams: Vec<Arc<Upstream>>,
@@ -184,6 +186,49 @@ impl Shared {
     /// Milliseconds from the proxy's start to `now`.
     fn elapsed_ms(&self, now: Instant) -> u64 {
         u64::try_from(now.saturating_duration_since(self.start).as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Hands one message to the recorder, if recording is on.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the fields of one recorded message, at call sites that hold them apart"
+    )]
+    pub(crate) fn tap(
+        &self,
+        direction: Direction,
+        client: SocketAddr,
+        server: SocketAddr,
+        transport: Transport,
+        bytes: &[u8],
+        tag: Option<u64>,
+        verdict: &'static str,
+    ) {
+        let Some(recorder) = self.recorder.as_ref().filter(|r| r.active()) else {
+            return;
+        };
+        recorder.record(&Recorded {
+            direction,
+            client,
+            server,
+            transport,
+            bytes,
+            tag,
+            verdict,
+            unix_us: crate::record::unix_us(),
+        });
+    }
+
+    /// Hands a reply to an admitted query to the recorder.
+    pub(crate) fn tap_reply(&self, asked: &Asked, bytes: &[u8], result: QueryResult) {
+        self.tap(
+            Direction::Reply,
+            asked.client,
+            asked.server,
+            asked.transport,
+            bytes,
+            Some(asked.tag),
+            result.as_str(),
+        );
     }
 
     /// A forwarded query ended.

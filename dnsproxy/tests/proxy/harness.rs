@@ -26,8 +26,9 @@ use std::task::Poll;
 use std::time::Duration;
 
 use fqdnd_dnsproxy::{
-    Config, DnsProxy, Observation, ObserveError, ProxyStats, QueryInfo, QueryLog, QueryLogEntry,
-    QueryPolicy, ResponseContext, ResponseObserver, StatsHandle, Transport, Verdict,
+    Config, Direction, DnsProxy, Observation, ObserveError, ProxyStats, QueryInfo, QueryLog,
+    QueryLogEntry, QueryPolicy, Recorded, Recorder, ResponseContext, ResponseObserver, StatsHandle,
+    Taps, Transport, Verdict,
 };
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};
 use hickory_proto::rr::rdata::opt::{EdnsCode, EdnsOption};
@@ -158,6 +159,43 @@ impl QueryLog for TestLog {
     }
 }
 
+/// One recorded message, owned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Taken {
+    pub(crate) direction: Direction,
+    pub(crate) client: SocketAddr,
+    pub(crate) server: SocketAddr,
+    pub(crate) transport: Transport,
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) tag: Option<u64>,
+    pub(crate) verdict: &'static str,
+}
+
+/// Keeps every recorded message while switched on (off at first).
+#[derive(Default)]
+pub(crate) struct TestRecorder {
+    pub(crate) on: std::sync::atomic::AtomicBool,
+    pub(crate) taken: Mutex<Vec<Taken>>,
+}
+
+impl Recorder for TestRecorder {
+    fn active(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
+    }
+
+    fn record(&self, m: &Recorded<'_>) {
+        self.taken.lock().unwrap().push(Taken {
+            direction: m.direction,
+            client: m.client,
+            server: m.server,
+            transport: m.transport,
+            bytes: m.bytes.to_vec(),
+            tag: m.tag,
+            verdict: m.verdict,
+        });
+    }
+}
+
 /// Test defaults: loopback, port 0, short health checks. The upstream timeout is long enough
 /// that a loaded machine does not turn an answer into a timeout on the real clock; a test about
 /// timeouts sets its own (and runs on the paused clock where it asserts durations).
@@ -184,6 +222,7 @@ pub(crate) struct Harness {
     pub(crate) upstream: TestUpstream,
     pub(crate) observer: Arc<TestObserver>,
     pub(crate) log: Arc<TestLog>,
+    pub(crate) recorder: Arc<TestRecorder>,
     stats: StatsHandle,
     shutdown: Option<oneshot::Sender<()>>,
     run: Option<tokio::task::JoinHandle<Result<(), fqdnd_dnsproxy::Error>>>,
@@ -211,7 +250,12 @@ impl Harness {
     ) -> Self {
         let observer = TestObserver::new(mode);
         let log = Arc::new(TestLog::default());
-        let proxy = DnsProxy::bind(config, policy, observer.clone(), Some(log.clone()))
+        let recorder = Arc::new(TestRecorder::default());
+        let taps = Taps {
+            query_log: Some(log.clone()),
+            recorder: Some(recorder.clone()),
+        };
+        let proxy = DnsProxy::bind(config, policy, observer.clone(), taps)
             .await
             .unwrap();
         let udp = proxy.udp_addrs()[0];
@@ -227,6 +271,7 @@ impl Harness {
             upstream,
             observer,
             log,
+            recorder,
             stats,
             shutdown: Some(tx),
             run: Some(run),

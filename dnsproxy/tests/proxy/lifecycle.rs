@@ -19,7 +19,7 @@ async fn bind(config: fqdnd_dnsproxy::Config) -> Result<DnsProxy, Error> {
         config,
         Arc::new(TestPolicy),
         TestObserver::new(Mode::Done),
-        None,
+        fqdnd_dnsproxy::Taps::default(),
     )
     .await
 }

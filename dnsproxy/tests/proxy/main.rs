@@ -15,6 +15,7 @@ mod lifecycle;
 mod limits;
 mod logs;
 mod policy;
+mod recording;
 mod runts;
 mod spoofing;
 mod tcp;

@@ -294,7 +294,7 @@ async fn without_privileges_the_missing_capability_is_named() {
         config,
         Arc::new(TestPolicy),
         TestObserver::new(Mode::Done),
-        None,
+        fqdnd_dnsproxy::Taps::default(),
     )
     .await
     .unwrap_err();

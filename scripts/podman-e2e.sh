@@ -1,0 +1,280 @@
+#!/usr/bin/env bash
+# A container started the normal way (podman, CNI: bridge + fqdnd-cni) becomes an endpoint of
+# the fqdnd node agent by itself and stops being one when it goes away; its DNS goes through
+# fqdnd transparently and it reaches the IP of an allowed name and not another.
+#
+#   scripts/podman-e2e.sh            # root; installs podman, runc, containernetworking-plugins
+#                                    # and busybox-static if missing
+#   FQDND_BIN=target/release/fqdnd scripts/podman-e2e.sh
+#   CNI_PLUGIN=bridge scripts/podman-e2e.sh   # a bridge: fqdnd-cni must refuse the container
+#
+# Everything runs in network namespaces the script creates (a "host" one for the agent,
+# podman and its bridge; an "external" one with the DNS server and two web servers), on
+# documentation addresses, with a test-owned containers.conf: nothing global changes, and
+# everything is removed at the end, even on failure. Last line: `podman e2e: ok` or
+# `podman e2e: FAILED at <step>`.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# The plugin that creates the container's interface: ptp (routed). With bridge, fqdnd-cni
+# must refuse the container with its reason (the bridge does not keep the DNS redirect's
+# socket assignment), and the script checks that instead.
+plugin="${CNI_PLUGIN:-ptp}"
+bin="${FQDND_BIN:-$root/target/debug/fqdnd}"
+step="start"
+fail() {
+    # What the agent saw, for the one reading the failure.
+    if [ -n "${work:-}" ] && [ -f "$work/node.log" ]; then
+        echo "--- last lines of the node agent's log:" >&2
+        tail -n 30 "$work/node.log" >&2
+        echo "--- drops:" >&2
+        timeout 5 "$bin" monitor --recent --count 20 --admin-socket "$work/node.sock" >&2 || true
+    fi
+    echo "podman e2e: FAILED at $step${1:+: $1}"
+    exit 1
+}
+trap 'fail "command failed (line $LINENO)"' ERR
+
+[ "$(id -u)" -eq 0 ] || { step="privileges"; fail "needs root"; }
+if [ ! -x "$bin" ]; then
+    step="build"
+    (cd "$root" && cargo build --quiet --bin fqdnd)
+fi
+
+step="install"
+missing=()
+command -v podman >/dev/null || missing+=(podman)
+command -v runc >/dev/null || missing+=(runc)
+[ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
+[ -x /bin/busybox ] || missing+=(busybox-static)
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "podman-e2e.sh: installing ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null 2>&1 \
+        || { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; }
+fi
+
+id="fqpm$$"
+host="$id-host"
+ext="$id-ext"
+work="$(mktemp -d /tmp/fqdnd-podman-e2e.XXXXXX)"
+pins="/sys/fs/bpf/fqdnd-podman-e2e-$$"
+node_pid=""
+dns_pid=""
+web_pids=()
+export CONTAINERS_CONF="$work/containers.conf"
+export CONTAINERS_STORAGE_CONF="$work/storage.conf"
+# nsenter, not `ip netns exec`: that one also remounts /sys, hiding the cgroup and bpf mounts.
+in_ns() { local ns="$1"; shift; nsenter --net="/run/netns/$ns" "$@"; }
+podman() { in_ns "$host" podman --root "$work/storage" --runroot "$work/run" "$@"; }
+
+cleanup() {
+    if [ -n "${KEEP:-}" ]; then
+        echo "KEEP: left in place: namespaces $host $ext, $work" >&2
+        return
+    fi
+    set +e
+    trap - ERR
+    podman rm -f -t 0 "$id" >/dev/null 2>&1
+    [ -n "$node_pid" ] && kill "$node_pid" 2>/dev/null && wait "$node_pid" 2>/dev/null
+    [ -n "$dns_pid" ] && kill "$dns_pid" 2>/dev/null && wait "$dns_pid" 2>/dev/null
+    for p in "${web_pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+    [ -d "$pins" ] && in_ns "$host" "$bin" bpf unload --pin-dir "$pins" >/dev/null 2>&1
+    ip netns del "$host" 2>/dev/null
+    ip netns del "$ext" 2>/dev/null
+    rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+
+# Waits up to $1 seconds for command "${@:2}" to succeed.
+until_ok() {
+    local deadline=$((SECONDS + $1)); shift
+    until "$@" >/dev/null 2>&1; do
+        [ "$SECONDS" -lt "$deadline" ] || return 1
+        sleep 0.2
+    done
+}
+
+step="network"
+ip netns add "$host"
+ip netns add "$ext"
+ip -n "$host" link set lo up
+ip -n "$ext" link set lo up
+ip netns exec "$host" sh -c 'echo 1 > /proc/sys/net/ipv4/ip_forward'
+ip -n "$host" link add "${id}x" type veth peer name "${id}e" netns "$ext"
+ip -n "$host" addr add 192.0.2.1/24 dev "${id}x"
+ip -n "$host" link set "${id}x" up
+ip -n "$ext" addr add 192.0.2.2/24 dev "${id}e"
+ip -n "$ext" addr add 192.0.2.53/32 dev "${id}e"
+ip -n "$ext" link set "${id}e" up
+ip -n "$ext" route add default via 192.0.2.1
+ip -n "$ext" addr add 203.0.113.10/32 dev lo
+ip -n "$ext" addr add 203.0.113.20/32 dev lo
+ip -n "$host" route add 203.0.113.0/24 via 192.0.2.2
+
+step="external servers"
+cat > "$work/dns.yaml" <<EOF
+apiVersion: fqdnd.io/v1
+kind: Gateway
+spec:
+  listen: ["192.0.2.53:53"]
+  adminSocket: $work/dns.sock
+  staticZones:
+  - origin: test
+    records: |
+      \$TTL 300
+      @ IN SOA ns.test. admin.test. 1 3600 600 86400 60
+      @ IN NS ns.test.
+      allowed IN A 203.0.113.10
+      denied IN A 203.0.113.20
+---
+apiVersion: fqdnd.io/v1
+kind: ClientGroup
+metadata: {name: everyone}
+spec: {id: 1, addresses: ["0.0.0.0/0"]}
+EOF
+nsenter --net="/run/netns/$ext" "$bin" gateway --config "$work/dns.yaml" > "$work/dns.log" 2>&1 &
+dns_pid=$!
+for name in allowed denied; do
+    mkdir -p "$work/www-$name"
+    echo "hello from $name" > "$work/www-$name/index.html"
+done
+nsenter --net="/run/netns/$ext" busybox httpd -f -p 203.0.113.10:80 -h "$work/www-allowed" &
+web_pids+=($!)
+nsenter --net="/run/netns/$ext" busybox httpd -f -p 203.0.113.20:80 -h "$work/www-denied" &
+web_pids+=($!)
+until_ok 30 test -S "$work/dns.sock" || fail "the DNS server did not start: $(cat "$work/dns.log")"
+
+step="node agent"
+cat > "$work/node.yaml" <<EOF
+apiVersion: fqdnd.io/v1
+kind: Node
+spec:
+  dnsProxyPort: 10053
+  pinDir: $pins
+  adminSocket: $work/node.sock
+  stateDir: $work/state
+---
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: podtest}
+spec:
+  endpointSelector: {matchLabels: {app: podtest}}
+  egress:
+  - toCIDR: ["192.0.2.53/32"]
+    toPorts:
+    - ports: [{port: "53", protocol: ANY}]
+      rules:
+        dns: [{matchPattern: "*.test"}]
+  - toFQDNs: [{matchName: allowed.test}]
+    toPorts:
+    - ports: [{port: "80", protocol: TCP}]
+EOF
+FQDND_LOG=info,fqdnd_dnsproxy=debug nsenter --net="/run/netns/$host" "$bin" node --config "$work/node.yaml" > "$work/node.log" 2>&1 &
+node_pid=$!
+until_ok 60 "$bin" status --admin-socket "$work/node.sock" || fail "the node agent did not start: $(tail -20 "$work/node.log")"
+
+step="podman configuration"
+mkdir -p "$work/cni" "$work/plugins" "$work/rootfs/bin" "$work/rootfs/etc" "$work/storage" "$work/run"
+ln -s "$bin" "$work/plugins/fqdnd-cni"
+cp /bin/busybox "$work/rootfs/bin/busybox"
+ln -s busybox "$work/rootfs/bin/sh"
+cat > "$CONTAINERS_CONF" <<EOF
+[containers]
+default_ulimits = ["nofile=4096:4096", "nproc=1024:1024"]
+[network]
+network_backend = "cni"
+network_config_dir = "$work/cni"
+cni_plugin_dirs = ["/usr/lib/cni", "$work/plugins"]
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+events_logfile_path = "$work/events.log"
+EOF
+cat > "$CONTAINERS_STORAGE_CONF" <<EOF
+[storage]
+driver = "vfs"
+runroot = "$work/run"
+graphroot = "$work/storage"
+EOF
+cat > "$work/cni/$id.conflist" <<EOF
+{
+  "cniVersion": "1.0.0",
+  "name": "$id",
+  "plugins": [
+    {
+      "type": "$plugin",
+$([ "$plugin" = bridge ] && printf '      "bridge": "%s",\n      "isGateway": true,\n' "${id}br")
+      "ipMasq": false,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{"subnet": "198.51.100.0/24", "gateway": "198.51.100.1"}]],
+        "routes": [{"dst": "0.0.0.0/0"}],
+        "dataDir": "$work/ipam"
+      }
+    },
+    {
+      "type": "fqdnd-cni",
+      "adminSocket": "$work/node.sock",
+      "labels": {"app": "podtest"}
+    }
+  ]
+}
+EOF
+
+step="podman run"
+if [ "$plugin" = bridge ]; then
+    if podman run -d --name "$id" --network "$id" --rootfs "$work/rootfs" /bin/busybox sleep 300 \
+        > "$work/podman-run.log" 2>&1; then
+        fail "a container on a bridge was started"
+    fi
+    grep -q "port of a bridge" "$work/podman-run.log" || fail "$(cat "$work/podman-run.log")"
+    echo "podman e2e: ok (bridge refused)"
+    exit 0
+fi
+podman run -d --name "$id" --network "$id" --dns 192.0.2.53 --rootfs "$work/rootfs" \
+    /bin/busybox sleep 300 > "$work/podman-run.log" 2>&1 \
+    || fail "$(cat "$work/podman-run.log")"
+in_box() { podman exec "$id" /bin/busybox "$@"; }
+# An HTTP GET of / from IP $1 inside the container (busybox nc: the static busybox's wget
+# crashes in glibc's resolver even for an address).
+get() { podman exec "$id" /bin/busybox sh -c "printf 'GET / HTTP/1.0\r\n\r\n' | /bin/busybox nc -w 3 $1 80"; }
+
+step="endpoint registered"
+list() { "$bin" endpoint list --admin-socket "$work/node.sock"; }
+until_ok 30 sh -c "'$bin' endpoint list --admin-socket '$work/node.sock' | grep -q 'k8s:app=podtest'" \
+    || fail "$(list)"
+list | grep 'k8s:app=podtest' | grep -q ' true ' || fail "not enforcing: $(list)"
+
+step="no access before DNS"
+if get 203.0.113.10 >/dev/null 2>&1; then
+    fail "the allowed name's IP was reachable before it was resolved"
+fi
+
+step="DNS through fqdnd"
+in_box nslookup allowed.test 192.0.2.53 > "$work/nslookup.log" 2>&1 || fail "$(cat "$work/nslookup.log")"
+grep -q 203.0.113.10 "$work/nslookup.log" || fail "$(cat "$work/nslookup.log")"
+if in_box nslookup allowed.example 192.0.2.53 > "$work/refused.log" 2>&1; then
+    fail "a name outside *.test was answered: $(cat "$work/refused.log")"
+fi
+# The proxy saw the container's queries: its cache holds the name for the endpoint.
+"$bin" cache list --admin-socket "$work/node.sock" | grep -q 'allowed.test' || fail "not learned"
+
+step="allowed IP reachable"
+get 203.0.113.10 | grep -q "hello from allowed" \
+    || fail "could not reach the allowed name's IP"
+
+step="denied IP dropped"
+in_box nslookup denied.test 192.0.2.53 | grep -q 203.0.113.20 || fail "denied.test did not resolve"
+if get 203.0.113.20 >/dev/null 2>&1; then
+    fail "reached denied.test's IP"
+fi
+
+step="podman rm"
+podman rm -f -t 0 "$id" >/dev/null
+until_ok 30 sh -c "! '$bin' endpoint list --admin-socket '$work/node.sock' | grep -q 'k8s:app=podtest'" \
+    || fail "the endpoint is still there: $(list)"
+
+echo "podman e2e: ok"
