@@ -4,7 +4,8 @@
 # protobuf-compiler + libprotobuf-dev (`protoc` and the well-known .proto files: the
 # etcd-client crate compiles etcd's protos when it builds),
 # etcd-server + etcd-client (the cluster tests run a real 3-member etcd; `etcdctl` inspects it),
-# openssl (the etcd TLS test makes its certificates).
+# openssl (the etcd TLS test makes its certificates),
+# tshark (tests/record.rs reads the recordings with Wireshark's reader).
 # Needs root and the Debian package mirror; does nothing when everything is there.
 set -euo pipefail
 missing=()
@@ -16,6 +17,7 @@ command -v protoc >/dev/null || missing+=(protobuf-compiler)
 command -v etcd >/dev/null || missing+=(etcd-server)
 command -v etcdctl >/dev/null || missing+=(etcd-client)
 command -v openssl >/dev/null || missing+=(openssl)
+command -v tshark >/dev/null || missing+=(tshark)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi

@@ -7,7 +7,7 @@
 //! one). Stopping the daemon therefore leaves enforcement in place; `fqdnd bpf unload` removes
 //! it.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
 use std::path::{Path, PathBuf};
 
@@ -28,6 +28,9 @@ pub(crate) struct Attached {
     pub(crate) enforcing: bool,
     /// The sources its packets may have (anything else is dropped as spoofed).
     pub(crate) addresses: Vec<IpAddr>,
+    /// The bridge its interface is a port of (found when attached), where its DNS is
+    /// redirected again.
+    pub(crate) bridge: Option<String>,
 }
 
 /// What an endpoint needs from the kernel.
@@ -53,6 +56,8 @@ pub(crate) struct Kernel {
     attached: BTreeMap<String, Attached>,
     /// Gateway LAN interfaces (by source) attached, name → index.
     lan: BTreeMap<String, u32>,
+    /// Node: bridges whose ports are endpoints, attached, name → index.
+    bridges: BTreeMap<String, u32>,
     /// Client prefixes written, with what they were written with.
     clients: BTreeMap<IpNet, (EndpointId, EndpointFlags)>,
     pin_dir: PathBuf,
@@ -156,6 +161,7 @@ impl Kernel {
             maps,
             attached: BTreeMap::new(),
             lan: BTreeMap::new(),
+            bridges: BTreeMap::new(),
             clients: BTreeMap::new(),
             pin_dir: pin_dir.to_path_buf(),
             sizes,
@@ -183,11 +189,18 @@ impl Kernel {
             let mut addresses = w.addresses.clone();
             addresses.sort();
             addresses.dedup();
+            let bridge = match self.attached.get(&w.interface) {
+                Some(old) if old.ifindex == index => old.bridge.clone(),
+                _ => crate::links::link_info(&w.interface)
+                    .bridge()
+                    .map(str::to_owned),
+            };
             let entry = Attached {
                 id: w.id,
                 ifindex: index,
                 enforcing: w.enforcing,
                 addresses,
+                bridge,
             };
             if self.attached.get(&w.interface) == Some(&entry) {
                 continue;
@@ -242,12 +255,89 @@ impl Kernel {
                 self.detach(&name, Some(old.ifindex))?;
             }
         }
+        self.sync_bridges()?;
         // Links pinned by an earlier run for interfaces no longer configured.
         for name in fqdnd_ebpf::attached_interfaces(&self.pin_dir) {
-            if !keep.contains(name.as_str()) && !self.lan.contains_key(&name) {
+            if !keep.contains(name.as_str())
+                && !self.lan.contains_key(&name)
+                && !self.bridges.contains_key(&name)
+            {
                 let index = ifindex(&name).ok();
                 self.detach(&name, index)?;
             }
+        }
+        Ok(())
+    }
+
+    /// The bridges whose ports are endpoints. A DNS query's socket assignment made at the
+    /// port does not survive the bridge (it passes the frame up to the IP layer as a packet of
+    /// the bridge device), so the bridge's ingress assigns it again, for the bridged
+    /// endpoints' addresses (client prefixes with `redirect_dns`; the port checked the source
+    /// against them). Prefixes first, then the bridge's entry and programs.
+    fn sync_bridges(&mut self) -> Result<()> {
+        let mut prefixes = BTreeMap::new();
+        let mut bridges = BTreeSet::new();
+        for a in self.attached.values() {
+            let Some(bridge) = &a.bridge else { continue };
+            bridges.insert(bridge.clone());
+            let flags = EndpointFlags {
+                enforce_egress: false,
+                redirect_dns: true,
+                check_source: false,
+            };
+            for addr in &a.addresses {
+                prefixes.insert(IpNet::from(*addr), (a.id, flags));
+            }
+        }
+        self.sync_clients(prefixes)?;
+        for name in &bridges {
+            if self.bridges.contains_key(name) {
+                continue;
+            }
+            let index = ifindex(name)?;
+            self.maps
+                .set_bridge(index)
+                .with_context(|| format!("registering bridge {name}"))?;
+            self.loaded
+                .attach(name)
+                .with_context(|| format!("attaching the programs to bridge {name}"))?;
+            tracing::info!(bridge = %name, ifindex = index, "DNS of the bridge's endpoint ports redirected at the bridge");
+            self.bridges.insert(name.clone(), index);
+        }
+        let gone: Vec<(String, u32)> = self
+            .bridges
+            .iter()
+            .filter(|(name, _)| !bridges.contains(*name))
+            .map(|(name, index)| (name.clone(), *index))
+            .collect();
+        for (name, index) in gone {
+            self.detach(&name, Some(index))?;
+            self.bridges.remove(&name);
+        }
+        Ok(())
+    }
+
+    /// Makes the client prefixes (by-source endpoints) exactly `wanted`.
+    fn sync_clients(&mut self, wanted: BTreeMap<IpNet, (EndpointId, EndpointFlags)>) -> Result<()> {
+        for (prefix, entry) in &wanted {
+            if self.clients.get(prefix) != Some(entry) {
+                self.maps
+                    .set_client_prefix(*prefix, entry.0, entry.1)
+                    .with_context(|| format!("writing client prefix {prefix}"))?;
+                self.clients.insert(*prefix, *entry);
+            }
+        }
+        let stale: Vec<IpNet> = self
+            .clients
+            .keys()
+            .filter(|p| !wanted.contains_key(p))
+            .copied()
+            .collect();
+        for prefix in stale {
+            self.maps
+                .remove_client_prefix(prefix)
+                .with_context(|| format!("removing client prefix {prefix}"))?;
+            self.clients.remove(&prefix);
         }
         Ok(())
     }
@@ -283,26 +373,7 @@ impl Kernel {
             };
             wanted.insert(prefix.trunc(), (id, flags));
         }
-        for (prefix, entry) in &wanted {
-            if self.clients.get(prefix) != Some(entry) {
-                self.maps
-                    .set_client_prefix(*prefix, entry.0, entry.1)
-                    .with_context(|| format!("writing client prefix {prefix}"))?;
-                self.clients.insert(*prefix, *entry);
-            }
-        }
-        let stale: Vec<IpNet> = self
-            .clients
-            .keys()
-            .filter(|p| !wanted.contains_key(p))
-            .copied()
-            .collect();
-        for prefix in stale {
-            self.maps
-                .remove_client_prefix(prefix)
-                .with_context(|| format!("removing client prefix {prefix}"))?;
-            self.clients.remove(&prefix);
-        }
+        self.sync_clients(wanted)?;
         for name in interfaces {
             if self.lan.contains_key(name) {
                 continue;

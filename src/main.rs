@@ -14,6 +14,7 @@ mod daemon;
 mod datapath;
 mod gateway;
 mod kernel;
+mod links;
 mod metrics;
 mod node;
 mod perms;

@@ -719,6 +719,27 @@ static __always_inline int redirect_dns(struct __sk_buff *skb, const struct fqdn
 	}
 }
 
+/* The ingress of a bridge whose ports are endpoints (FQDND_EP_DNS_ONLY): their packets were
+ * judged at their port, but a DNS query's socket assignment made there does not survive the
+ * bridge, so it is made again here, where the packet goes up to the IP layer; the endpoint is
+ * the client entry of the source (checked against the port's addresses at the port).
+ * Everything else passes. */
+static __always_inline int bridge_dns(struct __sk_buff *skb, const struct pkt *p, int r)
+{
+	struct fqdnd_endpoint_value ep;
+
+	if (r != PARSE_OK || p->icmp != ICMP_NONE || p->key.dport != bpf_htons(53))
+		return TC_ACT_OK;
+	if (!client_of(&p->key, p->key.saddr, &ep) || !(ep.flags & FQDND_EP_REDIRECT_DNS))
+		return TC_ACT_OK;
+	if (redirect_dns(skb, &p->key) == 0) {
+		skb->mark = (skb->mark & ~FQDND_MARK_MASK) | FQDND_MARK_TO_PROXY;
+		return TC_ACT_OK;
+	}
+	emit_drop(skb, ep.endpoint, 0, p, FQDND_DROP_NO_PROXY);
+	return TC_ACT_SHOT;
+}
+
 /* ---- service load balancing (maps and design: include/fqdnd_maps.h) ---- */
 
 #define IP_CSUM_OFF   (ETH_HLEN + __builtin_offsetof(struct iphdr, check))
@@ -1176,6 +1197,8 @@ int fqdnd_from_ep(struct __sk_buff *skb)
 	r = parse(skb, &p);
 	if (r == PARSE_NOT_IP || r == PARSE_ALWAYS_PASS)
 		return TC_ACT_OK;
+	if (ep.flags & FQDND_EP_DNS_ONLY)
+		return bridge_dns(skb, &p, r);
 	if (ep.flags & FQDND_EP_BY_SOURCE) {
 		if (!client_of(&p.key, p.key.saddr, &ep)) {
 			/* a source no client prefix holds: the interface entry's ENFORCE decides */
@@ -1208,7 +1231,7 @@ int fqdnd_to_ep(struct __sk_buff *skb)
 	int r;
 
 	iface = bpf_map_lookup_elem(&fqdnd_endpoints, &ifindex);
-	if (!iface)
+	if (!iface || (iface->flags & FQDND_EP_DNS_ONLY))
 		return TC_ACT_OK;
 	ep = *iface;
 	r = parse(skb, &p);

@@ -73,6 +73,11 @@ struct fqdnd_ipcache_value {
 				     * fqdnd_clients4/6 entry of the packet's source address */
 #define FQDND_EP_CHECK_SOURCE   0x8 /* a packet whose source is not one of the interface's
 				     * addresses (fqdnd_ep_addrs) is dropped: FQDND_DROP_SPOOFED */
+#define FQDND_EP_DNS_ONLY       0x20 /* interface entry only (with BY_SOURCE): a bridge whose
+				      * ports are endpoints judged at their port; its ingress only
+				      * redoes the DNS redirect of the sources whose client entry has
+				      * REDIRECT_DNS (the bridge does not carry a port's socket
+				      * assignment up to the IP layer); its egress does nothing */
 struct fqdnd_endpoint_value {
 	__u16 endpoint;    /* EndpointId */
 	__u8 flags;        /* FQDND_EP_* */

@@ -127,6 +127,11 @@ pub enum EndpointEntry {
         /// Sources no prefix holds are dropped (else they pass untouched).
         enforce_unknown: bool,
     },
+    /// A bridge whose ports are endpoints ([`KernelDatapath::set_bridge`]).
+    Bridge {
+        /// The bridge's interface index.
+        ifindex: u32,
+    },
 }
 
 /// One conntrack entry, read back. Addresses and ports as on the wire, in the direction of the
@@ -559,6 +564,21 @@ impl KernelDatapath {
             .map_err(|e| map_err("fqdnd_endpoints", "endpoint upsert", e))
     }
 
+    /// Registers the bridge `ifindex` whose ports are endpoints (node mode). Their packets are
+    /// judged at their port; a DNS query's socket assignment made there does not survive the
+    /// bridge, so the bridge's ingress assigns it again: for sources whose client prefix
+    /// ([`Self::set_client_prefix`]) has `redirect_dns`. Everything else passes.
+    pub fn set_bridge(&mut self, ifindex: u32) -> Result<(), DatapathError> {
+        let v = EndpointValue {
+            endpoint: 0,
+            flags: sys::EP_BY_SOURCE | sys::EP_DNS_ONLY,
+            pad: 0,
+        };
+        self.endpoints
+            .insert(ifindex, v, 0)
+            .map_err(|e| map_err("fqdnd_endpoints", "endpoint upsert", e))
+    }
+
     /// Source prefix → endpoint for by-source interfaces (longest prefix wins).
     pub fn set_client_prefix(
         &mut self,
@@ -624,7 +644,9 @@ impl KernelDatapath {
         let mut out = Vec::new();
         for r in self.endpoints.iter() {
             let (ifindex, v) = r?;
-            out.push(if v.flags & sys::EP_BY_SOURCE != 0 {
+            out.push(if v.flags & sys::EP_DNS_ONLY != 0 {
+                EndpointEntry::Bridge { ifindex }
+            } else if v.flags & sys::EP_BY_SOURCE != 0 {
                 EndpointEntry::BySource {
                     ifindex,
                     enforce_unknown: v.flags & sys::EP_ENFORCE_EGRESS != 0,
@@ -638,9 +660,9 @@ impl KernelDatapath {
             });
         }
         out.sort_by_key(|e| match e {
-            EndpointEntry::Endpoint { ifindex, .. } | EndpointEntry::BySource { ifindex, .. } => {
-                *ifindex
-            }
+            EndpointEntry::Endpoint { ifindex, .. }
+            | EndpointEntry::BySource { ifindex, .. }
+            | EndpointEntry::Bridge { ifindex } => *ifindex,
         });
         Ok(out)
     }

@@ -37,6 +37,9 @@ pub const EP_BY_SOURCE: u8 = 0x4;
 /// Endpoint flag: a packet whose source is not one of the interface's addresses
 /// (`fqdnd_ep_addrs`) is dropped ([`DROP_SPOOFED`]).
 pub const EP_CHECK_SOURCE: u8 = 0x8;
+/// Interface entry flag (with [`EP_BY_SOURCE`]): a bridge whose ports are endpoints; its
+/// ingress only redirects the DNS of sources whose client entry has [`EP_REDIRECT_DNS`].
+pub const EP_DNS_ONLY: u8 = 0x20;
 /// `skb->mark` of packets assigned to the proxy (within [`MARK_MASK`]).
 pub const MARK_TO_PROXY: u32 = 0x200;
 /// The mark bits fqdnd owns.
@@ -781,6 +784,7 @@ mod tests {
             define("FQDND_EP_CHECK_SOURCE"),
             format!("{EP_CHECK_SOURCE:#x}")
         );
+        assert_eq!(define("FQDND_EP_DNS_ONLY"), format!("{EP_DNS_ONLY:#x}"));
     }
 
     #[test]

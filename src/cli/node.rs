@@ -372,6 +372,14 @@ pub(crate) fn bpf_endpoints(pin_dir: Option<&Path>) -> Result<ExitCode> {
                     "-"
                 )?;
             }
+            fqdnd_ebpf::EndpointEntry::Bridge { ifindex } => {
+                writeln!(
+                    out,
+                    "{ifindex:<8} {:<16} {:<9} bridge,redirect-dns-of-its-ports",
+                    name(ifindex),
+                    "-"
+                )?;
+            }
         }
     }
     for (ifindex, id, addr) in maps.endpoint_addresses()? {
@@ -384,6 +392,8 @@ pub(crate) fn bpf_endpoints(pin_dir: Option<&Path>) -> Result<ExitCode> {
             id.0,
             if flags.enforce_egress {
                 " (enforce-egress)"
+            } else if flags.redirect_dns {
+                " (bridged: DNS redirect)"
             } else {
                 ""
             }

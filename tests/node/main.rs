@@ -10,6 +10,7 @@
     reason = "a failed step should panic"
 )]
 
+mod bridge;
 #[path = "../common/mod.rs"]
 mod common;
 mod dns;
