@@ -97,7 +97,14 @@ fn what_is_taken_while_on_is_written_and_read_back() {
 fn tshark_reads(file: &str, packets: usize) {
     let out = match std::process::Command::new("tshark")
         .args(["-r", file, "-T", "fields", "-E", "separator=|"])
-        .args(["-e", "dns.flags.response", "-e", "dns.qry.name", "-e", "frame.comment"])
+        .args([
+            "-e",
+            "dns.flags.response",
+            "-e",
+            "dns.qry.name",
+            "-e",
+            "frame.comment",
+        ])
         .output()
     {
         Ok(out) => out,
@@ -119,7 +126,10 @@ fn tshark_reads(file: &str, packets: usize) {
     );
     let rows: Vec<Vec<&str>> = stdout.lines().map(|l| l.split('|').collect()).collect();
     assert_eq!(rows.len(), packets, "{stdout}");
-    let replies = rows.iter().filter(|r| r[0] == "1" || r[0] == "True").count();
+    let replies = rows
+        .iter()
+        .filter(|r| r[0] == "1" || r[0] == "True")
+        .count();
     assert_eq!(replies, packets / 2, "{stdout}");
     for r in &rows {
         assert!(r[1].ends_with("corp.test"), "{stdout}");
