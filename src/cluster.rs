@@ -13,7 +13,7 @@
 //!   atomically or not at all: [`Host::reload_all`]).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -124,36 +124,22 @@ pub(crate) fn connect_options(doc: &fqdnd_config::Cluster) -> Connect {
     }
 }
 
-/// The shared policy documents as rules, each loaded on its own and named by its key.
+/// The shared policy documents as rules, each loaded on its own and located by its key.
 fn policy_rules(
     layout: &Layout,
     docs: &BTreeMap<String, String>,
 ) -> std::result::Result<Vec<Rule>, Vec<String>> {
-    let mut rules = Vec::new();
-    let mut errors = Vec::new();
-    for (name, text) in docs {
-        let file = format!("etcd:{}", layout.policy(name));
-        match fqdnd_config::load_str(text, Path::new(&file)) {
-            Ok(config) => {
-                if !config.endpoints.is_empty()
-                    || config.gateway.is_some()
-                    || config.node.is_some()
-                    || config.cluster.is_some()
-                {
-                    errors.push(format!(
-                        "{file}: holds more than policy; only policies are shared"
-                    ));
-                }
-                rules.extend(config.rules);
-            }
-            Err(e) => errors.extend(e.iter().map(ToString::to_string)),
-        }
-    }
-    if errors.is_empty() {
-        Ok(rules)
-    } else {
-        Err(errors)
-    }
+    let origins: Vec<(PathBuf, &str)> = docs
+        .iter()
+        .map(|(name, text)| {
+            (
+                PathBuf::from(format!("etcd:{}", layout.policy(name))),
+                text.as_str(),
+            )
+        })
+        .collect();
+    fqdnd_config::shared_rules(origins.iter().map(|(o, t)| (o.as_path(), *t)))
+        .map_err(|errors| errors.iter().map(ToString::to_string).collect())
 }
 
 fn to_endpoint_labels(labels: &Labels) -> Vec<EndpointLabel> {

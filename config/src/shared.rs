@@ -1,7 +1,10 @@
 //! Shared policy: the CiliumNetworkPolicy documents `fqdnd policy apply` stores in the cluster,
-//! one key per policy, each read back and loaded on its own by every node.
+//! one key per policy ([`shared_policies`]), each read back and loaded on its own by every node
+//! ([`shared_rules`]).
 
 use std::path::Path;
+
+use fqdnd_ipcache::policy::Rule;
 
 use serde::Deserialize;
 
@@ -47,7 +50,37 @@ struct Meta {
 /// # Errors
 /// Every load error, located; a document of another kind, located at its first line.
 pub fn shared_policies(text: &str, file: &Path) -> Result<Vec<SharedPolicy>, Errors> {
-    load_str(text, file)?;
+    split(text, file).map(|(_, policies)| policies)
+}
+
+/// The rules of the shared policy documents as a node reads them back: `(origin, text)` for
+/// each (the origin — say, the key it is stored under — locates its errors). Each document is
+/// loaded on its own, as [`shared_policies`] checks it at `apply`: a document that does not
+/// load, or is not a policy, is refused.
+///
+/// # Errors
+/// Every document's errors; then no rule is returned, so a node never applies half a change.
+pub fn shared_rules<'a>(
+    documents: impl IntoIterator<Item = (&'a Path, &'a str)>,
+) -> Result<Vec<Rule>, Errors> {
+    let mut rules = Vec::new();
+    let mut errors = Vec::new();
+    for (origin, text) in documents {
+        match split(text, origin) {
+            Ok((config, _)) => rules.extend(config.rules),
+            Err(e) => errors.extend(e),
+        }
+    }
+    if errors.is_empty() {
+        Ok(rules)
+    } else {
+        Err(Errors::new(errors))
+    }
+}
+
+/// `text` loaded, and its documents one by one, each a policy.
+fn split(text: &str, file: &Path) -> Result<(crate::Config, Vec<SharedPolicy>), Errors> {
+    let config = load_str(text, file)?;
     let mut out = Vec::new();
     let mut errors = Vec::new();
     for document in documents(text).filter(|d| !d.is_blank()) {
@@ -85,7 +118,7 @@ pub fn shared_policies(text: &str, file: &Path) -> Result<Vec<SharedPolicy>, Err
         });
     }
     if errors.is_empty() {
-        Ok(out)
+        Ok((config, out))
     } else {
         Err(Errors::new(errors))
     }

@@ -122,3 +122,52 @@ fn shared_policies_are_the_files_policy_documents_each_on_its_own() {
         "{errors}"
     );
 }
+
+#[test]
+fn shared_rules_load_each_stored_document_and_refuse_all_on_any_error() {
+    let text = format!(
+        "{}---\napiVersion: cilium.io/v2\nkind: CiliumClusterwideNetworkPolicy\nmetadata: {{name: all}}\nspec:\n  endpointSelector: {{}}\n  egress: [{{toEndpoints: [{{matchLabels: {{app: db}}}}]}}]\n",
+        common::cnp_in("prod", common::EGRESS)
+    );
+    let shared = fqdnd_config::shared_policies(&text, std::path::Path::new("p.yaml")).unwrap();
+    let origins: Vec<PathBuf> = shared
+        .iter()
+        .map(|p| PathBuf::from(format!("etcd:/p/policies/{}", p.name)))
+        .collect();
+    let stored: Vec<(&std::path::Path, &str)> = origins
+        .iter()
+        .zip(&shared)
+        .map(|(o, p)| (o.as_path(), p.text.as_str()))
+        .collect();
+    // What the whole file holds, document by document.
+    let rules = fqdnd_config::shared_rules(stored.iter().copied()).unwrap();
+    let whole = ok(&text).rules;
+    assert_eq!(rules.len(), whole.len());
+    for (rule, expected) in rules.iter().zip(&whole) {
+        assert_eq!(rule.egress, expected.egress);
+        assert_eq!(rule.endpoint_selector, expected.endpoint_selector);
+    }
+    // Each rule is located at its key.
+    assert!(rules[0].origin.starts_with("etcd:/p/policies/cnp/prod/p:"));
+    assert!(rules[1].origin.starts_with("etcd:/p/policies/ccnp/all:"));
+    // One broken document (written to the store by something other than `policy apply`):
+    // nothing, and the error names the key.
+    let broken = PathBuf::from("etcd:/p/policies/ccnp/broken");
+    let mut with_broken = stored.clone();
+    with_broken.push((broken.as_path(), "kind: [oops"));
+    let errors = fqdnd_config::shared_rules(with_broken)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        errors.starts_with("etcd:/p/policies/ccnp/broken:"),
+        "{errors}"
+    );
+    // A document that is not a policy is not shared, even if it loads.
+    let endpoint = "apiVersion: fqdnd.io/v1\nkind: Endpoint\nmetadata: {name: a}\nspec: {id: 1, addresses: [10.0.0.1]}\n";
+    let mut with_endpoint = stored;
+    with_endpoint.push((broken.as_path(), endpoint));
+    let errors = fqdnd_config::shared_rules(with_endpoint)
+        .unwrap_err()
+        .to_string();
+    assert!(errors.contains("`Endpoint`"), "{errors}");
+}
