@@ -1,0 +1,151 @@
+//! Cluster mode through the engine: a local endpoint runs on a temporary identity until the
+//! cluster assigns its label set a number, other nodes' endpoints join the ipcache once their
+//! set has one, and what DNS answers teach stays node-local — its identities come from the
+//! node's own range whatever the cluster does (issue 16, point 6).
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a fixture that does not load is a bug in the test"
+)]
+
+use std::net::IpAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use fqdnd_engine::{ClusterUpdate, Engine, IdentityMode, RemoteEndpoint};
+use fqdnd_ipcache::{EndpointId, EndpointLabel, Identity, MemoryDatapath, host_prefix};
+
+const CONFIG: &str = r#"
+apiVersion: fqdnd.io/v1
+kind: Endpoint
+metadata: {name: web}
+spec: {id: 100, addresses: ["10.0.0.1/32"], labels: {app: web}}
+---
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: web}
+spec:
+  endpointSelector: {matchLabels: {app: web}}
+  egress:
+  - toFQDNs: [{matchName: api.example.com}]
+  - toEndpoints: [{matchLabels: {app: db}}]
+"#;
+
+/// Node-local identities (CIDR and FQDN label sets): 2^24+1 … 2^24+2^16−1.
+fn node_local(id: Identity) -> bool {
+    (0x0100_0001..0x0101_0000).contains(&id.0)
+}
+
+fn temporary(id: Identity) -> bool {
+    (0x0101_0000..=0x0101_03FF).contains(&id.0)
+}
+
+fn app(value: &str) -> Vec<EndpointLabel> {
+    vec![EndpointLabel {
+        source: "k8s".to_owned(),
+        key: "app".to_owned(),
+        value: value.to_owned(),
+    }]
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+#[test]
+fn endpoints_take_cluster_numbers_and_answers_stay_node_local() {
+    let config = fqdnd_config::load_str(CONFIG, Path::new("node.yaml")).unwrap();
+    let mut engine = Engine::new(
+        &config.settings,
+        IdentityMode::Selector,
+        MemoryDatapath::default(),
+    );
+    engine.enable_cluster();
+    engine
+        .apply(
+            config.endpoints.clone(),
+            config.rules.clone(),
+            Duration::ZERO,
+        )
+        .unwrap();
+    let web = host_prefix(ip("10.0.0.1"));
+    let before = engine.ipcache.identity_of(&web).unwrap();
+    assert!(temporary(before), "{before:?}");
+
+    // A DNS answer: its identity is the node's own, and the cluster never renumbers it.
+    engine
+        .learn(
+            EndpointId(100),
+            "api.example.com.",
+            &[ip("192.0.2.1")],
+            300,
+            Duration::ZERO,
+        )
+        .unwrap();
+    let answer = host_prefix(ip("192.0.2.1"));
+    let learned = engine.ipcache.identity_of(&answer).unwrap();
+    assert!(node_local(learned), "{learned:?}");
+    assert!(engine.ipcache.has_fqdn_label(learned));
+
+    // The cluster assigns web's set a number and another node's db endpoint appears.
+    engine
+        .apply_cluster(ClusterUpdate {
+            assigned: vec![(app("web"), Identity(300)), (app("db"), Identity(301))],
+            remote_upserted: vec![RemoteEndpoint {
+                name: "/p/endpoints/k8s:app=db/node2/7".to_owned(),
+                addresses: vec![host_prefix(ip("10.1.0.7"))],
+                labels: app("db"),
+            }],
+            ..ClusterUpdate::default()
+        })
+        .unwrap();
+    assert_eq!(engine.ipcache.identity_of(&web), Some(Identity(300)));
+    assert!(engine.ipcache.temporary_identities().is_empty());
+    assert_eq!(
+        engine.ipcache.identity_of(&host_prefix(ip("10.1.0.7"))),
+        Some(Identity(301))
+    );
+    assert_eq!(engine.ipcache.identity_of(&answer), Some(learned));
+    // web's policy allows the remote db endpoint's number and the answer's identity.
+    let allowed: Vec<u32> = engine
+        .ipcache
+        .endpoint_policy(EndpointId(100))
+        .unwrap()
+        .iter()
+        .map(|k| k.identity.0)
+        .collect();
+    assert!(allowed.contains(&301), "{allowed:?}");
+    assert!(allowed.contains(&learned.0), "{allowed:?}");
+
+    // A second answer after the switch: node-local too.
+    engine
+        .learn(
+            EndpointId(100),
+            "api.example.com.",
+            &[ip("192.0.2.2")],
+            300,
+            Duration::ZERO,
+        )
+        .unwrap();
+    let second = engine
+        .ipcache
+        .identity_of(&host_prefix(ip("192.0.2.2")))
+        .unwrap();
+    assert!(node_local(second), "{second:?}");
+
+    // The cluster takes db's number away: the remote endpoint leaves the ipcache; web goes
+    // back to a temporary identity when its number goes.
+    engine
+        .apply_cluster(ClusterUpdate {
+            unassigned: vec![app("db"), app("web")],
+            ..ClusterUpdate::default()
+        })
+        .unwrap();
+    assert_eq!(
+        engine.ipcache.identity_of(&host_prefix(ip("10.1.0.7"))),
+        None
+    );
+    let after = engine.ipcache.identity_of(&web).unwrap();
+    assert!(temporary(after), "{after:?}");
+    assert_eq!(engine.ipcache.identity_of(&answer), Some(learned));
+}
