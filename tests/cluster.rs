@@ -181,6 +181,23 @@ impl Core {
         table
     }
 
+    /// The identity each published endpoint record carries (`None`: not global yet).
+    fn published_identities(&self, cluster: &EtcdCluster) -> Vec<Option<u64>> {
+        let out = self.etcdctl(
+            cluster,
+            &[
+                "get",
+                "--prefix",
+                "--print-value-only",
+                &format!("{PREFIX}/endpoints/"),
+            ],
+        );
+        out.lines()
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_str::<Value>(l).unwrap()["identity"].as_u64())
+            .collect()
+    }
+
     /// The leading allocator's name, from etcd.
     fn allocator_leader(&self, cluster: &EtcdCluster) -> Option<String> {
         let name = self.etcdctl(
@@ -505,7 +522,8 @@ fn cluster_identities_endpoints_policy_and_failures() {
         nodes.iter().all(Node::connected)
     });
 
-    // 1. No allocator yet: each node's endpoints are on temporary identities.
+    // 1. No allocator yet: each node's endpoints are on temporary identities, published
+    // without a number; no node created a global identity.
     for node in &nodes {
         assert_eq!(
             node.temporaries(),
@@ -514,6 +532,18 @@ fn cluster_identities_endpoints_policy_and_failures() {
             node.name
         );
     }
+    converge("every node's endpoints published", || {
+        core.published_identities(&cluster).len() == 6
+    });
+    assert_eq!(
+        core.published_identities(&cluster),
+        vec![None; 6],
+        "a temporary identity never leaves its node"
+    );
+    assert!(
+        core.identities(&cluster).is_empty(),
+        "nodes create no identity"
+    );
     // A policy applied once reaches every node, and applies at once to temporary identities.
     let policy = core.dir.write("policy.yaml", SHARED_POLICY);
     // A broken policy is refused before anything is stored, its mistake located.
@@ -570,6 +600,11 @@ fn cluster_identities_endpoints_policy_and_failures() {
         "the established flow survives"
     );
     let mut known = assert_agreement(&core, &cluster, &nodes);
+    converge("every published record carries its global identity", || {
+        core.published_identities(&cluster)
+            .iter()
+            .all(|id| id.is_some_and(|id| (256..=65_535).contains(&id)))
+    });
     assert!(global_of(&nodes[0].identities(), "k8s:role=server,k8s:tier=web").is_some());
     // Cross-node toEndpoints, by labels.
     converge("node0 client → node2 web (cross-node)", || {

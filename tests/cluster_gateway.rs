@@ -1,8 +1,9 @@
 //! Cluster mode of `fqdnd gateway` (no root: the in-memory datapath), end to end against a
 //! real 3-member etcd on loopback and a real `fqdnd operator`: the client group waits on a
 //! temporary identity until the allocator runs; a policy applied once with `fqdnd policy
-//! apply` decides what the group may ask; a restart while etcd is down keeps the global
-//! identity and the shared policy; a refused shared policy leaves the previous one in force.
+//! apply` decides what the group may ask, beside the gateway's own policy file; a restart while
+//! etcd is down keeps the global identity and the shared policy; a refused shared policy leaves
+//! the previous one in force.
 //!
 //! Skipped without etcd, unless `FQDND_REQUIRE_PRIVILEGED=1` (CI), where it fails.
 
@@ -33,8 +34,8 @@ use etcd::EtcdCluster;
 use hickory_proto::op::ResponseCode;
 
 use common::{
-    Gateway, PATIENCE, documents, fqdnd, fqdnd_command, gateway_doc, poll_until, rcode, run,
-    stdout_of, text,
+    Gateway, PATIENCE, documents, fqdnd, fqdnd_command, gateway_doc, policy_doc, poll_until, rcode,
+    run, stdout_of, text,
 };
 
 /// An `fqdnd operator`, killed when dropped.
@@ -91,18 +92,31 @@ fn until(what: &str, mut check: impl FnMut() -> bool) {
     poll_until(2 * PATIENCE, what, || check().then_some(()));
 }
 
-const POLICY: &str = "apiVersion: cilium.io/v2
-kind: CiliumClusterwideNetworkPolicy
-metadata: {name: lan-dns}
-spec:
-  endpointSelector: {matchLabels: {app: lan}}
-  egress:
-  - toCIDR: [127.0.0.1/32]
+/// An egress rule of the client group: DNS to the gateway, for `name` only.
+fn dns_for(name: &str) -> String {
+    format!(
+        "  - toCIDR: [127.0.0.1/32]
     toPorts:
-    - ports: [{port: \"53\", protocol: UDP}]
+    - ports: [{{port: \"53\", protocol: UDP}}]
       rules:
-        dns: [{matchName: api.example.test}]
-";
+        dns: [{{matchName: {name}}}]
+"
+    )
+}
+
+/// What the group may ask: (api, local, other) answered (`true`) or refused.
+fn asks(gw: &Gateway) -> (bool, bool, bool) {
+    let answered = |name: &str| match rcode(gw.dns, name) {
+        Some(ResponseCode::NoError) => true,
+        Some(ResponseCode::Refused) => false,
+        other => panic!("{name}: {other:?}"),
+    };
+    (
+        answered("api.example.test"),
+        answered("local.example.test"),
+        answered("other.example.test"),
+    )
+}
 
 #[test]
 fn a_gateway_in_cluster_mode() {
@@ -139,6 +153,7 @@ fn a_gateway_in_cluster_mode() {
       @ IN NS ns.example.test.
       api IN A 192.0.2.1
       other IN A 192.0.2.2
+      local IN A 192.0.2.3
 ",
                     state.display()
                 ),
@@ -148,6 +163,13 @@ kind: ClientGroup
 metadata: {name: lan}
 spec: {id: 1, addresses: [\"127.0.0.0/8\"], labels: {app: lan}}
 ",
+            // The gateway's own policy: the group may ask local.example.test.
+            &policy_doc(
+                "CiliumClusterwideNetworkPolicy",
+                "local-dns",
+                "app: lan",
+                &dns_for("local.example.test"),
+            ),
         ]),
     );
     let mut gw = setup.start();
@@ -155,14 +177,20 @@ spec: {id: 1, addresses: [\"127.0.0.0/8\"], labels: {app: lan}}
     until("connected, the group on a temporary identity", || {
         connected(&gw) && temporaries(&gw) == Some(1)
     });
-    // No policy yet: the group asks anything.
-    assert_eq!(
-        rcode(gw.dns, "other.example.test"),
-        Some(ResponseCode::NoError)
-    );
-    // A shared policy: the group may ask api only.
+    // No shared policy yet: the gateway's own file decides.
+    assert_eq!(asks(&gw), (false, true, false));
+    // A shared policy: the group may ask api too, beside what its file allows.
     let policy = gw.join("policy.yaml");
-    std::fs::write(&policy, POLICY).unwrap();
+    std::fs::write(
+        &policy,
+        policy_doc(
+            "CiliumClusterwideNetworkPolicy",
+            "lan-dns",
+            "app: lan",
+            &dns_for("api.example.test"),
+        ),
+    )
+    .unwrap();
     stdout_of(&fqdnd(&[
         "policy",
         "apply",
@@ -171,12 +199,9 @@ spec: {id: 1, addresses: [\"127.0.0.0/8\"], labels: {app: lan}}
         policy.to_str().unwrap(),
     ]));
     until("the shared policy enforced", || {
-        rcode(gw.dns, "other.example.test") == Some(ResponseCode::Refused)
+        rcode(gw.dns, "api.example.test") == Some(ResponseCode::NoError)
     });
-    assert_eq!(
-        rcode(gw.dns, "api.example.test"),
-        Some(ResponseCode::NoError)
-    );
+    assert_eq!(asks(&gw), (true, true, false));
     let listed = stdout_of(&fqdnd(&["policy", "list", "--config", cfg]));
     assert!(listed.contains("ccnp/lan-dns"), "{listed}");
     // The allocator: the group's label set gets its global identity.
@@ -198,15 +223,7 @@ spec: {id: 1, addresses: [\"127.0.0.0/8\"], labels: {app: lan}}
         Some(global),
         "a restart during the outage keeps the global identity"
     );
-    assert_eq!(
-        rcode(gw.dns, "other.example.test"),
-        Some(ResponseCode::Refused),
-        "and the shared policy"
-    );
-    assert_eq!(
-        rcode(gw.dns, "api.example.test"),
-        Some(ResponseCode::NoError)
-    );
+    assert_eq!(asks(&gw), (true, true, false), "and the shared policy");
     cluster.start_all();
     until("reconnected", || connected(&gw));
     // A shared policy this node refuses (written to etcd directly: `fqdnd policy apply`
@@ -221,16 +238,8 @@ spec: {id: 1, addresses: [\"127.0.0.0/8\"], labels: {app: lan}}
             .as_array()
             .is_some_and(|e| !e.is_empty())
     });
-    assert_eq!(
-        rcode(gw.dns, "other.example.test"),
-        Some(ResponseCode::Refused),
-        "the previous policy stays"
-    );
-    assert_eq!(
-        rcode(gw.dns, "api.example.test"),
-        Some(ResponseCode::NoError)
-    );
-    // Deleting the broken one and the policy: the group asks anything again.
+    assert_eq!(asks(&gw), (true, true, false), "the previous policy stays");
+    // Deleting the broken one and the policy: the gateway's own file alone again.
     stdout_of(&fqdnd(&[
         "policy",
         "delete",
@@ -240,8 +249,9 @@ spec: {id: 1, addresses: [\"127.0.0.0/8\"], labels: {app: lan}}
         "ccnp/lan-dns",
     ]));
     until("no shared policy", || {
-        rcode(gw.dns, "other.example.test") == Some(ResponseCode::NoError)
+        rcode(gw.dns, "api.example.test") == Some(ResponseCode::Refused)
     });
+    assert_eq!(asks(&gw), (false, true, false));
     let missing = fqdnd(&["policy", "delete", "--config", cfg, "ccnp/nothing"]);
     assert!(!missing.status.success());
     drop(operator);

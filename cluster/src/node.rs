@@ -13,7 +13,7 @@
 //!   under a new one. Stopping does not revoke the lease: a restarted node takes its keys
 //!   over before the lease expires, so other nodes never see them go.
 //! - **Persist.** The view is written to the state file at most once a second when it
-//!   changed, and at once when the store becomes unreachable.
+//!   changed, and at once when the store becomes unreachable — before the status says so.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -142,8 +142,9 @@ pub async fn run<S: Store, K: Sink>(
         let (snapshot, mut w) = match connected {
             Ok(c) => c,
             Err(e) => {
-                disconnected(&status, &e, started);
+                // Saved before it is reported: "unreachable" means the view is on disk.
                 persist(&config, &view, &mut dirty);
+                disconnected(&status, &e, started);
                 tokio::select! {
                     () = tokio::time::sleep(backoff) => {}
                     _ = stop.changed() => {}
@@ -238,9 +239,9 @@ pub async fn run<S: Store, K: Sink>(
                 }
             }
         };
+        persist(&config, &view, &mut dirty);
         disconnected(&status, &failure, started);
         tracing::warn!(node = %config.node, error = %failure, "cluster store unreachable: enforcing with what is known");
-        persist(&config, &view, &mut dirty);
     }
 }
 

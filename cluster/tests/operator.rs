@@ -333,6 +333,12 @@ async fn nodes_publish_learn_each_others_endpoints_survive_an_outage_and_a_lost_
     // An outage: nothing is lost, a's new endpoint waits, everything resyncs after.
     store.set_down(true);
     until(&store, "a notices", || !a.status.borrow().connected).await;
+    // Once it says so, its view is on disk (a restart from here on starts from it).
+    let saved = View::load(&state_a).unwrap().unwrap();
+    assert_eq!(
+        saved.identities.get(&labels("web")),
+        b.sink.last.lock().unwrap().identities.get(&labels("web"))
+    );
     a.local.send_replace(vec![
         endpoint(1, "web", "10.0.0.1"),
         endpoint(2, "api", "10.0.0.2"),
@@ -342,11 +348,6 @@ async fn nodes_publish_learn_each_others_endpoints_survive_an_outage_and_a_lost_
         b.sink.last.lock().unwrap().endpoints.len(),
         1,
         "b keeps what it knew"
-    );
-    let saved = View::load(&state_a).unwrap().unwrap();
-    assert_eq!(
-        saved.identities.get(&labels("web")),
-        b.sink.last.lock().unwrap().identities.get(&labels("web"))
     );
     let changes_before = b.sink.changes.lock().unwrap().len();
     store.set_down(false);
