@@ -414,6 +414,29 @@ fn burst(nodes: &[Node], round: u16, app: &str) {
     });
 }
 
+/// [`burst`] of `app` (round `round`), until every node has its global identity: then etcd
+/// holds one number per label set, the nodes agree with it, and no number in `known` changed
+/// (`known` takes the new table).
+fn one_identity_everywhere(
+    core: &Core,
+    cluster: &EtcdCluster,
+    nodes: &[Node],
+    round: u16,
+    app: &str,
+    known: &mut BTreeMap<String, u32>,
+) {
+    burst(nodes, round, app);
+    let wanted = format!("k8s:app={app}");
+    converge(&format!("{app} global on every node"), || {
+        nodes
+            .iter()
+            .all(|n| global_of(&n.identities(), &wanted).is_some())
+    });
+    let table = assert_agreement(core, cluster, nodes);
+    assert_unchanged(known, &table);
+    *known = table;
+}
+
 /// Every label set in etcd has one number, and every node holds the etcd number for every
 /// global label set it has.
 fn assert_agreement(core: &Core, cluster: &EtcdCluster, nodes: &[Node]) -> BTreeMap<String, u32> {
@@ -661,32 +684,21 @@ fn cluster_identities_endpoints_policy_and_failures() {
 
     // 3. The same new labels on every node at the same moment: one identity (three rounds).
     for round in 0..3u16 {
-        let app = format!("burst{round}");
-        burst(&nodes, round, &app);
-        let wanted = format!("k8s:app={app}");
-        converge(&format!("{app} global on every node"), || {
-            nodes
-                .iter()
-                .all(|n| global_of(&n.identities(), &wanted).is_some())
-        });
-        let table = assert_agreement(&core, &cluster, &nodes);
-        assert_unchanged(&known, &table);
-        known = table;
+        one_identity_everywhere(
+            &core,
+            &cluster,
+            &nodes,
+            round,
+            &format!("burst{round}"),
+            &mut known,
+        );
     }
 
     // 4. Kill -9 the etcd leader: nothing changes, new label sets still get one identity.
     let leader = cluster.leader().expect("an etcd leader");
     cluster.kill(leader);
     cluster.wait_healthy(CONVERGE);
-    burst(&nodes, 3, "after-etcd-leader");
-    converge("identities after the etcd leader died", || {
-        nodes
-            .iter()
-            .all(|n| global_of(&n.identities(), "k8s:app=after-etcd-leader").is_some())
-    });
-    let table = assert_agreement(&core, &cluster, &nodes);
-    assert_unchanged(&known, &table);
-    known = table;
+    one_identity_everywhere(&core, &cluster, &nodes, 3, "after-etcd-leader", &mut known);
     cluster.restart(leader);
     cluster.wait_healthy(CONVERGE);
 
@@ -702,15 +714,14 @@ fn cluster_identities_endpoints_policy_and_failures() {
             other => Err(format!("{other:?}")),
         },
     );
-    burst(&nodes, 4, "after-allocator-leader");
-    converge("identities after the allocator leader died", || {
-        nodes
-            .iter()
-            .all(|n| global_of(&n.identities(), "k8s:app=after-allocator-leader").is_some())
-    });
-    let table = assert_agreement(&core, &cluster, &nodes);
-    assert_unchanged(&known, &table);
-    known = table;
+    one_identity_everywhere(
+        &core,
+        &cluster,
+        &nodes,
+        4,
+        "after-allocator-leader",
+        &mut known,
+    );
 
     // 6. Kill -9 a node: its endpoints go with its lease; the others stop reaching them.
     let dead = nodes.pop().unwrap();

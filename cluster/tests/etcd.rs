@@ -330,49 +330,32 @@ fn one_identity_per_label_set_through_etcd_and_allocator_leader_deaths() {
     }
 }
 
-/// Runs `openssl` with `args` in `dir`; panics with its output on failure.
-fn openssl(dir: &std::path::Path, args: &[&str]) {
+/// Runs `openssl ARGS` (`args` split at spaces) in `dir`; panics with its output on failure.
+fn openssl(dir: &std::path::Path, args: &str) {
     let out = std::process::Command::new("openssl")
         .current_dir(dir)
-        .args(args)
+        .args(args.split(' '))
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "openssl {args:?}: {}",
+        "openssl {args}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
 }
 
 /// A CA, a server certificate for 127.0.0.1 and a client certificate, in `dir`.
 fn certificates(dir: &std::path::Path) {
+    let key = |name: &str| {
+        openssl(
+            dir,
+            &format!("ecparam -name prime256v1 -genkey -noout -out {name}.key"),
+        )
+    };
+    key("ca");
     openssl(
         dir,
-        &[
-            "ecparam",
-            "-name",
-            "prime256v1",
-            "-genkey",
-            "-noout",
-            "-out",
-            "ca.key",
-        ],
-    );
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-new",
-            "-key",
-            "ca.key",
-            "-subj",
-            "/CN=fqdnd-test-ca",
-            "-days",
-            "2",
-            "-out",
-            "ca.pem",
-        ],
+        "req -x509 -new -key ca.key -subj /CN=fqdnd-test-ca -days 2 -out ca.pem",
     );
     for (name, ext) in [
         (
@@ -382,50 +365,17 @@ fn certificates(dir: &std::path::Path) {
         ("client", "extendedKeyUsage=clientAuth\n"),
     ] {
         std::fs::write(dir.join(format!("{name}.ext")), ext).unwrap();
+        key(name);
         openssl(
             dir,
-            &[
-                "ecparam",
-                "-name",
-                "prime256v1",
-                "-genkey",
-                "-noout",
-                "-out",
-                &format!("{name}.key"),
-            ],
+            &format!("req -new -key {name}.key -subj /CN={name} -out {name}.csr"),
         );
         openssl(
             dir,
-            &[
-                "req",
-                "-new",
-                "-key",
-                &format!("{name}.key"),
-                "-subj",
-                &format!("/CN={name}"),
-                "-out",
-                &format!("{name}.csr"),
-            ],
-        );
-        openssl(
-            dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &format!("{name}.csr"),
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-days",
-                "2",
-                "-extfile",
-                &format!("{name}.ext"),
-                "-out",
-                &format!("{name}.pem"),
-            ],
+            &format!(
+                "x509 -req -in {name}.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
+                 -extfile {name}.ext -out {name}.pem"
+            ),
         );
     }
 }
