@@ -13,12 +13,15 @@
 //!   under a new one. Stopping does not revoke the lease: a restarted node takes its keys
 //!   over before the lease expires, so other nodes never see them go.
 //! - **Persist.** The view is written to the state file at most once a second when it
-//!   changed, and at once when the store becomes unreachable — before the status says so.
+//!   changed (encoded here, written and synced on a blocking thread: the watch goes on), and
+//!   at once when the store becomes unreachable — before the status says so — or the node
+//!   stops.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -29,7 +32,7 @@ use crate::error::{Error, StoreError};
 use crate::keys::{EndpointRecord, Layout};
 use crate::labels::Labels;
 use crate::store::{LeaseId, Op, Store, Txn, Watch};
-use crate::view::{Changes, View};
+use crate::view::{Changes, View, write_state};
 
 /// Operations per publishing transaction (etcd allows 128 by default).
 const PUBLISH_BATCH: usize = 100;
@@ -122,14 +125,14 @@ pub async fn run<S: Store, K: Sink>(
         lease: None,
         published: BTreeMap::new(),
     };
-    let mut dirty = false;
+    let mut saver = Saver::new(config.state_file.clone());
     let mut backoff = Duration::from_millis(200);
     let mut first = true;
     // What it knows before it reaches the store (the state file's view).
     status.send_modify(|s| describe(s, &view, &publisher));
     loop {
         if *stop.borrow() {
-            persist(&config, &view, &mut dirty);
+            saver.now(&view).await;
             return Ok(());
         }
         // Connect: a snapshot, the difference to what we hold, the watch after it.
@@ -143,7 +146,7 @@ pub async fn run<S: Store, K: Sink>(
             Ok(c) => c,
             Err(e) => {
                 // Saved before it is reported: "unreachable" means the view is on disk.
-                persist(&config, &view, &mut dirty);
+                saver.now(&view).await;
                 disconnected(&status, &e, started);
                 tokio::select! {
                     () = tokio::time::sleep(backoff) => {}
@@ -158,7 +161,7 @@ pub async fn run<S: Store, K: Sink>(
         let changes = view.diff(&fresh);
         view = fresh;
         if !changes.is_empty() {
-            dirty = true;
+            saver.dirty = true;
             apply(&sink, changes).await;
         }
         publisher.published = own
@@ -204,7 +207,7 @@ pub async fn run<S: Store, K: Sink>(
                             wanted = true;
                         }
                         if !changes.is_empty() {
-                            dirty = true;
+                            saver.dirty = true;
                             apply(&sink, changes).await;
                             status.send_modify(|s| describe(s, &view, &publisher));
                         }
@@ -214,7 +217,7 @@ pub async fn run<S: Store, K: Sink>(
                 changed = local.changed() => {
                     if changed.is_err() {
                         // The daemon is going away.
-                        persist(&config, &view, &mut dirty);
+                        saver.now(&view).await;
                         return Ok(());
                     }
                     wanted = true;
@@ -232,14 +235,14 @@ pub async fn run<S: Store, K: Sink>(
                         }
                     }
                 }
-                _ = save.tick() => persist(&config, &view, &mut dirty),
+                _ = save.tick() => saver.start(&view),
                 _ = stop.changed() => {
-                    persist(&config, &view, &mut dirty);
+                    saver.now(&view).await;
                     return Ok(());
                 }
             }
         };
-        persist(&config, &view, &mut dirty);
+        saver.now(&view).await;
         disconnected(&status, &failure, started);
         tracing::warn!(node = %config.node, error = %failure, "cluster store unreachable: enforcing with what is known");
     }
@@ -264,16 +267,73 @@ fn disconnected(status: &watch::Sender<NodeStatus>, error: &StoreError, started:
     });
 }
 
-fn persist(config: &NodeConfig, view: &View, dirty: &mut bool) {
-    let Some(path) = &config.state_file else {
-        return;
-    };
-    if !*dirty {
-        return;
+/// Saves the view to the state file: encoded on the node's task, written and synced on a
+/// blocking thread, one write at a time — so a large view's write never holds up the watch.
+struct Saver {
+    path: Option<PathBuf>,
+    /// The view changed since the last write started.
+    dirty: bool,
+    writing: Option<tokio::task::JoinHandle<()>>,
+    /// Set by a write that failed (the view is dirty again).
+    failed: Arc<AtomicBool>,
+}
+
+impl Saver {
+    fn new(path: Option<PathBuf>) -> Self {
+        Self {
+            path,
+            dirty: false,
+            writing: None,
+            failed: Arc::new(AtomicBool::new(false)),
+        }
     }
-    match view.save(path) {
-        Ok(()) => *dirty = false,
-        Err(e) => tracing::warn!(error = %e, "saving the cluster view failed"),
+
+    /// Starts writing `view` if it changed and no write is under way (the periodic save).
+    fn start(&mut self, view: &View) {
+        if self.writing.as_ref().is_some_and(|w| !w.is_finished()) {
+            return;
+        }
+        self.writing = None;
+        if let Some(write) = self.write(view) {
+            self.writing = Some(tokio::task::spawn_blocking(write));
+        }
+    }
+
+    /// Writes `view` now if it changed, after the write under way: before the node reports
+    /// etcd unreachable, and when it stops.
+    async fn now(&mut self, view: &View) {
+        if let Some(writing) = self.writing.take() {
+            let _ = writing.await;
+        }
+        if let Some(write) = self.write(view) {
+            let _ = tokio::task::spawn_blocking(write).await;
+        }
+    }
+
+    /// The write of `view`, if there is a state file and something to write.
+    fn write(&mut self, view: &View) -> Option<impl FnOnce() + Send + 'static> {
+        let path = self.path.clone()?;
+        if self.failed.swap(false, Ordering::Relaxed) {
+            self.dirty = true;
+        }
+        if !self.dirty {
+            return None;
+        }
+        let bytes = match view.encode(&path) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                tracing::warn!(error = %e, "saving the cluster view failed");
+                return None;
+            }
+        };
+        self.dirty = false;
+        let failed = Arc::clone(&self.failed);
+        Some(move || {
+            if let Err(e) = write_state(&path, &bytes) {
+                tracing::warn!(error = %e, "saving the cluster view failed");
+                failed.store(true, Ordering::Relaxed);
+            }
+        })
     }
 }
 

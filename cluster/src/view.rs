@@ -298,32 +298,50 @@ impl View {
     /// # Errors
     /// The file cannot be written.
     pub fn save(&self, path: &Path) -> Result<(), Error> {
-        let state = |op, source| Error::State {
-            op,
-            path: path.to_path_buf(),
-            source,
-        };
-        let mut bytes = MAGIC.to_vec();
-        bytes.extend(
-            postcard::to_allocvec(self)
-                .map_err(|e| state("encoding", std::io::Error::other(e.to_string())))?,
-        );
-        let tmp = path.with_extension("tmp");
-        let mut file = {
-            use std::os::unix::fs::OpenOptionsExt;
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)
-                .map_err(|e| state("creating", e))?
-        };
-        file.write_all(&bytes).map_err(|e| state("writing", e))?;
-        file.sync_all().map_err(|e| state("syncing", e))?;
-        drop(file);
-        std::fs::rename(&tmp, path).map_err(|e| state("renaming", e))
+        write_state(path, &self.encode(path)?)
     }
+
+    /// The bytes [`View::save`] writes (`path` names the file in errors).
+    ///
+    /// # Errors
+    /// The view cannot be encoded.
+    pub fn encode(&self, path: &Path) -> Result<Vec<u8>, Error> {
+        let mut bytes = MAGIC.to_vec();
+        bytes.extend(postcard::to_allocvec(self).map_err(|e| Error::State {
+            op: "encoding",
+            path: path.to_path_buf(),
+            source: std::io::Error::other(e.to_string()),
+        })?);
+        Ok(bytes)
+    }
+}
+
+/// Writes `bytes` (from [`View::encode`]) to `path` atomically: a temporary file, synced, then
+/// renamed; mode 0600.
+///
+/// # Errors
+/// The file cannot be written.
+pub(crate) fn write_state(path: &Path, bytes: &[u8]) -> Result<(), Error> {
+    let state = |op, source| Error::State {
+        op,
+        path: path.to_path_buf(),
+        source,
+    };
+    let tmp = path.with_extension("tmp");
+    let mut file = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| state("creating", e))?
+    };
+    file.write_all(bytes).map_err(|e| state("writing", e))?;
+    file.sync_all().map_err(|e| state("syncing", e))?;
+    drop(file);
+    std::fs::rename(&tmp, path).map_err(|e| state("renaming", e))
 }
 
 #[cfg(test)]
