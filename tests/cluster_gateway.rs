@@ -214,6 +214,15 @@ spec: {id: 1, addresses: [\"127.0.0.0/8\"], labels: {app: lan}}
         Some("op-1"),
         "status names the allocator leader"
     );
+    let text_status = stdout_of(&gw.cli(&["status"]));
+    for line in [
+        "cluster:          node gw-1 on http://127.0.0.1:",
+        "  etcd:           connected since",
+        "  allocator:      op-1",
+        "  temporary:      0 pending",
+    ] {
+        assert!(text_status.contains(line), "{line:?} in {text_status}");
+    }
     // etcd down, the gateway restarted: same identity, same policy.
     cluster.stop_all();
     until("the gateway notices", || !connected(&gw));

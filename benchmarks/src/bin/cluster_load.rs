@@ -154,10 +154,6 @@ struct Shared {
     propagation: Vec<f64>,
     /// When the last identity was seen.
     last_identity: Option<Instant>,
-    /// Every transaction of this generator: (revision, committed at), in commit order.
-    commits: Vec<(Revision, Instant)>,
-    /// Identities seen: (create revision, seen at, waiting since).
-    created: Vec<(Revision, Instant, Instant)>,
 }
 
 fn record(node: &str, id: u16, set: usize, addr: IpAddr, identity: Option<u32>) -> Vec<u8> {
@@ -273,7 +269,6 @@ async fn main() {
                         if let Some(since) = s.waiting.remove(&l) {
                             s.temp_to_global
                                 .push(now.duration_since(since).as_secs_f64() * 1000.0);
-                            s.created.push((kv.create_revision, now, since));
                         }
                         s.appeared.push(l);
                     }
@@ -659,7 +654,6 @@ async fn main() {
                 let now = Instant::now();
                 let mut s = shared.lock().unwrap();
                 s.pending.push((rev, now));
-                s.commits.push((rev, now));
                 for l in new_sets {
                     if !s.identities.contains_key(&l) {
                         s.waiting.entry(l).or_insert(now);
@@ -708,30 +702,6 @@ async fn main() {
         "temp_to_global_ms p50 {t2g50:.0} p99 {t2g99:.0} ({} sets)",
         t2g.len()
     );
-    {
-        // Where the time goes: an identity's creation is placed at the first of this
-        // generator's commits at or after its revision (etcd revisions are a total order).
-        let mut s = shared.lock().unwrap();
-        let mut commits = std::mem::take(&mut s.commits);
-        commits.sort_unstable_by_key(|(rev, _)| *rev);
-        let (mut allocate, mut deliver) = (Vec::new(), Vec::new());
-        for (rev, seen, since) in std::mem::take(&mut s.created) {
-            let at = commits.partition_point(|(r, _)| *r < rev);
-            if let Some((_, created_at)) = commits.get(at) {
-                let created_at = (*created_at).min(seen).max(since);
-                allocate.push(created_at.duration_since(since).as_secs_f64() * 1000.0);
-                deliver.push(seen.duration_since(created_at).as_secs_f64() * 1000.0);
-            }
-        }
-        println!(
-            "temp_to_global_split_ms allocator p50 {:.0} p99 {:.0}, delivery p50 {:.0} p99 {:.0} ({} placed)",
-            percentile(&mut allocate, 0.5),
-            percentile(&mut allocate, 0.99),
-            percentile(&mut deliver, 0.5),
-            percentile(&mut deliver, 0.99),
-            allocate.len()
-        );
-    }
     println!(
         "propagation_ms p50 {p50:.0} p99 {p99:.0} ({} transactions, {left_pending} unseen)",
         prop.len()
