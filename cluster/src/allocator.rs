@@ -55,6 +55,9 @@ pub struct Allocator {
     users: HashMap<Labels, BTreeSet<(String, u16)>>,
     /// Label sets with an identity and no user, since when.
     unused_since: HashMap<Labels, Duration>,
+    /// Label sets some endpoint uses that have no identity (kept as the view changes, so a
+    /// plan costs what it creates, not the number of label sets).
+    unnumbered: BTreeSet<Labels>,
     cursor: u32,
     /// The view holds every change up to this revision.
     revision: Revision,
@@ -71,6 +74,7 @@ impl Allocator {
             by_labels: HashMap::new(),
             users: HashMap::new(),
             unused_since: HashMap::new(),
+            unnumbered: BTreeSet::new(),
             cursor: CLUSTER_MIN,
             revision: 0,
             leader: None,
@@ -129,6 +133,7 @@ impl Allocator {
             },
             Some(Key::IdentityByLabels(labels)) => match decode(kv) {
                 Some(record) if record.labels == labels => {
+                    self.unnumbered.remove(&labels);
                     self.by_labels.insert(labels, (record.id, kv.mod_revision));
                 }
                 _ => {
@@ -137,6 +142,9 @@ impl Allocator {
             },
             Some(Key::Endpoint { labels, node, id }) => {
                 self.unused_since.remove(&labels);
+                if !self.by_labels.contains_key(&labels) {
+                    self.unnumbered.insert(labels.clone());
+                }
                 self.users.entry(labels).or_default().insert((node, id));
             }
             Some(Key::Cursor) => {
@@ -166,6 +174,9 @@ impl Allocator {
             }
             Some(Key::IdentityByLabels(labels)) => {
                 self.by_labels.remove(&labels);
+                if self.users.get(&labels).is_some_and(|u| !u.is_empty()) {
+                    self.unnumbered.insert(labels.clone());
+                }
                 if !self.by_id.values().any(|h| h.labels == labels) {
                     self.unused_since.remove(&labels);
                 }
@@ -175,6 +186,7 @@ impl Allocator {
                     users.remove(&(node, id));
                     if users.is_empty() {
                         self.users.remove(&labels);
+                        self.unnumbered.remove(&labels);
                         if self.by_labels.contains_key(&labels) {
                             self.unused_since.insert(labels, now);
                         }
@@ -199,6 +211,7 @@ impl Allocator {
                 },
             );
             self.by_labels.insert(labels.clone(), (*id, revision));
+            self.unnumbered.remove(labels);
             if self.users.get(labels).is_none_or(BTreeSet::is_empty) {
                 self.unused_since.entry(labels.clone()).or_insert(now);
             }
@@ -211,29 +224,14 @@ impl Allocator {
         self.by_id.remove(&id);
         self.by_labels.remove(labels);
         self.unused_since.remove(labels);
+        if self.users.get(labels).is_some_and(|u| !u.is_empty()) {
+            self.unnumbered.insert(labels.clone());
+        }
     }
 
     /// What to do at `now`: create identities for used label sets without one (at most
-    /// `max_create`), collect identities unused for `grace`.
+    /// `max_create`, [`Allocator::plan_create`]), collect identities unused for `grace`.
     pub fn plan(&self, now: Duration, grace: Duration, max_create: usize) -> Plan {
-        let mut plan = Plan::default();
-        let mut wanted: Vec<&Labels> = self
-            .users
-            .iter()
-            .filter(|(labels, users)| !users.is_empty() && !self.by_labels.contains_key(*labels))
-            .map(|(labels, _)| labels)
-            .collect();
-        wanted.sort();
-        let mut cursor = self.cursor;
-        let mut taken = BTreeSet::new();
-        for labels in wanted.into_iter().take(max_create) {
-            let Some(id) = self.next_free(cursor, &taken) else {
-                break;
-            };
-            taken.insert(id);
-            cursor = next_number(id);
-            plan.create.push((labels.clone(), id));
-        }
         let mut collect: Vec<(u32, Labels)> = self
             .unused_since
             .iter()
@@ -245,18 +243,42 @@ impl Allocator {
             })
             .collect();
         collect.sort();
-        plan.collect = collect;
-        plan
+        Plan {
+            create: self.plan_create(max_create),
+            collect,
+        }
+    }
+
+    /// The identities to create: used label sets without one, in label order, at most
+    /// `max_create`, each with the next free number from the cursor. Costs what it returns.
+    pub fn plan_create(&self, max_create: usize) -> Vec<(Labels, u32)> {
+        debug_assert!(
+            self.unnumbered.iter().eq(self
+                .users
+                .iter()
+                .filter(|(l, u)| !u.is_empty() && !self.by_labels.contains_key(*l))
+                .map(|(l, _)| l)
+                .collect::<BTreeSet<_>>()),
+            "the unnumbered label sets are those in use without an identity"
+        );
+        let mut create = Vec::new();
+        let mut cursor = self.cursor;
+        let mut taken = BTreeSet::new();
+        for labels in self.unnumbered.iter().take(max_create) {
+            let Some(id) = self.next_free(cursor, &taken) else {
+                break;
+            };
+            taken.insert(id);
+            cursor = next_number(id);
+            create.push((labels.clone(), id));
+        }
+        create
     }
 
     /// Whether some used label set has no identity and no number is free for it.
     pub fn exhausted(&self) -> bool {
         let (lo, hi) = (CLUSTER_MIN, CLUSTER_MAX);
-        self.by_id.len() >= (hi - lo + 1) as usize
-            && self
-                .users
-                .keys()
-                .any(|labels| !self.by_labels.contains_key(labels))
+        self.by_id.len() >= (hi - lo + 1) as usize && !self.unnumbered.is_empty()
     }
 
     fn next_free(&self, cursor: u32, taken: &BTreeSet<u32>) -> Option<u32> {

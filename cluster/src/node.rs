@@ -209,8 +209,9 @@ pub async fn run<S: Store, K: Sink>(
                         if !changes.is_empty() {
                             saver.dirty = true;
                             apply(&sink, changes).await;
-                            status.send_modify(|s| describe(s, &view, &publisher));
                         }
+                        // The revision moves with every batch, changes or not.
+                        status.send_modify(|s| describe(s, &view, &publisher));
                     }
                     Err(e) => break e,
                 },

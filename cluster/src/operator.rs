@@ -337,13 +337,13 @@ async fn lead<S: Store>(
             });
             if retry_at.is_none_or(|at| Instant::now() >= at) {
                 retry_at = None;
-                let plan = alloc.plan(now(), config.gc_grace, batch);
-                if !plan.create.is_empty() {
-                    match store.txn(alloc.create_txn(&plan.create, token)).await {
+                let create = alloc.plan_create(batch);
+                if !create.is_empty() {
+                    match store.txn(alloc.create_txn(&create, token)).await {
                         Ok(outcome) if outcome.succeeded => {
-                            alloc.created(&plan.create, outcome.revision, now());
-                            status.send_modify(|s| s.created += plan.create.len() as u64);
-                            for (labels, id) in &plan.create {
+                            alloc.created(&create, outcome.revision, now());
+                            status.send_modify(|s| s.created += create.len() as u64);
+                            for (labels, id) in &create {
                                 tracing::info!(identity = id, labels = %labels, "identity created");
                             }
                             batch = config.batch.max(1);
