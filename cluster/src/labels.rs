@@ -15,8 +15,9 @@ pub struct Label {
     pub source: String,
     /// Its key.
     pub key: String,
-    /// Its value (may be empty).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    /// Its value (may be empty; always written: the state file's encoding has no field
+    /// names, so a field left out would shift the rest).
+    #[serde(default)]
     pub value: String,
 }
 
@@ -30,10 +31,18 @@ impl fmt::Display for Label {
     }
 }
 
-/// A set of endpoint labels: sorted, without duplicates.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(from = "Vec<Label>", into = "Vec<Label>")]
+/// A set of endpoint labels: sorted, without duplicates. Written as a list of labels; read
+/// from any list (sorted and deduplicated on the way in).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize)]
+#[serde(from = "Vec<Label>")]
 pub struct Labels(Vec<Label>);
+
+impl Serialize for Labels {
+    // By reference: a state file holds a label set per remote endpoint (no copy per write).
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
 
 impl From<Vec<Label>> for Labels {
     fn from(mut labels: Vec<Label>) -> Self {

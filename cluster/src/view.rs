@@ -306,13 +306,11 @@ impl View {
     /// # Errors
     /// The view cannot be encoded.
     pub fn encode(&self, path: &Path) -> Result<Vec<u8>, Error> {
-        let mut bytes = MAGIC.to_vec();
-        bytes.extend(postcard::to_allocvec(self).map_err(|e| Error::State {
+        postcard::to_extend(self, MAGIC.to_vec()).map_err(|e| Error::State {
             op: "encoding",
             path: path.to_path_buf(),
             source: std::io::Error::other(e.to_string()),
-        })?);
-        Ok(bytes)
+        })
     }
 }
 
@@ -445,5 +443,41 @@ mod tests {
         assert_eq!(View::load(&path).unwrap(), Some(view));
         std::fs::write(&path, b"garbage").unwrap();
         assert!(matches!(View::load(&path), Err(Error::StateFormat { .. })));
+    }
+
+    /// A label without a value (`k8s:canary`) survives the state file: the compact encoding
+    /// has no field names, so no field may be left out of it.
+    #[test]
+    fn a_label_without_a_value_is_saved_and_read_back() {
+        let bare = Labels::from(vec![
+            Label {
+                source: "k8s".into(),
+                key: "canary".into(),
+                value: String::new(),
+            },
+            Label {
+                source: "k8s".into(),
+                key: "app".into(),
+                value: "web".into(),
+            },
+        ]);
+        let mut view = View::default();
+        view.identities.insert(bare.clone(), 300);
+        view.identities.insert(labels("db"), 301);
+        view.endpoints.insert(
+            "/c/endpoints/x/b/1".into(),
+            EndpointRecord {
+                node: "b".into(),
+                id: 1,
+                name: "x".into(),
+                labels: bare,
+                ips: vec!["10.0.0.1".parse().unwrap()],
+                identity: Some(300),
+            },
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cluster.state");
+        view.save(&path).unwrap();
+        assert_eq!(View::load(&path).unwrap(), Some(view));
     }
 }
