@@ -65,11 +65,13 @@ enum Command {
     /// Run fqdnd as the node agent of the endpoints on this host (needs root).
     ///
     /// Loads the eBPF programs (maps and links pinned under /sys/fs/bpf/fqdnd), attaches them
-    /// to each Endpoint's `interface`, and serves the transparent DNS proxy they redirect
-    /// DNS to: queries go to the resolver the endpoint asked, answers are learned into the
-    /// kernel maps before the endpoint gets them, and other egress reaches only what policy
-    /// allows. Endpoints can be added at run time (`fqdnd endpoint add`). Stopping the agent
-    /// leaves enforcement in place; `fqdnd bpf unload` removes it.
+    /// to each Endpoint's `interface` (or, for Endpoints of host processes named by their
+    /// `cgroup` or systemd `unit`, the socket programs at the cgroup v2 root), and serves the
+    /// transparent DNS proxy they redirect DNS to: queries go to the resolver the endpoint
+    /// asked, answers are learned into the kernel maps before the endpoint gets them, and
+    /// other egress reaches only what policy allows. Endpoints can be added at run time
+    /// (`fqdnd endpoint add`). Stopping the agent leaves enforcement in place; `fqdnd bpf
+    /// unload` removes it.
     Node {
         /// Configuration files or directories (Endpoints, policies, optional Node and
         /// Settings documents).
@@ -196,7 +198,8 @@ struct ListArgs {
 #[derive(Subcommand)]
 enum EndpointCommand {
     /// Add an endpoint (or replace one added earlier with the same id), as a CNI plugin
-    /// would when a workload starts; its interface must exist.
+    /// would when a workload starts (its interface must exist), or the host processes of a
+    /// cgroup (`--cgroup PATH`) or systemd unit (`--unit NAME`).
     Add {
         #[command(flatten)]
         endpoint: cli::node::AddEndpoint,
@@ -210,7 +213,7 @@ enum EndpointCommand {
         #[command(flatten)]
         list: ListArgs,
     },
-    /// Every endpoint: id, name, interface, enforcement, where it was declared.
+    /// Every endpoint: id, name, interface or cgroup, enforcement, where it was declared.
     List(ListArgs),
 }
 
@@ -254,7 +257,7 @@ enum BpfCommand {
     /// Conntrack entries with their state, remaining lifetime and idle time.
     #[command(subcommand)]
     Ct(BpfList),
-    /// The endpoint map: interface → endpoint id and flags.
+    /// The endpoint maps: interface → endpoint id and flags, cgroup id → endpoint.
     #[command(subcommand)]
     Endpoint(BpfList),
     /// The load-balancer maps: service slots, backends, rev-NAT entries (exit 1 if they

@@ -130,6 +130,8 @@ pub enum Duplicated {
     Cluster,
     /// Two Endpoints on the same interface.
     Interface(String),
+    /// Two Endpoints of the same cgroup or systemd unit (`cgroup /a/b`, `unit x.service`).
+    Cgroup(String),
     /// A service name (`metadata.name`), unique across `Service` documents.
     ServiceName(String),
     /// Two services with the same frontend (VIP, port and protocol).
@@ -155,6 +157,7 @@ impl fmt::Display for Duplicated {
             Self::Node => f.write_str("a `kind: Node` document (at most one is allowed)"),
             Self::Cluster => f.write_str("a `kind: Cluster` document (at most one is allowed)"),
             Self::Interface(name) => write!(f, "interface {name} (one Endpoint per interface)"),
+            Self::Cgroup(what) => write!(f, "{what} (one Endpoint per cgroup)"),
             Self::ServiceName(name) => write!(f, "service name {name:?}"),
             Self::ServiceFrontend(key) => write!(f, "service frontend {key}"),
             Self::Policy { kind, name } => write!(f, "{kind} {name:?}"),

@@ -59,6 +59,7 @@ use fqdnd_ipcache::policy::Rule;
 
 pub use cluster::{Cluster, ClusterTls, valid_node_name};
 pub use documents::{Document, Documents, documents};
+pub use endpoint::Cgroup;
 pub use error::{Duplicated, Error, Errors};
 pub use gateway::{
     Conntrack, DEFAULT_DNS_PROXY_PORT, DEFAULT_GATEWAY_ADMIN_SOCKET, DEFAULT_NODE_ADMIN_SOCKET,
@@ -95,6 +96,8 @@ pub struct Config {
     pub cluster: Option<Cluster>,
     /// The host-side interface of each Endpoint that names one (node mode).
     pub interfaces: std::collections::BTreeMap<fqdnd_ipcache::EndpointId, String>,
+    /// The cgroup of each Endpoint of host processes (node mode).
+    pub cgroups: std::collections::BTreeMap<fqdnd_ipcache::EndpointId, Cgroup>,
     /// The files read, in order (a directory contributes its files).
     pub sources: Vec<PathBuf>,
     /// What is valid but cannot work as written (`fqdnd policy check` prints them), in the

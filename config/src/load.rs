@@ -356,6 +356,12 @@ impl Loader {
                 let item = Duplicated::Interface(a.clone());
                 diag.push(duplicate(item, file, new_at.name, old_file, old_at.name));
             }
+            if let (Some(a), Some(b)) = (&old.cgroup, &new.cgroup)
+                && a == b
+            {
+                let item = Duplicated::Cgroup(a.to_string());
+                diag.push(duplicate(item, file, new_at.name, old_file, old_at.name));
+            }
             if old.endpoint.name == new.endpoint.name {
                 let item = Duplicated::EndpointName(new.endpoint.name.clone());
                 diag.push(duplicate(item, file, new_at.name, old_file, old_at.name));
@@ -485,6 +491,11 @@ impl Loader {
             .iter()
             .filter_map(|(d, ..)| Some((d.endpoint.id, d.interface.clone()?)))
             .collect();
+        let cgroups = self
+            .endpoints
+            .iter()
+            .filter_map(|(d, ..)| Some((d.endpoint.id, d.cgroup.clone()?)))
+            .collect();
         let endpoints: Vec<_> = self
             .endpoints
             .into_iter()
@@ -501,6 +512,7 @@ impl Loader {
             node: self.node,
             cluster: self.cluster,
             interfaces,
+            cgroups,
             sources: self.sources,
             warnings,
         })

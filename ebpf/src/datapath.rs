@@ -1,7 +1,7 @@
 //! [`KernelDatapath`]: ipcache and policy batches written into the pinned maps.
 
 use std::collections::{HashMap as StdHashMap, HashSet};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::path::Path;
 use std::time::Duration;
 
@@ -14,7 +14,7 @@ use ipnet::IpNet;
 use crate::error::Error;
 use crate::sys::{
     self, CtKey, CtValue, DnsProxy, DropEvent, EndpointValue, EpAddrKey, EpAddrValue, IpcacheValue,
-    PolicyData, PolicyKey, PolicyValue, Settings,
+    OriginKey, PolicyData, PolicyKey, PolicyValue, Settings, SockCfg, SockOrigin,
 };
 
 fn open_map(pin_dir: &Path, name: &str) -> Result<Map, Error> {
@@ -162,6 +162,9 @@ pub struct CtEntry {
     pub rev_nat: u16,
     /// The backend a client → VIP flow is translated to, 0 = none.
     pub backend: u16,
+    /// [`sys::CT_ZONE_INTERFACE`] (seen by the interface programs) or [`sys::CT_ZONE_SOCKET`]
+    /// (a host process's flow, seen by the cgroup socket programs).
+    pub zone: u8,
 }
 
 impl CtEntry {
@@ -189,6 +192,7 @@ impl CtEntry {
             expires_ns: v.expires_ns,
             rev_nat: v.rev_nat,
             backend: v.backend,
+            zone: k.zone,
         })
     }
 
@@ -266,6 +270,8 @@ pub struct KernelDatapath {
     dns_proxy: Array<MapData, DnsProxy>,
     ep_addrs: HashMap<MapData, EpAddrKey, EpAddrValue>,
     settings: Array<MapData, Settings>,
+    cgroups: HashMap<MapData, u64, EndpointValue>,
+    sock_cfg: Array<MapData, SockCfg>,
     refs: StdHashMap<PolicyKey, u32>,
     resync: Option<Resync>,
 }
@@ -517,6 +523,8 @@ impl KernelDatapath {
             dns_proxy: open_map(pin_dir, "fqdnd_dns_proxy")?.try_into()?,
             ep_addrs: open_map(pin_dir, "fqdnd_ep_addrs")?.try_into()?,
             settings: open_map(pin_dir, "fqdnd_settings")?.try_into()?,
+            cgroups: open_map(pin_dir, "fqdnd_cgroups")?.try_into()?,
+            sock_cfg: open_map(pin_dir, "fqdnd_sock_cfg")?.try_into()?,
             refs: StdHashMap::new(),
             resync: None,
         })
@@ -878,6 +886,68 @@ impl KernelDatapath {
         Ok(stats)
     }
 
+    /// Makes the sockets of cgroup `cgroup_id` (a cgroup v2 id: [`crate::cgroup::cgroup_id`]) and
+    /// of every cgroup below it endpoint `id` with `flags` for the cgroup socket programs
+    /// (`enforce_egress`: default deny; `redirect_dns`: their DNS goes to the proxy set by
+    /// [`Self::set_dns_proxy`]). `check_source` means nothing there (host processes share the
+    /// host's addresses). A socket belongs to the deepest such cgroup above it.
+    pub fn set_cgroup_endpoint(
+        &mut self,
+        cgroup_id: u64,
+        id: EndpointId,
+        flags: EndpointFlags,
+    ) -> Result<(), DatapathError> {
+        let v = EndpointValue {
+            endpoint: id.0,
+            flags: flags.bits() & !sys::EP_CHECK_SOURCE,
+            pad: 0,
+        };
+        self.cgroups
+            .insert(cgroup_id, v, 0)
+            .map_err(|e| map_err("fqdnd_cgroups", "cgroup endpoint upsert", e))
+    }
+
+    /// Forgets a cgroup endpoint entry (absent is fine): its sockets are left alone again.
+    pub fn remove_cgroup_endpoint(&mut self, cgroup_id: u64) -> Result<(), DatapathError> {
+        ignore_absent(self.cgroups.remove(&cgroup_id))
+            .map_err(|e| map_err("fqdnd_cgroups", "cgroup endpoint delete", e))
+    }
+
+    /// Every `fqdnd_cgroups` entry: (cgroup id, endpoint, flags), sorted.
+    pub fn cgroup_entries(&self) -> Result<Vec<(u64, EndpointId, EndpointFlags)>, Error> {
+        let mut out = Vec::new();
+        for r in self.cgroups.iter() {
+            match r {
+                Ok((k, v)) => {
+                    out.push((k, EndpointId(v.endpoint), EndpointFlags::from_bits(v.flags)));
+                }
+                Err(MapError::KeyNotFound) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// The socket programs' settings: the network namespace whose sockets the redirect
+    /// applies to (the proxy's: [`crate::sys::netns_cookie`]; `0` = every namespace), and how
+    /// many cgroup endpoints there are (while 0, every socket program returns at once, so the
+    /// programs can stay attached for nothing but a lookup per call or packet).
+    pub fn set_sock_settings(
+        &mut self,
+        netns_cookie: u64,
+        endpoints: u32,
+    ) -> Result<(), DatapathError> {
+        let v = SockCfg {
+            netns_cookie,
+            endpoints,
+            pad: 0,
+        };
+        self.sock_cfg
+            .set(0, v, 0)
+            .map_err(|e| map_err("fqdnd_sock_cfg", "socket settings update", e))
+    }
+
     /// Forgets an interface: its packets pass untouched. Its addresses go after its entry.
     pub fn remove_endpoint(&mut self, ifindex: u32) -> Result<(), DatapathError> {
         ignore_absent(self.endpoints.remove(&ifindex))
@@ -1212,6 +1282,71 @@ impl Datapath for KernelDatapath {
             }
         }
         Ok(())
+    }
+}
+
+/// Where a host process's redirected DNS message was going, as the cgroup socket programs
+/// recorded it ([`DnsOrigins::lookup`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DnsOrigin {
+    /// The destination the process asked for (an IPv6 socket's v4-mapped address as IPv4).
+    pub server: SocketAddr,
+    /// The endpoint of the process's cgroup.
+    pub endpoint: EndpointId,
+}
+
+/// The proxy's handle on `fqdnd_dns_origins`: which socket a query from a local address came
+/// from, where it was going, for which endpoint. Read on the DNS path: one map lookup, no
+/// lock.
+pub struct DnsOrigins {
+    map: HashMap<MapData, OriginKey, SockOrigin>,
+}
+
+impl std::fmt::Debug for DnsOrigins {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DnsOrigins").finish_non_exhaustive()
+    }
+}
+
+impl DnsOrigins {
+    /// Opens `fqdnd_dns_origins` pinned in `pin_dir`.
+    pub fn open(pin_dir: &Path) -> Result<Self, Error> {
+        Ok(DnsOrigins {
+            map: open_map(pin_dir, "fqdnd_dns_origins")?.try_into()?,
+        })
+    }
+
+    /// The record of the socket that sent the proxy a packet from `client` (its source
+    /// address and port) over TCP or UDP, if a redirect wrote one.
+    pub fn lookup(&self, client: SocketAddr, tcp: bool) -> Option<DnsOrigin> {
+        let mut k = OriginKey {
+            port: client.port().to_be(),
+            proto: if tcp { sys::PROTO_TCP } else { sys::PROTO_UDP },
+            ..OriginKey::default()
+        };
+        match client.ip() {
+            IpAddr::V4(a) => {
+                k.family = 4;
+                k.addr[..4].copy_from_slice(&a.octets());
+            }
+            IpAddr::V6(a) => {
+                k.family = 6;
+                k.addr = a.octets();
+            }
+        }
+        let o = self.map.get(&k, 0).ok()?;
+        let ip = match o.family {
+            4 => IpAddr::V4(Ipv4Addr::new(o.addr[0], o.addr[1], o.addr[2], o.addr[3])),
+            6 => {
+                let v6 = Ipv6Addr::from(o.addr);
+                v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
+            }
+            _ => return None,
+        };
+        Some(DnsOrigin {
+            server: SocketAddr::new(ip, u16::from_be(o.port)),
+            endpoint: EndpointId(o.endpoint),
+        })
     }
 }
 

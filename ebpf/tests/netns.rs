@@ -21,7 +21,7 @@ use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use aya::programs::{SchedClassifier, TcAttachType};
-use common::{Netns, PinDir, Routes, ip, privileged};
+use common::{BpfStats, Netns, PinDir, Routes, ip, privileged};
 use fqdnd_ebpf::sys::{self, DropEvent};
 use fqdnd_ebpf::{
     EndpointFlags, Events, FROM_ENDPOINT, KernelDatapath, Loaded, MapSizes, TO_ENDPOINT,
@@ -632,24 +632,6 @@ fn stale_link_pin_is_replaced() {
         .id();
     assert_eq!(tcx_ids(&host, TcAttachType::Ingress), vec![id]);
     assert_eq!(attached_interfaces(&dir.0), vec![host.clone()]);
-}
-
-/// Restores `kernel.bpf_stats_enabled` on drop.
-struct BpfStats(String);
-
-impl BpfStats {
-    const PATH: &str = "/proc/sys/kernel/bpf_stats_enabled";
-    fn enable() -> Self {
-        let old = std::fs::read_to_string(Self::PATH).unwrap();
-        std::fs::write(Self::PATH, "1").unwrap();
-        BpfStats(old.trim().to_owned())
-    }
-}
-
-impl Drop for BpfStats {
-    fn drop(&mut self) {
-        let _ = std::fs::write(Self::PATH, &self.0);
-    }
 }
 
 /// Mean run time of `fqdnd_from_ep` per packet on real traffic (kernel BPF stats), for the

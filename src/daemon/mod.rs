@@ -43,7 +43,7 @@ use crate::clock::Clock;
 use crate::cluster::{ClusterRuntime, Host};
 use crate::datapath::AnyDatapath;
 use crate::kernel::Kernel;
-pub(crate) use dns::{DnsHandle, SharedLb};
+pub(crate) use dns::{DnsHandle, SharedLb, SocketRedirects};
 
 /// The engine, shared between the proxy's observer, the GC task and the admin API. Each
 /// holder locks it briefly (one answer, one GC pass, one listing).
@@ -116,6 +116,8 @@ pub(crate) struct Prepared {
     pub(crate) mode: Box<dyn ModeHooks>,
     /// Node: queries to a service VIP are forwarded to one of its backends.
     pub(crate) services: Option<SharedLb>,
+    /// Node: host processes' DNS, redirected by the cgroup socket programs.
+    pub(crate) redirects: Option<SocketRedirects>,
     /// The admin socket the mode's document names.
     pub(crate) admin_socket: PathBuf,
 }
@@ -398,6 +400,7 @@ pub(crate) async fn start(
         proxy,
         mode,
         services,
+        redirects,
         admin_socket,
     } = prepared;
     // The recorder first: the gauges are set as soon as the restore ends; the endpoint serves
@@ -461,7 +464,7 @@ pub(crate) async fn start(
     }
     let shared = Arc::new(Shared {
         engine: Arc::clone(&engine),
-        dns: Arc::new(DnsHandle::new(services)),
+        dns: Arc::new(DnsHandle::new(services, redirects)),
         clock,
         kernel,
         mode,

@@ -126,6 +126,7 @@ impl GatewayMode {
                 ..fqdnd_dnsproxy::Config::default()
             },
             services: None,
+            redirects: None,
             admin_socket: gateway.daemon.admin_socket.clone(),
             mode: Box::new(Self {
                 gateway,

@@ -11,6 +11,7 @@
 )]
 
 mod bridge;
+mod cgroup;
 #[path = "../common/mod.rs"]
 mod common;
 mod dns;

@@ -16,6 +16,7 @@ mod limits;
 mod logs;
 mod policy;
 mod recording;
+mod redirect;
 mod runts;
 mod spoofing;
 mod tcp;

@@ -249,6 +249,20 @@ impl DnsPolicy {
         let Some(endpoint) = self.clients.lookup(client) else {
             return Verdict::UnknownClient;
         };
+        self.endpoint_verdict(endpoint, server, protocol, name)
+    }
+
+    /// May `endpoint` ask `server` for the canonical `name` over `protocol`? For a query whose
+    /// endpoint is known without its source address: a host process's, which the cgroup
+    /// socket programs name (host processes share the host's addresses). An endpoint the
+    /// policy does not know is [`Verdict::UnknownClient`].
+    pub fn endpoint_verdict(
+        &self,
+        endpoint: EndpointId,
+        server: SocketAddr,
+        protocol: Protocol,
+        name: &str,
+    ) -> Verdict {
         if self.deny.contains(name) && !self.allow.contains(name) {
             return Verdict::Deny;
         }
@@ -386,6 +400,21 @@ spec:
         assert_eq!(
             p.endpoint_of("10.2.255.1".parse().unwrap()),
             Some(EndpointId(11))
+        );
+        // By endpoint (a host process's query, named by the socket programs): the same
+        // rules, whatever the source address; an endpoint the policy lacks is unknown.
+        let server = "10.0.0.53:53".parse().unwrap();
+        assert_eq!(
+            p.endpoint_verdict(EndpointId(10), server, udp, "www.example.com."),
+            allow(10)
+        );
+        assert_eq!(
+            p.endpoint_verdict(EndpointId(10), server, udp, "evil.test."),
+            Verdict::Deny
+        );
+        assert_eq!(
+            p.endpoint_verdict(EndpointId(99), server, udp, "www.example.com."),
+            Verdict::UnknownClient
         );
     }
 
