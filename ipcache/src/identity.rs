@@ -24,7 +24,8 @@ impl Identity {
     pub const ANY: Identity = Identity(0);
     /// `reserved:host`: the node's own addresses.
     pub const HOST: Identity = Identity(1);
-    /// `reserved:remote-node`: other nodes of the cluster (no cluster mode yet: never given).
+    /// `reserved:remote-node`: other nodes of the cluster (never given: cluster mode does not
+    /// learn other nodes' own addresses).
     pub const REMOTE_NODE: Identity = Identity(6);
     /// `reserved:world-ipv4`: IPv4 addresses the ipcache knows nothing about.
     pub const WORLD_IPV4: Identity = Identity(9);
