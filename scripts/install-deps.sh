@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Installs the system packages the build and the test suite need, if they are missing:
 # clang-19 + libbpf-dev (to rebuild and check the eBPF object), iproute2 (the netns tests),
+# protobuf-compiler + libprotobuf-dev (`protoc` and the well-known .proto files: the
+# etcd-client crate compiles etcd's protos when it builds),
+# etcd-server + etcd-client (the cluster tests run a real 3-member etcd; `etcdctl` inspects it),
+# openssl (the etcd TLS test makes its certificates),
 # tshark (tests/record.rs reads the recordings with Wireshark's reader).
 # Needs root and the Debian package mirror; does nothing when everything is there.
 set -euo pipefail
@@ -8,6 +12,11 @@ missing=()
 command -v clang-19 >/dev/null || missing+=(clang-19)
 [ -e /usr/include/bpf/bpf_helpers.h ] || missing+=(libbpf-dev)
 command -v ip >/dev/null || missing+=(iproute2)
+command -v protoc >/dev/null || missing+=(protobuf-compiler)
+[ -e /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
+command -v etcd >/dev/null || missing+=(etcd-server)
+command -v etcdctl >/dev/null || missing+=(etcd-client)
+command -v openssl >/dev/null || missing+=(openssl)
 command -v tshark >/dev/null || missing+=(tshark)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

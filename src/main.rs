@@ -8,6 +8,7 @@
 mod admin;
 mod cli;
 mod clock;
+mod cluster;
 mod cni;
 mod daemon;
 mod datapath;
@@ -82,6 +83,21 @@ enum Command {
         /// Refuse to start when the state directory's journal has a torn or corrupt tail.
         #[arg(long)]
         strict_restore: bool,
+    },
+    /// Run an identity allocator of the cluster (needs a `kind: Cluster` document).
+    ///
+    /// Watches the endpoints the nodes publish in etcd and creates one global identity
+    /// (256-65535) per new label set, collecting those no endpoint used for
+    /// `identityGCGrace`. Any number may run: one leads (etcd lease), another takes over
+    /// within the lease TTL when it dies.
+    Operator {
+        /// Configuration files or directories holding the Cluster document.
+        #[arg(long = "config", short = 'c', value_name = "PATH", required = true)]
+        config: Vec<PathBuf>,
+        /// This allocator's name (default: the Cluster document's `nodeName`, else the host
+        /// name).
+        #[arg(long)]
+        name: Option<String>,
     },
     /// Load-balanced services of the running node agent: a VIP and port whose new flows
     /// the datapath spreads over backends (and whose DNS queries the proxy forwards to one).
@@ -316,6 +332,36 @@ enum PolicyCommand {
         #[arg(required = true, value_name = "PATH")]
         paths: Vec<PathBuf>,
     },
+    /// Store policies in the cluster (cluster mode): every node applies them beside its own
+    /// files. Each file is validated first; a file with errors is refused with them and
+    /// nothing is stored.
+    Apply {
+        /// The configuration holding the Cluster document.
+        #[arg(long = "config", short = 'c', value_name = "PATH", required = true)]
+        config: Vec<PathBuf>,
+        /// Policy files (CiliumNetworkPolicy / CiliumClusterwideNetworkPolicy documents only).
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+    },
+    /// Remove policies from the cluster by name (`cnp/NAMESPACE/NAME` or `ccnp/NAME`, as
+    /// `policy list` shows).
+    Delete {
+        /// The configuration holding the Cluster document.
+        #[arg(long = "config", short = 'c', value_name = "PATH", required = true)]
+        config: Vec<PathBuf>,
+        /// Names.
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+    /// The policies stored in the cluster.
+    List {
+        /// The configuration holding the Cluster document.
+        #[arg(long = "config", short = 'c', value_name = "PATH", required = true)]
+        config: Vec<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Say which rule allows or denies a flow — without traffic — by the policy in force in
     /// the running agent (its endpoints, the addresses DNS taught it, the node's addresses),
     /// or with `--offline` by policy files alone.
@@ -489,6 +535,14 @@ fn main() -> ExitCode {
         Command::Ipcache(IpcacheCommand::List(args)) => cli::list::ipcache(&args.target, args.json),
         Command::Policy(PolicyCommand::Reload(args)) => cli::list::reload(&args.target, args.json),
         Command::Policy(PolicyCommand::Check { paths }) => cli::policy::check(&paths),
+        Command::Policy(PolicyCommand::Apply { config, files }) => {
+            cli::cluster::apply(&config, &files)
+        }
+        Command::Policy(PolicyCommand::Delete { config, names }) => {
+            cli::cluster::delete(&config, &names)
+        }
+        Command::Policy(PolicyCommand::List { config, json }) => cli::cluster::list(&config, json),
+        Command::Operator { config, name } => cli::cluster::operator(&config, name),
         Command::Policy(PolicyCommand::Explain {
             endpoint,
             dest,

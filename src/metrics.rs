@@ -18,6 +18,22 @@ pub(crate) fn install(addr: SocketAddr) -> Result<ExporterFuture> {
         .map_err(|_| anyhow::anyhow!("a metrics recorder is installed already"))?;
     metrics::describe_gauge!("fqdnd_identities", "identities allocated (all scopes)");
     metrics::describe_gauge!(
+        "fqdnd_cluster_connected",
+        "cluster mode: 1 while the node side reaches etcd"
+    );
+    metrics::describe_gauge!(
+        "fqdnd_cluster_temporary_identities",
+        "cluster mode: local label sets waiting for their global identity"
+    );
+    metrics::describe_gauge!(
+        "fqdnd_cluster_remote_endpoints",
+        "cluster mode: other nodes' endpoints known"
+    );
+    metrics::describe_gauge!(
+        "fqdnd_cluster_identities",
+        "cluster mode: global identities known"
+    );
+    metrics::describe_gauge!(
         "fqdnd_fqdn_identities",
         "identities created by DNS answers (the breaker's count)"
     );
@@ -145,4 +161,13 @@ pub(crate) fn record_datapath_error(e: &(dyn std::error::Error + 'static)) {
 pub(crate) fn record_conntrack(entries: usize, capacity: u32) {
     metrics::gauge!("fqdnd_datapath_map_entries", "map" => "conntrack").set(entries as f64);
     metrics::gauge!("fqdnd_datapath_map_capacity", "map" => "conntrack").set(f64::from(capacity));
+}
+
+/// Cluster mode's gauges, from `fqdnd status`'s cluster section.
+pub(crate) fn record_cluster(status: &crate::cluster::ClusterStatus) {
+    metrics::gauge!("fqdnd_cluster_connected").set(if status.connected { 1.0 } else { 0.0 });
+    metrics::gauge!("fqdnd_cluster_temporary_identities")
+        .set(status.temporary_identities.len() as f64);
+    metrics::gauge!("fqdnd_cluster_remote_endpoints").set(status.remote_endpoints as f64);
+    metrics::gauge!("fqdnd_cluster_identities").set(status.identities as f64);
 }

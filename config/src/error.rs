@@ -179,6 +179,8 @@ pub enum Duplicated {
     Gateway,
     /// A second `kind: Node` document; there may be at most one.
     Node,
+    /// A second `kind: Cluster` document; there may be at most one.
+    Cluster,
     /// Two Endpoints on the same interface.
     Interface(String),
     /// Two Endpoints of the same cgroup or systemd unit (`cgroup /a/b`, `unit x.service`).
@@ -206,6 +208,7 @@ impl fmt::Display for Duplicated {
             Self::Settings => f.write_str("a `kind: Settings` document (at most one is allowed)"),
             Self::Gateway => f.write_str("a `kind: Gateway` document (at most one is allowed)"),
             Self::Node => f.write_str("a `kind: Node` document (at most one is allowed)"),
+            Self::Cluster => f.write_str("a `kind: Cluster` document (at most one is allowed)"),
             Self::Interface(name) => write!(f, "interface {name} (one Endpoint per interface)"),
             Self::Cgroup(what) => write!(f, "{what} (one Endpoint per cgroup)"),
             Self::ServiceName(name) => write!(f, "service name {name:?}"),

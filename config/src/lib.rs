@@ -8,8 +8,9 @@
 //! - fqdnd's own declarations, `apiVersion: fqdnd.io/v1`: `kind: Endpoint` and
 //!   `kind: ClientGroup` (the workloads enforced, as [`Endpoint`]s), `kind: Settings` (the
 //!   engine's tunables, as [`Settings`], with Cilium's defaults), `kind: Gateway` /
-//!   `kind: Node` (how the daemon runs, as [`Gateway`] / [`Node`]), and `kind: Service`
-//!   (a VIP the node load-balances, as [`Service`]).
+//!   `kind: Node` (how the daemon runs, as [`Gateway`] / [`Node`]), `kind: Service`
+//!   (a VIP the node load-balances, as [`Service`]) and `kind: Cluster` (cluster mode: where
+//!   etcd is, as [`Cluster`]).
 //!
 //! Any number of documents of any kind may share a file (`---` between them). A file is split
 //! into its documents before it is parsed ([`documents`]), and each document is checked on its
@@ -37,6 +38,7 @@
 
 #![forbid(unsafe_code)]
 
+mod cluster;
 mod cnp;
 mod convert;
 mod documents;
@@ -46,6 +48,7 @@ mod gateway;
 mod load;
 mod service;
 mod settings;
+mod shared;
 mod warnings;
 mod yaml;
 
@@ -54,6 +57,7 @@ use std::path::PathBuf;
 use fqdnd_ipcache::Endpoint;
 use fqdnd_ipcache::policy::Rule;
 
+pub use cluster::{Cluster, ClusterTls, valid_node_name};
 pub use documents::{Document, Documents, documents};
 pub use endpoint::Cgroup;
 pub use error::{Duplicated, Error, Errors, Unsupported};
@@ -65,6 +69,7 @@ pub use gateway::{
 pub use load::{CILIUM_API_VERSION, FQDND_API_VERSION, load, load_str};
 pub use service::Service;
 pub use settings::{MAX_PROXY_RESPONSE_DELAY, MIN_GC_INTERVAL, Settings};
+pub use shared::{SharedPolicy, shared_policies, shared_rules};
 pub use warnings::{DeadReason, Warning};
 
 /// A realistic policy file: Settings, two Endpoints and CiliumNetworkPolicies for DNS
@@ -86,6 +91,9 @@ pub struct Config {
     pub gateway: Option<Gateway>,
     /// The `Node` document, if any (`fqdnd node` uses its defaults without one).
     pub node: Option<Node>,
+    /// The `Cluster` document, if any: cluster mode for `fqdnd node`, the enforcing gateway
+    /// and `fqdnd operator`.
+    pub cluster: Option<Cluster>,
     /// The host-side interface of each Endpoint that names one (node mode).
     pub interfaces: std::collections::BTreeMap<fqdnd_ipcache::EndpointId, String>,
     /// The cgroup of each Endpoint of host processes (node mode).

@@ -17,6 +17,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_saphyr::{Location, Spanned};
 
+use crate::cluster::{self, Cluster, ClusterDoc};
 use crate::cnp::PolicyDoc;
 use crate::convert::{self, PolicyKind};
 use crate::documents::documents;
@@ -133,6 +134,7 @@ enum Kind {
     Gateway,
     Node,
     Service,
+    Cluster,
 }
 
 impl Kind {
@@ -148,6 +150,7 @@ impl Kind {
             (FQDND_API_VERSION, "Gateway") => Self::Gateway,
             (FQDND_API_VERSION, "Node") => Self::Node,
             (FQDND_API_VERSION, "Service") => Self::Service,
+            (FQDND_API_VERSION, "Cluster") => Self::Cluster,
             _ => return None,
         })
     }
@@ -186,6 +189,9 @@ struct Loader {
     /// The `Node` document, once valid, and where the first one is.
     node: Option<Node>,
     node_at: Option<(PathBuf, Position)>,
+    /// The `Cluster` document, once valid, and where the first one is.
+    cluster: Option<Cluster>,
+    cluster_at: Option<(PathBuf, Position)>,
     endpoints: Vec<(Declared, PathBuf, EndpointAt)>,
     services: Vec<(DeclaredService, PathBuf, Position, Position)>,
     policies: Vec<(PolicyKind, String, PathBuf, Position)>,
@@ -274,6 +280,11 @@ impl Loader {
             Kind::Service => {
                 if let Some(doc) = read::<ServiceDoc>(text, at(&header), diag) {
                     self.add_service(&doc, diag);
+                }
+            }
+            Kind::Cluster => {
+                if let Some(doc) = read::<ClusterDoc>(text, at(&header), diag) {
+                    self.add_cluster(&doc, diag);
                 }
             }
             Kind::Gateway | Kind::Node => {
@@ -441,6 +452,23 @@ impl Loader {
         self.node = gateway::node(doc, diag);
     }
 
+    fn add_cluster(&mut self, doc: &Spanned<ClusterDoc>, diag: &mut Diag<'_>) {
+        let file = diag.file();
+        let doc_at = diag.position(at(doc));
+        if let Some((first_file, first_at)) = &self.cluster_at {
+            diag.push(duplicate(
+                Duplicated::Cluster,
+                file,
+                doc_at,
+                first_file,
+                *first_at,
+            ));
+            return;
+        }
+        self.cluster_at = Some((file.to_path_buf(), doc_at));
+        self.cluster = cluster::cluster(doc, diag);
+    }
+
     fn add_gateway(&mut self, doc: &Spanned<DaemonDoc>, diag: &mut Diag<'_>) {
         let file = diag.file();
         let doc_at = diag.position(at(doc));
@@ -491,6 +519,7 @@ impl Loader {
             services: self.services.into_iter().map(|(d, ..)| d.service).collect(),
             gateway: self.gateway,
             node: self.node,
+            cluster: self.cluster,
             interfaces,
             cgroups,
             sources: self.sources,

@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use fqdnd_config::Settings;
 use fqdnd_ipcache::policy::Rule;
-use fqdnd_ipcache::{Datapath, Endpoint, EndpointId, IpCache};
+use fqdnd_ipcache::{Datapath, Endpoint, EndpointId, EndpointLabel, Identity, IpCache};
 use fqdnd_namemgr::{Connections, FqdnSelector, GcStats, Learned, NameManager};
+use ipnet::IpNet;
 use serde::Serialize;
 
 use crate::Error;
@@ -69,6 +70,41 @@ impl Learning {
             })
         }
     }
+}
+
+/// Cluster mode: what changed in the cluster's identities and other nodes' endpoints, as the
+/// engine applies it ([`Engine::apply_cluster`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterUpdate {
+    /// Label sets that lost their global number.
+    pub unassigned: Vec<Vec<EndpointLabel>>,
+    /// Label sets that got one (or another).
+    pub assigned: Vec<(Vec<EndpointLabel>, Identity)>,
+    /// Other nodes' endpoints gone, by name.
+    pub remote_removed: Vec<String>,
+    /// Other nodes' endpoints new or changed.
+    pub remote_upserted: Vec<RemoteEndpoint>,
+}
+
+impl ClusterUpdate {
+    /// Whether there is nothing to apply.
+    pub fn is_empty(&self) -> bool {
+        self.unassigned.is_empty()
+            && self.assigned.is_empty()
+            && self.remote_removed.is_empty()
+            && self.remote_upserted.is_empty()
+    }
+}
+
+/// Another node's endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteEndpoint {
+    /// Its name (unique in the cluster: the key its node published it under).
+    pub name: String,
+    /// Its addresses.
+    pub addresses: Vec<IpNet>,
+    /// Its labels.
+    pub labels: Vec<EndpointLabel>,
 }
 
 /// NameManager + IpCache over a datapath.
@@ -202,6 +238,58 @@ impl<D: Datapath> Engine<D> {
         Ok(())
     }
 
+    /// Turns cluster mode on (before endpoints and policy are installed): endpoint label sets
+    /// take the cluster's numbers, temporary ones meanwhile (see
+    /// [`IpCache::enable_cluster`]).
+    pub fn enable_cluster(&mut self) {
+        self.ipcache.enable_cluster();
+    }
+
+    /// Applies what changed in the cluster, committed in two ordered steps so that a number
+    /// never stands for two label sets in one batch: first what goes (numbers taken away,
+    /// other nodes' endpoints removed), then what comes. Every change is tried; the batches
+    /// hand over whatever was applied.
+    ///
+    /// # Errors
+    /// The first change the IpCache refused ([`Error::Cluster`]), or the datapath refused a
+    /// batch (it stays pending and goes with the next commit).
+    pub fn apply_cluster(&mut self, update: ClusterUpdate) -> Result<(), Error> {
+        let mut first: Option<Error> = None;
+        let mut note = |r: Result<(), fqdnd_ipcache::Error>| {
+            if let Err(e) = r {
+                first.get_or_insert(Error::Cluster(e));
+            }
+        };
+        if !update.unassigned.is_empty() {
+            note(self.ipcache.assign_cluster_identities(
+                update.unassigned.into_iter().map(|labels| (labels, None)),
+            ));
+        }
+        for name in &update.remote_removed {
+            note(self.ipcache.remove_remote_endpoint(name));
+        }
+        self.commit()?;
+        if !update.assigned.is_empty() {
+            note(
+                self.ipcache.assign_cluster_identities(
+                    update
+                        .assigned
+                        .into_iter()
+                        .map(|(labels, id)| (labels, Some(id))),
+                ),
+            );
+        }
+        for remote in &update.remote_upserted {
+            note(self.ipcache.upsert_remote_endpoint(
+                &remote.name,
+                &remote.addresses,
+                &remote.labels,
+            ));
+        }
+        self.commit()?;
+        first.map_or(Ok(()), Err)
+    }
+
     /// Learns that `endpoint` was answered `addrs` for `name` (canonical) with `ttl`, and
     /// commits what that changed.
     ///
@@ -268,5 +356,65 @@ impl<D: Datapath> Engine<D> {
         let stats = self.names.gc(now, connections, &mut self.ipcache)?;
         self.commit()?;
         Ok(stats)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fqdnd_ipcache::{MemoryDatapath, Scope, host_prefix};
+
+    fn labels(app: &str) -> Vec<EndpointLabel> {
+        vec![EndpointLabel {
+            source: "k8s".into(),
+            key: "app".into(),
+            value: app.into(),
+        }]
+    }
+
+    /// A number collected from one label set and reused for another arrives as one update:
+    /// the engine lets go of it in a first batch and gives it out in a second.
+    #[test]
+    fn a_reused_number_changes_hands_in_one_update() {
+        let mut engine = Engine::new(
+            &Settings::default(),
+            IdentityMode::Selector,
+            MemoryDatapath::default(),
+        );
+        engine.enable_cluster();
+        let web = Endpoint {
+            id: EndpointId(1),
+            name: "web".into(),
+            addresses: vec![host_prefix("10.0.0.2".parse().unwrap())],
+            labels: labels("web"),
+        };
+        engine.apply(vec![web], Vec::new(), Duration::ZERO).unwrap();
+        let db = RemoteEndpoint {
+            name: "n2/1".into(),
+            addresses: vec![host_prefix("10.0.0.1".parse().unwrap())],
+            labels: labels("db"),
+        };
+        engine
+            .apply_cluster(ClusterUpdate {
+                assigned: vec![(labels("web"), Identity(300))],
+                remote_upserted: vec![db],
+                ..ClusterUpdate::default()
+            })
+            .unwrap();
+        let batches = engine.ipcache.datapath().batches();
+        engine
+            .apply_cluster(ClusterUpdate {
+                unassigned: vec![labels("web")],
+                assigned: vec![(labels("db"), Identity(300))],
+                ..ClusterUpdate::default()
+            })
+            .unwrap();
+        assert_eq!(engine.ipcache.datapath().batches(), batches + 2);
+        let dp = engine.ipcache.datapath();
+        assert_eq!(dp.identity_of("10.0.0.1".parse().unwrap()), Identity(300));
+        assert_eq!(
+            dp.identity_of("10.0.0.2".parse().unwrap()).scope(),
+            Some(Scope::Temporary)
+        );
     }
 }

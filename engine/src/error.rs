@@ -34,6 +34,10 @@ pub enum Error {
         #[source]
         source: fqdnd_ipcache::Error,
     },
+    /// Cluster mode: the IpCache refused part of a cluster update (a number still standing
+    /// for another label set); the rest was applied.
+    #[error("applying the cluster's identities and endpoints")]
+    Cluster(#[source] fqdnd_ipcache::Error),
     /// The rollback after a refused change was refused too: the datapath may differ from the
     /// engine until the next successful change.
     #[error("the datapath refused the change and then its rollback")]

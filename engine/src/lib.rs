@@ -13,6 +13,10 @@
 //! - [`endpoints`]: node mode's endpoint registry (endpoints from files and from the admin
 //!   API) and the rules that keep two endpoints from claiming one name, interface or address;
 //! - [`view`]: the engine's state as the admin API lists it;
+//! - cluster mode's entry points ([`Engine::enable_cluster`], [`Engine::apply_cluster`]): the
+//!   cluster's identity numbers and other nodes' endpoints, applied in the order that keeps a
+//!   number from meaning two label sets in one batch (the binary translates the cluster
+//!   crate's view into a [`ClusterUpdate`]).
 //! - [`explain`]: which rule allows or denies a flow (`fqdnd policy explain`).
 //!
 //! It never opens a socket, never talks to the kernel (the datapath is the IpCache's
@@ -34,5 +38,5 @@ pub mod explain;
 pub mod view;
 
 pub use clock::Clock;
-pub use engine::{Engine, IdentityMode, Learning};
+pub use engine::{ClusterUpdate, Engine, IdentityMode, Learning, RemoteEndpoint};
 pub use error::{Error, error_chain};

@@ -11,7 +11,7 @@ use smallvec::SmallVec;
 
 use crate::config::Config;
 use crate::datapath::{Datapath, DatapathChange, PolicyKey};
-use crate::endpoint::{Endpoint, EndpointId};
+use crate::endpoint::{Endpoint, EndpointId, EndpointLabel};
 use crate::endpoint_policy::{EndpointPolicy, PolicyState, Use, contributions};
 use crate::error::{Breaker, Error};
 use crate::identity::{Allocator, Identity, Scope};
@@ -95,6 +95,8 @@ struct Identities<'a> {
     written: &'a mut [usize; 2],
     /// The datapath's room per family, if bounded.
     capacity: Option<usize>,
+    /// Cluster mode's numbers and index; `None` on a single node.
+    cluster: Option<&'a mut ClusterState>,
 }
 
 impl Identities<'_> {
@@ -115,19 +117,52 @@ impl Identities<'_> {
         // A reserved identity is in the selectors of its entities from their registration on
         // (`selector::reserved_of`): its allocation changes no selector.
         if allocation.created && scope != Scope::Reserved {
-            let id = allocation.identity;
-            self.scratch.clear();
-            self.selectors
-                .identity_added(id, labels, &*self.labels, self.scratch);
-            for idx in self.scratch.iter() {
-                self.stats.selector_updates += 1;
-                let pending = &mut *self.pending;
-                self.policy.selector_changed(*idx, id, true, |ep, key, up| {
-                    pending.policy_change(ep, key, up);
-                });
-            }
+            self.added(allocation.identity, labels);
         }
         Ok(allocation.identity)
+    }
+
+    /// Cluster mode: a reference on the number the cluster assigned to `labels`.
+    fn acquire_exact(&mut self, labels: &LabelSet, id: Identity) -> Result<Identity, Error> {
+        if self
+            .alloc
+            .lookup(labels)
+            .is_some_and(|current| current != id)
+        {
+            self.alloc.detach(labels);
+        }
+        let allocation = self.alloc.allocate_exact(labels, id)?;
+        if allocation.created {
+            self.added(id, labels);
+        }
+        Ok(id)
+    }
+
+    /// Cluster mode: a reference on the temporary identity of `labels` (a new one if it has
+    /// none, or only its former global number).
+    fn acquire_temporary(&mut self, labels: &LabelSet) -> Result<Identity, Error> {
+        if self
+            .alloc
+            .lookup(labels)
+            .is_some_and(|current| current.scope() != Some(Scope::Temporary))
+        {
+            self.alloc.detach(labels);
+        }
+        self.acquire(labels, Scope::Temporary, false)
+    }
+
+    /// A new identity: the selectors that select it, and the policy entries that follow.
+    fn added(&mut self, id: Identity, labels: &LabelSet) {
+        self.scratch.clear();
+        self.selectors
+            .identity_added(id, labels, &*self.labels, self.scratch);
+        for idx in self.scratch.iter() {
+            self.stats.selector_updates += 1;
+            let pending = &mut *self.pending;
+            self.policy.selector_changed(*idx, id, true, |ep, key, up| {
+                pending.policy_change(ep, key, up);
+            });
+        }
     }
 
     fn release(&mut self, id: Identity) {
@@ -165,8 +200,48 @@ macro_rules! identities {
             restore: &$cache.restore,
             written: &mut $cache.written,
             capacity: $cache.config.datapath_prefixes,
+            cluster: $cache.cluster.as_mut(),
         }
     };
+}
+
+/// Cluster mode's state: the numbers the cluster assigned, the other nodes' endpoints, and
+/// which prefixes carry which endpoint label set (to find them when a number changes).
+#[derive(Debug, Default)]
+struct ClusterState {
+    /// Endpoint label set → its global number.
+    assigned: HashMap<LabelSet, Identity>,
+    /// Prefixes with endpoint owners (local or remote), by their label set.
+    by_labels: HashMap<LabelSet, BTreeSet<IpNet>>,
+    labels_of: HashMap<IpNet, LabelSet>,
+    /// Remote endpoints: name → their prefixes.
+    remote: HashMap<Arc<str>, BTreeSet<IpNet>>,
+    /// One shared `Arc` per remote label set.
+    remote_sets: HashMap<LabelSet, Arc<LabelSet>>,
+}
+
+impl ClusterState {
+    /// Records that `prefix` carries endpoint labels `labels` (or none).
+    fn track(&mut self, prefix: IpNet, labels: Option<&LabelSet>) {
+        if self.labels_of.get(&prefix) == labels {
+            return;
+        }
+        if let Some(old) = self.labels_of.remove(&prefix)
+            && let Some(set) = self.by_labels.get_mut(&old)
+        {
+            set.remove(&prefix);
+            if set.is_empty() {
+                self.by_labels.remove(&old);
+            }
+        }
+        if let Some(new) = labels {
+            self.labels_of.insert(prefix, new.clone());
+            self.by_labels
+                .entry(new.clone())
+                .or_default()
+                .insert(prefix);
+        }
+    }
 }
 
 /// The IpCache. Generic over the datapath it writes to.
@@ -197,6 +272,8 @@ pub struct IpCache<D> {
     restore: HashMap<String, Identity>,
     /// Prefixes with an identity, IPv4 and IPv6: the entries the datapath's ipcache holds.
     written: [usize; 2],
+    /// Cluster mode (`None`: a single node, numbers chosen here).
+    cluster: Option<ClusterState>,
 }
 
 impl<D: Datapath> IpCache<D> {
@@ -224,6 +301,7 @@ impl<D: Datapath> IpCache<D> {
             last_breaker_warning: None,
             restore: HashMap::new(),
             written: [0; 2],
+            cluster: None,
         }
     }
 
@@ -430,6 +508,142 @@ impl<D: Datapath> IpCache<D> {
         self.sync_preallocation()?;
         self.rebuild_policy();
         Ok(())
+    }
+
+    /// Turns cluster mode on: endpoint label sets take the numbers the cluster assigns
+    /// ([`IpCache::assign_cluster_identities`]), a local endpoint's label set without one a
+    /// temporary identity, and other nodes' endpoints can be added
+    /// ([`IpCache::upsert_remote_endpoint`]). CIDR and FQDN identities stay node-local. Call
+    /// before any endpoint is installed.
+    pub fn enable_cluster(&mut self) {
+        if self.cluster.is_none() {
+            self.cluster = Some(ClusterState::default());
+        }
+    }
+
+    /// Sets (`Some`) or removes (`None`) the global numbers of endpoint label sets, and moves
+    /// every prefix of those sets to its new identity: a temporary one is replaced by the
+    /// global one (policy for the new number first, then the ipcache flip, then the old
+    /// number's policy goes — one ordered batch at the next commit), a set that lost its number
+    /// goes back to a temporary identity (local endpoints) or out of the ipcache (remote ones).
+    /// Nothing on a single node.
+    ///
+    /// A number taken from one label set and given to another must be committed in two steps
+    /// (removal, commit, assignment): the same number never means two label sets in one batch.
+    ///
+    /// # Errors
+    /// A number outside the cluster range (nothing changes), or one that still stands for
+    /// another label set here ([`Error::IdentityTaken`]; the other changes are made).
+    pub fn assign_cluster_identities(
+        &mut self,
+        changes: impl IntoIterator<Item = (Vec<EndpointLabel>, Option<Identity>)>,
+    ) -> Result<(), Error> {
+        let Some(cluster) = self.cluster.as_mut() else {
+            return Ok(());
+        };
+        let changes: Vec<(Vec<EndpointLabel>, Option<Identity>)> = changes.into_iter().collect();
+        if let Some(bad) = changes
+            .iter()
+            .filter_map(|(_, n)| *n)
+            .find(|n| n.scope() != Some(Scope::Cluster))
+        {
+            return Err(Error::NotClusterIdentity { identity: bad });
+        }
+        let mut affected = BTreeSet::new();
+        for (labels, number) in changes {
+            let set: LabelSet = labels
+                .into_iter()
+                .map(|l| self.labels.intern(Label::Endpoint(l)))
+                .collect();
+            let changed = match number {
+                Some(n) => cluster.assigned.insert(set.clone(), n) != Some(n),
+                None => cluster.assigned.remove(&set).is_some(),
+            };
+            if changed {
+                affected.extend(cluster.by_labels.get(&set).into_iter().flatten().copied());
+            }
+        }
+        self.resolve_all(affected)
+    }
+
+    /// Adds or changes another node's endpoint `name`: its addresses carry its labels, with
+    /// the global identity of its label set (none until the cluster assigned one). Nothing on a
+    /// single node.
+    ///
+    /// # Errors
+    /// A number assigned to its label set stands for another label set here.
+    pub fn upsert_remote_endpoint(
+        &mut self,
+        name: &str,
+        addresses: &[IpNet],
+        labels: &[EndpointLabel],
+    ) -> Result<(), Error> {
+        let Some(cluster) = self.cluster.as_mut() else {
+            return Ok(());
+        };
+        let set: LabelSet = labels
+            .iter()
+            .map(|l| self.labels.intern(Label::Endpoint(l.clone())))
+            .collect();
+        let set = Arc::clone(
+            cluster
+                .remote_sets
+                .entry(set.clone())
+                .or_insert_with(|| Arc::new(set)),
+        );
+        let name: Arc<str> = Arc::from(name);
+        let owner = Arc::new(ResourceOwner {
+            kind: OwnerKind::RemoteEndpoint,
+            name: Arc::clone(&name),
+        });
+        let addresses: BTreeSet<IpNet> = addresses.iter().map(IpNet::trunc).collect();
+        let old = cluster.remote.insert(name, addresses.clone());
+        let mut touched = BTreeSet::new();
+        for gone in old.iter().flatten().filter(|a| !addresses.contains(a)) {
+            if self.meta.remove(gone, &owner).is_some() {
+                touched.insert(*gone);
+            }
+        }
+        for addr in &addresses {
+            self.meta.upsert(*addr, &owner, Arc::clone(&set));
+            touched.insert(*addr);
+        }
+        self.resolve_all(touched)
+    }
+
+    /// Removes another node's endpoint. Nothing if unknown or on a single node.
+    ///
+    /// # Errors
+    /// As [`IpCache::upsert_remote_endpoint`], for what its addresses fall back to.
+    pub fn remove_remote_endpoint(&mut self, name: &str) -> Result<(), Error> {
+        let Some(cluster) = self.cluster.as_mut() else {
+            return Ok(());
+        };
+        let Some(addresses) = cluster.remote.remove(name) else {
+            return Ok(());
+        };
+        let owner = ResourceOwner {
+            kind: OwnerKind::RemoteEndpoint,
+            name: Arc::from(name),
+        };
+        let mut touched = BTreeSet::new();
+        for addr in addresses {
+            if self.meta.remove(&addr, &owner).is_some() {
+                touched.insert(addr);
+            }
+        }
+        self.resolve_all(touched)
+    }
+
+    /// Re-resolves `prefixes`; every one is tried, the first error is returned.
+    fn resolve_all(&mut self, prefixes: BTreeSet<IpNet>) -> Result<(), Error> {
+        let mut first = None;
+        for prefix in prefixes {
+            if let Err(e) = self.resolve(prefix) {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
     }
 
     /// Hands the pending changes to the datapath in one ordered batch; returns the revision
@@ -692,6 +906,39 @@ impl<D> IpCache<D> {
         keys.into_iter().cloned().collect()
     }
 
+    /// Whether cluster mode is on.
+    pub fn is_cluster(&self) -> bool {
+        self.cluster.is_some()
+    }
+
+    /// Cluster mode: the global number the cluster assigned to an endpoint label set.
+    pub fn cluster_identity_of(&self, labels: &[EndpointLabel]) -> Option<Identity> {
+        let cluster = self.cluster.as_ref()?;
+        let set: Option<LabelSet> = labels
+            .iter()
+            .map(|l| self.labels.get(&Label::Endpoint(l.clone())))
+            .collect();
+        cluster.assigned.get(&set?).copied()
+    }
+
+    /// Cluster mode: the other nodes' endpoints known.
+    pub fn remote_endpoint_count(&self) -> usize {
+        self.cluster.as_ref().map_or(0, |c| c.remote.len())
+    }
+
+    /// Cluster mode: the temporary identities in use (label sets waiting for a global number),
+    /// with their labels rendered `a,b,c`, by number.
+    pub fn temporary_identities(&self) -> Vec<(Identity, String)> {
+        let mut out: Vec<(Identity, String)> = self
+            .alloc
+            .iter()
+            .filter(|(id, _, _)| id.scope() == Some(Scope::Temporary))
+            .map(|(id, labels, _)| (id, self.labels.display(labels)))
+            .collect();
+        out.sort();
+        out
+    }
+
     /// The identity currently resolved for `prefix`.
     pub fn identity_of(&self, prefix: &IpNet) -> Option<Identity> {
         self.meta.get(&prefix.trunc()).and_then(|e| e.identity)
@@ -880,16 +1127,46 @@ fn resolve_entry(
 ) -> Result<(), Error> {
     let current = entry.identity;
     let family = usize::from(matches!(prefix, IpNet::V6(_)));
-    match desired_labels(entry, cidr, &prefix) {
+    let desired = desired_labels(entry, cidr, &prefix);
+    if let Some(cluster) = ids.cluster.as_deref_mut() {
+        let endpoint_labels = desired
+            .as_ref()
+            .filter(|(_, scope, _)| *scope == Scope::Cluster)
+            .map(|(labels, _, _)| labels);
+        cluster.track(prefix, endpoint_labels);
+    }
+    match desired {
         None => {
-            entry.identity = None;
-            if let Some(old) = current {
-                ids.written[family] -= 1;
-                ids.pending.ipcache.push((prefix, None));
-                ids.release(old);
-            }
+            drop_identity(ids, entry, prefix, family, current);
         }
-        Some((mut labels, scope)) => {
+        Some((labels, Scope::Cluster, local)) if ids.cluster.is_some() => {
+            let assigned = ids
+                .cluster
+                .as_deref()
+                .and_then(|c| c.assigned.get(&labels))
+                .copied();
+            let keep = current.is_some_and(|id| {
+                ids.alloc.labels(id) == Some(&labels)
+                    && match assigned {
+                        Some(number) => id == number,
+                        None => local && id.scope() == Some(Scope::Temporary),
+                    }
+            });
+            if keep {
+                return Ok(());
+            }
+            let id = match assigned {
+                Some(number) => ids.acquire_exact(&labels, number)?,
+                None if local => ids.acquire_temporary(&labels)?,
+                // A remote endpoint waits for its label set's global number.
+                None => {
+                    drop_identity(ids, entry, prefix, family, current);
+                    return Ok(());
+                }
+            };
+            set_identity(ids, entry, prefix, family, current, id);
+        }
+        Some((mut labels, scope, _)) => {
             if ids.per_prefix
                 && scope == Scope::Local
                 && labels
@@ -921,53 +1198,82 @@ fn resolve_entry(
                 });
             }
             let id = ids.acquire(&labels, scope, from_dns)?;
-            if current.is_none() {
-                ids.written[family] += 1;
-            }
-            entry.identity = Some(id);
-            ids.pending.ipcache.push((prefix, Some(id)));
-            if let Some(old) = current {
-                ids.release(old);
-            }
+            set_identity(ids, entry, prefix, family, current, id);
         }
     }
     Ok(())
 }
 
-/// The label set a prefix should carry, and the identity scope it belongs to.
+/// The prefix loses its identity: its datapath entry goes, the reference is dropped.
+fn drop_identity(
+    ids: &mut Identities<'_>,
+    entry: &mut PrefixEntry,
+    prefix: IpNet,
+    family: usize,
+    current: Option<Identity>,
+) {
+    entry.identity = None;
+    if let Some(old) = current {
+        ids.written[family] -= 1;
+        ids.pending.ipcache.push((prefix, None));
+        ids.release(old);
+    }
+}
+
+/// The prefix takes `id` (a reference already held): its datapath entry flips, and the old
+/// identity's reference is dropped after.
+fn set_identity(
+    ids: &mut Identities<'_>,
+    entry: &mut PrefixEntry,
+    prefix: IpNet,
+    family: usize,
+    current: Option<Identity>,
+    id: Identity,
+) {
+    if current.is_none() {
+        ids.written[family] += 1;
+    }
+    entry.identity = Some(id);
+    ids.pending.ipcache.push((prefix, Some(id)));
+    if let Some(old) = current {
+        ids.release(old);
+    }
+}
+
+/// The label set a prefix should carry, the identity scope it belongs to, and whether a
+/// local endpoint owns it.
 ///
-/// An endpoint's prefix carries its endpoint labels only. A node's own address (and no
-/// endpoint's) is the host: `reserved:host`, identity 1. Any other prefix carries the union
-/// of its owners' labels, the `cidr:` label of the closest labelled CIDR that contains it (only
-/// the longest one), and the world label of its family. A prefix without owners carries none.
+/// An endpoint's prefix (local or remote) carries its endpoint labels only. A node's own
+/// address (and no endpoint's) is the host: `reserved:host`, identity 1. Any other prefix
+/// carries the union of its owners' labels, the `cidr:` label of the closest labelled CIDR
+/// that contains it (only the longest one), and the world label of its family. A prefix
+/// without owners carries none.
 fn desired_labels(
     entry: &PrefixEntry,
     cidr: &CidrLabels,
     prefix: &IpNet,
-) -> Option<(LabelSet, Scope)> {
+) -> Option<(LabelSet, Scope, bool)> {
     if entry.owners.is_empty() {
         return None;
     }
     let mut set = LabelSet::new();
-    if entry
-        .owners
-        .iter()
-        .any(|(o, _)| o.kind == OwnerKind::Endpoint)
-    {
-        for (_, labels) in entry
-            .owners
-            .iter()
-            .filter(|(o, _)| o.kind == OwnerKind::Endpoint)
-        {
+    let endpoint =
+        |kind: OwnerKind| matches!(kind, OwnerKind::Endpoint | OwnerKind::RemoteEndpoint);
+    if entry.owners.iter().any(|(o, _)| endpoint(o.kind)) {
+        for (_, labels) in entry.owners.iter().filter(|(o, _)| endpoint(o.kind)) {
             set.extend(labels);
         }
-        return Some((set, Scope::Cluster));
+        let local = entry
+            .owners
+            .iter()
+            .any(|(o, _)| o.kind == OwnerKind::Endpoint);
+        return Some((set, Scope::Cluster, local));
     }
     if entry.owners.iter().any(|(o, _)| o.kind == OwnerKind::Host) {
         // The node's own address is the host, whatever name answered with it or policy CIDR
         // holds it (as in Cilium: CIDR selectors do not select the host).
         set.insert(LabelTable::HOST);
-        return Some((set, Scope::Reserved));
+        return Some((set, Scope::Reserved, false));
     }
     // Owners of one prefix mostly share a handful of label sets (the NameManager shares one
     // `Arc` per distinct set): merge each distinct set once.
@@ -988,7 +1294,7 @@ fn desired_labels(
         return None;
     }
     set.insert(LabelTable::world(matches!(prefix, IpNet::V4(_))));
-    Some((set, Scope::Local))
+    Some((set, Scope::Local, false))
 }
 
 /// The number of a reserved label set (`reserved:host` → 1).

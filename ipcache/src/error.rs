@@ -42,6 +42,19 @@ pub enum Error {
         /// The range.
         scope: Scope,
     },
+    /// Cluster mode: a number the cluster assigned stands for another label set here (the
+    /// cluster's changes were applied out of order: a number must be released first).
+    #[error("identity {identity} stands for another label set on this node")]
+    IdentityTaken {
+        /// The number.
+        identity: crate::identity::Identity,
+    },
+    /// Cluster mode: a number the cluster assigned is outside the cluster range.
+    #[error("identity {identity} is not in the cluster range (256-65535)")]
+    NotClusterIdentity {
+        /// The number.
+        identity: crate::identity::Identity,
+    },
     /// The datapath refused a batch.
     #[error(transparent)]
     Datapath(#[from] DatapathError),

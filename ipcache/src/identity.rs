@@ -1,10 +1,13 @@
 //! Numeric identities and the allocator that hands one out per unique label set.
 //!
 //! Number ranges (see shared/design/001): reserved 1–255, cluster (endpoints) 256–65535,
-//! node-local CIDR/FQDN identities 2^24 … 2^24 + 2^16 − 1. Numbers are handed out
-//! round-robin (next-fit, wrapping), so a released number is not reused at once, and never
-//! while anything still holds it. Withheld numbers are skipped by ordinary allocation so a
-//! restore can give each label set back its old number.
+//! node-local CIDR/FQDN identities 2^24 … 2^24 + 2^16 − 1, and in cluster mode temporary
+//! identities 0x01010000–0x010103FF for local endpoints whose label set has no global number
+//! yet (they never leave the node). Numbers are handed out round-robin (next-fit, wrapping),
+//! so a released number is not reused at once, and never while anything still holds it.
+//! Withheld numbers are skipped by ordinary allocation so a restore can give each label set
+//! back its old number. In cluster mode, cluster-scope numbers are not chosen here: the
+//! cluster assigns them ([`Allocator::allocate_exact`]).
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -21,7 +24,8 @@ impl Identity {
     pub const ANY: Identity = Identity(0);
     /// `reserved:host`: the node's own addresses.
     pub const HOST: Identity = Identity(1);
-    /// `reserved:remote-node`: other nodes of the cluster (no cluster mode yet: never given).
+    /// `reserved:remote-node`: other nodes of the cluster (never given: cluster mode does not
+    /// learn other nodes' own addresses).
     pub const REMOTE_NODE: Identity = Identity(6);
     /// `reserved:world-ipv4`: IPv4 addresses the ipcache knows nothing about.
     pub const WORLD_IPV4: Identity = Identity(9);
@@ -30,9 +34,14 @@ impl Identity {
 
     /// The scope the number belongs to.
     pub fn scope(self) -> Option<Scope> {
-        [Scope::Reserved, Scope::Cluster, Scope::Local]
-            .into_iter()
-            .find(|s| s.contains(self))
+        [
+            Scope::Reserved,
+            Scope::Cluster,
+            Scope::Local,
+            Scope::Temporary,
+        ]
+        .into_iter()
+        .find(|s| s.contains(self))
     }
 
     /// The world identity of an address family.
@@ -60,6 +69,9 @@ pub enum Scope {
     Cluster,
     /// 2^24 … 2^24 + 2^16 − 1: node-local CIDR and FQDN label sets.
     Local,
+    /// 0x01010000–0x010103FF (cluster mode): a local endpoint's label set until the cluster
+    /// assigns it a global number; never published.
+    Temporary,
 }
 
 impl Scope {
@@ -69,6 +81,7 @@ impl Scope {
             Self::Reserved => (1, 255),
             Self::Cluster => (256, 65_535),
             Self::Local => (1 << 24, (1 << 24) + (1 << 16) - 1),
+            Self::Temporary => (0x0101_0000, 0x0101_03FF),
         }
     }
 
@@ -103,6 +116,7 @@ pub struct Allocator {
     by_labels: HashMap<LabelSet, Identity>,
     next_cluster: u32,
     next_local: u32,
+    next_temporary: u32,
     withheld: HashSet<Identity>,
     from_dns_live: usize,
     created_total: u64,
@@ -197,6 +211,48 @@ impl Allocator {
         })
     }
 
+    /// Takes a reference on number `id` for `labels`, creating it with exactly that number if
+    /// needed (cluster mode: the number the cluster assigned). If `labels` resolved to another
+    /// number, that number keeps its references and labels but `labels` resolves to `id` from
+    /// now on (the switch from a temporary identity to the global one).
+    ///
+    /// # Errors
+    /// [`Error::IdentityTaken`] if `id` stands for another label set here.
+    pub fn allocate_exact(&mut self, labels: &LabelSet, id: Identity) -> Result<Allocation, Error> {
+        if let Some(entry) = self.by_id.get_mut(&id) {
+            if entry.labels != *labels {
+                return Err(Error::IdentityTaken { identity: id });
+            }
+            entry.refs += 1;
+            self.by_labels.insert(labels.clone(), id);
+            return Ok(Allocation {
+                identity: id,
+                created: false,
+            });
+        }
+        self.by_id.insert(
+            id,
+            Entry {
+                labels: labels.clone(),
+                refs: 1,
+                from_dns: false,
+            },
+        );
+        self.by_labels.insert(labels.clone(), id);
+        self.created_total += 1;
+        self.peak_live = self.peak_live.max(self.by_id.len());
+        Ok(Allocation {
+            identity: id,
+            created: true,
+        })
+    }
+
+    /// Makes `labels` resolve to no number, leaving the number it had alive (with its
+    /// references) until they are released: the next allocation for `labels` creates a new one.
+    pub fn detach(&mut self, labels: &LabelSet) {
+        self.by_labels.remove(labels);
+    }
+
     /// Takes one more reference on an allocated identity; false if it is not allocated.
     pub fn acquire(&mut self, id: Identity) -> bool {
         match self.by_id.get_mut(&id) {
@@ -216,7 +272,10 @@ impl Allocator {
             return None;
         }
         let entry = self.by_id.remove(&id)?;
-        self.by_labels.remove(&entry.labels);
+        // A detached label set may resolve to another number already.
+        if self.by_labels.get(&entry.labels) == Some(&id) {
+            self.by_labels.remove(&entry.labels);
+        }
         self.from_dns_live -= usize::from(entry.from_dns);
         Some(entry.labels)
     }
@@ -238,6 +297,7 @@ impl Allocator {
         let cursor = match scope {
             Scope::Cluster => &mut self.next_cluster,
             Scope::Local => &mut self.next_local,
+            Scope::Temporary => &mut self.next_temporary,
             Scope::Reserved => return Err(Error::IdentitiesExhausted { scope }),
         };
         // Local identities start at 2^24 + 1, as Cilium's do.
@@ -324,6 +384,50 @@ mod tests {
             a.allocate(&set(&[0]), Scope::Cluster, None, false),
             Err(Error::IdentitiesExhausted {
                 scope: Scope::Cluster
+            })
+        ));
+    }
+
+    #[test]
+    fn an_exact_number_switches_a_label_set_while_the_old_number_lives_on() {
+        let mut a = Allocator::default();
+        let temp = a
+            .allocate(&set(&[1]), Scope::Temporary, None, false)
+            .unwrap();
+        assert_eq!(temp.identity, Identity(0x0101_0000));
+        assert_eq!(temp.identity.scope(), Some(Scope::Temporary));
+        a.detach(&set(&[1]));
+        let global = a.allocate_exact(&set(&[1]), Identity(300)).unwrap();
+        assert!(global.created);
+        assert_eq!(a.lookup(&set(&[1])), Some(Identity(300)));
+        assert_eq!(a.labels(temp.identity), Some(&set(&[1])), "still held");
+        // Releasing the old number does not unmap the label set from the new one.
+        assert!(a.release(temp.identity).is_some());
+        assert_eq!(a.lookup(&set(&[1])), Some(Identity(300)));
+        assert!(matches!(
+            a.allocate_exact(&set(&[2]), Identity(300)),
+            Err(Error::IdentityTaken {
+                identity: Identity(300)
+            })
+        ));
+        let again = a.allocate_exact(&set(&[1]), Identity(300)).unwrap();
+        assert!(!again.created);
+        assert_eq!(a.refs(Identity(300)), 2);
+    }
+
+    #[test]
+    fn temporary_numbers_run_out_after_1024() {
+        let mut a = Allocator::default();
+        for n in 0..1024 {
+            let got = a
+                .allocate(&set(&[n]), Scope::Temporary, None, false)
+                .unwrap();
+            assert_eq!(got.identity.scope(), Some(Scope::Temporary));
+        }
+        assert!(matches!(
+            a.allocate(&set(&[5000]), Scope::Temporary, None, false),
+            Err(Error::IdentitiesExhausted {
+                scope: Scope::Temporary
             })
         ));
     }

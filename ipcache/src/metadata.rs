@@ -25,6 +25,8 @@ pub enum OwnerKind {
     Policy,
     /// An endpoint or client group (`endpoint/<name>`).
     Endpoint,
+    /// Cluster mode: an endpoint of another node (`remote-endpoint/<key>`).
+    RemoteEndpoint,
     /// The node itself: its own addresses (`host/<address>`).
     Host,
 }
@@ -55,6 +57,7 @@ impl fmt::Display for ResourceOwner {
             OwnerKind::NameManager => "fqdn-name-manager",
             OwnerKind::Policy => "policy",
             OwnerKind::Endpoint => "endpoint",
+            OwnerKind::RemoteEndpoint => "remote-endpoint",
             OwnerKind::Host => "host",
         };
         write!(f, "{kind}/{}", self.name)

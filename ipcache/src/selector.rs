@@ -243,7 +243,9 @@ fn matches(compiled: &Compiled, id: Identity, labels: &LabelSet, table: &LabelTa
             Entity::WorldIpv4 => labels.contains(LabelTable::WORLD_IPV4),
             Entity::WorldIpv6 => labels.contains(LabelTable::WORLD_IPV6),
             Entity::All => true,
-            Entity::Cluster => id.scope() == Some(Scope::Cluster),
+            // Every endpoint of the cluster: local and remote ones by their cluster-scope
+            // number, and in cluster mode a local endpoint still on its temporary identity.
+            Entity::Cluster => matches!(id.scope(), Some(Scope::Cluster | Scope::Temporary)),
             Entity::Host | Entity::RemoteNode => false,
         },
         Compiled::Fqdn(label) => labels.contains(*label),
@@ -252,7 +254,7 @@ fn matches(compiled: &Compiled, id: Identity, labels: &LabelSet, table: &LabelTa
             _ => false,
         }),
         Compiled::Endpoints(sel) => {
-            id.scope() == Some(Scope::Cluster)
+            matches!(id.scope(), Some(Scope::Cluster | Scope::Temporary))
                 && sel.matches(labels.iter().filter_map(|l| match table.label(l) {
                     Some(Label::Endpoint(el)) => Some(el),
                     _ => None,

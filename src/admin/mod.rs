@@ -53,6 +53,9 @@ pub(crate) struct Status {
     pub(crate) deny_list_patterns: usize,
     pub(crate) allow_list_patterns: usize,
     pub(crate) reloads: ReloadHistory,
+    /// Cluster mode: the connection, the allocator leader, pending temporary identities.
+    #[serde(default)]
+    pub(crate) cluster: Option<crate::cluster::ClusterStatus>,
 }
 
 /// One upstream's health.

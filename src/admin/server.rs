@@ -126,6 +126,10 @@ pub(crate) fn status_of(shared: &Shared) -> Status {
     let (deny, allow) = shared.dns.current().list_sizes();
     let reloads = shared.reloads.lock().map(|r| r.clone()).unwrap_or_default();
     let counts = shared.engine.lock().map(|e| e.counts()).unwrap_or_default();
+    let cluster = shared
+        .cluster
+        .as_ref()
+        .and_then(|c| shared.engine.lock().ok().map(|engine| c.status(&engine)));
     Status {
         version: env!("CARGO_PKG_VERSION").to_owned(),
         mode: shared.mode.name().to_owned(),
@@ -173,6 +177,7 @@ pub(crate) fn status_of(shared: &Shared) -> Status {
         deny_list_patterns: deny,
         allow_list_patterns: allow,
         reloads,
+        cluster,
     }
 }
 

@@ -61,6 +61,52 @@ pub(crate) fn status(target: &Target, json: bool) -> Result<ExitCode> {
     for e in &s.reloads.last_errors {
         writeln!(out, "  last rejected:  {e}")?;
     }
+    if let Some(c) = &s.cluster {
+        writeln!(
+            out,
+            "cluster:          node {} on {} (prefix {})",
+            c.node,
+            c.endpoints.join(","),
+            c.prefix
+        )?;
+        writeln!(
+            out,
+            "  etcd:           {} since {}s (revision {}, {} resyncs){}",
+            if c.connected {
+                "connected"
+            } else {
+                "UNREACHABLE"
+            },
+            c.since_seconds,
+            c.revision,
+            c.resyncs,
+            c.last_error
+                .as_ref()
+                .map(|e| format!(", last error: {e}"))
+                .unwrap_or_default()
+        )?;
+        writeln!(
+            out,
+            "  allocator:      {}",
+            c.leader.as_deref().unwrap_or("no leader")
+        )?;
+        writeln!(
+            out,
+            "  known:          {} identities, {} remote endpoints, {} shared policies; {} endpoints published",
+            c.identities, c.remote_endpoints, c.shared_policies, c.published
+        )?;
+        writeln!(
+            out,
+            "  temporary:      {} pending",
+            c.temporary_identities.len()
+        )?;
+        for (id, labels) in &c.temporary_identities {
+            writeln!(out, "    {id:#010x} {labels}")?;
+        }
+        for e in &c.shared_policy_errors {
+            writeln!(out, "  shared policy refused: {e}")?;
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 

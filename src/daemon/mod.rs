@@ -10,7 +10,8 @@
 //! [`Shared::apply`]: DNS policy compiled, engine changed (rolled back inside if the datapath
 //! refuses), the mode's kernel side synced (on failure the engine and kernel go back to the
 //! configuration in force), then the DNS policy swapped. A refused change leaves nothing
-//! behind.
+//! behind. In cluster mode the configuration is the files' plus the shared policy
+//! ([`crate::cluster`]), merged here in every apply.
 
 mod dns;
 mod observer;
@@ -33,12 +34,13 @@ use fqdnd_dnsproxy::{DnsProxy, QueryLog};
 use fqdnd_engine::dns::DnsPolicy;
 use fqdnd_engine::{Clock as _, Engine};
 use fqdnd_ipcache::EndpointId;
-use fqdnd_ipcache::policy::Direction;
+use fqdnd_ipcache::policy::{Direction, Rule};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::clock::Clock;
+use crate::cluster::{ClusterRuntime, Host};
 use crate::datapath::AnyDatapath;
 use crate::kernel::Kernel;
 pub(crate) use dns::{DnsHandle, SharedLb, SocketRedirects};
@@ -98,6 +100,11 @@ pub(crate) trait ModeHooks: Send + Sync + 'static {
     }
     /// The mode, for the admin API's mode-specific routes.
     fn as_any(&self) -> &dyn std::any::Any;
+    /// Cluster mode: whether endpoints are published with their addresses, so other nodes
+    /// route to them (node: yes; a gateway's client groups are not workloads).
+    fn publishes_cluster_addresses(&self) -> bool {
+        false
+    }
 }
 
 /// What a mode hands the skeleton at start.
@@ -164,6 +171,32 @@ pub(crate) struct Shared {
     pub(crate) persist: Option<Arc<fqdnd_engine::durable::Persist>>,
     /// `fqdnd record`.
     pub(crate) recorder: record::SharedRecorder,
+    /// Cluster mode, with a `kind: Cluster` document.
+    pub(crate) cluster: Option<Arc<ClusterRuntime>>,
+    /// The shared policy's rules in force (what the last successful apply merged).
+    cluster_rules: Mutex<Vec<Rule>>,
+}
+
+/// `config` with the shared policy's rules after its own.
+fn with_rules(config: &Config, rules: &[Rule]) -> Config {
+    let mut config = config.clone();
+    config.rules.extend(rules.iter().cloned());
+    config
+}
+
+impl Host for Shared {
+    fn engine(&self) -> &Mutex<Engine<AnyDatapath>> {
+        &self.engine
+    }
+
+    fn reload_all(&self) -> std::result::Result<(), Vec<String>> {
+        let outcome = self.reload();
+        if outcome.ok {
+            Ok(())
+        } else {
+            Err(outcome.errors)
+        }
+    }
 }
 
 impl Shared {
@@ -172,33 +205,39 @@ impl Shared {
         Ok(lock(&self.desired, "configuration")?.clone())
     }
 
-    /// Brings the engine, the mode's kernel side and the DNS policy to `next`. On any
-    /// failure what was in force stays in force.
+    /// Brings the engine, the mode's kernel side and the DNS policy to `next` (in cluster
+    /// mode, with the shared policy's rules after its own). On any failure what was in force
+    /// stays in force.
     pub(crate) fn apply(&self, next: Desired) -> Result<()> {
-        let compiled = DnsPolicy::compile(&next.config, &next.lists)?;
-        let previous = self.desired()?;
+        let shared_rules = self.cluster.as_ref().map(|c| c.rules()).unwrap_or_default();
+        let effective = with_rules(&next.config, &shared_rules);
+        let compiled = DnsPolicy::compile(&effective, &next.lists)?;
+        let previous = with_rules(
+            &self.desired()?.config,
+            &lock(&self.cluster_rules, "shared policy")?,
+        );
         let enforced = {
             let mut engine = lock(&self.engine, "engine")?;
             engine.apply(
-                next.config.endpoints.clone(),
-                next.config.rules.clone(),
+                effective.endpoints.clone(),
+                effective.rules.clone(),
                 self.clock.now(),
             )?;
             // After the endpoints and policy: they have the datapath's room first.
             self.refresh_host(&mut engine);
-            enforcing(&next.config, &engine)
+            enforcing(&effective, &engine)
         };
-        if let Err(e) = self.sync(&next.config, &enforced) {
+        if let Err(e) = self.sync(&effective, &enforced) {
             // Back to the configuration in force, in the engine and the kernel.
             let undo = lock(&self.engine, "engine").and_then(|mut engine| {
                 engine.apply(
-                    previous.config.endpoints.clone(),
-                    previous.config.rules.clone(),
+                    previous.endpoints.clone(),
+                    previous.rules.clone(),
                     self.clock.now(),
                 )?;
-                Ok(enforcing(&previous.config, &engine))
+                Ok(enforcing(&previous, &engine))
             });
-            match undo.and_then(|before| self.sync(&previous.config, &before)) {
+            match undo.and_then(|before| self.sync(&previous, &before)) {
                 Ok(()) => {}
                 Err(undo) => {
                     tracing::error!(error = %format!("{undo:#}"), "going back to the configuration in force failed")
@@ -208,6 +247,10 @@ impl Shared {
         }
         self.dns.replace(compiled);
         *lock(&self.desired, "configuration")? = next;
+        *lock(&self.cluster_rules, "shared policy")? = shared_rules;
+        if let Some(cluster) = &self.cluster {
+            cluster.set_local(&effective);
+        }
         Ok(())
     }
 
@@ -412,18 +455,38 @@ pub(crate) async fn start(
     } else {
         state::open(&daemon, options.strict_restore, clock)?
     };
+    let cluster = match &config.cluster {
+        Some(doc) if !options.demo => Some(ClusterRuntime::open(
+            doc,
+            &daemon,
+            mode.publishes_cluster_addresses(),
+        )?),
+        _ => None,
+    };
+    // The engine starts from the cluster's numbers, remote endpoints and shared policy as
+    // last seen (cluster mode), then the configuration.
+    let prime = |engine: &mut Engine<AnyDatapath>| {
+        if let Some(cluster) = &cluster {
+            cluster.prime(engine);
+        }
+    };
+    let first = with_rules(
+        &config,
+        &cluster.as_ref().map(|c| c.rules()).unwrap_or_default(),
+    );
     let (engine, kernel) = match kernel {
         None => (
             state::build_engine(
-                &config,
+                &first,
                 AnyDatapath::Memory(Box::default()),
                 clock,
                 &restored,
+                prime,
             )?,
             None,
         ),
         Some((kernel, pin_dir)) => {
-            let mut engine = state::engine_on_kernel(&config, &pin_dir, clock, &restored)?;
+            let mut engine = state::engine_on_kernel(&first, &pin_dir, clock, &restored, prime)?;
             // The engine refuses new prefixes past the kernel ipcache's size (fail closed).
             engine
                 .ipcache
@@ -458,6 +521,8 @@ pub(crate) async fn start(
         listen: OnceLock::new(),
         persist: persist.clone(),
         recorder: Arc::default(),
+        cluster,
+        cluster_rules: Mutex::new(Vec::new()),
     });
     shared.apply(Desired {
         config: config.clone(),
@@ -511,6 +576,11 @@ pub(crate) async fn start(
     tasks::spawn_metrics(&mut tasks, &stopped, &shared);
     tasks::spawn_host_addresses(&mut tasks, &stopped, &shared);
     shared.mode.spawn_tasks(&mut tasks, &stopped)?;
+    if let Some(cluster) = &shared.cluster {
+        cluster
+            .spawn(Arc::clone(&shared) as Arc<dyn Host>, &mut tasks, &stopped)
+            .await?;
+    }
     Ok(Running {
         shared,
         stop,

@@ -72,16 +72,19 @@ pub(super) fn open(
 }
 
 /// Builds the engine from the configuration and the restored state: identities keep their
-/// numbers, answers come back with their remaining TTLs, one commit.
+/// numbers, `prime` gives it what it must know before the configuration (cluster mode: the
+/// cluster's numbers and remote endpoints), answers come back with their remaining TTLs.
 pub(super) fn build_engine<D: Datapath>(
     config: &Config,
     datapath: D,
     clock: Clock,
     restored: &Restored,
+    prime: impl FnOnce(&mut Engine<D>),
 ) -> Result<Engine<D>> {
     let started = clock.now();
     let mut engine = Engine::new(&config.settings, IdentityMode::Selector, datapath);
     restored.reserve_identities(&mut engine);
+    prime(&mut engine);
     engine.apply(config.endpoints.clone(), config.rules.clone(), clock.now())?;
     if !restored.answers.is_empty() {
         let n = restored.apply(&mut engine, &clock)?;
@@ -103,10 +106,17 @@ pub(super) fn engine_on_kernel(
     pin_dir: &Path,
     clock: Clock,
     restored: &Restored,
+    prime: impl FnOnce(&mut Engine<AnyDatapath>),
 ) -> Result<Engine<AnyDatapath>> {
     let mut maps = KernelDatapath::open(pin_dir).context("opening the pinned maps")?;
     maps.begin_resync().context("reading the pinned maps")?;
-    let mut engine = build_engine(config, AnyDatapath::Kernel(Box::new(maps)), clock, restored)?;
+    let mut engine = build_engine(
+        config,
+        AnyDatapath::Kernel(Box::new(maps)),
+        clock,
+        restored,
+        prime,
+    )?;
     if let AnyDatapath::Kernel(maps) = engine.ipcache.datapath_mut() {
         let stats = maps
             .finish_resync()

@@ -132,6 +132,11 @@ pub(super) fn spawn_metrics(
                     if let Some(p) = &shared.persist {
                         crate::metrics::record_journal(p);
                     }
+                    if let Some(cluster) = &shared.cluster
+                        && let Ok(engine) = shared.engine.lock()
+                    {
+                        crate::metrics::record_cluster(&cluster.status(&engine));
+                    }
                     if let Some(kernel) = &shared.kernel
                         && ticks.is_multiple_of(CONNTRACK_SAMPLE_TICKS)
                     {

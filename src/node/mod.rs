@@ -117,6 +117,10 @@ impl ModeHooks for NodeMode {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+
+    fn publishes_cluster_addresses(&self) -> bool {
+        true
+    }
 }
 
 /// How often cgroup endpoints' directories are resolved again.

@@ -37,6 +37,12 @@ const COMMAND_LIMIT: Duration = Duration::from_secs(120);
 /// none expects silence, so a long wait only makes them patient on a loaded machine.
 pub(crate) const ANSWER_WAIT: Duration = Duration::from_secs(10);
 
+/// Long enough for a dropped SYN to show as a failure, short enough to keep tests quick.
+pub(crate) const DROPPED: Duration = Duration::from_millis(700);
+
+/// How long an allowed connection may take (SYN retransmits included) on a loaded machine.
+pub(crate) const REACHES: Duration = Duration::from_secs(5);
+
 // ---------------------------------------------------------------------------------------------
 // Waiting.
 
@@ -79,6 +85,19 @@ fn poll_paced<T, E: Display>(
             }
             Err(_) => std::thread::sleep(pause()),
         }
+    }
+}
+
+/// Runs `check` every `every` until `period` has passed (at least once): for what must hold
+/// throughout a stretch of real time (an outage of a given length), not just once.
+pub(crate) fn throughout(period: Duration, every: Duration, mut check: impl FnMut()) {
+    let start = Instant::now();
+    loop {
+        check();
+        if start.elapsed() >= period {
+            return;
+        }
+        std::thread::sleep(every);
     }
 }
 

@@ -7,7 +7,7 @@
 //! servers it needs beyond the topology's are started here, in the external namespace.
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
 use std::time::Duration;
 
 use hickory_proto::op::ResponseCode;
@@ -15,7 +15,7 @@ use hickory_proto::rr::RecordType;
 
 use crate::dns;
 use crate::topology::{
-    Topology, echo, in_netns, privileged, sh, tcp_open, tcp_reaches, udp_reaches,
+    Topology, echo, in_netns, privileged, serve_tcp_echo, sh, tcp_open, tcp_reaches, udp_reaches,
 };
 
 use crate::{DROPPED, REACHES};
@@ -223,26 +223,6 @@ fn metrics(t: &Topology, port: u16) -> String {
         s.read_to_string(&mut text).unwrap();
         text
     })
-}
-
-/// A TCP echo server on `port` (all addresses) in namespace `ns`.
-fn serve_tcp_echo(ns: &str, port: u16) {
-    in_netns(ns, move || {
-        let listener = TcpListener::bind(("::", port)).unwrap();
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { continue };
-                std::thread::spawn(move || {
-                    let mut buf = [0u8; 16384];
-                    while let Ok(n) = stream.read(&mut buf) {
-                        if n == 0 || stream.write_all(&buf[..n]).is_err() {
-                            break;
-                        }
-                    }
-                });
-            }
-        });
-    });
 }
 
 /// A UDP echo server for datagrams of any size on `addr` in namespace `ns` (replies leave

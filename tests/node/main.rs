@@ -22,7 +22,6 @@ mod regressions;
 pub(crate) mod topology;
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
@@ -31,11 +30,7 @@ use common::{PATIENCE, documents, metric, policy_doc, poll, poll_until, scrape, 
 use dns::Over;
 use topology::{Topology, echo, privileged, tcp_open, tcp_reaches, udp_reaches};
 
-/// Long enough for a dropped SYN to show as a failure, short enough to keep tests quick.
-pub(crate) const DROPPED: Duration = Duration::from_millis(700);
-
-/// How long an allowed connection may take (SYN retransmits included) on a loaded machine.
-pub(crate) const REACHES: Duration = Duration::from_secs(5);
+pub(crate) use common::{DROPPED, REACHES};
 
 const ZONE: &str = "\
 api 300 IN A 10.N.10.1

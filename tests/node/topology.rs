@@ -429,11 +429,19 @@ impl Drop for Topology {
     }
 }
 
+/// A TCP echo server on `port` (every address) in namespace `ns`.
+pub(crate) fn serve_tcp_echo(ns: &str, port: u16) {
+    in_netns(ns, move || {
+        let listener = TcpListener::bind(("::", port)).unwrap();
+        std::thread::spawn(move || tcp_echo(&listener));
+    });
+}
+
 pub(crate) fn tcp_echo(listener: &TcpListener) {
     for stream in listener.incoming() {
         let Ok(mut stream) = stream else { continue };
         std::thread::spawn(move || {
-            let mut buf = [0u8; 1024];
+            let mut buf = [0u8; 16384];
             while let Ok(n) = stream.read(&mut buf) {
                 if n == 0 || stream.write_all(&buf[..n]).is_err() {
                     break;

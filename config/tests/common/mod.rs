@@ -95,3 +95,6 @@ pub(crate) fn find(text: &str, needle: &str) -> (u64, u64) {
     let column = before.rsplit('\n').next().unwrap().chars().count() as u64 + 1;
     (line, column)
 }
+
+/// A whole valid policy file: one CiliumNetworkPolicy with [`EGRESS`].
+pub(crate) const EGRESS_POLICY: &str = "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata:\n  name: p\nspec:\n  endpointSelector: {}\n  egress:\n    - toFQDNs:\n        - matchName: api.example.com\n";

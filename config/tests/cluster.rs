@@ -1,0 +1,173 @@
+//! `kind: Cluster`: cluster mode's document, and its errors with their locations.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed step should panic"
+)]
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::{messages, ok};
+
+const HEAD: &str = "apiVersion: fqdnd.io/v1\nkind: Cluster\nspec:\n";
+
+#[test]
+fn a_cluster_document_with_every_field() {
+    let c = ok(&format!(
+        "{HEAD}  endpoints: [\"https://10.0.0.1:2379\", \"https://10.0.0.2:2379\"]\n  tls: {{ca: pki/ca.pem, cert: pki/node.pem, key: pki/node-key.pem}}\n  prefix: /prod/fqdnd/\n  nodeName: node-7\n  leaseTTL: 20s\n  identityGCGrace: 30m\n"
+    ))
+    .cluster
+    .unwrap();
+    assert_eq!(c.endpoints.len(), 2);
+    assert_eq!(c.prefix, "/prod/fqdnd");
+    assert_eq!(c.node_name.as_deref(), Some("node-7"));
+    assert_eq!(c.lease_ttl, Duration::from_secs(20));
+    assert_eq!(c.identity_gc_grace, Duration::from_secs(1800));
+    let tls = c.tls.unwrap();
+    assert_eq!(tls.ca, Some(PathBuf::from("pki/ca.pem")));
+    assert_eq!(tls.key, Some(PathBuf::from("pki/node-key.pem")));
+}
+
+#[test]
+fn the_defaults() {
+    let c = ok(&format!("{HEAD}  endpoints: [\"http://127.0.0.1:2379\"]\n"))
+        .cluster
+        .unwrap();
+    assert_eq!(c.prefix, "/fqdnd");
+    assert_eq!(c.node_name, None);
+    assert_eq!(c.lease_ttl, Duration::from_secs(15));
+    assert_eq!(c.identity_gc_grace, Duration::from_secs(600));
+    assert!(c.tls.is_none());
+    assert!(ok(common::EGRESS_POLICY).cluster.is_none());
+}
+
+#[test]
+fn every_mistake_is_located() {
+    let text = format!(
+        "{HEAD}  endpoints: [\"127.0.0.1:2379\", \"http://a:1/x\", \"http://ok:1\"]\n  tls: {{cert: c.pem}}\n  prefix: fqdnd\n  nodeName: \"no/slash\"\n  leaseTTL: 1s\n  identityGCGrace: soon\n  endpoint: typo\n"
+    );
+    let m = messages(&text);
+    let has = |at: &str, what: &str| {
+        assert!(
+            m.iter().any(|e| e.starts_with(at) && e.contains(what)),
+            "no `{at}…{what}` in {m:#?}"
+        );
+    };
+    has("test.yaml:4:", "not an etcd member URL");
+    has("test.yaml:5:", "needs both `cert` and `key`");
+    has("test.yaml:5:", "TLS members are `https://`");
+    has("test.yaml:6:", "`prefix`");
+    has("test.yaml:7:", "`nodeName`");
+    has("test.yaml:8:", "`leaseTTL` must be between 2s and 1h");
+    has("test.yaml:9:", "`identityGCGrace`");
+    has("test.yaml:10:", "endpoint");
+}
+
+#[test]
+fn no_endpoints_and_a_second_document_are_errors() {
+    let m = messages(&format!("{HEAD}  prefix: /x\n"));
+    assert!(
+        m.iter().any(|e| e.contains("at least one etcd member")),
+        "{m:#?}"
+    );
+    let doc = format!("{HEAD}  endpoints: [\"http://127.0.0.1:2379\"]\n");
+    let m = messages(&format!("{doc}---\n{doc}"));
+    assert!(
+        m.iter()
+            .any(|e| e.starts_with("test.yaml:6:1:") && e.contains("`kind: Cluster`")),
+        "{m:#?}"
+    );
+}
+
+#[test]
+fn shared_policies_are_the_files_policy_documents_each_on_its_own() {
+    let text = format!(
+        "{}---\napiVersion: cilium.io/v2\nkind: CiliumClusterwideNetworkPolicy\nmetadata: {{name: all}}\nspec:\n  endpointSelector: {{}}\n  egress: [{{toEndpoints: [{{matchLabels: {{app: db}}}}]}}]\n",
+        common::cnp_in("prod", common::EGRESS)
+    );
+    let shared = fqdnd_config::shared_policies(&text, std::path::Path::new("p.yaml")).unwrap();
+    let names: Vec<&str> = shared.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["cnp/prod/p", "ccnp/all"]);
+    assert_eq!(shared[1].line, 11);
+    // Each document loads on its own, as a node reads it back.
+    for p in &shared {
+        assert_eq!(ok(&p.text).rules.len(), 1);
+    }
+    // A broken policy is refused with its location; so is a document of another kind.
+    let broken = common::cnp("  egress:\n    - toFQDNs:\n        - matchNam: x\n");
+    let errors =
+        fqdnd_config::shared_policies(&broken, std::path::Path::new("p.yaml")).unwrap_err();
+    assert!(
+        errors
+            .iter()
+            .next()
+            .unwrap()
+            .to_string()
+            .starts_with("p.yaml:9:"),
+        "{errors}"
+    );
+    let endpoint = format!(
+        "{}---\napiVersion: fqdnd.io/v1\nkind: Endpoint\nmetadata: {{name: a}}\nspec: {{id: 1, addresses: [10.0.0.1]}}\n",
+        common::EGRESS_POLICY
+    );
+    let errors = fqdnd_config::shared_policies(&endpoint, std::path::Path::new("p.yaml"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        errors.starts_with("p.yaml:10:1:") && errors.contains("`Endpoint`"),
+        "{errors}"
+    );
+}
+
+#[test]
+fn shared_rules_load_each_stored_document_and_refuse_all_on_any_error() {
+    let text = format!(
+        "{}---\napiVersion: cilium.io/v2\nkind: CiliumClusterwideNetworkPolicy\nmetadata: {{name: all}}\nspec:\n  endpointSelector: {{}}\n  egress: [{{toEndpoints: [{{matchLabels: {{app: db}}}}]}}]\n",
+        common::cnp_in("prod", common::EGRESS)
+    );
+    let shared = fqdnd_config::shared_policies(&text, std::path::Path::new("p.yaml")).unwrap();
+    let origins: Vec<PathBuf> = shared
+        .iter()
+        .map(|p| PathBuf::from(format!("etcd:/p/policies/{}", p.name)))
+        .collect();
+    let stored: Vec<(&std::path::Path, &str)> = origins
+        .iter()
+        .zip(&shared)
+        .map(|(o, p)| (o.as_path(), p.text.as_str()))
+        .collect();
+    // What the whole file holds, document by document.
+    let rules = fqdnd_config::shared_rules(stored.iter().copied()).unwrap();
+    let whole = ok(&text).rules;
+    assert_eq!(rules.len(), whole.len());
+    for (rule, expected) in rules.iter().zip(&whole) {
+        assert_eq!(rule.egress, expected.egress);
+        assert_eq!(rule.endpoint_selector, expected.endpoint_selector);
+    }
+    // Each rule is located at its key.
+    assert!(rules[0].origin.starts_with("etcd:/p/policies/cnp/prod/p:"));
+    assert!(rules[1].origin.starts_with("etcd:/p/policies/ccnp/all:"));
+    // One broken document (written to the store by something other than `policy apply`):
+    // nothing, and the error names the key.
+    let broken = PathBuf::from("etcd:/p/policies/ccnp/broken");
+    let mut with_broken = stored.clone();
+    with_broken.push((broken.as_path(), "kind: [oops"));
+    let errors = fqdnd_config::shared_rules(with_broken)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        errors.starts_with("etcd:/p/policies/ccnp/broken:"),
+        "{errors}"
+    );
+    // A document that is not a policy is not shared, even if it loads.
+    let endpoint = "apiVersion: fqdnd.io/v1\nkind: Endpoint\nmetadata: {name: a}\nspec: {id: 1, addresses: [10.0.0.1]}\n";
+    let mut with_endpoint = stored;
+    with_endpoint.push((broken.as_path(), endpoint));
+    let errors = fqdnd_config::shared_rules(with_endpoint)
+        .unwrap_err()
+        .to_string();
+    assert!(errors.contains("`Endpoint`"), "{errors}");
+}

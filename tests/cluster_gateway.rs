@@ -1,0 +1,267 @@
+//! Cluster mode of `fqdnd gateway` (no root: the in-memory datapath), end to end against a
+//! real 3-member etcd on loopback and a real `fqdnd operator`: the client group waits on a
+//! temporary identity until the allocator runs; a policy applied once with `fqdnd policy
+//! apply` decides what the group may ask, beside the gateway's own policy file; a restart while
+//! etcd is down keeps the global identity and the shared policy; a refused shared policy leaves
+//! the previous one in force.
+//!
+//! Skipped without etcd, unless `FQDND_REQUIRE_PRIVILEGED=1` (CI), where it fails.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed step should panic"
+)]
+
+mod common;
+
+#[path = "../cluster/tests/support/etcd.rs"]
+#[allow(
+    dead_code,
+    unreachable_pub,
+    clippy::disallowed_types,
+    clippy::disallowed_methods,
+    reason = "the cluster crate's etcd launcher, shared: not every helper is used here; it \
+              waits for etcd's leader on the real clock"
+)]
+mod etcd;
+
+use std::fs::File;
+use std::path::Path;
+use std::process::{Child, Command};
+
+use etcd::EtcdCluster;
+use hickory_proto::op::ResponseCode;
+
+use common::{
+    Gateway, PATIENCE, documents, fqdnd, fqdnd_command, gateway_doc, policy_doc, poll_until, rcode,
+    run, stdout_of, text,
+};
+
+/// An `fqdnd operator`, killed when dropped.
+struct Operator(Child);
+
+impl Operator {
+    fn start(dir: &Path, config: &str, name: &str) -> Self {
+        let log = File::create(dir.join(format!("{name}.log"))).unwrap();
+        Self(
+            fqdnd_command()
+                .args(["operator", "--config", config, "--name", name])
+                .env("FQDND_LOG", "info")
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .unwrap(),
+        )
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The gateway's number for the client group's label set.
+fn lan_identity(gw: &Gateway) -> Option<u64> {
+    gw.admin(&["identity", "list"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["labels"][0].as_str() == Some("k8s:app=lan"))
+        .and_then(|r| r["identity"].as_u64())
+}
+
+fn cluster_status(gw: &Gateway) -> serde_json::Value {
+    gw.status()["cluster"].clone()
+}
+
+fn temporaries(gw: &Gateway) -> Option<usize> {
+    cluster_status(gw)["temporary_identities"]
+        .as_array()
+        .map(Vec::len)
+}
+
+fn connected(gw: &Gateway) -> bool {
+    cluster_status(gw)["connected"].as_bool() == Some(true)
+}
+
+/// Waits until `check` holds; panics naming `what`.
+fn until(what: &str, mut check: impl FnMut() -> bool) {
+    poll_until(2 * PATIENCE, what, || check().then_some(()));
+}
+
+/// An egress rule of the client group: DNS to the gateway, for `name` only.
+fn dns_for(name: &str) -> String {
+    format!(
+        "  - toCIDR: [127.0.0.1/32]
+    toPorts:
+    - ports: [{{port: \"53\", protocol: UDP}}]
+      rules:
+        dns: [{{matchName: {name}}}]
+"
+    )
+}
+
+/// What the group may ask: (api, local, other) answered (`true`) or refused.
+fn asks(gw: &Gateway) -> (bool, bool, bool) {
+    let answered = |name: &str| match rcode(gw.dns, name) {
+        Some(ResponseCode::NoError) => true,
+        Some(ResponseCode::Refused) => false,
+        other => panic!("{name}: {other:?}"),
+    };
+    (
+        answered("api.example.test"),
+        answered("local.example.test"),
+        answered("other.example.test"),
+    )
+}
+
+#[test]
+fn a_gateway_in_cluster_mode() {
+    if !etcd::available("cluster_gateway") {
+        return;
+    }
+    let mut cluster = EtcdCluster::start("cluster-gw", 3, None, "127.0.0.1");
+    let mut setup = Gateway::setup("cluster-gw");
+    let endpoints: Vec<String> = cluster
+        .endpoints()
+        .iter()
+        .map(|e| format!("\"{e}\""))
+        .collect();
+    let cluster_yaml = setup.config(
+        "cluster.yaml",
+        &format!(
+            "apiVersion: fqdnd.io/v1\nkind: Cluster\nspec:\n  endpoints: [{}]\n  prefix: /gw-test\n  nodeName: gw-1\n  leaseTTL: 4s\n",
+            endpoints.join(", ")
+        ),
+    );
+    let state = setup.dir().join("state");
+    setup.config(
+        "gateway.yaml",
+        &documents(&[
+            &gateway_doc(
+                "127.0.0.1:0",
+                &format!(
+                    "  stateDir: {}
+  staticZones:
+  - origin: example.test
+    records: |
+      $TTL 300
+      @ IN SOA ns.example.test. admin.example.test. 1 3600 600 86400 60
+      @ IN NS ns.example.test.
+      api IN A 192.0.2.1
+      other IN A 192.0.2.2
+      local IN A 192.0.2.3
+",
+                    state.display()
+                ),
+            ),
+            "apiVersion: fqdnd.io/v1
+kind: ClientGroup
+metadata: {name: lan}
+spec: {id: 1, addresses: [\"127.0.0.0/8\"], labels: {app: lan}}
+",
+            // The gateway's own policy: the group may ask local.example.test.
+            &policy_doc(
+                "CiliumClusterwideNetworkPolicy",
+                "local-dns",
+                "app: lan",
+                &dns_for("local.example.test"),
+            ),
+        ]),
+    );
+    let mut gw = setup.start();
+    let cfg = cluster_yaml.to_str().unwrap();
+    until("connected, the group on a temporary identity", || {
+        connected(&gw) && temporaries(&gw) == Some(1)
+    });
+    // No shared policy yet: the gateway's own file decides.
+    assert_eq!(asks(&gw), (false, true, false));
+    // A shared policy: the group may ask api too, beside what its file allows.
+    let policy = gw.join("policy.yaml");
+    std::fs::write(
+        &policy,
+        policy_doc(
+            "CiliumClusterwideNetworkPolicy",
+            "lan-dns",
+            "app: lan",
+            &dns_for("api.example.test"),
+        ),
+    )
+    .unwrap();
+    stdout_of(&fqdnd(&[
+        "policy",
+        "apply",
+        "--config",
+        cfg,
+        policy.to_str().unwrap(),
+    ]));
+    until("the shared policy enforced", || {
+        rcode(gw.dns, "api.example.test") == Some(ResponseCode::NoError)
+    });
+    assert_eq!(asks(&gw), (true, true, false));
+    let listed = stdout_of(&fqdnd(&["policy", "list", "--config", cfg]));
+    assert!(listed.contains("ccnp/lan-dns"), "{listed}");
+    // The allocator: the group's label set gets its global identity.
+    let operator = Operator::start(gw.dir(), cfg, "op-1");
+    until("the global identity", || temporaries(&gw) == Some(0));
+    let global = lan_identity(&gw).unwrap();
+    assert!((256..=65_535).contains(&global));
+    assert_eq!(
+        cluster_status(&gw)["leader"].as_str(),
+        Some("op-1"),
+        "status names the allocator leader"
+    );
+    let text_status = stdout_of(&gw.cli(&["status"]));
+    for line in [
+        "cluster:          node gw-1 on http://127.0.0.1:",
+        "  etcd:           connected since",
+        "  allocator:      op-1",
+        "  temporary:      0 pending",
+    ] {
+        assert!(text_status.contains(line), "{line:?} in {text_status}");
+    }
+    // etcd down, the gateway restarted: same identity, same policy.
+    cluster.stop_all();
+    until("the gateway notices", || !connected(&gw));
+    gw.restart();
+    assert_eq!(
+        lan_identity(&gw),
+        Some(global),
+        "a restart during the outage keeps the global identity"
+    );
+    assert_eq!(asks(&gw), (true, true, false), "and the shared policy");
+    cluster.start_all();
+    until("reconnected", || connected(&gw));
+    // A shared policy this node refuses (written to etcd directly: `fqdnd policy apply`
+    // would refuse it) leaves the previous policy in force.
+    let put = run(Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", &cluster.endpoints().join(",")])
+        .args(["put", "/gw-test/policies/ccnp/broken", "kind: [oops"]));
+    assert!(put.status.success(), "{}", text(&put.stderr));
+    until("the refusal is reported", || {
+        cluster_status(&gw)["shared_policy_errors"]
+            .as_array()
+            .is_some_and(|e| !e.is_empty())
+    });
+    assert_eq!(asks(&gw), (true, true, false), "the previous policy stays");
+    // Deleting the broken one and the policy: the gateway's own file alone again.
+    stdout_of(&fqdnd(&[
+        "policy",
+        "delete",
+        "--config",
+        cfg,
+        "ccnp/broken",
+        "ccnp/lan-dns",
+    ]));
+    until("no shared policy", || {
+        rcode(gw.dns, "api.example.test") == Some(ResponseCode::Refused)
+    });
+    assert_eq!(asks(&gw), (false, true, false));
+    let missing = fqdnd(&["policy", "delete", "--config", cfg, "ccnp/nothing"]);
+    assert!(!missing.status.success());
+    drop(operator);
+}
