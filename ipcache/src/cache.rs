@@ -216,6 +216,8 @@ struct ClusterState {
     labels_of: HashMap<IpNet, LabelSet>,
     /// Remote endpoints: name → their prefixes.
     remote: HashMap<Arc<str>, BTreeSet<IpNet>>,
+    /// Other nodes: name → their own addresses' prefixes.
+    nodes: HashMap<Arc<str>, BTreeSet<IpNet>>,
     /// One shared `Arc` per remote label set.
     remote_sets: HashMap<LabelSet, Arc<LabelSet>>,
 }
@@ -607,6 +609,60 @@ impl<D: Datapath> IpCache<D> {
         for addr in &addresses {
             self.meta.upsert(*addr, &owner, Arc::clone(&set));
             touched.insert(*addr);
+        }
+        self.resolve_all(touched)
+    }
+
+    /// Sets another node's own addresses (those it registered: what it gives the host
+    /// identity): each gets the remote-node identity (`reserved:remote-node`, 6), which
+    /// `toEntities`/`fromEntities` `remote-node` and `cluster` select — unless an endpoint
+    /// (local or remote) or this node itself claims the address. Addresses it no longer has
+    /// go back to what else claims them. Nothing on a single node.
+    ///
+    /// # Errors
+    /// As [`IpCache::upsert_remote_endpoint`], for the prefixes it touched (every one is
+    /// tried).
+    pub fn upsert_remote_node(&mut self, node: &str, addresses: &[IpAddr]) -> Result<(), Error> {
+        let Some(cluster) = self.cluster.as_mut() else {
+            return Ok(());
+        };
+        let name: Arc<str> = Arc::from(node);
+        let owner = Arc::new(remote_node_owner(Arc::clone(&name)));
+        let addresses: BTreeSet<IpNet> = addresses.iter().copied().map(host_prefix).collect();
+        let old = cluster.nodes.insert(name, addresses.clone());
+        let mut touched = BTreeSet::new();
+        for gone in old.iter().flatten().filter(|a| !addresses.contains(a)) {
+            if self.meta.remove(gone, &owner).is_some() {
+                touched.insert(*gone);
+            }
+        }
+        for addr in addresses {
+            if old.as_ref().is_none_or(|old| !old.contains(&addr)) {
+                self.meta.upsert(addr, &owner, Arc::new(LabelSet::new()));
+                touched.insert(addr);
+            }
+        }
+        self.resolve_all(touched)
+    }
+
+    /// Forgets another node's own addresses (its registration went). Nothing if unknown or
+    /// on a single node.
+    ///
+    /// # Errors
+    /// As [`IpCache::upsert_remote_node`].
+    pub fn remove_remote_node(&mut self, node: &str) -> Result<(), Error> {
+        let Some(cluster) = self.cluster.as_mut() else {
+            return Ok(());
+        };
+        let Some(addresses) = cluster.nodes.remove(node) else {
+            return Ok(());
+        };
+        let owner = remote_node_owner(Arc::from(node));
+        let mut touched = BTreeSet::new();
+        for addr in addresses {
+            if self.meta.remove(&addr, &owner).is_some() {
+                touched.insert(addr);
+            }
         }
         self.resolve_all(touched)
     }
@@ -1244,7 +1300,9 @@ fn set_identity(
 /// local endpoint owns it.
 ///
 /// An endpoint's prefix (local or remote) carries its endpoint labels only. A node's own
-/// address (and no endpoint's) is the host: `reserved:host`, identity 1. Any other prefix
+/// address (and no endpoint's) is the host: `reserved:host`, identity 1. Another node's
+/// address (neither an endpoint's nor this node's) is `reserved:remote-node`, identity 6.
+/// Any other prefix
 /// carries the union of its owners' labels, the `cidr:` label of the closest labelled CIDR
 /// that contains it (only the longest one), and the world label of its family. A prefix
 /// without owners carries none.
@@ -1275,6 +1333,16 @@ fn desired_labels(
         set.insert(LabelTable::HOST);
         return Some((set, Scope::Reserved, false));
     }
+    if entry
+        .owners
+        .iter()
+        .any(|(o, _)| o.kind == OwnerKind::RemoteNode)
+    {
+        // As the host: another node's address is the remote node, whatever else selects it
+        // (Cilium: CIDR selectors do not select nodes).
+        set.insert(LabelTable::REMOTE_NODE);
+        return Some((set, Scope::Reserved, false));
+    }
     // Owners of one prefix mostly share a handful of label sets (the NameManager shares one
     // `Arc` per distinct set): merge each distinct set once.
     let mut merged: SmallVec<[*const LabelSet; 4]> = SmallVec::new();
@@ -1297,15 +1365,31 @@ fn desired_labels(
     Some((set, Scope::Local, false))
 }
 
-/// The number of a reserved label set (`reserved:host` → 1).
+/// The number of a reserved label set (`reserved:host` → 1, `reserved:remote-node` → 6).
 fn reserved_number(labels: &LabelSet) -> Option<Identity> {
-    (labels.contains(LabelTable::HOST) && labels.len() == 1).then_some(Identity::HOST)
+    if labels.len() != 1 {
+        return None;
+    }
+    if labels.contains(LabelTable::HOST) {
+        Some(Identity::HOST)
+    } else if labels.contains(LabelTable::REMOTE_NODE) {
+        Some(Identity::REMOTE_NODE)
+    } else {
+        None
+    }
 }
 
 fn host_owner(prefix: &IpNet) -> ResourceOwner {
     ResourceOwner {
         kind: OwnerKind::Host,
         name: Arc::from(prefix.addr().to_string()),
+    }
+}
+
+fn remote_node_owner(node: Arc<str>) -> ResourceOwner {
+    ResourceOwner {
+        kind: OwnerKind::RemoteNode,
+        name: node,
     }
 }
 

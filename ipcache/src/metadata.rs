@@ -29,6 +29,8 @@ pub enum OwnerKind {
     RemoteEndpoint,
     /// The node itself: its own addresses (`host/<address>`).
     Host,
+    /// Cluster mode: another node's own addresses (`remote-node/<node>`).
+    RemoteNode,
 }
 
 /// A resource owner: a kind and a name. Each owner's labels on a prefix are kept apart and
@@ -59,6 +61,7 @@ impl fmt::Display for ResourceOwner {
             OwnerKind::Endpoint => "endpoint",
             OwnerKind::RemoteEndpoint => "remote-endpoint",
             OwnerKind::Host => "host",
+            OwnerKind::RemoteNode => "remote-node",
         };
         write!(f, "{kind}/{}", self.name)
     }

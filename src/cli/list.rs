@@ -92,8 +92,8 @@ pub(crate) fn status(target: &Target, json: bool) -> Result<ExitCode> {
         )?;
         writeln!(
             out,
-            "  known:          {} identities, {} remote endpoints, {} shared policies; {} endpoints published",
-            c.identities, c.remote_endpoints, c.shared_policies, c.published
+            "  known:          {} identities, {} remote endpoints, {} other nodes, {} shared policies; {} endpoints published",
+            c.identities, c.remote_endpoints, c.remote_nodes, c.shared_policies, c.published
         )?;
         writeln!(
             out,
