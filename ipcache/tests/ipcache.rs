@@ -677,3 +677,71 @@ fn the_node_addresses_are_the_host_identity_within_the_datapaths_room() {
     assert!(of(&c, "192.0.2.1").is_some_and(|id| id != Identity::HOST && c.has_fqdn_label(id)));
     assert_eq!(c.host_addresses().collect::<Vec<_>>(), [ip("10.0.0.253")]);
 }
+
+/// Cluster mode: another node's own addresses are `reserved:remote-node` (6), below this
+/// node's host claim and an endpoint's, whichever came first; a learned name's address that a
+/// node registered is the node's (as the host's is). On a single node they change nothing.
+#[test]
+fn other_nodes_addresses_are_the_remote_node_below_the_host_and_endpoints() {
+    let of = |c: &IpCache<MemoryDatapath>, a: &str| c.identity_of(&host_prefix(ip(a)));
+    let mut single = cache();
+    single.upsert_remote_node("n2", &[ip("10.1.0.1")]).unwrap();
+    assert_eq!(
+        of(&single, "10.1.0.1"),
+        None,
+        "no remote node on a single node"
+    );
+
+    let mut c = cache();
+    c.enable_cluster();
+    c.set_endpoints(vec![endpoint(1, "a", "10.0.0.1")]).unwrap();
+    learn(&mut c, "a.test.", "192.0.2.1", &["*.test."]).unwrap();
+    c.upsert_remote_node(
+        "n2",
+        &[
+            ip("10.1.0.1"),
+            ip("10.0.0.1"),
+            ip("10.0.0.254"),
+            ip("192.0.2.1"),
+        ],
+    )
+    .unwrap();
+    c.commit().unwrap();
+    assert_eq!(of(&c, "10.1.0.1"), Some(Identity::REMOTE_NODE));
+    assert_eq!(
+        of(&c, "192.0.2.1"),
+        Some(Identity::REMOTE_NODE),
+        "the node's, learned or not"
+    );
+    assert!(
+        of(&c, "10.0.0.1").is_some_and(|id| id != Identity::REMOTE_NODE),
+        "the endpoint's"
+    );
+    assert_eq!(
+        c.labels_of(Identity::REMOTE_NODE).as_deref(),
+        Some("reserved:remote-node")
+    );
+    assert_eq!(
+        c.datapath().identity_of(ip("10.1.0.1")),
+        Identity::REMOTE_NODE
+    );
+    // This node claims an address after the remote node did: the host's; let go, the remote
+    // node's again.
+    c.set_host_addresses([ip("10.0.0.254")]).unwrap();
+    c.commit().unwrap();
+    assert_eq!(of(&c, "10.0.0.254"), Some(Identity::HOST));
+    c.set_host_addresses([]).unwrap();
+    c.commit().unwrap();
+    assert_eq!(of(&c, "10.0.0.254"), Some(Identity::REMOTE_NODE));
+    // The node goes: the learned address is its name's again, the others unknown.
+    c.remove_remote_node("n2").unwrap();
+    c.commit().unwrap();
+    assert_eq!(of(&c, "10.1.0.1"), None);
+    assert_eq!(of(&c, "10.0.0.254"), None);
+    assert!(of(&c, "192.0.2.1").is_some_and(|id| c.has_fqdn_label(id)));
+    assert_eq!(c.labels_of(Identity::REMOTE_NODE), None);
+    assert_eq!(
+        c.datapath().identity_of(ip("10.1.0.1")),
+        Identity::world(true)
+    );
+}
