@@ -82,6 +82,7 @@
 #![forbid(unsafe_code)]
 
 mod answer;
+mod batch;
 mod case;
 mod config;
 mod error;

@@ -43,7 +43,7 @@ impl Shared {
                         question: answer_question,
                         answered,
                     };
-                    if let Some(pending) = self.observe_and_reply(answer, &mut raw).await {
+                    if let Some(pending) = self.observe_and_reply(answer, &mut raw, None).await {
                         pending.await;
                     }
                     return;
