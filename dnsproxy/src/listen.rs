@@ -16,7 +16,7 @@ use crate::batch::RecvBatch;
 use crate::error::Error;
 use crate::framing::{FrameReader, Next};
 use crate::policy::Transport;
-use crate::proxy::{BATCH, ERROR_PAUSE, Handled, Replies, Shared, Worker, is_transient};
+use crate::proxy::{BATCH, ERROR_PAUSE, Handled, Shared, Worker, is_transient};
 use crate::transparent;
 use crate::upstream::{ReplyTo, TcpOut, TcpReply};
 
@@ -112,8 +112,7 @@ pub(crate) async fn udp_loop(shared: Arc<Shared>, index: usize) -> Result<(), Er
     };
     let transparent = shared.config.transparent;
     let mut batch = RecvBatch::new(transparent);
-    let mut replies = Replies::new(shared.udp.len());
-    let mut worker = Worker::batching(index);
+    let mut worker = Worker::batching(index, shared.udp.len());
     loop {
         listener.socket.readable().await.map_err(fail)?;
         let mut handled = 0;
@@ -152,11 +151,11 @@ pub(crate) async fn udp_loop(shared: Arc<Shared>, index: usize) -> Result<(), Er
                             .send_udp_reply(index, server, &worker.scratch, client)
                             .await;
                     } else {
-                        replies.push(index, &worker.scratch, client);
+                        worker.replies.push(index, &worker.scratch, client);
                     }
                 }
             }
-            shared.flush(&mut worker, &mut replies).await;
+            shared.flush(&mut worker).await;
             handled += n;
             if handled >= BATCH {
                 handled = 0;

@@ -133,8 +133,16 @@ impl Shared {
             msg,
             question,
             answered,
+            cached,
         } = answer;
         let code = u16::from(msg.metadata.response_code);
+        if result == QueryResult::Answered
+            && !cached
+            && let Some(cache) = &self.cache
+        {
+            let key = question.cache_key(raw, &asked.name, asked.cache_flags, asked.tag);
+            cache.insert(key, raw, upstream, answered);
+        }
         match reply {
             ReplyTo::Udp { listener, server } => {
                 let mut out = Vec::new();

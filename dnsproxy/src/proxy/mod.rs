@@ -52,6 +52,8 @@ pub(crate) struct UdpListener {
 
 /// State shared by every task of one proxy.
 pub(crate) struct Shared {
+    /// The answer cache, when on.
+    pub(crate) cache: Option<crate::cache::AnswerCache>,
     pub(crate) config: Config,
     pub(crate) policy: Arc<dyn QueryPolicy>,
     pub(crate) observer: Arc<dyn ResponseObserver>,
@@ -99,9 +101,16 @@ pub(crate) struct Worker {
     pub(crate) scratch: Vec<u8>,
     /// Batching (a UDP listener's task): forwarded queries wait in `queries` until
     /// [`Shared::flush`]; otherwise each is sent at once.
-    batching: bool,
+    pub(crate) batching: bool,
     /// Per upstream socket, the queries forwarded since the last flush.
     queries: Vec<(Arc<UpstreamSocket>, SendBatch)>,
+    /// Batching: the UDP replies of the batch (per listener socket).
+    pub(crate) replies: Replies,
+    /// Answers from the cache waiting for their observer (a listener task's pending holds:
+    /// they end with it).
+    pub(crate) pending: tokio::task::JoinSet<()>,
+    /// A cached answer being served.
+    cached: Vec<u8>,
 }
 
 impl Worker {
@@ -114,14 +123,23 @@ impl Worker {
             scratch: Vec::new(),
             batching: false,
             queries: Vec::new(),
+            replies: Replies::new(0),
+            pending: tokio::task::JoinSet::new(),
+            cached: Vec::new(),
         }
+    }
+
+    /// Where a batching worker queues UDP replies; `None`: send each at once.
+    pub(crate) fn reply_queue(&mut self) -> Option<&mut Replies> {
+        self.batching.then_some(&mut self.replies)
     }
 
     /// A worker that queues forwarded queries until [`Shared::flush`] (UDP listeners: one
     /// `sendmmsg` per upstream socket per batch of queries).
-    pub(crate) fn batching(seed: usize) -> Self {
+    pub(crate) fn batching(seed: usize, listeners: usize) -> Self {
         Self {
             batching: true,
+            replies: Replies::new(listeners),
             ..Self::new(seed)
         }
     }
@@ -200,8 +218,10 @@ struct Answer {
     msg: Message,
     /// The answer's question.
     question: Question,
-    /// When it arrived.
+    /// When it arrived (for a cached answer: when it was taken from the cache).
     answered: Instant,
+    /// Served from the answer cache (not stored again).
+    cached: bool,
 }
 
 /// Receive errors that concern one packet or an ICMP report, not the socket.
@@ -223,7 +243,7 @@ pub(crate) const ERROR_PAUSE: Duration = Duration::from_millis(10);
 impl Shared {
     /// Sends what a batch left queued: each upstream socket's queries (one `sendmmsg` each,
     /// then the next batch starts on the next socket) and the replies (one per listener).
-    pub(crate) async fn flush(&self, w: &mut Worker, replies: &mut Replies) {
+    pub(crate) async fn flush(&self, w: &mut Worker) {
         if !w.queries.is_empty() {
             for (socket, queue) in &mut w.queries {
                 if queue.is_empty() {
@@ -240,7 +260,8 @@ impl Shared {
             w.queries.retain(|(socket, _)| !socket.is_retired());
             w.next_socket = w.next_socket.wrapping_add(1);
         }
-        self.flush_replies(replies).await;
+        self.flush_replies(&mut w.replies).await;
+        while w.pending.try_join_next().is_some() {}
     }
 
     /// Sends the queued replies, one `sendmmsg` per listener socket.

@@ -133,6 +133,7 @@ impl Shared {
             msg,
             question,
             answered,
+            cached: false,
         };
         self.observe_and_reply(answer, raw, Some(replies)).await
     }

@@ -42,6 +42,7 @@ impl Shared {
                         msg,
                         question: answer_question,
                         answered,
+                        cached: false,
                     };
                     if let Some(pending) = self.observe_and_reply(answer, &mut raw, None).await {
                         pending.await;
