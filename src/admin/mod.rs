@@ -52,6 +52,21 @@ pub(crate) struct Status {
     pub(crate) deny_list_patterns: usize,
     pub(crate) allow_list_patterns: usize,
     pub(crate) reloads: ReloadHistory,
+    /// The gateway's answer cache; `None` when it is off.
+    #[serde(default)]
+    pub(crate) answer_cache: Option<AnswerCacheRow>,
+}
+
+/// The answer cache's counters (`fqdnd status`).
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct AnswerCacheRow {
+    pub(crate) entries: usize,
+    pub(crate) capacity: usize,
+    pub(crate) hits: u64,
+    pub(crate) misses: u64,
+    pub(crate) inserts: u64,
+    pub(crate) evictions: u64,
+    pub(crate) expired: u64,
 }
 
 /// One upstream's health.

@@ -122,6 +122,7 @@ impl GatewayMode {
                 listen_udp: listen.clone(),
                 listen_tcp: listen,
                 upstreams,
+                cache: gateway.cache,
                 ..fqdnd_dnsproxy::Config::default()
             },
             conntrack_idle: CONNTRACK_IDLE,
