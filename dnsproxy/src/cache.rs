@@ -246,9 +246,10 @@ pub(crate) struct AnswerCache {
 
 impl AnswerCache {
     pub(crate) fn new(config: CacheConfig, metrics: CacheMetrics) -> Self {
-        let capacity = config.max_entries.max(1);
-        // Few shards for a small cache: each shard holds its share of the bound.
-        let shards = (capacity / 1024).clamp(1, 64).next_power_of_two();
+        // Few shards for a small cache: each shard holds an equal share of the bound, so the
+        // bound is rounded down to a multiple of the shards (never above `max_entries`).
+        let shards = (config.max_entries / 1024).clamp(1, 64).next_power_of_two();
+        let capacity = (config.max_entries / shards * shards).max(1);
         let evictions = Arc::new(AtomicU64::new(0));
         let options = OptionsBuilder::new()
             .estimated_items_capacity(capacity)
