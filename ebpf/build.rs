@@ -133,8 +133,18 @@ fn layout(manifest: &Path, out: &Path) {
         ),
         (
             "fqdnd_policy_key",
-            &["identity", "endpoint", "dport", "proto", "pad"],
+            &[
+                "prefixlen",
+                "identity",
+                "endpoint",
+                "proto",
+                "pad",
+                "dport",
+                "pad2",
+            ],
         ),
+        ("fqdnd_ep_addr_key", &["ifindex", "family", "pad", "addr"]),
+        ("fqdnd_ep_addr_value", &["endpoint", "pad"]),
         ("fqdnd_policy_value", &["flags"]),
         (
             "fqdnd_ct_key",
@@ -142,7 +152,31 @@ fn layout(manifest: &Path, out: &Path) {
         ),
         (
             "fqdnd_ct_value",
-            &["created_ns", "last_seen_ns", "flags", "rev_nat", "backend"],
+            &[
+                "created_ns",
+                "last_seen_ns",
+                "expires_ns",
+                "flags",
+                "rev_nat",
+                "backend",
+            ],
+        ),
+        (
+            "fqdnd_settings",
+            &[
+                "ct_tcp_syn_ns",
+                "ct_tcp_established_ns",
+                "ct_tcp_closing_ns",
+                "ct_other_ns",
+            ],
+        ),
+        (
+            "fqdnd_frag_key",
+            &["saddr", "daddr", "id", "proto", "family", "pad"],
+        ),
+        (
+            "fqdnd_frag_value",
+            &["created_ns", "sport", "dport", "backend", "rev_nat"],
         ),
         (
             "fqdnd_lb_svc_key",

@@ -10,7 +10,6 @@
 use std::collections::{BTreeMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::{Context, Result};
 use fqdnd_ebpf::{EndpointFlags, KernelDatapath, Loaded};
@@ -27,6 +26,8 @@ pub(crate) struct Attached {
     pub(crate) ifindex: u32,
     /// Under egress policy.
     pub(crate) enforcing: bool,
+    /// The sources its packets may have (anything else is dropped as spoofed).
+    pub(crate) addresses: Vec<IpAddr>,
 }
 
 /// What an endpoint needs from the kernel.
@@ -38,6 +39,8 @@ pub(crate) struct Wanted {
     pub(crate) interface: String,
     /// Under egress policy.
     pub(crate) enforcing: bool,
+    /// Its addresses: the only sources its packets may have.
+    pub(crate) addresses: Vec<IpAddr>,
 }
 
 /// The loaded programs and the handles the daemon keeps on the pinned maps.
@@ -66,6 +69,18 @@ impl std::fmt::Debug for Kernel {
     }
 }
 
+/// The names pinned in a directory (its maps, and `links` for the link pins), sorted.
+fn pinned_names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
 /// The interface index of `name`.
 pub(crate) fn ifindex(name: &str) -> Result<u32> {
     nix::net::if_::if_nametoindex(name)
@@ -73,11 +88,13 @@ pub(crate) fn ifindex(name: &str) -> Result<u32> {
 }
 
 impl Kernel {
-    /// Loads the programs (reusing pinned maps) and opens the maps; with `redirect_dns`
-    /// installs the local-delivery routes the DNS redirect needs.
+    /// Loads the programs (reusing pinned maps), opens the maps and sets the conntrack
+    /// lifetimes; with `redirect_dns` installs the local-delivery routes the DNS redirect
+    /// needs.
     pub(crate) fn load(
         pin_dir: &Path,
         sizes: &fqdnd_config::MapSizes,
+        conntrack: &fqdnd_config::Conntrack,
         redirect_dns: bool,
     ) -> Result<Self> {
         fqdnd_ebpf::ensure_bpffs(Path::new(fqdnd_ebpf::BPFFS_ROOT)).context("mounting bpffs")?;
@@ -90,9 +107,20 @@ impl Kernel {
             clients: sizes.clients.unwrap_or(defaults.clients),
             lb_services: sizes.lb_services.unwrap_or(defaults.lb_services),
             lb_backends: sizes.lb_backends.unwrap_or(defaults.lb_backends),
+            endpoint_addresses: sizes
+                .endpoint_addresses
+                .unwrap_or(defaults.endpoint_addresses),
         };
         for old in fqdnd_ebpf::other_abi_dirs(pin_dir) {
-            tracing::warn!(dir = %old.display(), "maps of another layout version are pinned there and are not migrated; `fqdnd bpf unload --pin-dir` removes them");
+            let maps = pinned_names(&old);
+            let interfaces = fqdnd_ebpf::attached_interfaces(&old);
+            tracing::warn!(
+                dir = %old.display(),
+                maps = %maps.join(","),
+                interfaces = %interfaces.join(","),
+                "maps of another layout version are pinned there and are not migrated (their \
+                 programs still run on those interfaces); `fqdnd bpf unload --pin-dir` removes them"
+            );
         }
         let (loaded, migrations) = Loaded::load_with(pin_dir, &sizes).with_context(|| {
             format!(
@@ -115,7 +143,14 @@ impl Kernel {
             fqdnd_ebpf::route::install_local_delivery()
                 .context("installing the local-delivery routes for the DNS redirect")?;
         }
-        let maps = KernelDatapath::open(pin_dir).context("opening the pinned maps")?;
+        let mut maps = KernelDatapath::open(pin_dir).context("opening the pinned maps")?;
+        maps.set_ct_lifetimes(&fqdnd_ebpf::CtLifetimes {
+            tcp_syn: conntrack.tcp_syn,
+            tcp_established: conntrack.tcp_established,
+            tcp_closing: conntrack.tcp_closing,
+            other: conntrack.other,
+        })
+        .context("writing the conntrack lifetimes")?;
         Ok(Self {
             loaded,
             maps,
@@ -137,17 +172,22 @@ impl Kernel {
             .context("writing the DNS proxy's address into the redirect map")
     }
 
-    /// Makes the kernel match `wanted`: attaches (or replaces in place) the programs on each
-    /// interface and writes its endpoint entry, then removes the endpoints and links no longer
-    /// wanted, including links pinned by an earlier run. Stops at the first failure; what
-    /// was applied stays applied and the next sync retries the rest.
+    /// Makes the kernel match `wanted`: writes each endpoint's addresses (the only sources
+    /// its packets may have) and its endpoint entry, attaches (or replaces in place) the
+    /// programs on its interface, then removes the endpoints and links no longer wanted,
+    /// including links pinned by an earlier run. Stops at the first failure; what was applied
+    /// stays applied and the next sync retries the rest.
     pub(crate) fn sync(&mut self, wanted: &[Wanted]) -> Result<()> {
         for w in wanted {
             let index = ifindex(&w.interface)?;
+            let mut addresses = w.addresses.clone();
+            addresses.sort();
+            addresses.dedup();
             let entry = Attached {
                 id: w.id,
                 ifindex: index,
                 enforcing: w.enforcing,
+                addresses,
             };
             if self.attached.get(&w.interface) == Some(&entry) {
                 continue;
@@ -161,9 +201,22 @@ impl Kernel {
             let flags = EndpointFlags {
                 enforce_egress: w.enforcing,
                 redirect_dns: true,
+                check_source: true,
             };
-            // Endpoint entry first: the program passes traffic of unknown interfaces, so the
-            // entry must be there when it starts seeing packets.
+            if entry.addresses.is_empty() {
+                tracing::warn!(endpoint = %w.id, interface = %w.interface, "endpoint has no `addresses`: every packet from it is dropped as spoofed");
+            }
+            // Addresses first (new ones in before old ones out), then the endpoint entry: the
+            // program passes traffic of unknown interfaces, so the entry must be there when
+            // it starts seeing packets, and drops sources it does not know.
+            self.maps
+                .set_endpoint_addresses(index, w.id, &entry.addresses)
+                .with_context(|| {
+                    format!(
+                        "writing the addresses of endpoint {} on {}",
+                        w.id, w.interface
+                    )
+                })?;
             self.maps
                 .set_endpoint(index, w.id, flags)
                 .with_context(|| format!("registering endpoint {} on {}", w.id, w.interface))?;
@@ -226,6 +279,7 @@ impl Kernel {
             let flags = EndpointFlags {
                 enforce_egress: enforcing,
                 redirect_dns: false,
+                check_source: false,
             };
             wanted.insert(prefix.trunc(), (id, flags));
         }
@@ -266,14 +320,15 @@ impl Kernel {
         Ok(())
     }
 
-    /// Destination addresses of connections seen within `idle`: what keeps zombies alive.
-    pub(crate) fn live_destinations(&self, idle: Duration) -> Result<HashSet<IpAddr>> {
-        Ok(self.maps.live_destinations(idle)?)
+    /// Destination addresses of the flows alive in conntrack (not past the lifetime of their
+    /// state): what keeps zombies alive.
+    pub(crate) fn live_destinations(&self) -> Result<HashSet<IpAddr>> {
+        Ok(self.maps.live_destinations()?)
     }
 
-    /// Removes conntrack entries idle longer than `idle`; returns how many.
-    pub(crate) fn gc_conntrack(&mut self, idle: Duration) -> Result<usize> {
-        Ok(self.maps.gc_conntrack(idle)?)
+    /// Removes the dead conntrack entries; returns how many.
+    pub(crate) fn gc_conntrack(&mut self) -> Result<usize> {
+        Ok(self.maps.gc_conntrack()?)
     }
 
     /// The map sizes loaded with.

@@ -234,7 +234,7 @@ enum BpfCommand {
     /// The kernel policy: (endpoint, identity, port, protocol) entries that allow.
     #[command(subcommand)]
     Policy(BpfList),
-    /// Conntrack entries with their idle time.
+    /// Conntrack entries with their state, remaining lifetime and idle time.
     #[command(subcommand)]
     Ct(BpfList),
     /// The endpoint map: interface → endpoint id and flags.

@@ -38,10 +38,16 @@
 //! kind: Node                                  # every field optional
 //! spec:
 //!   dnsProxyPort: 10053                       # transparent proxy sockets (eBPF redirect)
-//!   pinDir: /sys/fs/bpf/fqdnd/v2              # default: versioned by the maps' layout
-//!   conntrackIdleTimeout: 10m                 # idle flows stop keeping zombies alive
+//!   pinDir: /sys/fs/bpf/fqdnd/v3              # default: versioned by the maps' layout
+//!   conntrack: {tcpSyn: 60s, tcpEstablished: 6h, tcpClosing: 10s, other: 60s}
+//!                                             # lifetimes after each packet, by state (also
+//!                                             # in a Gateway); a flow alive in conntrack
+//!                                             # keeps its destination a zombie
+//!   conntrackIdleTimeout: 10m                 # deprecated: the lifetime of every state
+//!                                             # `conntrack` does not set
 //!   mapSizes: {conntrack: 524288, ipcache: 1000000}   # changed sizes migrate the maps
-//!                           # (also policy, endpoints, clients, lbServices, lbBackends)
+//!                           # (also policy, endpoints, clients, lbServices, lbBackends,
+//!                           # endpointAddresses)
 //!   # and lists, adminSocket, metrics, queryLog, upstreamTimeout, on*, rateLimit as above
 //! ```
 
@@ -129,7 +135,38 @@ pub struct MapSizes {
     pub lb_services: Option<u32>,
     /// The load balancer's backends (default 65536; backend ids are 16-bit, so at most that).
     pub lb_backends: Option<u32>,
+    /// The endpoints' addresses for source validation (default 131072).
+    pub endpoint_addresses: Option<u32>,
 }
+
+/// How long a kernel conntrack entry lives after each packet, by the flow's state (Cilium's
+/// defaults). A flow alive in conntrack keeps its destination a zombie (the DNS GC keeps an
+/// expired name's IP while such a flow lives); a dead entry is removed by the GC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conntrack {
+    /// A TCP flow that has seen only SYNs (default 60 s).
+    pub tcp_syn: Duration,
+    /// An established TCP flow (default 6 h).
+    pub tcp_established: Duration,
+    /// A TCP flow after FIN in both directions or an RST (default 10 s).
+    pub tcp_closing: Duration,
+    /// UDP, ICMP echo and every other flow (default 60 s).
+    pub other: Duration,
+}
+
+impl Default for Conntrack {
+    fn default() -> Self {
+        Self {
+            tcp_syn: Duration::from_secs(60),
+            tcp_established: Duration::from_secs(6 * 3600),
+            tcp_closing: Duration::from_secs(10),
+            other: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The longest conntrack lifetime accepted.
+pub const MAX_CONNTRACK_LIFETIME: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// What every daemon mode (gateway, node) shares: lists, admin API, metrics, query log and
 /// the DNS proxy's behaviour.
@@ -155,6 +192,8 @@ pub struct Daemon {
     pub rate_limit: Option<RateLimit>,
     /// Kernel map sizes (node, enforcing gateway).
     pub map_sizes: MapSizes,
+    /// Kernel conntrack lifetimes (node, enforcing gateway).
+    pub conntrack: Conntrack,
     /// Where learned state is journaled and snapshotted so a restart keeps the DNS cache and
     /// identity numbers; `None`: nothing survives a restart.
     pub state_dir: Option<PathBuf>,
@@ -178,6 +217,7 @@ impl Default for Daemon {
             on_truncated: TruncatedAction::default(),
             rate_limit: None,
             map_sizes: MapSizes::default(),
+            conntrack: Conntrack::default(),
             state_dir: None,
             state_compact_after: 100_000,
             randomize_case: false,
@@ -216,9 +256,10 @@ pub struct Node {
     /// The bpffs directory for pinned maps and links (default: versioned, under
     /// `/sys/fs/bpf/fqdnd`).
     pub pin_dir: Option<PathBuf>,
-    /// A conntrack entry idle this long no longer keeps its destination in use (zombies)
-    /// and is removed.
-    pub conntrack_idle_timeout: Duration,
+    /// Deprecated `conntrackIdleTimeout`, from before conntrack had TCP state: when given,
+    /// the lifetime of every state `conntrack` does not set (already applied to
+    /// `daemon.conntrack`; kept so the daemon can warn).
+    pub conntrack_idle_timeout: Option<Duration>,
     /// What every mode shares.
     pub daemon: Daemon,
 }
@@ -231,7 +272,7 @@ impl Default for Node {
         Self {
             dns_proxy_port: DEFAULT_DNS_PROXY_PORT,
             pin_dir: None,
-            conntrack_idle_timeout: Duration::from_secs(600),
+            conntrack_idle_timeout: None,
             daemon: Daemon {
                 admin_socket: PathBuf::from(DEFAULT_NODE_ADMIN_SOCKET),
                 ..Daemon::default()
@@ -278,6 +319,7 @@ struct DaemonSpec {
     on_truncated: Option<Text>,
     rate_limit: Option<Spanned<RateLimitSpec>>,
     map_sizes: Option<MapSizesSpec>,
+    conntrack: Option<Spanned<ConntrackSpec>>,
     state_dir: Option<Text>,
     state_compact_after: Option<Spanned<u64>>,
     randomize_case: Option<bool>,
@@ -293,6 +335,16 @@ struct MapSizesSpec {
     clients: Option<Spanned<u32>>,
     lb_services: Option<Spanned<u32>>,
     lb_backends: Option<Spanned<u32>>,
+    endpoint_addresses: Option<Spanned<u32>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self", rename_all = "camelCase")]
+struct ConntrackSpec {
+    tcp_syn: Option<Text>,
+    tcp_established: Option<Text>,
+    tcp_closing: Option<Text>,
+    other: Option<Text>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -338,6 +390,7 @@ shape!(
     DaemonDoc,
     DaemonSpec,
     MapSizesSpec,
+    ConntrackSpec,
     RateLimitSpec,
     CacheSpec,
     ZoneSpec,
@@ -505,17 +558,28 @@ pub(crate) fn node(doc: &Spanned<DaemonDoc>, diag: &mut Diag<'_>) -> Option<Node
             n.dns_proxy_port = port.value;
         }
     }
+    let mut defaults = Node::default().daemon;
     if let Some(text) = &spec.conntrack_idle_timeout
         && let Some(d) = duration("conntrackIdleTimeout", text, diag)
     {
-        if d < Duration::from_secs(1) {
-            diag.invalid(at(text), "`conntrackIdleTimeout` must be at least 1s");
+        if d < Duration::from_secs(1) || d > MAX_CONNTRACK_LIFETIME {
+            diag.invalid(
+                at(text),
+                "`conntrackIdleTimeout` must be between 1s and 30 days",
+            );
         } else {
-            n.conntrack_idle_timeout = d;
+            // the old single idle timeout: every lifetime `conntrack` does not set
+            n.conntrack_idle_timeout = Some(d);
+            defaults.conntrack = Conntrack {
+                tcp_syn: d,
+                tcp_established: d,
+                tcp_closing: d,
+                other: d,
+            };
         }
     }
     n.pin_dir = spec.pin_dir.as_ref().map(|t| base.join(&t.value));
-    n.daemon = daemon(spec, &base, Node::default().daemon, diag);
+    n.daemon = daemon(spec, &base, defaults, diag);
     (diag.count() == before).then_some(n)
 }
 
@@ -675,7 +739,33 @@ fn daemon(spec: &DaemonSpec, base: &Path, mut d: Daemon, diag: &mut Diag<'_>) ->
             clients: size("clients", &sizes.clients),
             lb_services: size("lbServices", &sizes.lb_services),
             lb_backends: size("lbBackends", &sizes.lb_backends),
+            endpoint_addresses: size("endpointAddresses", &sizes.endpoint_addresses),
         };
+    }
+    if let Some(ct) = &spec.conntrack {
+        let mut lifetime = |field: &str, text: &Option<Text>, into: &mut Duration| {
+            let Some(text) = text else { return };
+            let Some(v) = duration(&format!("conntrack.{field}"), text, diag) else {
+                return;
+            };
+            if v < Duration::from_secs(1) || v > MAX_CONNTRACK_LIFETIME {
+                diag.invalid(
+                    at(text),
+                    format!("`conntrack.{field}` must be between 1s and 30 days"),
+                );
+            } else {
+                *into = v;
+            }
+        };
+        let c = &ct.value;
+        lifetime("tcpSyn", &c.tcp_syn, &mut d.conntrack.tcp_syn);
+        lifetime(
+            "tcpEstablished",
+            &c.tcp_established,
+            &mut d.conntrack.tcp_established,
+        );
+        lifetime("tcpClosing", &c.tcp_closing, &mut d.conntrack.tcp_closing);
+        lifetime("other", &c.other, &mut d.conntrack.other);
     }
     d
 }

@@ -57,8 +57,9 @@ use fqdnd_ipcache::policy::Rule;
 pub use documents::{Document, Documents, documents};
 pub use error::{Duplicated, Error, Errors};
 pub use gateway::{
-    DEFAULT_DNS_PROXY_PORT, DEFAULT_GATEWAY_ADMIN_SOCKET, DEFAULT_NODE_ADMIN_SOCKET, Daemon,
-    Gateway, Lists, MapSizes, Node, RateLimit, StaticZone, ZoneSource,
+    Conntrack, DEFAULT_DNS_PROXY_PORT, DEFAULT_GATEWAY_ADMIN_SOCKET, DEFAULT_NODE_ADMIN_SOCKET,
+    Daemon, Gateway, Lists, MAX_CONNTRACK_LIFETIME, MapSizes, Node, RateLimit, StaticZone,
+    ZoneSource,
 };
 pub use load::{CILIUM_API_VERSION, FQDND_API_VERSION, load, load_str};
 pub use service::Service;

@@ -29,7 +29,13 @@ fn node_fields_are_read_with_defaults_for_the_rest() {
     assert!(node.daemon.randomize_case);
     assert_eq!(node.dns_proxy_port, 5300);
     assert_eq!(node.pin_dir, Some(PathBuf::from("/etc/fqdnd/pins")));
-    assert_eq!(node.conntrack_idle_timeout, Duration::from_secs(90));
+    assert_eq!(node.conntrack_idle_timeout, Some(Duration::from_secs(90)));
+    // the deprecated single timeout is every conntrack lifetime
+    assert_eq!(
+        node.daemon.conntrack.tcp_established,
+        Duration::from_secs(90)
+    );
+    assert_eq!(node.daemon.conntrack.tcp_closing, Duration::from_secs(90));
     assert_eq!(
         node.daemon.admin_socket,
         PathBuf::from("/etc/fqdnd/admin.sock")

@@ -19,17 +19,20 @@
 
 #include <linux/types.h>
 
-#define FQDND_MAPS_ABI_VERSION 2
+#define FQDND_MAPS_ABI_VERSION 3
 
 /* Reserved identities (ipcache/src/identity.rs). */
 #define FQDND_ID_ANY        0   /* wildcard in policy keys */
 #define FQDND_ID_WORLD_IPV4 9
 #define FQDND_ID_WORLD_IPV6 10
 
-/* Policy key protocol values: IANA numbers, 0 = TCP and UDP. */
-#define FQDND_PROTO_ANY 0
-#define FQDND_PROTO_TCP 6
-#define FQDND_PROTO_UDP 17
+/* IP protocol numbers (IANA). In policy keys FQDND_PROTO_ANY (0) never appears in the key
+ * itself: an entry for every protocol is one whose prefix stops before the protocol byte. */
+#define FQDND_PROTO_ANY    0
+#define FQDND_PROTO_ICMP   1
+#define FQDND_PROTO_TCP    6
+#define FQDND_PROTO_UDP    17
+#define FQDND_PROTO_ICMPV6 58
 
 /* Map sizes. */
 #define FQDND_IPCACHE_V4_MAX 512000
@@ -41,6 +44,8 @@
 /* service entries and backend slots together; also the rev-NAT map's size */
 #define FQDND_LB_SERVICES_MAX 65536
 #define FQDND_LB_BACKENDS_MAX 65536
+#define FQDND_EP_ADDRS_MAX   131072
+#define FQDND_FRAGS_MAX      8192
 #define FQDND_EVENTS_BYTES   (256 * 1024)
 
 /* ipcache: LPM trie, prefix → identity. prefixlen counts bits of addr. */
@@ -66,6 +71,8 @@ struct fqdnd_ipcache_value {
 #define FQDND_EP_REDIRECT_DNS   0x2 /* UDP/TCP dport 53 goes to the DNS proxy (bpf_sk_assign) */
 #define FQDND_EP_BY_SOURCE      0x4 /* interface entry only: the endpoint (id + flags) is the
 				     * fqdnd_clients4/6 entry of the packet's source address */
+#define FQDND_EP_CHECK_SOURCE   0x8 /* a packet whose source is not one of the interface's
+				     * addresses (fqdnd_ep_addrs) is dropped: FQDND_DROP_SPOOFED */
 struct fqdnd_endpoint_value {
 	__u16 endpoint;    /* EndpointId */
 	__u8 flags;        /* FQDND_EP_* */
@@ -94,15 +101,39 @@ struct fqdnd_dns_proxy {
 #define FQDND_MARK_MASK     0xf00
 #define FQDND_PROXY_TABLE   2004
 
-/* Per-endpoint egress policy: hash of (endpoint, identity, proto, dport). identity 0 and
- * dport 0 are wildcards, proto 0 means TCP and UDP. Port ranges are expanded by userspace. */
-struct fqdnd_policy_key {
-	__u32 identity;
-	__u16 endpoint;
-	__u16 dport;       /* host order */
-	__u8 proto;
+/* Source validation (interfaces flagged CHECK_SOURCE): hash of (ifindex, address) → the
+ * endpoint that owns the address on that interface. */
+struct fqdnd_ep_addr_key {
+	__u32 ifindex;
+	__u8 family;       /* 4 or 6 */
 	__u8 pad[3];
-};                         /* 12 bytes */
+	__u8 addr[16];     /* network order; IPv4 in the first 4 bytes, the rest zero */
+};                         /* 24 bytes */
+
+struct fqdnd_ep_addr_value {
+	__u16 endpoint;
+	__u16 pad;
+};                         /* 4 bytes */
+
+/* Per-endpoint egress policy: an LPM trie over (identity, endpoint, proto, dport), the data
+ * after `prefixlen` compared bit by bit from `identity` on. identity and endpoint are always
+ * matched in full (identity 0 = any destination, a separate lookup); an entry for every
+ * protocol and port has prefixlen FQDND_POLICY_PREFIX_ANY_PROTO; one protocol with every
+ * port FQDND_POLICY_PREFIX_PROTO; a port range is split by userspace into port prefixes,
+ * FQDND_POLICY_PREFIX_PROTO + 0..16 bits of dport (network order, so the prefix is the high
+ * bits). Lookups use FQDND_POLICY_PREFIX_FULL. */
+struct fqdnd_policy_key {
+	__u32 prefixlen;
+	__u32 identity;    /* host order */
+	__u16 endpoint;    /* host order */
+	__u8 proto;        /* IANA number, never 0 */
+	__u8 pad;          /* 0 (matched with proto) */
+	__u16 dport;       /* network order */
+	__u16 pad2;        /* 0, beyond every prefix */
+};                         /* 16 bytes */
+#define FQDND_POLICY_PREFIX_ANY_PROTO 48 /* identity + endpoint */
+#define FQDND_POLICY_PREFIX_PROTO     64 /* + proto + pad */
+#define FQDND_POLICY_PREFIX_FULL      80 /* + dport */
 
 #define FQDND_POLICY_ALLOW 0x1
 struct fqdnd_policy_value {
@@ -110,7 +141,9 @@ struct fqdnd_policy_value {
 };                         /* 4 bytes */
 
 /* Conntrack: LRU hash keyed by the 5-tuple in the direction of the flow's first packet.
- * IPv4 addresses use the first 4 bytes of saddr/daddr, the rest zero. */
+ * IPv4 addresses use the first 4 bytes of saddr/daddr, the rest zero. ICMP/ICMPv6 echo: the
+ * identifier is sport of the request's tuple (dport 0), so a reply's tuple (sport 0, dport
+ * id) is the request's reversed. */
 struct fqdnd_ct_key {
 	__u8 saddr[16];    /* network order */
 	__u8 daddr[16];    /* network order */
@@ -123,6 +156,17 @@ struct fqdnd_ct_key {
 
 #define FQDND_CT_EGRESS  0x1 /* opened by the endpoint (allowed by policy) */
 #define FQDND_CT_INGRESS 0x2 /* opened towards the endpoint: its replies pass */
+/* TCP state, from the flags seen in either direction ("fwd" = the key's direction). */
+#define FQDND_CT_TCP_SEEN_NON_SYN 0x4  /* a packet without SYN: established */
+#define FQDND_CT_TCP_FIN_FWD      0x8  /* FIN in the key's direction */
+#define FQDND_CT_TCP_FIN_REV      0x10 /* FIN in the other direction */
+#define FQDND_CT_TCP_RST          0x20 /* RST in either direction */
+#define FQDND_CT_TCP_STATE (FQDND_CT_TCP_SEEN_NON_SYN | FQDND_CT_TCP_FIN_FWD | \
+			    FQDND_CT_TCP_FIN_REV | FQDND_CT_TCP_RST)
+/* An entry's lifetime after each packet: TCP closing (RST, or FIN both ways), TCP
+ * established (a packet without SYN seen), TCP SYN (only SYNs so far), other protocols. An
+ * entry past `expires_ns` is dead: the programs treat it as absent (a new flow) and the
+ * daemon's GC deletes it. */
 /* A flow the endpoint opened to a service VIP has two entries: one keyed by the tuple the
  * endpoint sends (client → VIP) with `backend` set (its packets are translated to that
  * backend as long as it exists), and one keyed by the translated tuple (client → backend)
@@ -131,10 +175,50 @@ struct fqdnd_ct_key {
 struct fqdnd_ct_value {
 	__u64 created_ns;  /* bpf_ktime_get_ns() */
 	__u64 last_seen_ns;
+	__u64 expires_ns;  /* last packet + the lifetime of the entry's state */
 	__u32 flags;       /* FQDND_CT_* */
 	__u16 rev_nat;     /* rev-NAT index of the service, 0 = none */
 	__u16 backend;     /* backend id the flow is translated to, 0 = none */
-};                         /* 24 bytes */
+};                         /* 32 bytes */
+
+/* Datapath settings (array map fqdnd_settings, one entry, key 0), written by the daemon at
+ * start. A zero field means its default (Cilium's). */
+struct fqdnd_settings {
+	__u64 ct_tcp_syn_ns;
+	__u64 ct_tcp_established_ns;
+	__u64 ct_tcp_closing_ns;
+	__u64 ct_other_ns;
+};                         /* 32 bytes */
+#define FQDND_CT_TCP_SYN_DEFAULT_NS         (60ULL * 1000000000ULL)
+#define FQDND_CT_TCP_ESTABLISHED_DEFAULT_NS (21600ULL * 1000000000ULL)
+#define FQDND_CT_TCP_CLOSING_DEFAULT_NS     (10ULL * 1000000000ULL)
+#define FQDND_CT_OTHER_DEFAULT_NS           (60ULL * 1000000000ULL)
+
+/* Fragments (LRU hash fqdnd_frags): the first fragment of a datagram (IPv4 offset 0 with MF,
+ * or an IPv6 fragment header with offset 0) is classified like any packet; when it passes,
+ * its entry lets the later fragments (which carry no ports) follow it for
+ * FQDND_FRAG_LIFETIME_NS. A first fragment that is dropped removes the entry. */
+struct fqdnd_frag_key {
+	__u8 saddr[16];    /* network order (IPv4 in the first 4 bytes) */
+	__u8 daddr[16];
+	__u32 id;          /* IPv4 identification (16 bits) or IPv6 fragment id, network order */
+	__u8 proto;        /* the upper-layer protocol */
+	__u8 family;       /* 4 or 6 */
+	__u8 pad[2];
+};                         /* 40 bytes */
+
+struct fqdnd_frag_value {
+	__u64 created_ns;
+	__u16 sport;       /* the datagram's ports, network order (for events) */
+	__u16 dport;
+	__u16 backend;     /* from_ep: later fragments go to this backend (translated datagram) */
+	__u16 rev_nat;     /* to_ep: later fragments get this service's VIP as their source */
+};                         /* 16 bytes */
+#define FQDND_FRAG_LIFETIME_NS (30ULL * 1000000000ULL) /* Linux's ipfrag_time */
+
+/* IPv6 extension headers walked before the upper-layer header (hop-by-hop, routing,
+ * destination options, fragment, authentication); more is FQDND_DROP_EXT_HEADERS. */
+#define FQDND_IPV6_MAX_EXT_HEADERS 8
 
 /* Service load balancing (the LB v2 design: cilium/cilium#7106). A service is
  * (VIP, port, protocol); its slot 0 entry holds the backend count and the rev-NAT index,
@@ -174,11 +258,18 @@ struct fqdnd_lb_revnat {
 	__u8 pad;
 };                         /* 20 bytes */
 
-/* Ring-buffer event for every policy drop. */
+/* Ring-buffer event for every drop. For ICMP/ICMPv6 drops sport is the ICMP type and dport
+ * its code. */
 #define FQDND_DROP_POLICY    1 /* no allow entry matched */
-#define FQDND_DROP_UNHANDLED 2 /* enforcing endpoint, packet fqdnd cannot classify (ICMP, frag, ext hdr) */
+#define FQDND_DROP_UNHANDLED 2 /* enforcing endpoint, an IP protocol other than TCP, UDP, ICMP */
 #define FQDND_DROP_NO_PROXY  3 /* DNS from a redirected endpoint and no proxy socket to assign */
 #define FQDND_DROP_NO_BACKEND 4 /* a new flow to a service VIP that has no backend */
+#define FQDND_DROP_SPOOFED   5 /* source address not one of the interface's (CHECK_SOURCE) */
+#define FQDND_DROP_FRAGMENT  6 /* a later fragment whose first fragment did not pass (or was
+				* not seen) */
+#define FQDND_DROP_ICMP      7 /* enforcing endpoint: an ICMP type fqdnd does not pass, an
+				* error about no tracked flow, or an echo reply to no request */
+#define FQDND_DROP_EXT_HEADERS 8 /* more IPv6 extension headers than the walk allows */
 struct fqdnd_drop_event {
 	__u64 ts_ns;
 	__u32 ifindex;

@@ -13,12 +13,9 @@ use ipnet::IpNet;
 
 use crate::error::Error;
 use crate::sys::{
-    self, CtKey, CtValue, DnsProxy, DropEvent, EndpointValue, IpcacheValue, PolicyKey, PolicyValue,
+    self, CtKey, CtValue, DnsProxy, DropEvent, EndpointValue, EpAddrKey, EpAddrValue, IpcacheValue,
+    PolicyData, PolicyKey, PolicyValue, Settings,
 };
-
-/// The widest port range one policy key may cover: ranges are expanded into one map entry per
-/// port (the policy map is a hash, not Cilium's LPM over ports). Wider ranges are refused.
-pub const MAX_PORT_RANGE: u32 = 1024;
 
 fn open_map(pin_dir: &Path, name: &str) -> Result<Map, Error> {
     Ok(Map::from_map_data(MapData::from_pin(pin_dir.join(name))?)?)
@@ -31,6 +28,10 @@ pub struct EndpointFlags {
     pub enforce_egress: bool,
     /// UDP and TCP to port 53 go to the DNS proxy (and are dropped when there is none).
     pub redirect_dns: bool,
+    /// Packets whose source is not one of the interface's addresses
+    /// ([`KernelDatapath::set_endpoint_addresses`]) are dropped, before the DNS redirect.
+    /// Interface endpoints only (a by-source interface finds its endpoints by source).
+    pub check_source: bool,
 }
 
 impl EndpointFlags {
@@ -42,6 +43,9 @@ impl EndpointFlags {
         if self.redirect_dns {
             b |= sys::EP_REDIRECT_DNS;
         }
+        if self.check_source {
+            b |= sys::EP_CHECK_SOURCE;
+        }
         b
     }
 
@@ -49,6 +53,57 @@ impl EndpointFlags {
         EndpointFlags {
             enforce_egress: b & sys::EP_ENFORCE_EGRESS != 0,
             redirect_dns: b & sys::EP_REDIRECT_DNS != 0,
+            check_source: b & sys::EP_CHECK_SOURCE != 0,
+        }
+    }
+}
+
+/// How long a conntrack entry lives after a packet, by state (`fqdnd_settings`). Defaults:
+/// Cilium's (TCP SYN 60 s, established 6 h, closing 10 s, other 60 s).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CtLifetimes {
+    /// A TCP flow that has seen only SYNs.
+    pub tcp_syn: Duration,
+    /// An established TCP flow (a packet without SYN seen).
+    pub tcp_established: Duration,
+    /// A closing TCP flow: FIN in both directions, or RST.
+    pub tcp_closing: Duration,
+    /// Every other protocol (UDP, ICMP echo).
+    pub other: Duration,
+}
+
+impl Default for CtLifetimes {
+    fn default() -> Self {
+        CtLifetimes {
+            tcp_syn: Duration::from_nanos(sys::CT_TCP_SYN_DEFAULT_NS),
+            tcp_established: Duration::from_nanos(sys::CT_TCP_ESTABLISHED_DEFAULT_NS),
+            tcp_closing: Duration::from_nanos(sys::CT_TCP_CLOSING_DEFAULT_NS),
+            other: Duration::from_nanos(sys::CT_OTHER_DEFAULT_NS),
+        }
+    }
+}
+
+/// The state of a conntrack entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CtState {
+    /// TCP, only SYNs seen.
+    TcpSyn,
+    /// TCP, a packet without SYN seen.
+    TcpEstablished,
+    /// TCP, FIN both ways or RST.
+    TcpClosing,
+    /// Not TCP.
+    Other,
+}
+
+impl CtState {
+    /// The name `fqdnd bpf ct list` shows.
+    pub fn name(self) -> &'static str {
+        match self {
+            CtState::TcpSyn => "syn",
+            CtState::TcpEstablished => "established",
+            CtState::TcpClosing => "closing",
+            CtState::Other => "-",
         }
     }
 }
@@ -86,14 +141,18 @@ pub struct CtEntry {
     pub dst: IpAddr,
     /// Destination port.
     pub dport: u16,
-    /// IP protocol (6 TCP, 17 UDP).
+    /// IP protocol (6 TCP, 17 UDP, 1 ICMP, 58 ICMPv6; ICMP echo: the identifier is `sport`
+    /// of the request's tuple).
     pub proto: u8,
-    /// `sys::CT_*` flags: [`sys::CT_EGRESS`] (opened by the endpoint) or [`sys::CT_INGRESS`].
+    /// `sys::CT_*` flags: [`sys::CT_EGRESS`] (opened by the endpoint) or [`sys::CT_INGRESS`],
+    /// and the TCP state bits.
     pub flags: u32,
     /// Creation, `CLOCK_MONOTONIC` nanoseconds (`bpf_ktime_get_ns`).
     pub created_ns: u64,
     /// Last packet, `CLOCK_MONOTONIC` nanoseconds.
     pub last_seen_ns: u64,
+    /// When the entry dies without another packet, `CLOCK_MONOTONIC` nanoseconds.
+    pub expires_ns: u64,
     /// Rev-NAT index of the service of a load-balanced flow, 0 = none.
     pub rev_nat: u16,
     /// The backend a client → VIP flow is translated to, 0 = none.
@@ -122,9 +181,37 @@ impl CtEntry {
             flags: v.flags,
             created_ns: v.created_ns,
             last_seen_ns: v.last_seen_ns,
+            expires_ns: v.expires_ns,
             rev_nat: v.rev_nat,
             backend: v.backend,
         })
+    }
+
+    /// The entry's state.
+    pub fn state(&self) -> CtState {
+        if self.proto != sys::PROTO_TCP {
+            CtState::Other
+        } else if self.flags & sys::CT_TCP_RST != 0
+            || self.flags & (sys::CT_TCP_FIN_FWD | sys::CT_TCP_FIN_REV)
+                == sys::CT_TCP_FIN_FWD | sys::CT_TCP_FIN_REV
+        {
+            CtState::TcpClosing
+        } else if self.flags & sys::CT_TCP_SEEN_NON_SYN != 0 {
+            CtState::TcpEstablished
+        } else {
+            CtState::TcpSyn
+        }
+    }
+
+    /// Whether the entry is alive at `now_ns` (`CLOCK_MONOTONIC`): the programs treat a dead
+    /// one as absent.
+    pub fn alive(&self, now_ns: u64) -> bool {
+        self.expires_ns > now_ns
+    }
+
+    /// How long it lives without another packet, from `now_ns` (zero when dead).
+    pub fn remaining(&self, now_ns: u64) -> Duration {
+        Duration::from_nanos(self.expires_ns.saturating_sub(now_ns))
     }
 }
 
@@ -148,7 +235,7 @@ struct Resync {
 }
 
 /// `CLOCK_MONOTONIC` now in nanoseconds: the clock of `bpf_ktime_get_ns`.
-fn monotonic_ns() -> Result<u64, Error> {
+pub fn monotonic_ns() -> Result<u64, Error> {
     let t =
         nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_err(|e| Error::Io {
             what: "clock_gettime(CLOCK_MONOTONIC)".to_owned(),
@@ -169,9 +256,11 @@ pub struct KernelDatapath {
     endpoints: HashMap<MapData, u32, EndpointValue>,
     clients4: LpmTrie<MapData, [u8; 4], EndpointValue>,
     clients6: LpmTrie<MapData, [u8; 16], EndpointValue>,
-    policy: HashMap<MapData, PolicyKey, PolicyValue>,
+    policy: LpmTrie<MapData, PolicyData, PolicyValue>,
     ct: HashMap<MapData, CtKey, CtValue>,
     dns_proxy: Array<MapData, DnsProxy>,
+    ep_addrs: HashMap<MapData, EpAddrKey, EpAddrValue>,
+    settings: Array<MapData, Settings>,
     refs: StdHashMap<PolicyKey, u32>,
     resync: Option<Resync>,
 }
@@ -204,50 +293,183 @@ fn not_found(e: &MapError) -> bool {
     }
 }
 
-fn proto(p: Protocol) -> u8 {
-    match p {
-        Protocol::Tcp => sys::PROTO_TCP,
-        Protocol::Udp => sys::PROTO_UDP,
-        Protocol::Any => sys::PROTO_ANY,
+/// The prefixes that cover the ports `first..=last` exactly: `(first port, prefix bits)`,
+/// bits 0..=16 (16 = one port, 0 = every port). At most 30 prefixes (1–65534: two per bit
+/// but the last).
+pub fn port_prefixes(first: u16, last: u16) -> Vec<(u16, u8)> {
+    let (mut lo, hi) = (u32::from(first), u32::from(last));
+    let mut out = Vec::new();
+    while lo <= hi {
+        // the largest aligned block starting at `lo` that stays within `hi`
+        let mut size: u32 = if lo == 0 {
+            1 << 16
+        } else {
+            lo & lo.wrapping_neg()
+        };
+        while lo + size - 1 > hi {
+            size >>= 1;
+        }
+        let bits = 16 - size.trailing_zeros();
+        out.push((lo as u16, bits as u8));
+        lo += size;
     }
+    out
 }
 
-/// Whether the kernel can hold `key`'s port range (one entry per port, at most
-/// [`MAX_PORT_RANGE`]).
-fn check_range(key: &fqdnd_ipcache::PolicyKey) -> Result<(), DatapathError> {
-    let end = key.end_port.max(key.port);
-    if key.port != 0 && u32::from(end - key.port) + 1 > MAX_PORT_RANGE {
-        return Err(DatapathError::Io {
-            operation: "expanding a policy port range",
-            source: std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("ports {}-{end} exceed {MAX_PORT_RANGE} entries", key.port),
-            ),
-        });
-    }
-    Ok(())
-}
-
-/// The kernel entries one policy key stands for.
-fn expand(
-    endpoint: EndpointId,
-    key: &fqdnd_ipcache::PolicyKey,
-) -> Result<Vec<PolicyKey>, DatapathError> {
-    let base = PolicyKey {
+/// The kernel entries one policy key stands for: one entry for every protocol and port (a
+/// rule without ports: every protocol, ICMP included), or per protocol (TCP and UDP for
+/// "any") one entry for every port or one per port prefix of its range. Every range is
+/// representable.
+fn expand(endpoint: EndpointId, key: &fqdnd_ipcache::PolicyKey) -> Vec<PolicyKey> {
+    let base = PolicyData {
         identity: key.identity.0,
         endpoint: endpoint.0,
-        dport: 0,
-        proto: proto(key.protocol),
-        pad: [0; 3],
+        ..PolicyData::default()
     };
-    if key.port == 0 {
-        return Ok(vec![base]);
+    if key.port == 0 && key.protocol == Protocol::Any {
+        return vec![PolicyKey::new(sys::POLICY_PREFIX_ANY_PROTO, base)];
     }
-    check_range(key)?;
-    let end = key.end_port.max(key.port);
-    Ok((key.port..=end)
-        .map(|dport| PolicyKey { dport, ..base })
-        .collect())
+    let protos: &[u8] = match key.protocol {
+        Protocol::Tcp => &[sys::PROTO_TCP],
+        Protocol::Udp => &[sys::PROTO_UDP],
+        Protocol::Any => &[sys::PROTO_TCP, sys::PROTO_UDP],
+    };
+    let mut out = Vec::new();
+    for &proto in protos {
+        let data = PolicyData { proto, ..base };
+        if key.port == 0 {
+            out.push(PolicyKey::new(sys::POLICY_PREFIX_PROTO, data));
+            continue;
+        }
+        for (port, bits) in port_prefixes(key.port, key.end_port.max(key.port)) {
+            out.push(PolicyKey::new(
+                sys::POLICY_PREFIX_PROTO + u32::from(bits),
+                PolicyData {
+                    dport: port.to_be(),
+                    ..data
+                },
+            ));
+        }
+    }
+    out
+}
+
+/// One kernel write of a batch, as it is undone when a later write fails.
+#[derive(Debug)]
+enum Undo {
+    /// A policy entry was written: delete it (and its count).
+    PolicyWritten(PolicyKey),
+    /// A policy entry was deleted (its count reached 0): write it back with count 1.
+    PolicyDeleted(PolicyKey),
+    /// A policy entry's count went up (no write): down again.
+    RefUp(PolicyKey),
+    /// A policy entry's count went down (no write): up again.
+    RefDown(PolicyKey),
+    /// Resync: a policy entry present before the restart was confirmed.
+    ResyncPolicy(PolicyKey),
+    /// A new ipcache prefix was written: delete it.
+    IpcWritten(IpNet),
+    /// An ipcache prefix's identity was replaced: write the old one back.
+    IpcReplaced(IpNet, Identity),
+    /// An ipcache prefix was deleted: write it back.
+    IpcDeleted(IpNet, Identity),
+    /// Resync: a prefix present before the restart (with this identity) was confirmed or
+    /// rewritten.
+    ResyncIpc(IpNet, Identity),
+}
+
+/// An error of the batch that `change` (0-based, of `len`) of failed with, saying that the
+/// `undone` writes before it were undone.
+fn refused(e: DatapathError, change: usize, len: usize, undone: usize) -> DatapathError {
+    match e {
+        // The engine counts these per map; the batch is whole-or-nothing by contract.
+        DatapathError::MapFull { map } => DatapathError::MapFull { map },
+        DatapathError::Io { operation, source } => DatapathError::Io {
+            operation,
+            source: std::io::Error::new(
+                source.kind(),
+                format!(
+                    "{source} (change {} of {len} in the batch; the {undone} kernel writes \
+                     before it were undone: the maps hold what they held before the batch)",
+                    change + 1
+                ),
+            ),
+        },
+        other => other,
+    }
+}
+
+fn ipc_key_error(prefix: &IpNet, operation: &'static str, e: MapError) -> DatapathError {
+    let map = if prefix.addr().is_ipv4() {
+        "fqdnd_ipc4"
+    } else {
+        "fqdnd_ipc6"
+    };
+    match map_err(map, operation, e) {
+        DatapathError::Io { operation, source } => DatapathError::Io {
+            operation,
+            source: std::io::Error::new(source.kind(), format!("{prefix}: {source}")),
+        },
+        other => other,
+    }
+}
+
+fn policy_key_error(k: &PolicyKey, operation: &'static str, e: MapError) -> DatapathError {
+    match map_err("fqdnd_policy", operation, e) {
+        DatapathError::Io { operation, source } => DatapathError::Io {
+            operation,
+            source: std::io::Error::new(
+                source.kind(),
+                format!(
+                    "endpoint {} identity {} proto {:?} ports {:?}: {source}",
+                    k.endpoint,
+                    k.identity,
+                    k.protocol(),
+                    k.ports()
+                ),
+            ),
+        },
+        other => other,
+    }
+}
+
+/// The key already exists (a `BPF_NOEXIST` insert).
+fn exists(e: &MapError) -> bool {
+    matches!(e, MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::EEXIST))
+}
+
+const BPF_NOEXIST: u64 = 1;
+
+fn ep_addr_key(ifindex: u32, addr: IpAddr) -> EpAddrKey {
+    let mut k = EpAddrKey {
+        ifindex,
+        ..EpAddrKey::default()
+    };
+    match addr {
+        IpAddr::V4(a) => {
+            k.family = 4;
+            k.addr[..4].copy_from_slice(&a.octets());
+        }
+        IpAddr::V6(a) => {
+            k.family = 6;
+            k.addr = a.octets();
+        }
+    }
+    k
+}
+
+fn ep_addr_of(k: &EpAddrKey) -> Option<IpAddr> {
+    match k.family {
+        4 => Some(IpAddr::V4(Ipv4Addr::new(
+            k.addr[0], k.addr[1], k.addr[2], k.addr[3],
+        ))),
+        6 => Some(IpAddr::V6(Ipv6Addr::from(k.addr))),
+        _ => None,
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl std::fmt::Debug for KernelDatapath {
@@ -288,6 +510,8 @@ impl KernelDatapath {
             policy: open_map(pin_dir, "fqdnd_policy")?.try_into()?,
             ct: open_map(pin_dir, "fqdnd_ct")?.try_into()?,
             dns_proxy: open_map(pin_dir, "fqdnd_dns_proxy")?.try_into()?,
+            ep_addrs: open_map(pin_dir, "fqdnd_ep_addrs")?.try_into()?,
+            settings: open_map(pin_dir, "fqdnd_settings")?.try_into()?,
             refs: StdHashMap::new(),
             resync: None,
         })
@@ -454,36 +678,41 @@ impl KernelDatapath {
         Ok(out)
     }
 
-    /// Destination addresses of the flows endpoints opened (`CT_EGRESS`) with a packet within
-    /// `idle` of now: the "connections still use this IP" input of the name manager's GC.
-    pub fn live_destinations(&self, idle: Duration) -> Result<HashSet<IpAddr>, Error> {
+    /// Destination addresses of the live flows endpoints opened (`CT_EGRESS`): entries not past
+    /// their lifetime (which depends on their state: [`CtLifetimes`]). The "connections still
+    /// use this IP" input of the name manager's GC: a zombie stays while such a flow lives.
+    pub fn live_destinations(&self) -> Result<HashSet<IpAddr>, Error> {
         let now = monotonic_ns()?;
-        let idle = u64::try_from(idle.as_nanos()).unwrap_or(u64::MAX);
         Ok(self
             .ct_entries()?
             .into_iter()
-            .filter(|e| e.flags & sys::CT_EGRESS != 0)
-            .filter(|e| now.saturating_sub(e.last_seen_ns) <= idle)
+            .filter(|e| e.flags & sys::CT_EGRESS != 0 && e.alive(now))
             .map(|e| e.dst)
             .collect())
     }
 
-    /// Deletes conntrack entries with no packet for longer than `idle`; returns how many.
-    /// (The map is also LRU: when full, the kernel evicts the least recently used.) A flow
-    /// whose entry goes passes policy again on its next packet.
-    pub fn gc_conntrack(&mut self, idle: Duration) -> Result<usize, Error> {
+    /// Deletes the dead conntrack entries (past their lifetime; the programs already treat
+    /// them as absent); returns how many. (The map is also LRU: when full, the kernel evicts
+    /// the least recently used.)
+    pub fn gc_conntrack(&mut self) -> Result<usize, Error> {
         let now = monotonic_ns()?;
-        let idle = u64::try_from(idle.as_nanos()).unwrap_or(u64::MAX);
-        let mut stale = Vec::new();
+        let mut dead = Vec::new();
         for r in self.ct.iter() {
             match r {
-                Ok((k, v)) if now.saturating_sub(v.last_seen_ns) > idle => stale.push(k),
+                Ok((k, v)) if v.expires_ns <= now => dead.push(k),
                 Ok(_) | Err(MapError::KeyNotFound) => {}
                 Err(e) => return Err(e.into()),
             }
         }
         let mut n = 0;
-        for k in &stale {
+        for k in &dead {
+            // a packet may have revived it since the walk: delete only what is still dead
+            match self.ct.get(k, 0) {
+                Ok(v) if v.expires_ns > now => continue,
+                Ok(_) => {}
+                Err(e) if not_found(&e) => continue,
+                Err(e) => return Err(e.into()),
+            }
             match self.ct.remove(k) {
                 Ok(()) => n += 1,
                 Err(e) if not_found(&e) => {}
@@ -491,6 +720,97 @@ impl KernelDatapath {
             }
         }
         Ok(n)
+    }
+
+    /// Sets the conntrack lifetimes the programs use from their next packet on (entries keep
+    /// the expiry their last packet gave them).
+    pub fn set_ct_lifetimes(&mut self, l: &CtLifetimes) -> Result<(), DatapathError> {
+        let v = Settings {
+            ct_tcp_syn_ns: nanos(l.tcp_syn),
+            ct_tcp_established_ns: nanos(l.tcp_established),
+            ct_tcp_closing_ns: nanos(l.tcp_closing),
+            ct_other_ns: nanos(l.other),
+        };
+        self.settings
+            .set(0, v, 0)
+            .map_err(|e| map_err("fqdnd_settings", "settings update", e))
+    }
+
+    /// The conntrack lifetimes the programs use (defaults for fields never set).
+    pub fn ct_lifetimes(&self) -> Result<CtLifetimes, Error> {
+        let v = self.settings.get(&0, 0)?;
+        let d = CtLifetimes::default();
+        let pick = |ns: u64, default: Duration| {
+            if ns == 0 {
+                default
+            } else {
+                Duration::from_nanos(ns)
+            }
+        };
+        Ok(CtLifetimes {
+            tcp_syn: pick(v.ct_tcp_syn_ns, d.tcp_syn),
+            tcp_established: pick(v.ct_tcp_established_ns, d.tcp_established),
+            tcp_closing: pick(v.ct_tcp_closing_ns, d.tcp_closing),
+            other: pick(v.ct_other_ns, d.other),
+        })
+    }
+
+    /// Makes `addrs` the addresses of interface `ifindex` (endpoint `id`), the sources its
+    /// packets may have when it is flagged `check_source`: the new ones are written first,
+    /// then the others removed, so a valid source never drops meanwhile.
+    pub fn set_endpoint_addresses(
+        &mut self,
+        ifindex: u32,
+        id: EndpointId,
+        addrs: &[IpAddr],
+    ) -> Result<(), DatapathError> {
+        let wanted: HashSet<EpAddrKey> = addrs.iter().map(|a| ep_addr_key(ifindex, *a)).collect();
+        let v = EpAddrValue {
+            endpoint: id.0,
+            pad: 0,
+        };
+        for k in &wanted {
+            self.ep_addrs
+                .insert(k, v, 0)
+                .map_err(|e| map_err("fqdnd_ep_addrs", "endpoint address upsert", e))?;
+        }
+        for k in self.addresses_of(ifindex)? {
+            if !wanted.contains(&k) {
+                ignore_absent(self.ep_addrs.remove(&k))
+                    .map_err(|e| map_err("fqdnd_ep_addrs", "endpoint address delete", e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The keys of `ifindex`'s addresses (a walk of the map).
+    fn addresses_of(&self, ifindex: u32) -> Result<Vec<EpAddrKey>, DatapathError> {
+        let mut out = Vec::new();
+        for k in self.ep_addrs.keys() {
+            let k = k.map_err(|e| map_err("fqdnd_ep_addrs", "endpoint address dump", e))?;
+            if k.ifindex == ifindex {
+                out.push(k);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every endpoint address: (interface index, endpoint, address), sorted.
+    pub fn endpoint_addresses(&self) -> Result<Vec<(u32, EndpointId, IpAddr)>, Error> {
+        let mut out = Vec::new();
+        for r in self.ep_addrs.iter() {
+            match r {
+                Ok((k, v)) => {
+                    if let Some(a) = ep_addr_of(&k) {
+                        out.push((k.ifindex, EndpointId(v.endpoint), a));
+                    }
+                }
+                Err(MapError::KeyNotFound) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        out.sort();
+        Ok(out)
     }
 
     /// Starts a resync (daemon restart): records every ipcache and policy entry in the kernel
@@ -530,16 +850,21 @@ impl KernelDatapath {
             stats.removed += 1;
         }
         for k in &rs.policy {
-            ignore_absent(self.policy.remove(k))?;
+            ignore_absent(self.policy.remove(&Key::new(k.prefixlen, k.data())))?;
             stats.removed += 1;
         }
         Ok(stats)
     }
 
-    /// Forgets an interface: its packets pass untouched.
+    /// Forgets an interface: its packets pass untouched. Its addresses go after its entry.
     pub fn remove_endpoint(&mut self, ifindex: u32) -> Result<(), DatapathError> {
         ignore_absent(self.endpoints.remove(&ifindex))
-            .map_err(|e| map_err("fqdnd_endpoints", "endpoint delete", e))
+            .map_err(|e| map_err("fqdnd_endpoints", "endpoint delete", e))?;
+        for k in self.addresses_of(ifindex)? {
+            ignore_absent(self.ep_addrs.remove(&k))
+                .map_err(|e| map_err("fqdnd_ep_addrs", "endpoint address delete", e))?;
+        }
+        Ok(())
     }
 
     /// The identity the kernel's ipcache gives `addr` (world when no prefix holds it).
@@ -576,20 +901,37 @@ impl KernelDatapath {
         let mut out = Vec::new();
         for r in self.policy.iter() {
             let (k, _) = r.map_err(|e| map_err("fqdnd_policy", "policy dump", e))?;
-            out.push(k);
+            out.push(PolicyKey::new(k.prefix_len(), k.data()));
         }
         out.sort();
+        out.dedup();
         Ok(out)
+    }
+
+    fn policy_write(&mut self, k: &PolicyKey) -> Result<(), DatapathError> {
+        let v = PolicyValue {
+            flags: sys::POLICY_ALLOW,
+        };
+        self.policy
+            .insert(&Key::new(k.prefixlen, k.data()), v, 0)
+            .map_err(|e| policy_key_error(k, "policy upsert", e))
+    }
+
+    fn policy_remove(&mut self, k: &PolicyKey) -> Result<(), DatapathError> {
+        ignore_absent(self.policy.remove(&Key::new(k.prefixlen, k.data())))
+            .map_err(|e| policy_key_error(k, "policy delete", e))
     }
 
     fn policy_upsert(
         &mut self,
         endpoint: EndpointId,
         key: &fqdnd_ipcache::PolicyKey,
+        undo: &mut Vec<Undo>,
     ) -> Result<(), DatapathError> {
-        for k in expand(endpoint, key)? {
+        for k in expand(endpoint, key) {
             if let Some(n) = self.refs.get_mut(&k) {
                 *n += 1;
+                undo.push(Undo::RefUp(k));
                 continue;
             }
             if let Some(rs) = &mut self.resync
@@ -598,18 +940,15 @@ impl KernelDatapath {
                 // present before the restart (the value is always ALLOW): confirmed
                 rs.stats.kept += 1;
                 self.refs.insert(k, 1);
+                undo.push(Undo::ResyncPolicy(k));
                 continue;
             }
-            let v = PolicyValue {
-                flags: sys::POLICY_ALLOW,
-            };
-            self.policy
-                .insert(k, v, 0)
-                .map_err(|e| map_err("fqdnd_policy", "policy upsert", e))?;
+            self.policy_write(&k)?;
             if let Some(rs) = &mut self.resync {
                 rs.stats.added += 1;
             }
             self.refs.insert(k, 1);
+            undo.push(Undo::PolicyWritten(k));
         }
         Ok(())
     }
@@ -618,81 +957,236 @@ impl KernelDatapath {
         &mut self,
         endpoint: EndpointId,
         key: &fqdnd_ipcache::PolicyKey,
+        undo: &mut Vec<Undo>,
     ) -> Result<(), DatapathError> {
-        for k in expand(endpoint, key)? {
+        for k in expand(endpoint, key) {
             let Some(n) = self.refs.get_mut(&k) else {
                 continue;
             };
-            *n -= 1;
-            if *n == 0 {
-                self.refs.remove(&k);
-                match self.policy.remove(&k) {
-                    Ok(()) => {}
-                    Err(e) if not_found(&e) => {}
-                    Err(e) => return Err(map_err("fqdnd_policy", "policy delete", e)),
-                }
+            if *n > 1 {
+                *n -= 1;
+                undo.push(Undo::RefDown(k));
+                continue;
             }
+            self.policy_remove(&k)?;
+            self.refs.remove(&k);
+            undo.push(Undo::PolicyDeleted(k));
         }
         Ok(())
+    }
+
+    fn ipc_insert(
+        &mut self,
+        prefix: &IpNet,
+        identity: Identity,
+        flags: u64,
+    ) -> Result<(), MapError> {
+        let v = IpcacheValue {
+            identity: identity.0,
+        };
+        match prefix {
+            IpNet::V4(n) => self.ipc4.insert(&lpm_key4(n), v, flags),
+            IpNet::V6(n) => self.ipc6.insert(&lpm_key6(n), v, flags),
+        }
+    }
+
+    /// The value of the longest prefix of `prefix`'s length or shorter holding its address:
+    /// `prefix`'s own when it exists (LPM lookups are not exact, deletes are).
+    fn ipc_lookup(&self, prefix: &IpNet) -> Result<Option<Identity>, MapError> {
+        let r = match prefix {
+            IpNet::V4(n) => self.ipc4.get(&lpm_key4(n), 0),
+            IpNet::V6(n) => self.ipc6.get(&lpm_key6(n), 0),
+        };
+        match r {
+            Ok(v) => Ok(Some(Identity(v.identity))),
+            Err(e) if not_found(&e) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn ipc_remove(&mut self, prefix: &IpNet) -> Result<bool, MapError> {
+        let r = match prefix {
+            IpNet::V4(n) => self.ipc4.remove(&lpm_key4(n)),
+            IpNet::V6(n) => self.ipc6.remove(&lpm_key6(n)),
+        };
+        match r {
+            Ok(()) => Ok(true),
+            Err(e) if not_found(&e) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// An ipcache upsert: a new prefix costs one write (`BPF_NOEXIST`); only when the prefix
+    /// exists is its identity read (for the undo log) and, if different, replaced.
+    fn ipcache_upsert(
+        &mut self,
+        prefix: IpNet,
+        identity: Identity,
+        undo: &mut Vec<Undo>,
+    ) -> Result<(), DatapathError> {
+        if let Some(rs) = &mut self.resync
+            && let Some(before) = rs.ipcache.remove(&prefix)
+        {
+            undo.push(Undo::ResyncIpc(prefix, before));
+            if before == identity {
+                // present before the restart with this identity: confirmed
+                rs.stats.kept += 1;
+                return Ok(());
+            }
+        }
+        match self.ipc_insert(&prefix, identity, BPF_NOEXIST) {
+            Ok(()) => {
+                undo.push(Undo::IpcWritten(prefix));
+            }
+            Err(e) if exists(&e) => {
+                let old = self
+                    .ipc_lookup(&prefix)
+                    .map_err(|e| ipc_key_error(&prefix, "ipcache lookup", e))?;
+                if old == Some(identity) {
+                    if let Some(rs) = &mut self.resync {
+                        rs.stats.kept += 1;
+                    }
+                    return Ok(());
+                }
+                self.ipc_insert(&prefix, identity, 0)
+                    .map_err(|e| ipc_key_error(&prefix, "ipcache upsert", e))?;
+                undo.push(match old {
+                    Some(old) => Undo::IpcReplaced(prefix, old),
+                    None => Undo::IpcWritten(prefix),
+                });
+            }
+            Err(e) => return Err(ipc_key_error(&prefix, "ipcache upsert", e)),
+        }
+        if let Some(rs) = &mut self.resync {
+            rs.stats.added += 1;
+        }
+        Ok(())
+    }
+
+    fn ipcache_delete(&mut self, prefix: IpNet, undo: &mut Vec<Undo>) -> Result<(), DatapathError> {
+        if let Some(rs) = &mut self.resync
+            && let Some(before) = rs.ipcache.remove(&prefix)
+        {
+            undo.push(Undo::ResyncIpc(prefix, before));
+        }
+        let old = self
+            .ipc_lookup(&prefix)
+            .map_err(|e| ipc_key_error(&prefix, "ipcache lookup", e))?;
+        let removed = self
+            .ipc_remove(&prefix)
+            .map_err(|e| ipc_key_error(&prefix, "ipcache delete", e))?;
+        // deleted: the exact entry existed, so the lookup above returned its identity
+        if let (true, Some(old)) = (removed, old) {
+            undo.push(Undo::IpcDeleted(prefix, old));
+        }
+        Ok(())
+    }
+
+    fn apply_one(
+        &mut self,
+        change: &DatapathChange,
+        undo: &mut Vec<Undo>,
+    ) -> Result<(), DatapathError> {
+        match change {
+            DatapathChange::PolicyUpsert { endpoint, key } => {
+                self.policy_upsert(*endpoint, key, undo)
+            }
+            DatapathChange::PolicyDelete { endpoint, key } => {
+                self.policy_delete(*endpoint, key, undo)
+            }
+            DatapathChange::IpcacheUpsert { prefix, identity } => {
+                self.ipcache_upsert(prefix.trunc(), *identity, undo)
+            }
+            DatapathChange::IpcacheDelete { prefix } => self.ipcache_delete(prefix.trunc(), undo),
+        }
+    }
+
+    /// Undoes a batch's writes, newest first. Every step is tried; the first failure is
+    /// returned (the maps then hold part of the batch until the next resync).
+    fn rollback(&mut self, undo: Vec<Undo>) -> Result<(), DatapathError> {
+        let mut first = None;
+        for u in undo.into_iter().rev() {
+            let r = match u {
+                Undo::PolicyWritten(k) => {
+                    self.refs.remove(&k);
+                    self.policy_remove(&k)
+                }
+                Undo::PolicyDeleted(k) => {
+                    self.refs.insert(k, 1);
+                    self.policy_write(&k)
+                }
+                Undo::RefUp(k) => {
+                    if let Some(n) = self.refs.get_mut(&k) {
+                        *n -= 1;
+                        if *n == 0 {
+                            self.refs.remove(&k);
+                        }
+                    }
+                    Ok(())
+                }
+                Undo::RefDown(k) => {
+                    *self.refs.entry(k).or_insert(0) += 1;
+                    Ok(())
+                }
+                Undo::ResyncPolicy(k) => {
+                    self.refs.remove(&k);
+                    if let Some(rs) = &mut self.resync {
+                        rs.policy.insert(k);
+                    }
+                    Ok(())
+                }
+                Undo::IpcWritten(prefix) => self
+                    .ipc_remove(&prefix)
+                    .map(|_| ())
+                    .map_err(|e| ipc_key_error(&prefix, "ipcache delete (rollback)", e)),
+                Undo::IpcReplaced(prefix, old) | Undo::IpcDeleted(prefix, old) => self
+                    .ipc_insert(&prefix, old, 0)
+                    .map_err(|e| ipc_key_error(&prefix, "ipcache upsert (rollback)", e)),
+                Undo::ResyncIpc(prefix, before) => {
+                    if let Some(rs) = &mut self.resync {
+                        rs.ipcache.insert(prefix, before);
+                    }
+                    Ok(())
+                }
+            };
+            if let Err(e) = r
+                && first.is_none()
+            {
+                first = Some(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
     }
 }
 
 impl Datapath for KernelDatapath {
+    /// Whole or not at all: every kernel write is logged with how to undo it (a policy
+    /// entry's count, an ipcache prefix's previous identity — read only when the prefix
+    /// existed), and when a write fails the ones before it are undone, newest first, before
+    /// the error (which names the change and says so) is returned. Deleting what is not
+    /// there is not an error.
     fn apply(&mut self, changes: &[DatapathChange]) -> Result<(), DatapathError> {
-        // What can be refused without the kernel is refused before anything is written, so a
-        // refused batch leaves the maps as they were.
-        for change in changes {
-            if let DatapathChange::PolicyUpsert { key, .. }
-            | DatapathChange::PolicyDelete { key, .. } = change
-            {
-                check_range(key)?;
-            }
-        }
-        for change in changes {
-            match change {
-                DatapathChange::PolicyUpsert { endpoint, key } => {
-                    self.policy_upsert(*endpoint, key)?
+        let stats = self.resync.as_ref().map(|r| r.stats);
+        let mut undo = Vec::new();
+        for (i, change) in changes.iter().enumerate() {
+            if let Err(e) = self.apply_one(change, &mut undo) {
+                let undone = undo.len();
+                if let Err(r) = self.rollback(undo) {
+                    return Err(DatapathError::Io {
+                        operation: "rolling back a refused batch",
+                        source: std::io::Error::other(format!(
+                            "change {} of {} failed ({e}) and undoing the writes before it \
+                             failed too ({r}): the maps hold part of the batch until the next \
+                             restart's resync",
+                            i + 1,
+                            changes.len()
+                        )),
+                    });
                 }
-                DatapathChange::PolicyDelete { endpoint, key } => {
-                    self.policy_delete(*endpoint, key)?
+                if let (Some(rs), Some(stats)) = (&mut self.resync, stats) {
+                    rs.stats = stats;
                 }
-                DatapathChange::IpcacheUpsert { prefix, identity } => {
-                    let prefix = prefix.trunc();
-                    if let Some(rs) = &mut self.resync
-                        && rs.ipcache.remove(&prefix) == Some(*identity)
-                    {
-                        // present before the restart with this identity: confirmed
-                        rs.stats.kept += 1;
-                        continue;
-                    }
-                    let v = IpcacheValue {
-                        identity: identity.0,
-                    };
-                    match prefix {
-                        IpNet::V4(n) => self
-                            .ipc4
-                            .insert(&lpm_key4(&n), v, 0)
-                            .map_err(|e| map_err("fqdnd_ipc4", "ipcache upsert", e))?,
-                        IpNet::V6(n) => self
-                            .ipc6
-                            .insert(&lpm_key6(&n), v, 0)
-                            .map_err(|e| map_err("fqdnd_ipc6", "ipcache upsert", e))?,
-                    }
-                    if let Some(rs) = &mut self.resync {
-                        rs.stats.added += 1;
-                    }
-                }
-                DatapathChange::IpcacheDelete { prefix } => {
-                    let prefix = prefix.trunc();
-                    if let Some(rs) = &mut self.resync {
-                        rs.ipcache.remove(&prefix);
-                    }
-                    let r = match prefix {
-                        IpNet::V4(n) => self.ipc4.remove(&lpm_key4(&n)),
-                        IpNet::V6(n) => self.ipc6.remove(&lpm_key6(&n)),
-                    };
-                    ignore_absent(r).map_err(|e| map_err("ipcache", "ipcache delete", e))?;
-                }
+                return Err(refused(e, i, changes.len(), undone));
             }
         }
         Ok(())
@@ -725,5 +1219,123 @@ impl Events {
             out.extend(DropEvent::from_bytes(&item));
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Whether prefix (base, bits) holds `port`.
+    fn holds((base, bits): (u16, u8), port: u16) -> bool {
+        bits == 0 || (port ^ base) >> (16 - bits) == 0
+    }
+
+    /// The prefixes tile `lo..=hi` exactly: each aligned, in order, each starting where the
+    /// previous one ended, the first at `lo`, the last ending at `hi`.
+    fn assert_tiles(lo: u16, hi: u16) -> Vec<(u16, u8)> {
+        let p = port_prefixes(lo, hi);
+        let mut next = u32::from(lo);
+        for &(base, bits) in &p {
+            let size = 1u32 << (16 - u32::from(bits));
+            assert_eq!(u32::from(base), next, "{lo}-{hi}: {p:?}");
+            assert_eq!(
+                u32::from(base) % size,
+                0,
+                "{lo}-{hi}: unaligned {base}/{bits}"
+            );
+            next += size;
+        }
+        assert_eq!(next, u32::from(hi) + 1, "{lo}-{hi}: {p:?}");
+        assert!(p.len() <= 30, "{lo}-{hi}: {} prefixes", p.len());
+        p
+    }
+
+    #[test]
+    fn well_known_ranges() {
+        assert_eq!(port_prefixes(0, 65535), vec![(0, 0)]);
+        assert_eq!(port_prefixes(443, 443), vec![(443, 16)]);
+        assert_eq!(
+            port_prefixes(1024, 65535),
+            vec![
+                (1024, 6),
+                (2048, 5),
+                (4096, 4),
+                (8192, 3),
+                (16384, 2),
+                (32768, 1)
+            ]
+        );
+        assert_eq!(assert_tiles(1, 65535).len(), 16);
+        assert_eq!(assert_tiles(1, 65534).len(), 30);
+        assert_eq!(port_prefixes(80, 82), vec![(80, 15), (82, 16)]);
+    }
+
+    #[test]
+    fn every_small_range_tiles_exactly() {
+        for lo in 0..=200u16 {
+            for hi in lo..=200 {
+                let p = assert_tiles(lo, hi);
+                for port in lo.saturating_sub(2)..=hi + 2 {
+                    let n = p.iter().filter(|&&q| holds(q, port)).count();
+                    assert_eq!(
+                        n,
+                        usize::from((lo..=hi).contains(&port)),
+                        "{lo}-{hi} port {port}"
+                    );
+                }
+            }
+        }
+    }
+
+    proptest! {
+        /// Every port of a range is held by exactly one prefix, no port outside by any.
+        #[test]
+        fn prefixes_hold_exactly_the_range(a in any::<u16>(), b in any::<u16>(), probe in any::<u16>()) {
+            let (lo, hi) = (a.min(b), a.max(b));
+            let p = assert_tiles(lo, hi);
+            for port in [lo, hi, lo.wrapping_sub(1), hi.wrapping_add(1), probe] {
+                let n = p.iter().filter(|&&q| holds(q, port)).count();
+                prop_assert_eq!(n, usize::from((lo..=hi).contains(&port)), "{}-{} port {}", lo, hi, port);
+            }
+        }
+
+        /// The kernel keys of a policy key: its protocols, each with the range's prefixes.
+        #[test]
+        fn expansion_follows_the_prefixes(a in 1u16.., b in 1u16.., proto in 0u8..3) {
+            let (lo, hi) = (a.min(b), a.max(b));
+            let protocol = [Protocol::Tcp, Protocol::Udp, Protocol::Any][usize::from(proto)];
+            let key = fqdnd_ipcache::PolicyKey { identity: Identity(9), protocol, port: lo, end_port: hi };
+            let keys = expand(EndpointId(3), &key);
+            let n = port_prefixes(lo, hi).len();
+            prop_assert_eq!(keys.len(), if protocol == Protocol::Any { 2 * n } else { n });
+            for k in &keys {
+                prop_assert_eq!((k.identity, k.endpoint), (9, 3));
+                let (first, last) = k.ports();
+                prop_assert!(lo <= first && last <= hi);
+                prop_assert!(matches!(k.protocol(), Some(sys::PROTO_TCP | sys::PROTO_UDP)));
+            }
+        }
+    }
+
+    #[test]
+    fn rules_without_ports_match_every_protocol() {
+        let any = expand(EndpointId(1), &fqdnd_ipcache::PolicyKey::ALLOW_ALL);
+        assert_eq!(any.len(), 1);
+        assert_eq!((any[0].protocol(), any[0].ports()), (None, (0, 65535)));
+        let tcp = expand(
+            EndpointId(1),
+            &fqdnd_ipcache::PolicyKey {
+                identity: Identity(5),
+                protocol: Protocol::Tcp,
+                port: 0,
+                end_port: 0,
+            },
+        );
+        assert_eq!(
+            (tcp.len(), tcp[0].protocol(), tcp[0].ports()),
+            (1, Some(sys::PROTO_TCP), (0, 65535))
+        );
     }
 }

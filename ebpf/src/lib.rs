@@ -15,7 +15,8 @@ pub mod route;
 pub mod sys;
 
 pub use datapath::{
-    CtEntry, EndpointEntry, EndpointFlags, Events, KernelDatapath, MAX_PORT_RANGE, ResyncStats,
+    CtEntry, CtLifetimes, CtState, EndpointEntry, EndpointFlags, Events, KernelDatapath,
+    ResyncStats, monotonic_ns, port_prefixes,
 };
 pub use error::Error;
 pub use lb::{LbMaps, LbSyncStats};

@@ -39,6 +39,9 @@ pub fn map_names() -> &'static [&'static str] {
         "fqdnd_lb_svc",
         "fqdnd_lb_backends",
         "fqdnd_lb_revnat",
+        "fqdnd_ep_addrs",
+        "fqdnd_frags",
+        "fqdnd_settings",
     ]
 }
 

@@ -12,8 +12,9 @@ use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, MapError, MapInfo, MapTyp
 
 use crate::error::Error;
 use crate::sys::{
-    CtKey, CtValue, DnsProxy, EndpointValue, IpcacheKey4, IpcacheKey6, IpcacheValue, LbBackend,
-    LbRevNat, LbSvcKey, LbSvcValue, PolicyKey, PolicyValue,
+    CtKey, CtValue, DnsProxy, EndpointValue, EpAddrKey, EpAddrValue, FragKey, FragValue,
+    IpcacheKey4, IpcacheKey6, IpcacheValue, LbBackend, LbRevNat, LbSvcKey, LbSvcValue, PolicyData,
+    PolicyKey, PolicyValue, Settings,
 };
 
 /// `max_entries` of the maps whose size is configurable. [`Default`] = the sizes in
@@ -34,6 +35,8 @@ pub struct MapSizes {
     pub lb_services: u32,
     /// `fqdnd_lb_backends`.
     pub lb_backends: u32,
+    /// `fqdnd_ep_addrs` (the addresses of endpoints with source validation).
+    pub endpoint_addresses: u32,
 }
 
 impl Default for MapSizes {
@@ -46,12 +49,15 @@ impl Default for MapSizes {
             clients: 65_536,
             lb_services: 65_536,
             lb_backends: 65_536,
+            endpoint_addresses: 131_072,
         }
     }
 }
 
 /// The ring buffer's size in bytes (`FQDND_EVENTS_BYTES`; not configurable).
 const EVENTS_BYTES: u32 = 256 * 1024;
+/// The fragment map's size (`FQDND_FRAGS_MAX`; not configurable).
+const FRAGS: u32 = 8192;
 /// `BPF_F_NO_PREALLOC`.
 const NO_PREALLOC: u32 = 1;
 
@@ -86,6 +92,9 @@ enum Kind {
     LbSvc,
     LbBackends,
     LbRevNat,
+    EpAddrs,
+    Frags,
+    Settings,
 }
 
 /// What the object (with [`MapSizes`] applied) creates for one map.
@@ -106,7 +115,7 @@ fn size<T>() -> u32 {
 
 /// Every map of the object, as `bpf/policy.c` declares it, with `sizes` applied. A test
 /// (`kernel::map_specs_match_the_object`) compares it with the kernel's view of a fresh load.
-pub(crate) fn specs(sizes: &MapSizes) -> [MapSpec; 12] {
+pub(crate) fn specs(sizes: &MapSizes) -> [MapSpec; 15] {
     let s = |name, kind, map_type, key_size, value_size, flags, max_entries| MapSpec {
         name,
         kind,
@@ -147,7 +156,7 @@ pub(crate) fn specs(sizes: &MapSizes) -> [MapSpec; 12] {
         s(
             "fqdnd_policy",
             Kind::Policy,
-            MapType::Hash,
+            MapType::LpmTrie,
             size::<PolicyKey>(),
             size::<PolicyValue>(),
             NO_PREALLOC,
@@ -225,6 +234,33 @@ pub(crate) fn specs(sizes: &MapSizes) -> [MapSpec; 12] {
             NO_PREALLOC,
             sizes.lb_services,
         ),
+        s(
+            "fqdnd_ep_addrs",
+            Kind::EpAddrs,
+            MapType::Hash,
+            size::<EpAddrKey>(),
+            size::<EpAddrValue>(),
+            NO_PREALLOC,
+            sizes.endpoint_addresses,
+        ),
+        s(
+            "fqdnd_frags",
+            Kind::Frags,
+            MapType::LruHash,
+            size::<FragKey>(),
+            size::<FragValue>(),
+            0,
+            FRAGS,
+        ),
+        s(
+            "fqdnd_settings",
+            Kind::Settings,
+            MapType::Array,
+            size::<u32>(),
+            size::<Settings>(),
+            0,
+            1,
+        ),
     ]
 }
 
@@ -239,6 +275,7 @@ impl MapSizes {
             ("clients", self.clients),
             ("lbServices", self.lb_services),
             ("lbBackends", self.lb_backends),
+            ("endpointAddresses", self.endpoint_addresses),
         ] {
             if size == 0 {
                 return Err(Error::InvalidMapSize { map, size });
@@ -439,13 +476,16 @@ fn copy(spec: &MapSpec, old: &Map, new: &mut Map) -> Result<usize, Error> {
         Kind::Clients4 => copy_lpm::<[u8; 4], EndpointValue>(n, old, new, max),
         Kind::Clients6 => copy_lpm::<[u8; 16], EndpointValue>(n, old, new, max),
         Kind::Endpoints => copy_hash::<u32, EndpointValue>(n, old, new, max),
-        Kind::Policy => copy_hash::<PolicyKey, PolicyValue>(n, old, new, max),
+        Kind::Policy => copy_lpm::<PolicyData, PolicyValue>(n, old, new, max),
         Kind::Ct => copy_hash::<CtKey, CtValue>(n, old, new, max),
         Kind::DnsProxy => copy_array::<DnsProxy>(n, old, new),
         Kind::Events => Ok(0),
         Kind::LbSvc => copy_hash::<LbSvcKey, LbSvcValue>(n, old, new, max),
         Kind::LbBackends => copy_hash::<u16, LbBackend>(n, old, new, max),
         Kind::LbRevNat => copy_hash::<u16, LbRevNat>(n, old, new, max),
+        Kind::EpAddrs => copy_hash::<EpAddrKey, EpAddrValue>(n, old, new, max),
+        Kind::Frags => copy_hash::<FragKey, FragValue>(n, old, new, max),
+        Kind::Settings => copy_array::<Settings>(n, old, new),
     }
 }
 
@@ -477,7 +517,7 @@ pub(crate) fn count(spec: &MapSpec, m: &Map) -> Result<usize, Error> {
         Kind::Clients4 => count_lpm::<[u8; 4], EndpointValue>(m)?,
         Kind::Clients6 => count_lpm::<[u8; 16], EndpointValue>(m)?,
         Kind::Endpoints => count_hash::<u32, EndpointValue>(m)?,
-        Kind::Policy => count_hash::<PolicyKey, PolicyValue>(m)?,
+        Kind::Policy => count_lpm::<PolicyData, PolicyValue>(m)?,
         Kind::Ct => count_hash::<CtKey, CtValue>(m)?,
         Kind::DnsProxy => {
             let a: Array<&MapData, DnsProxy> = m.try_into()?;
@@ -487,6 +527,12 @@ pub(crate) fn count(spec: &MapSpec, m: &Map) -> Result<usize, Error> {
         Kind::LbSvc => count_hash::<LbSvcKey, LbSvcValue>(m)?,
         Kind::LbBackends => count_hash::<u16, LbBackend>(m)?,
         Kind::LbRevNat => count_hash::<u16, LbRevNat>(m)?,
+        Kind::EpAddrs => count_hash::<EpAddrKey, EpAddrValue>(m)?,
+        Kind::Frags => count_hash::<FragKey, FragValue>(m)?,
+        Kind::Settings => {
+            let a: Array<&MapData, Settings> = m.try_into()?;
+            a.len() as usize
+        }
     })
 }
 
@@ -608,6 +654,8 @@ mod tests {
         assert_eq!(d.clients, define("FQDND_CLIENTS_MAX"));
         assert_eq!(d.lb_services, define("FQDND_LB_SERVICES_MAX"));
         assert_eq!(d.lb_backends, define("FQDND_LB_BACKENDS_MAX"));
+        assert_eq!(d.endpoint_addresses, define("FQDND_EP_ADDRS_MAX"));
+        assert_eq!(FRAGS, define("FQDND_FRAGS_MAX"));
         assert!(MapSizes { ipcache: 0, ..d }.validate().is_err());
         assert!(d.validate().is_ok());
     }

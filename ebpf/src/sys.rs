@@ -16,12 +16,17 @@ pub const ID_ANY: u32 = 0;
 pub const ID_WORLD_IPV4: u32 = 9;
 /// `reserved:world-ipv6`.
 pub const ID_WORLD_IPV6: u32 = 10;
-/// Policy key protocol: TCP and UDP.
+/// "Every protocol" in the userspace view of policy keys (never stored in a kernel key: such an
+/// entry's prefix ends before the protocol byte).
 pub const PROTO_ANY: u8 = 0;
+/// ICMP.
+pub const PROTO_ICMP: u8 = 1;
 /// TCP.
 pub const PROTO_TCP: u8 = 6;
 /// UDP.
 pub const PROTO_UDP: u8 = 17;
+/// ICMPv6.
+pub const PROTO_ICMPV6: u8 = 58;
 /// Endpoint flag: default deny for its egress (on a `EP_BY_SOURCE` interface entry: drop
 /// sources no client prefix holds).
 pub const EP_ENFORCE_EGRESS: u8 = 0x1;
@@ -29,6 +34,9 @@ pub const EP_ENFORCE_EGRESS: u8 = 0x1;
 pub const EP_REDIRECT_DNS: u8 = 0x2;
 /// Interface entry flag: the endpoint is the `fqdnd_clients4/6` entry of the source address.
 pub const EP_BY_SOURCE: u8 = 0x4;
+/// Endpoint flag: a packet whose source is not one of the interface's addresses
+/// (`fqdnd_ep_addrs`) is dropped ([`DROP_SPOOFED`]).
+pub const EP_CHECK_SOURCE: u8 = 0x8;
 /// `skb->mark` of packets assigned to the proxy (within [`MARK_MASK`]).
 pub const MARK_TO_PROXY: u32 = 0x200;
 /// The mark bits fqdnd owns.
@@ -41,6 +49,32 @@ pub const POLICY_ALLOW: u32 = 0x1;
 pub const CT_EGRESS: u32 = 0x1;
 /// Conntrack flag: opened towards the endpoint.
 pub const CT_INGRESS: u32 = 0x2;
+/// Conntrack TCP state: a packet without SYN was seen (established).
+pub const CT_TCP_SEEN_NON_SYN: u32 = 0x4;
+/// Conntrack TCP state: FIN in the key's direction.
+pub const CT_TCP_FIN_FWD: u32 = 0x8;
+/// Conntrack TCP state: FIN in the other direction.
+pub const CT_TCP_FIN_REV: u32 = 0x10;
+/// Conntrack TCP state: RST in either direction.
+pub const CT_TCP_RST: u32 = 0x20;
+/// Policy key prefix length of an entry for every protocol and port (identity + endpoint).
+pub const POLICY_PREFIX_ANY_PROTO: u32 = 48;
+/// Policy key prefix length of an entry for one protocol, every port.
+pub const POLICY_PREFIX_PROTO: u32 = 64;
+/// Policy key prefix length of an entry for one protocol and port (and of lookups).
+pub const POLICY_PREFIX_FULL: u32 = 80;
+/// Default conntrack lifetime of a TCP flow that has seen only SYNs (Cilium's).
+pub const CT_TCP_SYN_DEFAULT_NS: u64 = 60_000_000_000;
+/// Default conntrack lifetime of an established TCP flow (Cilium's: 6 h).
+pub const CT_TCP_ESTABLISHED_DEFAULT_NS: u64 = 21_600_000_000_000;
+/// Default conntrack lifetime of a closing TCP flow (FIN both ways or RST).
+pub const CT_TCP_CLOSING_DEFAULT_NS: u64 = 10_000_000_000;
+/// Default conntrack lifetime of a non-TCP flow.
+pub const CT_OTHER_DEFAULT_NS: u64 = 60_000_000_000;
+/// How long the later fragments of a datagram may follow its first.
+pub const FRAG_LIFETIME_NS: u64 = 30_000_000_000;
+/// IPv6 extension headers walked before the upper-layer header.
+pub const IPV6_MAX_EXT_HEADERS: u32 = 8;
 /// Drop reason: no policy entry allowed the packet.
 pub const DROP_POLICY: u8 = 1;
 /// Drop reason: an IP packet fqdnd cannot classify from an enforcing endpoint.
@@ -49,6 +83,15 @@ pub const DROP_UNHANDLED: u8 = 2;
 pub const DROP_NO_PROXY: u8 = 3;
 /// Drop reason: a new flow to a service VIP that has no backend.
 pub const DROP_NO_BACKEND: u8 = 4;
+/// Drop reason: the source is not one of the interface's addresses.
+pub const DROP_SPOOFED: u8 = 5;
+/// Drop reason: a later fragment whose first fragment did not pass (or was not seen).
+pub const DROP_FRAGMENT: u8 = 6;
+/// Drop reason: an ICMP type fqdnd does not pass, an error about no tracked flow, or an echo
+/// reply to no request.
+pub const DROP_ICMP: u8 = 7;
+/// Drop reason: more IPv6 extension headers than the walk allows.
+pub const DROP_EXT_HEADERS: u8 = 8;
 
 /// `struct fqdnd_ipcache_key4` (the map itself uses aya's identical `lpm_trie::Key<[u8; 4]>`).
 #[repr(C)]
@@ -108,20 +151,112 @@ pub struct DnsProxy {
     pub pad6: u16,
 }
 
-/// `struct fqdnd_policy_key`.
+/// `struct fqdnd_ep_addr_key`: an address of an interface's endpoint.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct EpAddrKey {
+    /// Host-side interface index.
+    pub ifindex: u32,
+    /// 4 or 6.
+    pub family: u8,
+    /// Padding.
+    pub pad: [u8; 3],
+    /// Address, network order (IPv4 in the first 4 bytes, the rest zero).
+    pub addr: [u8; 16],
+}
+
+/// `struct fqdnd_ep_addr_value`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct EpAddrValue {
+    /// The endpoint owning the address.
+    pub endpoint: u16,
+    /// Padding.
+    pub pad: u16,
+}
+
+/// `struct fqdnd_policy_key`: an LPM key over (identity, endpoint, protocol, port).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
 pub struct PolicyKey {
+    /// Bits of the fields below that must match ([`POLICY_PREFIX_ANY_PROTO`] …
+    /// [`POLICY_PREFIX_FULL`]).
+    pub prefixlen: u32,
     /// Destination identity, `ID_ANY` for all.
     pub identity: u32,
     /// Endpoint id.
     pub endpoint: u16,
-    /// Destination port (host order), 0 for all.
+    /// IP protocol (not matched when `prefixlen` is [`POLICY_PREFIX_ANY_PROTO`]).
+    pub proto: u8,
+    /// Padding (zero, matched with `proto`).
+    pub pad: u8,
+    /// Destination port, network order: its `prefixlen - 64` high bits match.
     pub dport: u16,
-    /// `PROTO_*`.
+    /// Padding (zero, beyond every prefix).
+    pub pad2: u16,
+}
+
+/// The data of a [`PolicyKey`] after its prefix length: what aya's `lpm_trie::Key` holds
+/// (`Key<PolicyData>` has the layout of [`PolicyKey`], asserted in the tests).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct PolicyData {
+    /// Destination identity.
+    pub identity: u32,
+    /// Endpoint id.
+    pub endpoint: u16,
+    /// IP protocol.
     pub proto: u8,
     /// Padding.
-    pub pad: [u8; 3],
+    pub pad: u8,
+    /// Destination port, network order.
+    pub dport: u16,
+    /// Padding.
+    pub pad2: u16,
+}
+
+impl PolicyKey {
+    /// The key's data without its prefix length.
+    pub fn data(&self) -> PolicyData {
+        PolicyData {
+            identity: self.identity,
+            endpoint: self.endpoint,
+            proto: self.proto,
+            pad: self.pad,
+            dport: self.dport,
+            pad2: self.pad2,
+        }
+    }
+
+    /// The key of `prefixlen` bits of `data`.
+    pub fn new(prefixlen: u32, data: PolicyData) -> Self {
+        PolicyKey {
+            prefixlen,
+            identity: data.identity,
+            endpoint: data.endpoint,
+            proto: data.proto,
+            pad: data.pad,
+            dport: data.dport,
+            pad2: data.pad2,
+        }
+    }
+
+    /// The protocol this entry matches; `None` = every protocol.
+    pub fn protocol(&self) -> Option<u8> {
+        (self.prefixlen > POLICY_PREFIX_ANY_PROTO).then_some(self.proto)
+    }
+
+    /// The destination ports (host order) this entry matches, first and last.
+    pub fn ports(&self) -> (u16, u16) {
+        let bits = self.prefixlen.saturating_sub(POLICY_PREFIX_PROTO).min(16);
+        let mask: u16 = if bits == 0 {
+            0
+        } else {
+            u16::MAX << (16 - bits)
+        };
+        let first = u16::from_be(self.dport) & mask;
+        (first, first | !mask)
+    }
 }
 
 /// `struct fqdnd_policy_value`.
@@ -160,12 +295,62 @@ pub struct CtValue {
     pub created_ns: u64,
     /// Last packet, `bpf_ktime_get_ns`.
     pub last_seen_ns: u64,
-    /// `CT_*` flags.
+    /// When the entry dies without another packet, `bpf_ktime_get_ns`.
+    pub expires_ns: u64,
+    /// `CT_*` flags (direction and TCP state).
     pub flags: u32,
     /// Rev-NAT index of the service of the flow, 0 = none.
     pub rev_nat: u16,
     /// Backend id the flow is translated to (its client → VIP entry), 0 = none.
     pub backend: u16,
+}
+
+/// `struct fqdnd_settings`: the one entry of the `fqdnd_settings` array (0 = default).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Settings {
+    /// Conntrack lifetime of a TCP flow that has seen only SYNs, ns.
+    pub ct_tcp_syn_ns: u64,
+    /// Conntrack lifetime of an established TCP flow, ns.
+    pub ct_tcp_established_ns: u64,
+    /// Conntrack lifetime of a closing TCP flow, ns.
+    pub ct_tcp_closing_ns: u64,
+    /// Conntrack lifetime of a non-TCP flow, ns.
+    pub ct_other_ns: u64,
+}
+
+/// `struct fqdnd_frag_key`: a fragmented datagram.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct FragKey {
+    /// Source address, network order (IPv4 in the first 4 bytes).
+    pub saddr: [u8; 16],
+    /// Destination address.
+    pub daddr: [u8; 16],
+    /// Identification as in the header (IPv4: 16 bits).
+    pub id: u32,
+    /// Upper-layer protocol.
+    pub proto: u8,
+    /// 4 or 6.
+    pub family: u8,
+    /// Padding.
+    pub pad: [u8; 2],
+}
+
+/// `struct fqdnd_frag_value`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct FragValue {
+    /// When the first fragment passed.
+    pub created_ns: u64,
+    /// The datagram's source port, network order.
+    pub sport: u16,
+    /// Its destination port, network order.
+    pub dport: u16,
+    /// Backend the later fragments are translated to, 0 = none.
+    pub backend: u16,
+    /// Rev-NAT index whose VIP the later fragments get as source, 0 = none.
+    pub rev_nat: u16,
 }
 
 /// `struct fqdnd_lb_svc_key`: a service (VIP, port, protocol) and one of its slots.
@@ -308,6 +493,18 @@ unsafe impl aya::Pod for PolicyKey {}
 // SAFETY: as above.
 unsafe impl aya::Pod for PolicyValue {}
 // SAFETY: as above.
+unsafe impl aya::Pod for PolicyData {}
+// SAFETY: as above.
+unsafe impl aya::Pod for EpAddrKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for EpAddrValue {}
+// SAFETY: as above.
+unsafe impl aya::Pod for Settings {}
+// SAFETY: as above.
+unsafe impl aya::Pod for FragKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for FragValue {}
+// SAFETY: as above.
 unsafe impl aya::Pod for CtKey {}
 // SAFETY: as above.
 unsafe impl aya::Pod for CtValue {}
@@ -388,8 +585,15 @@ mod tests {
             c,
             "fqdnd_policy_key",
             PolicyKey,
-            [identity, endpoint, dport, proto, pad]
+            [prefixlen, identity, endpoint, proto, pad, dport, pad2]
         );
+        check!(
+            c,
+            "fqdnd_ep_addr_key",
+            EpAddrKey,
+            [ifindex, family, pad, addr]
+        );
+        check!(c, "fqdnd_ep_addr_value", EpAddrValue, [endpoint, pad]);
         check!(c, "fqdnd_policy_value", PolicyValue, [flags]);
         check!(
             c,
@@ -401,7 +605,37 @@ mod tests {
             c,
             "fqdnd_ct_value",
             CtValue,
-            [created_ns, last_seen_ns, flags, rev_nat, backend]
+            [
+                created_ns,
+                last_seen_ns,
+                expires_ns,
+                flags,
+                rev_nat,
+                backend
+            ]
+        );
+        check!(
+            c,
+            "fqdnd_settings",
+            Settings,
+            [
+                ct_tcp_syn_ns,
+                ct_tcp_established_ns,
+                ct_tcp_closing_ns,
+                ct_other_ns
+            ]
+        );
+        check!(
+            c,
+            "fqdnd_frag_key",
+            FragKey,
+            [saddr, daddr, id, proto, family, pad]
+        );
+        check!(
+            c,
+            "fqdnd_frag_value",
+            FragValue,
+            [created_ns, sport, dport, backend, rev_nat]
         );
         check!(
             c,
@@ -431,9 +665,121 @@ mod tests {
                 saddr, daddr
             ]
         );
+        // (struct size rows + fields) of every struct above
         assert_eq!(
             c.len(),
-            10 + 2 + 2 + 1 + 3 + 6 + 5 + 1 + 7 + 5 + 12 + 7 + 5 + 5 + 5
+            [3, 3, 2, 4, 7, 8, 2, 5, 3, 8, 7, 5, 7, 6, 7, 5, 5, 5, 13]
+                .iter()
+                .sum::<usize>()
+        );
+    }
+
+    #[test]
+    fn policy_lpm_key_has_the_header_layout() {
+        use aya::maps::lpm_trie::Key;
+        assert_eq!(size_of::<Key<PolicyData>>(), size_of::<PolicyKey>());
+        // Key<T> is packed: the data starts right after the 4-byte prefix length.
+        assert_eq!(offset_of!(PolicyKey, identity), 4);
+        assert_eq!(
+            offset_of!(PolicyKey, endpoint) - 4,
+            offset_of!(PolicyData, endpoint)
+        );
+        assert_eq!(
+            offset_of!(PolicyKey, proto) - 4,
+            offset_of!(PolicyData, proto)
+        );
+        assert_eq!(
+            offset_of!(PolicyKey, dport) - 4,
+            offset_of!(PolicyData, dport)
+        );
+        assert_eq!(
+            offset_of!(PolicyKey, pad2) - 4,
+            offset_of!(PolicyData, pad2)
+        );
+        assert_eq!(size_of::<PolicyData>() + 4, size_of::<PolicyKey>());
+        let k = PolicyKey::new(
+            POLICY_PREFIX_PROTO + 6,
+            PolicyData {
+                identity: 7,
+                endpoint: 3,
+                proto: PROTO_TCP,
+                dport: 1024u16.to_be(),
+                ..PolicyData::default()
+            },
+        );
+        assert_eq!(k.data().identity, 7);
+        assert_eq!(k.ports(), (1024, 2047));
+        assert_eq!(k.protocol(), Some(PROTO_TCP));
+        let any = PolicyKey {
+            prefixlen: POLICY_PREFIX_ANY_PROTO,
+            ..k
+        };
+        assert_eq!((any.protocol(), any.ports()), (None, (0, 65535)));
+    }
+
+    #[test]
+    fn header_constants_match() {
+        let h = include_str!("../include/fqdnd_maps.h");
+        let define = |name: &str| -> String {
+            h.lines()
+                .find_map(|l| l.strip_prefix(&format!("#define {name} ")))
+                .unwrap_or_else(|| panic!("{name} not in the header"))
+                .split("/*")
+                .next()
+                .unwrap()
+                .trim()
+                .to_owned()
+        };
+        let num = |name: &str| -> u64 { define(name).parse().unwrap() };
+        assert_eq!(
+            num("FQDND_POLICY_PREFIX_ANY_PROTO"),
+            u64::from(POLICY_PREFIX_ANY_PROTO)
+        );
+        assert_eq!(
+            num("FQDND_POLICY_PREFIX_PROTO"),
+            u64::from(POLICY_PREFIX_PROTO)
+        );
+        assert_eq!(
+            num("FQDND_POLICY_PREFIX_FULL"),
+            u64::from(POLICY_PREFIX_FULL)
+        );
+        assert_eq!(
+            num("FQDND_IPV6_MAX_EXT_HEADERS"),
+            u64::from(IPV6_MAX_EXT_HEADERS)
+        );
+        for (name, value) in [
+            ("FQDND_DROP_SPOOFED", DROP_SPOOFED),
+            ("FQDND_DROP_FRAGMENT", DROP_FRAGMENT),
+            ("FQDND_DROP_ICMP", DROP_ICMP),
+            ("FQDND_DROP_EXT_HEADERS", DROP_EXT_HEADERS),
+        ] {
+            assert_eq!(num(name), u64::from(value), "{name}");
+        }
+        let seconds = |name: &str| -> u64 {
+            // "(60ULL * 1000000000ULL)"
+            define(name)
+                .trim_matches(|c| c == '(' || c == ')')
+                .split('*')
+                .map(|f| f.trim().trim_end_matches("ULL").parse::<u64>().unwrap())
+                .product()
+        };
+        assert_eq!(
+            seconds("FQDND_CT_TCP_SYN_DEFAULT_NS"),
+            CT_TCP_SYN_DEFAULT_NS
+        );
+        assert_eq!(
+            seconds("FQDND_CT_TCP_ESTABLISHED_DEFAULT_NS"),
+            CT_TCP_ESTABLISHED_DEFAULT_NS
+        );
+        assert_eq!(
+            seconds("FQDND_CT_TCP_CLOSING_DEFAULT_NS"),
+            CT_TCP_CLOSING_DEFAULT_NS
+        );
+        assert_eq!(seconds("FQDND_CT_OTHER_DEFAULT_NS"), CT_OTHER_DEFAULT_NS);
+        assert_eq!(seconds("FQDND_FRAG_LIFETIME_NS"), FRAG_LIFETIME_NS);
+        assert_eq!(
+            define("FQDND_EP_CHECK_SOURCE"),
+            format!("{EP_CHECK_SOURCE:#x}")
         );
     }
 

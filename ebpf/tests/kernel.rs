@@ -2,7 +2,13 @@
 //!
 //! They need root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN to mount bpffs). Without it they
 //! skip with a message, or fail when `FQDND_REQUIRE_PRIVILEGED=1` (CI sets it).
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::disallowed_methods,
+    clippy::disallowed_types,
+    reason = "tests; waiting for conntrack entries to expire polls the real clock"
+)]
 
 mod common;
 
@@ -27,6 +33,7 @@ const EP: EndpointId = EndpointId(7);
 const ENFORCE: EndpointFlags = EndpointFlags {
     enforce_egress: true,
     redirect_dns: false,
+    check_source: false,
 };
 
 fn setup(test: &str) -> Option<(PinDir, Loaded, KernelDatapath)> {
@@ -158,7 +165,8 @@ fn verdicts_v4() {
     );
     assert_eq!(&ev[2].daddr[..4], &[203, 0, 113, 1]);
 
-    // conntrack: an established flow passes after its policy is gone
+    // conntrack does not bypass policy: once its rule is gone, an established flow's next
+    // packet is dropped like a new flow's (with an event), and passes again when it returns
     dp.apply(&[DatapathChange::PolicyDelete {
         endpoint: EP,
         key: key(FQDN_ID, Protocol::Tcp, 443, 443),
@@ -166,9 +174,31 @@ fn verdicts_v4() {
     .unwrap();
     assert!(dp.policy_entries().unwrap().is_empty());
     let p = packet(ep, ok, sys::PROTO_TCP, 40000, 443);
-    assert_eq!(run(&mut loaded, FROM_ENDPOINT, &p, 1).0, TC_ACT_OK);
-    let p = packet(ep, ok, sys::PROTO_TCP, 40004, 443);
     assert_eq!(run(&mut loaded, FROM_ENDPOINT, &p, 1).0, TC_ACT_SHOT);
+    let p4 = packet(ep, ok, sys::PROTO_TCP, 40004, 443);
+    assert_eq!(run(&mut loaded, FROM_ENDPOINT, &p4, 1).0, TC_ACT_SHOT);
+    let ev = events.drain();
+    assert_eq!(
+        ev.iter().map(|e| (e.sport, e.reason)).collect::<Vec<_>>(),
+        [(40000, sys::DROP_POLICY), (40004, sys::DROP_POLICY)]
+    );
+    dp.apply(&[DatapathChange::PolicyUpsert {
+        endpoint: EP,
+        key: key(FQDN_ID, Protocol::Tcp, 443, 443),
+    }])
+    .unwrap();
+    assert_eq!(run(&mut loaded, FROM_ENDPOINT, &p, 1).0, TC_ACT_OK);
+    // the destination's identity is checked again too: its prefix gone, it is world
+    dp.apply(&[DatapathChange::IpcacheDelete {
+        prefix: "192.0.2.0/24".parse().unwrap(),
+    }])
+    .unwrap();
+    assert_eq!(run(&mut loaded, FROM_ENDPOINT, &p, 1).0, TC_ACT_SHOT);
+    let ev = events.drain();
+    assert_eq!(
+        (ev.len(), ev[0].identity, ev[0].reason),
+        (1, sys::ID_WORLD_IPV4, sys::DROP_POLICY)
+    );
 
     // conntrack reply: a flow opened towards the endpoint lets its replies out
     let inbound = packet(world, ep, sys::PROTO_TCP, 50000, 8080);
@@ -317,20 +347,29 @@ fn batches_read_back() {
         },
     ])
     .unwrap();
-    let pk = |endpoint: u16, identity: u32, proto: u8, dport: u16| PolicyKey {
-        identity,
-        endpoint,
-        dport,
-        proto,
-        pad: [0; 3],
+    // (endpoint, identity, protocol, first port, last port) of every kernel entry
+    let rows = |dp: &KernelDatapath| -> Vec<(u16, u32, Option<u8>, u16, u16)> {
+        let mut v: Vec<_> = dp
+            .policy_entries()
+            .unwrap()
+            .iter()
+            .map(|k| {
+                let (a, b) = k.ports();
+                (k.endpoint, k.identity, k.protocol(), a, b)
+            })
+            .collect();
+        v.sort();
+        v
     };
+    // 80-82: the prefixes 80/15 and 82/16; 81 is an entry of its own; allow-all: every
+    // protocol and port
     assert_eq!(
-        dp.policy_entries().unwrap(),
+        rows(&dp),
         vec![
-            pk(8, 0, 0, 0),
-            pk(7, FQDN_ID, 6, 80),
-            pk(7, FQDN_ID, 6, 81),
-            pk(7, FQDN_ID, 6, 82)
+            (7, FQDN_ID, Some(6), 80, 81),
+            (7, FQDN_ID, Some(6), 81, 81),
+            (7, FQDN_ID, Some(6), 82, 82),
+            (8, 0, None, 0, 65535),
         ]
     );
     let mut ipc = dp.ipcache_entries().unwrap();
@@ -349,7 +388,7 @@ fn batches_read_back() {
         Identity(401)
     );
 
-    // overlapping keys share entries: deleting the 81..81 key keeps port 81 for 80..82
+    // overlapping keys: deleting the 81..81 key keeps port 81 for 80..82
     dp.apply(&[
         DatapathChange::PolicyDelete {
             endpoint: EP,
@@ -360,7 +399,7 @@ fn batches_read_back() {
         },
     ])
     .unwrap();
-    assert_eq!(dp.policy_entries().unwrap().len(), 4);
+    assert_eq!(rows(&dp).len(), 3);
     assert_eq!(
         dp.identity_of("10.1.2.3".parse().unwrap()).unwrap(),
         Identity(400)
@@ -370,48 +409,102 @@ fn batches_read_back() {
         key: k80,
     }])
     .unwrap();
-    assert_eq!(dp.policy_entries().unwrap(), vec![pk(8, 0, 0, 0)]);
+    assert_eq!(rows(&dp), vec![(8, 0, None, 0, 65535)]);
 
-    // too wide a range is refused, nothing written
+    // every range fits: 1024-65535 is 6 prefixes, 1-65535 16, "any" protocol twice that
     let wide = key(FQDN_ID, Protocol::Tcp, 1024, 65535);
-    assert!(
-        dp.apply(&[DatapathChange::PolicyUpsert {
+    let all = key(FQDN_ID + 1, Protocol::Any, 1, 65535);
+    dp.apply(&[
+        DatapathChange::PolicyUpsert {
             endpoint: EP,
-            key: wide
-        }])
-        .is_err()
-    );
-    assert_eq!(dp.policy_entries().unwrap().len(), 1);
+            key: wide,
+        },
+        DatapathChange::PolicyUpsert {
+            endpoint: EP,
+            key: all,
+        },
+    ])
+    .unwrap();
+    assert_eq!(rows(&dp).len(), 1 + 6 + 2 * 16);
 }
 
-/// Per-packet cost of the policy program, printed (run with --nocapture to see it).
+/// Per-packet cost of the policy program, printed (run with --nocapture to see it), with
+/// maps of a realistic size (2 000 ipcache /32s, 1 000 policy entries besides the flows').
 #[test]
 fn per_packet_cost() {
     let Some((_dir, mut loaded, mut dp)) = setup("cost") else {
         return;
     };
     base_policy(&mut dp);
+    let mut filler = Vec::new();
+    for i in 0..2000u32 {
+        filler.push(DatapathChange::IpcacheUpsert {
+            prefix: ipnet::IpNet::new(IpAddr::V4(Ipv4Addr::from(0x0a40_0000 + i)), 32).unwrap(),
+            identity: Identity(FQDN_ID + 10 + i),
+        });
+    }
+    for i in 0..1000u16 {
+        filler.push(DatapathChange::PolicyUpsert {
+            endpoint: EndpointId(100 + i % 50),
+            key: key(
+                FQDN_ID + 10 + u32::from(i),
+                Protocol::Tcp,
+                1000 + i,
+                1000 + i,
+            ),
+        });
+    }
+    // a wide range for the range lookups: 1-65535 is 16 prefixes per protocol
+    filler.push(DatapathChange::PolicyUpsert {
+        endpoint: EP,
+        key: key(FQDN_ID, Protocol::Udp, 1, 65535),
+    });
+    dp.apply(&filler).unwrap();
     let ep = IpAddr::V4(EP_V4);
+    let ok = IpAddr::V4(ALLOWED_V4);
     let n = 100_000;
-    // conntrack hit
-    let est = packet(ep, IpAddr::V4(ALLOWED_V4), 6, 40000, 443);
-    run(&mut loaded, FROM_ENDPOINT, &est, 1);
-    let (_, hit) = run(&mut loaded, FROM_ENDPOINT, &est, n);
+    let cost = |loaded: &mut Loaded, pkt: &[u8], want: u32| {
+        run(loaded, FROM_ENDPOINT, pkt, 1);
+        let (v, d) = run(loaded, FROM_ENDPOINT, pkt, n);
+        assert_eq!(v, want);
+        d
+    };
+    // established, enforcing: conntrack hit + ipcache LPM + policy LPM (exact port)
+    let est = packet(ep, ok, 6, 40000, 443);
+    let enforced = cost(&mut loaded, &est, TC_ACT_OK);
+    // established, allowed by a port range (a port prefix of 1-65535)
+    let ranged = cost(&mut loaded, &packet(ep, ok, 17, 40001, 40000), TC_ACT_OK);
+    // established, with source validation (the node's endpoints): + one hash lookup
+    dp.set_endpoint_addresses(LO_IFINDEX, EP, &[ep]).unwrap();
+    dp.set_endpoint(
+        LO_IFINDEX,
+        EP,
+        EndpointFlags {
+            check_source: true,
+            ..ENFORCE
+        },
+    )
+    .unwrap();
+    let node = cost(&mut loaded, &est, TC_ACT_OK);
+    // established, not enforcing: conntrack only (what an established flow cost before
+    // policy was checked on every packet)
+    dp.set_endpoint(LO_IFINDEX, EP, EndpointFlags::default())
+        .unwrap();
+    let ct_only = cost(&mut loaded, &est, TC_ACT_OK);
+    dp.set_endpoint(LO_IFINDEX, EP, ENFORCE).unwrap();
     // policy miss → full lookup chain + drop event
-    let deny = packet(ep, IpAddr::V4(ALLOWED_V4), 6, 40001, 80);
-    let (v, miss) = run(&mut loaded, FROM_ENDPOINT, &deny, n);
-    assert_eq!(v, TC_ACT_SHOT);
+    let miss = cost(&mut loaded, &packet(ep, ok, 6, 40002, 80), TC_ACT_SHOT);
     // DNS redirect, no proxy socket: one UDP listener lookup + drop (event while the ring
     // has room). BPF_PROG_TEST_RUN is not at tc ingress, so even a found socket could not be
     // assigned there: the real-traffic figure is in tests/netns.rs (redirect_cost_in_netns).
     dp.set_endpoint(LO_IFINDEX, EP, REDIRECT).unwrap();
     dp.set_dns_proxy(Some("127.0.0.1:1".parse().unwrap()), None)
         .unwrap();
-    let dns = packet(ep, IpAddr::V4(ALLOWED_V4), 17, 40002, 53);
-    let (v, no_proxy) = run(&mut loaded, FROM_ENDPOINT, &dns, n);
-    assert_eq!(v, TC_ACT_SHOT);
+    let no_proxy = cost(&mut loaded, &packet(ep, ok, 17, 40003, 53), TC_ACT_SHOT);
     eprintln!(
-        "per packet (mean over {n}): conntrack hit {hit:?}, full policy miss + event {miss:?}, \
+        "per packet (mean over {n}): established flow, policy checked again {enforced:?} \
+         (allowed by a port range {ranged:?}; with source validation {node:?}); established \
+         flow, conntrack only (not enforcing) {ct_only:?}; full policy miss + event {miss:?}; \
          DNS redirect without proxy (UDP lookup + drop) {no_proxy:?}"
     );
 }
@@ -443,6 +536,7 @@ fn attach_to_veth() {
 const REDIRECT: EndpointFlags = EndpointFlags {
     enforce_egress: true,
     redirect_dns: true,
+    check_source: false,
 };
 
 /// DNS from a redirecting endpoint with no proxy socket: dropped with `DROP_NO_PROXY` (fail
@@ -629,15 +723,39 @@ fn conntrack_listing_and_gc() {
     );
     assert!(e.created_ns <= e.last_seen_ns && e.created_ns > 0);
     assert_eq!((ct[1].src, ct[1].flags), (world, sys::CT_INGRESS));
-    let hour = Duration::from_secs(3600);
-    assert_eq!(
-        dp.live_destinations(hour).unwrap(),
-        [ok].into_iter().collect()
+    // a SYN: the TCP SYN lifetime (60 s by default)
+    let now = fqdnd_ebpf::monotonic_ns().unwrap();
+    assert_eq!(e.state(), fqdnd_ebpf::CtState::TcpSyn);
+    assert!(
+        e.remaining(now) > Duration::from_secs(50) && e.remaining(now) <= Duration::from_secs(60)
     );
-    assert_eq!(dp.gc_conntrack(hour).unwrap(), 0);
-    assert_eq!(dp.gc_conntrack(Duration::ZERO).unwrap(), 2);
+    assert_eq!(dp.live_destinations().unwrap(), [ok].into_iter().collect());
+    assert_eq!(dp.gc_conntrack().unwrap(), 0);
+    // short lifetimes: a new packet of each flow expires it 200 ms later; the GC then
+    // removes both (polled: the machine may be slow)
+    let short = fqdnd_ebpf::CtLifetimes {
+        tcp_syn: Duration::from_millis(200),
+        tcp_established: Duration::from_millis(200),
+        tcp_closing: Duration::from_millis(200),
+        other: Duration::from_millis(200),
+    };
+    dp.set_ct_lifetimes(&short).unwrap();
+    assert_eq!(dp.ct_lifetimes().unwrap(), short);
+    let mut loaded = Loaded::load(&dir.0).unwrap();
+    assert_eq!(run(&mut loaded, FROM_ENDPOINT, &p, 1).0, TC_ACT_OK);
+    assert_eq!(run(&mut loaded, TO_ENDPOINT, &inbound, 1).0, TC_ACT_OK);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut removed = 0;
+    while removed < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "entries never expired"
+        );
+        removed += dp.gc_conntrack().unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert!(dp.ct_entries().unwrap().is_empty());
-    assert!(dp.live_destinations(hour).unwrap().is_empty());
+    assert!(dp.live_destinations().unwrap().is_empty());
     assert_eq!(dp.endpoint_entries().unwrap().len(), 1);
     assert_eq!(dp.policy_entries().unwrap().len(), 1);
     assert_eq!(dp.ipcache_entries().unwrap().len(), 2);
@@ -669,7 +787,8 @@ fn resync_keeps_confirms_and_removes() {
     drop(dp);
 
     let mut dp = KernelDatapath::open(&dir.0).unwrap();
-    assert_eq!(dp.policy_entries().unwrap().len(), 3, "nothing flushed");
+    // 443, and 80-81 as one prefix (80/15)
+    assert_eq!(dp.policy_entries().unwrap().len(), 2, "nothing flushed");
     assert_eq!(dp.ipcache_entries().unwrap().len(), 3);
     dp.begin_resync().unwrap();
     let k8080 = key(FQDN_ID, Protocol::Tcp, 8080, 8080);
@@ -695,17 +814,21 @@ fn resync_keeps_confirms_and_removes() {
         fqdnd_ebpf::ResyncStats {
             kept: 2,
             added: 3,
-            removed: 3
+            removed: 2
         }
     );
-    let pk = |dport| PolicyKey {
+    let pk = |dport: u16| PolicyKey {
+        prefixlen: sys::POLICY_PREFIX_FULL,
         identity: FQDN_ID,
         endpoint: EP.0,
-        dport,
         proto: 6,
-        pad: [0; 3],
+        pad: 0,
+        dport: dport.to_be(),
+        pad2: 0,
     };
-    assert_eq!(dp.policy_entries().unwrap(), vec![pk(443), pk(8080)]);
+    let mut want = vec![pk(443), pk(8080)];
+    want.sort();
+    assert_eq!(dp.policy_entries().unwrap(), want);
     let mut ipc_now = dp.ipcache_entries().unwrap();
     ipc_now.sort();
     assert_eq!(

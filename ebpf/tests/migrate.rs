@@ -34,6 +34,7 @@ const EP: EndpointId = EndpointId(7);
 const ENFORCE: EndpointFlags = EndpointFlags {
     enforce_egress: true,
     redirect_dns: false,
+    check_source: false,
 };
 const EP_V4: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 7);
 const ALLOWED_V4: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
@@ -120,6 +121,7 @@ fn fill_ct(dir: &Path, n: u32) {
         let v = CtValue {
             created_ns: 1 + u64::from(i),
             last_seen_ns: 2 + u64::from(i),
+            expires_ns: 3 + u64::from(i),
             flags: sys::CT_EGRESS,
             ..Default::default()
         };
@@ -164,6 +166,9 @@ fn same_sizes_reuse_the_maps() {
         ("fqdnd_clients6", d.clients),
         ("fqdnd_dns_proxy", 1),
         ("fqdnd_events", 256 * 1024),
+        ("fqdnd_ep_addrs", d.endpoint_addresses),
+        ("fqdnd_frags", 8192),
+        ("fqdnd_settings", 1),
     ] {
         assert_eq!(info(&dir.0, name).max_entries(), max, "{name}");
     }
@@ -261,7 +266,8 @@ fn grow_migrates_every_entry() {
     let before = dump(&dir.0);
     assert_eq!(before.ct.len(), 3002);
     assert_eq!(before.ipcache.len(), 1002);
-    assert_eq!(before.policy.len(), 101);
+    // 443, and 8000-8099 as the port prefixes 8000/10, 8064/11, 8096/14
+    assert_eq!(before.policy.len(), 4);
     let old_ids = pinned_ids(&dir.0);
     drop(loaded);
     drop(dp);
@@ -340,16 +346,21 @@ fn grow_migrates_every_entry() {
         .collect();
     assert!(wait_released(&gone), "old maps still referenced");
 
-    // enforcement: the established flow passes on its migrated conntrack entry after its
-    // policy is gone; a new flow is dropped; the ipcache answers from the new trie
-    // (a restarted daemon's resync, without the 443 key)
+    // enforcement: the endpoint's reply in the inbound flow passes on its migrated
+    // conntrack entry (no rule allows the world); after a restarted daemon's resync without
+    // the 443 key, a new flow to 443 is dropped and so is the established one (conntrack
+    // does not bypass policy); the ipcache answers from the new trie
+    let reply = packet(ep, world, sys::PROTO_TCP, 8080, 50000);
+    assert_eq!(run(&mut loaded, FROM_ENDPOINT, &reply), TC_ACT_OK);
+    assert_eq!(run(&mut loaded, FROM_ENDPOINT, &established), TC_ACT_OK);
     let mut dp = KernelDatapath::open(&dir.0).unwrap();
     dp.begin_resync().unwrap();
     dp.apply(&changes[1..]).unwrap();
     assert_eq!(dp.finish_resync().unwrap().removed, 1);
-    assert_eq!(run(&mut loaded, FROM_ENDPOINT, &established), TC_ACT_OK);
+    assert_eq!(run(&mut loaded, FROM_ENDPOINT, &established), TC_ACT_SHOT);
     let fresh = packet(ep, ok, sys::PROTO_TCP, 40001, 443);
     assert_eq!(run(&mut loaded, FROM_ENDPOINT, &fresh), TC_ACT_SHOT);
+    assert_eq!(run(&mut loaded, FROM_ENDPOINT, &reply), TC_ACT_OK);
     let p8050 = packet(ep, ok, sys::PROTO_TCP, 40002, 8050);
     assert_eq!(run(&mut loaded, FROM_ENDPOINT, &p8050), TC_ACT_OK);
     assert_eq!(
@@ -368,11 +379,14 @@ fn shrink_below_entries_is_refused() {
     let dir = PinDir::new("mig-shrink");
     let loaded = Loaded::load(&dir.0).unwrap();
     let mut dp = KernelDatapath::open(&dir.0).unwrap();
-    dp.apply(&[DatapathChange::PolicyUpsert {
-        endpoint: EP,
-        key: policy_key(1000, 1099),
-    }])
-    .unwrap();
+    // 100 single ports: 100 entries (a range would be a few port prefixes)
+    let singles: Vec<DatapathChange> = (1000..1100)
+        .map(|port| DatapathChange::PolicyUpsert {
+            endpoint: EP,
+            key: policy_key(port, port),
+        })
+        .collect();
+    dp.apply(&singles).unwrap();
     fill_ct(&dir.0, 10);
     drop((loaded, dp));
     let ids = pinned_ids(&dir.0);
@@ -453,7 +467,7 @@ fn layout_change_is_refused() {
         Err(e @ Error::MapLayout { .. }) => {
             let msg = e.to_string();
             assert!(msg.contains("fqdnd_endpoints"), "{msg}");
-            assert!(msg.contains("key 12 B"), "{msg}");
+            assert!(msg.contains("LpmTrie, key 16 B"), "{msg}");
             assert!(msg.contains("key 4 B"), "{msg}");
         }
         other => panic!("{other:?}"),

@@ -38,6 +38,7 @@ const EP: EndpointId = EndpointId(3);
 const REDIRECT: EndpointFlags = EndpointFlags {
     enforce_egress: true,
     redirect_dns: true,
+    check_source: false,
 };
 const RESOLVER_V4: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 53);
 const RESOLVER_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, 0x53);
@@ -297,7 +298,7 @@ fn dns_redirect_v4_in_netns() {
         (sys::DROP_POLICY, sys::ID_WORLD_IPV4, EP.0)
     );
     assert_eq!(
-        s.dp.live_destinations(Duration::from_secs(60)).unwrap(),
+        s.dp.live_destinations().unwrap(),
         [IpAddr::V4(other)].into_iter().collect()
     );
 
@@ -469,8 +470,8 @@ fn wait_ct(
 /// Maps migrated under programs attached to a veth through pinned links: `load_with`
 /// replaces the programs in the links itself (a later `attach` is a no-op replace), the
 /// flow established before the migration keeps passing on its migrated conntrack entry
-/// after its policy is gone, a new flow is dropped by the (migrated) policy, and the old
-/// conntrack map is released.
+/// through the daemon's resync, a flow the (migrated) policy does not allow is dropped, the
+/// established flow too once its rule is gone, and the old conntrack map is released.
 #[test]
 fn migration_keeps_enforcing_on_veth() {
     let Some(mut s) = setup("migrate", 5) else {
@@ -525,21 +526,30 @@ fn migration_keeps_enforcing_on_veth() {
     loaded.attach(&host).unwrap();
     assert_eq!(tcx_ids(&host, TcAttachType::Ingress), vec![new_ids.0]);
 
-    // the maps of the new programs: resync without the 9998 rule (the daemon's restart)
+    // the maps of the new programs: the daemon's restart resyncs the same rule
     s.dp = KernelDatapath::open(&s.dir.0).unwrap();
     let migrated = wait_ct(&s.dp, 40123, 9998, 0).expect("migrated conntrack entry");
     assert_eq!(migrated, first);
+    let rule = DatapathChange::PolicyUpsert {
+        endpoint: EP,
+        key: fqdnd_ipcache::PolicyKey {
+            identity: Identity(sys::ID_ANY),
+            protocol: Protocol::Udp,
+            port: 9998,
+            end_port: 9998,
+        },
+    };
     s.dp.begin_resync().unwrap();
-    assert_eq!(s.dp.finish_resync().unwrap().removed, 1);
-    assert!(s.dp.policy_entries().unwrap().is_empty());
+    s.dp.apply(std::slice::from_ref(&rule)).unwrap();
+    let stats = s.dp.finish_resync().unwrap();
+    assert_eq!((stats.kept, stats.removed), (1, 0), "{stats:?}");
     // the established flow passes (its entry in the new map is refreshed, no drop event)
     send_udp_from(&s.ns, 40123, dst);
-    assert!(
-        wait_ct(&s.dp, 40123, 9998, first.last_seen_ns).is_some(),
-        "established flow not seen by the new program"
-    );
-    // a new flow is denied
-    send_udp_from(&s.ns, 40124, dst);
+    let refreshed = wait_ct(&s.dp, 40123, 9998, first.last_seen_ns)
+        .expect("established flow not seen by the new program");
+    // a flow the policy does not allow is denied
+    let denied = SocketAddr::from((Ipv4Addr::new(10, 99, 0, 80), 9999));
+    send_udp_from(&s.ns, 40124, denied);
     let ev = wait_event(&mut s.events, |e| e.sport == 40124);
     assert!(
         ev.iter()
@@ -547,6 +557,23 @@ fn migration_keeps_enforcing_on_veth() {
         "{ev:?}"
     );
     assert!(ev.iter().all(|e| e.sport != 40123), "{ev:?}");
+    // the rule goes: the established flow's next packet is dropped, its entry not refreshed
+    let DatapathChange::PolicyUpsert { endpoint, key } = rule else {
+        unreachable!()
+    };
+    s.dp.apply(&[DatapathChange::PolicyDelete { endpoint, key }])
+        .unwrap();
+    send_udp_from(&s.ns, 40123, dst);
+    let ev = wait_event(&mut s.events, |e| e.sport == 40123);
+    assert!(
+        ev.iter()
+            .any(|e| e.sport == 40123 && e.reason == sys::DROP_POLICY),
+        "{ev:?}"
+    );
+    assert_eq!(
+        wait_ct(&s.dp, 40123, 9998, 0).map(|e| e.last_seen_ns),
+        Some(refreshed.last_seen_ns)
+    );
     // nothing holds the old conntrack map any more
     let mut released = false;
     for _ in 0..200 {
@@ -689,4 +716,61 @@ fn redirect_cost_in_netns() {
             c.join().unwrap().unwrap();
         }
     });
+}
+
+/// A fragmented DNS query: its first fragment is assigned to the proxy; its later fragments
+/// do not follow it to the original destination (past the proxy) — they are dropped as
+/// fragments of no allowed datagram. The later fragments of an allowed datagram pass.
+#[test]
+fn fragmented_dns_query_never_bypasses_the_proxy() {
+    let Some(mut s) = setup("fragdns", 9) else {
+        return;
+    };
+    let proxy = Proxy::new(Ipv4Addr::UNSPECIFIED.into());
+    s.dp.set_dns_proxy(
+        Some(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, proxy.addr.port())),
+        None,
+    )
+    .unwrap();
+    s.dp.apply(&[DatapathChange::PolicyUpsert {
+        endpoint: EP,
+        key: fqdnd_ipcache::PolicyKey {
+            identity: Identity(sys::ID_ANY),
+            protocol: Protocol::Udp,
+            port: 9998,
+            end_port: 9998,
+        },
+    }])
+    .unwrap();
+    let big = |sport: u16, dst: SocketAddr| {
+        s.ns.run(move || {
+            let u = UdpSocket::bind(("0.0.0.0", sport)).unwrap();
+            u.send_to(&[7u8; 3000], dst).unwrap();
+        });
+    };
+    let resolver = SocketAddr::from((RESOLVER_V4, 53));
+    big(40998, resolver);
+    let ev = wait_event(&mut s.events, |e| e.reason == sys::DROP_FRAGMENT);
+    let frags: Vec<_> = ev
+        .iter()
+        .filter(|e| e.reason == sys::DROP_FRAGMENT)
+        .collect();
+    assert!(!frags.is_empty(), "{ev:?}");
+    assert!(
+        frags
+            .iter()
+            .all(|e| e.daddr[..4] == RESOLVER_V4.octets() && e.proto == sys::PROTO_UDP),
+        "{ev:?}"
+    );
+    // nothing whole reached the proxy (its first fragment waits for the rest in vain)
+    assert!(proxy.recv_udp(Duration::from_millis(300)).is_none());
+    // an allowed datagram of the same size: its first fragment passed (its flow is in
+    // conntrack) and none of its fragments is dropped
+    big(
+        40999,
+        SocketAddr::from((Ipv4Addr::new(10, 99, 0, 80), 9998)),
+    );
+    assert!(wait_ct(&s.dp, 40999, 9998, 0).is_some());
+    let ev = wait_event(&mut s.events, |e| e.reason == sys::DROP_FRAGMENT);
+    assert!(ev.is_empty(), "{ev:?}");
 }

@@ -161,9 +161,13 @@ pub(crate) fn monitor(
             if json {
                 writeln!(out, "{}", serde_json::to_string(d)?)?;
             } else {
+                let icmp = d
+                    .icmp
+                    .map(|(t, c)| format!(" type {t} code {c}"))
+                    .unwrap_or_default();
                 writeln!(
                     out,
-                    "xx drop ({}) endpoint {} {} -> {} {} identity {}",
+                    "xx drop ({}) endpoint {} {} -> {} {}{icmp} identity {}",
                     d.reason, d.endpoint, d.src, d.dst, d.proto, d.identity
                 )?;
             }
@@ -213,57 +217,57 @@ pub(crate) fn bpf_ipcache(pin_dir: Option<&Path>) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `fqdnd bpf policy list`.
+fn proto_name(proto: u8) -> String {
+    match proto {
+        fqdnd_ebpf::sys::PROTO_TCP => "tcp".to_owned(),
+        fqdnd_ebpf::sys::PROTO_UDP => "udp".to_owned(),
+        fqdnd_ebpf::sys::PROTO_ICMP => "icmp".to_owned(),
+        fqdnd_ebpf::sys::PROTO_ICMPV6 => "icmpv6".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// `fqdnd bpf policy list`: one row per kernel entry (a port range is split into port
+/// prefixes, each shown as the ports it covers).
 pub(crate) fn bpf_policy(pin_dir: Option<&Path>) -> Result<ExitCode> {
     let maps = open(pin_dir)?;
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "{:<9} {:<9} {:<6} PROTO",
+        "{:<9} {:<9} {:<12} PROTO",
         "ENDPOINT", "IDENTITY", "DPORT"
     )?;
     let mut rows = maps.policy_entries()?;
-    rows.sort_by_key(|k| (k.endpoint, k.identity, k.dport, k.proto));
+    rows.sort_by_key(|k| (k.endpoint, k.identity, k.protocol(), k.ports()));
     for k in rows {
-        let proto = match k.proto {
-            fqdnd_ebpf::sys::PROTO_TCP => "tcp".to_owned(),
-            fqdnd_ebpf::sys::PROTO_UDP => "udp".to_owned(),
-            fqdnd_ebpf::sys::PROTO_ANY => "any".to_owned(),
-            other => other.to_string(),
-        };
+        let proto = k.protocol().map_or_else(|| "any".to_owned(), proto_name);
         let identity = if k.identity == fqdnd_ebpf::sys::ID_ANY {
             "any".to_owned()
         } else {
             k.identity.to_string()
         };
-        let port = if k.dport == 0 {
-            "any".to_owned()
-        } else {
-            k.dport.to_string()
+        let port = match k.ports() {
+            (0, 65535) => "any".to_owned(),
+            (a, b) if a == b => a.to_string(),
+            (a, b) => format!("{a}-{b}"),
         };
-        writeln!(out, "{:<9} {identity:<9} {port:<6} {proto}", k.endpoint)?;
+        writeln!(out, "{:<9} {identity:<9} {port:<12} {proto}", k.endpoint)?;
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// `fqdnd bpf ct list`.
+/// `fqdnd bpf ct list`: every entry with its state and the time it has left without another
+/// packet (dead entries, not yet collected, show `dead`).
 pub(crate) fn bpf_ct(pin_dir: Option<&Path>) -> Result<ExitCode> {
     let maps = open(pin_dir)?;
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "{:<6} {:<46} {:<46} {:<32} IDLE",
-        "PROTO", "SOURCE", "DESTINATION", "FLAGS"
+        "{:<6} {:<46} {:<46} {:<12} {:<10} {:<24} IDLE",
+        "PROTO", "SOURCE", "DESTINATION", "STATE", "EXPIRES", "FLAGS"
     )?;
-    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .map(|t| Duration::from(t).as_nanos())
-        .map_or(0, |n| u64::try_from(n).unwrap_or(u64::MAX));
+    let now = fqdnd_ebpf::monotonic_ns()?;
     for e in maps.ct_entries()? {
-        let proto = match e.proto {
-            6 => "tcp".to_owned(),
-            17 => "udp".to_owned(),
-            other => other.to_string(),
-        };
         let mut flags = Vec::new();
         if e.flags & fqdnd_ebpf::sys::CT_EGRESS != 0 {
             flags.push("egress".to_owned());
@@ -271,18 +275,37 @@ pub(crate) fn bpf_ct(pin_dir: Option<&Path>) -> Result<ExitCode> {
         if e.flags & fqdnd_ebpf::sys::CT_INGRESS != 0 {
             flags.push("ingress".to_owned());
         }
+        if e.flags & fqdnd_ebpf::sys::CT_TCP_RST != 0 {
+            flags.push("rst".to_owned());
+        }
+        match (
+            e.flags & fqdnd_ebpf::sys::CT_TCP_FIN_FWD != 0,
+            e.flags & fqdnd_ebpf::sys::CT_TCP_FIN_REV != 0,
+        ) {
+            (true, true) => flags.push("fin".to_owned()),
+            (true, false) => flags.push("fin-fwd".to_owned()),
+            (false, true) => flags.push("fin-rev".to_owned()),
+            (false, false) => {}
+        }
         if e.backend != 0 {
             flags.push(format!("backend={}", e.backend));
         }
         if e.rev_nat != 0 {
             flags.push(format!("rev_nat={}", e.rev_nat));
         }
+        let expires = if e.alive(now) {
+            format!("{}s", e.remaining(now).as_secs())
+        } else {
+            "dead".to_owned()
+        };
         let idle = Duration::from_nanos(now.saturating_sub(e.last_seen_ns));
         writeln!(
             out,
-            "{proto:<6} {:<46} {:<46} {:<32} {}s",
+            "{:<6} {:<46} {:<46} {:<12} {expires:<10} {:<24} {}s",
+            proto_name(e.proto),
             std::net::SocketAddr::new(e.src, e.sport).to_string(),
             std::net::SocketAddr::new(e.dst, e.dport).to_string(),
+            e.state().name(),
             flags.join(","),
             idle.as_secs()
         )?;
@@ -322,6 +345,9 @@ pub(crate) fn bpf_endpoints(pin_dir: Option<&Path>) -> Result<ExitCode> {
                 if flags.redirect_dns {
                     f.push("redirect-dns");
                 }
+                if flags.check_source {
+                    f.push("check-source");
+                }
                 writeln!(
                     out,
                     "{ifindex:<8} {:<16} {:<9} {}",
@@ -347,6 +373,9 @@ pub(crate) fn bpf_endpoints(pin_dir: Option<&Path>) -> Result<ExitCode> {
                 )?;
             }
         }
+    }
+    for (ifindex, id, addr) in maps.endpoint_addresses()? {
+        writeln!(out, "  {} source {addr} → endpoint {}", name(ifindex), id.0)?;
     }
     for (prefix, id, flags) in maps.client_entries()? {
         writeln!(
@@ -376,11 +405,28 @@ pub(crate) fn bpf_unload(pin_dir: Option<&Path>) -> Result<ExitCode> {
     if dir.exists() {
         std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
     }
-    fqdnd_ebpf::route::remove_local_delivery().context("removing the local-delivery routes")?;
+    // The routes are shared: programs of another layout version (a sibling v<N> directory,
+    // say the running agent's after an upgrade) still redirect DNS through them.
+    let others: Vec<String> = fqdnd_ebpf::other_abi_dirs(&dir)
+        .into_iter()
+        .filter(|d| !fqdnd_ebpf::attached_interfaces(d).is_empty())
+        .map(|d| d.display().to_string())
+        .collect();
+    if others.is_empty() {
+        fqdnd_ebpf::route::remove_local_delivery().context("removing the local-delivery routes")?;
+    }
     println!(
-        "detached from {} interface(s), removed {}",
+        "detached from {} interface(s), removed {}{}",
         detached,
-        dir.display()
+        dir.display(),
+        if others.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; the local-delivery routes stay for the programs pinned in {}",
+                others.join(", ")
+            )
+        }
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -26,7 +26,6 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
 use fqdnd_config::{Config, Daemon, Lists};
@@ -105,8 +104,6 @@ pub(crate) struct Prepared {
     /// The proxy's listen addresses, upstreams and transparent mode; the rest comes from
     /// `daemon` and the settings ([`proxy_config`]).
     pub(crate) proxy: fqdnd_dnsproxy::Config,
-    /// How long an idle flow keeps its destination alive for GC.
-    pub(crate) conntrack_idle: Duration,
     /// The mode's own state.
     pub(crate) mode: Box<dyn ModeHooks>,
     /// Node: queries to a service VIP are forwarded to one of its backends.
@@ -355,7 +352,6 @@ pub(crate) async fn start(
         daemon,
         kernel,
         proxy,
-        conntrack_idle,
         mode,
         services,
         admin_socket,
@@ -466,13 +462,7 @@ pub(crate) async fn start(
             Ok(())
         });
     }
-    tasks::spawn_gc(
-        &mut tasks,
-        &stopped,
-        &shared,
-        config.settings.gc_interval,
-        conntrack_idle,
-    );
+    tasks::spawn_gc(&mut tasks, &stopped, &shared, config.settings.gc_interval);
     tasks::spawn_metrics(&mut tasks, &stopped, &shared);
     shared.mode.spawn_tasks(&mut tasks, &stopped)?;
     Ok(Running {

@@ -23,7 +23,6 @@ pub(super) fn spawn_gc(
     stopped: &watch::Receiver<bool>,
     shared: &Arc<Shared>,
     interval: Duration,
-    idle: Duration,
 ) {
     let shared = Arc::clone(shared);
     let mut stopped = stopped.clone();
@@ -32,7 +31,7 @@ pub(super) fn spawn_gc(
         loop {
             tokio::select! {
                 _ = tick.tick() => {
-                    gc(&shared, idle);
+                    gc(&shared);
                     if let Some(p) = &shared.persist {
                         p.tick(&shared.engine).await;
                     }
@@ -43,12 +42,13 @@ pub(super) fn spawn_gc(
     });
 }
 
-/// One GC pass. With a kernel, conntrack says which destinations are still in use (zombies
-/// stay for them) and idle conntrack entries go afterwards; without, nothing is in use.
-fn gc(shared: &Shared, idle: Duration) {
+/// One GC pass. With a kernel, conntrack says which destinations are still in use — a flow
+/// to them is alive (not past the lifetime of its state) — and zombies stay for them; the
+/// dead conntrack entries go afterwards. Without a kernel nothing is in use.
+fn gc(shared: &Shared) {
     let live = match &shared.kernel {
         None => HashSet::new(),
-        Some(k) => match lock(k, "kernel").and_then(|k| k.live_destinations(idle)) {
+        Some(k) => match lock(k, "kernel").and_then(|k| k.live_destinations()) {
             Ok(live) => live,
             Err(e) => {
                 // Without conntrack every expired IP would look unused: keep them this round.
@@ -73,7 +73,7 @@ fn gc(shared: &Shared, idle: Duration) {
         }
     }
     if let Some(k) = &shared.kernel {
-        match lock(k, "kernel").and_then(|mut k| k.gc_conntrack(idle)) {
+        match lock(k, "kernel").and_then(|mut k| k.gc_conntrack()) {
             Ok(0) => {}
             Ok(n) => tracing::debug!(removed = n, "conntrack gc"),
             Err(e) => tracing::warn!(error = %format!("{e:#}"), "conntrack gc failed"),

@@ -12,7 +12,6 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use fqdnd_config::{Config, Gateway};
@@ -27,9 +26,6 @@ use zone::ZoneServer;
 
 /// The demo configuration behind `fqdnd gateway --demo` (the README's main job).
 pub(crate) const DEMO_CONFIG: &str = include_str!("../../examples/gateway-demo.yaml");
-
-/// How long an idle flow keeps its destination in use for GC (the gateway has no setting).
-const CONNTRACK_IDLE: Duration = Duration::from_secs(600);
 
 /// The gateway's own state.
 pub(crate) struct GatewayMode {
@@ -110,7 +106,12 @@ impl GatewayMode {
                 .clone()
                 .unwrap_or_else(fqdnd_ebpf::default_pin_dir);
             Some((
-                Kernel::load(&pin_dir, &gateway.daemon.map_sizes, false)?,
+                Kernel::load(
+                    &pin_dir,
+                    &gateway.daemon.map_sizes,
+                    &gateway.daemon.conntrack,
+                    false,
+                )?,
                 pin_dir,
             ))
         };
@@ -125,7 +126,6 @@ impl GatewayMode {
                 cache: gateway.cache,
                 ..fqdnd_dnsproxy::Config::default()
             },
-            conntrack_idle: CONNTRACK_IDLE,
             services: None,
             admin_socket: gateway.daemon.admin_socket.clone(),
             mode: Box::new(Self {

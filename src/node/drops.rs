@@ -29,8 +29,12 @@ pub(crate) struct Drop {
     pub(crate) proto: String,
     /// The destination's identity.
     pub(crate) identity: u32,
-    /// Why: `policy-denied`, `unhandled`, `no-dns-proxy`, or the number.
+    /// Why: `policy-denied`, `unhandled`, `no-dns-proxy`, `no-service-backend`,
+    /// `source-spoofed`, `fragment-unknown`, `icmp-denied`, `ipv6-ext-headers`, or the number.
     pub(crate) reason: String,
+    /// ICMP/ICMPv6: the message's type and code (`src`/`dst` then carry no port).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) icmp: Option<(u8, u8)>,
 }
 
 /// `GET /v1/drops?since=N`.
@@ -63,6 +67,10 @@ pub(crate) fn reason_name(reason: u8) -> String {
         fqdnd_ebpf::sys::DROP_UNHANDLED => "unhandled".to_owned(),
         fqdnd_ebpf::sys::DROP_NO_PROXY => "no-dns-proxy".to_owned(),
         fqdnd_ebpf::sys::DROP_NO_BACKEND => "no-service-backend".to_owned(),
+        fqdnd_ebpf::sys::DROP_SPOOFED => "source-spoofed".to_owned(),
+        fqdnd_ebpf::sys::DROP_FRAGMENT => "fragment-unknown".to_owned(),
+        fqdnd_ebpf::sys::DROP_ICMP => "icmp-denied".to_owned(),
+        fqdnd_ebpf::sys::DROP_EXT_HEADERS => "ipv6-ext-headers".to_owned(),
         other => other.to_string(),
     }
 }
@@ -104,16 +112,29 @@ impl DropLog {
             metrics::counter!("fqdnd_policy_drops_total", "reason" => reason.clone()).increment(1);
             log.last_seq += 1;
             let (src, dst) = (addr(e.family, e.saddr), addr(e.family, e.daddr));
+            // ICMP events carry the type and code where ports would be
+            let icmp = matches!((e.family, e.proto), (4, 1) | (6, 58)).then(|| {
+                (
+                    u8::try_from(e.sport).unwrap_or(u8::MAX),
+                    u8::try_from(e.dport).unwrap_or(u8::MAX),
+                )
+            });
+            let (src, dst) = if icmp.is_some() {
+                (src.to_string(), dst.to_string())
+            } else {
+                (endpoint_addr(src, e.sport), endpoint_addr(dst, e.dport))
+            };
             let drop = Drop {
                 seq: log.last_seq,
                 ts_ns: e.ts_ns,
                 endpoint: e.endpoint,
                 ifindex: e.ifindex,
-                src: endpoint_addr(src, e.sport),
-                dst: endpoint_addr(dst, e.dport),
+                src,
+                dst,
                 proto: proto_name(e.proto),
                 identity: e.identity,
                 reason,
+                icmp,
             };
             tracing::debug!(endpoint = drop.endpoint, src = %drop.src, dst = %drop.dst, proto = %drop.proto, identity = drop.identity, reason = %drop.reason, "packet dropped");
             if log.kept.len() == KEPT {

@@ -201,7 +201,19 @@ impl NodeRuntime {
             .pin_dir
             .clone()
             .unwrap_or_else(fqdnd_ebpf::default_pin_dir);
-        let kernel = Kernel::load(&pin_dir, &node.daemon.map_sizes, true)?;
+        if let Some(idle) = node.conntrack_idle_timeout {
+            tracing::warn!(
+                conntrack_idle_timeout = ?idle,
+                "`conntrackIdleTimeout` is deprecated: it sets every conntrack lifetime that \
+                 `conntrack: {{tcpSyn, tcpEstablished, tcpClosing, other}}` does not"
+            );
+        }
+        let kernel = Kernel::load(
+            &pin_dir,
+            &node.daemon.map_sizes,
+            &node.daemon.conntrack,
+            true,
+        )?;
         let mut services = Services::open(&pin_dir, node.daemon.state_dir.as_deref())?;
         services.apply(&config.services, true)?;
         let lb = services.shared();
@@ -240,7 +252,6 @@ impl NodeRuntime {
                 forward_to_original_destination: true,
                 ..fqdnd_dnsproxy::Config::default()
             },
-            conntrack_idle: node.conntrack_idle_timeout,
             services: Some(lb),
             admin_socket: node.daemon.admin_socket.clone(),
             mode: Box::new(NodeMode(runtime)),
@@ -263,10 +274,19 @@ impl NodeRuntime {
                     tracing::warn!(endpoint = %e.id, name = %e.name, "endpoint has no `interface`: its DNS is not redirected and its egress not enforced by this node");
                     return None;
                 };
+                let mut addresses = Vec::new();
+                for net in &e.addresses {
+                    if net.prefix_len() == net.max_prefix_len() {
+                        addresses.push(net.addr());
+                    } else {
+                        tracing::warn!(endpoint = %e.id, prefix = %net, "an endpoint address that is not a single address is not a valid source on its interface");
+                    }
+                }
                 Some(Wanted {
                     id: e.id,
                     interface: interface.clone(),
                     enforcing: enforcing.get(&e.id).copied().unwrap_or(false),
+                    addresses,
                 })
             })
             .collect();

@@ -13,6 +13,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod dns;
+mod enforcement;
 mod lb;
 mod regressions;
 pub(crate) mod topology;
@@ -28,10 +29,10 @@ use dns::Over;
 use topology::{Topology, echo, privileged, tcp_open, tcp_reaches, udp_reaches};
 
 /// Long enough for a dropped SYN to show as a failure, short enough to keep tests quick.
-const DROPPED: Duration = Duration::from_millis(700);
+pub(crate) const DROPPED: Duration = Duration::from_millis(700);
 
 /// How long an allowed connection may take (SYN retransmits included) on a loaded machine.
-const REACHES: Duration = Duration::from_secs(5);
+pub(crate) const REACHES: Duration = Duration::from_secs(5);
 
 const ZONE: &str = "\
 api 300 IN A 10.N.10.1

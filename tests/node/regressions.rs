@@ -66,21 +66,37 @@ fn the_state_directory_and_its_files_are_private_and_not_warned_about() {
     assert_private(&state, &files);
 }
 
-/// Guards the rollback of a reload the datapath refuses (today: a port range wider than the
-/// 1,024 entries a kernel policy rule may take): the reload is rejected with the error and
+/// The kernel policy map's size in the rollback test: room for what node.yaml gives the two
+/// endpoints, not for the 200 ports a later file adds.
+const SMALL_POLICY_MAP: usize = 96;
+
+/// Guards the rollback of a reload the datapath refuses (here: more policy entries than the
+/// kernel map, sized by `mapSizes.policy`, holds): the reload is rejected with the error and
 /// leaves nothing behind — the kernel policy and ipcache are as before — and once the file is
 /// removed the next reload succeeds at the first attempt, the endpoint's policy exactly what
 /// the remaining files say. Before, the IpCache kept the refused batch pending: the next
 /// reload, with the file gone, failed with the same error.
 #[test]
 fn a_reload_the_datapath_refuses_leaves_nothing_behind() {
-    let Some(t) = setup("refused") else { return };
+    let Some(t) = setup_with("refused", |t| {
+        node_config_with(
+            t,
+            A_PORTS,
+            &format!("  mapSizes: {{policy: {SMALL_POLICY_MAP}}}\n"),
+        )
+    }) else {
+        return;
+    };
     let n = t.n;
     let admin = t.admin().to_str().unwrap().to_owned();
     let policy = || t.bpf_list("policy");
     let ipcache = || t.bpf_list("ipcache");
     // What node.yaml says (endpoint 1 may use its resolver on 53).
     let (policy_before, ipcache_before) = (policy(), ipcache());
+    assert!(
+        policy_before.lines().count() < SMALL_POLICY_MAP,
+        "{policy_before}"
+    );
     assert!(
         policy_before
             .lines()
@@ -97,15 +113,25 @@ fn a_reload_the_datapath_refuses_leaves_nothing_behind() {
             &format!(
                 "  - toCIDR: [10.{n}.10.3/32]
     toPorts:
-    - ports: [{{port: \"1000\", endPort: 3000, protocol: TCP}}]
-"
+{ports}",
+                // 200 ports, 40 to a `toPorts` entry (Cilium's limit).
+                ports = (0..5)
+                    .map(|e| {
+                        let ports: Vec<String> = (0..40)
+                            .map(|i| {
+                                format!("{{port: \"{}\", protocol: TCP}}", 2000 + 80 * e + 2 * i)
+                            })
+                            .collect();
+                        format!("    - ports: [{}]\n", ports.join(", "))
+                    })
+                    .collect::<String>()
             ),
         ),
     );
     let out = t.cli_in(&t.host, &["policy", "reload", "--admin-socket", &admin]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     let said = text(&out.stdout);
-    assert!(said.contains("1000-3000"), "{said}");
+    assert!(said.contains("map fqdnd_policy is full"), "{said}");
     assert_eq!(
         policy(),
         policy_before,
@@ -132,9 +158,11 @@ fn a_reload_the_datapath_refuses_leaves_nothing_behind() {
 
 /// Endpoint id → interface name, from a `fqdnd bpf endpoint list`.
 fn interfaces(listing: &str) -> BTreeMap<String, String> {
+    // The table's rows; the endpoints' source addresses follow them, indented.
     listing
         .lines()
         .skip(1)
+        .take_while(|l| !l.is_empty() && !l.starts_with(' '))
         .filter_map(|l| {
             let cols: Vec<&str> = l.split_whitespace().collect();
             Some((cols.get(2)?.to_string(), cols.get(1)?.to_string()))

@@ -9,6 +9,8 @@
     reason = "test helpers (a module of each test crate); not every test file uses every helper"
 )]
 
+pub mod packets;
+
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::Command;

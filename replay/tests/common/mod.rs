@@ -228,6 +228,7 @@ pub(crate) fn expected(seen: &[Seen], end: Duration, min_ttl: u32, patterns: &[&
         selected_ips: selected.len(),
         label_sets: label_sets.len(),
         identities_selector: identities.len(),
-        identities_per_ip: 2 * selectors.len() + selected.len(),
+        // Cilium ≤ 1.15 had no selector identities: per IP, nothing is pre-allocated.
+        identities_per_ip: selected.len(),
     }
 }
