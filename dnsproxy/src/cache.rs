@@ -37,6 +37,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use hickory_proto::op::Message;
 use metrics::{Counter, Gauge};
 use quick_cache::sync::Cache;
 use quick_cache::{DefaultHashBuilder, Equivalent, Lifecycle, OptionsBuilder, UnitWeighter};
@@ -192,6 +193,8 @@ pub(crate) struct Entry {
     question_end: usize,
     /// Offset of every TTL field (OPT excluded) and the TTL stored there.
     ttls: Box<[(u32, u32)]>,
+    /// `bytes` parsed, for the observer.
+    msg: Message,
     stored: Instant,
     lifetime: Duration,
     /// The upstream that gave it.
@@ -201,6 +204,35 @@ pub(crate) struct Entry {
 impl Entry {
     fn expired(&self, now: Instant) -> bool {
         now.saturating_duration_since(self.stored) >= self.lifetime
+    }
+
+    /// Whole seconds since the entry was stored.
+    fn age(&self, now: Instant) -> u32 {
+        let age = now.saturating_duration_since(self.stored).as_secs();
+        u32::try_from(age).unwrap_or(u32::MAX)
+    }
+
+    /// The parsed form of what [`AnswerCache::serve`] writes for the same arguments, without
+    /// parsing it again, when `question` is the stored question byte for byte (the entry's
+    /// names then read the same): the stored message with the client's ID and every record's
+    /// TTL less the entry's age. `None` when the question's case differs (then the served
+    /// bytes are parsed).
+    pub(crate) fn message(&self, now: Instant, question: &[u8], client_id: u16) -> Option<Message> {
+        if self.bytes.get(wire::HEADER_LEN..self.question_end)? != question {
+            return None;
+        }
+        let age = self.age(now);
+        let mut msg = self.msg.clone();
+        msg.metadata.id = client_id;
+        for record in msg
+            .answers
+            .iter_mut()
+            .chain(&mut msg.authorities)
+            .chain(&mut msg.additionals)
+        {
+            record.ttl = record.ttl.saturating_sub(age);
+        }
+        Some(msg)
     }
 }
 
@@ -328,8 +360,7 @@ impl AnswerCache {
         out.extend_from_slice(&entry.bytes);
         wire::set_id(out, client_id);
         out[wire::HEADER_LEN..entry.question_end].copy_from_slice(question);
-        let age = now.saturating_duration_since(entry.stored).as_secs();
-        let age = u32::try_from(age).unwrap_or(u32::MAX);
+        let age = entry.age(now);
         for &(offset, ttl) in &entry.ttls {
             let at = offset as usize;
             if let Some(field) = out.get_mut(at..at + 4) {
@@ -357,8 +388,13 @@ impl AnswerCache {
             let at = offset as usize;
             bytes[at..at + 4].copy_from_slice(&ttl.to_be_bytes());
         }
+        // Parsed once here, not on every hit (see `Entry::message`).
+        let Ok(msg) = Message::from_vec(&bytes) else {
+            return false;
+        };
         let entry = Entry {
             bytes,
+            msg,
             question_end: plan.question_end,
             ttls: plan.ttls.into_boxed_slice(),
             stored: now,
@@ -649,6 +685,34 @@ mod tests {
         );
         let s = c.stats();
         assert_eq!((s.hits, s.misses, s.expired, s.entries), (1, 2, 1, 0));
+    }
+
+    #[test]
+    fn the_stored_message_is_what_parsing_the_served_bytes_gives() {
+        use hickory_proto::serialize::binary::BinEncodable;
+        let c = cache(CacheConfig::default());
+        let t0 = Instant::now();
+        let answers = [
+            (key("a.", 1), a_answer(b"\x01a\x00", 3, 100)),
+            (key("b.", 1), nxdomain(b"\x01b\x00", 900, 300)),
+        ];
+        for (k, answer) in &answers {
+            assert!(c.insert(*k, answer, UPSTREAM, t0));
+            let entry = c.lookup(k, t0).unwrap();
+            let question = Question::parse(answer).unwrap().bytes(answer).to_vec();
+            let now = t0 + Duration::from_millis(61_500);
+            let mut out = Vec::new();
+            assert!(AnswerCache::serve(&entry, now, &question, 0x4242, &mut out));
+            let parsed = Message::from_vec(&out).unwrap();
+            let stored = entry.message(now, &question, 0x4242).unwrap();
+            assert_eq!(stored, parsed);
+            assert_eq!(stored.to_bytes().unwrap(), parsed.to_bytes().unwrap());
+            assert!(stored.answers.iter().all(|r| r.ttl == 100 - 61));
+            // Another case: the names would read differently; the caller parses.
+            let mut upper = question.clone();
+            upper[1] = upper[1].to_ascii_uppercase();
+            assert!(entry.message(now, &upper, 0x4242).is_none());
+        }
     }
 
     #[test]

@@ -210,7 +210,10 @@ impl Shared {
         let mut bytes = std::mem::take(&mut w.cached);
         let parsed =
             if AnswerCache::serve(entry, now, question.bytes(raw), asked.client_id, &mut bytes) {
-                Message::from_vec(&bytes).ok().zip(Question::parse(&bytes))
+                entry
+                    .message(now, question.bytes(raw), asked.client_id)
+                    .or_else(|| Message::from_vec(&bytes).ok())
+                    .zip(Question::parse(&bytes))
             } else {
                 None
             };
