@@ -15,7 +15,7 @@ use crate::endpoint_policy::{EndpointPolicy, PolicyState, contributions};
 use crate::error::{Breaker, Error};
 use crate::identity::{Allocator, Identity, Scope};
 use crate::labels::{Label, LabelId, LabelSet, LabelTable};
-use crate::metadata::{CidrLabels, Metadata, OwnerKind, PrefixEntry, ResourceOwner};
+use crate::metadata::{CidrLabels, Metadata, OwnerId, OwnerKind, PrefixEntry, ResourceOwner};
 use crate::policy::{PeerSelector, Rule};
 use crate::selector::{SelectorCache, SelectorIdx};
 
@@ -222,55 +222,113 @@ impl<D: Datapath> IpCache<D> {
         self.labels.intern(Label::fqdn(key))
     }
 
+    /// Makes room for `changes` more pending ipcache changes (before a large GC pass, so the
+    /// queue does not regrow while the pass frees memory).
+    pub fn reserve(&mut self, changes: usize) {
+        self.pending.ipcache.reserve(changes);
+    }
+
+    /// Registers a resource owner: prefix metadata names it by the returned id. Each call
+    /// makes a distinct owner, whatever its value (the NameManager makes one per cached name
+    /// and keeps the id); [`IpCache::remove_owner`] gives it up once it claims nothing.
+    ///
+    /// # Errors
+    /// [`Error::OwnersExhausted`] past 2³⁰ owners at once.
+    pub fn add_owner(&mut self, owner: ResourceOwner) -> Result<OwnerId, Error> {
+        self.meta
+            .owners
+            .add(owner.kind, Some(owner.name))
+            .ok_or(Error::OwnersExhausted)
+    }
+
+    /// Registers an owner whose name the IpCache does not keep: the registrant keeps it and
+    /// renders the owner itself (the NameManager, one owner per cached name it already
+    /// holds the name of: eight bytes here instead of a second reference to the name).
+    /// [`IpCache::owner`] gives `None` for it and [`IpCache::prefixes`] lists it by id.
+    ///
+    /// # Errors
+    /// [`Error::OwnersExhausted`] past 2³⁰ owners at once.
+    pub fn add_owner_without_name(&mut self, kind: OwnerKind) -> Result<OwnerId, Error> {
+        self.meta
+            .owners
+            .add(kind, None)
+            .ok_or(Error::OwnersExhausted)
+    }
+
+    /// Gives up an owner registered with [`IpCache::add_owner`].
+    ///
+    /// # Errors
+    /// [`Error::OwnerInUse`] while it still has labels on some prefix (it stays registered).
+    pub fn remove_owner(&mut self, owner: OwnerId) -> Result<(), Error> {
+        self.meta
+            .owners
+            .remove(owner)
+            .map_err(|claims| Error::OwnerInUse { claims })
+    }
+
+    /// [`IpCache::remove_owner`] for many owners at once (a GC pass's names).
+    ///
+    /// # Errors
+    /// [`Error::OwnerInUse`] for the first that still has labels on some prefix; the ones
+    /// before it are removed.
+    pub fn remove_owners(&mut self, owners: &[OwnerId]) -> Result<(), Error> {
+        self.meta.owners.reserve_free(owners.len());
+        owners
+            .iter()
+            .try_for_each(|owner| self.remove_owner(*owner))
+    }
+
     /// Sets `owner`'s labels on `prefix` (host bits are cleared) and re-resolves its identity.
     ///
     /// A NameManager owner's change that would create an identity past the FQDN identity
     /// breaker is rejected: the metadata is left as it was and [`Error::BreakerTripped`] is
     /// returned. `now` only paces the breaker's warning.
+    ///
+    /// # Errors
+    /// A breaker, a full datapath, no identity number left, or [`Error::UnknownOwner`].
     pub fn upsert_metadata(
         &mut self,
         prefix: IpNet,
-        owner: &Arc<ResourceOwner>,
+        owner: OwnerId,
         labels: Arc<LabelSet>,
         now: Duration,
     ) -> Result<(), Error> {
+        if !self.meta.owners.contains(owner) {
+            return Err(Error::UnknownOwner);
+        }
         let prefix = prefix.trunc();
-        let from_dns = owner.kind == OwnerKind::NameManager;
+        let from_dns = owner.kind() == OwnerKind::NameManager;
         let breaker = from_dns.then_some(self.config.max_fqdn_identities);
         let mut ids = identities!(self);
-        let entry = self.meta.prefixes.entry(prefix).or_default();
-        // Fast path: the labels only grew and the prefix's identity already carries them all
-        // (another name answered with this IP under the same selectors): nothing changes.
-        let unchanged = |previous: &Option<Arc<LabelSet>>, current: Option<&LabelSet>| {
-            previous.as_ref().is_none_or(|p| p.is_subset(&labels))
-                && current.is_some_and(|c| labels.is_subset(c))
-        };
-        let current = entry.identity.and_then(|id| ids.alloc.labels(id));
-        let previous = entry.set_owner(owner, Arc::clone(&labels));
-        if unchanged(&previous, current) {
-            return Ok(());
-        }
-        let Err(err) = resolve_entry(
-            &mut ids,
-            entry,
-            &self.meta.cidr_labels,
-            prefix,
-            from_dns,
-            breaker,
-        ) else {
-            return Ok(());
-        };
-        match previous {
-            Some(labels) => {
-                entry.set_owner(owner, labels);
+        let result = self.meta.with_entry(prefix, true, |entry, owners, cidr| {
+            // Fast path: the labels only grew and the prefix's identity already carries them
+            // all (another name answered with this IP under the same selectors): the union
+            // cannot change.
+            let unchanged = |previous: &Option<Arc<LabelSet>>, current: Option<&LabelSet>| {
+                previous.as_ref().is_none_or(|p| p.is_subset(&labels))
+                    && current.is_some_and(|c| labels.is_subset(c))
+            };
+            let current = entry.identity().and_then(|id| ids.alloc.labels(id));
+            let previous = entry.set_owner(owners, owner, Arc::clone(&labels));
+            if unchanged(&previous, current) {
+                return Ok(());
             }
-            None => {
-                entry.remove_owner(owner);
-                if entry.owners.is_empty() && entry.identity.is_none() {
-                    self.meta.prefixes.remove(&prefix);
+            let Err(err) = resolve_entry(&mut ids, entry, cidr, prefix, from_dns, breaker) else {
+                return Ok(());
+            };
+            match previous {
+                Some(labels) => {
+                    entry.set_owner(owners, owner, labels);
+                }
+                None => {
+                    entry.remove_owner(owners, owner);
                 }
             }
-        }
+            Err(err)
+        });
+        let Some(Err(err)) = result else {
+            return Ok(());
+        };
         match err {
             Error::BreakerTripped { .. } => {
                 self.stats.breaker_trips += 1;
@@ -286,43 +344,42 @@ impl<D: Datapath> IpCache<D> {
     }
 
     /// Drops `owner`'s labels on `prefix` and re-resolves its identity. Never trips a breaker.
-    pub fn remove_metadata(&mut self, prefix: IpNet, owner: &ResourceOwner) -> Result<(), Error> {
+    ///
+    /// # Errors
+    /// The identity change failed (no number left: not for a removal in practice).
+    pub fn remove_metadata(&mut self, prefix: IpNet, owner: OwnerId) -> Result<(), Error> {
         let prefix = prefix.trunc();
+        let from_dns = owner.kind() == OwnerKind::NameManager;
         let mut ids = identities!(self);
-        let Entry::Occupied(mut entry) = self.meta.prefixes.entry(prefix) else {
-            return Ok(());
-        };
-        if entry.get_mut().remove_owner(owner).is_none() {
-            return Ok(());
-        }
-        let from_dns = owner.kind == OwnerKind::NameManager;
-        let result = resolve_entry(
-            &mut ids,
-            entry.get_mut(),
-            &self.meta.cidr_labels,
-            prefix,
-            from_dns,
-            None,
-        );
-        if entry.get().owners.is_empty() && entry.get().identity.is_none() {
-            entry.remove();
-        }
-        result
+        self.meta
+            .with_entry(prefix, false, |entry, owners, cidr| {
+                let Some(labels) = entry.remove_owner(owners, owner) else {
+                    return Ok(());
+                };
+                // The label union is kept without recomputing it when another owner still
+                // holds the very same label set (most of an S3 region's IP's names).
+                if entry.identity().is_some() && entry.shares(&labels) {
+                    return Ok(());
+                }
+                resolve_entry(&mut ids, entry, cidr, prefix, from_dns, None)
+            })
+            .unwrap_or(Ok(()))
     }
 
     /// Replaces the endpoints (or client groups). Unchanged endpoints keep their identities.
     pub fn set_endpoints(&mut self, endpoints: Vec<Endpoint>) -> Result<(), Error> {
         let mut touched = BTreeSet::new();
         for old in self.endpoints.values() {
-            let owner = endpoint_owner(old.id);
+            let owner = self.meta.owners.intern(&endpoint_owner(old.id));
+            let owner = owner.ok_or(Error::OwnersExhausted)?;
             for addr in &old.addresses {
-                if self.meta.remove(&addr.trunc(), &owner).is_some() {
+                if self.meta.remove(addr.trunc(), owner).is_some() {
                     touched.insert(addr.trunc());
                 }
             }
         }
         for ep in &endpoints {
-            let owner = Arc::new(endpoint_owner(ep.id));
+            let owner = self.owner_by_value(&endpoint_owner(ep.id))?;
             let labels: Arc<LabelSet> = Arc::new(
                 ep.labels
                     .iter()
@@ -330,10 +387,11 @@ impl<D: Datapath> IpCache<D> {
                     .collect(),
             );
             for addr in &ep.addresses {
-                self.meta.upsert(addr.trunc(), &owner, labels.clone());
+                self.meta.upsert(addr.trunc(), owner, labels.clone());
                 touched.insert(addr.trunc());
             }
         }
+        self.meta.owners.forget_unclaimed_interned();
         self.endpoints = endpoints.into_iter().map(|ep| (ep.id, ep)).collect();
         for prefix in touched {
             self.resolve(prefix)?;
@@ -418,21 +476,16 @@ impl<D: Datapath> IpCache<D> {
     /// Brings `prefix`'s identity in line with its metadata.
     fn resolve(&mut self, prefix: IpNet) -> Result<(), Error> {
         let mut ids = identities!(self);
-        let Entry::Occupied(mut entry) = self.meta.prefixes.entry(prefix) else {
-            return Ok(());
-        };
-        let result = resolve_entry(
-            &mut ids,
-            entry.get_mut(),
-            &self.meta.cidr_labels,
-            prefix,
-            false,
-            None,
-        );
-        if entry.get().owners.is_empty() && entry.get().identity.is_none() {
-            entry.remove();
-        }
-        result
+        self.meta
+            .with_entry(prefix, false, |entry, _, cidr| {
+                resolve_entry(&mut ids, entry, cidr, prefix, false, None)
+            })
+            .unwrap_or(Ok(()))
+    }
+
+    /// The interned owner of a policy CIDR or an endpoint.
+    fn owner_by_value(&mut self, owner: &ResourceOwner) -> Result<OwnerId, Error> {
+        self.meta.owners.intern(owner).ok_or(Error::OwnersExhausted)
     }
 
     fn sync_policy_cidrs(&mut self) -> Result<(), Error> {
@@ -451,19 +504,21 @@ impl<D: Datapath> IpCache<D> {
         let mut affected = BTreeSet::new();
         for gone in self.policy_cidrs.difference(&wanted) {
             self.meta.clear_cidr_label(gone);
-            self.meta.remove(gone, &policy_owner(gone));
+            let owner = self.meta.owners.intern(&policy_owner(gone));
+            if let Some(owner) = owner {
+                self.meta.remove(*gone, owner);
+            }
             affected.insert(*gone);
         }
         for new in wanted.difference(&self.policy_cidrs) {
             let label = self.labels.intern(Label::Cidr(*new));
             self.meta.set_cidr_label(*new, label);
-            self.meta.upsert(
-                *new,
-                &Arc::new(policy_owner(new)),
-                Arc::new(LabelSet::new()),
-            );
+            let owner = self.meta.owners.intern(&policy_owner(new));
+            let owner = owner.ok_or(Error::OwnersExhausted)?;
+            self.meta.upsert(*new, owner, Arc::new(LabelSet::new()));
             affected.insert(*new);
         }
+        self.meta.owners.forget_unclaimed_interned();
         self.policy_cidrs = wanted;
         let mut prefixes = BTreeSet::new();
         for cidr in affected {
@@ -585,6 +640,17 @@ impl<D: Datapath> IpCache<D> {
 }
 
 impl<D> IpCache<D> {
+    /// Registered owners with this value (registered with their name), in id order (a scan:
+    /// for tests and tools, not for a per-answer path).
+    pub fn find_owners(&self, owner: &ResourceOwner) -> Vec<OwnerId> {
+        self.meta.owners.find(owner)
+    }
+
+    /// The owner behind an id, if registered with its name.
+    pub fn owner(&self, owner: OwnerId) -> Option<ResourceOwner> {
+        self.meta.owners.get(owner)
+    }
+
     /// The FQDN selector keys the current policy uses, sorted and deduplicated.
     pub fn fqdn_selector_keys(&self) -> Vec<String> {
         let keys: BTreeSet<&String> = self
@@ -602,16 +668,17 @@ impl<D> IpCache<D> {
 
     /// The identity currently resolved for `prefix`.
     pub fn identity_of(&self, prefix: &IpNet) -> Option<Identity> {
-        self.meta.get(&prefix.trunc()).and_then(|e| e.identity)
+        self.meta
+            .get(&prefix.trunc())
+            .and_then(PrefixEntry::identity)
     }
 
-    /// Every prefix with its identity and owners, ordered by prefix.
-    pub fn prefixes(
-        &self,
-    ) -> impl Iterator<Item = (IpNet, Option<Identity>, Vec<&ResourceOwner>)> + '_ {
+    /// Every prefix with its identity and owners (by id: [`IpCache::owner`] names those
+    /// registered with a name), ordered by prefix.
+    pub fn prefixes(&self) -> impl Iterator<Item = (IpNet, Option<Identity>, Vec<OwnerId>)> + '_ {
         self.meta
             .iter()
-            .map(|(p, e)| (*p, e.identity, e.owners.iter().map(|(o, _)| &**o).collect()))
+            .map(|(p, e)| (p, e.identity(), e.owners().map(|(o, _)| o).collect()))
     }
 
     /// Number of prefixes with metadata.
@@ -758,11 +825,11 @@ fn resolve_entry(
     from_dns: bool,
     breaker: Option<usize>,
 ) -> Result<(), Error> {
-    let current = entry.identity;
+    let current = entry.identity();
     let family = usize::from(matches!(prefix, IpNet::V6(_)));
     match desired_labels(entry, cidr, &prefix) {
         None => {
-            entry.identity = None;
+            entry.set_identity(None);
             if let Some(old) = current {
                 ids.written[family] -= 1;
                 ids.pending.ipcache.push((prefix, None));
@@ -804,7 +871,7 @@ fn resolve_entry(
             if current.is_none() {
                 ids.written[family] += 1;
             }
-            entry.identity = Some(id);
+            entry.set_identity(Some(id));
             ids.pending.ipcache.push((prefix, Some(id)));
             if let Some(old) = current {
                 ids.release(old);
@@ -824,19 +891,14 @@ fn desired_labels(
     cidr: &CidrLabels,
     prefix: &IpNet,
 ) -> Option<(LabelSet, Scope)> {
-    if entry.owners.is_empty() {
+    if !entry.has_owners() {
         return None;
     }
     let mut set = LabelSet::new();
-    if entry
-        .owners
-        .iter()
-        .any(|(o, _)| o.kind == OwnerKind::Endpoint)
-    {
+    if entry.owners().any(|(o, _)| o.kind() == OwnerKind::Endpoint) {
         for (_, labels) in entry
-            .owners
-            .iter()
-            .filter(|(o, _)| o.kind == OwnerKind::Endpoint)
+            .owners()
+            .filter(|(o, _)| o.kind() == OwnerKind::Endpoint)
         {
             set.extend(labels);
         }
@@ -845,7 +907,7 @@ fn desired_labels(
     // Owners of one prefix mostly share a handful of label sets (the NameManager shares one
     // `Arc` per distinct set): merge each distinct set once.
     let mut merged: SmallVec<[*const LabelSet; 4]> = SmallVec::new();
-    for (_, labels) in &entry.owners {
+    for (_, labels) in entry.owners() {
         let ptr = Arc::as_ptr(labels);
         if !merged.contains(&ptr) {
             if merged.len() < merged.inline_size() {

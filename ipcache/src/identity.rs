@@ -6,8 +6,10 @@
 //! while anything still holds it. Withheld numbers are skipped by ordinary allocation so a
 //! restore can give each label set back its old number.
 
-use std::collections::{HashMap, HashSet};
 use std::fmt;
+
+// foldhash-seeded maps: both are read on every learned address and every release.
+use hashbrown::{HashMap, HashSet};
 
 use crate::error::Error;
 use crate::labels::LabelSet;

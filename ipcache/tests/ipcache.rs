@@ -16,8 +16,8 @@ use fqdnd_ipcache::policy::{
     Requirement, Rule,
 };
 use fqdnd_ipcache::{
-    Config, DatapathChange, Endpoint, EndpointId, EndpointLabel, Error, Identity, IpCache,
-    LabelSet, MemoryDatapath, ResourceOwner, host_prefix,
+    Config, Datapath, DatapathChange, Endpoint, EndpointId, EndpointLabel, Error, Identity,
+    IpCache, LabelSet, MemoryDatapath, OwnerId, ResourceOwner, host_prefix,
 };
 use ipnet::IpNet;
 
@@ -43,20 +43,23 @@ fn learn(
     selectors: &[&str],
 ) -> Result<(), Error> {
     let labels: LabelSet = selectors.iter().map(|s| c.fqdn_label(s)).collect();
-    c.upsert_metadata(
-        host_prefix(ip(addr)),
-        &Arc::new(ResourceOwner::name_manager(Arc::from(name))),
-        Arc::new(labels),
-        NOW,
-    )
+    let owner = name_owner(c, name);
+    c.upsert_metadata(host_prefix(ip(addr)), owner, Arc::new(labels), NOW)
+}
+
+/// The NameManager's owner for `name`, registered on first use (as the NameManager does once
+/// per name).
+fn name_owner<D: Datapath>(c: &mut IpCache<D>, name: &str) -> OwnerId {
+    let owner = ResourceOwner::name_manager(Arc::from(name));
+    match c.find_owners(&owner).first() {
+        Some(id) => *id,
+        None => c.add_owner(owner).unwrap(),
+    }
 }
 
 fn forget(c: &mut IpCache<MemoryDatapath>, name: &str, addr: &str) {
-    c.remove_metadata(
-        host_prefix(ip(addr)),
-        &ResourceOwner::name_manager(Arc::from(name)),
-    )
-    .unwrap();
+    let owner = name_owner(c, name);
+    c.remove_metadata(host_prefix(ip(addr)), owner).unwrap();
 }
 
 fn id(c: &IpCache<MemoryDatapath>, addr: &str) -> Identity {
@@ -372,7 +375,7 @@ fn batches_put_policy_before_the_ipcache_flip() {
     // An IP selected by both selectors needs a new identity {a, b}: its policy entry must
     // reach the datapath before the IP flips to it.
     struct Recorder(Vec<DatapathChange>);
-    impl fqdnd_ipcache::Datapath for Recorder {
+    impl Datapath for Recorder {
         fn apply(
             &mut self,
             changes: &[DatapathChange],
@@ -396,13 +399,9 @@ fn batches_put_policy_before_the_ipcache_flip() {
         .iter()
         .map(|k| r.fqdn_label(k))
         .collect();
-    r.upsert_metadata(
-        host_prefix(ip("192.0.2.9")),
-        &Arc::new(ResourceOwner::name_manager(Arc::from("x.example."))),
-        Arc::new(labels),
-        NOW,
-    )
-    .unwrap();
+    let owner = name_owner(&mut r, "x.example.");
+    r.upsert_metadata(host_prefix(ip("192.0.2.9")), owner, Arc::new(labels), NOW)
+        .unwrap();
     r.commit().unwrap();
     let changes = &r.datapath().0;
     let flip = changes
