@@ -3,6 +3,7 @@
 //! Plain serde types, so the server and the client share them.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use fqdnd_ipcache::{Identity, OwnerId, ResourceOwner};
@@ -101,7 +102,7 @@ impl<D> Engine<D> {
         let mut rows = CacheRows::new();
         for entry in self.names.entries() {
             let source = if entry.zombie { "connection" } else { "lookup" };
-            let endpoints = self.names.endpoints_of(&entry.name);
+            let endpoints = self.names.endpoints_of(entry.name);
             let endpoints = if endpoints.is_empty() {
                 vec!["-".to_owned()]
             } else {
@@ -177,7 +178,7 @@ impl<D> Engine<D> {
         let render = |id: OwnerId| match self.ipcache.owner(id) {
             Some(owner) => owner.to_string(),
             None => match names.get(&id) {
-                Some(name) => ResourceOwner::name_manager(name.clone()).to_string(),
+                Some(name) => ResourceOwner::name_manager(Arc::from(*name)).to_string(),
                 None => format!("{:?}/?", id.kind()),
             },
         };

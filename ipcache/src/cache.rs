@@ -15,7 +15,9 @@ use crate::endpoint_policy::{EndpointPolicy, PolicyState, contributions};
 use crate::error::{Breaker, Error};
 use crate::identity::{Allocator, Identity, Scope};
 use crate::labels::{Label, LabelId, LabelSet, LabelTable};
-use crate::metadata::{CidrLabels, Metadata, OwnerId, OwnerKind, PrefixEntry, ResourceOwner};
+use crate::metadata::{
+    CidrLabels, Metadata, OwnerId, OwnerKind, Owners, PrefixEntry, ResourceOwner,
+};
 use crate::policy::{PeerSelector, Rule};
 use crate::selector::{SelectorCache, SelectorIdx};
 
@@ -353,17 +355,45 @@ impl<D: Datapath> IpCache<D> {
         let mut ids = identities!(self);
         self.meta
             .with_entry(prefix, false, |entry, owners, cidr| {
-                let Some(labels) = entry.remove_owner(owners, owner) else {
-                    return Ok(());
-                };
-                // The label union is kept without recomputing it when another owner still
-                // holds the very same label set (most of an S3 region's IP's names).
-                if entry.identity().is_some() && entry.shares(&labels) {
-                    return Ok(());
-                }
-                resolve_entry(&mut ids, entry, cidr, prefix, from_dns, None)
+                remove_claim(&mut ids, entry, owners, cidr, prefix, owner, from_dns)
             })
             .unwrap_or(Ok(()))
+    }
+
+    /// [`IpCache::remove_metadata`] for each claim of `claims`, which come in prefix order
+    /// (IPv4 first, as `IpNet` orders; a GC pass's releases sorted by address), `expected`
+    /// of them. A batch that releases more than an eighth of the prefixes is applied in one
+    /// pass that rebuilds the metadata maps; a smaller one claim by claim.
+    ///
+    /// # Errors
+    /// As [`IpCache::remove_metadata`]; in the one-pass case every claim is still removed and
+    /// the first error is returned.
+    pub fn remove_metadata_many(
+        &mut self,
+        claims: impl IntoIterator<Item = (IpNet, OwnerId)>,
+        expected: usize,
+    ) -> Result<(), Error> {
+        if expected < self.meta.len() / 8 {
+            for (prefix, owner) in claims {
+                self.remove_metadata(prefix, owner)?;
+            }
+            return Ok(());
+        }
+        let mut ids = identities!(self);
+        let mut first_error = None;
+        self.meta.rebuild_with(
+            claims.into_iter().map(|(p, o)| (p.trunc(), o)),
+            |entry, owners, cidr, prefix, owner| {
+                let from_dns = owner.kind() == OwnerKind::NameManager;
+                let result = remove_claim(&mut ids, entry, owners, cidr, prefix, owner, from_dns);
+                if let Err(e) = result
+                    && first_error.is_none()
+                {
+                    first_error = Some(e);
+                }
+            },
+        );
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Replaces the endpoints (or client groups). Unchanged endpoints keep their identities.
@@ -422,6 +452,8 @@ impl<D: Datapath> IpCache<D> {
             return Ok(self.revision);
         }
         self.batch.clear();
+        self.batch
+            .reserve(self.pending.ipcache.len() + self.pending.policy.len());
         let mut counts = Stats::default();
         for ((endpoint, key), _) in self.pending.policy.iter().filter(|(_, up)| **up) {
             self.batch.push(DatapathChange::PolicyUpsert {
@@ -812,6 +844,27 @@ impl<D> IpCache<D> {
     pub fn revision(&self) -> u64 {
         self.revision
     }
+}
+
+/// Drops `owner`'s claim on `entry` (the metadata of `prefix`) and re-resolves its identity
+/// unless the label union cannot have changed: another owner still holds the very same
+/// label set (most of an S3 region's IP's names).
+fn remove_claim(
+    ids: &mut Identities<'_>,
+    entry: &mut PrefixEntry,
+    owners: &mut Owners,
+    cidr: &CidrLabels,
+    prefix: IpNet,
+    owner: OwnerId,
+    from_dns: bool,
+) -> Result<(), Error> {
+    let Some(labels) = entry.remove_owner(owners, owner) else {
+        return Ok(());
+    };
+    if entry.identity().is_some() && entry.shares(&labels) {
+        return Ok(());
+    }
+    resolve_entry(ids, entry, cidr, prefix, from_dns, None)
 }
 
 /// Brings one prefix's identity in line with its metadata: identity references move, the

@@ -411,6 +411,66 @@ fn with_entry_in<K: Ord, R>(
     }
 }
 
+/// [`Metadata::rebuild_with`] for one family's map: the claims on this family come first in
+/// `claims` (in key order); the others are left for the next family.
+fn rebuild_in<K: Ord + Copy, N: Copy, I: Iterator<Item = (IpNet, OwnerId)>>(
+    map: &mut BTreeMap<K, PrefixEntry>,
+    key: impl Fn(N) -> K,
+    claims: &mut std::iter::Peekable<I>,
+    mut f: impl FnMut(&mut PrefixEntry, IpNet, OwnerId),
+) where
+    IpNet: AsFamily<N>,
+{
+    // This family's next claim, if the next claim is of this family.
+    let next = |claims: &mut std::iter::Peekable<I>| {
+        claims.peek().and_then(|(p, _)| p.as_family()).map(&key)
+    };
+    if next(claims).is_none() {
+        return;
+    }
+    let mut kept: Vec<(K, PrefixEntry)> = Vec::with_capacity(map.len());
+    for (k, mut entry) in std::mem::take(map) {
+        while let Some(at) = next(claims).filter(|at| *at <= k) {
+            if let Some((prefix, owner)) = claims.next()
+                && at == k
+            {
+                f(&mut entry, prefix, owner);
+            }
+        }
+        if !entry.is_empty() {
+            kept.push((k, entry));
+        }
+    }
+    // Claims past the last entry of this family.
+    while next(claims).is_some() {
+        claims.next();
+    }
+    *map = kept.into_iter().collect();
+}
+
+/// The family-specific network of an `IpNet`, if it is of that family.
+trait AsFamily<N> {
+    fn as_family(&self) -> Option<N>;
+}
+
+impl AsFamily<Ipv4Net> for IpNet {
+    fn as_family(&self) -> Option<Ipv4Net> {
+        match self {
+            IpNet::V4(n) => Some(*n),
+            IpNet::V6(_) => None,
+        }
+    }
+}
+
+impl AsFamily<Ipv6Net> for IpNet {
+    fn as_family(&self) -> Option<Ipv6Net> {
+        match self {
+            IpNet::V6(n) => Some(*n),
+            IpNet::V4(_) => None,
+        }
+    }
+}
+
 /// The metadata store: one ordered map per address family (integer keys: denser and faster
 /// to compare than `IpNet`), and the owner table.
 #[derive(Debug, Default)]
@@ -472,6 +532,31 @@ impl Metadata {
             IpNet::V4(n) => with_entry_in(v4, key4(n), create, |e| f(e, owners, cidr_labels)),
             IpNet::V6(n) => with_entry_in(v6, key6(n), create, |e| f(e, owners, cidr_labels)),
         }
+    }
+
+    /// Applies `f` to the entry of each claim in `claims` (prefix order, IPv4 first: a GC
+    /// pass's releases) by rebuilding the maps: one pass over every entry instead of a tree
+    /// walk and a rebalance per removal, the kept entries packed into fresh nodes. For a batch
+    /// that releases a large part of the metadata. Claims on prefixes without an entry are
+    /// skipped; entries left without owners and identity are dropped.
+    pub(crate) fn rebuild_with(
+        &mut self,
+        claims: impl IntoIterator<Item = (IpNet, OwnerId)>,
+        mut f: impl FnMut(&mut PrefixEntry, &mut Owners, &CidrLabels, IpNet, OwnerId),
+    ) {
+        let mut claims = claims.into_iter().peekable();
+        let Self {
+            v4,
+            v6,
+            owners,
+            cidr_labels,
+        } = self;
+        rebuild_in(v4, key4, &mut claims, |e, p, o| {
+            f(e, owners, cidr_labels, p, o);
+        });
+        rebuild_in(v6, key6, &mut claims, |e, p, o| {
+            f(e, owners, cidr_labels, p, o);
+        });
     }
 
     /// Sets `owner`'s labels on `prefix` without resolving; returns what the owner had before.

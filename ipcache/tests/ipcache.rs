@@ -610,3 +610,70 @@ fn a_full_datapath_ipcache_rejects_new_prefixes_before_anything_changes() {
     learn(&mut c, "b.test.", "192.0.2.9", &["*.test."]).unwrap();
     assert_eq!(c.datapath_prefixes(), [3, 1]);
 }
+
+#[test]
+fn many_removals_at_once_end_where_one_by_one_does() {
+    // Names share IPs (an S3-like pool), with two label sets; some IPs also carry a policy
+    // CIDR. Removing most claims in one pass and one by one must leave the same state.
+    let build = || {
+        let mut c = cache();
+        c.set_policy(vec![rule(
+            app("web"),
+            vec![
+                fqdn("*.a.example."),
+                fqdn("*.b.example."),
+                PeerSelector::Cidr {
+                    cidr: net("192.0.2.0/28"),
+                    except: vec![],
+                },
+            ],
+            tcp(443),
+        )])
+        .unwrap();
+        c.set_endpoints(vec![endpoint(1, "web", "10.1.0.1")])
+            .unwrap();
+        for n in 0..40u32 {
+            let selectors: &[&str] = if n % 3 == 0 {
+                &["*.a.example."]
+            } else {
+                &["*.a.example.", "*.b.example."]
+            };
+            for k in 0..6u32 {
+                let addr = format!("192.0.2.{}", (n * 7 + k * 13) % 60);
+                learn(&mut c, &format!("n{n}.a.example."), &addr, selectors).unwrap();
+            }
+        }
+        c.commit().unwrap();
+        c
+    };
+    let mut claims: Vec<(IpNet, OwnerId)> = Vec::new();
+    let mut one = build();
+    for n in 0..40u32 {
+        for k in 0..6u32 {
+            if (n + k) % 5 != 0 {
+                let addr = format!("192.0.2.{}", (n * 7 + k * 13) % 60);
+                let owner = name_owner(&mut one, &format!("n{n}.a.example."));
+                claims.push((host_prefix(ip(&addr)), owner));
+            }
+        }
+    }
+    claims.sort();
+    claims.dedup();
+    let mut many = build();
+    for (prefix, owner) in &claims {
+        one.remove_metadata(*prefix, *owner).unwrap();
+    }
+    many.remove_metadata_many(claims.iter().copied(), claims.len())
+        .unwrap();
+    one.commit().unwrap();
+    many.commit().unwrap();
+    let state = |c: &IpCache<MemoryDatapath>| {
+        let prefixes: Vec<_> = c.prefixes().collect();
+        let mut identities = c.identities_canonical();
+        identities.sort();
+        let policy = c.datapath().policy(EndpointId(1)).cloned();
+        (prefixes, identities, c.datapath().ipcache(), policy)
+    };
+    assert_eq!(state(&one), state(&many));
+    assert!(one.prefix_count() > 0 && one.prefix_count() < 60);
+}

@@ -150,11 +150,18 @@ impl Endpoints {
     }
 }
 
-/// What the cache holds for one name, in 80 bytes.
+/// Where a name's text is in [`Names`]'s arena.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NameText {
+    at: u32,
+    len: u16,
+}
+
+/// What the cache holds for one name, in 72 bytes (its text is in the arena).
 #[derive(Debug)]
 pub(crate) struct NameEntry {
     /// The canonical name.
-    pub(crate) name: Arc<str>,
+    name: NameText,
     /// The `fqdn:` labels of the selectors matching this name (one shared copy per set).
     pub(crate) labels: Arc<LabelSet>,
     /// Live and zombie mappings, sorted by address (an address is in at most once).
@@ -168,7 +175,7 @@ pub(crate) struct NameEntry {
 }
 
 impl NameEntry {
-    pub(crate) fn new(name: Arc<str>, labels: Arc<LabelSet>) -> Self {
+    fn new(name: NameText, labels: Arc<LabelSet>) -> Self {
         Self {
             name,
             labels,
@@ -200,7 +207,9 @@ impl NameEntry {
     }
 }
 
-/// The names, by slot and by name.
+/// The names, by slot and by name. Their text lives in one arena (no allocation per name:
+/// a name costs its length, and releasing a million names frees nothing one by one); the
+/// arena is compacted once more than half of it belongs to names that left.
 #[derive(Default)]
 pub(crate) struct Names {
     slots: Vec<Option<NameEntry>>,
@@ -208,51 +217,79 @@ pub(crate) struct Names {
     /// Slots, found by their name's hash.
     index: HashTable<u32>,
     hasher: DefaultHashBuilder,
+    /// Every cached name's text, one after the other (ASCII: names are canonical).
+    text: String,
+    /// Bytes of `text` no cached name uses any more.
+    dead: usize,
 }
 
 impl std::fmt::Debug for Names {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Names")
             .field("len", &self.len())
+            .field("text", &self.text.len())
+            .field("dead", &self.dead)
             .finish_non_exhaustive()
     }
 }
+
+/// The text of `name` in `arena`.
+fn text_of(arena: &str, name: NameText) -> &str {
+    let at = name.at as usize;
+    arena
+        .get(at..at + usize::from(name.len))
+        .unwrap_or_default()
+}
+
+/// The arena is compacted past this many dead bytes (and more dead than live).
+const COMPACT_AFTER: usize = 1 << 20;
 
 impl Names {
     /// The slot of `name`, if cached.
     pub(crate) fn find(&self, name: &str) -> Option<NameIdx> {
         let hash = self.hasher.hash_one(name);
-        let slots = &self.slots;
+        let (slots, text) = (&self.slots, &self.text);
         self.index
             .find(hash, |&at| {
                 slots
                     .get(at as usize)
                     .and_then(Option::as_ref)
-                    .is_some_and(|e| *e.name == *name)
+                    .is_some_and(|e| text_of(text, e.name) == name)
             })
             .map(|&at| NameIdx(at))
     }
 
-    /// Adds a name the caller found absent; `None` past 2³² names.
-    pub(crate) fn insert(&mut self, entry: NameEntry) -> Option<NameIdx> {
-        let hash = self.hasher.hash_one(&*entry.name);
-        let at = match self.free.pop() {
-            Some(at) => {
-                self.slots[at as usize] = Some(entry);
-                at
-            }
-            None => {
-                let at = u32::try_from(self.slots.len()).ok()?;
-                self.slots.push(Some(entry));
-                at
-            }
+    /// The name of an entry of this cache.
+    pub(crate) fn text(&self, entry: &NameEntry) -> &str {
+        text_of(&self.text, entry.name)
+    }
+
+    /// Adds `name` (which the caller found absent) with its labels; `None` past 2³² names,
+    /// a 4 GiB arena, or a name longer than 65535 bytes.
+    pub(crate) fn insert(&mut self, name: &str, labels: Arc<LabelSet>) -> Option<NameIdx> {
+        let text = NameText {
+            at: u32::try_from(self.text.len()).ok()?,
+            len: u16::try_from(name.len()).ok()?,
         };
-        let (slots, hasher) = (&self.slots, &self.hasher);
+        u32::try_from(self.text.len() + name.len()).ok()?;
+        let at = match self.free.last() {
+            Some(at) => *at,
+            None => u32::try_from(self.slots.len()).ok()?,
+        };
+        self.text.push_str(name);
+        let entry = NameEntry::new(text, labels);
+        if self.free.pop().is_some() {
+            self.slots[at as usize] = Some(entry);
+        } else {
+            self.slots.push(Some(entry));
+        }
+        let hash = self.hasher.hash_one(name);
+        let (slots, hasher, arena) = (&self.slots, &self.hasher, &self.text);
         self.index.insert_unique(hash, at, |&other| {
             slots
                 .get(other as usize)
                 .and_then(Option::as_ref)
-                .map_or(0, |e| hasher.hash_one(&*e.name))
+                .map_or(0, |e| hasher.hash_one(text_of(arena, e.name)))
         });
         Some(NameIdx(at))
     }
@@ -267,28 +304,55 @@ impl Names {
                     each(entry);
                 }
             }
-            return;
-        }
-        for idx in gone {
-            if let Some(entry) = self.slots.get_mut(idx.at()).and_then(Option::take) {
-                self.free.push(idx.0);
-                each(entry);
+        } else {
+            // Which slots went, as bits: the pass over the index (in hash order) reads this
+            // instead of the slots themselves, which would be a cache miss per name.
+            let mut went = vec![0u64; self.slots.len().div_ceil(64)];
+            for idx in gone {
+                if let Some(entry) = self.slots.get_mut(idx.at()).and_then(Option::take) {
+                    self.free.push(idx.0);
+                    self.dead += usize::from(entry.name.len);
+                    if let Some(word) = went.get_mut(idx.at() / 64) {
+                        *word |= 1 << (idx.at() % 64);
+                    }
+                    each(entry);
+                }
             }
+            self.index.retain(|at| {
+                let at = *at as usize;
+                went.get(at / 64)
+                    .is_none_or(|word| word & (1 << (at % 64)) == 0)
+            });
         }
-        let slots = &self.slots;
-        self.index
-            .retain(|at| slots.get(*at as usize).is_some_and(Option::is_some));
+        self.compact_if_due();
     }
 
     /// Takes a name out.
     pub(crate) fn remove(&mut self, idx: NameIdx) -> Option<NameEntry> {
         let entry = self.slots.get_mut(idx.at())?.take()?;
-        let hash = self.hasher.hash_one(&*entry.name);
+        let hash = self.hasher.hash_one(text_of(&self.text, entry.name));
         if let Ok(found) = self.index.find_entry(hash, |&at| at == idx.0) {
             found.remove();
         }
         self.free.push(idx.0);
+        self.dead += usize::from(entry.name.len);
         Some(entry)
+    }
+
+    /// Rewrites the arena without the text of names that left, once that is most of it.
+    fn compact_if_due(&mut self) {
+        if self.dead < COMPACT_AFTER || self.dead * 2 < self.text.len() {
+            return;
+        }
+        let mut text = String::with_capacity(self.text.len() - self.dead);
+        for entry in self.slots.iter_mut().flatten() {
+            let name = text_of(&self.text, entry.name);
+            // Shorter than the old arena, which fitted in a u32.
+            entry.name.at = u32::try_from(text.len()).unwrap_or(u32::MAX);
+            text.push_str(name);
+        }
+        self.text = text;
+        self.dead = 0;
     }
 
     pub(crate) fn get(&self, idx: NameIdx) -> Option<&NameEntry> {
@@ -299,20 +363,37 @@ impl Names {
         self.slots.get_mut(idx.at())?.as_mut()
     }
 
-    /// Every name, in slot order.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (NameIdx, &NameEntry)> + '_ {
-        self.slots.iter().enumerate().filter_map(|(at, e)| {
+    /// Every name with its text, in slot order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (NameIdx, &str, &NameEntry)> + '_ {
+        let text = &self.text;
+        self.slots.iter().enumerate().filter_map(move |(at, e)| {
             let at = u32::try_from(at).ok()?;
-            Some((NameIdx(at), e.as_ref()?))
+            let e = e.as_ref()?;
+            Some((NameIdx(at), text_of(text, e.name), e))
         })
     }
 
-    /// Every name, mutably, in slot order.
-    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (NameIdx, &mut NameEntry)> + '_ {
+    /// Every name, mutably, in slot order (without its text).
+    pub(crate) fn entries_mut(&mut self) -> impl Iterator<Item = (NameIdx, &mut NameEntry)> + '_ {
         self.slots.iter_mut().enumerate().filter_map(|(at, e)| {
             let at = u32::try_from(at).ok()?;
             Some((NameIdx(at), e.as_mut()?))
         })
+    }
+
+    /// Every name with its text, mutably, in slot order.
+    pub(crate) fn iter_mut(
+        &mut self,
+    ) -> impl Iterator<Item = (NameIdx, &str, &mut NameEntry)> + '_ {
+        let text = &self.text;
+        self.slots
+            .iter_mut()
+            .enumerate()
+            .filter_map(move |(at, e)| {
+                let at = u32::try_from(at).ok()?;
+                let e = e.as_mut()?;
+                Some((NameIdx(at), text_of(text, e.name), e))
+            })
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -353,10 +434,55 @@ impl IpRefs {
         }
     }
 
+    /// [`IpRefs::unlink`] for each of `addrs`, sorted (IPv4 first), `expected` of them: a
+    /// large batch in one pass that rebuilds the maps.
+    pub(crate) fn unlink_many(&mut self, addrs: impl IntoIterator<Item = IpAddr>, expected: usize) {
+        if expected < self.len() / 8 {
+            addrs.into_iter().for_each(|a| self.unlink(a));
+            return;
+        }
+        let mut addrs = addrs.into_iter().peekable();
+        let v4 = std::iter::from_fn(|| match addrs.peek() {
+            Some(IpAddr::V4(a)) => {
+                let a = a.to_bits();
+                addrs.next();
+                Some(a)
+            }
+            _ => None,
+        });
+        drop_refs(&mut self.v4, v4);
+        let v6 = addrs.filter_map(|a| match a {
+            IpAddr::V6(a) => Some(a.to_bits()),
+            IpAddr::V4(_) => None,
+        });
+        drop_refs(&mut self.v6, v6);
+    }
+
     /// Distinct IPs held.
     pub(crate) fn len(&self) -> usize {
         self.v4.len() + self.v6.len()
     }
+}
+
+/// Takes one reference per key of `gone` (sorted) off `map`, rebuilding it without the keys
+/// left with none.
+fn drop_refs<K: Ord + Copy>(map: &mut BTreeMap<K, u32>, gone: impl Iterator<Item = K>) {
+    let mut gone = gone.peekable();
+    if gone.peek().is_none() {
+        return;
+    }
+    let mut kept: Vec<(K, u32)> = Vec::with_capacity(map.len());
+    for (key, mut refs) in std::mem::take(map) {
+        while let Some(g) = gone.next_if(|g| *g <= key) {
+            if g == key {
+                refs = refs.saturating_sub(1);
+            }
+        }
+        if refs > 0 {
+            kept.push((key, refs));
+        }
+    }
+    *map = kept.into_iter().collect();
 }
 
 /// The cache.
@@ -395,13 +521,14 @@ impl DnsCache {
         }
     }
 
-    /// One endpoint record fewer for `endpoint`.
-    pub(crate) fn forget_endpoint(
+    /// `n` endpoint records fewer for `endpoint`.
+    pub(crate) fn forget_endpoints(
         endpoint_names: &mut HashMap<EndpointId, usize>,
         endpoint: EndpointId,
+        n: usize,
     ) {
         if let Some(count) = endpoint_names.get_mut(&endpoint) {
-            *count -= 1;
+            *count = count.saturating_sub(n);
             if *count == 0 {
                 endpoint_names.remove(&endpoint);
             }
@@ -417,7 +544,74 @@ mod tests {
     fn a_name_entry_and_a_mapping_stay_small() {
         assert_eq!(size_of::<Mapping>(), 24);
         assert_eq!(size_of::<Endpoints>(), 16);
-        assert_eq!(size_of::<Option<NameEntry>>(), 80);
+        assert_eq!(size_of::<Option<NameEntry>>(), 72);
+    }
+
+    #[test]
+    fn names_are_found_removed_and_their_arena_compacted() {
+        let labels = Arc::new(LabelSet::new());
+        let mut names = Names::default();
+        let count = 60_000u32;
+        let all: Vec<NameIdx> = (0..count)
+            .map(|i| {
+                let name = format!("host-{i:05}.example.com.");
+                assert_eq!(names.find(&name), None);
+                names.insert(&name, labels.clone()).unwrap()
+            })
+            .collect();
+        let before = names.text.len();
+        // Most go in one pass: the arena is compacted; the rest are still found.
+        let gone: Vec<NameIdx> = all.iter().copied().filter(|i| i.0 % 10 != 0).collect();
+        let mut removed = 0;
+        names.remove_many(&gone, |_| removed += 1);
+        assert_eq!(removed, gone.len());
+        assert!(names.text.len() < before / 5, "compacted");
+        assert_eq!(names.len(), (count / 10) as usize);
+        for i in 0..count {
+            let name = format!("host-{i:05}.example.com.");
+            let found = names.find(&name);
+            assert_eq!(found.is_some(), i % 10 == 0, "{name}");
+            if let Some(idx) = found {
+                assert_eq!(names.text(names.get(idx).unwrap()), name);
+            }
+        }
+        // Slots are reused; a few removed one by one.
+        let again = names.insert("new.example.com.", labels.clone()).unwrap();
+        assert!(again.0 < count);
+        assert_eq!(names.find("new.example.com."), Some(again));
+        names.remove_many(&[again], |_| {});
+        assert_eq!(names.find("new.example.com."), None);
+    }
+
+    #[test]
+    fn many_unlinks_at_once_count_like_one_by_one() {
+        let addrs: Vec<IpAddr> = (0..1000u32)
+            .map(|i| IpAddr::from([10, 0, (i / 250) as u8, (i % 250) as u8]))
+            .chain((0..50u16).map(|i| IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, i])))
+            .collect();
+        let (mut one, mut many) = (IpRefs::default(), IpRefs::default());
+        for refs in [&mut one, &mut many] {
+            for (i, a) in addrs.iter().enumerate() {
+                for _ in 0..=i % 3 {
+                    refs.link(*a);
+                }
+            }
+        }
+        // Every address once, every third twice, and one never linked: in order.
+        let mut gone: Vec<IpAddr> = addrs
+            .iter()
+            .enumerate()
+            .flat_map(|(i, a)| std::iter::repeat_n(*a, 1 + usize::from(i % 3 == 2)))
+            .chain([IpAddr::from([10, 0, 0, 251])])
+            .collect();
+        gone.sort();
+        for a in &gone {
+            one.unlink(*a);
+        }
+        many.unlink_many(gone.iter().copied(), gone.len());
+        assert_eq!(one.v4, many.v4);
+        assert_eq!(one.v6, many.v6);
+        assert_eq!(many.len(), addrs.len() - addrs.len().div_ceil(3));
     }
 
     #[test]

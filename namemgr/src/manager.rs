@@ -10,6 +10,7 @@ use std::time::Duration;
 use fqdnd_ipcache::{
     Datapath, EndpointId, IpCache, LabelId, LabelSet, OwnerId, OwnerKind, host_prefix,
 };
+use smallvec::SmallVec;
 
 use crate::cache::{DnsCache, IpEntry, Mapping, NameEntry, NameIdx, Secs};
 use crate::config::Config;
@@ -104,10 +105,10 @@ pub struct BreakerTrips {
 }
 
 /// One mapping, for listings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CacheEntry {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheEntry<'a> {
     /// The name.
-    pub name: Arc<str>,
+    pub name: &'a str,
     /// The address and its expiry (seconds on the caller's clock).
     pub ip: IpEntry,
     /// Whether it is a zombie (expired or evicted, kept because in use).
@@ -247,7 +248,7 @@ impl NameManager {
                     .cache
                     .names
                     .get(*idx)
-                    .map_or_else(|| name.to_owned(), |e| e.name.to_string()),
+                    .map_or_else(|| name.to_owned(), |e| self.cache.names.text(e).to_owned()),
                 Err(key) => key.to_string(),
             };
             let err = Error::BreakerTripped {
@@ -264,7 +265,7 @@ impl NameManager {
                 let labels = self
                     .cache
                     .share(labels_for(&self.matcher, &self.selectors, &key));
-                let Some(idx) = self.cache.names.insert(NameEntry::new(key.clone(), labels)) else {
+                let Some(idx) = self.cache.names.insert(&key, labels) else {
                     // 2³² names at once: far past any `max_cache_entries`.
                     return Err(Error::BreakerTripped {
                         breaker: Breaker::CacheEntries,
@@ -294,7 +295,7 @@ impl NameManager {
                 .cache
                 .names
                 .get(idx)
-                .map(|e| e.name.to_string())
+                .map(|e| self.cache.names.text(e).to_owned())
                 .unwrap_or_default();
             let err = Error::BreakerTripped {
                 breaker,
@@ -482,11 +483,11 @@ impl NameManager {
             label_sets: shared,
             ..
         } = &mut self.cache;
-        for (_, entry) in names.iter_mut() {
-            if !changed.iter().any(|s| s.matches(&entry.name)) {
+        for (_, name, entry) in names.iter_mut() {
+            if !changed.iter().any(|s| s.matches(name)) {
                 continue;
             }
-            let labels = labels_for(&self.matcher, &self.selectors, &entry.name);
+            let labels = labels_for(&self.matcher, &self.selectors, name);
             if labels == *entry.labels {
                 continue;
             }
@@ -536,7 +537,16 @@ impl NameManager {
         // lists on every regrowth.
         let mut released: Vec<(IpAddr, NameIdx)> = Vec::with_capacity(self.entries);
         let mut empty: Vec<NameIdx> = Vec::with_capacity(self.cache.names.len());
-        for (idx, entry) in self.cache.names.iter_mut() {
+        // Endpoint records dropped (lapsed, or with their name), counted per endpoint and
+        // taken off the per-endpoint counts once at the end.
+        let mut dropped: SmallVec<[(EndpointId, usize); 4]> = SmallVec::new();
+        let mut drop_record =
+            |endpoint: EndpointId| match dropped.iter_mut().find(|(ep, _)| *ep == endpoint) {
+                Some((_, n)) => *n += 1,
+                None => dropped.push((endpoint, 1)),
+            };
+        for (idx, entry) in self.cache.names.entries_mut() {
+            entry.endpoints.expire(now_s, &mut drop_record);
             let ips = &mut entry.ips;
             ips.retain(|m| {
                 if m.zombie {
@@ -569,11 +579,11 @@ impl NameManager {
                 .cache
                 .names
                 .iter()
-                .flat_map(|(idx, e)| {
+                .flat_map(|(idx, name, e)| {
                     e.ips
                         .iter()
                         .filter(|m| m.zombie)
-                        .map(move |m| (m.expires, &*e.name, m.addr, idx))
+                        .map(move |m| (m.expires, name, m.addr, idx))
                 })
                 .collect();
             all.sort_unstable_by(|a, b| {
@@ -610,36 +620,29 @@ impl NameManager {
         // random: several times faster for large passes.
         released.sort_unstable();
         ipcache.reserve(released.len());
-        for &(addr, idx) in &released {
-            if let Some(entry) = self.cache.names.get(idx).filter(|e| !e.labels.is_empty())
-                && let Some(owner) = entry.owner
-            {
-                ipcache.remove_metadata(host_prefix(addr), owner)?;
-            }
-            self.cache.ips.unlink(addr);
-        }
+        let names = &self.cache.names;
+        let claims = released.iter().filter_map(|&(addr, idx)| {
+            let entry = names.get(idx).filter(|e| !e.labels.is_empty())?;
+            Some((host_prefix(addr), entry.owner?))
+        });
+        ipcache.remove_metadata_many(claims, released.len())?;
+        self.cache
+            .ips
+            .unlink_many(released.iter().map(|(addr, _)| *addr), released.len());
         stats.released = released.len();
         self.entries -= released.len();
         self.stats.gc_releases += released.len() as u64;
-        // Endpoint records lapse; names left without mappings go, with their records and
-        // their IpCache owner.
-        let DnsCache {
-            names,
-            endpoint_names,
-            ..
-        } = &mut self.cache;
-        for (_, entry) in names.iter_mut() {
-            entry.endpoints.expire(now_s, |endpoint| {
-                DnsCache::forget_endpoint(endpoint_names, endpoint);
-            });
-        }
+        // Names left without mappings go, with their endpoint records and their IpCache owner.
         let mut owners: Vec<OwnerId> = Vec::with_capacity(empty.len());
-        names.remove_many(&empty, |entry| {
+        self.cache.names.remove_many(&empty, |entry| {
             for (endpoint, _) in entry.endpoints.iter() {
-                DnsCache::forget_endpoint(endpoint_names, endpoint);
+                drop_record(endpoint);
             }
             owners.extend(entry.owner);
         });
+        for (endpoint, n) in dropped {
+            DnsCache::forget_endpoints(&mut self.cache.endpoint_names, endpoint, n);
+        }
         ipcache.remove_owners(&owners)?;
         stats.names_removed = empty.len();
         self.cache.forget_unused_label_sets();
@@ -647,10 +650,10 @@ impl NameManager {
     }
 
     /// Every mapping, live and zombie, name by name, in no particular order.
-    pub fn entries(&self) -> impl Iterator<Item = CacheEntry> + '_ {
-        self.cache.names.iter().flat_map(|(_, e)| {
+    pub fn entries(&self) -> impl Iterator<Item = CacheEntry<'_>> + '_ {
+        self.cache.names.iter().flat_map(|(_, name, e)| {
             e.ips.iter().map(move |m| CacheEntry {
-                name: e.name.clone(),
+                name,
                 ip: m.entry(),
                 zombie: m.zombie,
                 last_lookup: e.last_lookup,
@@ -660,22 +663,22 @@ impl NameManager {
 
     /// The names `addr` is known under, live or zombie (a scan of the cache: for tests and
     /// listings, not for a per-answer path).
-    pub fn names_of(&self, addr: IpAddr) -> Vec<Arc<str>> {
+    pub fn names_of(&self, addr: IpAddr) -> Vec<&str> {
         self.cache
             .names
             .iter()
-            .filter(|(_, e)| e.find(addr).is_ok())
-            .map(|(_, e)| e.name.clone())
+            .filter(|(_, _, e)| e.find(addr).is_ok())
+            .map(|(_, name, _)| name)
             .collect()
     }
 
     /// The names behind the IpCache owners this NameManager registered (without a name:
     /// see `IpCache::add_owner_without_name`), for listings.
-    pub fn owner_names(&self) -> HashMap<OwnerId, Arc<str>> {
+    pub fn owner_names(&self) -> HashMap<OwnerId, &str> {
         self.cache
             .names
             .iter()
-            .filter_map(|(_, e)| Some((e.owner?, e.name.clone())))
+            .filter_map(|(_, name, e)| Some((e.owner?, name)))
             .collect()
     }
 
