@@ -150,11 +150,14 @@ impl Endpoints {
     }
 }
 
-/// Where a name's text is in [`Names`]'s arena.
+/// Where a name's text is in [`Names`]'s arena, and (in what would be padding) how many of
+/// its mappings are zombies.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct NameText {
     at: u32,
     len: u16,
+    /// Zombies among the name's mappings; [`u16::MAX`]: that many or more (then counted).
+    zombies: u16,
 }
 
 /// What the cache holds for one name, in 72 bytes (its text is in the arena).
@@ -191,9 +194,31 @@ impl NameEntry {
         self.ips.len()
     }
 
-    /// Live mappings (a scan: only when the name gains an IP).
+    /// Live mappings.
     pub(crate) fn live(&self) -> usize {
-        self.ips.iter().filter(|m| !m.zombie).count()
+        match self.name.zombies {
+            u16::MAX => self.ips.iter().filter(|m| !m.zombie).count(),
+            zombies => self.ips.len() - usize::from(zombies),
+        }
+    }
+
+    /// Counts the zombies again (after a pass that changed several).
+    pub(crate) fn recount_zombies(&mut self) {
+        let counted = self.ips.iter().filter(|m| m.zombie).count();
+        self.name.zombies = u16::try_from(counted).unwrap_or(u16::MAX);
+    }
+
+    /// One mapping more (`true`) or fewer became a zombie.
+    pub(crate) fn count_zombie(&mut self, more: bool) {
+        let zombies = &mut self.name.zombies;
+        *zombies = match (*zombies, more) {
+            (u16::MAX, _) => {
+                let counted = self.ips.iter().filter(|m| m.zombie).count();
+                u16::try_from(counted).unwrap_or(u16::MAX)
+            }
+            (n, true) => n + 1,
+            (n, false) => n.saturating_sub(1),
+        };
     }
 
     /// Where `addr` is, or would go.
@@ -270,6 +295,7 @@ impl Names {
         let text = NameText {
             at: u32::try_from(self.text.len()).ok()?,
             len: u16::try_from(name.len()).ok()?,
+            zombies: 0,
         };
         u32::try_from(self.text.len() + name.len()).ok()?;
         let at = match self.free.last() {

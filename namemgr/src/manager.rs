@@ -339,6 +339,7 @@ impl NameManager {
                     if mapping.zombie {
                         mapping.zombie = false;
                         mapping.expires = expires;
+                        entry.count_zombie(false);
                         self.zombies -= 1;
                         learned.revived += 1;
                     } else if expires > mapping.expires {
@@ -372,6 +373,7 @@ impl NameManager {
                     Some(m) if m.expires < expires => {
                         m.zombie = true;
                         m.expires = secs(now);
+                        entry.count_zombie(true);
                         self.zombies += 1;
                     }
                     _ => {
@@ -547,13 +549,14 @@ impl NameManager {
             };
         for (idx, entry) in self.cache.names.entries_mut() {
             entry.endpoints.expire(now_s, &mut drop_record);
-            let ips = &mut entry.ips;
-            ips.retain(|m| {
+            let mut zombies_changed = false;
+            entry.ips.retain(|m| {
                 if m.zombie {
                     if connections.in_use(m.addr) {
                         return true;
                     }
                     self.zombies -= 1;
+                    zombies_changed = true;
                     released.push((m.addr, idx));
                     return false;
                 }
@@ -564,13 +567,17 @@ impl NameManager {
                 if connections.in_use(m.addr) {
                     m.zombie = true;
                     self.zombies += 1;
+                    zombies_changed = true;
                     true
                 } else {
                     released.push((m.addr, idx));
                     false
                 }
             });
-            if ips.is_empty() {
+            if zombies_changed {
+                entry.recount_zombies();
+            }
+            if entry.ips.is_empty() {
                 empty.push(idx);
             }
         }
@@ -602,6 +609,7 @@ impl NameManager {
                     && let Ok(at) = entry.find(addr)
                 {
                     entry.ips.remove(at);
+                    entry.count_zombie(false);
                     if entry.ips.is_empty() {
                         empty.push(idx);
                     }
