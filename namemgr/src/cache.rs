@@ -12,7 +12,7 @@
 //! IP is not indexed (only how many, per address family): nothing on the answer or GC path
 //! needs the names of an IP.
 
-use std::collections::{BTreeMap, HashMap, btree_map};
+use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -427,12 +427,12 @@ impl Names {
     }
 }
 
-/// How many names hold each IP (live or zombie), per address family. Ordered maps: GC
-/// releases in address order, which walks them front to back.
+/// How many names hold each IP (live or zombie), per address family: hash maps (foldhash),
+/// one probe per link or unlink.
 #[derive(Debug, Default)]
 pub(crate) struct IpRefs {
-    v4: BTreeMap<u32, u32>,
-    v6: BTreeMap<u128, u32>,
+    v4: hashbrown::HashMap<u32, u32>,
+    v6: hashbrown::HashMap<u128, u32>,
 }
 
 impl IpRefs {
@@ -446,8 +446,8 @@ impl IpRefs {
 
     /// One name fewer holds `addr`.
     pub(crate) fn unlink(&mut self, addr: IpAddr) {
-        fn down<K: Ord>(map: &mut BTreeMap<K, u32>, key: K) {
-            if let btree_map::Entry::Occupied(mut refs) = map.entry(key) {
+        fn down<K: std::hash::Hash + Eq>(map: &mut hashbrown::HashMap<K, u32>, key: K) {
+            if let hashbrown::hash_map::Entry::Occupied(mut refs) = map.entry(key) {
                 *refs.get_mut() -= 1;
                 if *refs.get() == 0 {
                     refs.remove();
@@ -460,55 +460,10 @@ impl IpRefs {
         }
     }
 
-    /// [`IpRefs::unlink`] for each of `addrs`, sorted (IPv4 first), `expected` of them: a
-    /// large batch in one pass that rebuilds the maps.
-    pub(crate) fn unlink_many(&mut self, addrs: impl IntoIterator<Item = IpAddr>, expected: usize) {
-        if expected < self.len() / 8 {
-            addrs.into_iter().for_each(|a| self.unlink(a));
-            return;
-        }
-        let mut addrs = addrs.into_iter().peekable();
-        let v4 = std::iter::from_fn(|| match addrs.peek() {
-            Some(IpAddr::V4(a)) => {
-                let a = a.to_bits();
-                addrs.next();
-                Some(a)
-            }
-            _ => None,
-        });
-        drop_refs(&mut self.v4, v4);
-        let v6 = addrs.filter_map(|a| match a {
-            IpAddr::V6(a) => Some(a.to_bits()),
-            IpAddr::V4(_) => None,
-        });
-        drop_refs(&mut self.v6, v6);
-    }
-
     /// Distinct IPs held.
     pub(crate) fn len(&self) -> usize {
         self.v4.len() + self.v6.len()
     }
-}
-
-/// Takes one reference per key of `gone` (sorted) off `map`, rebuilding it without the keys
-/// left with none.
-fn drop_refs<K: Ord + Copy>(map: &mut BTreeMap<K, u32>, gone: impl Iterator<Item = K>) {
-    let mut gone = gone.peekable();
-    if gone.peek().is_none() {
-        return;
-    }
-    let mut kept: Vec<(K, u32)> = Vec::with_capacity(map.len());
-    for (key, mut refs) in std::mem::take(map) {
-        while let Some(g) = gone.next_if(|g| *g <= key) {
-            if g == key {
-                refs = refs.saturating_sub(1);
-            }
-        }
-        if refs > 0 {
-            kept.push((key, refs));
-        }
-    }
-    *map = kept.into_iter().collect();
 }
 
 /// The cache.
@@ -607,37 +562,6 @@ mod tests {
         assert_eq!(names.find("new.example.com."), Some(again));
         names.remove_many(&[again], |_| {});
         assert_eq!(names.find("new.example.com."), None);
-    }
-
-    #[test]
-    fn many_unlinks_at_once_count_like_one_by_one() {
-        let addrs: Vec<IpAddr> = (0..1000u32)
-            .map(|i| IpAddr::from([10, 0, (i / 250) as u8, (i % 250) as u8]))
-            .chain((0..50u16).map(|i| IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, i])))
-            .collect();
-        let (mut one, mut many) = (IpRefs::default(), IpRefs::default());
-        for refs in [&mut one, &mut many] {
-            for (i, a) in addrs.iter().enumerate() {
-                for _ in 0..=i % 3 {
-                    refs.link(*a);
-                }
-            }
-        }
-        // Every address once, every third twice, and one never linked: in order.
-        let mut gone: Vec<IpAddr> = addrs
-            .iter()
-            .enumerate()
-            .flat_map(|(i, a)| std::iter::repeat_n(*a, 1 + usize::from(i % 3 == 2)))
-            .chain([IpAddr::from([10, 0, 0, 251])])
-            .collect();
-        gone.sort();
-        for a in &gone {
-            one.unlink(*a);
-        }
-        many.unlink_many(gone.iter().copied(), gone.len());
-        assert_eq!(one.v4, many.v4);
-        assert_eq!(one.v6, many.v6);
-        assert_eq!(many.len(), addrs.len() - addrs.len().div_ceil(3));
     }
 
     #[test]

@@ -634,9 +634,9 @@ impl NameManager {
             Some((host_prefix(addr), entry.owner?))
         });
         ipcache.remove_metadata_many(claims, released.len())?;
-        self.cache
-            .ips
-            .unlink_many(released.iter().map(|(addr, _)| *addr), released.len());
+        for (addr, _) in &released {
+            self.cache.ips.unlink(*addr);
+        }
         stats.released = released.len();
         self.entries -= released.len();
         self.stats.gc_releases += released.len() as u64;
