@@ -148,7 +148,9 @@ fn layout(manifest: &Path, out: &Path) {
         ("fqdnd_policy_value", &["flags"]),
         (
             "fqdnd_ct_key",
-            &["saddr", "daddr", "sport", "dport", "proto", "family", "pad"],
+            &[
+                "saddr", "daddr", "sport", "dport", "proto", "family", "zone", "pad",
+            ],
         ),
         (
             "fqdnd_ct_value",
@@ -192,9 +194,15 @@ fn layout(manifest: &Path, out: &Path) {
             "fqdnd_drop_event",
             &[
                 "ts_ns", "ifindex", "identity", "endpoint", "sport", "dport", "proto", "family",
-                "reason", "pad", "saddr", "daddr",
+                "reason", "source", "pad", "saddr", "daddr",
             ],
         ),
+        (
+            "fqdnd_sock_origin",
+            &["addr", "port", "endpoint", "family", "proto", "pad"],
+        ),
+        ("fqdnd_origin_key", &["addr", "port", "proto", "family"]),
+        ("fqdnd_sock_cfg", &["netns_cookie", "endpoints", "pad"]),
     ];
     let mut c = String::from(
         "#include <stdio.h>\n#include <stddef.h>\n#include \"fqdnd_maps.h\"\nint main(void) {\n",

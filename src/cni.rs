@@ -22,6 +22,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::admin::client;
+use crate::links::{LinkInfo, link_info};
 use crate::node::{CniAttachment, EndpointRow};
 
 /// The CNI versions this plugin speaks.
@@ -225,44 +226,9 @@ fn prev_result(conf: &NetConf) -> Result<(&Value, PrevResult), CniError> {
     Ok((raw, parsed))
 }
 
-/// What `ip -details link` says of a link in the plugin's network namespace (sysfs may show
-/// another namespace's links).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-struct LinkInfo {
-    /// `veth`, `bridge`, …
-    kind: Option<String>,
-    /// `bridge` when the link is a bridge's port.
-    port_of: Option<String>,
-}
-
-fn link_info(name: &str) -> LinkInfo {
-    let Some(out) = std::process::Command::new("ip")
-        .args(["-j", "-d", "link", "show", "dev", name])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-    else {
-        return LinkInfo::default();
-    };
-    let links: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    let info = links.get(0).and_then(|l| l.get("linkinfo"));
-    let text = |key: &str| {
-        info.and_then(|i| i.get(key))
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-    };
-    LinkInfo {
-        kind: text("info_kind"),
-        port_of: text("info_slave_kind"),
-    }
-}
-
 /// The host-side interface of the previous result: the one outside the container that is not
-/// a bridge (`kind` tells a link's kind).
-///
-/// A bridge's port is refused: the DNS redirect assigns the proxy's socket at the interface's
-/// ingress, and the Linux bridge does not carry that assignment to the IP layer, so every DNS
-/// query of the container would be dropped. The routed `ptp` plugin works.
+/// a bridge (`kind` tells a link's kind) — the `ptp` plugin's veth or a `bridge` plugin's
+/// port (the agent then also redirects DNS at the bridge: see `kernel.rs`).
 fn host_interface(prev: &PrevResult, info: impl Fn(&str) -> LinkInfo) -> Result<String, CniError> {
     let candidates: Vec<(&str, LinkInfo)> = prev
         .interfaces
@@ -272,11 +238,6 @@ fn host_interface(prev: &PrevResult, info: impl Fn(&str) -> LinkInfo) -> Result<
         .filter(|(_, l)| l.kind.as_deref() != Some("bridge"))
         .collect();
     match candidates.as_slice() {
-        [(one, l)] if l.port_of.as_deref() == Some("bridge") => Err(error(
-            code::INVALID_CONFIG,
-            format!("{one} is a port of a bridge: fqdnd's DNS redirect needs a routed interface"),
-            "the bridge does not keep the socket the redirect assigns; chain fqdnd-cni after the ptp plugin",
-        )),
         [(one, _)] => Ok((*one).to_owned()),
         [] => Err(error(
             code::INVALID_CONFIG,
@@ -444,6 +405,7 @@ mod tests {
         let link = |kind: &str, port_of: Option<&str>| LinkInfo {
             kind: Some(kind.to_owned()),
             port_of: port_of.map(str::to_owned),
+            master: port_of.map(|_| "cni-test0".to_owned()),
         };
         let routed = |name: &str| {
             link(
@@ -457,7 +419,7 @@ mod tests {
         };
         let p = prev(BRIDGE);
         assert_eq!(host_interface(&p, routed).unwrap(), "veth12345");
-        // A bridge's port: refused with the reason.
+        // A bridge's port: the port (the agent redirects DNS at its bridge too).
         let bridged = |name: &str| {
             if name == "cni-test0" {
                 link("bridge", None)
@@ -465,9 +427,7 @@ mod tests {
                 link("veth", Some("bridge"))
             }
         };
-        let refused = host_interface(&p, bridged).unwrap_err();
-        assert_eq!(refused.code, code::INVALID_CONFIG);
-        assert!(refused.msg.contains("port of a bridge"), "{}", refused.msg);
+        assert_eq!(host_interface(&p, bridged).unwrap(), "veth12345");
         assert_eq!(
             addresses(&p).unwrap(),
             [

@@ -13,6 +13,7 @@ mod daemon;
 mod datapath;
 mod gateway;
 mod kernel;
+mod links;
 mod metrics;
 mod node;
 mod perms;
@@ -63,11 +64,13 @@ enum Command {
     /// Run fqdnd as the node agent of the endpoints on this host (needs root).
     ///
     /// Loads the eBPF programs (maps and links pinned under /sys/fs/bpf/fqdnd), attaches them
-    /// to each Endpoint's `interface`, and serves the transparent DNS proxy they redirect
-    /// DNS to: queries go to the resolver the endpoint asked, answers are learned into the
-    /// kernel maps before the endpoint gets them, and other egress reaches only what policy
-    /// allows. Endpoints can be added at run time (`fqdnd endpoint add`). Stopping the agent
-    /// leaves enforcement in place; `fqdnd bpf unload` removes it.
+    /// to each Endpoint's `interface` (or, for Endpoints of host processes named by their
+    /// `cgroup` or systemd `unit`, the socket programs at the cgroup v2 root), and serves the
+    /// transparent DNS proxy they redirect DNS to: queries go to the resolver the endpoint
+    /// asked, answers are learned into the kernel maps before the endpoint gets them, and
+    /// other egress reaches only what policy allows. Endpoints can be added at run time
+    /// (`fqdnd endpoint add`). Stopping the agent leaves enforcement in place; `fqdnd bpf
+    /// unload` removes it.
     Node {
         /// Configuration files or directories (Endpoints, policies, optional Node and
         /// Settings documents).
@@ -179,7 +182,8 @@ struct ListArgs {
 #[derive(Subcommand)]
 enum EndpointCommand {
     /// Add an endpoint (or replace one added earlier with the same id), as a CNI plugin
-    /// would when a workload starts; its interface must exist.
+    /// would when a workload starts (its interface must exist), or the host processes of a
+    /// cgroup (`--cgroup PATH`) or systemd unit (`--unit NAME`).
     Add {
         #[command(flatten)]
         endpoint: cli::node::AddEndpoint,
@@ -193,7 +197,7 @@ enum EndpointCommand {
         #[command(flatten)]
         list: ListArgs,
     },
-    /// Every endpoint: id, name, interface, enforcement, where it was declared.
+    /// Every endpoint: id, name, interface or cgroup, enforcement, where it was declared.
     List(ListArgs),
 }
 
@@ -237,7 +241,7 @@ enum BpfCommand {
     /// Conntrack entries with their state, remaining lifetime and idle time.
     #[command(subcommand)]
     Ct(BpfList),
-    /// The endpoint map: interface → endpoint id and flags.
+    /// The endpoint maps: interface → endpoint id and flags, cgroup id → endpoint.
     #[command(subcommand)]
     Endpoint(BpfList),
     /// The load-balancer maps: service slots, backends, rev-NAT entries (exit 1 if they
@@ -311,6 +315,36 @@ enum PolicyCommand {
         /// Files or directories (`*.yaml`, `*.yml`, `*.json`).
         #[arg(required = true, value_name = "PATH")]
         paths: Vec<PathBuf>,
+    },
+    /// Say which rule allows or denies a flow — without traffic — by the policy in force in
+    /// the running agent (its endpoints, the addresses DNS taught it, the node's addresses),
+    /// or with `--offline` by policy files alone.
+    ///
+    /// Egress: `--endpoint ID DEST[:PORT/PROTO]` (or `--to`); ingress: `--endpoint ID --from
+    /// SRC[:PORT/PROTO]`, PORT being the endpoint's. PROTO is tcp (the default), udp, icmp or
+    /// icmpv6 (PORT is then the ICMP type); an IPv6 address with a port is written
+    /// `[ADDR]:PORT/PROTO`. An address alone asks about every protocol (only rules without
+    /// ports match). Exits 0 when the flow is allowed, 1 when it is denied, 2 when there is
+    /// no answer (a flow it cannot read, no agent, files with errors).
+    Explain {
+        /// The endpoint (node) or client group (gateway) whose policy decides.
+        #[arg(long, value_name = "ID")]
+        endpoint: u16,
+        /// Egress: the destination, `ADDR[:PORT/PROTO]`.
+        #[arg(value_name = "DEST", conflicts_with_all = ["to", "from"], required_unless_present_any = ["to", "from"])]
+        dest: Option<String>,
+        /// Egress: the destination (the same as DEST).
+        #[arg(long, value_name = "DEST", conflicts_with = "from")]
+        to: Option<String>,
+        /// Ingress: the source, `ADDR[:PORT/PROTO]` with the endpoint's port.
+        #[arg(long, value_name = "SRC")]
+        from: Option<String>,
+        /// Load these policy and configuration files (or directories) instead of asking the
+        /// running agent. No DNS answer is known then: `toFQDNs` select no address.
+        #[arg(long, value_name = "PATH", num_args = 1..)]
+        offline: Vec<PathBuf>,
+        #[command(flatten)]
+        list: ListArgs,
     },
     /// Tell for each NAME whether the FQDN PATTERN (`matchPattern` syntax) matches it.
     ///
@@ -455,6 +489,21 @@ fn main() -> ExitCode {
         Command::Ipcache(IpcacheCommand::List(args)) => cli::list::ipcache(&args.target, args.json),
         Command::Policy(PolicyCommand::Reload(args)) => cli::list::reload(&args.target, args.json),
         Command::Policy(PolicyCommand::Check { paths }) => cli::policy::check(&paths),
+        Command::Policy(PolicyCommand::Explain {
+            endpoint,
+            dest,
+            to,
+            from,
+            offline,
+            list,
+        }) => cli::policy::explain(
+            &list.target,
+            &offline,
+            endpoint,
+            dest.or(to).as_deref(),
+            from.as_deref(),
+            list.json,
+        ),
         Command::Policy(PolicyCommand::Match {
             json,
             pattern,

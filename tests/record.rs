@@ -76,6 +76,9 @@ fn what_is_taken_while_on_is_written_and_read_back() {
         .collect();
     files.sort();
     assert_eq!(files.len(), 3, "one file per recording: {files:?}");
+    for f in &files {
+        tshark_reads(f, 40);
+    }
     let mut args = vec!["replay"];
     args.extend(files.iter().map(String::as_str));
     let policy = gw.join("policy.yaml");
@@ -87,6 +90,51 @@ fn what_is_taken_while_on_is_written_and_read_back() {
     assert_eq!(report["queries"], asked, "{report}");
     assert_eq!(report["responses"], asked);
     assert_eq!(report["dns_malformed"], 0);
+}
+
+/// tshark (Wireshark's reader, installed by scripts/install-deps.sh) reads `file` as pcapng:
+/// `packets` DNS messages, half queries and half replies, each with fqdnd's comment.
+fn tshark_reads(file: &str, packets: usize) {
+    let out = match std::process::Command::new("tshark")
+        .args(["-r", file, "-T", "fields", "-E", "separator=|"])
+        .args([
+            "-e",
+            "dns.flags.response",
+            "-e",
+            "dns.qry.name",
+            "-e",
+            "frame.comment",
+        ])
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) => {
+            let msg = format!("tshark cannot run ({e}): scripts/install-deps.sh installs it");
+            assert!(
+                std::env::var("FQDND_REQUIRE_PRIVILEGED").as_deref() != Ok("1"),
+                "{msg}"
+            );
+            eprintln!("{msg} (skipped)");
+            return;
+        }
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "tshark -r {file}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<Vec<&str>> = stdout.lines().map(|l| l.split('|').collect()).collect();
+    assert_eq!(rows.len(), packets, "{stdout}");
+    let replies = rows
+        .iter()
+        .filter(|r| r[0] == "1" || r[0] == "True")
+        .count();
+    assert_eq!(replies, packets / 2, "{stdout}");
+    for r in &rows {
+        assert!(r[1].ends_with("corp.test"), "{stdout}");
+        assert!(r[2].starts_with("fqdnd "), "{stdout}");
+    }
 }
 
 #[test]

@@ -14,6 +14,17 @@
 //!   labels:
 //!     app: web              # source k8s unless written `source:key`
 //! ```
+//!
+//! An Endpoint of host processes (node mode) names their cgroup instead of an interface and
+//! has no addresses of its own (host processes share the host's):
+//!
+//! ```yaml
+//! spec:
+//!   id: 7
+//!   cgroup: /ci/runner      # a cgroup v2 directory, below the hierarchy's root
+//!   # or: unit: ci-runner.service  (its cgroup, found through systemd)
+//!   labels: {app: ci}
+//! ```
 
 use fqdnd_ipcache::{Endpoint, EndpointId, EndpointLabel};
 use ipnet::IpNet;
@@ -24,6 +35,54 @@ use serde_saphyr::{Location, Spanned};
 use crate::cnp::ObjectMeta;
 use crate::convert::{NAMESPACE_KEY, namespace, object_name, parse_cidr};
 use crate::yaml::{Diag, Pairs, Scalar, Text, at, int_in_range, sanitize, shape};
+
+/// The cgroup of an Endpoint of host processes: every socket created in it or in a cgroup
+/// below it belongs to the endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Cgroup {
+    /// A cgroup v2 directory below the hierarchy's root: `/` then components joined by `/`
+    /// (`/` alone is the root). Never holds `.`, `..` or an empty component.
+    Path(String),
+    /// A systemd unit (`name.service`, `.scope` or `.slice`): its cgroup, found through
+    /// systemd where it runs.
+    Unit(String),
+}
+
+impl std::fmt::Display for Cgroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Path(p) => write!(f, "cgroup {p}"),
+            Self::Unit(u) => write!(f, "unit {u}"),
+        }
+    }
+}
+
+impl Cgroup {
+    /// A cgroup path as written (`a/b`, `/a/b/`, `/`) in its canonical form (`/a/b`, `/`);
+    /// `None` when a component is `.`, `..` or holds a control character.
+    pub fn path(text: &str) -> Option<Self> {
+        let parts: Vec<&str> = text.split('/').filter(|p| !p.is_empty()).collect();
+        let bad = |p: &&str| *p == "." || *p == ".." || p.chars().any(char::is_control);
+        if text.trim() != text || text.is_empty() || parts.iter().any(bad) {
+            return None;
+        }
+        Some(Self::Path(format!("/{}", parts.join("/"))))
+    }
+
+    /// A systemd unit name that has a cgroup (`.service`, `.scope`, `.slice`); `None`
+    /// otherwise (systemd.unit(5): at most 255 characters of `[A-Za-z0-9:_.@\-]`).
+    pub fn unit(text: &str) -> Option<Self> {
+        let stem = [".service", ".scope", ".slice"]
+            .iter()
+            .find_map(|s| text.strip_suffix(s))?;
+        let ok = !stem.is_empty()
+            && text.len() <= 255
+            && text.chars().all(|c| {
+                c.is_ascii_alphanumeric() || matches!(c, ':' | '_' | '.' | '@' | '-' | '\\')
+            });
+        ok.then(|| Self::Unit(text.to_owned()))
+    }
+}
 
 /// A whole `Endpoint` or `ClientGroup` document.
 #[derive(Debug, Deserialize)]
@@ -45,6 +104,8 @@ struct EndpointSpec {
     labels: Option<Pairs<Text, Text>>,
     namespace: Option<Text>,
     interface: Option<Text>,
+    cgroup: Option<Text>,
+    unit: Option<Text>,
 }
 
 shape!(EndpointDoc, EndpointSpec,);
@@ -75,6 +136,8 @@ pub(crate) struct Declared {
     pub(crate) address_at: Vec<Location>,
     /// The host-side interface, for node mode.
     pub(crate) interface: Option<String>,
+    /// The cgroup of host processes, for node mode.
+    pub(crate) cgroup: Option<Cgroup>,
 }
 
 /// Converts one `Endpoint` / `ClientGroup` document; `None` if anything in it is wrong.
@@ -139,7 +202,14 @@ pub(crate) fn endpoint(
 
     let mut addresses = Vec::new();
     let mut address_at = Vec::new();
+    let host_processes = kind == EndpointKind::Endpoint && (s.cgroup.is_some() || s.unit.is_some());
     match s.addresses.as_deref() {
+        Some([text, ..]) if host_processes => diag.invalid(
+            at(text),
+            "an Endpoint of host processes (`cgroup` or `unit`) has no addresses of its own: \
+             they share the host's; remove `addresses`",
+        ),
+        None | Some([]) if host_processes => {}
         None => diag.missing(
             at(spec),
             &["addresses"],
@@ -180,6 +250,7 @@ pub(crate) fn endpoint(
             crate::gateway::interface("spec.interface", text, diag)
         }
     };
+    let cgroup = cgroup(s, kind, diag);
     let endpoint = Endpoint {
         id: EndpointId(id?),
         name: name?,
@@ -192,7 +263,63 @@ pub(crate) fn endpoint(
         id_at,
         address_at,
         interface,
+        cgroup,
     })
+}
+
+/// `spec.cgroup` or `spec.unit` of an Endpoint (at most one of them and `interface`).
+fn cgroup(s: &EndpointSpec, kind: EndpointKind, diag: &mut Diag<'_>) -> Option<Cgroup> {
+    let given: Vec<(&str, &Text)> = [
+        ("interface", &s.interface),
+        ("cgroup", &s.cgroup),
+        ("unit", &s.unit),
+    ]
+    .into_iter()
+    .filter_map(|(name, text)| Some((name, text.as_ref()?)))
+    .collect();
+    if let [_, (second, text), ..] = given[..] {
+        diag.invalid(
+            at(text),
+            format!(
+                "`spec.{second}` with `spec.{}`: an Endpoint is one interface, one cgroup or \
+                 one systemd unit",
+                given[0].0
+            ),
+        );
+        return None;
+    }
+    let (field, text) = match (&s.cgroup, &s.unit) {
+        (Some(text), _) => ("cgroup", text),
+        (None, Some(text)) => ("unit", text),
+        (None, None) => return None,
+    };
+    if kind == EndpointKind::ClientGroup {
+        diag.invalid(
+            at(text),
+            format!("a ClientGroup has no `{field}`: declare an Endpoint for host processes"),
+        );
+        return None;
+    }
+    let parsed = if field == "cgroup" {
+        Cgroup::path(&text.value)
+    } else {
+        Cgroup::unit(&text.value)
+    };
+    if parsed.is_none() {
+        let expected = if field == "cgroup" {
+            "a cgroup v2 path below the hierarchy's root (`/a/b`), without `.` or `..`"
+        } else {
+            "a systemd unit name ending in .service, .scope or .slice"
+        };
+        diag.invalid(
+            at(text),
+            format!(
+                "`spec.{field}` {:?} is not {expected}",
+                sanitize(&text.value)
+            ),
+        );
+    }
+    parsed
 }
 
 fn check_repeated_addresses(addresses: &[IpNet], address_at: &[Location], diag: &mut Diag<'_>) {

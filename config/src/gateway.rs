@@ -45,6 +45,9 @@
 //!                                             # keeps its destination a zombie
 //!   conntrackIdleTimeout: 10m                 # deprecated: the lifetime of every state
 //!                                             # `conntrack` does not set
+//!   hostProcesses: true                       # attach the cgroup socket programs at start
+//!                                             # even without a cgroup Endpoint, so one can be
+//!                                             # added at run time
 //!   mapSizes: {conntrack: 524288, ipcache: 1000000}   # changed sizes migrate the maps
 //!                           # (also policy, endpoints, clients, lbServices, lbBackends,
 //!                           # endpointAddresses)
@@ -260,6 +263,13 @@ pub struct Node {
     /// the lifetime of every state `conntrack` does not set (already applied to
     /// `daemon.conntrack`; kept so the daemon can warn).
     pub conntrack_idle_timeout: Option<Duration>,
+    /// `hostProcesses`: attach the cgroup socket programs at start-up even when no Endpoint
+    /// of host processes (`cgroup`, `unit`) is declared, so that one can be added at run
+    /// time. (Attaching a cgroup skb program needs CAP_NET_ADMIN, which the node drops after
+    /// start-up; without this, they are attached at start-up only for the cgroup Endpoints
+    /// of the files and of the state directory.) Every packet of the host then pays one map
+    /// lookup while there is no such endpoint.
+    pub host_processes: bool,
     /// What every mode shares.
     pub daemon: Daemon,
 }
@@ -273,6 +283,7 @@ impl Default for Node {
             dns_proxy_port: DEFAULT_DNS_PROXY_PORT,
             pin_dir: None,
             conntrack_idle_timeout: None,
+            host_processes: false,
             daemon: Daemon {
                 admin_socket: PathBuf::from(DEFAULT_NODE_ADMIN_SOCKET),
                 ..Daemon::default()
@@ -307,6 +318,7 @@ struct DaemonSpec {
     // Node only.
     dns_proxy_port: Option<Spanned<u16>>,
     conntrack_idle_timeout: Option<Text>,
+    host_processes: Option<bool>,
     // Both.
     pin_dir: Option<Text>,
     lists: Option<ListsSpec>,
@@ -422,10 +434,14 @@ pub(crate) fn gateway(doc: &Spanned<DaemonDoc>, diag: &mut Diag<'_>) -> Option<G
     };
     let spec_at = at(spec);
     let spec = &spec.value;
-    if spec.dns_proxy_port.is_some() || spec.conntrack_idle_timeout.is_some() {
+    if spec.dns_proxy_port.is_some()
+        || spec.conntrack_idle_timeout.is_some()
+        || spec.host_processes.is_some()
+    {
         diag.invalid(
             spec_at,
-            "`dnsProxyPort` and `conntrackIdleTimeout` belong to a `kind: Node` document, not a Gateway",
+            "`dnsProxyPort`, `conntrackIdleTimeout` and `hostProcesses` belong to a `kind: Node` \
+             document, not a Gateway",
         );
     }
     for text in spec.listen.iter().flatten() {
@@ -579,6 +595,7 @@ pub(crate) fn node(doc: &Spanned<DaemonDoc>, diag: &mut Diag<'_>) -> Option<Node
         }
     }
     n.pin_dir = spec.pin_dir.as_ref().map(|t| base.join(&t.value));
+    n.host_processes = spec.host_processes.unwrap_or(false);
     n.daemon = daemon(spec, &base, defaults, diag);
     (diag.count() == before).then_some(n)
 }

@@ -55,7 +55,8 @@ use fqdnd_ipcache::Endpoint;
 use fqdnd_ipcache::policy::Rule;
 
 pub use documents::{Document, Documents, documents};
-pub use error::{Duplicated, Error, Errors};
+pub use endpoint::Cgroup;
+pub use error::{Duplicated, Error, Errors, Unsupported};
 pub use gateway::{
     Conntrack, DEFAULT_DNS_PROXY_PORT, DEFAULT_GATEWAY_ADMIN_SOCKET, DEFAULT_NODE_ADMIN_SOCKET,
     Daemon, Gateway, Lists, MAX_CONNTRACK_LIFETIME, MapSizes, Node, RateLimit, StaticZone,
@@ -87,6 +88,8 @@ pub struct Config {
     pub node: Option<Node>,
     /// The host-side interface of each Endpoint that names one (node mode).
     pub interfaces: std::collections::BTreeMap<fqdnd_ipcache::EndpointId, String>,
+    /// The cgroup of each Endpoint of host processes (node mode).
+    pub cgroups: std::collections::BTreeMap<fqdnd_ipcache::EndpointId, Cgroup>,
     /// The files read, in order (a directory contributes its files).
     pub sources: Vec<PathBuf>,
     /// What is valid but cannot work as written (`fqdnd policy check` prints them), in the

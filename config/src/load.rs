@@ -25,7 +25,7 @@ use crate::error::{Duplicated, Error, Errors};
 use crate::gateway::{self, DaemonDoc, Gateway, Node};
 use crate::service::{self, DeclaredService, ServiceDoc};
 use crate::settings::{self, Settings, SettingsDoc};
-use crate::warnings::{self, FqdnUse};
+use crate::warnings::{self, FqdnUse, RuleAt};
 use crate::yaml::{Diag, Text, at, collect_unknown_fields, sanitize};
 use crate::{Config, Warning};
 
@@ -192,6 +192,8 @@ struct Loader {
     rules: Vec<Rule>,
     /// Every `toFQDNs` selector of `rules`, with where it is written.
     fqdn_uses: Vec<FqdnUse>,
+    /// Where each rule's sections are written (parallel to `rules`).
+    rules_at: Vec<(PathBuf, RuleAt)>,
 }
 
 impl Loader {
@@ -307,14 +309,16 @@ impl Loader {
         }
         self.policies
             .push((kind, policy.name, file.to_path_buf(), name_at));
-        for (rule, fqdns) in policy.rules {
+        for (rule, mut at) in policy.rules {
             let index = self.rules.len();
-            self.fqdn_uses.extend(fqdns.into_iter().map(|at| FqdnUse {
-                rule: index,
-                file: file.to_path_buf(),
-                at,
-            }));
+            self.fqdn_uses
+                .extend(std::mem::take(&mut at.fqdns).into_iter().map(|at| FqdnUse {
+                    rule: index,
+                    file: file.to_path_buf(),
+                    at,
+                }));
             self.rules.push(rule);
+            self.rules_at.push((file.to_path_buf(), at));
         }
     }
 
@@ -343,6 +347,12 @@ impl Loader {
                 && a == b
             {
                 let item = Duplicated::Interface(a.clone());
+                diag.push(duplicate(item, file, new_at.name, old_file, old_at.name));
+            }
+            if let (Some(a), Some(b)) = (&old.cgroup, &new.cgroup)
+                && a == b
+            {
+                let item = Duplicated::Cgroup(a.to_string());
                 diag.push(duplicate(item, file, new_at.name, old_file, old_at.name));
             }
             if old.endpoint.name == new.endpoint.name {
@@ -457,13 +467,23 @@ impl Loader {
             .iter()
             .filter_map(|(d, ..)| Some((d.endpoint.id, d.interface.clone()?)))
             .collect();
+        let cgroups = self
+            .endpoints
+            .iter()
+            .filter_map(|(d, ..)| Some((d.endpoint.id, d.cgroup.clone()?)))
+            .collect();
         let endpoints: Vec<_> = self
             .endpoints
             .into_iter()
             .map(|(d, ..)| d.endpoint)
             .collect();
-        let warnings: Vec<Warning> =
+        let mut warnings: Vec<Warning> =
             warnings::dead_fqdn_selectors(&self.rules, &endpoints, &self.fqdn_uses);
+        warnings.extend(warnings::shadowed_allows(
+            &self.rules,
+            &endpoints,
+            &self.rules_at,
+        ));
         Ok(Config {
             settings: self.settings.unwrap_or_default(),
             endpoints,
@@ -472,6 +492,7 @@ impl Loader {
             gateway: self.gateway,
             node: self.node,
             interfaces,
+            cgroups,
             sources: self.sources,
             warnings,
         })

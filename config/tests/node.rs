@@ -104,3 +104,116 @@ fn endpoint_interfaces_are_collected_and_must_be_unique() {
     let err = load_str(group, file()).unwrap_err().to_string();
     assert!(err.contains("enforceInterfaces"), "{err}");
 }
+
+fn host_endpoint(id: u16, name: &str, spec: &str) -> String {
+    format!(
+        "apiVersion: fqdnd.io/v1\nkind: Endpoint\nmetadata: {{name: {name}}}\nspec:\n  id: {id}\n  labels: {{app: {name}}}\n{spec}"
+    )
+}
+
+#[test]
+fn endpoints_of_host_processes_name_a_cgroup_or_a_unit() {
+    use fqdnd_config::Cgroup;
+    let text = format!(
+        "{}---\n{}---\n{}---\n{}",
+        host_endpoint(1, "runner", "  cgroup: ci/runner/\n"),
+        host_endpoint(2, "web", "  unit: web-frontend@1.service\n"),
+        host_endpoint(3, "everyone", "  cgroup: /\n  addresses: []\n"),
+        endpoint(4, "pod", "10.0.0.2", "veth-a"),
+    );
+    let config = load_str(&text, file()).unwrap();
+    assert_eq!(
+        config.cgroups.get(&EndpointId(1)),
+        Some(&Cgroup::Path("/ci/runner".into())),
+        "written relative, with a trailing slash: canonical"
+    );
+    assert_eq!(
+        config.cgroups.get(&EndpointId(2)),
+        Some(&Cgroup::Unit("web-frontend@1.service".into()))
+    );
+    assert_eq!(
+        config.cgroups.get(&EndpointId(3)),
+        Some(&Cgroup::Path("/".into()))
+    );
+    assert!(!config.cgroups.contains_key(&EndpointId(4)));
+    assert!(!config.interfaces.contains_key(&EndpointId(1)));
+    // No addresses of their own: host processes share the host's.
+    assert!(config.endpoints[0].addresses.is_empty());
+    assert_eq!(config.endpoints.len(), 4);
+    assert_eq!(
+        Cgroup::Unit("x.service".into()).to_string(),
+        "unit x.service"
+    );
+}
+
+#[test]
+fn a_host_endpoint_has_one_cgroup_no_interface_and_no_address() {
+    let cases = [
+        (
+            "  cgroup: /a\n  interface: veth-a\n",
+            "`spec.cgroup` with `spec.interface`",
+        ),
+        (
+            "  cgroup: /a\n  unit: a.service\n",
+            "`spec.unit` with `spec.cgroup`",
+        ),
+        (
+            "  cgroup: /a\n  addresses: [10.0.0.2]\n",
+            "has no addresses of its own",
+        ),
+        ("  cgroup: /a/../b\n", "without `.` or `..`"),
+        ("  cgroup: \"\"\n", "is not a cgroup v2 path"),
+        ("  unit: web\n", "ending in .service, .scope or .slice"),
+        ("  unit: \"we b.service\"\n", "is not a systemd unit name"),
+        ("  unit: .service\n", "is not a systemd unit name"),
+    ];
+    for (spec, expected) in cases {
+        let err = load_str(&host_endpoint(1, "x", spec), file())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(expected), "{spec}: {err}");
+    }
+    // A ClientGroup is no host process.
+    let err = load_str(
+        "apiVersion: fqdnd.io/v1\nkind: ClientGroup\nmetadata: {name: g}\nspec: {id: 1, addresses: [10.0.0.0/8], cgroup: /a}\n",
+        file(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("a ClientGroup has no `cgroup`"), "{err}");
+    // One Endpoint per cgroup (and per unit).
+    let text = format!(
+        "{}---\n{}",
+        host_endpoint(1, "a", "  cgroup: /ci\n"),
+        host_endpoint(2, "b", "  cgroup: ci\n")
+    );
+    let err = load_str(&text, file()).unwrap_err().to_string();
+    assert!(
+        err.contains("cgroup /ci (one Endpoint per cgroup)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn host_processes_is_a_node_setting() {
+    let node = load_str(
+        "apiVersion: fqdnd.io/v1\nkind: Node\nspec:\n  hostProcesses: true\n",
+        file(),
+    )
+    .unwrap()
+    .node
+    .unwrap();
+    assert!(node.host_processes);
+    let bare = load_str("apiVersion: fqdnd.io/v1\nkind: Node\n", file()).unwrap();
+    assert!(!bare.node.unwrap().host_processes, "off by default");
+    let err = load_str(
+        "apiVersion: fqdnd.io/v1\nkind: Gateway\nspec:\n  listen: [\"127.0.0.1:53\"]\n  upstreams: [\"192.0.2.1:53\"]\n  hostProcesses: true\n",
+        file(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("`hostProcesses` belong to a `kind: Node`"),
+        "{err}"
+    );
+}

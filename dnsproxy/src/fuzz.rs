@@ -53,6 +53,7 @@ pub fn query_path(raw: &[u8], policy: &dyn QueryPolicy, randomize_case: bool) ->
     let info = QueryInfo {
         client: SocketAddr::from(([192, 0, 2, 1], 5353)),
         server: SocketAddr::from(([192, 0, 2, 53], 53)),
+        sender: None,
         name: &parsed.name,
         qtype: parsed.qtype,
         transport: Transport::Udp,

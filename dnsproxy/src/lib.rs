@@ -76,6 +76,13 @@
 //!   [`Config::on_upstream_timeout`]. A query to the proxy's own address goes to the pool, or
 //!   gets REFUSED when the pool is empty (never forwarded to the proxy itself). Both count as
 //!   [`QueryResult::NoUpstream`];
+//! - with a [`QueryPolicy`] that answers [`QueryPolicy::redirected`] (node mode: the cgroup
+//!   socket programs rewrite a host process's DNS destination to the proxy's loopback
+//!   address and record where it was going), a query is about the destination the policy
+//!   names: that is [`QueryInfo::server`] (checked, forwarded to, logged) and the policy's
+//!   [`QueryInfo::sender`] comes with it, while every reply still leaves from the address the
+//!   query arrived at (the client's socket is connected to it; the kernel shows the client
+//!   its resolver's address);
 //! - the `fqdnd_dns_inflight` gauge is sampled by the timeout sweep rather than moved per
 //!   query.
 
@@ -123,7 +130,7 @@ pub use config::{
 };
 pub use error::Error;
 pub use observer::{Observation, ObserveError, ObserveFuture, ResponseContext, ResponseObserver};
-pub use policy::{QueryInfo, QueryPolicy, Transport, Verdict};
+pub use policy::{QueryInfo, QueryPolicy, Redirect, Transport, Verdict};
 pub use querylog::{QueryLog, QueryLogEntry, QueryResult};
 pub use record::{Direction, Recorded, Recorder};
 

@@ -39,14 +39,30 @@ pub struct QueryInfo<'a> {
     /// The client's address.
     pub client: SocketAddr,
     /// The address the client sent the query to (the listen address, or the original
-    /// resolver when the query was redirected transparently).
+    /// resolver when the query was redirected transparently or at the socket level).
     pub server: SocketAddr,
+    /// Who sent the query, when a socket-level redirect named it ([`Redirect::sender`],
+    /// opaque to the proxy); `None`: the client is known by its address only.
+    pub sender: Option<u64>,
     /// The question's name, canonical: lowercase with a trailing dot.
     pub name: &'a str,
     /// The question's type.
     pub qtype: RecordType,
     /// UDP or TCP.
     pub transport: Transport,
+}
+
+/// A query redirected to the proxy at the socket level (node mode: the cgroup socket programs
+/// rewrite a host process's DNS destination to the proxy's loopback address): where it was
+/// going, and who sent it. The reply still leaves from the address the query arrived at (the
+/// client's socket is connected to it; the kernel shows the client the original address).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Redirect {
+    /// The destination the client asked for: the query's [`QueryInfo::server`], where it is
+    /// forwarded with `forward_to_original_destination`.
+    pub server: SocketAddr,
+    /// Who sent it (the binary uses it for the endpoint): [`QueryInfo::sender`].
+    pub sender: u64,
 }
 
 /// The policy's answer.
@@ -81,6 +97,20 @@ pub trait QueryPolicy: Send + Sync + 'static {
         transport: Transport,
     ) -> Option<SocketAddr> {
         let _ = (client, server, transport);
+        None
+    }
+
+    /// Whether the query from `client` that reached the proxy at `local` (its listener's
+    /// address, or the original destination the kernel reported) was redirected to it at the
+    /// socket level, and if so where it was going and who sent it. Asked for every query
+    /// before [`QueryPolicy::check`]: answer fast (the default: never).
+    fn redirected(
+        &self,
+        client: SocketAddr,
+        local: SocketAddr,
+        transport: Transport,
+    ) -> Option<Redirect> {
+        let _ = (client, local, transport);
         None
     }
 }

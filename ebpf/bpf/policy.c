@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0 OR Apache-2.0
 /*
- * fqdnd egress policy: tc programs on the host side of an endpoint's veth.
+ * fqdnd egress policy: tc programs on the host side of an endpoint's veth, and (at the end of
+ * this file) the cgroup v2 socket programs of host processes, which share the maps, the
+ * parser, conntrack and the policy lookups.
  *
  *  fqdnd_from_ep  host-side veth *ingress* = the endpoint's egress. Source validation first
  *                 (interfaces flagged CHECK_SOURCE: a source that is not one of the
@@ -24,10 +26,14 @@
  *                 New flows to a service VIP (fqdnd_lb_svc) are translated to a backend
  *                 first and policy is checked against the backend; conntrack keeps the
  *                 backend for the flow's later packets, which are checked against it too.
- *  fqdnd_to_ep    host-side veth *egress* = the endpoint's ingress. No ingress policy:
- *                 records inbound flows in conntrack so the endpoint's replies pass, tracks
- *                 the TCP state of replies, and gives a service backend's replies the VIP
- *                 back as their source.
+ *  fqdnd_to_ep    host-side veth *egress* = the endpoint's ingress. Replies in flows the
+ *                 endpoint opened pass (TCP state tracked, a service backend's replies get
+ *                 the VIP back as their source); endpoints flagged ENFORCE_INGRESS check every
+ *                 other packet — new and established inbound flows — against their ingress
+ *                 entries (the source's identity from the ipcache); the proxy's DNS answers
+ *                 pass as replies to the redirected query's conntrack entry. Allowed inbound
+ *                 flows are recorded so the endpoint's replies pass at its egress.
+ *                 Deny entries win over allows in both directions (see fqdnd_maps.h).
  *
  * The endpoint is found by the skb's ifindex (fqdnd_endpoints map); an unknown ifindex
  * passes untouched. An interface entry flagged BY_SOURCE (gateway mode: one LAN interface,
@@ -175,6 +181,40 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } fqdnd_events SEC(".maps");
 
+/* The cgroup socket programs' maps (include/fqdnd_maps.h says what each holds). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u64); /* cgroup v2 id */
+	__type(value, struct fqdnd_endpoint_value);
+	__uint(max_entries, FQDND_CGROUPS_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fqdnd_cgroups SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, __u64); /* socket cookie */
+	__type(value, struct fqdnd_sock_origin);
+	__uint(max_entries, FQDND_SOCK_ORIGINS_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fqdnd_sock_dns SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct fqdnd_origin_key);
+	__type(value, struct fqdnd_sock_origin);
+	__uint(max_entries, FQDND_SOCK_ORIGINS_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fqdnd_dns_origins SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct fqdnd_sock_cfg);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fqdnd_sock_cfg SEC(".maps");
+
 /* ---- parsing ---- */
 
 #define IP_MF     0x2000
@@ -296,20 +336,16 @@ static __always_inline int ipv6_ext_header(__u8 nh)
 	       nh == IPPROTO_FRAGMENT || nh == IPPROTO_AH;
 }
 
-/* Fills p with the packet's tuple (addresses, protocol, ports or ICMP identifier), where its
- * L4 header starts, and whether it is a fragment. IPv6 extension headers are walked. */
-static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
+/* Fills p with the tuple of the packet whose IP header starts at `l3` (`h_proto`: its
+ * EtherType, network order): addresses, protocol, ports or ICMP identifier, where its L4
+ * header starts, and whether it is a fragment. IPv6 extension headers are walked. */
+static __always_inline int parse_l3(struct __sk_buff *skb, struct pkt *p, __u32 l3, __u16 h_proto)
 {
-	struct ethhdr eth;
-
-	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0)
-		return PARSE_NOT_IP;
-
-	if (eth.h_proto == bpf_htons(ETH_P_IP)) {
+	if (h_proto == bpf_htons(ETH_P_IP)) {
 		struct iphdr ip;
 		__u16 fo;
 
-		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0)
+		if (bpf_skb_load_bytes(skb, l3, &ip, sizeof(ip)) < 0)
 			return PARSE_UNHANDLED;
 		__builtin_memcpy(p->key.saddr, &ip.saddr, 4);
 		__builtin_memcpy(p->key.daddr, &ip.daddr, 4);
@@ -329,16 +365,16 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 			}
 			p->frag = FRAG_FIRST;
 		}
-		p->l4 = ETH_HLEN + ip.ihl * 4;
+		p->l4 = l3 + ip.ihl * 4;
 		return parse_l4(skb, p);
 	}
-	if (eth.h_proto == bpf_htons(ETH_P_IPV6)) {
+	if (h_proto == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr ip6;
-		__u32 off = ETH_HLEN + sizeof(ip6);
+		__u32 off = l3 + sizeof(ip6);
 		__u8 nh;
 		int i;
 
-		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip6, sizeof(ip6)) < 0)
+		if (bpf_skb_load_bytes(skb, l3, &ip6, sizeof(ip6)) < 0)
 			return PARSE_UNHANDLED;
 		__builtin_memcpy(p->key.saddr, &ip6.saddr, 16);
 		__builtin_memcpy(p->key.daddr, &ip6.daddr, 16);
@@ -392,6 +428,16 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 	return PARSE_NOT_IP;
 }
 
+/* parse_l3 of a packet that starts with its Ethernet header (the tc programs). */
+static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
+{
+	struct ethhdr eth;
+
+	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0)
+		return PARSE_NOT_IP;
+	return parse_l3(skb, p, ETH_HLEN, eth.h_proto);
+}
+
 /* ---- conntrack ---- */
 
 static __always_inline void reverse(const struct fqdnd_ct_key *in, struct fqdnd_ct_key *out)
@@ -402,8 +448,8 @@ static __always_inline void reverse(const struct fqdnd_ct_key *in, struct fqdnd_
 	out->dport = in->sport;
 	out->proto = in->proto;
 	out->family = in->family;
-	out->pad[0] = 0;
-	out->pad[1] = 0;
+	out->zone = in->zone;
+	out->pad = 0;
 }
 
 static __always_inline int tcp_closing(__u32 flags)
@@ -517,53 +563,72 @@ static __always_inline void ct_create(const struct fqdnd_ct_key *key, const stru
 
 /* ---- policy ---- */
 
-static __always_inline __u32 identity_of(const struct fqdnd_ct_key *key)
+/* The identity of an address of the tuple's family (world when the ipcache has none). */
+static __always_inline __u32 identity_of_addr(const struct fqdnd_ct_key *key, const __u8 *addr)
 {
 	struct fqdnd_ipcache_value *v;
 
 	if (key->family == 4) {
 		struct fqdnd_ipcache_key4 k = { .prefixlen = 32 };
 
-		__builtin_memcpy(k.addr, key->daddr, 4);
+		__builtin_memcpy(k.addr, addr, 4);
 		v = bpf_map_lookup_elem(&fqdnd_ipc4, &k);
 		return v ? v->identity : FQDND_ID_WORLD_IPV4;
 	}
 	struct fqdnd_ipcache_key6 k6 = { .prefixlen = 128 };
 
-	__builtin_memcpy(k6.addr, key->daddr, 16);
+	__builtin_memcpy(k6.addr, addr, 16);
 	v = bpf_map_lookup_elem(&fqdnd_ipc6, &k6);
 	return v ? v->identity : FQDND_ID_WORLD_IPV6;
 }
 
-/* The endpoint's policy for (identity, proto, dport in network order): the longest entry of
- * the identity, else of any identity. Entries are allow entries only. */
-static __always_inline int policy_allows(__u16 endpoint, __u32 identity, __u8 proto, __u16 dport)
+/* The endpoint's policy for (identity, proto, dport in network order), `dir` 0 (egress) or
+ * FQDND_POLICY_ID_INGRESS: the longest entry of the identity decides; when it has none, the
+ * longest of any identity. A deny entry drops (userspace makes a deny at least as long as
+ * every allow it overlaps, so a deny wins). */
+static __always_inline int policy_allows(__u16 endpoint, __u32 identity, __u32 dir, __u8 proto,
+					 __u16 dport)
 {
 	struct fqdnd_policy_key k = {};
 	struct fqdnd_policy_value *v;
 
 	k.prefixlen = FQDND_POLICY_PREFIX_FULL;
-	k.identity = identity;
+	k.identity = identity | dir;
 	k.endpoint = endpoint;
 	k.proto = proto;
 	k.dport = dport;
 	v = bpf_map_lookup_elem(&fqdnd_policy, &k);
-	if (v && (v->flags & FQDND_POLICY_ALLOW))
-		return 1;
-	k.identity = FQDND_ID_ANY;
-	v = bpf_map_lookup_elem(&fqdnd_policy, &k);
-	return v && (v->flags & FQDND_POLICY_ALLOW);
+	if (!v) {
+		k.identity = FQDND_ID_ANY | dir;
+		v = bpf_map_lookup_elem(&fqdnd_policy, &k);
+	}
+	return v && !(v->flags & FQDND_POLICY_DENY) && (v->flags & FQDND_POLICY_ALLOW);
+}
+
+/* The "port" a packet is looked up with: its destination port, or for ICMP its type. */
+static __always_inline __u16 policy_port(const struct fqdnd_ct_key *key, __u8 icmp_type)
+{
+	return is_icmp(key) ? bpf_htons(icmp_type) : key->dport;
 }
 
 /* Whether the endpoint may send the packet of tuple `key` (its destination's identity, now,
- * into *identity). ICMP tuples carry dport 0: only entries for every port and protocol
- * (L3 rules) match them. */
-static __always_inline int allowed(__u16 endpoint, const struct fqdnd_ct_key *key, __u32 *identity)
+ * into *identity). ICMP packets are looked up with their type as the port: entries for every
+ * protocol (L3 rules) and `icmps` entries of that type match them. */
+static __always_inline int allowed(__u16 endpoint, const struct fqdnd_ct_key *key, __u8 icmp_type,
+				   __u32 *identity)
 {
-	__u16 dport = is_icmp(key) ? 0 : key->dport;
+	*identity = identity_of_addr(key, key->daddr);
+	return policy_allows(endpoint, *identity, 0, key->proto, policy_port(key, icmp_type));
+}
 
-	*identity = identity_of(key);
-	return policy_allows(endpoint, *identity, key->proto, dport);
+/* Whether the endpoint may receive the packet of tuple `key` (its source's identity, now,
+ * into *identity), by its ingress entries. */
+static __always_inline int allowed_in(__u16 endpoint, const struct fqdnd_ct_key *key,
+				      __u8 icmp_type, __u32 *identity)
+{
+	*identity = identity_of_addr(key, key->saddr);
+	return policy_allows(endpoint, *identity, FQDND_POLICY_ID_INGRESS, key->proto,
+			     policy_port(key, icmp_type));
 }
 
 /* ---- events ---- */
@@ -591,6 +656,7 @@ static __always_inline void emit(struct __sk_buff *skb, __u16 endpoint, __u32 id
 	e->proto = key->proto;
 	e->family = key->family;
 	e->reason = reason;
+	e->source = key->zone == FQDND_CT_ZONE_SOCKET ? FQDND_SOURCE_SOCKET : FQDND_SOURCE_INTERFACE;
 	__builtin_memcpy(e->saddr, key->saddr, 16);
 	__builtin_memcpy(e->daddr, key->daddr, 16);
 	bpf_ringbuf_submit(e, 0);
@@ -719,6 +785,27 @@ static __always_inline int redirect_dns(struct __sk_buff *skb, const struct fqdn
 	}
 }
 
+/* The ingress of a bridge whose ports are endpoints (FQDND_EP_DNS_ONLY): their packets were
+ * judged at their port, but a DNS query's socket assignment made there does not survive the
+ * bridge, so it is made again here, where the packet goes up to the IP layer; the endpoint is
+ * the client entry of the source (checked against the port's addresses at the port).
+ * Everything else passes. */
+static __always_inline int bridge_dns(struct __sk_buff *skb, const struct pkt *p, int r)
+{
+	struct fqdnd_endpoint_value ep;
+
+	if (r != PARSE_OK || p->icmp != ICMP_NONE || p->key.dport != bpf_htons(53))
+		return TC_ACT_OK;
+	if (!client_of(&p->key, p->key.saddr, &ep) || !(ep.flags & FQDND_EP_REDIRECT_DNS))
+		return TC_ACT_OK;
+	if (redirect_dns(skb, &p->key) == 0) {
+		skb->mark = (skb->mark & ~FQDND_MARK_MASK) | FQDND_MARK_TO_PROXY;
+		return TC_ACT_OK;
+	}
+	emit_drop(skb, ep.endpoint, 0, p, FQDND_DROP_NO_PROXY);
+	return TC_ACT_SHOT;
+}
+
 /* ---- service load balancing (maps and design: include/fqdnd_maps.h) ---- */
 
 #define IP_CSUM_OFF   (ETH_HLEN + __builtin_offsetof(struct iphdr, check))
@@ -840,7 +927,7 @@ static __always_inline int lb_established(struct __sk_buff *skb, const struct pk
 	if (backend_of(ct->backend, &p->key, &be))
 		return LB_NONE;
 	to_backend(&p->key, &be, &tkey);
-	if ((ep->flags & FQDND_EP_ENFORCE_EGRESS) && !allowed(ep->endpoint, &tkey, &identity)) {
+	if ((ep->flags & FQDND_EP_ENFORCE_EGRESS) && !allowed(ep->endpoint, &tkey, 0, &identity)) {
 		emit(skb, ep->endpoint, identity, &tkey, p, FQDND_DROP_POLICY);
 		return LB_DROP;
 	}
@@ -886,7 +973,7 @@ static __always_inline int lb_new_flow(struct __sk_buff *skb, const struct pkt *
 	if (backend_of(id, &p->key, &be))
 		goto no_backend;
 	to_backend(&p->key, &be, &tkey);
-	if ((ep->flags & FQDND_EP_ENFORCE_EGRESS) && !allowed(ep->endpoint, &tkey, &identity)) {
+	if ((ep->flags & FQDND_EP_ENFORCE_EGRESS) && !allowed(ep->endpoint, &tkey, 0, &identity)) {
 		emit(skb, ep->endpoint, identity, &tkey, p, FQDND_DROP_POLICY);
 		return LB_DROP;
 	}
@@ -924,8 +1011,8 @@ static __always_inline int lb_reply(struct __sk_buff *skb, const struct pkt *p, 
 	akey.dport = port;
 	akey.proto = p->key.proto;
 	akey.family = p->key.family;
-	akey.pad[0] = 0;
-	akey.pad[1] = 0;
+	akey.zone = FQDND_CT_ZONE_INTERFACE;
+	akey.pad = 0;
 	a = ct_lookup(&akey, now);
 	if (a)
 		ct_refresh(a, p, 0, now);
@@ -987,10 +1074,13 @@ static __always_inline struct fqdnd_frag_value *frag_find(struct pkt *p, __u64 n
 
 /* ---- the endpoint's egress ---- */
 
-/* Whether an ICMP error relates to a tracked flow: the packet it embeds (which the endpoint
- * received: its destination is the error's source and its source the error's destination)
- * has a live conntrack entry in either direction. */
-static __always_inline int icmp_related(struct __sk_buff *skb, const struct pkt *p, __u64 now)
+/* Whether an ICMP error relates to a tracked flow: the packet it embeds has a live conntrack
+ * entry in either direction. From the endpoint (`inbound` 0) the endpoint received that
+ * packet: its destination is the error's source and its source the error's destination. To
+ * the endpoint (`inbound` 1) the endpoint sent it: its source is the error's destination (the
+ * error may come from any router on the way). */
+static __always_inline int icmp_related(struct __sk_buff *skb, const struct pkt *p, __u64 now,
+					int inbound)
 {
 	struct fqdnd_ct_key ik = {};
 	struct fqdnd_ct_key rk;
@@ -1016,8 +1106,10 @@ static __always_inline int icmp_related(struct __sk_buff *skb, const struct pkt 
 		l4 = off + sizeof(ip6);
 	}
 	ik.family = p->key.family;
-	if (__builtin_memcmp(ik.daddr, p->key.saddr, 16) ||
-	    __builtin_memcmp(ik.saddr, p->key.daddr, 16))
+	ik.zone = p->key.zone;
+	if (__builtin_memcmp(ik.saddr, p->key.daddr, 16))
+		return 0;
+	if (!inbound && __builtin_memcmp(ik.daddr, p->key.saddr, 16))
 		return 0;
 	if (ik.proto == IPPROTO_TCP || ik.proto == IPPROTO_UDP) {
 		__u16 ports[2];
@@ -1050,10 +1142,13 @@ static __always_inline int icmp_related(struct __sk_buff *skb, const struct pkt 
 
 /* The verdict on a packet of the endpoint `ep` (TC_ACT_OK or TC_ACT_SHOT, event emitted);
  * *backend: the service backend a passed packet was translated to; *follow = 0 when the later
- * fragments of a passed first fragment must not follow it. */
+ * fragments of a passed first fragment must not follow it. `socket` (a constant: the code of
+ * the other case is compiled out) when a cgroup skb program asks for a host process's
+ * socket: no packet rewrite (the program may not), so no service translation, and DNS the
+ * socket programs did not redirect is dropped instead of assigned to the proxy. */
 static __always_inline int egress(struct __sk_buff *skb, struct pkt *p, int r,
 				  const struct fqdnd_endpoint_value *ep, __u64 now, __u16 *backend,
-				  __u8 *follow)
+				  __u8 *follow, const int socket)
 {
 	int enforce = ep->flags & FQDND_EP_ENFORCE_EGRESS;
 	struct fqdnd_ct_value *ct;
@@ -1065,7 +1160,7 @@ static __always_inline int egress(struct __sk_buff *skb, struct pkt *p, int r,
 		if (f) {
 			struct fqdnd_lb_backend be;
 
-			if (!f->backend)
+			if (socket || !f->backend)
 				return TC_ACT_OK;
 			if (backend_of(f->backend, &p->key, &be))
 				return TC_ACT_SHOT;
@@ -1085,10 +1180,13 @@ static __always_inline int egress(struct __sk_buff *skb, struct pkt *p, int r,
 		return TC_ACT_SHOT;
 	}
 	if (p->icmp == ICMP_ERROR || p->icmp == ICMP_OTHER) {
-		/* related errors pass both ways (path MTU discovery); no other ICMP */
-		if (!enforce || (p->icmp == ICMP_ERROR && icmp_related(skb, p, now)))
+		/* related errors pass both ways (path MTU discovery); other ICMP only as the
+		 * policy allows its type (an `icmps` entry, or a rule for every protocol) */
+		if (!enforce || (p->icmp == ICMP_ERROR && icmp_related(skb, p, now, 0)))
 			return TC_ACT_OK;
-		emit_drop(skb, ep->endpoint, 0, p, FQDND_DROP_ICMP);
+		if (allowed(ep->endpoint, &p->key, p->icmp_type, &identity))
+			return TC_ACT_OK;
+		emit_drop(skb, ep->endpoint, identity, p, FQDND_DROP_ICMP);
 		return TC_ACT_SHOT;
 	}
 
@@ -1097,8 +1195,22 @@ static __always_inline int egress(struct __sk_buff *skb, struct pkt *p, int r,
 		/* a fragmented query's later fragments would go to the original destination,
 		 * past the proxy: they are dropped */
 		*follow = 0;
+		if (socket) {
+			/* a host process's DNS the socket programs did not send to the proxy (a
+			 * socket connected before its cgroup became an endpoint) */
+			emit_drop(skb, ep->endpoint, 0, p, FQDND_DROP_DNS_BYPASS);
+			return TC_ACT_SHOT;
+		}
 		if (redirect_dns(skb, &p->key) == 0) {
 			skb->mark = (skb->mark & ~FQDND_MARK_MASK) | FQDND_MARK_TO_PROXY;
+			if (ep->flags & FQDND_EP_ENFORCE_INGRESS) {
+				/* under ingress policy the proxy's answers pass as its replies */
+				ct = ct_lookup(&p->key, now);
+				if (ct)
+					ct_refresh(ct, p, 1, now);
+				else
+					ct_create(&p->key, p, FQDND_CT_DNS, 0, 0, now);
+			}
 			return TC_ACT_OK;
 		}
 		/* fail closed: DNS never bypasses the proxy */
@@ -1110,7 +1222,7 @@ static __always_inline int egress(struct __sk_buff *skb, struct pkt *p, int r,
 	if (ct) {
 		/* an established flow: checked again against the policy and the destination's
 		 * identity now (a removed rule, a released name cut it) */
-		if (ct->backend) {
+		if (!socket && ct->backend) {
 			__u16 id = ct->backend;
 
 			r = lb_established(skb, p, ct, ep, now);
@@ -1120,7 +1232,7 @@ static __always_inline int egress(struct __sk_buff *skb, struct pkt *p, int r,
 			}
 			/* its backend is gone: chosen again below, like a new flow */
 		} else {
-			if (enforce && !allowed(ep->endpoint, &p->key, &identity)) {
+			if (enforce && !allowed(ep->endpoint, &p->key, p->icmp_type, &identity)) {
 				emit_drop(skb, ep->endpoint, identity, p, FQDND_DROP_POLICY);
 				return TC_ACT_SHOT;
 			}
@@ -1143,16 +1255,126 @@ static __always_inline int egress(struct __sk_buff *skb, struct pkt *p, int r,
 		emit_drop(skb, ep->endpoint, 0, p, FQDND_DROP_ICMP);
 		return TC_ACT_SHOT;
 	}
-	if (p->icmp == ICMP_NONE) {
+	if (!socket && p->icmp == ICMP_NONE) {
 		r = lb_new_flow(skb, p, ep, now, backend);
 		if (r != LB_NONE)
 			return r == LB_PASS ? TC_ACT_OK : TC_ACT_SHOT;
 	}
-	if (enforce && !allowed(ep->endpoint, &p->key, &identity)) {
+	if (enforce && !allowed(ep->endpoint, &p->key, p->icmp_type, &identity)) {
 		emit_drop(skb, ep->endpoint, identity, p, FQDND_DROP_POLICY);
 		return TC_ACT_SHOT;
 	}
 	ct_create(&p->key, p, FQDND_CT_EGRESS, 0, 0, now);
+	return TC_ACT_OK;
+}
+
+/* The verdict on a packet towards the endpoint `ep` (TC_ACT_OK or TC_ACT_SHOT, event
+ * emitted); *rev_nat: the service a passed reply was given the VIP of. Without
+ * ENFORCE_INGRESS nothing is dropped: inbound flows are recorded so the endpoint's replies
+ * pass, and replies in its own flows are tracked (and translated back for services).
+ * `socket` (a constant: the code of the other case is compiled out) when a cgroup skb program
+ * asks for a host process's socket: no packet rewrite (the program may not, and its egress
+ * never translates), and no exception for the proxy's answers (they come from loopback, which
+ * the program lets pass before). */
+static __always_inline int ingress(struct __sk_buff *skb, struct pkt *p, int r,
+				   const struct fqdnd_endpoint_value *ep, __u64 now, __u16 *rev_nat,
+				   const int socket)
+{
+	int enforce = ep->flags & FQDND_EP_ENFORCE_INGRESS;
+	struct fqdnd_ct_value *ct;
+	__u32 identity = 0;
+
+	if (r == PARSE_LATER_FRAGMENT) {
+		/* a passed datagram's later fragments follow it; a service's reply datagram
+		 * gets its VIP back */
+		struct fqdnd_frag_value *f = frag_find(p, now);
+		struct fqdnd_lb_revnat *rn;
+		__u16 idx;
+
+		if (!f) {
+			if (!enforce)
+				return TC_ACT_OK;
+			emit_drop(skb, ep->endpoint, 0, p, FQDND_DROP_FRAGMENT);
+			return TC_ACT_SHOT;
+		}
+		if (socket || !f->rev_nat)
+			return TC_ACT_OK;
+		idx = f->rev_nat;
+		rn = bpf_map_lookup_elem(&fqdnd_lb_revnat, &idx);
+		if (!rn || rn->family != p->key.family)
+			return TC_ACT_OK;
+		return rewrite_l3(skb, p->key.family, 0, p->key.saddr, rn->addr) ? TC_ACT_SHOT
+										 : TC_ACT_OK;
+	}
+	if (r != PARSE_OK) {
+		if (!enforce)
+			return TC_ACT_OK;
+		emit_drop(skb, ep->endpoint, 0, p,
+			  r == PARSE_EXT_HEADERS ? FQDND_DROP_EXT_HEADERS : FQDND_DROP_UNHANDLED);
+		return TC_ACT_SHOT;
+	}
+	/* The proxy's answers to redirected DNS: no conntrack entry of their own (the queries
+	 * never consult conntrack, and an INGRESS entry would let them pass as replies without
+	 * the redirect). Under ingress policy they pass as replies to the query's DNS entry. */
+	if (!socket && (ep->flags & FQDND_EP_REDIRECT_DNS) && p->icmp == ICMP_NONE &&
+	    p->key.sport == bpf_htons(53)) {
+		if (!enforce || ct_reply(&p->key, FQDND_CT_DNS, now))
+			return TC_ACT_OK;
+	}
+	if (p->icmp == ICMP_ERROR || p->icmp == ICMP_OTHER) {
+		/* errors about the endpoint's flows pass (path MTU discovery); other ICMP only as
+		 * the ingress policy allows its type */
+		if (!enforce || (p->icmp == ICMP_ERROR && icmp_related(skb, p, now, 1)))
+			return TC_ACT_OK;
+		if (allowed_in(ep->endpoint, &p->key, p->icmp_type, &identity))
+			return TC_ACT_OK;
+		emit_drop(skb, ep->endpoint, identity, p, FQDND_DROP_ICMP);
+		return TC_ACT_SHOT;
+	}
+	ct = ct_lookup(&p->key, now);
+	if (ct) {
+		/* an established inbound flow: checked again against the ingress policy and its
+		 * source's identity now */
+		if (enforce && !allowed_in(ep->endpoint, &p->key, p->icmp_type, &identity)) {
+			emit_drop(skb, ep->endpoint, identity, p, FQDND_DROP_POLICY);
+			return TC_ACT_SHOT;
+		}
+		/* The entry may be the sender's own (another endpoint of this node opened the
+		 * flow at its egress, and conntrack is shared): it is a flow towards this
+		 * endpoint too, whose replies must pass. */
+		if (!(ct->flags & FQDND_CT_INGRESS))
+			ct->flags |= FQDND_CT_INGRESS;
+		ct_refresh(ct, p, 1, now);
+		return TC_ACT_OK;
+	}
+	ct = ct_reply(&p->key, FQDND_CT_EGRESS, now);
+	if (ct) {
+		/* a reply in a flow the endpoint opened: no ingress policy */
+		ct_refresh(ct, p, 0, now);
+		if (socket)
+			return TC_ACT_OK;
+		*rev_nat = ct->rev_nat;
+		if (*rev_nat && lb_reply(skb, p, *rev_nat, now) == LB_DROP)
+			return TC_ACT_SHOT;
+		return TC_ACT_OK;
+	}
+	if (p->icmp == ICMP_ECHO_REPLY) {
+		/* a reply to no request */
+		if (!enforce)
+			return TC_ACT_OK;
+		emit_drop(skb, ep->endpoint, 0, p, FQDND_DROP_ICMP);
+		return TC_ACT_SHOT;
+	}
+	if (enforce && !allowed_in(ep->endpoint, &p->key, p->icmp_type, &identity)) {
+		emit_drop(skb, ep->endpoint, identity, p, FQDND_DROP_POLICY);
+		return TC_ACT_SHOT;
+	}
+	/* A flow opened towards the endpoint: its replies will pass. Only a SYN opens a TCP flow
+	 * (a stray segment, say of a flow whose entry died, must not make the endpoint's packets
+	 * replies), only a request an echo. */
+	if (p->key.proto == IPPROTO_TCP && (p->tcp_flags & (TH_SYN | TH_ACK)) != TH_SYN)
+		return TC_ACT_OK;
+	ct_create(&p->key, p, FQDND_CT_INGRESS, 0, 0, now);
 	return TC_ACT_OK;
 }
 
@@ -1176,6 +1398,8 @@ int fqdnd_from_ep(struct __sk_buff *skb)
 	r = parse(skb, &p);
 	if (r == PARSE_NOT_IP || r == PARSE_ALWAYS_PASS)
 		return TC_ACT_OK;
+	if (ep.flags & FQDND_EP_DNS_ONLY)
+		return bridge_dns(skb, &p, r);
 	if (ep.flags & FQDND_EP_BY_SOURCE) {
 		if (!client_of(&p.key, p.key.saddr, &ep)) {
 			/* a source no client prefix holds: the interface entry's ENFORCE decides */
@@ -1191,7 +1415,7 @@ int fqdnd_from_ep(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	}
 	now = bpf_ktime_get_ns();
-	verdict = egress(skb, &p, r, &ep, now, &backend, &follow);
+	verdict = egress(skb, &p, r, &ep, now, &backend, &follow, 0);
 	frag_record(&p, verdict == TC_ACT_OK && follow, backend, 0, now);
 	return verdict;
 }
@@ -1202,68 +1426,468 @@ int fqdnd_to_ep(struct __sk_buff *skb)
 	struct pkt p = {};
 	struct fqdnd_endpoint_value ep;
 	struct fqdnd_endpoint_value *iface;
-	struct fqdnd_ct_value *ct;
 	__u32 ifindex = skb->ifindex;
+	__u16 rev_nat = 0;
 	__u64 now;
-	int r;
+	int r, verdict;
 
 	iface = bpf_map_lookup_elem(&fqdnd_endpoints, &ifindex);
-	if (!iface)
+	if (!iface || (iface->flags & FQDND_EP_DNS_ONLY))
 		return TC_ACT_OK;
 	ep = *iface;
 	r = parse(skb, &p);
-	if (r == PARSE_LATER_FRAGMENT) {
-		/* no ingress policy; a service's reply datagram gets its VIP back */
-		struct fqdnd_frag_value *f = frag_find(&p, bpf_ktime_get_ns());
-		struct fqdnd_lb_revnat *rn;
-		__u16 rev_nat;
-
-		if (!f || !f->rev_nat)
-			return TC_ACT_OK;
-		rev_nat = f->rev_nat;
-		rn = bpf_map_lookup_elem(&fqdnd_lb_revnat, &rev_nat);
-		if (!rn || rn->family != p.key.family)
-			return TC_ACT_OK;
-		return rewrite_l3(skb, p.key.family, 0, p.key.saddr, rn->addr) ? TC_ACT_SHOT
-									       : TC_ACT_OK;
-	}
-	if (r != PARSE_OK)
+	if (r == PARSE_NOT_IP || r == PARSE_ALWAYS_PASS)
 		return TC_ACT_OK;
 	if ((ep.flags & FQDND_EP_BY_SOURCE) && !client_of(&p.key, p.key.daddr, &ep))
 		return TC_ACT_OK;
-	/* The proxy's answers to redirected DNS: no conntrack entry (the queries never consult
-	 * conntrack, and an INGRESS entry would let them pass as replies without the redirect). */
-	if ((ep.flags & FQDND_EP_REDIRECT_DNS) && p.icmp == ICMP_NONE &&
-	    p.key.sport == bpf_htons(53))
-		return TC_ACT_OK;
-	/* no ingress policy: ICMP errors (path MTU discovery) and other ICMP pass untracked */
-	if (p.icmp == ICMP_ERROR || p.icmp == ICMP_OTHER)
-		return TC_ACT_OK;
 	now = bpf_ktime_get_ns();
-	ct = ct_lookup(&p.key, now);
-	if (ct) {
-		ct_refresh(ct, &p, 1, now);
-		return TC_ACT_OK;
-	}
-	ct = ct_reply(&p.key, FQDND_CT_EGRESS, now);
-	if (ct) {
-		__u16 rev_nat = ct->rev_nat;
+	verdict = ingress(skb, &p, r, &ep, now, &rev_nat, 0);
+	if (r == PARSE_OK && (rev_nat || (ep.flags & FQDND_EP_ENFORCE_INGRESS)))
+		frag_record(&p, verdict == TC_ACT_OK, 0, rev_nat, now);
+	return verdict;
+}
 
-		ct_refresh(ct, &p, 0, now);
-		if (rev_nat) {
-			if (lb_reply(skb, &p, rev_nat, now) == LB_DROP)
-				return TC_ACT_SHOT;
-			frag_record(&p, 1, 0, rev_nat, now);
-		}
-		return TC_ACT_OK;
+/* ---- host processes: cgroup v2 socket programs ----
+ *
+ * Attached once at the root of the cgroup v2 hierarchy (see the header). Sockets of no
+ * endpoint's cgroup are left alone: each program returns at once when the walk of the
+ * socket's cgroup ancestry finds no fqdnd_cgroups entry.
+ *
+ *  fqdnd_connect4/6, fqdnd_sendmsg4/6  the DNS redirect: a UDP or TCP destination port 53 of
+ *                 a socket of an endpoint flagged REDIRECT_DNS becomes the proxy (127.0.0.1 /
+ *                 ::1 and its port, or the proxy's bound address), in the proxy's network
+ *                 namespace; the destination asked for is recorded per socket cookie
+ *                 (fqdnd_sock_dns). No proxy: the call fails (EPERM) — DNS fails closed.
+ *  fqdnd_recvmsg4/6, fqdnd_getpeername4/6  give the socket the recorded destination back where
+ *                 the kernel would show the proxy's address (recvfrom's source, getpeername).
+ *  fqdnd_sock_egress  cgroup_skb egress: a packet a redirected socket sends to the proxy
+ *                 records that socket's destination under the packet's source address and
+ *                 port (fqdnd_dns_origins, read by the proxy); other packets to loopback pass;
+ *                 everything else is egress() as for an interface (same ipcache, policy and
+ *                 conntrack maps, the socket conntrack zone) without service translation (a
+ *                 cgroup skb program may not rewrite packets), DNS that was not redirected
+ *                 dropped.
+ *  fqdnd_sock_ingress cgroup_skb ingress: packets from loopback (the host itself, the proxy's
+ *                 answers included) pass; everything else is ingress() as for an interface
+ *                 (the socket conntrack zone, no service translation): flows opened towards
+ *                 the endpoint's sockets are recorded so their replies pass, and an endpoint
+ *                 flagged ENFORCE_INGRESS drops what its ingress policy does not allow.
+ */
+
+#define SOCK_PASS 1
+#define SOCK_DROP 0
+#define LOOPBACK4 0x7f000001 /* 127.0.0.1, host order */
+
+/* The endpoint of the deepest cgroup on the path from the root to `own` (a socket's cgroup)
+ * that has an fqdnd_cgroups entry; `ancestor(level)` is the id of its ancestor at `level`
+ * (0 = the root), 0 beyond `own`'s depth. */
+#define CGROUP_ENDPOINT(own, ancestor, out)                                                  \
+	({                                                                                   \
+		struct fqdnd_endpoint_value *__v;                                            \
+		__u64 __own = (own);                                                         \
+		int __found = 0, __level;                                                    \
+                                                                                             \
+		__v = bpf_map_lookup_elem(&fqdnd_cgroups, &__own);                           \
+		if (__v) {                                                                   \
+			*(out) = *__v;                                                       \
+			__found = 1;                                                         \
+		} else {                                                                     \
+			for (__level = 0; __level < FQDND_CGROUP_MAX_DEPTH; __level++) {     \
+				__u64 __id = ancestor(__level);                              \
+                                                                                             \
+				if (!__id || __id == __own)                                  \
+					break;                                               \
+				__v = bpf_map_lookup_elem(&fqdnd_cgroups, &__id);            \
+				if (__v) {                                                   \
+					*(out) = *__v;                                       \
+					__found = 1;                                         \
+				}                                                            \
+			}                                                                    \
+		}                                                                            \
+		__found;                                                                     \
+	})
+
+#define SKB_ANCESTOR(level)     bpf_skb_ancestor_cgroup_id(skb, (level))
+#define CURRENT_ANCESTOR(level) bpf_get_current_ancestor_cgroup_id(level)
+
+/* The endpoint of the call a sock_addr program runs for, when the redirect applies to it: in
+ * the proxy's network namespace (fqdnd_sock_cfg) and made by a process in an endpoint's
+ * cgroup. (sock_addr programs cannot read a socket's cgroup, only the calling task's: a
+ * socket created before its process joined the cgroup is redirected by its process's
+ * cgroup, while the skb programs follow the socket's.) */
+static __always_inline int sock_addr_endpoint(struct bpf_sock_addr *ctx,
+					      struct fqdnd_endpoint_value *out)
+{
+	struct fqdnd_sock_cfg *cfg;
+	__u32 zero = 0;
+
+	cfg = bpf_map_lookup_elem(&fqdnd_sock_cfg, &zero);
+	if (!cfg || !cfg->endpoints)
+		return 0;
+	if (cfg->netns_cookie && cfg->netns_cookie != bpf_get_netns_cookie(ctx))
+		return 0;
+	return CGROUP_ENDPOINT(bpf_get_current_cgroup_id(), CURRENT_ANCESTOR, out);
+}
+
+/* The proxy's IPv4 address for redirected sockets, network order: its bound address, or
+ * 127.0.0.1 for a wildcard listener. */
+static __always_inline __u32 proxy_addr4(const struct fqdnd_dns_proxy *cfg)
+{
+	__u32 a;
+
+	__builtin_memcpy(&a, cfg->addr4, 4);
+	return a ? a : bpf_htonl(LOOPBACK4);
+}
+
+/* The proxy's IPv6 address (::1 for a wildcard listener), as four network-order words. */
+static __always_inline void proxy_addr6(const struct fqdnd_dns_proxy *cfg, __u32 out[4])
+{
+	__builtin_memcpy(out, cfg->addr6, 16);
+	if (!(out[0] | out[1] | out[2] | out[3]))
+		out[3] = bpf_htonl(1);
+}
+
+/* Whether the four network-order words `a` are the proxy's IPv6 address. */
+static __always_inline int is_proxy6(const struct fqdnd_dns_proxy *cfg, const __u32 a[4])
+{
+	__u32 proxy[4];
+
+	proxy_addr6(cfg, proxy);
+	return a[0] == proxy[0] && a[1] == proxy[1] && a[2] == proxy[2] && a[3] == proxy[3];
+}
+
+/* The sock_addr context's IPv6 address, read and written a word at a time (the only access
+ * the verifier allows). */
+static __always_inline void load_ip6(const struct bpf_sock_addr *ctx, __u32 a[4])
+{
+	a[0] = ctx->user_ip6[0];
+	a[1] = ctx->user_ip6[1];
+	a[2] = ctx->user_ip6[2];
+	a[3] = ctx->user_ip6[3];
+}
+
+static __always_inline void store_ip6(struct bpf_sock_addr *ctx, const __u32 a[4])
+{
+	ctx->user_ip6[0] = a[0];
+	ctx->user_ip6[1] = a[1];
+	ctx->user_ip6[2] = a[2];
+	ctx->user_ip6[3] = a[3];
+}
+
+static __always_inline int v4_mapped(const __u32 a[4])
+{
+	return !a[0] && !a[1] && a[2] == bpf_htonl(0xffff);
+}
+
+/* A drop event for a call the sock_addr programs refused (no proxy). */
+static __always_inline void emit_sock(__u16 endpoint, const __u8 *daddr, __u8 family,
+				      __u16 dport, __u8 proto, __u8 reason)
+{
+	struct fqdnd_drop_event *e;
+
+	e = bpf_ringbuf_reserve(&fqdnd_events, sizeof(*e), 0);
+	if (!e)
+		return;
+	__builtin_memset(e, 0, sizeof(*e));
+	e->ts_ns = bpf_ktime_get_ns();
+	e->endpoint = endpoint;
+	e->dport = bpf_ntohs(dport);
+	e->proto = proto;
+	e->family = family;
+	e->reason = reason;
+	e->source = FQDND_SOURCE_SOCKET;
+	__builtin_memcpy(e->daddr, daddr, 16);
+	bpf_ringbuf_submit(e, 0);
+}
+
+/* Whether the sock_addr call is DNS of a redirected endpoint: UDP or TCP to port 53. */
+static __always_inline int dns_call(struct bpf_sock_addr *ctx, struct fqdnd_endpoint_value *ep)
+{
+	if (ctx->user_port != bpf_htons(53))
+		return 0;
+	if (ctx->protocol != IPPROTO_UDP && ctx->protocol != IPPROTO_TCP)
+		return 0;
+	return sock_addr_endpoint(ctx, ep) && (ep->flags & FQDND_EP_REDIRECT_DNS);
+}
+
+/* connect4 / sendmsg4: 1 to go on (redirected or not ours), 0 to refuse the call (EPERM). */
+static __always_inline int redirect4(struct bpf_sock_addr *ctx)
+{
+	struct fqdnd_endpoint_value ep;
+	struct fqdnd_sock_origin o = {};
+	struct fqdnd_dns_proxy *cfg;
+	__u32 zero = 0, dst;
+	__u64 cookie;
+
+	if (!dns_call(ctx, &ep))
+		return 1;
+	dst = ctx->user_ip4;
+	__builtin_memcpy(o.addr, &dst, 4);
+	cfg = bpf_map_lookup_elem(&fqdnd_dns_proxy, &zero);
+	if (!cfg || !cfg->port4) {
+		emit_sock(ep.endpoint, o.addr, 4, ctx->user_port, ctx->protocol,
+			  FQDND_DROP_NO_PROXY);
+		return 0;
 	}
-	/* A flow opened towards the endpoint: its replies will pass. Only a SYN opens a TCP flow
-	 * (a stray segment, say of a flow whose entry died, must not make the endpoint's packets
-	 * replies), only a request an echo. */
-	if (p.key.proto == IPPROTO_TCP && (p.tcp_flags & (TH_SYN | TH_ACK)) != TH_SYN)
-		return TC_ACT_OK;
-	if (p.icmp == ICMP_ECHO_REPLY)
-		return TC_ACT_OK;
-	ct_create(&p.key, &p, FQDND_CT_INGRESS, 0, 0, now);
-	return TC_ACT_OK;
+	o.port = ctx->user_port;
+	o.endpoint = ep.endpoint;
+	o.family = 4;
+	o.proto = ctx->protocol;
+	cookie = bpf_get_socket_cookie(ctx);
+	bpf_map_update_elem(&fqdnd_sock_dns, &cookie, &o, BPF_ANY);
+	ctx->user_ip4 = proxy_addr4(cfg);
+	ctx->user_port = cfg->port4;
+	return 1;
+}
+
+/* connect6 / sendmsg6, v4-mapped destinations (a dual-stack socket) included. */
+static __always_inline int redirect6(struct bpf_sock_addr *ctx)
+{
+	struct fqdnd_endpoint_value ep;
+	struct fqdnd_sock_origin o = {};
+	struct fqdnd_dns_proxy *cfg;
+	__u32 zero = 0, dst[4], proxy[4];
+	__u64 cookie;
+	int mapped;
+
+	if (!dns_call(ctx, &ep))
+		return 1;
+	load_ip6(ctx, dst);
+	__builtin_memcpy(o.addr, dst, 16);
+	mapped = v4_mapped(dst);
+	cfg = bpf_map_lookup_elem(&fqdnd_dns_proxy, &zero);
+	if (!cfg || !(mapped ? cfg->port4 : cfg->port6)) {
+		emit_sock(ep.endpoint, o.addr, 6, ctx->user_port, ctx->protocol,
+			  FQDND_DROP_NO_PROXY);
+		return 0;
+	}
+	o.port = ctx->user_port;
+	o.endpoint = ep.endpoint;
+	o.family = 6;
+	o.proto = ctx->protocol;
+	cookie = bpf_get_socket_cookie(ctx);
+	bpf_map_update_elem(&fqdnd_sock_dns, &cookie, &o, BPF_ANY);
+	if (mapped) {
+		ctx->user_ip6[3] = proxy_addr4(cfg);
+		ctx->user_port = cfg->port4;
+		return 1;
+	}
+	proxy_addr6(cfg, proxy);
+	store_ip6(ctx, proxy);
+	ctx->user_port = cfg->port6;
+	return 1;
+}
+
+SEC("cgroup/connect4")
+int fqdnd_connect4(struct bpf_sock_addr *ctx)
+{
+	return redirect4(ctx);
+}
+
+SEC("cgroup/sendmsg4")
+int fqdnd_sendmsg4(struct bpf_sock_addr *ctx)
+{
+	return redirect4(ctx);
+}
+
+SEC("cgroup/connect6")
+int fqdnd_connect6(struct bpf_sock_addr *ctx)
+{
+	return redirect6(ctx);
+}
+
+SEC("cgroup/sendmsg6")
+int fqdnd_sendmsg6(struct bpf_sock_addr *ctx)
+{
+	return redirect6(ctx);
+}
+
+/* recvmsg4 / getpeername4: the proxy's address becomes the destination the socket's last
+ * redirected DNS message was sent to. Always 1 (these hooks cannot refuse). */
+static __always_inline int restore4(struct bpf_sock_addr *ctx)
+{
+	struct fqdnd_sock_origin *o;
+	struct fqdnd_dns_proxy *cfg;
+	__u32 zero = 0, a;
+	__u64 cookie;
+
+	cfg = bpf_map_lookup_elem(&fqdnd_dns_proxy, &zero);
+	if (!cfg || !cfg->port4 || ctx->user_port != cfg->port4 ||
+	    ctx->user_ip4 != proxy_addr4(cfg))
+		return 1;
+	cookie = bpf_get_socket_cookie(ctx);
+	o = bpf_map_lookup_elem(&fqdnd_sock_dns, &cookie);
+	if (!o || o->family != 4)
+		return 1;
+	__builtin_memcpy(&a, o->addr, 4);
+	ctx->user_ip4 = a;
+	ctx->user_port = o->port;
+	return 1;
+}
+
+/* recvmsg6 / getpeername6: the same for an IPv6 socket (the proxy's IPv6 address, or its
+ * IPv4 address v4-mapped). */
+static __always_inline int restore6(struct bpf_sock_addr *ctx)
+{
+	struct fqdnd_sock_origin *o;
+	struct fqdnd_dns_proxy *cfg;
+	__u32 zero = 0, a[4];
+	__u64 cookie;
+
+	cfg = bpf_map_lookup_elem(&fqdnd_dns_proxy, &zero);
+	if (!cfg)
+		return 1;
+	load_ip6(ctx, a);
+	if (v4_mapped(a)) {
+		if (!cfg->port4 || ctx->user_port != cfg->port4 || a[3] != proxy_addr4(cfg))
+			return 1;
+	} else if (!cfg->port6 || ctx->user_port != cfg->port6 || !is_proxy6(cfg, a)) {
+		return 1;
+	}
+	cookie = bpf_get_socket_cookie(ctx);
+	o = bpf_map_lookup_elem(&fqdnd_sock_dns, &cookie);
+	if (!o || o->family != 6)
+		return 1;
+	__builtin_memcpy(a, o->addr, 16);
+	store_ip6(ctx, a);
+	ctx->user_port = o->port;
+	return 1;
+}
+
+SEC("cgroup/recvmsg4")
+int fqdnd_recvmsg4(struct bpf_sock_addr *ctx)
+{
+	return restore4(ctx);
+}
+
+SEC("cgroup/getpeername4")
+int fqdnd_getpeername4(struct bpf_sock_addr *ctx)
+{
+	return restore4(ctx);
+}
+
+SEC("cgroup/recvmsg6")
+int fqdnd_recvmsg6(struct bpf_sock_addr *ctx)
+{
+	return restore6(ctx);
+}
+
+SEC("cgroup/getpeername6")
+int fqdnd_getpeername6(struct bpf_sock_addr *ctx)
+{
+	return restore6(ctx);
+}
+
+static __always_inline int is_loopback(const struct fqdnd_ct_key *key, const __u8 *addr)
+{
+	if (key->family == 4)
+		return addr[0] == 127;
+	{
+		__u32 w[4];
+
+		__builtin_memcpy(w, addr, 16);
+		return !w[0] && !w[1] && !w[2] && w[3] == bpf_htonl(1);
+	}
+}
+
+/* A packet to the proxy from an endpoint's socket: when the redirect recorded the socket,
+ * the proxy will find the record under the packet's source address and port. */
+static __always_inline void record_origin(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct fqdnd_origin_key k = {};
+	struct fqdnd_sock_origin *o;
+	struct fqdnd_dns_proxy *cfg;
+	__u32 zero = 0;
+	__u64 cookie;
+
+	if (p->key.proto != IPPROTO_UDP && p->key.proto != IPPROTO_TCP)
+		return;
+	cfg = bpf_map_lookup_elem(&fqdnd_dns_proxy, &zero);
+	if (!cfg)
+		return;
+	if (p->key.family == 4) {
+		__u32 d;
+
+		__builtin_memcpy(&d, p->key.daddr, 4);
+		if (!cfg->port4 || p->key.dport != cfg->port4 || d != proxy_addr4(cfg))
+			return;
+	} else {
+		__u32 d[4];
+
+		__builtin_memcpy(d, p->key.daddr, 16);
+		if (!cfg->port6 || p->key.dport != cfg->port6 || !is_proxy6(cfg, d))
+			return;
+	}
+	__builtin_memcpy(k.addr, p->key.saddr, 16);
+	k.port = p->key.sport;
+	k.proto = p->key.proto;
+	k.family = p->key.family;
+	cookie = bpf_get_socket_cookie(skb);
+	o = bpf_map_lookup_elem(&fqdnd_sock_dns, &cookie);
+	if (o)
+		bpf_map_update_elem(&fqdnd_dns_origins, &k, o, BPF_ANY);
+	else
+		/* a socket that talks to the proxy directly: no record of an earlier socket on
+		 * this address and port may speak for it */
+		bpf_map_delete_elem(&fqdnd_dns_origins, &k);
+}
+
+/* Whether any cgroup endpoint exists (the skb programs' first question, for every packet of
+ * the host). */
+static __always_inline int cgroup_endpoints(void)
+{
+	struct fqdnd_sock_cfg *cfg;
+	__u32 zero = 0;
+
+	cfg = bpf_map_lookup_elem(&fqdnd_sock_cfg, &zero);
+	return cfg && cfg->endpoints;
+}
+
+SEC("cgroup_skb/egress")
+int fqdnd_sock_egress(struct __sk_buff *skb)
+{
+	struct fqdnd_endpoint_value ep;
+	struct pkt p = {};
+	__u16 backend = 0;
+	__u8 follow = 1;
+	__u64 now;
+	int r, verdict;
+
+	if (!cgroup_endpoints() || !CGROUP_ENDPOINT(bpf_skb_cgroup_id(skb), SKB_ANCESTOR, &ep))
+		return SOCK_PASS;
+	r = parse_l3(skb, &p, 0, skb->protocol);
+	if (r == PARSE_NOT_IP || r == PARSE_ALWAYS_PASS)
+		return SOCK_PASS;
+	p.key.zone = FQDND_CT_ZONE_SOCKET;
+	if (is_loopback(&p.key, p.key.daddr)) {
+		/* the host itself, the proxy included: not egress */
+		if (r == PARSE_OK && (ep.flags & FQDND_EP_REDIRECT_DNS))
+			record_origin(skb, &p);
+		return SOCK_PASS;
+	}
+	now = bpf_ktime_get_ns();
+	verdict = egress(skb, &p, r, &ep, now, &backend, &follow, 1);
+	frag_record(&p, verdict == TC_ACT_OK && follow, 0, 0, now);
+	return verdict == TC_ACT_OK ? SOCK_PASS : SOCK_DROP;
+}
+
+SEC("cgroup_skb/ingress")
+int fqdnd_sock_ingress(struct __sk_buff *skb)
+{
+	struct fqdnd_endpoint_value ep;
+	struct pkt p = {};
+	__u16 rev_nat = 0;
+	int r;
+
+	if (!cgroup_endpoints() || !CGROUP_ENDPOINT(bpf_skb_cgroup_id(skb), SKB_ANCESTOR, &ep))
+		return SOCK_PASS;
+	r = parse_l3(skb, &p, 0, skb->protocol);
+	if (r == PARSE_NOT_IP || r == PARSE_ALWAYS_PASS)
+		return SOCK_PASS;
+	p.key.zone = FQDND_CT_ZONE_SOCKET;
+	/* the host itself, the proxy's answers included */
+	if (is_loopback(&p.key, p.key.saddr))
+		return SOCK_PASS;
+	return ingress(skb, &p, r, &ep, bpf_ktime_get_ns(), &rev_nat, 1) == TC_ACT_OK ? SOCK_PASS
+											: SOCK_DROP;
 }

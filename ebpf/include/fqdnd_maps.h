@@ -46,6 +46,8 @@
 #define FQDND_LB_BACKENDS_MAX 65536
 #define FQDND_EP_ADDRS_MAX   131072
 #define FQDND_FRAGS_MAX      8192
+#define FQDND_CGROUPS_MAX    4096
+#define FQDND_SOCK_ORIGINS_MAX 16384
 #define FQDND_EVENTS_BYTES   (256 * 1024)
 
 /* ipcache: LPM trie, prefix → identity. prefixlen counts bits of addr. */
@@ -73,6 +75,13 @@ struct fqdnd_ipcache_value {
 				     * fqdnd_clients4/6 entry of the packet's source address */
 #define FQDND_EP_CHECK_SOURCE   0x8 /* a packet whose source is not one of the interface's
 				     * addresses (fqdnd_ep_addrs) is dropped: FQDND_DROP_SPOOFED */
+#define FQDND_EP_ENFORCE_INGRESS 0x10 /* the endpoint's ingress (fqdnd_to_ep) goes through its
+				       * ingress policy entries; a flag always zero before (v3) */
+#define FQDND_EP_DNS_ONLY       0x20 /* interface entry only (with BY_SOURCE): a bridge whose
+				      * ports are endpoints judged at their port; its ingress only
+				      * redoes the DNS redirect of the sources whose client entry has
+				      * REDIRECT_DNS (the bridge does not carry a port's socket
+				      * assignment up to the IP layer); its egress does nothing */
 struct fqdnd_endpoint_value {
 	__u16 endpoint;    /* EndpointId */
 	__u8 flags;        /* FQDND_EP_* */
@@ -115,13 +124,15 @@ struct fqdnd_ep_addr_value {
 	__u16 pad;
 };                         /* 4 bytes */
 
-/* Per-endpoint egress policy: an LPM trie over (identity, endpoint, proto, dport), the data
+/* Per-endpoint policy: an LPM trie over (identity, endpoint, proto, dport), the data
  * after `prefixlen` compared bit by bit from `identity` on. identity and endpoint are always
  * matched in full (identity 0 = any destination, a separate lookup); an entry for every
  * protocol and port has prefixlen FQDND_POLICY_PREFIX_ANY_PROTO; one protocol with every
  * port FQDND_POLICY_PREFIX_PROTO; a port range is split by userspace into port prefixes,
  * FQDND_POLICY_PREFIX_PROTO + 0..16 bits of dport (network order, so the prefix is the high
- * bits). Lookups use FQDND_POLICY_PREFIX_FULL. */
+ * bits); ICMP/ICMPv6 entries (`icmps`) hold the ICMP type as dport (network order) with the full
+ * prefix, and ICMP packets are looked up with their type as dport. Lookups use
+ * FQDND_POLICY_PREFIX_FULL. */
 struct fqdnd_policy_key {
 	__u32 prefixlen;
 	__u32 identity;    /* host order */
@@ -135,7 +146,19 @@ struct fqdnd_policy_key {
 #define FQDND_POLICY_PREFIX_PROTO     64 /* + proto + pad */
 #define FQDND_POLICY_PREFIX_FULL      80 /* + dport */
 
+/* Ingress entries (the endpoint's ingress: the peer identity is the packet's *source*) live in
+ * the same map with this bit set in `identity` (identities never reach it: reserved < 256,
+ * cluster < 2^16, node-local < 2^25); identity FQDND_ID_ANY | FQDND_POLICY_ID_INGRESS is
+ * "any source". A meaning given to a bit always zero before. */
+#define FQDND_POLICY_ID_INGRESS 0x80000000
+
+/* The value: allow or deny. The programs look the peer's identity up first and "any identity"
+ * only when that finds nothing; the entry found decides. Userspace writes, for every allow a
+ * deny overlaps (of the same identity or of any identity), a deny entry for the overlap under
+ * the allow's identity (at least as long a prefix), so a deny always wins (Cilium's deny
+ * policies). DENY is a meaning given to a bit always zero before. */
 #define FQDND_POLICY_ALLOW 0x1
+#define FQDND_POLICY_DENY 0x2
 struct fqdnd_policy_value {
 	__u32 flags;       /* FQDND_POLICY_* */
 };                         /* 4 bytes */
@@ -143,7 +166,11 @@ struct fqdnd_policy_value {
 /* Conntrack: LRU hash keyed by the 5-tuple in the direction of the flow's first packet.
  * IPv4 addresses use the first 4 bytes of saddr/daddr, the rest zero. ICMP/ICMPv6 echo: the
  * identifier is sport of the request's tuple (dport 0), so a reply's tuple (sport 0, dport
- * id) is the request's reversed. */
+ * id) is the request's reversed. `zone` keeps the flows of host processes (the cgroup socket
+ * programs, FQDND_CT_ZONE_SOCKET) apart from the flows the interface programs see (0), so a
+ * host process talking to an interface endpoint has one entry on each side. */
+#define FQDND_CT_ZONE_INTERFACE 0
+#define FQDND_CT_ZONE_SOCKET    1
 struct fqdnd_ct_key {
 	__u8 saddr[16];    /* network order */
 	__u8 daddr[16];    /* network order */
@@ -151,11 +178,15 @@ struct fqdnd_ct_key {
 	__u16 dport;       /* network order */
 	__u8 proto;
 	__u8 family;       /* 4 or 6 */
-	__u8 pad[2];
+	__u8 zone;         /* FQDND_CT_ZONE_* (was padding, always 0: the interface zone) */
+	__u8 pad;
 };                         /* 40 bytes */
 
 #define FQDND_CT_EGRESS  0x1 /* opened by the endpoint (allowed by policy) */
 #define FQDND_CT_INGRESS 0x2 /* opened towards the endpoint: its replies pass */
+#define FQDND_CT_DNS     0x40 /* a DNS query redirected to the proxy (endpoints under ingress
+			       * policy only): the proxy's answers, which come from the original
+			       * resolver's address and port, pass as its replies */
 /* TCP state, from the flags seen in either direction ("fwd" = the key's direction). */
 #define FQDND_CT_TCP_SEEN_NON_SYN 0x4  /* a packet without SYN: established */
 #define FQDND_CT_TCP_FIN_FWD      0x8  /* FIN in the key's direction */
@@ -270,6 +301,12 @@ struct fqdnd_lb_revnat {
 #define FQDND_DROP_ICMP      7 /* enforcing endpoint: an ICMP type fqdnd does not pass, an
 				* error about no tracked flow, or an echo reply to no request */
 #define FQDND_DROP_EXT_HEADERS 8 /* more IPv6 extension headers than the walk allows */
+#define FQDND_DROP_DNS_BYPASS 9 /* a host process's DNS (UDP/TCP port 53) that the socket hooks
+				 * did not send to the proxy (say a socket connected before its
+				 * cgroup became an endpoint): DNS never goes past the proxy */
+/* Where the dropped packet was seen (fqdnd_drop_event.source). */
+#define FQDND_SOURCE_INTERFACE 0 /* an interface program (ifindex says which) */
+#define FQDND_SOURCE_SOCKET    1 /* a cgroup socket program: a host process's socket */
 struct fqdnd_drop_event {
 	__u64 ts_ns;
 	__u32 ifindex;
@@ -280,9 +317,59 @@ struct fqdnd_drop_event {
 	__u8 proto;
 	__u8 family;
 	__u8 reason;       /* FQDND_DROP_* */
-	__u8 pad[7];
+	__u8 source;       /* FQDND_SOURCE_* (was padding, always 0) */
+	__u8 pad[6];
 	__u8 saddr[16];
 	__u8 daddr[16];
 };                         /* 64 bytes */
+
+/* ---- host processes as endpoints: cgroup v2 socket programs ----
+ *
+ * Attached once at the root of the cgroup v2 hierarchy, they run for every socket of the
+ * host. The endpoint of a cgroup is the entry of the deepest cgroup on the path from the root
+ * to it (itself included) in fqdnd_cgroups, so cgroups created later under an endpoint's
+ * cgroup belong to it too. The skb programs take a socket's cgroup (the one it was created
+ * in); the sock_addr programs, which cannot read it, the calling process's. */
+
+/* fqdnd_cgroups: hash, cgroup v2 id (__u64: the cgroup directory's inode number) → struct
+ * fqdnd_endpoint_value (flags FQDND_EP_ENFORCE_EGRESS, FQDND_EP_ENFORCE_INGRESS,
+ * FQDND_EP_REDIRECT_DNS). */
+#define FQDND_CGROUP_MAX_DEPTH 32 /* levels below the root walked; deeper cgroups are covered
+				   * through their ancestors */
+
+/* What fqdnd_connect4/6 and fqdnd_sendmsg4/6 record about a DNS message they sent to the
+ * proxy instead of its destination: the destination the socket asked for and its endpoint.
+ * fqdnd_sock_dns: LRU hash, socket cookie (__u64) → the socket's latest record;
+ * fqdnd_recvmsg4/6 and fqdnd_getpeername4/6 give the socket this address back for the
+ * proxy's.
+ * fqdnd_dns_origins: LRU hash, struct fqdnd_origin_key → the record of the socket that sent
+ * a packet from that address to the proxy (written by fqdnd_sock_egress for each such
+ * packet): how the proxy learns a query's original destination and endpoint. */
+struct fqdnd_sock_origin {
+	__u8 addr[16];     /* network order; IPv4 in the first 4 bytes; an IPv6 socket's
+			    * v4-mapped address stays v4-mapped (family 6) */
+	__u16 port;        /* network order */
+	__u16 endpoint;
+	__u8 family;       /* 4 or 6: the socket's family */
+	__u8 proto;        /* FQDND_PROTO_UDP or FQDND_PROTO_TCP */
+	__u8 pad[2];
+};                         /* 24 bytes */
+
+struct fqdnd_origin_key {
+	__u8 addr[16];     /* the client socket's source address as the proxy sees it (IPv4 in
+			    * the first 4 bytes, the rest zero), network order */
+	__u16 port;        /* its source port, network order */
+	__u8 proto;
+	__u8 family;       /* 4 or 6: the packet's family */
+};                         /* 20 bytes */
+
+/* fqdnd_sock_cfg (array, one entry, key 0), written by the daemon. */
+struct fqdnd_sock_cfg {
+	__u64 netns_cookie; /* the proxy's network namespace: sockets of others are left alone
+			     * by the redirect (0 = every namespace) */
+	__u32 endpoints;    /* entries in fqdnd_cgroups: while 0 every socket program returns
+			     * at once (the programs stay attached without cgroup endpoints) */
+	__u32 pad;
+};                          /* 16 bytes */
 
 #endif /* FQDND_MAPS_H */

@@ -1,20 +1,20 @@
 //! [`KernelDatapath`]: ipcache and policy batches written into the pinned maps.
 
 use std::collections::{HashMap as StdHashMap, HashSet};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::path::Path;
 use std::time::Duration;
 
 use aya::maps::lpm_trie::Key;
 use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, MapError, RingBuf};
-use fqdnd_ipcache::policy::Protocol;
+use fqdnd_ipcache::policy::{Direction, Protocol};
 use fqdnd_ipcache::{Datapath, DatapathChange, DatapathError, EndpointId, Identity};
 use ipnet::IpNet;
 
 use crate::error::Error;
 use crate::sys::{
     self, CtKey, CtValue, DnsProxy, DropEvent, EndpointValue, EpAddrKey, EpAddrValue, IpcacheValue,
-    PolicyData, PolicyKey, PolicyValue, Settings,
+    OriginKey, PolicyData, PolicyKey, PolicyValue, Settings, SockCfg, SockOrigin,
 };
 
 fn open_map(pin_dir: &Path, name: &str) -> Result<Map, Error> {
@@ -32,6 +32,8 @@ pub struct EndpointFlags {
     /// ([`KernelDatapath::set_endpoint_addresses`]) are dropped, before the DNS redirect.
     /// Interface endpoints only (a by-source interface finds its endpoints by source).
     pub check_source: bool,
+    /// Its ingress goes through its ingress policy entries (default deny there, or denies).
+    pub enforce_ingress: bool,
 }
 
 impl EndpointFlags {
@@ -46,6 +48,9 @@ impl EndpointFlags {
         if self.check_source {
             b |= sys::EP_CHECK_SOURCE;
         }
+        if self.enforce_ingress {
+            b |= sys::EP_ENFORCE_INGRESS;
+        }
         b
     }
 
@@ -54,6 +59,7 @@ impl EndpointFlags {
             enforce_egress: b & sys::EP_ENFORCE_EGRESS != 0,
             redirect_dns: b & sys::EP_REDIRECT_DNS != 0,
             check_source: b & sys::EP_CHECK_SOURCE != 0,
+            enforce_ingress: b & sys::EP_ENFORCE_INGRESS != 0,
         }
     }
 }
@@ -127,6 +133,11 @@ pub enum EndpointEntry {
         /// Sources no prefix holds are dropped (else they pass untouched).
         enforce_unknown: bool,
     },
+    /// A bridge whose ports are endpoints ([`KernelDatapath::set_bridge`]).
+    Bridge {
+        /// The bridge's interface index.
+        ifindex: u32,
+    },
 }
 
 /// One conntrack entry, read back. Addresses and ports as on the wire, in the direction of the
@@ -157,6 +168,9 @@ pub struct CtEntry {
     pub rev_nat: u16,
     /// The backend a client → VIP flow is translated to, 0 = none.
     pub backend: u16,
+    /// [`sys::CT_ZONE_INTERFACE`] (seen by the interface programs) or [`sys::CT_ZONE_SOCKET`]
+    /// (a host process's flow, seen by the cgroup socket programs).
+    pub zone: u8,
 }
 
 impl CtEntry {
@@ -184,6 +198,7 @@ impl CtEntry {
             expires_ns: v.expires_ns,
             rev_nat: v.rev_nat,
             backend: v.backend,
+            zone: k.zone,
         })
     }
 
@@ -261,8 +276,31 @@ pub struct KernelDatapath {
     dns_proxy: Array<MapData, DnsProxy>,
     ep_addrs: HashMap<MapData, EpAddrKey, EpAddrValue>,
     settings: Array<MapData, Settings>,
-    refs: StdHashMap<PolicyKey, u32>,
+    cgroups: HashMap<MapData, u64, EndpointValue>,
+    sock_cfg: Array<MapData, SockCfg>,
+    refs: StdHashMap<PolicyKey, Refs>,
     resync: Option<Resync>,
+}
+
+/// How many policy keys stand for one kernel entry, allowing and denying. The entry denies
+/// while any deny does (a deny wins), else allows; it is absent while both are zero.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Refs {
+    allow: u32,
+    deny: u32,
+}
+
+impl Refs {
+    /// The value the kernel entry has, `None` = no entry.
+    fn flags(self) -> Option<u32> {
+        if self.deny > 0 {
+            Some(sys::POLICY_DENY)
+        } else if self.allow > 0 {
+            Some(sys::POLICY_ALLOW)
+        } else {
+            None
+        }
+    }
 }
 
 fn map_err(map: &'static str, operation: &'static str, e: MapError) -> DatapathError {
@@ -321,8 +359,12 @@ pub fn port_prefixes(first: u16, last: u16) -> Vec<(u16, u8)> {
 /// "any") one entry for every port or one per port prefix of its range. Every range is
 /// representable.
 fn expand(endpoint: EndpointId, key: &fqdnd_ipcache::PolicyKey) -> Vec<PolicyKey> {
+    let direction = match key.direction {
+        Direction::Egress => 0,
+        Direction::Ingress => sys::POLICY_ID_INGRESS,
+    };
     let base = PolicyData {
-        identity: key.identity.0,
+        identity: key.identity.0 | direction,
         endpoint: endpoint.0,
         ..PolicyData::default()
     };
@@ -333,6 +375,22 @@ fn expand(endpoint: EndpointId, key: &fqdnd_ipcache::PolicyKey) -> Vec<PolicyKey
         Protocol::Tcp => &[sys::PROTO_TCP],
         Protocol::Udp => &[sys::PROTO_UDP],
         Protocol::Any => &[sys::PROTO_TCP, sys::PROTO_UDP],
+        // The ICMP type, exactly, as the destination port.
+        Protocol::Icmp | Protocol::Icmpv6 => {
+            let proto = if key.protocol == Protocol::Icmp {
+                sys::PROTO_ICMP
+            } else {
+                sys::PROTO_ICMPV6
+            };
+            return vec![PolicyKey::new(
+                sys::POLICY_PREFIX_FULL,
+                PolicyData {
+                    proto,
+                    dport: key.port.to_be(),
+                    ..base
+                },
+            )];
+        }
     };
     let mut out = Vec::new();
     for &proto in protos {
@@ -357,16 +415,15 @@ fn expand(endpoint: EndpointId, key: &fqdnd_ipcache::PolicyKey) -> Vec<PolicyKey
 /// One kernel write of a batch, as it is undone when a later write fails.
 #[derive(Debug)]
 enum Undo {
-    /// A policy entry was written: delete it (and its count).
-    PolicyWritten(PolicyKey),
-    /// A policy entry was deleted (its count reached 0): write it back with count 1.
-    PolicyDeleted(PolicyKey),
-    /// A policy entry's count went up (no write): down again.
-    RefUp(PolicyKey),
-    /// A policy entry's count went down (no write): up again.
-    RefDown(PolicyKey),
-    /// Resync: a policy entry present before the restart was confirmed.
-    ResyncPolicy(PolicyKey),
+    /// A policy entry's counts changed (and, when its value changed, the kernel entry was
+    /// written or deleted): the counts and the entry go back to `before`.
+    Policy {
+        key: PolicyKey,
+        before: Option<Refs>,
+    },
+    /// Resync: a policy entry present before the restart (with these flags) was confirmed
+    /// (and its value written).
+    ResyncPolicy(PolicyKey, u32),
     /// A new ipcache prefix was written: delete it.
     IpcWritten(IpNet),
     /// An ipcache prefix's identity was replaced: write the old one back.
@@ -512,6 +569,8 @@ impl KernelDatapath {
             dns_proxy: open_map(pin_dir, "fqdnd_dns_proxy")?.try_into()?,
             ep_addrs: open_map(pin_dir, "fqdnd_ep_addrs")?.try_into()?,
             settings: open_map(pin_dir, "fqdnd_settings")?.try_into()?,
+            cgroups: open_map(pin_dir, "fqdnd_cgroups")?.try_into()?,
+            sock_cfg: open_map(pin_dir, "fqdnd_sock_cfg")?.try_into()?,
             refs: StdHashMap::new(),
             resync: None,
         })
@@ -552,6 +611,21 @@ impl KernelDatapath {
         let v = EndpointValue {
             endpoint: 0,
             flags,
+            pad: 0,
+        };
+        self.endpoints
+            .insert(ifindex, v, 0)
+            .map_err(|e| map_err("fqdnd_endpoints", "endpoint upsert", e))
+    }
+
+    /// Registers the bridge `ifindex` whose ports are endpoints (node mode). Their packets are
+    /// judged at their port; a DNS query's socket assignment made there does not survive the
+    /// bridge, so the bridge's ingress assigns it again: for sources whose client prefix
+    /// ([`Self::set_client_prefix`]) has `redirect_dns`. Everything else passes.
+    pub fn set_bridge(&mut self, ifindex: u32) -> Result<(), DatapathError> {
+        let v = EndpointValue {
+            endpoint: 0,
+            flags: sys::EP_BY_SOURCE | sys::EP_DNS_ONLY,
             pad: 0,
         };
         self.endpoints
@@ -624,7 +698,9 @@ impl KernelDatapath {
         let mut out = Vec::new();
         for r in self.endpoints.iter() {
             let (ifindex, v) = r?;
-            out.push(if v.flags & sys::EP_BY_SOURCE != 0 {
+            out.push(if v.flags & sys::EP_DNS_ONLY != 0 {
+                EndpointEntry::Bridge { ifindex }
+            } else if v.flags & sys::EP_BY_SOURCE != 0 {
                 EndpointEntry::BySource {
                     ifindex,
                     enforce_unknown: v.flags & sys::EP_ENFORCE_EGRESS != 0,
@@ -638,9 +714,9 @@ impl KernelDatapath {
             });
         }
         out.sort_by_key(|e| match e {
-            EndpointEntry::Endpoint { ifindex, .. } | EndpointEntry::BySource { ifindex, .. } => {
-                *ifindex
-            }
+            EndpointEntry::Endpoint { ifindex, .. }
+            | EndpointEntry::BySource { ifindex, .. }
+            | EndpointEntry::Bridge { ifindex } => *ifindex,
         });
         Ok(out)
     }
@@ -856,6 +932,69 @@ impl KernelDatapath {
         Ok(stats)
     }
 
+    /// Makes the sockets of cgroup `cgroup_id` (a cgroup v2 id: [`crate::cgroup::cgroup_id`]) and
+    /// of every cgroup below it endpoint `id` with `flags` for the cgroup socket programs
+    /// (`enforce_egress`: default deny for what they send; `enforce_ingress`: what they receive
+    /// from anywhere but loopback goes through the endpoint's ingress entries; `redirect_dns`:
+    /// their DNS goes to the proxy set by [`Self::set_dns_proxy`]). `check_source` means
+    /// nothing there (host processes share the host's addresses). A socket belongs to the deepest such cgroup above it.
+    pub fn set_cgroup_endpoint(
+        &mut self,
+        cgroup_id: u64,
+        id: EndpointId,
+        flags: EndpointFlags,
+    ) -> Result<(), DatapathError> {
+        let v = EndpointValue {
+            endpoint: id.0,
+            flags: flags.bits() & !sys::EP_CHECK_SOURCE,
+            pad: 0,
+        };
+        self.cgroups
+            .insert(cgroup_id, v, 0)
+            .map_err(|e| map_err("fqdnd_cgroups", "cgroup endpoint upsert", e))
+    }
+
+    /// Forgets a cgroup endpoint entry (absent is fine): its sockets are left alone again.
+    pub fn remove_cgroup_endpoint(&mut self, cgroup_id: u64) -> Result<(), DatapathError> {
+        ignore_absent(self.cgroups.remove(&cgroup_id))
+            .map_err(|e| map_err("fqdnd_cgroups", "cgroup endpoint delete", e))
+    }
+
+    /// Every `fqdnd_cgroups` entry: (cgroup id, endpoint, flags), sorted.
+    pub fn cgroup_entries(&self) -> Result<Vec<(u64, EndpointId, EndpointFlags)>, Error> {
+        let mut out = Vec::new();
+        for r in self.cgroups.iter() {
+            match r {
+                Ok((k, v)) => {
+                    out.push((k, EndpointId(v.endpoint), EndpointFlags::from_bits(v.flags)));
+                }
+                Err(MapError::KeyNotFound) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// The socket programs' settings: the network namespace whose sockets the redirect
+    /// applies to (the proxy's: [`crate::sys::netns_cookie`]; `0` = every namespace), and how
+    /// many cgroup endpoints there are (while 0, every socket program returns at once, so the
+    /// programs can stay attached for nothing but a lookup per call or packet).
+    pub fn set_sock_settings(
+        &mut self,
+        netns_cookie: u64,
+        endpoints: u32,
+    ) -> Result<(), DatapathError> {
+        let v = SockCfg {
+            netns_cookie,
+            endpoints,
+            pad: 0,
+        };
+        self.sock_cfg
+            .set(0, v, 0)
+            .map_err(|e| map_err("fqdnd_sock_cfg", "socket settings update", e))
+    }
+
     /// Forgets an interface: its packets pass untouched. Its addresses go after its entry.
     pub fn remove_endpoint(&mut self, ifindex: u32) -> Result<(), DatapathError> {
         ignore_absent(self.endpoints.remove(&ifindex))
@@ -908,18 +1047,29 @@ impl KernelDatapath {
         Ok(out)
     }
 
-    fn policy_write(&mut self, k: &PolicyKey) -> Result<(), DatapathError> {
-        let v = PolicyValue {
-            flags: sys::POLICY_ALLOW,
-        };
+    fn policy_write(&mut self, k: &PolicyKey, flags: u32) -> Result<(), DatapathError> {
         self.policy
-            .insert(&Key::new(k.prefixlen, k.data()), v, 0)
+            .insert(&Key::new(k.prefixlen, k.data()), PolicyValue { flags }, 0)
             .map_err(|e| policy_key_error(k, "policy upsert", e))
     }
 
     fn policy_remove(&mut self, k: &PolicyKey) -> Result<(), DatapathError> {
         ignore_absent(self.policy.remove(&Key::new(k.prefixlen, k.data())))
             .map_err(|e| policy_key_error(k, "policy delete", e))
+    }
+
+    /// Brings the kernel entry of `k` from the value of `before` to that of `after`.
+    fn policy_set(
+        &mut self,
+        k: &PolicyKey,
+        before: Option<u32>,
+        after: Option<u32>,
+    ) -> Result<(), DatapathError> {
+        match (before, after) {
+            (b, a) if b == a => Ok(()),
+            (_, Some(flags)) => self.policy_write(k, flags),
+            (_, None) => self.policy_remove(k),
+        }
     }
 
     fn policy_upsert(
@@ -929,26 +1079,38 @@ impl KernelDatapath {
         undo: &mut Vec<Undo>,
     ) -> Result<(), DatapathError> {
         for k in expand(endpoint, key) {
-            if let Some(n) = self.refs.get_mut(&k) {
-                *n += 1;
-                undo.push(Undo::RefUp(k));
-                continue;
+            let before = self.refs.get(&k).copied();
+            let mut after = before.unwrap_or_default();
+            if key.deny {
+                after.deny += 1;
+            } else {
+                after.allow += 1;
             }
-            if let Some(rs) = &mut self.resync
+            if before.is_none()
+                && let Some(rs) = &mut self.resync
                 && rs.policy.remove(&k)
             {
-                // present before the restart (the value is always ALLOW): confirmed
+                // present before the restart: confirmed, its value written as wanted
+                let old = self
+                    .policy
+                    .get(&Key::new(k.prefixlen, k.data()), 0)
+                    .map_or(sys::POLICY_ALLOW, |v| v.flags);
                 rs.stats.kept += 1;
-                self.refs.insert(k, 1);
-                undo.push(Undo::ResyncPolicy(k));
+                undo.push(Undo::ResyncPolicy(k, old));
+                self.refs.insert(k, after);
+                if let Some(flags) = after.flags().filter(|f| *f != old) {
+                    self.policy_write(&k, flags)?;
+                }
                 continue;
             }
-            self.policy_write(&k)?;
-            if let Some(rs) = &mut self.resync {
+            self.policy_set(&k, before.and_then(Refs::flags), after.flags())?;
+            if before.is_none()
+                && let Some(rs) = &mut self.resync
+            {
                 rs.stats.added += 1;
             }
-            self.refs.insert(k, 1);
-            undo.push(Undo::PolicyWritten(k));
+            self.refs.insert(k, after);
+            undo.push(Undo::Policy { key: k, before });
         }
         Ok(())
     }
@@ -960,17 +1122,25 @@ impl KernelDatapath {
         undo: &mut Vec<Undo>,
     ) -> Result<(), DatapathError> {
         for k in expand(endpoint, key) {
-            let Some(n) = self.refs.get_mut(&k) else {
+            let Some(before) = self.refs.get(&k).copied() else {
                 continue;
             };
-            if *n > 1 {
-                *n -= 1;
-                undo.push(Undo::RefDown(k));
-                continue;
+            let mut after = before;
+            if key.deny {
+                after.deny = after.deny.saturating_sub(1);
+            } else {
+                after.allow = after.allow.saturating_sub(1);
             }
-            self.policy_remove(&k)?;
-            self.refs.remove(&k);
-            undo.push(Undo::PolicyDeleted(k));
+            self.policy_set(&k, before.flags(), after.flags())?;
+            if after.flags().is_none() {
+                self.refs.remove(&k);
+            } else {
+                self.refs.insert(k, after);
+            }
+            undo.push(Undo::Policy {
+                key: k,
+                before: Some(before),
+            });
         }
         Ok(())
     }
@@ -1107,33 +1277,20 @@ impl KernelDatapath {
         let mut first = None;
         for u in undo.into_iter().rev() {
             let r = match u {
-                Undo::PolicyWritten(k) => {
-                    self.refs.remove(&k);
-                    self.policy_remove(&k)
+                Undo::Policy { key, before } => {
+                    let now = self.refs.get(&key).copied().and_then(Refs::flags);
+                    match before {
+                        Some(refs) => self.refs.insert(key, refs),
+                        None => self.refs.remove(&key),
+                    };
+                    self.policy_set(&key, now, before.and_then(Refs::flags))
                 }
-                Undo::PolicyDeleted(k) => {
-                    self.refs.insert(k, 1);
-                    self.policy_write(&k)
-                }
-                Undo::RefUp(k) => {
-                    if let Some(n) = self.refs.get_mut(&k) {
-                        *n -= 1;
-                        if *n == 0 {
-                            self.refs.remove(&k);
-                        }
-                    }
-                    Ok(())
-                }
-                Undo::RefDown(k) => {
-                    *self.refs.entry(k).or_insert(0) += 1;
-                    Ok(())
-                }
-                Undo::ResyncPolicy(k) => {
-                    self.refs.remove(&k);
+                Undo::ResyncPolicy(k, old) => {
+                    let now = self.refs.remove(&k).and_then(Refs::flags);
                     if let Some(rs) = &mut self.resync {
                         rs.policy.insert(k);
                     }
-                    Ok(())
+                    self.policy_set(&k, now, Some(old))
                 }
                 Undo::IpcWritten(prefix) => self
                     .ipc_remove(&prefix)
@@ -1190,6 +1347,71 @@ impl Datapath for KernelDatapath {
             }
         }
         Ok(())
+    }
+}
+
+/// Where a host process's redirected DNS message was going, as the cgroup socket programs
+/// recorded it ([`DnsOrigins::lookup`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DnsOrigin {
+    /// The destination the process asked for (an IPv6 socket's v4-mapped address as IPv4).
+    pub server: SocketAddr,
+    /// The endpoint of the process's cgroup.
+    pub endpoint: EndpointId,
+}
+
+/// The proxy's handle on `fqdnd_dns_origins`: which socket a query from a local address came
+/// from, where it was going, for which endpoint. Read on the DNS path: one map lookup, no
+/// lock.
+pub struct DnsOrigins {
+    map: HashMap<MapData, OriginKey, SockOrigin>,
+}
+
+impl std::fmt::Debug for DnsOrigins {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DnsOrigins").finish_non_exhaustive()
+    }
+}
+
+impl DnsOrigins {
+    /// Opens `fqdnd_dns_origins` pinned in `pin_dir`.
+    pub fn open(pin_dir: &Path) -> Result<Self, Error> {
+        Ok(DnsOrigins {
+            map: open_map(pin_dir, "fqdnd_dns_origins")?.try_into()?,
+        })
+    }
+
+    /// The record of the socket that sent the proxy a packet from `client` (its source
+    /// address and port) over TCP or UDP, if a redirect wrote one.
+    pub fn lookup(&self, client: SocketAddr, tcp: bool) -> Option<DnsOrigin> {
+        let mut k = OriginKey {
+            port: client.port().to_be(),
+            proto: if tcp { sys::PROTO_TCP } else { sys::PROTO_UDP },
+            ..OriginKey::default()
+        };
+        match client.ip() {
+            IpAddr::V4(a) => {
+                k.family = 4;
+                k.addr[..4].copy_from_slice(&a.octets());
+            }
+            IpAddr::V6(a) => {
+                k.family = 6;
+                k.addr = a.octets();
+            }
+        }
+        let o = self.map.get(&k, 0).ok()?;
+        let ip = match o.family {
+            4 => IpAddr::V4(Ipv4Addr::new(o.addr[0], o.addr[1], o.addr[2], o.addr[3])),
+            6 => {
+                let v6 = Ipv6Addr::from(o.addr);
+                v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
+            }
+            _ => return None,
+        };
+        Some(DnsOrigin {
+            server: SocketAddr::new(ip, u16::from_be(o.port)),
+            endpoint: EndpointId(o.endpoint),
+        })
     }
 }
 
@@ -1306,7 +1528,7 @@ mod tests {
         fn expansion_follows_the_prefixes(a in 1u16.., b in 1u16.., proto in 0u8..3) {
             let (lo, hi) = (a.min(b), a.max(b));
             let protocol = [Protocol::Tcp, Protocol::Udp, Protocol::Any][usize::from(proto)];
-            let key = fqdnd_ipcache::PolicyKey { identity: Identity(9), protocol, port: lo, end_port: hi };
+            let key = fqdnd_ipcache::PolicyKey { identity: Identity(9), protocol, port: lo, end_port: hi, ..Default::default() };
             let keys = expand(EndpointId(3), &key);
             let n = port_prefixes(lo, hi).len();
             prop_assert_eq!(keys.len(), if protocol == Protocol::Any { 2 * n } else { n });
@@ -1331,6 +1553,7 @@ mod tests {
                 protocol: Protocol::Tcp,
                 port: 0,
                 end_port: 0,
+                ..Default::default()
             },
         );
         assert_eq!(

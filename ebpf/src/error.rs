@@ -76,4 +76,53 @@ pub enum Error {
     /// The object lacks a program or map this crate expects.
     #[error("the eBPF object has no {0}")]
     Missing(&'static str),
+    /// No cgroup v2 hierarchy is mounted: the socket programs of cgroup endpoints attach
+    /// only to cgroup v2.
+    #[error(
+        "no cgroup v2 hierarchy is mounted (no `cgroup2` line in /proc/self/mountinfo): cgroup \
+         endpoints need one (mount it with `mount -t cgroup2 none /sys/fs/cgroup/unified`, or \
+         boot with systemd.unified_cgroup_hierarchy)"
+    )]
+    CgroupV2Missing,
+    /// The cgroup v2 mount this process sees is not the hierarchy's root (a container's view):
+    /// programs attached there would miss every socket outside that subtree.
+    #[error(
+        "the cgroup v2 hierarchy is mounted at {mount} from {root}, not from its root: fqdnd \
+         runs in a container's view of the cgroups and would attach where sockets outside \
+         {root} never pass; run it on the host (or with the host's cgroup2 mount)"
+    )]
+    CgroupV2NotRoot {
+        /// The mount point.
+        mount: std::path::PathBuf,
+        /// The directory of the hierarchy it shows.
+        root: String,
+    },
+    /// A systemd unit was named on a host systemd does not manage: its cgroup cannot be
+    /// found.
+    #[error(
+        "unit {unit}: systemd does not run on this host (no /run/systemd/system), so the \
+         unit has no cgroup; name the cgroup itself (`spec.cgroup`, `--cgroup PATH`)"
+    )]
+    SystemdNotRunning {
+        /// The unit.
+        unit: String,
+    },
+    /// A cgroup v1 net_cls or net_prio hierarchy is in use: on such hosts a socket's cgroup
+    /// v2 data can be overwritten by its v1 tags, and the socket programs would silently not
+    /// match it.
+    #[error(
+        "cgroup v1 {controller} is in use ({file} holds {value:?}): once a v1 net_cls classid \
+         or net_prio priority is set, the kernel can lose the cgroup v2 membership of sockets \
+         and the socket programs of cgroup endpoints would silently not match them; stop \
+         using {controller} (reset the value, unmount the hierarchy) or enforce these \
+         processes through an interface endpoint"
+    )]
+    CgroupV1InUse {
+        /// `net_cls` or `net_prio`.
+        controller: &'static str,
+        /// The file that shows it in use.
+        file: std::path::PathBuf,
+        /// Its contents (trimmed).
+        value: String,
+    },
 }

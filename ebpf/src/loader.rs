@@ -5,7 +5,10 @@ use std::path::{Path, PathBuf};
 use aya::maps::{Map, MapData, MapError};
 use aya::programs::links::{FdLink, LinkError, PinnedLink};
 use aya::programs::tc::{SchedClassifierLink, TcAttachOptions};
-use aya::programs::{LinkOrder, ProgramError, SchedClassifier, TcAttachType};
+use aya::programs::{
+    CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, CgroupSockAddr, LinkOrder, ProgramError,
+    SchedClassifier, TcAttachType,
+};
 use aya::{Ebpf, EbpfLoader};
 use nix::mount::{MsFlags, mount};
 use nix::sys::statfs::{BPF_FS_MAGIC, statfs};
@@ -23,6 +26,27 @@ pub const BPFFS_ROOT: &str = "/sys/fs/bpf";
 pub const FROM_ENDPOINT: &str = "fqdnd_from_ep";
 /// The program for the host-side veth egress (the endpoint's ingress): conntrack only.
 pub const TO_ENDPOINT: &str = "fqdnd_to_ep";
+
+/// The cgroup socket-address programs (host processes' DNS redirect), each attached at the
+/// root of the cgroup v2 hierarchy by [`Loaded::attach_cgroup`]; the attach type comes from
+/// the program's ELF section.
+pub const SOCK_ADDR_PROGRAMS: [&str; 8] = [
+    "fqdnd_connect4",
+    "fqdnd_connect6",
+    "fqdnd_sendmsg4",
+    "fqdnd_sendmsg6",
+    "fqdnd_recvmsg4",
+    "fqdnd_recvmsg6",
+    "fqdnd_getpeername4",
+    "fqdnd_getpeername6",
+];
+
+/// The cgroup skb programs (host processes' egress and ingress policy, conntrack), with
+/// where they attach.
+pub const SOCK_SKB_PROGRAMS: [(&str, CgroupSkbAttachType); 2] = [
+    ("fqdnd_sock_egress", CgroupSkbAttachType::Egress),
+    ("fqdnd_sock_ingress", CgroupSkbAttachType::Ingress),
+];
 
 /// The maps the object pins, by name (each is pinned as `<pin dir>/<name>`).
 pub fn map_names() -> &'static [&'static str] {
@@ -42,6 +66,10 @@ pub fn map_names() -> &'static [&'static str] {
         "fqdnd_ep_addrs",
         "fqdnd_frags",
         "fqdnd_settings",
+        "fqdnd_cgroups",
+        "fqdnd_sock_dns",
+        "fqdnd_dns_origins",
+        "fqdnd_sock_cfg",
     ]
 }
 
@@ -359,6 +387,12 @@ impl Loaded {
                 first_err.get_or_insert(e);
             }
         }
+        if cgroup_attached(pin_dir) {
+            let replaced = crate::cgroup::v2_root().and_then(|root| loaded.attach_cgroup(&root));
+            if let Err(e) = replaced {
+                first_err.get_or_insert(e);
+            }
+        }
         // Conntrack entries the old programs wrote between the first copy and the update.
         for p in &pending {
             p.recopy_changed(loaded.map_mut(p.spec.name)?)?;
@@ -385,6 +419,22 @@ impl Loaded {
         let mut ebpf = loader.load(OBJECT).map_err(Box::new)?;
         for name in [FROM_ENDPOINT, TO_ENDPOINT] {
             let prog: &mut SchedClassifier = ebpf
+                .program_mut(name)
+                .ok_or(Error::Missing("program"))?
+                .try_into()?;
+            prog.load()?;
+        }
+        // Loaded (verified) now, while the daemon still holds its capabilities: a cgroup
+        // endpoint added at run time only needs the links.
+        for name in SOCK_ADDR_PROGRAMS {
+            let prog: &mut CgroupSockAddr = ebpf
+                .program_mut(name)
+                .ok_or(Error::Missing("program"))?
+                .try_into()?;
+            prog.load()?;
+        }
+        for (name, _) in SOCK_SKB_PROGRAMS {
+            let prog: &mut CgroupSkb = ebpf
                 .program_mut(name)
                 .ok_or(Error::Missing("program"))?
                 .try_into()?;
@@ -445,4 +495,98 @@ impl Loaded {
     pub fn detach(&mut self, iface: &str) -> Result<(), Error> {
         detach_pinned(&self.pin_dir, iface)
     }
+
+    /// Attaches the cgroup socket programs at `root`, the root of the cgroup v2 hierarchy
+    /// ([`crate::cgroup::v2_root`]), with links pinned under [`cgroup_links_dir`]: they run for
+    /// every socket of the host from then on, the programs return at once for sockets of no
+    /// endpoint's cgroup. Links pinned already (a restart) are replaced make-before-break:
+    /// the new link is attached and pinned first, then the old pin goes (both run meanwhile:
+    /// the old redirect sends DNS to the proxy, which the new one leaves alone; the policy
+    /// programs share the maps).
+    pub fn attach_cgroup(&mut self, root: &Path) -> Result<(), Error> {
+        let dir = cgroup_links_dir(&self.pin_dir);
+        std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
+            what: format!("creating {}", dir.display()),
+            source,
+        })?;
+        let cgroup = std::fs::File::open(root).map_err(|source| Error::Io {
+            what: format!("opening the cgroup {}", root.display()),
+            source,
+        })?;
+        for name in SOCK_ADDR_PROGRAMS {
+            let prog: &mut CgroupSockAddr = self
+                .ebpf
+                .program_mut(name)
+                .ok_or(Error::Missing("program"))?
+                .try_into()?;
+            // A link is always "multi": the kernel wants no attach flag with it.
+            let id = prog.attach(&cgroup, CgroupAttachMode::Single)?;
+            let link: FdLink = prog.take_link(id)?.try_into()?;
+            swap_pin(link, &dir, name)?;
+        }
+        for (name, attach_type) in SOCK_SKB_PROGRAMS {
+            let prog: &mut CgroupSkb = self
+                .ebpf
+                .program_mut(name)
+                .ok_or(Error::Missing("program"))?
+                .try_into()?;
+            let id = prog.attach(&cgroup, attach_type, CgroupAttachMode::Single)?;
+            let link: FdLink = prog.take_link(id)?.try_into()?;
+            swap_pin(link, &dir, name)?;
+        }
+        Ok(())
+    }
+
+    /// Detaches the cgroup socket programs ([`detach_cgroup_pinned`]).
+    pub fn detach_cgroup(&mut self) -> Result<(), Error> {
+        detach_cgroup_pinned(&self.pin_dir)
+    }
+}
+
+/// The directory of the pinned cgroup links: `<pin_dir>/cgroup`, one pin per program.
+pub fn cgroup_links_dir(pin_dir: &Path) -> PathBuf {
+    pin_dir.join("cgroup")
+}
+
+/// Whether cgroup socket programs are attached from `pin_dir` (a pin exists).
+pub fn cgroup_attached(pin_dir: &Path) -> bool {
+    std::fs::read_dir(cgroup_links_dir(pin_dir)).is_ok_and(|mut d| d.next().is_some())
+}
+
+/// Removes the pinned cgroup links of `pin_dir` (their programs detach once no process holds
+/// the link); missing pins are fine. Needs no loaded object.
+pub fn detach_cgroup_pinned(pin_dir: &Path) -> Result<(), Error> {
+    let dir = cgroup_links_dir(pin_dir);
+    match std::fs::remove_dir_all(&dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(Error::Io {
+            what: format!("removing {}", dir.display()),
+            source,
+        }),
+    }
+}
+
+/// Pins `link` as `<dir>/<name>`, replacing what was pinned there: pinned first under a
+/// temporary name, then renamed over the old pin (atomic), whose link is released.
+fn swap_pin(link: FdLink, dir: &Path, name: &str) -> Result<(), Error> {
+    let pin = dir.join(name);
+    // (bpffs refuses names with a dot)
+    let fresh = dir.join(format!("{name}_new"));
+    match std::fs::remove_file(&fresh) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => {
+            return Err(Error::Io {
+                what: format!("removing the stale pin {}", fresh.display()),
+                source,
+            });
+        }
+    }
+    // If pinning fails the link is dropped here, which detaches it.
+    drop(link.pin(&fresh)?);
+    std::fs::rename(&fresh, &pin).map_err(|source| Error::Io {
+        what: format!("moving the pin {} to {}", fresh.display(), pin.display()),
+        source,
+    })
 }

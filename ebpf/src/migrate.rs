@@ -13,8 +13,8 @@ use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, MapError, MapInfo, MapTyp
 use crate::error::Error;
 use crate::sys::{
     CtKey, CtValue, DnsProxy, EndpointValue, EpAddrKey, EpAddrValue, FragKey, FragValue,
-    IpcacheKey4, IpcacheKey6, IpcacheValue, LbBackend, LbRevNat, LbSvcKey, LbSvcValue, PolicyData,
-    PolicyKey, PolicyValue, Settings,
+    IpcacheKey4, IpcacheKey6, IpcacheValue, LbBackend, LbRevNat, LbSvcKey, LbSvcValue, OriginKey,
+    PolicyData, PolicyKey, PolicyValue, Settings, SockCfg, SockOrigin,
 };
 
 /// `max_entries` of the maps whose size is configurable. [`Default`] = the sizes in
@@ -58,6 +58,10 @@ impl Default for MapSizes {
 const EVENTS_BYTES: u32 = 256 * 1024;
 /// The fragment map's size (`FQDND_FRAGS_MAX`; not configurable).
 const FRAGS: u32 = 8192;
+/// The cgroup endpoint map's size (`FQDND_CGROUPS_MAX`; not configurable).
+const CGROUPS: u32 = 4096;
+/// The redirected sockets' maps' size (`FQDND_SOCK_ORIGINS_MAX`; not configurable: LRU).
+const SOCK_ORIGINS: u32 = 16384;
 /// `BPF_F_NO_PREALLOC`.
 const NO_PREALLOC: u32 = 1;
 
@@ -95,6 +99,10 @@ enum Kind {
     EpAddrs,
     Frags,
     Settings,
+    Cgroups,
+    SockDns,
+    DnsOrigins,
+    SockCfg,
 }
 
 /// What the object (with [`MapSizes`] applied) creates for one map.
@@ -115,7 +123,7 @@ fn size<T>() -> u32 {
 
 /// Every map of the object, as `bpf/policy.c` declares it, with `sizes` applied. A test
 /// (`kernel::map_specs_match_the_object`) compares it with the kernel's view of a fresh load.
-pub(crate) fn specs(sizes: &MapSizes) -> [MapSpec; 15] {
+pub(crate) fn specs(sizes: &MapSizes) -> [MapSpec; 19] {
     let s = |name, kind, map_type, key_size, value_size, flags, max_entries| MapSpec {
         name,
         kind,
@@ -258,6 +266,42 @@ pub(crate) fn specs(sizes: &MapSizes) -> [MapSpec; 15] {
             MapType::Array,
             size::<u32>(),
             size::<Settings>(),
+            0,
+            1,
+        ),
+        s(
+            "fqdnd_cgroups",
+            Kind::Cgroups,
+            MapType::Hash,
+            size::<u64>(),
+            size::<EndpointValue>(),
+            NO_PREALLOC,
+            CGROUPS,
+        ),
+        s(
+            "fqdnd_sock_dns",
+            Kind::SockDns,
+            MapType::LruHash,
+            size::<u64>(),
+            size::<SockOrigin>(),
+            0,
+            SOCK_ORIGINS,
+        ),
+        s(
+            "fqdnd_dns_origins",
+            Kind::DnsOrigins,
+            MapType::LruHash,
+            size::<OriginKey>(),
+            size::<SockOrigin>(),
+            0,
+            SOCK_ORIGINS,
+        ),
+        s(
+            "fqdnd_sock_cfg",
+            Kind::SockCfg,
+            MapType::Array,
+            size::<u32>(),
+            size::<SockCfg>(),
             0,
             1,
         ),
@@ -486,6 +530,10 @@ fn copy(spec: &MapSpec, old: &Map, new: &mut Map) -> Result<usize, Error> {
         Kind::EpAddrs => copy_hash::<EpAddrKey, EpAddrValue>(n, old, new, max),
         Kind::Frags => copy_hash::<FragKey, FragValue>(n, old, new, max),
         Kind::Settings => copy_array::<Settings>(n, old, new),
+        Kind::Cgroups => copy_hash::<u64, EndpointValue>(n, old, new, max),
+        Kind::SockDns => copy_hash::<u64, SockOrigin>(n, old, new, max),
+        Kind::DnsOrigins => copy_hash::<OriginKey, SockOrigin>(n, old, new, max),
+        Kind::SockCfg => copy_array::<SockCfg>(n, old, new),
     }
 }
 
@@ -531,6 +579,13 @@ pub(crate) fn count(spec: &MapSpec, m: &Map) -> Result<usize, Error> {
         Kind::Frags => count_hash::<FragKey, FragValue>(m)?,
         Kind::Settings => {
             let a: Array<&MapData, Settings> = m.try_into()?;
+            a.len() as usize
+        }
+        Kind::Cgroups => count_hash::<u64, EndpointValue>(m)?,
+        Kind::SockDns => count_hash::<u64, SockOrigin>(m)?,
+        Kind::DnsOrigins => count_hash::<OriginKey, SockOrigin>(m)?,
+        Kind::SockCfg => {
+            let a: Array<&MapData, SockCfg> = m.try_into()?;
             a.len() as usize
         }
     })
@@ -656,6 +711,8 @@ mod tests {
         assert_eq!(d.lb_backends, define("FQDND_LB_BACKENDS_MAX"));
         assert_eq!(d.endpoint_addresses, define("FQDND_EP_ADDRS_MAX"));
         assert_eq!(FRAGS, define("FQDND_FRAGS_MAX"));
+        assert_eq!(CGROUPS, define("FQDND_CGROUPS_MAX"));
+        assert_eq!(SOCK_ORIGINS, define("FQDND_SOCK_ORIGINS_MAX"));
         assert!(MapSizes { ipcache: 0, ..d }.validate().is_err());
         assert!(d.validate().is_ok());
     }

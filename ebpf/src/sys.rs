@@ -4,8 +4,12 @@
 //!
 //! This is the crate's only module with `unsafe`: aya requires map keys and values to
 //! implement its `unsafe trait Pod` (plain old data: any bit pattern is valid, no padding
-//! holes). Every struct below has explicit padding fields, so each impl is sound.
-#![allow(unsafe_code, reason = "aya::Pod impls for plain-old-data map structs")]
+//! holes). Every struct below has explicit padding fields, so each impl is sound. The other
+//! use is [`netns_cookie`]'s `getsockopt`, which neither nix nor socket2 wraps.
+#![allow(
+    unsafe_code,
+    reason = "aya::Pod impls for plain-old-data map structs; getsockopt(SO_NETNS_COOKIE)"
+)]
 
 /// The map layout version, from `FQDND_MAPS_ABI_VERSION` in the header (build.rs).
 pub const ABI_VERSION: &str = env!("FQDND_MAPS_ABI_VERSION");
@@ -37,6 +41,9 @@ pub const EP_BY_SOURCE: u8 = 0x4;
 /// Endpoint flag: a packet whose source is not one of the interface's addresses
 /// (`fqdnd_ep_addrs`) is dropped ([`DROP_SPOOFED`]).
 pub const EP_CHECK_SOURCE: u8 = 0x8;
+/// Interface entry flag (with [`EP_BY_SOURCE`]): a bridge whose ports are endpoints; its
+/// ingress only redirects the DNS of sources whose client entry has [`EP_REDIRECT_DNS`].
+pub const EP_DNS_ONLY: u8 = 0x20;
 /// `skb->mark` of packets assigned to the proxy (within [`MARK_MASK`]).
 pub const MARK_TO_PROXY: u32 = 0x200;
 /// The mark bits fqdnd owns.
@@ -45,6 +52,14 @@ pub const MARK_MASK: u32 = 0xf00;
 pub const PROXY_TABLE: u32 = 2004;
 /// Policy value flag: allow.
 pub const POLICY_ALLOW: u32 = 0x1;
+/// `FQDND_POLICY_DENY`: the entry drops what it matches (a deny wins over every allow).
+pub const POLICY_DENY: u32 = 0x2;
+/// `FQDND_POLICY_ID_INGRESS`: the identity bit of an ingress entry (the peer is the source).
+pub const POLICY_ID_INGRESS: u32 = 0x8000_0000;
+/// `FQDND_EP_ENFORCE_INGRESS`: the endpoint's ingress goes through its ingress policy.
+pub const EP_ENFORCE_INGRESS: u8 = 0x10;
+/// `FQDND_CT_DNS`: a DNS query the program redirected to the proxy (its answers pass).
+pub const CT_DNS: u32 = 0x40;
 /// Conntrack flag: opened by the endpoint.
 pub const CT_EGRESS: u32 = 0x1;
 /// Conntrack flag: opened towards the endpoint.
@@ -92,6 +107,19 @@ pub const DROP_FRAGMENT: u8 = 6;
 pub const DROP_ICMP: u8 = 7;
 /// Drop reason: more IPv6 extension headers than the walk allows.
 pub const DROP_EXT_HEADERS: u8 = 8;
+/// Drop reason: a host process's DNS (port 53) that the socket hooks did not send to the
+/// proxy (a socket connected before its cgroup became an endpoint).
+pub const DROP_DNS_BYPASS: u8 = 9;
+/// Drop event source: an interface program (`ifindex` names the interface).
+pub const SOURCE_INTERFACE: u8 = 0;
+/// Drop event source: a cgroup socket program (a host process of a cgroup endpoint).
+pub const SOURCE_SOCKET: u8 = 1;
+/// Conntrack zone of the flows the interface programs see.
+pub const CT_ZONE_INTERFACE: u8 = 0;
+/// Conntrack zone of the flows of host processes (cgroup socket programs).
+pub const CT_ZONE_SOCKET: u8 = 1;
+/// Cgroup levels below the root the socket programs walk to find a socket's endpoint.
+pub const CGROUP_MAX_DEPTH: u32 = 32;
 
 /// `struct fqdnd_ipcache_key4` (the map itself uses aya's identical `lpm_trie::Key<[u8; 4]>`).
 #[repr(C)]
@@ -283,8 +311,10 @@ pub struct CtKey {
     pub proto: u8,
     /// 4 or 6.
     pub family: u8,
+    /// [`CT_ZONE_INTERFACE`] or [`CT_ZONE_SOCKET`].
+    pub zone: u8,
     /// Padding.
-    pub pad: [u8; 2],
+    pub pad: u8,
 }
 
 /// `struct fqdnd_ct_value`.
@@ -413,6 +443,53 @@ pub struct LbRevNat {
     pub pad: u8,
 }
 
+/// `struct fqdnd_sock_origin`: where a redirected socket's DNS message was going, and its
+/// endpoint (value of `fqdnd_sock_dns`, keyed by socket cookie, and of `fqdnd_dns_origins`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct SockOrigin {
+    /// The destination the socket asked for, network order (IPv4 in the first 4 bytes; an
+    /// IPv6 socket's v4-mapped address stays v4-mapped).
+    pub addr: [u8; 16],
+    /// Its port, network order.
+    pub port: u16,
+    /// The socket's endpoint.
+    pub endpoint: u16,
+    /// The socket's family: 4 or 6.
+    pub family: u8,
+    /// `PROTO_UDP` or `PROTO_TCP`.
+    pub proto: u8,
+    /// Padding.
+    pub pad: [u8; 2],
+}
+
+/// `struct fqdnd_origin_key`: a redirected socket's source address and port as the proxy
+/// sees them (key of `fqdnd_dns_origins`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct OriginKey {
+    /// Source address, network order (IPv4 in the first 4 bytes).
+    pub addr: [u8; 16],
+    /// Source port, network order.
+    pub port: u16,
+    /// `PROTO_UDP` or `PROTO_TCP`.
+    pub proto: u8,
+    /// The packet's family: 4 or 6.
+    pub family: u8,
+}
+
+/// `struct fqdnd_sock_cfg`: the one entry of `fqdnd_sock_cfg`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct SockCfg {
+    /// The proxy's network namespace cookie (0 = every namespace).
+    pub netns_cookie: u64,
+    /// Entries in `fqdnd_cgroups` (0: every socket program returns at once).
+    pub endpoints: u32,
+    /// Padding.
+    pub pad: u32,
+}
+
 /// `struct fqdnd_drop_event`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -435,8 +512,10 @@ pub struct DropEvent {
     pub family: u8,
     /// `DROP_*`.
     pub reason: u8,
+    /// [`SOURCE_INTERFACE`] or [`SOURCE_SOCKET`].
+    pub source: u8,
     /// Padding.
-    pub pad: [u8; 7],
+    pub pad: [u8; 6],
     /// Source address (IPv4 in the first 4 bytes).
     pub saddr: [u8; 16],
     /// Destination address.
@@ -469,11 +548,42 @@ impl DropEvent {
             proto: b[offset_of!(DropEvent, proto)],
             family: b[offset_of!(DropEvent, family)],
             reason: b[offset_of!(DropEvent, reason)],
-            pad: [0; 7],
+            source: b[offset_of!(DropEvent, source)],
+            pad: [0; 6],
             saddr: arr(offset_of!(DropEvent, saddr)),
             daddr: arr(offset_of!(DropEvent, daddr)),
         })
     }
+}
+
+/// The cookie of the calling thread's network namespace (`SO_NETNS_COOKIE`, Linux 5.14): what
+/// `bpf_get_netns_cookie` returns in the socket programs for sockets of this namespace.
+pub fn netns_cookie() -> std::io::Result<u64> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socket};
+    use std::os::fd::AsRawFd;
+    let fd = socket(
+        AddressFamily::Inet,
+        SockType::Datagram,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    let mut cookie: u64 = 0;
+    let mut len = size_of::<u64>() as libc::socklen_t;
+    // SAFETY: `fd` is an open socket for the whole call; `cookie` and `len` are valid for
+    // writes of `len` bytes (a u64), as getsockopt(2) requires.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_NETNS_COOKIE,
+            (&raw mut cookie).cast(),
+            &raw mut len,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(cookie)
 }
 
 // SAFETY: each type is #[repr(C)], made only of integers and integer arrays, and has no
@@ -518,6 +628,12 @@ unsafe impl aya::Pod for LbSvcValue {}
 unsafe impl aya::Pod for LbBackend {}
 // SAFETY: as above.
 unsafe impl aya::Pod for LbRevNat {}
+// SAFETY: as above.
+unsafe impl aya::Pod for SockOrigin {}
+// SAFETY: as above.
+unsafe impl aya::Pod for OriginKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for SockCfg {}
 
 #[cfg(test)]
 mod tests {
@@ -599,7 +715,7 @@ mod tests {
             c,
             "fqdnd_ct_key",
             CtKey,
-            [saddr, daddr, sport, dport, proto, family, pad]
+            [saddr, daddr, sport, dport, proto, family, zone, pad]
         );
         check!(
             c,
@@ -661,16 +777,31 @@ mod tests {
             "fqdnd_drop_event",
             DropEvent,
             [
-                ts_ns, ifindex, identity, endpoint, sport, dport, proto, family, reason, pad,
-                saddr, daddr
+                ts_ns, ifindex, identity, endpoint, sport, dport, proto, family, reason, source,
+                pad, saddr, daddr
             ]
         );
+        check!(
+            c,
+            "fqdnd_sock_origin",
+            SockOrigin,
+            [addr, port, endpoint, family, proto, pad]
+        );
+        check!(
+            c,
+            "fqdnd_origin_key",
+            OriginKey,
+            [addr, port, proto, family]
+        );
+        check!(c, "fqdnd_sock_cfg", SockCfg, [netns_cookie, endpoints, pad]);
         // (struct size rows + fields) of every struct above
         assert_eq!(
             c.len(),
-            [3, 3, 2, 4, 7, 8, 2, 5, 3, 8, 7, 5, 7, 6, 7, 5, 5, 5, 13]
-                .iter()
-                .sum::<usize>()
+            [
+                3, 3, 2, 4, 7, 8, 2, 5, 3, 9, 7, 5, 7, 6, 7, 5, 5, 5, 14, 7, 5, 4
+            ]
+            .iter()
+            .sum::<usize>()
         );
     }
 
@@ -747,11 +878,17 @@ mod tests {
             num("FQDND_IPV6_MAX_EXT_HEADERS"),
             u64::from(IPV6_MAX_EXT_HEADERS)
         );
+        assert_eq!(num("FQDND_CGROUP_MAX_DEPTH"), u64::from(CGROUP_MAX_DEPTH));
         for (name, value) in [
             ("FQDND_DROP_SPOOFED", DROP_SPOOFED),
             ("FQDND_DROP_FRAGMENT", DROP_FRAGMENT),
             ("FQDND_DROP_ICMP", DROP_ICMP),
             ("FQDND_DROP_EXT_HEADERS", DROP_EXT_HEADERS),
+            ("FQDND_DROP_DNS_BYPASS", DROP_DNS_BYPASS),
+            ("FQDND_SOURCE_INTERFACE", SOURCE_INTERFACE),
+            ("FQDND_SOURCE_SOCKET", SOURCE_SOCKET),
+            ("FQDND_CT_ZONE_INTERFACE", CT_ZONE_INTERFACE),
+            ("FQDND_CT_ZONE_SOCKET", CT_ZONE_SOCKET),
         ] {
             assert_eq!(num(name), u64::from(value), "{name}");
         }
@@ -781,6 +918,17 @@ mod tests {
             define("FQDND_EP_CHECK_SOURCE"),
             format!("{EP_CHECK_SOURCE:#x}")
         );
+        assert_eq!(
+            define("FQDND_EP_ENFORCE_INGRESS"),
+            format!("{EP_ENFORCE_INGRESS:#x}")
+        );
+        assert_eq!(define("FQDND_POLICY_DENY"), format!("{POLICY_DENY:#x}"));
+        assert_eq!(
+            define("FQDND_POLICY_ID_INGRESS"),
+            format!("{POLICY_ID_INGRESS:#x}")
+        );
+        assert_eq!(define("FQDND_CT_DNS"), format!("{CT_DNS:#x}"));
+        assert_eq!(define("FQDND_EP_DNS_ONLY"), format!("{EP_DNS_ONLY:#x}"));
     }
 
     #[test]

@@ -21,7 +21,7 @@ use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use aya::programs::{SchedClassifier, TcAttachType};
-use common::{Netns, PinDir, Routes, ip, privileged};
+use common::{BpfStats, Netns, PinDir, Routes, ip, privileged};
 use fqdnd_ebpf::sys::{self, DropEvent};
 use fqdnd_ebpf::{
     EndpointFlags, Events, FROM_ENDPOINT, KernelDatapath, Loaded, MapSizes, TO_ENDPOINT,
@@ -39,6 +39,7 @@ const REDIRECT: EndpointFlags = EndpointFlags {
     enforce_egress: true,
     redirect_dns: true,
     check_source: false,
+    enforce_ingress: false,
 };
 const RESOLVER_V4: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 53);
 const RESOLVER_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, 0x53);
@@ -282,6 +283,7 @@ fn dns_redirect_v4_in_netns() {
             protocol: Protocol::Udp,
             port: 9998,
             end_port: 9998,
+            ..Default::default()
         },
     }])
     .unwrap();
@@ -486,6 +488,7 @@ fn migration_keeps_enforcing_on_veth() {
             protocol: Protocol::Udp,
             port: 9998,
             end_port: 9998,
+            ..Default::default()
         },
     }])
     .unwrap();
@@ -537,6 +540,7 @@ fn migration_keeps_enforcing_on_veth() {
             protocol: Protocol::Udp,
             port: 9998,
             end_port: 9998,
+            ..Default::default()
         },
     };
     s.dp.begin_resync().unwrap();
@@ -634,24 +638,6 @@ fn stale_link_pin_is_replaced() {
     assert_eq!(attached_interfaces(&dir.0), vec![host.clone()]);
 }
 
-/// Restores `kernel.bpf_stats_enabled` on drop.
-struct BpfStats(String);
-
-impl BpfStats {
-    const PATH: &str = "/proc/sys/kernel/bpf_stats_enabled";
-    fn enable() -> Self {
-        let old = std::fs::read_to_string(Self::PATH).unwrap();
-        std::fs::write(Self::PATH, "1").unwrap();
-        BpfStats(old.trim().to_owned())
-    }
-}
-
-impl Drop for BpfStats {
-    fn drop(&mut self) {
-        let _ = std::fs::write(Self::PATH, &self.0);
-    }
-}
-
 /// Mean run time of `fqdnd_from_ep` per packet on real traffic (kernel BPF stats), for the
 /// redirect path (UDP and TCP) and, for comparison, a conntrack hit. Prints the figures; run
 /// with `--ignored --nocapture` (it flips the global `kernel.bpf_stats_enabled` meanwhile).
@@ -674,6 +660,7 @@ fn redirect_cost_in_netns() {
             protocol: Protocol::Udp,
             port: 9998,
             end_port: 9998,
+            ..Default::default()
         },
     }])
     .unwrap();
@@ -739,6 +726,7 @@ fn fragmented_dns_query_never_bypasses_the_proxy() {
             protocol: Protocol::Udp,
             port: 9998,
             end_port: 9998,
+            ..Default::default()
         },
     }])
     .unwrap();

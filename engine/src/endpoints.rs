@@ -1,6 +1,11 @@
 //! Node mode's endpoint registry: the endpoints of the configuration files and those added at
 //! run time through the admin API (as a CNI plugin would add them), and the rules that keep
-//! two endpoints from claiming one id, name, interface or address.
+//! two endpoints from claiming one id, name, interface, cgroup or address.
+//!
+//! An endpoint is attached to the host one of two ways ([`Attachment`]): the host-side
+//! interface of a workload with its own network namespace, or the cgroup of host processes
+//! (a systemd unit's, or any cgroup v2 directory), whose sockets the node's cgroup programs
+//! follow.
 //!
 //! The files win: an id they declare cannot be added or removed through the API. An endpoint
 //! added through the API keeps the `Endpoint` document it came as, so it can be saved and
@@ -9,18 +14,46 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use fqdnd_config::Config;
+use fqdnd_config::{Cgroup, Config};
 use fqdnd_ipcache::{Endpoint, EndpointId};
 
 use crate::Error;
+
+/// How an endpoint's traffic reaches the node's datapath.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Attachment {
+    /// Its host-side interface (a workload in its own network namespace).
+    Interface(String),
+    /// The cgroup of its host processes.
+    Cgroup(Cgroup),
+}
+
+impl std::fmt::Display for Attachment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Interface(i) => write!(f, "interface {i}"),
+            Self::Cgroup(c) => c.fmt(f),
+        }
+    }
+}
+
+impl Attachment {
+    /// The attachment `config` gives endpoint `id`, if any.
+    pub fn of(config: &Config, id: EndpointId) -> Option<Self> {
+        if let Some(i) = config.interfaces.get(&id) {
+            return Some(Self::Interface(i.clone()));
+        }
+        config.cgroups.get(&id).cloned().map(Self::Cgroup)
+    }
+}
 
 /// An endpoint added through the admin API.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Added {
     /// The endpoint.
     pub endpoint: Endpoint,
-    /// Its host-side interface.
-    pub interface: String,
+    /// Its interface or cgroup.
+    pub attachment: Attachment,
     /// The `Endpoint` document as received (what is saved for restarts).
     pub document: String,
 }
@@ -29,7 +62,8 @@ impl Added {
     /// Parses one `kind: Endpoint` document (an admin API request body, or a saved one).
     ///
     /// # Errors
-    /// The document does not load, is not exactly one `Endpoint`, or has no interface.
+    /// The document does not load, is not exactly one `Endpoint`, or has neither an interface
+    /// nor a cgroup.
     pub fn parse(document: &str) -> Result<Self, Error> {
         let parsed = fqdnd_config::load_str(document, Path::new("<request>"))
             .map_err(|errors| Error::EndpointDocument { errors })?;
@@ -38,36 +72,44 @@ impl Added {
                 found: parsed.endpoints.len(),
             });
         };
-        let Some(interface) = parsed.interfaces.get(&endpoint.id).cloned() else {
+        let Some(attachment) = Attachment::of(&parsed, endpoint.id) else {
             return Err(Error::NoInterface {
                 name: endpoint.name.clone(),
             });
         };
         Ok(Self {
             endpoint: endpoint.clone(),
-            interface,
+            attachment,
             document: document.trim().to_owned(),
         })
     }
 }
 
 /// The `Endpoint` document of an endpoint given field by field (what `fqdnd endpoint add` and
-/// the CNI plugin send): every value a YAML double-quoted scalar, so no name, interface or
-/// label can change the document's structure.
+/// the CNI plugin send): every value a YAML double-quoted scalar, so no name, interface,
+/// cgroup or label can change the document's structure. An endpoint of host processes gets
+/// no `addresses`.
 pub fn document(
     name: &str,
     id: EndpointId,
-    interface: &str,
+    attachment: &Attachment,
     addresses: &[std::net::IpAddr],
     labels: &[(String, String)],
 ) -> String {
     let addresses: Vec<String> = addresses.iter().map(|a| quoted(&a.to_string())).collect();
+    let attached = match attachment {
+        Attachment::Interface(i) => format!(
+            "  interface: {}\n  addresses: [{}]\n",
+            quoted(i),
+            addresses.join(", ")
+        ),
+        Attachment::Cgroup(Cgroup::Path(p)) => format!("  cgroup: {}\n", quoted(p)),
+        Attachment::Cgroup(Cgroup::Unit(u)) => format!("  unit: {}\n", quoted(u)),
+    };
     let mut doc = format!(
-        "apiVersion: fqdnd.io/v1\nkind: Endpoint\nmetadata:\n  name: {}\nspec:\n  id: {}\n  interface: {}\n  addresses: [{}]\n",
+        "apiVersion: fqdnd.io/v1\nkind: Endpoint\nmetadata:\n  name: {}\nspec:\n  id: {}\n{attached}",
         quoted(name),
         id.0,
-        quoted(interface),
-        addresses.join(", ")
     );
     if !labels.is_empty() {
         doc.push_str("  labels:\n");
@@ -147,9 +189,14 @@ impl Registry {
         let mut config = self.files.clone();
         for added in self.added.values() {
             config.endpoints.push(added.endpoint.clone());
-            config
-                .interfaces
-                .insert(added.endpoint.id, added.interface.clone());
+            match &added.attachment {
+                Attachment::Interface(i) => {
+                    config.interfaces.insert(added.endpoint.id, i.clone());
+                }
+                Attachment::Cgroup(c) => {
+                    config.cgroups.insert(added.endpoint.id, c.clone());
+                }
+            }
         }
         config
     }
@@ -166,7 +213,7 @@ impl Registry {
     }
 
     /// Whether `new` may be added (or replace the API endpoint with its id): its id is not the
-    /// files', and no other endpoint has its name, interface or any of its addresses.
+    /// files', and no other endpoint has its name, interface, cgroup or any of its addresses.
     ///
     /// # Errors
     /// The first conflict found.
@@ -179,24 +226,31 @@ impl Registry {
             .files
             .endpoints
             .iter()
-            .map(|e| (e, self.files.interfaces.get(&e.id).map(String::as_str)));
+            .map(|e| (e, Attachment::of(&self.files, e.id)));
         let api = self
             .added
             .values()
             .filter(|a| a.endpoint.id != endpoint.id)
-            .map(|a| (&a.endpoint, Some(a.interface.as_str())));
-        for (other, other_interface) in files.chain(api) {
+            .map(|a| (&a.endpoint, Some(a.attachment.clone())));
+        for (other, other_attachment) in files.chain(api) {
             if other.name == endpoint.name {
                 return Err(Error::NameTaken {
                     name: endpoint.name.clone(),
                     owner: other.id,
                 });
             }
-            if other_interface == Some(new.interface.as_str()) {
-                return Err(Error::InterfaceTaken {
-                    interface: new.interface.clone(),
-                    owner: other.id,
-                    owner_name: other.name.clone(),
+            if other_attachment.as_ref() == Some(&new.attachment) {
+                return Err(match &new.attachment {
+                    Attachment::Interface(interface) => Error::InterfaceTaken {
+                        interface: interface.clone(),
+                        owner: other.id,
+                        owner_name: other.name.clone(),
+                    },
+                    Attachment::Cgroup(cgroup) => Error::CgroupTaken {
+                        cgroup: cgroup.clone(),
+                        owner: other.id,
+                        owner_name: other.name.clone(),
+                    },
                 });
             }
             if let Some(address) = endpoint
@@ -334,6 +388,22 @@ spec: {id: 100, interface: veth-web, addresses: ["10.0.0.1/32"], labels: {app: w
         assert_eq!(r.source(EndpointId(100)), Some(Source::Config));
         assert_eq!(r.merged().endpoints.len(), 2);
         assert_eq!(r.merged().interfaces[&EndpointId(101)], "veth-db");
+        // A cgroup endpoint: no addresses, its cgroup in the merged configuration.
+        let runner = Added::parse(&document(
+            "runner",
+            EndpointId(102),
+            &Attachment::Cgroup(Cgroup::Path("/ci/runner".into())),
+            &[],
+            &[("app".into(), "ci".into())],
+        ))
+        .unwrap();
+        assert!(runner.endpoint.addresses.is_empty());
+        r.add(runner).unwrap();
+        assert_eq!(
+            r.merged().cgroups[&EndpointId(102)],
+            Cgroup::Path("/ci/runner".into())
+        );
+        assert!(!r.merged().interfaces.contains_key(&EndpointId(102)));
     }
 
     #[test]
@@ -386,6 +456,26 @@ spec: {id: 100, interface: veth-web, addresses: ["10.0.0.1/32"], labels: {app: w
             })
         ));
         assert_eq!(r.added().count(), 1, "a refused endpoint changes nothing");
+        // Two endpoints of one cgroup (or unit): refused; another cgroup is fine.
+        let unit = |id, name: &str, unit: &str| {
+            Added::parse(&document(
+                name,
+                EndpointId(id),
+                &Attachment::Cgroup(Cgroup::Unit(unit.into())),
+                &[],
+                &[],
+            ))
+            .unwrap()
+        };
+        r.add(unit(110, "web-unit", "web.service")).unwrap();
+        assert!(matches!(
+            r.add(unit(111, "web-again", "web.service")),
+            Err(Error::CgroupTaken {
+                owner: EndpointId(110),
+                ..
+            })
+        ));
+        r.add(unit(111, "db-unit", "db.service")).unwrap();
     }
 
     #[test]
@@ -436,14 +526,14 @@ spec: {id: 100, interface: veth-web, addresses: ["10.0.0.1/32"], labels: {app: w
         let text = document(
             "c-1\"]",
             EndpointId(40000),
-            "veth1",
+            &Attachment::Interface("veth1".into()),
             &["10.0.0.9".parse().unwrap(), "fd00::9".parse().unwrap()],
             &labels,
         );
         let added = Added::parse(&text).unwrap();
         assert_eq!(added.endpoint.name, "c-1\"]");
         assert_eq!(added.endpoint.id, EndpointId(40000));
-        assert_eq!(added.interface, "veth1");
+        assert_eq!(added.attachment, Attachment::Interface("veth1".into()));
         assert_eq!(added.endpoint.addresses.len(), 2);
         let value = |key: &str| {
             added
@@ -460,7 +550,13 @@ spec: {id: 100, interface: veth-web, addresses: ["10.0.0.1/32"], labels: {app: w
         assert_eq!(value("name"), Some(("cni".to_owned(), "a\\b".to_owned())));
         // A control character stays a control character: the loader refuses it.
         let newline = vec![("app".to_owned(), "a\nb".to_owned())];
-        let text = document("x", EndpointId(1), "veth1", &[], &newline);
+        let text = document(
+            "x",
+            EndpointId(1),
+            &Attachment::Interface("veth1".into()),
+            &[],
+            &newline,
+        );
         assert!(matches!(
             Added::parse(&text),
             Err(Error::EndpointDocument { .. })

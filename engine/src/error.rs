@@ -77,8 +77,8 @@ pub enum Error {
         /// How many it holds.
         found: usize,
     },
-    /// An endpoint added at run time has no interface.
-    #[error("endpoint {name} has no `spec.interface`")]
+    /// An endpoint added at run time has neither an interface nor a cgroup.
+    #[error("endpoint {name} has no `spec.interface`, `spec.cgroup` or `spec.unit`")]
     NoInterface {
         /// The endpoint's name.
         name: String,
@@ -103,6 +103,16 @@ pub enum Error {
         /// The interface.
         interface: String,
         /// The endpoint on it.
+        owner: EndpointId,
+        /// Its name.
+        owner_name: String,
+    },
+    /// Another endpoint is of this cgroup (or systemd unit).
+    #[error("{cgroup} belongs to endpoint {owner_name} ({owner})")]
+    CgroupTaken {
+        /// The cgroup or unit.
+        cgroup: fqdnd_config::Cgroup,
+        /// The endpoint of it.
         owner: EndpointId,
         /// Its name.
         owner_name: String,

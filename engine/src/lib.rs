@@ -12,7 +12,8 @@
 //!   the snapshot of the whole engine, and the restore order after a restart;
 //! - [`endpoints`]: node mode's endpoint registry (endpoints from files and from the admin
 //!   API) and the rules that keep two endpoints from claiming one name, interface or address;
-//! - [`view`]: the engine's state as the admin API lists it.
+//! - [`view`]: the engine's state as the admin API lists it;
+//! - [`explain`]: which rule allows or denies a flow (`fqdnd policy explain`).
 //!
 //! It never opens a socket, never talks to the kernel (the datapath is the IpCache's
 //! [`Datapath`](fqdnd_ipcache::Datapath) trait), never reads the clock (monotonic `now` is an
@@ -29,6 +30,7 @@ pub mod durable;
 pub mod endpoints;
 mod engine;
 mod error;
+pub mod explain;
 pub mod view;
 
 pub use clock::Clock;

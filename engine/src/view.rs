@@ -171,7 +171,7 @@ impl<D> Engine<D> {
     }
 
     /// Every prefix with its identity and its owners as text (`fqdn-name-manager/<name>`,
-    /// `policy/<cidr>`, `endpoint/<id>`, sorted), ordered by prefix. The IpCache keeps no
+    /// `policy/<cidr>`, `endpoint/<id>`, `host/<address>`, sorted), ordered by prefix. The IpCache keeps no
     /// name for the NameManager's owners: they are named from the DNS cache.
     pub fn prefix_owners(&self) -> Vec<(IpNet, Option<Identity>, Vec<String>)> {
         let names = self.names.owner_names();

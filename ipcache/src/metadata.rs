@@ -27,6 +27,8 @@ pub enum OwnerKind {
     Policy,
     /// An endpoint or client group (`endpoint/<name>`).
     Endpoint,
+    /// The node itself: its own addresses (`host/<address>`).
+    Host,
 }
 
 /// A resource owner: a kind and a name. Each owner's labels on a prefix are kept apart and
@@ -55,6 +57,7 @@ impl fmt::Display for ResourceOwner {
             OwnerKind::NameManager => "fqdn-name-manager",
             OwnerKind::Policy => "policy",
             OwnerKind::Endpoint => "endpoint",
+            OwnerKind::Host => "host",
         };
         write!(f, "{kind}/{}", self.name)
     }
@@ -78,6 +81,7 @@ impl OwnerId {
             OwnerKind::NameManager => 0,
             OwnerKind::Policy => 1,
             OwnerKind::Endpoint => 2,
+            OwnerKind::Host => 3,
         };
         (slot < Self::SLOTS)
             .then(|| NonZeroU32::new((kind << Self::KIND_SHIFT) | (slot + 1)))
@@ -90,7 +94,8 @@ impl OwnerId {
         match self.0.get() >> Self::KIND_SHIFT {
             0 => OwnerKind::NameManager,
             1 => OwnerKind::Policy,
-            _ => OwnerKind::Endpoint,
+            2 => OwnerKind::Endpoint,
+            _ => OwnerKind::Host,
         }
     }
 

@@ -9,7 +9,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use fqdnd_config::Cgroup;
 use fqdnd_ebpf::KernelDatapath;
+use fqdnd_engine::endpoints::Attachment;
 
 use crate::admin::client::{self, Target};
 use crate::node::{DropPage, EndpointRow};
@@ -18,7 +20,7 @@ use crate::node::{DropPage, EndpointRow};
 #[derive(clap::Args, Clone)]
 pub(crate) struct AddEndpoint {
     /// An `Endpoint` document (YAML) to read instead of the flags; `-` reads stdin.
-    #[arg(long, short = 'f', value_name = "FILE", conflicts_with_all = ["id", "name", "address", "interface", "label"])]
+    #[arg(long, short = 'f', value_name = "FILE", conflicts_with_all = ["id", "name", "address", "interface", "cgroup", "unit", "label"])]
     pub(crate) file: Option<PathBuf>,
     /// Endpoint id (1-65535).
     #[arg(long, required_unless_present = "file")]
@@ -26,12 +28,22 @@ pub(crate) struct AddEndpoint {
     /// Endpoint name.
     #[arg(long, required_unless_present = "file")]
     pub(crate) name: Option<String>,
-    /// An address of the endpoint (repeat for more).
-    #[arg(long, required_unless_present = "file")]
+    /// An address of the endpoint (repeat for more); not for host processes (`--cgroup`,
+    /// `--unit`), which share the host's.
+    #[arg(long, required_unless_present_any = ["file", "cgroup", "unit"], conflicts_with_all = ["cgroup", "unit"])]
     pub(crate) address: Vec<IpAddr>,
     /// Its host-side interface (e.g. the host end of its veth pair).
-    #[arg(long, required_unless_present = "file")]
+    #[arg(long, required_unless_present_any = ["file", "cgroup", "unit"], conflicts_with_all = ["cgroup", "unit"])]
     pub(crate) interface: Option<String>,
+    /// Host processes instead of an interface: the cgroup v2 directory they run in (below
+    /// the hierarchy's root, e.g. `/ci/runner`); every process in it or in a cgroup below it
+    /// is the endpoint.
+    #[arg(long, value_name = "PATH", conflicts_with = "unit")]
+    pub(crate) cgroup: Option<String>,
+    /// Host processes of a systemd unit (`name.service`, `.scope`, `.slice`): its cgroup,
+    /// found through systemd (where systemd runs).
+    #[arg(long, value_name = "NAME")]
+    pub(crate) unit: Option<String>,
     /// A label `key=value` or `source:key=value` (repeat for more).
     #[arg(long, value_name = "KEY=VALUE")]
     pub(crate) label: Vec<String>,
@@ -58,10 +70,19 @@ impl AddEndpoint {
             };
             labels.push((key.to_owned(), value.to_owned()));
         }
+        let attachment = match (&self.cgroup, &self.unit) {
+            (Some(path), _) => Attachment::Cgroup(Cgroup::path(path).with_context(|| {
+                format!("--cgroup {path:?} is not a cgroup v2 path (`/a/b`, no `.` or `..`)")
+            })?),
+            (None, Some(unit)) => Attachment::Cgroup(Cgroup::unit(unit).with_context(|| {
+                format!("--unit {unit:?} is not a unit name ending in .service, .scope or .slice")
+            })?),
+            (None, None) => Attachment::Interface(self.interface.clone().unwrap_or_default()),
+        };
         let doc = fqdnd_engine::endpoints::document(
             self.name.as_deref().unwrap_or_default(),
             fqdnd_ipcache::EndpointId(self.id.unwrap_or_default()),
-            self.interface.as_deref().unwrap_or_default(),
+            &attachment,
             &self.address,
             &labels,
         );
@@ -69,21 +90,38 @@ impl AddEndpoint {
     }
 }
 
+/// An endpoint's attachment as the listing shows it: its interface, or `cgroup:<path>` for
+/// host processes; and the interface index or cgroup id.
+fn attached(r: &EndpointRow) -> (String, String) {
+    match &r.cgroup {
+        Some(cgroup) => (
+            format!("cgroup:{cgroup}"),
+            r.cgroup_id
+                .map_or_else(|| "-".to_owned(), |i| i.to_string()),
+        ),
+        None => (
+            r.interface.clone(),
+            r.ifindex.map_or_else(|| "-".to_owned(), |i| i.to_string()),
+        ),
+    }
+}
+
 fn print_endpoints(rows: &[EndpointRow]) -> Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "{:<6} {:<16} {:<16} {:<8} {:<9} {:<7} {:<28} LABELS",
-        "ID", "NAME", "INTERFACE", "IFINDEX", "ENFORCING", "SOURCE", "ADDRESSES"
+        "{:<6} {:<16} {:<24} {:<8} {:<9} {:<7} {:<28} LABELS",
+        "ID", "NAME", "ATTACHED", "INDEX", "ENFORCING", "SOURCE", "ADDRESSES"
     )?;
     for r in rows {
+        let (what, index) = attached(r);
         writeln!(
             out,
-            "{:<6} {:<16} {:<16} {:<8} {:<9} {:<7} {:<28} {}",
+            "{:<6} {:<16} {:<24} {:<8} {:<9} {:<7} {:<28} {}",
             r.id,
             r.name,
-            r.interface,
-            r.ifindex.map_or_else(|| "-".to_owned(), |i| i.to_string()),
+            what,
+            index,
             r.enforcing,
             r.source,
             r.addresses.join(","),
@@ -165,10 +203,15 @@ pub(crate) fn monitor(
                     .icmp
                     .map(|(t, c)| format!(" type {t} code {c}"))
                     .unwrap_or_default();
+                let name = d
+                    .endpoint_name
+                    .as_deref()
+                    .map(|n| format!(" ({n})"))
+                    .unwrap_or_default();
                 writeln!(
                     out,
-                    "xx drop ({}) endpoint {} {} -> {} {}{icmp} identity {}",
-                    d.reason, d.endpoint, d.src, d.dst, d.proto, d.identity
+                    "xx drop ({}) endpoint {}{name} [{}] {} -> {} {}{icmp} identity {}",
+                    d.reason, d.endpoint, d.seen, d.src, d.dst, d.proto, d.identity
                 )?;
             }
             printed += 1;
@@ -293,6 +336,9 @@ pub(crate) fn bpf_ct(pin_dir: Option<&Path>) -> Result<ExitCode> {
         if e.rev_nat != 0 {
             flags.push(format!("rev_nat={}", e.rev_nat));
         }
+        if e.zone == fqdnd_ebpf::sys::CT_ZONE_SOCKET {
+            flags.push("socket".to_owned());
+        }
         let expires = if e.alive(now) {
             format!("{}s", e.remaining(now).as_secs())
         } else {
@@ -311,6 +357,21 @@ pub(crate) fn bpf_ct(pin_dir: Option<&Path>) -> Result<ExitCode> {
         )?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// An endpoint entry's flags as the listing shows them (`enforce-egress,redirect-dns`).
+fn flag_names(flags: fqdnd_ebpf::EndpointFlags) -> String {
+    [
+        (flags.enforce_egress, "enforce-egress"),
+        (flags.redirect_dns, "redirect-dns"),
+        (flags.check_source, "check-source"),
+        (flags.enforce_ingress, "enforce-ingress"),
+    ]
+    .iter()
+    .filter(|(set, _)| *set)
+    .map(|(_, name)| *name)
+    .collect::<Vec<_>>()
+    .join(",")
 }
 
 /// `fqdnd bpf endpoint list`.
@@ -338,22 +399,12 @@ pub(crate) fn bpf_endpoints(pin_dir: Option<&Path>) -> Result<ExitCode> {
     for entry in maps.endpoint_entries()? {
         match entry {
             fqdnd_ebpf::EndpointEntry::Endpoint { ifindex, id, flags } => {
-                let mut f = Vec::new();
-                if flags.enforce_egress {
-                    f.push("enforce-egress");
-                }
-                if flags.redirect_dns {
-                    f.push("redirect-dns");
-                }
-                if flags.check_source {
-                    f.push("check-source");
-                }
                 writeln!(
                     out,
                     "{ifindex:<8} {:<16} {:<9} {}",
                     name(ifindex),
                     id.0,
-                    f.join(",")
+                    flag_names(flags)
                 )?;
             }
             fqdnd_ebpf::EndpointEntry::BySource {
@@ -372,10 +423,26 @@ pub(crate) fn bpf_endpoints(pin_dir: Option<&Path>) -> Result<ExitCode> {
                     "-"
                 )?;
             }
+            fqdnd_ebpf::EndpointEntry::Bridge { ifindex } => {
+                writeln!(
+                    out,
+                    "{ifindex:<8} {:<16} {:<9} bridge,redirect-dns-of-its-ports",
+                    name(ifindex),
+                    "-"
+                )?;
+            }
         }
     }
     for (ifindex, id, addr) in maps.endpoint_addresses()? {
         writeln!(out, "  {} source {addr} → endpoint {}", name(ifindex), id.0)?;
+    }
+    for (cgroup_id, id, flags) in maps.cgroup_entries()? {
+        writeln!(
+            out,
+            "  cgroup {cgroup_id} → endpoint {} {}",
+            id.0,
+            flag_names(flags)
+        )?;
     }
     for (prefix, id, flags) in maps.client_entries()? {
         writeln!(
@@ -384,6 +451,8 @@ pub(crate) fn bpf_endpoints(pin_dir: Option<&Path>) -> Result<ExitCode> {
             id.0,
             if flags.enforce_egress {
                 " (enforce-egress)"
+            } else if flags.redirect_dns {
+                " (bridged: DNS redirect)"
             } else {
                 ""
             }
@@ -392,10 +461,13 @@ pub(crate) fn bpf_endpoints(pin_dir: Option<&Path>) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `fqdnd bpf unload`: detaches the programs from every interface, removes the pins and the
-/// local-delivery routes. Enforcement and the DNS redirect stop.
+/// `fqdnd bpf unload`: detaches the programs from every interface and the cgroup socket
+/// programs, removes the pins and the local-delivery routes. Enforcement and the DNS redirect
+/// stop.
 pub(crate) fn bpf_unload(pin_dir: Option<&Path>) -> Result<ExitCode> {
     let dir = pins(pin_dir);
+    let cgroup = fqdnd_ebpf::cgroup_attached(&dir);
+    fqdnd_ebpf::detach_cgroup_pinned(&dir).context("detaching the cgroup socket programs")?;
     let interfaces = fqdnd_ebpf::attached_interfaces(&dir);
     for iface in &interfaces {
         fqdnd_ebpf::detach_pinned(&dir, iface)
@@ -416,8 +488,13 @@ pub(crate) fn bpf_unload(pin_dir: Option<&Path>) -> Result<ExitCode> {
         fqdnd_ebpf::route::remove_local_delivery().context("removing the local-delivery routes")?;
     }
     println!(
-        "detached from {} interface(s), removed {}{}",
+        "detached from {} interface(s){}, removed {}{}",
         detached,
+        if cgroup {
+            " and the cgroup v2 root"
+        } else {
+            ""
+        },
         dir.display(),
         if others.is_empty() {
             String::new()

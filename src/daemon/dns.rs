@@ -1,16 +1,29 @@
 //! The proxy's [`QueryPolicy`], adapted to the engine's [`DnsPolicy`]: the policy in force is
-//! swapped whole on reload; in node mode, queries to a service VIP go to one of its backends.
+//! swapped whole on reload; in node mode, queries to a service VIP go to one of its backends,
+//! and a host process's query that the cgroup socket programs redirected to the proxy's
+//! loopback address is about its original destination, for the endpoint of its cgroup.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 
-use fqdnd_dnsproxy::{QueryInfo, QueryPolicy, Transport, Verdict};
+use fqdnd_dnsproxy::{QueryInfo, QueryPolicy, Redirect, Transport, Verdict};
 use fqdnd_engine::dns::{self, DnsPolicy};
+use fqdnd_ipcache::EndpointId;
 use fqdnd_ipcache::policy::Protocol;
 use fqdnd_lb::LoadBalancer;
 
 /// The load balancer as the DNS proxy reads it: VIP → backend per client flow.
 pub(crate) type SharedLb = Arc<RwLock<LoadBalancer>>;
+
+/// Node mode: where the cgroup socket programs send host processes' DNS, and their record
+/// of each redirected socket.
+#[derive(Debug)]
+pub(crate) struct SocketRedirects {
+    /// The kernel's records, by the client socket's address and port.
+    pub(crate) origins: fqdnd_ebpf::DnsOrigins,
+    /// The proxy's port (the programs send to 127.0.0.1 / ::1 on it).
+    pub(crate) port: u16,
+}
 
 /// The DNS policy the proxy consults.
 #[derive(Debug, Default)]
@@ -18,14 +31,17 @@ pub(crate) struct DnsHandle {
     current: RwLock<Arc<DnsPolicy>>,
     /// Node mode: queries to a service VIP go to one of its backends.
     services: Option<SharedLb>,
+    /// Node mode: host processes' redirected queries.
+    redirects: Option<SocketRedirects>,
 }
 
 impl DnsHandle {
     /// An empty policy (every client unknown) until the first [`DnsHandle::replace`].
-    pub(crate) fn new(services: Option<SharedLb>) -> Self {
+    pub(crate) fn new(services: Option<SharedLb>, redirects: Option<SocketRedirects>) -> Self {
         Self {
             current: RwLock::default(),
             services,
+            redirects,
         }
     }
 
@@ -56,7 +72,17 @@ impl QueryPolicy for DnsHandle {
             Transport::Udp => Protocol::Udp,
             Transport::Tcp => Protocol::Tcp,
         };
-        match policy.verdict(query.client.ip(), query.server, protocol, query.name) {
+        let verdict = match query.sender {
+            // A host process's query: its endpoint is its cgroup's, as the kernel recorded.
+            Some(sender) => policy.endpoint_verdict(
+                EndpointId(u16::try_from(sender).unwrap_or(0)),
+                query.server,
+                protocol,
+                query.name,
+            ),
+            None => policy.verdict(query.client.ip(), query.server, protocol, query.name),
+        };
+        match verdict {
             dns::Verdict::Allow { endpoint } => Verdict::Allow {
                 tag: u64::from(endpoint.0),
             },
@@ -77,5 +103,23 @@ impl QueryPolicy for DnsHandle {
         };
         let lb = self.services.as_ref()?.read().ok()?;
         lb.backend_for_flow(server, proto, client)
+    }
+
+    fn redirected(
+        &self,
+        client: SocketAddr,
+        local: SocketAddr,
+        transport: Transport,
+    ) -> Option<Redirect> {
+        let r = self.redirects.as_ref()?;
+        // The programs send to the proxy's loopback address: anything else is not theirs.
+        if local.port() != r.port || !local.ip().to_canonical().is_loopback() {
+            return None;
+        }
+        let origin = r.origins.lookup(client, transport == Transport::Tcp)?;
+        Some(Redirect {
+            server: origin.server,
+            sender: u64::from(origin.endpoint.0),
+        })
     }
 }

@@ -33,6 +33,7 @@ use fqdnd_dnsproxy::{DnsProxy, QueryLog};
 use fqdnd_engine::dns::DnsPolicy;
 use fqdnd_engine::{Clock as _, Engine};
 use fqdnd_ipcache::EndpointId;
+use fqdnd_ipcache::policy::Direction;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -40,7 +41,7 @@ use tokio::task::JoinSet;
 use crate::clock::Clock;
 use crate::datapath::AnyDatapath;
 use crate::kernel::Kernel;
-pub(crate) use dns::{DnsHandle, SharedLb};
+pub(crate) use dns::{DnsHandle, SharedLb, SocketRedirects};
 
 /// The engine, shared between the proxy's observer, the GC task and the admin API. Each
 /// holder locks it briefly (one answer, one GC pass, one listing).
@@ -65,13 +66,19 @@ pub(crate) trait ModeHooks: Send + Sync + 'static {
         &self,
         kernel: Option<&SharedKernel>,
         config: &Config,
-        enforcing: &BTreeMap<EndpointId, bool>,
+        enforcing: &BTreeMap<EndpointId, crate::kernel::Enforcing>,
     ) -> Result<()>;
     /// Re-reads the configuration files for a reload.
     fn reload(&self, paths: &[PathBuf], demo: bool) -> Result<Loaded>;
     /// Once the proxy listens (node: points the DNS redirect at it).
     fn proxy_bound(&self, _kernel: Option<&SharedKernel>) -> Result<()> {
         Ok(())
+    }
+    /// The node's own addresses, which get the host identity (`reserved:host`); `None` when
+    /// the mode gives none (gateway: its clients are groups of addresses, not endpoints on
+    /// this host).
+    fn host_addresses(&self) -> Option<Vec<std::net::IpAddr>> {
+        None
     }
     /// The mode's own tasks (node: the drop events).
     fn spawn_tasks(
@@ -108,6 +115,8 @@ pub(crate) struct Prepared {
     pub(crate) mode: Box<dyn ModeHooks>,
     /// Node: queries to a service VIP are forwarded to one of its backends.
     pub(crate) services: Option<SharedLb>,
+    /// Node: host processes' DNS, redirected by the cgroup socket programs.
+    pub(crate) redirects: Option<SocketRedirects>,
     /// The admin socket the mode's document names.
     pub(crate) admin_socket: PathBuf,
 }
@@ -175,6 +184,8 @@ impl Shared {
                 next.config.rules.clone(),
                 self.clock.now(),
             )?;
+            // After the endpoints and policy: they have the datapath's room first.
+            self.refresh_host(&mut engine);
             enforcing(&next.config, &engine)
         };
         if let Err(e) = self.sync(&next.config, &enforced) {
@@ -200,8 +211,29 @@ impl Shared {
         Ok(())
     }
 
+    /// Gives the node's current addresses the host identity, committed. A failure is
+    /// logged: the addresses keep the identity they had.
+    pub(crate) fn refresh_host(&self, engine: &mut Engine<AnyDatapath>) {
+        let Some(addrs) = self.mode.host_addresses() else {
+            return;
+        };
+        match engine.set_host_addresses(&addrs) {
+            Ok(true) => {
+                tracing::info!(addresses = ?addrs, "the node's addresses (the host identity)")
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(error = %fqdnd_engine::error_chain(&e), "giving the node's addresses the host identity failed")
+            }
+        }
+    }
+
     /// The mode's kernel side (and services) to `config`.
-    fn sync(&self, config: &Config, enforcing: &BTreeMap<EndpointId, bool>) -> Result<()> {
+    fn sync(
+        &self,
+        config: &Config,
+        enforcing: &BTreeMap<EndpointId, crate::kernel::Enforcing>,
+    ) -> Result<()> {
         self.mode.sync(self.kernel.as_ref(), config, enforcing)
     }
 
@@ -253,14 +285,26 @@ pub(crate) struct Loaded {
 }
 
 /// Whether each endpoint of `config` is under egress policy in `engine`.
-fn enforcing(config: &Config, engine: &Engine<AnyDatapath>) -> BTreeMap<EndpointId, bool> {
+fn enforcing(
+    config: &Config,
+    engine: &Engine<AnyDatapath>,
+) -> BTreeMap<EndpointId, crate::kernel::Enforcing> {
     config
         .endpoints
         .iter()
         .map(|e| {
             (
                 e.id,
-                engine.ipcache.endpoint_enforcing(e.id).unwrap_or(false),
+                crate::kernel::Enforcing {
+                    egress: engine
+                        .ipcache
+                        .endpoint_under_policy(e.id, Direction::Egress)
+                        .unwrap_or(false),
+                    ingress: engine
+                        .ipcache
+                        .endpoint_under_policy(e.id, Direction::Ingress)
+                        .unwrap_or(false),
+                },
             )
         })
         .collect()
@@ -354,6 +398,7 @@ pub(crate) async fn start(
         proxy,
         mode,
         services,
+        redirects,
         admin_socket,
     } = prepared;
     // The recorder first: the gauges are set as soon as the restore ends; the endpoint serves
@@ -397,7 +442,7 @@ pub(crate) async fn start(
     }
     let shared = Arc::new(Shared {
         engine: Arc::clone(&engine),
-        dns: Arc::new(DnsHandle::new(services)),
+        dns: Arc::new(DnsHandle::new(services, redirects)),
         clock,
         kernel,
         mode,
@@ -464,6 +509,7 @@ pub(crate) async fn start(
     }
     tasks::spawn_gc(&mut tasks, &stopped, &shared, config.settings.gc_interval);
     tasks::spawn_metrics(&mut tasks, &stopped, &shared);
+    tasks::spawn_host_addresses(&mut tasks, &stopped, &shared);
     shared.mode.spawn_tasks(&mut tasks, &stopped)?;
     Ok(Running {
         shared,

@@ -127,6 +127,7 @@ impl GatewayMode {
                 ..fqdnd_dnsproxy::Config::default()
             },
             services: None,
+            redirects: None,
             admin_socket: gateway.daemon.admin_socket.clone(),
             mode: Box::new(Self {
                 gateway,
@@ -147,7 +148,7 @@ impl ModeHooks for GatewayMode {
         &self,
         kernel: Option<&SharedKernel>,
         config: &Config,
-        enforcing: &BTreeMap<EndpointId, bool>,
+        enforcing: &BTreeMap<EndpointId, crate::kernel::Enforcing>,
     ) -> Result<()> {
         let Some(kernel) = kernel else {
             return Ok(());
@@ -156,7 +157,7 @@ impl ModeHooks for GatewayMode {
             .endpoints
             .iter()
             .flat_map(|e| {
-                let on = enforcing.get(&e.id).copied().unwrap_or(false);
+                let on = enforcing.get(&e.id).copied().unwrap_or_default();
                 e.addresses.iter().map(move |a| (*a, e.id, on))
             })
             .collect();

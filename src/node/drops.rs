@@ -1,7 +1,7 @@
 //! Policy drops reported by the datapath's ring buffer: counted in metrics, logged at debug
 //! level, and kept in a bounded log that `fqdnd monitor` polls through the admin API.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::net::IpAddr;
 use std::sync::Mutex;
 
@@ -19,7 +19,14 @@ pub(crate) struct Drop {
     pub(crate) ts_ns: u64,
     /// The endpoint whose packet was dropped.
     pub(crate) endpoint: u16,
-    /// The interface it arrived on.
+    /// Its name (when the endpoint still exists).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) endpoint_name: Option<String>,
+    /// Where it was dropped: `interface` (the programs on an endpoint's interface) or
+    /// `socket` (the cgroup socket programs: a host process's socket).
+    #[serde(default = "interface")]
+    pub(crate) seen: String,
+    /// The interface it arrived on (0 for `socket`).
     pub(crate) ifindex: u32,
     /// Source address and port.
     pub(crate) src: String,
@@ -27,10 +34,12 @@ pub(crate) struct Drop {
     pub(crate) dst: String,
     /// `tcp`, `udp`, or the IP protocol number.
     pub(crate) proto: String,
-    /// The destination's identity.
+    /// The peer's identity: the destination's for the endpoint's egress, the source's for
+    /// its ingress.
     pub(crate) identity: u32,
     /// Why: `policy-denied`, `unhandled`, `no-dns-proxy`, `no-service-backend`,
-    /// `source-spoofed`, `fragment-unknown`, `icmp-denied`, `ipv6-ext-headers`, or the number.
+    /// `source-spoofed`, `fragment-unknown`, `icmp-denied`, `ipv6-ext-headers`,
+    /// `dns-not-redirected`, or the number.
     pub(crate) reason: String,
     /// ICMP/ICMPv6: the message's type and code (`src`/`dst` then carry no port).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -48,10 +57,16 @@ pub(crate) struct DropPage {
     pub(crate) missed: u64,
 }
 
+fn interface() -> String {
+    "interface".to_owned()
+}
+
 /// The bounded drop log.
 #[derive(Debug, Default)]
 pub(crate) struct DropLog {
     inner: Mutex<Log>,
+    /// Endpoint names by id, as of the last sync.
+    names: Mutex<BTreeMap<u16, String>>,
 }
 
 #[derive(Debug, Default)]
@@ -71,6 +86,7 @@ pub(crate) fn reason_name(reason: u8) -> String {
         fqdnd_ebpf::sys::DROP_FRAGMENT => "fragment-unknown".to_owned(),
         fqdnd_ebpf::sys::DROP_ICMP => "icmp-denied".to_owned(),
         fqdnd_ebpf::sys::DROP_EXT_HEADERS => "ipv6-ext-headers".to_owned(),
+        fqdnd_ebpf::sys::DROP_DNS_BYPASS => "dns-not-redirected".to_owned(),
         other => other.to_string(),
     }
 }
@@ -99,11 +115,19 @@ fn endpoint_addr(addr: IpAddr, port: u16) -> String {
 }
 
 impl DropLog {
+    /// The endpoints' names, for the drops recorded from now on.
+    pub(crate) fn set_names(&self, names: BTreeMap<u16, String>) {
+        if let Ok(mut n) = self.names.lock() {
+            *n = names;
+        }
+    }
+
     /// Records the events of one ring-buffer drain.
     pub(crate) fn record(&self, events: &[fqdnd_ebpf::sys::DropEvent]) {
         if events.is_empty() {
             return;
         }
+        let names = self.names.lock().map(|n| n.clone()).unwrap_or_default();
         let Ok(mut log) = self.inner.lock() else {
             return;
         };
@@ -124,10 +148,17 @@ impl DropLog {
             } else {
                 (endpoint_addr(src, e.sport), endpoint_addr(dst, e.dport))
             };
+            let seen = if e.source == fqdnd_ebpf::sys::SOURCE_SOCKET {
+                "socket"
+            } else {
+                "interface"
+            };
             let drop = Drop {
                 seq: log.last_seq,
                 ts_ns: e.ts_ns,
                 endpoint: e.endpoint,
+                endpoint_name: names.get(&e.endpoint).cloned(),
+                seen: seen.to_owned(),
                 ifindex: e.ifindex,
                 src,
                 dst,
@@ -136,7 +167,7 @@ impl DropLog {
                 reason,
                 icmp,
             };
-            tracing::debug!(endpoint = drop.endpoint, src = %drop.src, dst = %drop.dst, proto = %drop.proto, identity = drop.identity, reason = %drop.reason, "packet dropped");
+            tracing::debug!(endpoint = drop.endpoint, name = ?drop.endpoint_name, seen = %drop.seen, src = %drop.src, dst = %drop.dst, proto = %drop.proto, identity = drop.identity, reason = %drop.reason, "packet dropped");
             if log.kept.len() == KEPT {
                 log.kept.pop_front();
             }

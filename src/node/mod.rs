@@ -7,6 +7,11 @@
 //! CiliumNetworkPolicy DNS rules, forwards allowed queries to their original destination, and
 //! releases an answer only once the engine has written what it taught into the kernel maps.
 //!
+//! Host processes are endpoints too: an Endpoint naming a cgroup (or a systemd unit) instead
+//! of an interface has the cgroup socket programs send its processes' DNS to the proxy's
+//! loopback address (the kernel records where each query was going, the proxy reads the
+//! record) and check their other egress against the same maps.
+//!
 //! What is the node's own: the `Node` document, the endpoint registry (files + admin API, kept
 //! in `<stateDir>/endpoints.yaml`), the attachments, the services, the drop log.
 
@@ -22,7 +27,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use fqdnd_config::{Config, Node};
-use fqdnd_engine::endpoints::{Added, Registry, Source};
+use fqdnd_engine::endpoints::{Added, Attachment, Registry, Source};
 use fqdnd_ipcache::EndpointId;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -32,7 +37,7 @@ use crate::clock::Clock;
 use crate::daemon::{
     self, Desired, Loaded, ModeHooks, Prepared, Running, Shared, SharedKernel, StartOptions, lock,
 };
-use crate::kernel::{self, Kernel, Wanted};
+use crate::kernel::{self, Enforcing, Kernel, Wanted, WantedCgroup};
 pub(crate) use drops::{DropLog, DropPage};
 pub(crate) use services::ServiceRow;
 use services::Services;
@@ -46,6 +51,17 @@ pub(crate) struct EndpointRow {
     pub(crate) labels: Vec<String>,
     pub(crate) interface: String,
     pub(crate) ifindex: Option<u32>,
+    /// An endpoint of host processes: its cgroup as configured (`/a/b`, or `x.service` for a
+    /// systemd unit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) cgroup: Option<String>,
+    /// The cgroup directory it resolved to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) cgroup_path: Option<String>,
+    /// The cgroup's id in the endpoints-by-cgroup map (`None` while the directory does not
+    /// exist).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) cgroup_id: Option<u64>,
     pub(crate) enforcing: bool,
     /// `config` or `api`.
     pub(crate) source: String,
@@ -63,7 +79,7 @@ impl ModeHooks for NodeMode {
         &self,
         kernel: Option<&SharedKernel>,
         config: &Config,
-        enforcing: &BTreeMap<EndpointId, bool>,
+        enforcing: &BTreeMap<EndpointId, Enforcing>,
     ) -> Result<()> {
         self.0.sync(kernel, config, enforcing)
     }
@@ -74,6 +90,16 @@ impl ModeHooks for NodeMode {
 
     fn proxy_bound(&self, kernel: Option<&SharedKernel>) -> Result<()> {
         self.0.proxy_bound(kernel)
+    }
+
+    fn host_addresses(&self) -> Option<Vec<std::net::IpAddr>> {
+        match kernel::host_addresses() {
+            Ok(addrs) => Some(addrs),
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "reading the node's addresses failed");
+                None
+            }
+        }
     }
 
     fn spawn_tasks(
@@ -92,6 +118,9 @@ impl ModeHooks for NodeMode {
         self
     }
 }
+
+/// How often cgroup endpoints' directories are resolved again.
+const CGROUP_REFRESH: Duration = Duration::from_millis(500);
 
 /// Endpoints added by the CNI plugin get ids from here up (those below are left to the files
 /// and to `fqdnd endpoint add`).
@@ -136,6 +165,8 @@ pub(crate) struct NodeRuntime {
     /// Policy drops, for metrics and `fqdnd monitor`.
     pub(crate) drops: DropLog,
     services: Mutex<Services>,
+    /// The kernel side, once the proxy is bound (for the cgroup refresh task).
+    kernel: std::sync::OnceLock<SharedKernel>,
 }
 
 impl std::fmt::Debug for NodeRuntime {
@@ -166,14 +197,18 @@ fn load_added(registry: &mut Registry, path: &std::path::Path) -> Result<()> {
     };
     for parsed in Registry::parse_saved(&text) {
         match parsed {
-            Ok(a) if kernel::ifindex(&a.interface).is_err() => {
-                tracing::warn!(endpoint = %a.endpoint.id, interface = %a.interface, "saved endpoint dropped: its interface is gone");
+            Ok(Added {
+                endpoint,
+                attachment: Attachment::Interface(interface),
+                ..
+            }) if kernel::ifindex(&interface).is_err() => {
+                tracing::warn!(endpoint = %endpoint.id, interface = %interface, "saved endpoint dropped: its interface is gone");
             }
             Ok(a) => {
-                let (id, interface) = (a.endpoint.id, a.interface.clone());
+                let (id, attachment) = (a.endpoint.id, a.attachment.clone());
                 match registry.restore(a) {
                     Ok(()) => {
-                        tracing::info!(endpoint = %id, interface = %interface, "endpoint added through the API restored");
+                        tracing::info!(endpoint = %id, attached = %attachment, "endpoint added through the API restored");
                     }
                     Err(e) => {
                         tracing::warn!(endpoint = %id, error = %fqdnd_engine::error_chain(&e), "a saved endpoint conflicts with the configuration files and is dropped");
@@ -231,6 +266,11 @@ impl NodeRuntime {
             SocketAddr::from((Ipv4Addr::UNSPECIFIED, node.dns_proxy_port)),
             SocketAddr::from((Ipv6Addr::UNSPECIFIED, node.dns_proxy_port)),
         ];
+        let redirects = daemon::SocketRedirects {
+            origins: fqdnd_ebpf::DnsOrigins::open(&pin_dir)
+                .context("opening the redirected sockets' records")?,
+            port: node.dns_proxy_port,
+        };
         let runtime = Arc::new(Self {
             pin_dir: pin_dir.clone(),
             registry: Mutex::new(registry),
@@ -238,6 +278,7 @@ impl NodeRuntime {
             drops: DropLog::default(),
             services: Mutex::new(services),
             node: node.clone(),
+            kernel: std::sync::OnceLock::new(),
         });
         runtime.save_added();
         Ok(Prepared {
@@ -253,6 +294,7 @@ impl NodeRuntime {
                 ..fqdnd_dnsproxy::Config::default()
             },
             services: Some(lb),
+            redirects: Some(redirects),
             admin_socket: node.daemon.admin_socket.clone(),
             mode: Box::new(NodeMode(runtime)),
         })
@@ -263,15 +305,28 @@ impl NodeRuntime {
         &self,
         kernel: Option<&SharedKernel>,
         config: &Config,
-        enforcing: &BTreeMap<EndpointId, bool>,
+        enforcing: &BTreeMap<EndpointId, Enforcing>,
     ) -> Result<()> {
         let kernel = kernel.context("node mode without its kernel side")?;
-        let wanted: Vec<Wanted> = config
+        let enforced = |id| enforcing.get(&id).copied().unwrap_or_default();
+        let cgroups: Vec<WantedCgroup> = config
             .endpoints
             .iter()
             .filter_map(|e| {
+                Some(WantedCgroup {
+                    id: e.id,
+                    cgroup: config.cgroups.get(&e.id)?.clone(),
+                    enforcing: enforced(e.id),
+                })
+            })
+            .collect();
+        let wanted: Vec<Wanted> = config
+            .endpoints
+            .iter()
+            .filter(|e| !config.cgroups.contains_key(&e.id))
+            .filter_map(|e| {
                 let Some(interface) = config.interfaces.get(&e.id) else {
-                    tracing::warn!(endpoint = %e.id, name = %e.name, "endpoint has no `interface`: its DNS is not redirected and its egress not enforced by this node");
+                    tracing::warn!(endpoint = %e.id, name = %e.name, "endpoint has no `interface` or `cgroup`: its DNS is not redirected and its policy not enforced by this node");
                     return None;
                 };
                 let mut addresses = Vec::new();
@@ -285,12 +340,23 @@ impl NodeRuntime {
                 Some(Wanted {
                     id: e.id,
                     interface: interface.clone(),
-                    enforcing: enforcing.get(&e.id).copied().unwrap_or(false),
+                    enforcing: enforced(e.id),
                     addresses,
                 })
             })
             .collect();
-        lock(kernel, "kernel")?.sync(&wanted)?;
+        {
+            let mut kernel = lock(kernel, "kernel")?;
+            kernel.sync(&wanted)?;
+            kernel.sync_cgroups(&cgroups, self.node.host_processes)?;
+        }
+        self.drops.set_names(
+            config
+                .endpoints
+                .iter()
+                .map(|e| (e.id.0, e.name.clone()))
+                .collect(),
+        );
         lock(&self.services, "services")?.apply(&config.services, false)
     }
 
@@ -329,7 +395,9 @@ impl NodeRuntime {
 
     /// Adds `new`; the caller holds `shared.changes`.
     fn add_locked(&self, shared: &Shared, new: Added) -> Result<EndpointRow> {
-        kernel::ifindex(&new.interface)?;
+        if let Attachment::Interface(interface) = &new.attachment {
+            kernel::ifindex(interface)?;
+        }
         let (id, name) = (new.endpoint.id, new.endpoint.name.clone());
         let (previous, config) = {
             let mut registry = lock(&self.registry, "endpoints")?;
@@ -381,7 +449,9 @@ impl NodeRuntime {
                     same.sort();
                     let mut had = existing.endpoint.addresses.clone();
                     had.sort();
-                    if existing.interface == attachment.interface && had == same {
+                    if existing.attachment == Attachment::Interface(attachment.interface.clone())
+                        && had == same
+                    {
                         let id = existing.endpoint.id;
                         drop(registry);
                         return self.row(shared, id);
@@ -396,7 +466,7 @@ impl NodeRuntime {
         let document = fqdnd_engine::endpoints::document(
             &name,
             id,
-            &attachment.interface,
+            &Attachment::Interface(attachment.interface.clone()),
             &attachment.addresses,
             &labels,
         );
@@ -487,9 +557,12 @@ impl NodeRuntime {
     pub(crate) fn rows(&self, shared: &Shared) -> Result<Vec<EndpointRow>> {
         let registry = lock(&self.registry, "endpoints")?;
         let merged = registry.merged();
-        let attached = match &shared.kernel {
-            Some(k) => lock(k, "kernel")?.attached().clone(),
-            None => BTreeMap::new(),
+        let (attached, cgroups) = match &shared.kernel {
+            Some(k) => {
+                let k = lock(k, "kernel")?;
+                (k.attached().clone(), k.cgroups().clone())
+            }
+            None => (BTreeMap::new(), BTreeMap::new()),
         };
         let engine = lock(&shared.engine, "engine")?;
         Ok(merged
@@ -497,6 +570,10 @@ impl NodeRuntime {
             .iter()
             .map(|e| {
                 let interface = merged.interfaces.get(&e.id).cloned().unwrap_or_default();
+                let cgroup = merged.cgroups.get(&e.id).map(|c| match c {
+                    fqdnd_config::Cgroup::Path(p) | fqdnd_config::Cgroup::Unit(p) => p.clone(),
+                });
+                let resolved = cgroups.get(&e.id);
                 EndpointRow {
                     id: e.id.0,
                     name: e.name.clone(),
@@ -508,6 +585,9 @@ impl NodeRuntime {
                         .collect(),
                     ifindex: attached.get(&interface).map(|a| a.ifindex),
                     interface,
+                    cgroup,
+                    cgroup_path: resolved.map(|c| c.path.display().to_string()),
+                    cgroup_id: resolved.and_then(|c| c.cgroup_id),
                     enforcing: engine.ipcache.endpoint_enforcing(e.id).unwrap_or(false),
                     source: registry
                         .source(e.id)
@@ -554,12 +634,15 @@ impl NodeRuntime {
     /// Once the proxy listens: points the DNS redirect at it.
     pub(crate) fn proxy_bound(&self, kernel: Option<&SharedKernel>) -> Result<()> {
         let kernel = kernel.context("node mode without its kernel side")?;
+        let _ = self.kernel.set(Arc::clone(kernel));
         lock(kernel, "kernel")?.set_dns_proxy(self.node.dns_proxy_port)?;
         tracing::info!(pin_dir = %self.pin_dir.display(), "DNS redirect points at the proxy");
         Ok(())
     }
 
-    /// The node's own task: draining the datapath's drop events.
+    /// The node's own tasks: draining the datapath's drop events, and resolving cgroup
+    /// endpoints' directories again ([`Kernel::refresh_cgroups`]: a cgroup created or
+    /// re-created since is matched within [`CGROUP_REFRESH`]).
     pub(crate) fn spawn_tasks(
         self: &Arc<Self>,
         tasks: &mut JoinSet<Result<()>>,
@@ -572,16 +655,34 @@ impl NodeRuntime {
         let runtime = Arc::clone(self);
         let mut events =
             fqdnd_ebpf::Events::open(&self.pin_dir).context("opening the drop events")?;
-        let mut stopped = stopped.clone();
+        let mut stop = stopped.clone();
         tasks.spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(100));
             loop {
                 tokio::select! {
                     _ = tick.tick() => runtime.drops.record(&events.drain()),
-                    _ = stopped.changed() => return Ok(()),
+                    _ = stop.changed() => return Ok(()),
                 }
             }
         });
+        if let Some(kernel) = self.kernel.get().cloned() {
+            let mut stop = stopped.clone();
+            tasks.spawn(async move {
+                let mut tick = tokio::time::interval(CGROUP_REFRESH);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => {
+                            let refreshed = lock(&kernel, "kernel").and_then(|mut k| k.refresh_cgroups());
+                            if let Err(e) = refreshed {
+                                tracing::warn!(error = %format!("{e:#}"), "resolving the cgroup endpoints' cgroups again failed");
+                            }
+                        }
+                        _ = stop.changed() => return Ok(()),
+                    }
+                }
+            });
+        }
         Ok(())
     }
 }

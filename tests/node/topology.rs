@@ -429,7 +429,7 @@ impl Drop for Topology {
     }
 }
 
-fn tcp_echo(listener: &TcpListener) {
+pub(crate) fn tcp_echo(listener: &TcpListener) {
     for stream in listener.incoming() {
         let Ok(mut stream) = stream else { continue };
         std::thread::spawn(move || {

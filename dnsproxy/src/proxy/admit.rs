@@ -22,18 +22,25 @@ use crate::upstream::{Asked, ReplyTo};
 use crate::wire::{self, rcode};
 
 impl Shared {
-    /// Handles one query from a client. `raw` is the client's message; it is rewritten in place
-    /// (the ID only) when forwarded. `reply` is called only when the query is forwarded.
+    /// Handles one query from a client that reached the proxy at `local`. `raw` is the
+    /// client's message; it is rewritten in place (the ID only) when forwarded. `reply` is
+    /// called only when the query is forwarded; replies leave from `local` (the callers' and
+    /// `reply`'s business) even when the policy says the query was redirected from elsewhere.
     pub(crate) async fn handle_query(
         self: &Arc<Self>,
         w: &mut Worker,
         raw: &mut [u8],
         client: SocketAddr,
-        server: SocketAddr,
+        local: SocketAddr,
         transport: Transport,
         reply: impl FnOnce() -> ReplyTo,
     ) -> Handled {
         let received = Instant::now();
+        // A socket-level redirect: the query is about where the client was going.
+        let (server, sender) = match self.policy.redirected(client, local, transport) {
+            Some(r) => (r.server, Some(r.sender)),
+            None => (local, None),
+        };
         let parsed = match query::parse(raw) {
             Ok(parsed) => parsed,
             Err(NotForwarded::Runt) => {
@@ -89,6 +96,7 @@ impl Shared {
         let info = QueryInfo {
             client,
             server,
+            sender,
             name: &name,
             qtype,
             transport,

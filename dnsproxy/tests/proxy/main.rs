@@ -17,6 +17,7 @@ mod limits;
 mod logs;
 mod policy;
 mod recording;
+mod redirect;
 mod runts;
 mod spoofing;
 mod tcp;

@@ -175,6 +175,25 @@ impl Drop for Netns {
     }
 }
 
+/// Kernel BPF run-time statistics (`kernel.bpf_stats_enabled`) on for the guard's life, for
+/// the measurements; the old setting comes back on drop.
+pub struct BpfStats(String);
+
+impl BpfStats {
+    const PATH: &str = "/proc/sys/kernel/bpf_stats_enabled";
+    pub fn enable() -> Self {
+        let old = std::fs::read_to_string(Self::PATH).unwrap();
+        std::fs::write(Self::PATH, "1").unwrap();
+        BpfStats(old.trim().to_owned())
+    }
+}
+
+impl Drop for BpfStats {
+    fn drop(&mut self) {
+        let _ = std::fs::write(Self::PATH, &self.0);
+    }
+}
+
 /// Users of the local-delivery routes in this process, and whether this process added them.
 static ROUTES: Mutex<(usize, bool)> = Mutex::new((0, false));
 
