@@ -9,8 +9,10 @@
 //! back its old number. In cluster mode, cluster-scope numbers are not chosen here: the
 //! cluster assigns them ([`Allocator::allocate_exact`]).
 
-use std::collections::{HashMap, HashSet};
 use std::fmt;
+
+// foldhash-seeded maps: both are read on every learned address and every release.
+use hashbrown::{HashMap, HashSet};
 
 use crate::error::Error;
 use crate::labels::LabelSet;

@@ -16,8 +16,8 @@ use fqdnd_ipcache::policy::{
     Requirement, Rule,
 };
 use fqdnd_ipcache::{
-    Config, DatapathChange, Endpoint, EndpointId, EndpointLabel, Error, Identity, IpCache,
-    LabelSet, MemoryDatapath, ResourceOwner, host_prefix,
+    Config, Datapath, DatapathChange, Endpoint, EndpointId, EndpointLabel, Error, Identity,
+    IpCache, LabelSet, MemoryDatapath, OwnerId, ResourceOwner, host_prefix,
 };
 use ipnet::IpNet;
 
@@ -43,20 +43,23 @@ fn learn(
     selectors: &[&str],
 ) -> Result<(), Error> {
     let labels: LabelSet = selectors.iter().map(|s| c.fqdn_label(s)).collect();
-    c.upsert_metadata(
-        host_prefix(ip(addr)),
-        &Arc::new(ResourceOwner::name_manager(Arc::from(name))),
-        Arc::new(labels),
-        NOW,
-    )
+    let owner = name_owner(c, name);
+    c.upsert_metadata(host_prefix(ip(addr)), owner, Arc::new(labels), NOW)
+}
+
+/// The NameManager's owner for `name`, registered on first use (as the NameManager does once
+/// per name).
+fn name_owner<D: Datapath>(c: &mut IpCache<D>, name: &str) -> OwnerId {
+    let owner = ResourceOwner::name_manager(Arc::from(name));
+    match c.find_owners(&owner).first() {
+        Some(id) => *id,
+        None => c.add_owner(owner).unwrap(),
+    }
 }
 
 fn forget(c: &mut IpCache<MemoryDatapath>, name: &str, addr: &str) {
-    c.remove_metadata(
-        host_prefix(ip(addr)),
-        &ResourceOwner::name_manager(Arc::from(name)),
-    )
-    .unwrap();
+    let owner = name_owner(c, name);
+    c.remove_metadata(host_prefix(ip(addr)), owner).unwrap();
 }
 
 fn id(c: &IpCache<MemoryDatapath>, addr: &str) -> Identity {
@@ -373,7 +376,7 @@ fn batches_put_policy_before_the_ipcache_flip() {
     // An IP selected by both selectors needs a new identity {a, b}: its policy entry must
     // reach the datapath before the IP flips to it.
     struct Recorder(Vec<DatapathChange>);
-    impl fqdnd_ipcache::Datapath for Recorder {
+    impl Datapath for Recorder {
         fn apply(
             &mut self,
             changes: &[DatapathChange],
@@ -397,13 +400,9 @@ fn batches_put_policy_before_the_ipcache_flip() {
         .iter()
         .map(|k| r.fqdn_label(k))
         .collect();
-    r.upsert_metadata(
-        host_prefix(ip("192.0.2.9")),
-        &Arc::new(ResourceOwner::name_manager(Arc::from("x.example."))),
-        Arc::new(labels),
-        NOW,
-    )
-    .unwrap();
+    let owner = name_owner(&mut r, "x.example.");
+    r.upsert_metadata(host_prefix(ip("192.0.2.9")), owner, Arc::new(labels), NOW)
+        .unwrap();
     r.commit().unwrap();
     let changes = &r.datapath().0;
     let flip = changes
@@ -613,6 +612,73 @@ fn a_full_datapath_ipcache_rejects_new_prefixes_before_anything_changes() {
     assert_eq!(c.datapath_prefixes(), [2, 1]);
     learn(&mut c, "b.test.", "192.0.2.9", &["*.test."]).unwrap();
     assert_eq!(c.datapath_prefixes(), [3, 1]);
+}
+
+#[test]
+fn many_removals_at_once_end_where_one_by_one_does() {
+    // Names share IPs (an S3-like pool), with two label sets; some IPs also carry a policy
+    // CIDR. Removing most claims in one pass and one by one must leave the same state.
+    let build = || {
+        let mut c = cache();
+        c.set_policy(vec![rule(
+            app("web"),
+            vec![
+                fqdn("*.a.example."),
+                fqdn("*.b.example."),
+                PeerSelector::Cidr {
+                    cidr: net("192.0.2.0/28"),
+                    except: vec![],
+                },
+            ],
+            tcp(443),
+        )])
+        .unwrap();
+        c.set_endpoints(vec![endpoint(1, "web", "10.1.0.1")])
+            .unwrap();
+        for n in 0..40u32 {
+            let selectors: &[&str] = if n % 3 == 0 {
+                &["*.a.example."]
+            } else {
+                &["*.a.example.", "*.b.example."]
+            };
+            for k in 0..6u32 {
+                let addr = format!("192.0.2.{}", (n * 7 + k * 13) % 60);
+                learn(&mut c, &format!("n{n}.a.example."), &addr, selectors).unwrap();
+            }
+        }
+        c.commit().unwrap();
+        c
+    };
+    let mut claims: Vec<(IpNet, OwnerId)> = Vec::new();
+    let mut one = build();
+    for n in 0..40u32 {
+        for k in 0..6u32 {
+            if (n + k) % 5 != 0 {
+                let addr = format!("192.0.2.{}", (n * 7 + k * 13) % 60);
+                let owner = name_owner(&mut one, &format!("n{n}.a.example."));
+                claims.push((host_prefix(ip(&addr)), owner));
+            }
+        }
+    }
+    claims.sort();
+    claims.dedup();
+    let mut many = build();
+    for (prefix, owner) in &claims {
+        one.remove_metadata(*prefix, *owner).unwrap();
+    }
+    many.remove_metadata_many(claims.iter().copied(), claims.len())
+        .unwrap();
+    one.commit().unwrap();
+    many.commit().unwrap();
+    let state = |c: &IpCache<MemoryDatapath>| {
+        let prefixes: Vec<_> = c.prefixes().collect();
+        let mut identities = c.identities_canonical();
+        identities.sort();
+        let policy = c.datapath().policy(EndpointId(1)).cloned();
+        (prefixes, identities, c.datapath().ipcache(), policy)
+    };
+    assert_eq!(state(&one), state(&many));
+    assert!(one.prefix_count() > 0 && one.prefix_count() < 60);
 }
 
 /// The node's own addresses get the host identity (reserved 1, `reserved:host`) in the
