@@ -281,6 +281,24 @@ impl DnsPolicy {
         }
     }
 
+    /// May `endpoint` ask for the canonical `name` from some server, over some transport? For
+    /// an answer learned elsewhere (a peer of an HA gateway group, docs/ha-gateway.md): it is
+    /// taken in only if this policy would have let the endpoint ask for the name (the deny
+    /// list included). An endpoint the policy does not know may ask nothing.
+    pub fn endpoint_may_ask(&self, endpoint: EndpointId, name: &str) -> bool {
+        if self.deny.contains(name) && !self.allow.contains(name) {
+            return false;
+        }
+        let Some(group) = self.groups.get(&endpoint) else {
+            return false;
+        };
+        !group.enforcing
+            || group
+                .grants
+                .iter()
+                .any(|g| g.names.as_ref().is_none_or(|m| m.is_match(name)))
+    }
+
     /// The endpoint or client group `client` belongs to.
     pub fn endpoint_of(&self, client: IpAddr) -> Option<EndpointId> {
         self.clients.lookup(client)
@@ -436,5 +454,19 @@ spec:
         assert_eq!(lan("www.example.com."), allow(10));
         assert_eq!(lan("other.test."), Verdict::Deny);
         assert_eq!(p.list_sizes(), (4, 2), "a subtree entry is two patterns");
+    }
+
+    /// An answer a peer gateway learned is taken in only for a name the group may ask here,
+    /// from whatever server; an unknown group takes nothing.
+    #[test]
+    fn a_peers_answer_needs_a_name_the_group_may_ask() {
+        let p = compiled(&Lists::default());
+        assert!(p.endpoint_may_ask(EndpointId(10), "www.example.com."));
+        assert!(p.endpoint_may_ask(EndpointId(10), "api.github.com."));
+        assert!(!p.endpoint_may_ask(EndpointId(10), "evil.test."));
+        assert!(p.endpoint_may_ask(EndpointId(11), "anything.test."));
+        // Not under policy: as for its own queries, anything.
+        assert!(p.endpoint_may_ask(EndpointId(12), "anything.test."));
+        assert!(!p.endpoint_may_ask(EndpointId(99), "www.example.com."));
     }
 }
