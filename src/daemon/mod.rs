@@ -191,6 +191,58 @@ impl Host for Shared {
             Err(outcome.errors)
         }
     }
+
+    /// Each record is learned for the client group of its name here, if this gateway's DNS
+    /// policy lets the group ask for the name, for what is left of its TTL — through the
+    /// engine's breakers into the kernel maps, and into the journal with `stateDir`.
+    fn import_learned(&self, records: &[fqdnd_cluster::LearnedRecord]) -> usize {
+        let policy = self.dns.current();
+        let Ok(mut engine) = lock(&self.engine, "engine") else {
+            return 0;
+        };
+        let groups: std::collections::HashMap<String, EndpointId> = engine
+            .ipcache
+            .endpoints()
+            .values()
+            .map(|e| (e.name.clone(), e.id))
+            .collect();
+        let now = self.clock.now();
+        let mut imported = 0;
+        for r in records {
+            let Some(&id) = groups.get(&r.client) else {
+                tracing::debug!(client = %r.client, name = %r.name, "an imported answer names an unknown client group: skipped");
+                continue;
+            };
+            if !policy.endpoint_may_ask(id, &r.name) {
+                tracing::debug!(client = %r.client, name = %r.name, "an imported answer's name is refused here: skipped");
+                continue;
+            }
+            let ttl = self.clock.seconds_until_unix_ms(r.expires_ms);
+            if ttl == 0 {
+                continue;
+            }
+            match engine.learn(id, &r.name, &r.addrs, ttl, now) {
+                Ok(learning) => {
+                    if let Some(p) = &self.persist
+                        && let Err(e) = p.answer(&engine, id, &r.name, &r.addrs, ttl, &learning)
+                    {
+                        tracing::warn!(error = %fqdnd_engine::error_chain(&e), "journaling an imported answer failed");
+                    }
+                    match learning.complete() {
+                        Ok(()) => imported += 1,
+                        Err(e) => {
+                            tracing::warn!(name = %r.name, error = %fqdnd_engine::error_chain(&e), "an imported answer was not wholly learned");
+                        }
+                    }
+                }
+                Err(e) => {
+                    crate::metrics::record_datapath_error(&e);
+                    tracing::warn!(name = %r.name, error = %fqdnd_engine::error_chain(&e), "an imported answer was refused");
+                }
+            }
+        }
+        imported
+    }
 }
 
 impl Shared {
@@ -419,6 +471,8 @@ pub(crate) async fn start(
             doc,
             &daemon,
             mode.publishes_cluster_addresses(),
+            mode.name() == "gateway",
+            clock,
         )?),
         _ => None,
     };
@@ -498,10 +552,17 @@ pub(crate) async fn start(
         None => None,
     };
     fqdnd_dnsproxy::describe_metrics();
+    // An HA gateway imports its group's state before it serves.
+    let ha = shared.cluster.as_ref().and_then(|c| c.ha().cloned());
+    if let Some(ha) = &ha {
+        ha.import_before_serving(Arc::clone(&shared) as Arc<dyn Host>)
+            .await?;
+    }
     let observer = Arc::new(observer::EngineObserver {
         engine: Arc::clone(&engine),
         clock,
         persist: persist.clone(),
+        ha,
     });
     let proxy = DnsProxy::bind(
         proxy_config(&config.settings, &daemon, proxy),
