@@ -84,16 +84,11 @@ fn prerequisites(test: &str) -> bool {
     if !common::privileged(test, "for netns, eBPF and keepalived") || !etcd::available(test) {
         return false;
     }
-    if installed("keepalived", "--version") && installed("nsd", "-v") {
-        return true;
-    }
-    let msg = format!("{test}: needs keepalived and nsd (scripts/install-deps.sh) (skipped)");
-    assert!(
-        std::env::var("FQDND_REQUIRE_PRIVILEGED").as_deref() != Ok("1"),
-        "{msg}, and FQDND_REQUIRE_PRIVILEGED=1"
-    );
-    eprintln!("{msg}");
-    false
+    common::runnable(
+        test,
+        installed("keepalived", "--version") && installed("nsd", "-v"),
+        "keepalived and nsd (scripts/install-deps.sh)",
+    )
 }
 
 /// A process killed (SIGTERM, then SIGKILL) when dropped.

@@ -449,8 +449,9 @@ pub async fn publish<S: Store, W: Wall>(
                     }
                 }
             }
-            _ = stop.changed() => {
-                if *stop.borrow() {
+            changed = stop.changed() => {
+                // Stopped, or the daemon is gone.
+                if changed.is_err() || *stop.borrow() {
                     if publisher.pending() > 0 {
                         let _ = publisher.flush(&store, wall.unix_ms(), Instant::now()).await;
                     }
@@ -565,11 +566,7 @@ pub async fn import<S: Store, K: LearnedSink, W: Wall>(
                     s.importing = false;
                     s.last_error = Some(e.to_string());
                 });
-                tokio::select! {
-                    () = tokio::time::sleep(backoff) => {}
-                    _ = stop.changed() => {}
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(2));
+                crate::node::retry_pause(&mut backoff, &mut stop).await;
                 continue;
             }
         };
@@ -592,8 +589,8 @@ pub async fn import<S: Store, K: LearnedSink, W: Wall>(
                     }
                     Err(e) => break e,
                 },
-                _ = stop.changed() => {
-                    if *stop.borrow() {
+                changed = stop.changed() => {
+                    if changed.is_err() || *stop.borrow() {
                         return;
                     }
                 }
