@@ -69,6 +69,54 @@ only2 300 IN A 10.N.10.4
 evil 300 IN A 10.N.10.5
 ";
 
+/// Names asked in a burst through the active gateway (`hNNN.bulk.example.test`), to measure
+/// the state lag under load.
+const BURST: usize = 500;
+
+/// The burst's zone lines: `hI.bulk` → 10.N.(11 + I / 250).(I % 250 + 1).
+fn burst_zone(n: u32) -> String {
+    (0..BURST)
+        .map(|i| {
+            format!(
+                "h{i}.bulk 300 IN A 10.{n}.{}.{}\n",
+                11 + i / 250,
+                i % 250 + 1
+            )
+        })
+        .collect()
+}
+
+/// Asks the burst's names from the client namespace, all sent before the replies are read
+/// (one socket); how many were answered with an address.
+fn burst(net: &Net) -> usize {
+    let server = SocketAddr::new(net.ip(1, 1), 53);
+    in_netns(&net.ns("c"), move || {
+        let socket = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        socket.set_read_timeout(Some(common::ANSWER_WAIT)).unwrap();
+        for i in 0..BURST {
+            let q = question(
+                u16::try_from(i).unwrap(),
+                &format!("h{i}.bulk.example.test."),
+                RecordType::A,
+            );
+            socket.send_to(&q.to_vec().unwrap(), server).unwrap();
+        }
+        let mut answered = std::collections::BTreeSet::new();
+        let mut buf = [0u8; 4096];
+        while answered.len() < BURST {
+            let Ok((len, _)) = socket.recv_from(&mut buf) else {
+                break;
+            };
+            if let Ok(m) = hickory_proto::op::Message::from_vec(&buf[..len])
+                && common::addrs(&m).len() == 1
+            {
+                answered.insert(m.metadata.id);
+            }
+        }
+        answered.len()
+    })
+}
+
 /// Whether a program is installed (`prog --version` or `-v` runs).
 fn installed(prog: &str, arg: &str) -> bool {
     Command::new(prog)
@@ -262,9 +310,10 @@ fn build(net: &Net) {
 fn start_nsd(net: &Net) -> Proc {
     let dir = &net.dir;
     let zone = format!(
-        "$TTL 300\n@ IN SOA ns.example.test. admin.example.test. 1 3600 600 86400 60\n@ IN NS ns.example.test.\nns IN A 10.{n}.9.53\n{records}",
+        "$TTL 300\n@ IN SOA ns.example.test. admin.example.test. 1 3600 600 86400 60\n@ IN NS ns.example.test.\nns IN A 10.{n}.9.53\n{records}{bulk}",
         n = net.n,
-        records = ZONE.replace("10.N.", &format!("10.{}.", net.n))
+        records = ZONE.replace("10.N.", &format!("10.{}.", net.n)),
+        bulk = burst_zone(net.n),
     );
     std::fs::write(dir.join("example.test.zone"), zone).unwrap();
     let d = dir.display();
@@ -339,7 +388,7 @@ impl Gw {
 fn gateway_config(net: &Net, name: &str, pin: &Path, etcd: &[String]) -> String {
     let n = net.n;
     let endpoints: Vec<String> = etcd.iter().map(|e| format!("\"{e}\"")).collect();
-    let allowed = "[{matchName: api.example.test}, {matchName: data.example.test}, {matchName: only1.example.test}, {matchName: only2.example.test}]";
+    let allowed = "[{matchName: api.example.test}, {matchName: data.example.test}, {matchName: only1.example.test}, {matchName: only2.example.test}, {matchPattern: \"*.bulk.example.test\"}]";
     documents(&[
         &format!(
             "apiVersion: fqdnd.io/v1
@@ -710,6 +759,31 @@ fn a_gateway_pair_fails_over_without_forgetting_what_it_learned() {
     let lag_ms = gws[1].counter("import_lag_max_ms");
     let publish_lag_ms = gws[0].counter("publish_lag_max_ms");
     assert!(gws[0].counter("transactions") >= 1);
+    // A burst of answers through gw-1: batched (fewer transactions than answers), imported.
+    let transactions = gws[0].counter("transactions");
+    let began = Instant::now();
+    assert_eq!(burst(&net), BURST, "{}", net.logs());
+    let took = began.elapsed();
+    poll(PATIENCE, "gw-2 to import the burst", || {
+        let imported = gws[1].counter("imported");
+        if imported >= 3 + BURST as u64 {
+            Ok(())
+        } else {
+            Err(format!("{} imported: {}", imported, gws[1].ha()))
+        }
+    });
+    let burst_transactions = gws[0].counter("transactions") - transactions;
+    println!(
+        "state lag: {BURST} answers in {:.2} s ({:.0}/s) through gw-1: {burst_transactions} transactions; publish lag max {} ms, import lag max {} ms",
+        took.as_secs_f64(),
+        BURST as f64 / took.as_secs_f64(),
+        gws[0].counter("publish_lag_max_ms"),
+        gws[1].counter("import_lag_max_ms"),
+    );
+    assert!(
+        burst_transactions < BURST as u64,
+        "one transaction per answer: {burst_transactions}"
+    );
     assert!(gws[1].names().contains("only1.example.test"));
     assert_eq!(
         gws[1].counter("published"),
