@@ -6,7 +6,10 @@
 //! namespace runs the authoritative server (nsd) and the TCP servers.
 //!
 //! Shown: the client resolves through the active gateway and reaches the allowed addresses;
-//! the active gateway is killed (-9); keepalived moves the addresses; a TCP transfer that was
+//! the standby imports them (a burst of 500 answers in a few transactions); with every etcd
+//! member stopped the active gateway answers and enforces on its own (a refused name stays
+//! refused) and publishes what it learned meanwhile once etcd is back; the active gateway is
+//! killed (-9); keepalived moves the addresses; a TCP transfer that was
 //! running continues through the survivor; new connections to addresses only the dead gateway
 //! had learned are allowed without new DNS; a name the policy refuses is still refused; the
 //! dead gateway comes back, imports the group's state before it serves (an answer only the
@@ -67,6 +70,7 @@ data 300 IN A 10.N.10.2
 only1 300 IN A 10.N.10.3
 only2 300 IN A 10.N.10.4
 evil 300 IN A 10.N.10.5
+late 300 IN A 10.N.10.6
 ";
 
 /// Names asked in a burst through the active gateway (`hNNN.bulk.example.test`), to measure
@@ -300,7 +304,7 @@ fn build(net: &Net) {
          ip -n {x} route add 10.{n}.1.0/24 via 10.{n}.2.1 && \
          ip -n {x} addr add 10.{n}.9.53/32 dev lo"
     ));
-    for i in 1..=5 {
+    for i in 1..=6 {
         sh(&format!("ip -n {x} addr add 10.{n}.10.{i}/32 dev lo"));
     }
     topology::serve_tcp_echo(&x, 8080);
@@ -388,7 +392,7 @@ impl Gw {
 fn gateway_config(net: &Net, name: &str, pin: &Path, etcd: &[String]) -> String {
     let n = net.n;
     let endpoints: Vec<String> = etcd.iter().map(|e| format!("\"{e}\"")).collect();
-    let allowed = "[{matchName: api.example.test}, {matchName: data.example.test}, {matchName: only1.example.test}, {matchName: only2.example.test}, {matchPattern: \"*.bulk.example.test\"}]";
+    let allowed = "[{matchName: api.example.test}, {matchName: data.example.test}, {matchName: only1.example.test}, {matchName: only2.example.test}, {matchName: late.example.test}, {matchPattern: \"*.bulk.example.test\"}]";
     documents(&[
         &format!(
             "apiVersion: fqdnd.io/v1
@@ -682,7 +686,7 @@ fn a_gateway_pair_fails_over_without_forgetting_what_it_learned() {
     };
     build(&net);
     let _nsd = start_nsd(&net);
-    let etcd = EtcdCluster::start(
+    let mut etcd = EtcdCluster::start(
         "gateway-ha",
         3,
         Some(&net.ns("x")),
@@ -721,7 +725,8 @@ fn a_gateway_pair_fails_over_without_forgetting_what_it_learned() {
     });
 
     let port = |host| SocketAddr::new(net.ip(10, host), 8080);
-    let (api, data, only1, only2, evil) = (port(1), port(2), port(3), port(4), port(5));
+    let (api, data, only1, only2, evil, late) =
+        (port(1), port(2), port(3), port(4), port(5), port(6));
     let c = net.ns("c");
     // Nothing is reachable before DNS.
     assert!(!tcp_reaches(&c, api, DROPPED), "reached before DNS");
@@ -791,6 +796,38 @@ fn a_gateway_pair_fails_over_without_forgetting_what_it_learned() {
         "the standby learned nothing itself"
     );
 
+    // etcd goes away: the gateways go on independently — gw-1 answers and enforces what it
+    // learns (a refused name stays refused: nothing fails open) and keeps it for the group.
+    etcd.stop_all();
+    assert_eq!(
+        ask(&net, "late.example.test."),
+        Some((ResponseCode::NoError, vec![late.ip()]))
+    );
+    assert!(tcp_reaches(&c, late, REACHES), "{}", net.logs());
+    assert_eq!(
+        ask(&net, "evil.example.test.").map(|r| r.0),
+        Some(ResponseCode::Refused)
+    );
+    assert!(!tcp_reaches(&c, evil, DROPPED));
+    poll(PATIENCE, "gw-1 to keep the late answer waiting", || {
+        let ha = gws[0].ha();
+        if ha["publishing"] == false && ha["pending"].as_u64() == Some(1) {
+            Ok(())
+        } else {
+            Err(ha.to_string())
+        }
+    });
+    assert!(!gws[1].names().contains("late.example.test"));
+    // etcd is back: it is written, and gw-2 reads the group again and imports it.
+    etcd.start_all();
+    poll(2 * PATIENCE, "gw-2 to import the late answer", || {
+        if gws[1].names().contains("late.example.test") {
+            Ok(())
+        } else {
+            Err(format!("{} / {}", gws[0].ha(), gws[1].ha()))
+        }
+    });
+
     // A transfer runs through gw-1; gw-1 dies.
     let transfer = Transfer::start(&net, data);
     assert!(
@@ -832,7 +869,7 @@ fn a_gateway_pair_fails_over_without_forgetting_what_it_learned() {
     let tracked = ct.contains(&transfer.local.to_string());
     let gap = *transfer.longest_gap.lock().unwrap();
     // Addresses only gw-1 learned, without new DNS: through gw-2.
-    let learned_only = [api, only1];
+    let learned_only = [api, only1, late];
     let allowed = learned_only
         .iter()
         .filter(|a| tcp_reaches(&c, **a, REACHES))
