@@ -25,13 +25,14 @@ trap 'rm -f "$out"' EXIT
 times=(); survived=yes; allowed=0; total=0
 for round in $(seq 1 "$ROUNDS"); do
   FQDND_REQUIRE_PRIVILEGED=1 cargo test --locked --quiet --test gateway_ha -- --nocapture >"$out" 2>&1 || true
-  line="$(grep '^failover:' "$out" || true)"
+  # (not anchored: in --quiet mode a test's dot may precede a printed line)
+  line="$(grep -oE 'failover: .*' "$out" || true)"
   if [ -z "$line" ]; then
     cat "$out" >&2
     echo "gateway-failover.sh: round $round reported nothing" >&2
     exit 1
   fi
-  grep -E '^state lag:|panicked' "$out" | sed "s/^/[round $round] /" >&2 || true
+  grep -oE '(state lag: |panicked).*' "$out" | sed "s/^/[round $round] /" >&2 || true
   echo "[round $round] $line" >&2
   times+=("$(sed -E 's/.*moved in ([0-9.]+) s.*/\1/' <<<"$line")")
   grep -q 'transfer survived: yes' <<<"$line" || survived=no
