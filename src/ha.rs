@@ -82,10 +82,7 @@ impl Ha {
             clock,
             answers,
             receiver: Mutex::new(Some(receiver)),
-            status: watch::Sender::new(ShareStatus {
-                group: group.to_owned(),
-                ..ShareStatus::default()
-            }),
+            status: watch::Sender::new(ShareStatus::new(group)),
             revision: Mutex::new(None),
         })
     }

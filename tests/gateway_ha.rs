@@ -761,6 +761,17 @@ fn a_gateway_pair_fails_over_without_forgetting_what_it_learned() {
             Err(format!("{} imported: {}", imported, gws[1].ha()))
         }
     });
+    let status = common::stdout_of(&common::fqdnd(&[
+        "status",
+        "--admin-socket",
+        gws[1].admin.to_str().unwrap(),
+    ]));
+    assert!(
+        status.contains(
+            "HA group:       edge (publishing ok, importing ok, imported before serving: yes)"
+        ),
+        "{status}"
+    );
     let lag_ms = gws[1].counter("import_lag_max_ms");
     let publish_lag_ms = gws[0].counter("publish_lag_max_ms");
     assert!(gws[0].counter("transactions") >= 1);

@@ -134,7 +134,8 @@ pub fn encode(s: &str) -> String {
 pub struct ShareStatus {
     /// The group.
     pub group: String,
-    /// Whether the last write succeeded.
+    /// Whether writes succeed: false from a failed write until one succeeds (a gateway that
+    /// has nothing to write is not failing; [`ShareStatus::new`] starts it true).
     pub publishing: bool,
     /// Whether the import watch runs.
     pub importing: bool,
@@ -163,6 +164,17 @@ pub struct ShareStatus {
     pub import_lag_max_ms: u64,
     /// The last error.
     pub last_error: Option<String>,
+}
+
+impl ShareStatus {
+    /// The status of a gateway of `group` that has not done anything yet.
+    pub fn new(group: &str) -> Self {
+        Self {
+            group: group.to_owned(),
+            publishing: true,
+            ..Self::default()
+        }
+    }
 }
 
 /// An answer to publish, from the proxy's observer.

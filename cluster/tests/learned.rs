@@ -112,7 +112,7 @@ async fn a_burst_of_answers_is_one_transaction_per_batch() {
     let store = MemoryStore::new();
     let wall = TestWall::new();
     let (tx, rx) = mpsc::channel(4096);
-    let (status, status_rx) = watch::channel(ShareStatus::default());
+    let (status, status_rx) = watch::channel(ShareStatus::new("edge"));
     let (_stop_tx, stop) = watch::channel(false);
     let before = store.revision();
     tokio::spawn(learned::publish(
@@ -252,7 +252,7 @@ async fn an_outage_keeps_what_waits_and_the_importer_catches_up() {
     let store = MemoryStore::new();
     let wall = TestWall::new();
     let (tx, rx) = mpsc::channel(64);
-    let (status, status_rx) = watch::channel(ShareStatus::default());
+    let (status, status_rx) = watch::channel(ShareStatus::new("edge"));
     let (import_status, import_rx) = watch::channel(ShareStatus::default());
     let (_stop_tx, stop) = watch::channel(false);
     let sink = Arc::new(TestSink::default());
@@ -277,6 +277,10 @@ async fn an_outage_keeps_what_waits_and_the_importer_catches_up() {
         import_rx.borrow().importing
     })
     .await;
+    assert!(
+        status_rx.borrow().publishing,
+        "nothing written yet is not failing"
+    );
     store.set_down(true);
     tx.send(answer(&wall, "during.example.test", 1, 300))
         .await
@@ -300,6 +304,7 @@ async fn an_outage_keeps_what_waits_and_the_importer_catches_up() {
     })
     .await;
     assert_eq!(status_rx.borrow().pending, 0);
+    assert!(status_rx.borrow().publishing);
 }
 
 #[tokio::test(start_paused = true)]

@@ -111,8 +111,8 @@ pub(crate) fn status(target: &Target, json: bool) -> Result<ExitCode> {
                 out,
                 "  HA group:       {} (publishing {}, importing {}, imported before serving: {})",
                 h.group,
-                if h.publishing { "ok" } else { "NOT OK" },
-                if h.importing { "ok" } else { "NOT OK" },
+                if h.publishing { "ok" } else { "FAILING" },
+                if h.importing { "ok" } else { "NOT RUNNING" },
                 if h.initial_import_done { "yes" } else { "no" },
             )?;
             writeln!(
