@@ -157,8 +157,8 @@ pub struct ShareStatus {
     pub imported: u64,
     /// Records the engine refused (unknown client group, refused name, breakers, expired).
     pub import_refused: u64,
-    /// The last import batch's lag (its oldest record's answer to the import, wall clocks),
-    /// in milliseconds.
+    /// The last import batch's lag (its oldest record's answer to the end of its import into
+    /// the engine, wall clocks), in milliseconds.
     pub import_lag_ms: u64,
     /// The largest import lag seen, in milliseconds.
     pub import_lag_max_ms: u64,
@@ -494,17 +494,14 @@ async fn deliver<K: LearnedSink, W: Wall>(
     if records.is_empty() {
         return;
     }
-    let now_ms = wall.unix_ms();
-    let lag = records
-        .iter()
-        .map(|r| now_ms.saturating_sub(r.learned_ms))
-        .max()
-        .unwrap_or(0);
+    let oldest = records.iter().map(|r| r.learned_ms).min().unwrap_or(0);
     let total = records.len() as u64;
     let sink = Arc::clone(sink);
     let imported = tokio::task::spawn_blocking(move || sink.import(&records))
         .await
         .unwrap_or(0) as u64;
+    // Until the sink has them: the answer is enforced here from then on.
+    let lag = wall.unix_ms().saturating_sub(oldest);
     status.send_modify(|s| {
         s.imported += imported;
         s.import_refused += total.saturating_sub(imported);

@@ -221,8 +221,13 @@ impl Host for Shared {
             if ttl == 0 {
                 continue;
             }
-            match engine.learn(id, &r.name, &r.addrs, ttl, now) {
-                Ok(learning) => {
+            // Learned without a commit each: the batch is committed once, below.
+            match engine.restore_answer(id, &r.name, &r.addrs, ttl, now) {
+                Ok(learned) => {
+                    let learning = fqdnd_engine::Learning {
+                        learned,
+                        total: r.addrs.len(),
+                    };
                     if let Some(p) = &self.persist
                         && let Err(e) = p.answer(&engine, id, &r.name, &r.addrs, ttl, &learning)
                     {
@@ -236,10 +241,14 @@ impl Host for Shared {
                     }
                 }
                 Err(e) => {
-                    crate::metrics::record_datapath_error(&e);
                     tracing::warn!(name = %r.name, error = %fqdnd_engine::error_chain(&e), "an imported answer was refused");
                 }
             }
+        }
+        if let Err(e) = engine.commit() {
+            // It stays pending and goes with the next commit.
+            crate::metrics::record_datapath_error(&e);
+            tracing::warn!(error = %fqdnd_engine::error_chain(&e), "the datapath refused imported answers");
         }
         imported
     }
