@@ -39,6 +39,9 @@ use common::{
     run, settings_doc, stdout_of, text,
 };
 
+/// One etcd cluster at a time in this binary: each is three processes on a busy machine.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// An `fqdnd operator`, killed when dropped.
 struct Operator(Child);
 
@@ -130,6 +133,9 @@ fn a_gateway_in_cluster_mode() {
     if !etcd::available("cluster_gateway") {
         return;
     }
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut cluster = EtcdCluster::start("cluster-gw", 3, None, "127.0.0.1");
     let mut setup = Gateway::setup("cluster-gw");
     let endpoints: Vec<String> = cluster
@@ -282,6 +288,9 @@ fn an_ha_group_imports_only_what_the_peer_allows() {
     if !etcd::available("cluster_gateway") {
         return;
     }
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let cluster = EtcdCluster::start("ha-group", 3, None, "127.0.0.1");
     let endpoints: Vec<String> = cluster
         .endpoints()
