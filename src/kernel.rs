@@ -26,6 +26,16 @@ use fqdnd_ipcache::EndpointId;
 
 use ipnet::IpNet;
 
+/// Whether an endpoint is under policy in each direction: the kernel's enforce flags (default
+/// deny there, or a deny to apply).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Enforcing {
+    /// Its egress.
+    pub(crate) egress: bool,
+    /// Its ingress.
+    pub(crate) ingress: bool,
+}
+
 /// One endpoint as the kernel knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Attached {
@@ -33,8 +43,8 @@ pub(crate) struct Attached {
     pub(crate) id: EndpointId,
     /// Its host-side interface index.
     pub(crate) ifindex: u32,
-    /// Under egress policy.
-    pub(crate) enforcing: bool,
+    /// Under policy, per direction.
+    pub(crate) enforcing: Enforcing,
     /// The sources its packets may have (anything else is dropped as spoofed).
     pub(crate) addresses: Vec<IpAddr>,
     /// The bridge its interface is a port of (found when attached), where its DNS is
@@ -49,8 +59,8 @@ pub(crate) struct Wanted {
     pub(crate) id: EndpointId,
     /// Its host-side interface.
     pub(crate) interface: String,
-    /// Under egress policy.
-    pub(crate) enforcing: bool,
+    /// Under policy, per direction.
+    pub(crate) enforcing: Enforcing,
     /// Its addresses: the only sources its packets may have.
     pub(crate) addresses: Vec<IpAddr>,
 }
@@ -62,8 +72,8 @@ pub(crate) struct WantedCgroup {
     pub(crate) id: EndpointId,
     /// Its cgroup (or systemd unit).
     pub(crate) cgroup: Cgroup,
-    /// Under egress policy.
-    pub(crate) enforcing: bool,
+    /// Under policy, per direction.
+    pub(crate) enforcing: Enforcing,
 }
 
 /// A cgroup endpoint as the kernel knows it.
@@ -121,6 +131,32 @@ fn pinned_names(dir: &Path) -> Vec<String> {
         .unwrap_or_default();
     names.sort();
     names
+}
+
+/// The node's own addresses (of every interface of the agent's network namespace), but
+/// loopback and link-local ones: the sources the host's own traffic towards an endpoint has,
+/// and the destinations of an endpoint's traffic to the host — the `host` entity.
+pub(crate) fn host_addresses() -> Result<Vec<IpAddr>> {
+    let mut out: Vec<IpAddr> = nix::ifaddrs::getifaddrs()
+        .context("listing the node's addresses")?
+        .filter_map(|a| {
+            let addr = a.address?;
+            let ip = match (addr.as_sockaddr_in(), addr.as_sockaddr_in6()) {
+                (Some(v4), _) => IpAddr::V4(v4.ip()),
+                (_, Some(v6)) => IpAddr::V6(v6.ip()),
+                _ => return None,
+            };
+            let link_local = match ip {
+                IpAddr::V4(v4) => v4.is_link_local(),
+                IpAddr::V6(v6) => v6.is_unicast_link_local(),
+            };
+            (!ip.is_loopback() && !ip.is_unspecified() && !ip.is_multicast() && !link_local)
+                .then_some(ip)
+        })
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
 }
 
 /// The interface index of `name`.
@@ -252,9 +288,10 @@ impl Kernel {
                 let _ = self.maps.remove_endpoint(old.ifindex);
             }
             let flags = EndpointFlags {
-                enforce_egress: w.enforcing,
+                enforce_egress: w.enforcing.egress,
                 redirect_dns: true,
                 check_source: true,
+                enforce_ingress: w.enforcing.ingress,
             };
             if entry.addresses.is_empty() {
                 tracing::warn!(endpoint = %w.id, interface = %w.interface, "endpoint has no `addresses`: every packet from it is dropped as spoofed");
@@ -277,9 +314,9 @@ impl Kernel {
                 self.loaded
                     .attach(&w.interface)
                     .with_context(|| format!("attaching the programs to {}", w.interface))?;
-                tracing::info!(endpoint = %w.id, interface = %w.interface, ifindex = index, enforcing = w.enforcing, "endpoint attached");
+                tracing::info!(endpoint = %w.id, interface = %w.interface, ifindex = index, egress = w.enforcing.egress, ingress = w.enforcing.ingress, "endpoint attached");
             } else {
-                tracing::info!(endpoint = %w.id, interface = %w.interface, enforcing = w.enforcing, "endpoint updated");
+                tracing::info!(endpoint = %w.id, interface = %w.interface, egress = w.enforcing.egress, ingress = w.enforcing.ingress, "endpoint updated");
             }
             self.attached.insert(w.interface.clone(), entry);
         }
@@ -324,6 +361,7 @@ impl Kernel {
                 enforce_egress: false,
                 redirect_dns: true,
                 check_source: false,
+                enforce_ingress: false,
             };
             for addr in &a.addresses {
                 prefixes.insert(IpNet::from(*addr), (a.id, flags));
@@ -402,14 +440,15 @@ impl Kernel {
     pub(crate) fn sync_gateway(
         &mut self,
         interfaces: &[String],
-        clients: &[(IpNet, EndpointId, bool)],
+        clients: &[(IpNet, EndpointId, Enforcing)],
     ) -> Result<()> {
         let mut wanted = BTreeMap::new();
         for &(prefix, id, enforcing) in clients {
             let flags = EndpointFlags {
-                enforce_egress: enforcing,
+                enforce_egress: enforcing.egress,
                 redirect_dns: false,
                 check_source: false,
+                enforce_ingress: enforcing.ingress,
             };
             wanted.insert(prefix.trunc(), (id, flags));
         }
@@ -612,14 +651,15 @@ impl Kernel {
             match now {
                 Some(cgroup_id) => {
                     let flags = EndpointFlags {
-                        enforce_egress: entry.wanted.enforcing,
+                        enforce_egress: entry.wanted.enforcing.egress,
                         redirect_dns: true,
                         check_source: false,
+                        enforce_ingress: entry.wanted.enforcing.ingress,
                     };
                     self.maps
                         .set_cgroup_endpoint(cgroup_id, *id, flags)
                         .with_context(|| format!("writing the cgroup entry of endpoint {id}"))?;
-                    tracing::info!(endpoint = %id, cgroup = %entry.path.display(), cgroup_id, enforcing = entry.wanted.enforcing, "cgroup endpoint in force");
+                    tracing::info!(endpoint = %id, cgroup = %entry.path.display(), cgroup_id, egress = entry.wanted.enforcing.egress, ingress = entry.wanted.enforcing.ingress, "cgroup endpoint in force");
                 }
                 None => {
                     tracing::warn!(endpoint = %id, cgroup = %entry.path.display(), "the endpoint's cgroup does not exist (yet): its processes are matched once it does");

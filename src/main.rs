@@ -363,6 +363,36 @@ enum PolicyCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Say which rule allows or denies a flow — without traffic — by the policy in force in
+    /// the running agent (its endpoints, the addresses DNS taught it, the node's addresses),
+    /// or with `--offline` by policy files alone.
+    ///
+    /// Egress: `--endpoint ID DEST[:PORT/PROTO]` (or `--to`); ingress: `--endpoint ID --from
+    /// SRC[:PORT/PROTO]`, PORT being the endpoint's. PROTO is tcp (the default), udp, icmp or
+    /// icmpv6 (PORT is then the ICMP type); an IPv6 address with a port is written
+    /// `[ADDR]:PORT/PROTO`. An address alone asks about every protocol (only rules without
+    /// ports match). Exits 0 when the flow is allowed, 1 when it is denied, 2 when there is
+    /// no answer (a flow it cannot read, no agent, files with errors).
+    Explain {
+        /// The endpoint (node) or client group (gateway) whose policy decides.
+        #[arg(long, value_name = "ID")]
+        endpoint: u16,
+        /// Egress: the destination, `ADDR[:PORT/PROTO]`.
+        #[arg(value_name = "DEST", conflicts_with_all = ["to", "from"], required_unless_present_any = ["to", "from"])]
+        dest: Option<String>,
+        /// Egress: the destination (the same as DEST).
+        #[arg(long, value_name = "DEST", conflicts_with = "from")]
+        to: Option<String>,
+        /// Ingress: the source, `ADDR[:PORT/PROTO]` with the endpoint's port.
+        #[arg(long, value_name = "SRC")]
+        from: Option<String>,
+        /// Load these policy and configuration files (or directories) instead of asking the
+        /// running agent. No DNS answer is known then: `toFQDNs` select no address.
+        #[arg(long, value_name = "PATH", num_args = 1..)]
+        offline: Vec<PathBuf>,
+        #[command(flatten)]
+        list: ListArgs,
+    },
     /// Tell for each NAME whether the FQDN PATTERN (`matchPattern` syntax) matches it.
     ///
     /// Names are canonicalised as the DNS proxy does: lowercased, trailing dot added.
@@ -514,6 +544,21 @@ fn main() -> ExitCode {
         }
         Command::Policy(PolicyCommand::List { config, json }) => cli::cluster::list(&config, json),
         Command::Operator { config, name } => cli::cluster::operator(&config, name),
+        Command::Policy(PolicyCommand::Explain {
+            endpoint,
+            dest,
+            to,
+            from,
+            offline,
+            list,
+        }) => cli::policy::explain(
+            &list.target,
+            &offline,
+            endpoint,
+            dest.or(to).as_deref(),
+            from.as_deref(),
+            list.json,
+        ),
         Command::Policy(PolicyCommand::Match {
             json,
             pattern,

@@ -10,7 +10,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{fqdnd, json_of, stdout_of, text};
+use common::{TestDir, fqdnd, json_of, stdout_of, text};
 
 #[test]
 fn policy_match_follows_cilium_semantics_and_canonicalises_names() {
@@ -76,8 +76,13 @@ fn policy_check_reports_every_error_with_its_location() {
     assert_eq!(out.status.code(), Some(1));
     let stderr = text(&out.stderr);
     assert!(stderr.contains("bad.yaml:11:"), "{stderr}");
-    assert!(stderr.contains("egressDeny"), "{stderr}");
-    assert!(stderr.contains("bad.yaml:19:"), "{stderr}");
+    assert!(
+        stderr.contains(
+            "bad.yaml:19:3: `nodeSelector` is not supported by fqdnd: it is Kubernetes-only"
+        ),
+        "{stderr}"
+    );
+    assert!(stderr.contains("2 error(s)"), "{stderr}");
 }
 
 #[test]
@@ -127,4 +132,74 @@ fn without_any_socket_the_error_names_both_default_sockets() {
     for default in defaults {
         assert!(stderr.contains(default), "{stderr}");
     }
+}
+
+/// `fqdnd policy explain --offline`: the rule that decides a flow, in both directions, from
+/// files alone; exit 0 allowed, 1 denied, 2 for a flow it cannot read.
+#[test]
+fn policy_explain_offline_names_the_deciding_rule() {
+    let dir = TestDir::new("explain");
+    let file = dir.write(
+        "policy.yaml",
+        r#"apiVersion: fqdnd.io/v1
+kind: Endpoint
+metadata: {name: web}
+spec: {id: 1, addresses: ["10.0.1.2", "fd00::1:2"], labels: {app: web}}
+---
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: web}
+spec:
+  endpointSelector: {matchLabels: {app: web}}
+  egress:
+  - toCIDR: ["192.0.2.0/24"]
+    toPorts: [{ports: [{port: "443", protocol: TCP}]}]
+  egressDeny:
+  - toCIDR: ["192.0.2.66/32"]
+  ingress:
+  - fromEntities: [world]
+    icmps: [{fields: [{type: EchoRequest, family: IPv6}]}]
+"#,
+    );
+    let file = file.to_str().unwrap();
+    let explain = |args: &[&str]| {
+        let mut all = vec!["policy", "explain", "--offline", file, "--endpoint", "1"];
+        all.extend(args);
+        let out = fqdnd(&all);
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let (code, out, _) = explain(&["192.0.2.1:443/tcp"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.starts_with("egress endpoint 1 -> 192.0.2.1 TCP/443: ALLOWED"),
+        "{out}"
+    );
+    assert!(
+        out.contains("allowed by ") && out.contains("web egress[0]"),
+        "{out}"
+    );
+    let (code, out, _) = explain(&["--to", "192.0.2.66:443/tcp"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("denied by ")
+            && out.contains("egressDeny[0] (it shadows 1 matching allow(s))"),
+        "{out}"
+    );
+    let (code, out, _) = explain(&["--from", "[2001:db8::1]:128/icmpv6"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("entity world on ICMPv6 type 128"), "{out}");
+    let (code, out, _) = explain(&["--from", "[2001:db8::1]:129/icmpv6", "--json"]);
+    assert_eq!(code, Some(1), "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (v["allowed"].as_bool(), v["defaultDeny"].as_bool()),
+        (Some(false), Some(true))
+    );
+    // What it cannot read is an error that says why.
+    let (code, _, err) = explain(&["--from", "10.0.0.1:8/icmpv6"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("10.0.0.1 is IPv4"), "{err}");
+    let (code, _, err) = explain(&["10.0.0.1:99999"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("is not a port number"), "{err}");
 }

@@ -7,7 +7,8 @@
 //! One scenario, in order: endpoints run on temporary identities before any allocator runs
 //! (policy applies at once; a policy applied once reaches every node); the allocators give
 //! one global identity per label set and established flows survive the switch; cross-node
-//! `toEndpoints` is allowed and denied by labels; a `toFQDNs` answer's identity stays on its
+//! `toEndpoints` is allowed and denied by labels, and web servers' ingress takes remote clients
+//! by their global identity but not another node's address or the host; a `toFQDNs` answer's identity stays on its
 //! node; new labels registered on every node at the same moment get one identity (repeated);
 //! the etcd leader, the allocator leader and a node are killed (-9) without any identity
 //! changing or being duplicated, and the dead node's endpoints go with its lease; then etcd is
@@ -356,7 +357,9 @@ fn quoted(items: &[String]) -> String {
 }
 
 /// The policy every node gets from the cluster: clients may reach web servers on 8080 (on
-/// any node), ask any name, and reach what `api.example.test` resolves to on 8080.
+/// any node), ask any name, and reach what `api.example.test` resolves to on 8080; web
+/// servers take connections from clients only, on 8080 (ingress: a client on another node is
+/// known by its global identity).
 const SHARED_POLICY: &str = "apiVersion: cilium.io/v2
 kind: CiliumClusterwideNetworkPolicy
 metadata: {name: clients}
@@ -371,6 +374,15 @@ spec:
       rules:
         dns: [{matchPattern: \"*\"}]
   - toFQDNs: [{matchName: api.example.test}]
+    toPorts: [{ports: [{port: \"8080\", protocol: TCP}]}]
+---
+apiVersion: cilium.io/v2
+kind: CiliumClusterwideNetworkPolicy
+metadata: {name: web-ingress}
+spec:
+  endpointSelector: {matchLabels: {tier: web}}
+  ingress:
+  - fromEndpoints: [{matchLabels: {role: client}}]
     toPorts: [{ports: [{port: \"8080\", protocol: TCP}]}]
 ";
 
@@ -596,7 +608,7 @@ fn cluster_identities_endpoints_policy_and_failures() {
     converge("the shared policy on every node", || {
         nodes
             .iter()
-            .all(|n| n.status()["cluster"]["shared_policies"].as_u64() == Some(1))
+            .all(|n| n.status()["cluster"]["shared_policies"].as_u64() == Some(2))
     });
     // Node 0's client may reach its web server (both on temporary identities); node 1's
     // client may not reach its db server.
@@ -637,6 +649,17 @@ fn cluster_identities_endpoints_policy_and_failures() {
     assert!(
         !tcp_reaches(nodes[0].client(), nodes[1].server(), DROPPED),
         "db is denied across nodes too"
+    );
+    // Web servers' ingress: the remote clients above passed by their global identity; another
+    // node's own address is no endpoint (world here), and the host identity stays each
+    // node's own and is no client: both dropped.
+    assert!(
+        !tcp_reaches(&nodes[1].t.host, nodes[0].server(), DROPPED),
+        "node1's host address is world on node0"
+    );
+    assert!(
+        !tcp_reaches(&nodes[0].t.host, nodes[0].server(), DROPPED),
+        "node0's host is no client"
     );
 
     // FQDN identities stay node-local: node 0 resolves a name the shared policy allows; the

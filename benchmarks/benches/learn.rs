@@ -39,6 +39,7 @@ fn engine<D: Datapath>(datapath: D) -> (NameManager, IpCache<D>) {
                 ports: vec![],
             }],
             default_deny_egress: true,
+            ..Default::default()
         }])
         .unwrap();
     let config = Config {

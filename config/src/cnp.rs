@@ -21,6 +21,7 @@ pub(crate) type Rejected = Option<Spanned<IgnoredAny>>;
 const REJECTED_BY_SHAPE: &[(&str, &[&str])] = &[
     ("endpointSelector", &RuleSpec::REJECTED),
     ("toFQDNs", &EgressSpec::REJECTED),
+    ("fromEndpoints", &IngressSpec::REJECTED),
     ("except", &CidrRuleSpec::REJECTED),
     ("rules", &PortRuleSpec::REJECTED),
     ("dns", &L7RulesSpec::REJECTED),
@@ -84,6 +85,9 @@ pub(crate) struct PolicyDoc {
     /// Written by the Cilium operator; meaningless here.
     #[serde(rename = "status")]
     _status: Option<IgnoredAny>,
+    /// A free-text description some of Cilium's own examples put here.
+    #[serde(rename = "description")]
+    _description: Option<IgnoredAny>,
 }
 
 /// `spec` / `specs[]`: one Cilium rule.
@@ -92,6 +96,9 @@ pub(crate) struct PolicyDoc {
 pub(crate) struct RuleSpec {
     pub(crate) endpoint_selector: Option<Spanned<SelectorSpec>>,
     pub(crate) egress: Option<Vec<Spanned<EgressSpec>>>,
+    pub(crate) ingress: Option<Vec<Spanned<IngressSpec>>>,
+    pub(crate) egress_deny: Option<Vec<Spanned<EgressSpec>>>,
+    pub(crate) ingress_deny: Option<Vec<Spanned<IngressSpec>>>,
     pub(crate) enable_default_deny: Option<DefaultDenySpec>,
     #[serde(rename = "description")]
     _description: Option<IgnoredAny>,
@@ -100,22 +107,13 @@ pub(crate) struct RuleSpec {
     #[serde(rename = "log")]
     _log: Option<IgnoredAny>,
     pub(crate) node_selector: Rejected,
-    pub(crate) ingress: Rejected,
-    pub(crate) ingress_deny: Rejected,
-    pub(crate) egress_deny: Rejected,
 }
 
 impl RuleSpec {
-    const REJECTED: [&str; 4] = ["nodeSelector", "ingress", "ingressDeny", "egressDeny"];
+    const REJECTED: [&str; 1] = ["nodeSelector"];
 
-    pub(crate) fn rejected(&self) -> [(&'static str, &Rejected); 4] {
-        let values = [
-            &self.node_selector,
-            &self.ingress,
-            &self.ingress_deny,
-            &self.egress_deny,
-        ];
-        zip(Self::REJECTED, values)
+    pub(crate) fn rejected(&self) -> [(&'static str, &Rejected); 1] {
+        zip(Self::REJECTED, [&self.node_selector])
     }
 }
 
@@ -125,9 +123,8 @@ impl RuleSpec {
 pub(crate) struct DefaultDenySpec {
     /// Whether selecting an endpoint puts its egress into default deny (default true).
     pub(crate) egress: Option<bool>,
-    /// Accepted and ignored: fqdnd enforces no ingress policy.
-    #[serde(rename = "ingress")]
-    _ingress: Option<bool>,
+    /// The same for ingress.
+    pub(crate) ingress: Option<bool>,
 }
 
 /// A Kubernetes label selector (`endpointSelector`, `toEndpoints[]`).
@@ -170,45 +167,97 @@ pub(crate) struct EgressSpec {
     pub(crate) to_endpoints: Option<Vec<Spanned<SelectorSpec>>>,
     #[serde(rename = "toPorts")]
     pub(crate) to_ports: Option<Vec<Spanned<PortRuleSpec>>>,
+    #[serde(rename = "toEntities")]
+    pub(crate) to_entities: Option<Vec<Text>>,
+    #[serde(rename = "icmps")]
+    pub(crate) icmps: Option<Vec<Spanned<IcmpRuleSpec>>>,
     #[serde(rename = "toServices")]
     pub(crate) to_services: Rejected,
-    #[serde(rename = "toEntities")]
-    pub(crate) to_entities: Rejected,
     #[serde(rename = "toGroups")]
     pub(crate) to_groups: Rejected,
     #[serde(rename = "toRequires")]
     pub(crate) to_requires: Rejected,
     #[serde(rename = "toNodes")]
     pub(crate) to_nodes: Rejected,
-    #[serde(rename = "icmps")]
-    pub(crate) icmps: Rejected,
     #[serde(rename = "authentication")]
     pub(crate) authentication: Rejected,
 }
 
 impl EgressSpec {
-    const REJECTED: [&str; 7] = [
+    const REJECTED: [&str; 5] = [
         "toServices",
-        "toEntities",
         "toGroups",
         "toRequires",
         "toNodes",
-        "icmps",
         "authentication",
     ];
 
-    pub(crate) fn rejected(&self) -> [(&'static str, &Rejected); 7] {
+    pub(crate) fn rejected(&self) -> [(&'static str, &Rejected); 5] {
         let values = [
             &self.to_services,
-            &self.to_entities,
             &self.to_groups,
             &self.to_requires,
             &self.to_nodes,
-            &self.icmps,
             &self.authentication,
         ];
         zip(Self::REJECTED, values)
     }
+}
+
+/// `ingress[]` / `ingressDeny[]`: sources × ports.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self")]
+pub(crate) struct IngressSpec {
+    #[serde(rename = "fromEndpoints")]
+    pub(crate) from_endpoints: Option<Vec<Spanned<SelectorSpec>>>,
+    #[serde(rename = "fromCIDR")]
+    pub(crate) from_cidr: Option<Vec<Text>>,
+    #[serde(rename = "fromCIDRSet")]
+    pub(crate) from_cidr_set: Option<Vec<Spanned<CidrRuleSpec>>>,
+    #[serde(rename = "fromEntities")]
+    pub(crate) from_entities: Option<Vec<Text>>,
+    #[serde(rename = "toPorts")]
+    pub(crate) to_ports: Option<Vec<Spanned<PortRuleSpec>>>,
+    #[serde(rename = "icmps")]
+    pub(crate) icmps: Option<Vec<Spanned<IcmpRuleSpec>>>,
+    #[serde(rename = "fromRequires")]
+    pub(crate) from_requires: Rejected,
+    #[serde(rename = "fromNodes")]
+    pub(crate) from_nodes: Rejected,
+    #[serde(rename = "fromGroups")]
+    pub(crate) from_groups: Rejected,
+    #[serde(rename = "authentication")]
+    pub(crate) authentication: Rejected,
+}
+
+impl IngressSpec {
+    const REJECTED: [&str; 4] = ["fromRequires", "fromNodes", "fromGroups", "authentication"];
+
+    pub(crate) fn rejected(&self) -> [(&'static str, &Rejected); 4] {
+        let values = [
+            &self.from_requires,
+            &self.from_nodes,
+            &self.from_groups,
+            &self.authentication,
+        ];
+        zip(Self::REJECTED, values)
+    }
+}
+
+/// `icmps[]`.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self")]
+pub(crate) struct IcmpRuleSpec {
+    pub(crate) fields: Option<Vec<Spanned<IcmpFieldSpec>>>,
+}
+
+/// `icmps[].fields[]`: a family (IPv4 by default) and a type, by number or by Cilium's name.
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self")]
+pub(crate) struct IcmpFieldSpec {
+    pub(crate) family: Option<Text>,
+    #[serde(rename = "type")]
+    pub(crate) icmp_type: Option<Spanned<Scalar>>,
 }
 
 /// `toFQDNs[]` and `rules.dns[]`: exactly one of `matchName` and `matchPattern`.
@@ -289,6 +338,8 @@ pub(crate) struct PortProtocolSpec {
 #[serde(remote = "Self")]
 pub(crate) struct L7RulesSpec {
     pub(crate) dns: Option<Vec<Spanned<FqdnSpec>>>,
+    /// Cilium decodes field names case-insensitively; its examples write `HTTP`.
+    #[serde(alias = "HTTP")]
     pub(crate) http: Rejected,
     pub(crate) kafka: Rejected,
     #[serde(rename = "l7proto")]
@@ -304,6 +355,9 @@ shape!(
     SelectorSpec,
     ExpressionSpec,
     EgressSpec,
+    IngressSpec,
+    IcmpRuleSpec,
+    IcmpFieldSpec,
     FqdnSpec,
     CidrRuleSpec,
     PortRuleSpec,
@@ -359,6 +413,9 @@ mod tests {
         for name in EgressSpec::REJECTED {
             present::<EgressSpec>(&format!("{name}: [x]"), |r| flags(r.rejected()), name);
         }
+        for name in IngressSpec::REJECTED {
+            present::<IngressSpec>(&format!("{name}: [x]"), |r| flags(r.rejected()), name);
+        }
         for name in CidrRuleSpec::REJECTED {
             present::<CidrRuleSpec>(&format!("{name}: [x]"), |r| flags(r.rejected()), name);
         }
@@ -373,7 +430,8 @@ mod tests {
     #[test]
     fn rejected_only_within_its_shape() {
         let rule = ["endpointSelector", "egress", "ingress", "nodeSelector"];
-        assert!(is_rejected(&rule, "ingress"));
+        assert!(is_rejected(&rule, "nodeSelector"));
+        assert!(!is_rejected(&rule, "ingress"));
         let default_deny = ["egress", "ingress"];
         assert!(!is_rejected(&default_deny, "ingress"));
         let ports = ["ports", "rules", "listener"];

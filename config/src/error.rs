@@ -51,6 +51,22 @@ pub enum Error {
         message: String,
     },
 
+    /// A policy field fqdnd refuses on purpose: it would change what a rule allows, and fqdnd
+    /// cannot give it the meaning Cilium gives it (`why` says which kind of reason).
+    #[error("{}:{line}:{column}: `{field}` is not supported by fqdnd: {why}", file.display())]
+    Unsupported {
+        /// The file.
+        file: PathBuf,
+        /// 1-based line.
+        line: u64,
+        /// 1-based column.
+        column: u64,
+        /// The field (or value, for an entity: `toEntities: kube-apiserver`) as written.
+        field: String,
+        /// Why it is refused.
+        why: Unsupported,
+    },
+
     /// A file with no documents: empty, only comments, or only `---` separators.
     #[error("{}:1:1: no policy or configuration documents (the file is empty or holds only comments)", file.display())]
     EmptyFile {
@@ -108,6 +124,43 @@ pub enum Error {
         /// 1-based column of the first declaration.
         first_column: u64,
     },
+}
+
+/// Why a field is refused ([`Error::Unsupported`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Unsupported {
+    /// It names something only a Kubernetes cluster has (services, the API server, named
+    /// container ports, node labels, Cilium's own pods): fqdnd runs without Kubernetes and
+    /// has nothing it could select.
+    KubernetesOnly,
+    /// An L7 rule other than DNS (HTTP, Kafka, a generic L7 parser) or TLS interception:
+    /// it needs Cilium's Envoy proxy, which fqdnd does not have.
+    L7Proxy,
+    /// It needs something outside the cluster's own data: cloud-provider groups, CIDR group
+    /// objects, mutual authentication with SPIFFE identities.
+    External,
+}
+
+impl fmt::Display for Unsupported {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::KubernetesOnly => {
+                "it is Kubernetes-only (it names Kubernetes objects or Cilium's pods, which \
+                 fqdnd, running without Kubernetes, does not have); remove it or enforce this \
+                 policy with Cilium"
+            }
+            Self::L7Proxy => {
+                "it needs Cilium's L7 proxy (Envoy), which fqdnd does not have (fqdnd \
+                 enforces L3/L4 and DNS rules); remove it or enforce this policy with Cilium"
+            }
+            Self::External => {
+                "it refers to objects outside the policy that fqdnd cannot read (CIDR groups, \
+                 cloud groups, mutual authentication); write the CIDRs out, or enforce this \
+                 policy with Cilium"
+            }
+        })
+    }
 }
 
 /// What an [`Error::Duplicate`] is about.
@@ -174,6 +227,7 @@ impl Error {
             Self::EmptyDirectory { dir } => dir,
             Self::Syntax { file, .. }
             | Self::Invalid { file, .. }
+            | Self::Unsupported { file, .. }
             | Self::EmptyFile { file }
             | Self::UnknownKind { file, .. }
             | Self::Duplicate { file, .. } => file,
@@ -186,6 +240,7 @@ impl Error {
         match self {
             Self::Syntax { line, column, .. }
             | Self::Invalid { line, column, .. }
+            | Self::Unsupported { line, column, .. }
             | Self::UnknownKind { line, column, .. }
             | Self::Duplicate { line, column, .. } => Some((*line, *column)),
             Self::EmptyFile { .. } => Some((1, 1)),

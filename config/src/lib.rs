@@ -60,7 +60,7 @@ use fqdnd_ipcache::policy::Rule;
 pub use cluster::{Cluster, ClusterTls, valid_node_name};
 pub use documents::{Document, Documents, documents};
 pub use endpoint::Cgroup;
-pub use error::{Duplicated, Error, Errors};
+pub use error::{Duplicated, Error, Errors, Unsupported};
 pub use gateway::{
     Conntrack, DEFAULT_DNS_PROXY_PORT, DEFAULT_GATEWAY_ADMIN_SOCKET, DEFAULT_NODE_ADMIN_SOCKET,
     Daemon, Gateway, Lists, MAX_CONNTRACK_LIFETIME, MapSizes, Node, RateLimit, StaticZone,

@@ -26,7 +26,7 @@ use crate::error::{Duplicated, Error, Errors};
 use crate::gateway::{self, DaemonDoc, Gateway, Node};
 use crate::service::{self, DeclaredService, ServiceDoc};
 use crate::settings::{self, Settings, SettingsDoc};
-use crate::warnings::{self, FqdnUse};
+use crate::warnings::{self, FqdnUse, RuleAt};
 use crate::yaml::{Diag, Text, at, collect_unknown_fields, sanitize};
 use crate::{Config, Warning};
 
@@ -198,6 +198,8 @@ struct Loader {
     rules: Vec<Rule>,
     /// Every `toFQDNs` selector of `rules`, with where it is written.
     fqdn_uses: Vec<FqdnUse>,
+    /// Where each rule's sections are written (parallel to `rules`).
+    rules_at: Vec<(PathBuf, RuleAt)>,
 }
 
 impl Loader {
@@ -318,14 +320,16 @@ impl Loader {
         }
         self.policies
             .push((kind, policy.name, file.to_path_buf(), name_at));
-        for (rule, fqdns) in policy.rules {
+        for (rule, mut at) in policy.rules {
             let index = self.rules.len();
-            self.fqdn_uses.extend(fqdns.into_iter().map(|at| FqdnUse {
-                rule: index,
-                file: file.to_path_buf(),
-                at,
-            }));
+            self.fqdn_uses
+                .extend(std::mem::take(&mut at.fqdns).into_iter().map(|at| FqdnUse {
+                    rule: index,
+                    file: file.to_path_buf(),
+                    at,
+                }));
             self.rules.push(rule);
+            self.rules_at.push((file.to_path_buf(), at));
         }
     }
 
@@ -501,8 +505,13 @@ impl Loader {
             .into_iter()
             .map(|(d, ..)| d.endpoint)
             .collect();
-        let warnings: Vec<Warning> =
+        let mut warnings: Vec<Warning> =
             warnings::dead_fqdn_selectors(&self.rules, &endpoints, &self.fqdn_uses);
+        warnings.extend(warnings::shadowed_allows(
+            &self.rules,
+            &endpoints,
+            &self.rules_at,
+        ));
         Ok(Config {
             settings: self.settings.unwrap_or_default(),
             endpoints,

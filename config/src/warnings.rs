@@ -1,7 +1,16 @@
 //! What loading warns about: configurations that are valid but cannot work as written. Warnings
 //! never make loading fail; `fqdnd policy check` prints them.
 //!
-//! Today there is one: a `toFQDNs` selector that can never learn an address. fqdnd learns the
+//! Two kinds. An allow entry a deny entry shadows entirely ([`Warning::ShadowedAllow`]): in
+//! Cilium a deny wins over every allow, so an `egress`/`ingress` entry whose peers and ports
+//! all lie inside one `egressDeny`/`ingressDeny` entry of a rule selecting the same endpoints
+//! allows nothing — almost always a mistake (the deny is wider than meant, or the allow is
+//! dead). The check is sound, not complete: it compares one deny entry with one allow entry
+//! (peers by containment: the same selector, a CIDR inside a CIDR, `world` over CIDRs and
+//! FQDNs, `cluster` over endpoints, `all` or no peers over everything; ports by range and
+//! protocol), with the endpoints chosen as below. `fqdnd policy explain` tells the same per flow.
+//!
+//! And a `toFQDNs` selector that can never learn an address. fqdnd learns the
 //! IPs of an answer under the name that was asked only (not under the CNAME targets on the way),
 //! and it sees only the DNS that the policy lets through its proxy: a query is allowed when an
 //! egress entry of a rule selecting the endpoint reaches a DNS server on port 53 (no peers, or
@@ -28,8 +37,12 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use fqdnd_ipcache::Endpoint;
-use fqdnd_ipcache::policy::{DnsRule, Operator, PeerSelector, Requirement, Rule};
+use fqdnd_ipcache::policy::{
+    DnsRule, EgressRule, Entity, LabelSelector, Operator, PeerSelector, PortProtocol, Protocol,
+    Requirement, Rule,
+};
 use fqdnd_namemgr::FqdnSelector;
+use ipnet::IpNet;
 
 /// The DNS port: what the proxy serves, whatever port it listens on.
 const DNS_PORT: u16 = 53;
@@ -53,6 +66,24 @@ pub enum Warning {
         /// Why it is dead.
         reason: DeadReason,
     },
+    /// An allow entry (`egress[]`, `ingress[]`) that one deny entry of the same direction
+    /// denies entirely for every endpoint its rule selects: it allows nothing.
+    ShadowedAllow {
+        /// The file of the allow entry.
+        file: PathBuf,
+        /// 1-based line of the allow entry.
+        line: u64,
+        /// 1-based column of the allow entry.
+        column: u64,
+        /// `egress` or `ingress`.
+        section: &'static str,
+        /// The file of the deny entry.
+        deny_file: PathBuf,
+        /// 1-based line of the deny entry.
+        deny_line: u64,
+        /// 1-based column of the deny entry.
+        deny_column: u64,
+    },
 }
 
 /// Why a `toFQDNs` selector is dead.
@@ -71,7 +102,7 @@ impl Warning {
     #[must_use]
     pub fn file(&self) -> &Path {
         match self {
-            Self::DeadFqdnSelector { file, .. } => file,
+            Self::DeadFqdnSelector { file, .. } | Self::ShadowedAllow { file, .. } => file,
         }
     }
 
@@ -79,7 +110,8 @@ impl Warning {
     #[must_use]
     pub fn position(&self) -> (u64, u64) {
         match self {
-            Self::DeadFqdnSelector { line, column, .. } => (*line, *column),
+            Self::DeadFqdnSelector { line, column, .. }
+            | Self::ShadowedAllow { line, column, .. } => (*line, *column),
         }
     }
 }
@@ -111,6 +143,23 @@ impl fmt::Display for Warning {
                     ),
                 }
             }
+            Self::ShadowedAllow {
+                file,
+                line,
+                column,
+                section,
+                deny_file,
+                deny_line,
+                deny_column,
+            } => write!(
+                f,
+                "{}:{line}:{column}: warning: this `{section}` entry allows nothing: the \
+                 `{section}Deny` entry at {}:{deny_line}:{deny_column} denies every peer and \
+                 port it allows, for every endpoint both select, and a deny wins over any \
+                 allow (as in Cilium); `fqdnd policy explain` shows it per flow",
+                file.display(),
+                deny_file.display()
+            ),
         }
     }
 }
@@ -123,6 +172,17 @@ pub(crate) struct FqdnAt {
     pub(crate) written: String,
     /// Its `(line, column)` in its file.
     pub(crate) at: (u64, u64),
+}
+
+/// Where a rule's pieces are written: its `toFQDNs` entries, and the `(line, column)` of each
+/// section entry, parallel to the rule's lists.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RuleAt {
+    pub(crate) fqdns: Vec<FqdnAt>,
+    pub(crate) egress: Vec<(u64, u64)>,
+    pub(crate) ingress: Vec<(u64, u64)>,
+    pub(crate) egress_deny: Vec<(u64, u64)>,
+    pub(crate) ingress_deny: Vec<(u64, u64)>,
 }
 
 /// A `toFQDNs` entry of a loaded rule.
@@ -268,12 +328,165 @@ pub(crate) fn dead_fqdn_selectors(
 /// Whether `other` certainly selects every endpoint `rule` selects: each of its requirements
 /// follows from one of `rule`'s.
 fn selects_all_of(other: &Rule, rule: &Rule) -> bool {
-    let ours = &rule.endpoint_selector.requirements;
-    other
-        .endpoint_selector
-        .requirements
+    selector_covers(&other.endpoint_selector, &rule.endpoint_selector)
+}
+
+/// Whether every endpoint `narrow` selects is certainly selected by `wide`.
+fn selector_covers(wide: &LabelSelector, narrow: &LabelSelector) -> bool {
+    wide.requirements
         .iter()
-        .all(|theirs| ours.iter().any(|r| implies(r, theirs)))
+        .all(|theirs| narrow.requirements.iter().any(|r| implies(r, theirs)))
+}
+
+/// Every allow entry that one deny entry shadows entirely (see the module documentation).
+pub(crate) fn shadowed_allows(
+    rules: &[Rule],
+    endpoints: &[Endpoint],
+    rules_at: &[(PathBuf, RuleAt)],
+) -> Vec<Warning> {
+    let mut warnings = Vec::new();
+    // Whether `deny_rule` applies wherever `allow_rule` does: to each declared endpoint the
+    // allow's rule selects, or (none declared) certainly to every endpoint it selects.
+    let applies = |deny_rule: &Rule, allow_rule: &Rule| {
+        let declared: Vec<&Endpoint> = endpoints
+            .iter()
+            .filter(|e| allow_rule.endpoint_selector.matches(e.labels.iter()))
+            .collect();
+        if declared.is_empty() {
+            selects_all_of(deny_rule, allow_rule)
+        } else {
+            declared
+                .iter()
+                .all(|e| deny_rule.endpoint_selector.matches(e.labels.iter()))
+        }
+    };
+    for (rule, (file, at)) in rules.iter().zip(rules_at) {
+        let directions = [
+            ("egress", &rule.egress, &at.egress),
+            ("ingress", &rule.ingress, &at.ingress),
+        ];
+        for (section, allows, allows_at) in directions {
+            for (allow, &(line, column)) in allows.iter().zip(allows_at) {
+                let shadow = rules
+                    .iter()
+                    .zip(rules_at)
+                    .find_map(|(other, (deny_file, at))| {
+                        let (denies, denies_at) = if section == "egress" {
+                            (&other.egress_deny, &at.egress_deny)
+                        } else {
+                            (&other.ingress_deny, &at.ingress_deny)
+                        };
+                        if denies.is_empty() || !applies(other, rule) {
+                            return None;
+                        }
+                        denies
+                            .iter()
+                            .zip(denies_at)
+                            .find(|(deny, _)| section_covers(deny, allow))
+                            .map(|(_, &deny_at)| (deny_file.clone(), deny_at))
+                    });
+                if let Some((deny_file, (deny_line, deny_column))) = shadow {
+                    warnings.push(Warning::ShadowedAllow {
+                        file: file.clone(),
+                        line,
+                        column,
+                        section,
+                        deny_file,
+                        deny_line,
+                        deny_column,
+                    });
+                }
+            }
+        }
+    }
+    warnings
+}
+
+/// Whether every (peer, port) `allow` allows, `deny` denies.
+fn section_covers(deny: &EgressRule, allow: &EgressRule) -> bool {
+    let every_peer =
+        |r: &EgressRule| r.peers.is_empty() || r.peers.contains(&PeerSelector::Entity(Entity::All));
+    let peers = every_peer(deny)
+        || (!allow.peers.is_empty()
+            && allow
+                .peers
+                .iter()
+                .all(|a| deny.peers.iter().any(|d| peer_covers(d, a))));
+    let deny_ports: Vec<&PortProtocol> = deny.ports.iter().flat_map(|p| &p.ports).collect();
+    let every_port = |ports: &[&PortProtocol]| {
+        ports.is_empty()
+            || ports
+                .iter()
+                .any(|p| p.protocol == Protocol::Any && p.port == 0)
+    };
+    let ports = every_port(&deny_ports)
+        || (!allow.ports.is_empty()
+            && allow
+                .ports
+                .iter()
+                .flat_map(|p| &p.ports)
+                .all(|a| deny_ports.iter().any(|d| port_covers(d, a))));
+    peers && ports
+}
+
+/// Whether peer selector `d` selects everything `a` selects (sound, not complete).
+fn peer_covers(d: &PeerSelector, a: &PeerSelector) -> bool {
+    use PeerSelector::{Cidr, Endpoints, Fqdn};
+    let v4 = |net: &IpNet| matches!(net, IpNet::V4(_));
+    match (d, a) {
+        _ if d == a => true,
+        (PeerSelector::Entity(Entity::All), _) => true,
+        (PeerSelector::Entity(Entity::World), Cidr { .. } | Fqdn(_)) => true,
+        (
+            PeerSelector::Entity(Entity::World),
+            PeerSelector::Entity(Entity::WorldIpv4 | Entity::WorldIpv6),
+        ) => true,
+        (PeerSelector::Entity(Entity::WorldIpv4), Cidr { cidr, .. }) => v4(cidr),
+        (PeerSelector::Entity(Entity::WorldIpv6), Cidr { cidr, .. }) => !v4(cidr),
+        (
+            PeerSelector::Entity(Entity::Cluster),
+            Endpoints(_) | PeerSelector::Entity(Entity::Host | Entity::RemoteNode),
+        ) => true,
+        (Endpoints(wide), Endpoints(narrow)) => selector_covers(wide, narrow),
+        (
+            Cidr { cidr, except },
+            Cidr {
+                cidr: inner,
+                except: carved,
+            },
+        ) => {
+            cidr.contains(inner)
+                && except.iter().all(|e| {
+                    !(e.contains(inner) || inner.contains(e))
+                        || carved.iter().any(|c| c.contains(e))
+                })
+        }
+        _ => false,
+    }
+}
+
+/// Whether port `d` holds every packet port `a` does.
+fn port_covers(d: &PortProtocol, a: &PortProtocol) -> bool {
+    if d.protocol == Protocol::Any && d.port == 0 {
+        return true;
+    }
+    let protocol = d.protocol == a.protocol
+        || (d.protocol == Protocol::Any && matches!(a.protocol, Protocol::Tcp | Protocol::Udp));
+    if !protocol {
+        return false;
+    }
+    if a.protocol.is_icmp() {
+        return d.port == a.port;
+    }
+    let range = |p: &PortProtocol| {
+        if p.port == 0 {
+            (0, u16::MAX)
+        } else {
+            (p.port, p.end_port.max(p.port))
+        }
+    };
+    let ((dl, dh), (al, ah)) = (range(d), range(a));
+    dl <= al && ah <= dh
 }
 
 /// Whether requirement `a` holding means `b` holds (same key; sound, not complete).

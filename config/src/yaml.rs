@@ -100,6 +100,28 @@ impl<'a> Diag<'a> {
         }
     }
 
+    /// A refused field `key` whose value is at `value_at` (located as [`Diag::invalid_field`]).
+    pub(crate) fn unsupported(
+        &mut self,
+        value_at: Location,
+        key: &str,
+        field: impl Into<String>,
+        why: crate::error::Unsupported,
+    ) {
+        let (line, column) = self.shift(
+            self.text
+                .and_then(|text| key_position(text, position(value_at), key))
+                .unwrap_or_else(|| position(value_at)),
+        );
+        self.errors.push(Error::Unsupported {
+            file: self.file.to_path_buf(),
+            line,
+            column,
+            field: field.into(),
+            why,
+        });
+    }
+
     /// A problem with the field `key` whose value is at `value_at`: located at the key when
     /// it can be found in the text right before the value, else at the value.
     pub(crate) fn invalid_field(

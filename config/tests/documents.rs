@@ -418,7 +418,7 @@ fn three_bad_documents() -> [String; 3] {
     let unknown = cnp("  egress:\n    - toFQDNs: [{matchName: a.example}]\n      toPortz: []\n")
         .replace("name: p", "name: p1");
     let syntax = "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata:\n  name: p2\n   namespace: x\nspec: {}\n".to_owned();
-    let rejected = cnp(&format!("  egressDeny: []\n{EGRESS}")).replace("name: p", "name: p3");
+    let rejected = cnp(&format!("  nodeSelector: {{}}\n{EGRESS}")).replace("name: p", "name: p3");
     [unknown, syntax, rejected]
 }
 
@@ -458,9 +458,9 @@ fn a_syntax_error_does_not_hide_the_errors_of_later_documents() {
         };
         assert!(by_needle("toPortz").3.contains("unknown field `toPortz`"));
         assert!(
-            by_needle("egressDeny")
+            by_needle("nodeSelector")
                 .3
-                .contains("`egressDeny` is not supported")
+                .contains("`nodeSelector` is not supported")
         );
         // The indentation error is reported on its line, where the parser finds it.
         let (line, _) = at("   namespace");
@@ -509,9 +509,9 @@ fn a_marker_inside_a_block_scalar_or_a_quoted_string_does_not_split() {
         "  description: \"first\n    ---\n    second\"\n",
         "  description: 'first\n    ---\n    second'\n",
     ] {
-        let text = cnp(&format!("{description}  egressDeny: []\n{EGRESS}"));
+        let text = cnp(&format!("{description}  nodeSelector: {{}}\n{EGRESS}"));
         let e = one_err(&text);
-        assert_eq!(pos(&e), find(&text, "egressDeny"), "{description:?}: {e}");
+        assert_eq!(pos(&e), find(&text, "nodeSelector"), "{description:?}: {e}");
         let ok_text = cnp(&format!("{description}{EGRESS}"));
         assert_eq!(ok(&ok_text).rules.len(), 1, "{description:?}");
     }
@@ -553,7 +553,7 @@ fn a_missing_field_is_reported_unless_an_unknown_one_is_its_typo() {
     assert!(
         errors
             .iter()
-            .any(|e| e.contains("needs a non-empty `egress` list"))
+            .any(|e| e.contains("needs a non-empty `egress`, `ingress`"))
     );
     // A typo in one rule does not excuse another rule's missing field.
     let text = "apiVersion: cilium.io/v2\nkind: CiliumNetworkPolicy\nmetadata: {name: p}\nspecs:\n  - endpointSelectr: {}\n    egress: [{toFQDNs: [{matchName: a.example}]}]\n  - egress: [{toFQDNs: [{matchName: b.example}]}]\n";

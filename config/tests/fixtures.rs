@@ -172,17 +172,18 @@ fn a_kubectl_export() {
 fn an_l7_http_policy_is_refused_by_field() {
     let path = fixture("l7-http.yaml");
     let errors = load(&[&path]).unwrap_err().into_vec();
-    let found: Vec<(u64, String)> = errors
+    let found: Vec<(u64, String, fqdnd_config::Unsupported)> = errors
         .iter()
         .map(|e| match e {
-            Error::Invalid {
+            Error::Unsupported {
                 file,
                 line,
-                message,
+                field,
+                why,
                 ..
             } => {
                 assert_eq!(file, &path);
-                (*line, message.split(':').next().unwrap().to_owned())
+                (*line, field.clone(), *why)
             }
             other => panic!("{other:?}"),
         })
@@ -190,8 +191,12 @@ fn an_l7_http_policy_is_refused_by_field() {
     assert_eq!(
         found,
         [
-            (19, "`http` is not supported by fqdnd".to_owned()),
-            (25, "`toEntities` is not supported by fqdnd".to_owned())
+            (19, "http".to_owned(), fqdnd_config::Unsupported::L7Proxy),
+            (
+                25,
+                "toEntities: kube-apiserver".to_owned(),
+                fqdnd_config::Unsupported::KubernetesOnly
+            )
         ]
     );
 }

@@ -26,21 +26,16 @@ fn invalid_at(text: &str, at: &str, expected: &str) {
 
 #[test]
 fn every_unsupported_field_is_rejected_by_name_at_its_key() {
-    let mut texts = Vec::new();
-    for field in ["nodeSelector", "ingress", "ingressDeny", "egressDeny"] {
-        // A block sequence below the key, as usually written.
-        texts.push((
-            field,
-            cnp(&format!("  {field}:\n  - {{marker: 1}}\n{EGRESS}")),
-        ));
-    }
+    // A block sequence below the key, as usually written.
+    let mut texts = vec![(
+        "nodeSelector",
+        cnp(&format!("  nodeSelector:\n  - {{marker: 1}}\n{EGRESS}")),
+    )];
     for field in [
         "toServices",
-        "toEntities",
         "toGroups",
         "toRequires",
         "toNodes",
-        "icmps",
         "authentication",
     ] {
         let body = format!("  egress:\n    - toCIDR: [10.0.0.0/8]\n      {field}: [marker]\n");
@@ -69,7 +64,14 @@ fn every_unsupported_field_is_rejected_by_name_at_its_key() {
     }
     for (field, text) in texts {
         let e = one_err(&text);
-        assert!(matches!(e, Error::Invalid { .. }), "{e:?}");
+        if field == "toRequires" {
+            assert!(matches!(e, Error::Invalid { .. }), "{e:?}");
+        } else {
+            assert!(
+                matches!(&e, Error::Unsupported { field: f, .. } if f == field),
+                "{e:?}"
+            );
+        }
         let quoted = format!("\"{field}\"");
         let at = if text.contains(&quoted) {
             find(&text, &quoted)
@@ -92,17 +94,22 @@ fn rejection_message_says_why() {
     ));
     let e = one_err(&text);
     assert!(
-        e.to_string().contains(
-            "`toServices` is not supported by fqdnd: it would change what this rule allows"
-        ),
+        e.to_string()
+            .contains("`toServices` is not supported by fqdnd: it is Kubernetes-only"),
         "{e}"
     );
 }
 
 #[test]
 fn even_an_empty_rejected_field_is_rejected() {
-    let text = cnp(&format!("  ingress: []\n{EGRESS}"));
-    invalid_at(&text, "ingress", "`ingress` is not supported");
+    let text = cnp(&format!("  nodeSelector: {{}}\n{EGRESS}"));
+    let e = one_err(&text);
+    assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
+    assert_eq!(pos(&e), find(&text, "nodeSelector"));
+    assert!(
+        e.to_string().contains("`nodeSelector` is not supported"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -113,7 +120,7 @@ fn a_typo_lists_the_expected_fields_but_not_the_rejected_ones() {
     let message = e.to_string();
     assert!(
         message.ends_with(
-            "unknown field `toFQDN`: expected one of `toFQDNs`, `toCIDR`, `toCIDRSet`, `toEndpoints`, `toPorts`"
+            "unknown field `toFQDN`: expected one of `toFQDNs`, `toCIDR`, `toCIDRSet`, `toEndpoints`, `toPorts`, `toEntities`, `icmps`"
         ),
         "{message}"
     );
@@ -132,7 +139,8 @@ fn a_typo_lists_the_expected_fields_but_not_the_rejected_ones() {
     ] {
         assert!(message.contains(expected), "{message}");
     }
-    assert!(!message.contains("ingress"), "{message}");
+    assert!(message.contains("`ingress`"), "{message}");
+    assert!(!message.contains("nodeSelector"), "{message}");
 
     for (typo, line) in [("matchLabel", "    matchLabel: {}\n"), ("matchNames", "")] {
         let text = if line.is_empty() {
@@ -267,16 +275,10 @@ fn bad_cidrs_point_at_the_cidr() {
 #[test]
 fn bad_ports_point_at_the_port() {
     let cases = [
-        ("{port: http}", "http", "named ports are not supported"),
-        (
-            "{port: \"https\", protocol: TCP}",
-            "\"https\"",
-            "named ports are not supported",
-        ),
         ("{port: 70000}", "70000", "`port` 70000 is out of range"),
-        ("{port: \"-1\"}", "\"-1\"", "named ports"),
+        ("{port: \"-1\"}", "\"-1\"", "is not a port number"),
         ("{port: -1}", "-1", "out of range"),
-        ("{port: \"\"}", "\"\"", "named ports"),
+        ("{port: \"\"}", "\"\"", "is not a port number"),
         (
             "{port: 1.5}",
             "1.5",
@@ -313,6 +315,32 @@ fn bad_ports_point_at_the_port() {
             "  egress:\n    - toPorts:\n        - ports:\n            - {port}\n"
         ));
         invalid_at(&text, at, expected);
+    }
+    // Named ports name a Kubernetes container's ports: Kubernetes-only.
+    for (port, at) in [
+        ("{port: http}", "http"),
+        ("{port: \"https\", protocol: TCP}", "\"https\""),
+    ] {
+        let text = cnp(&format!(
+            "  egress:\n    - toPorts:\n        - ports:\n            - {port}\n"
+        ));
+        let e = one_err(&text);
+        assert!(
+            matches!(
+                e,
+                Error::Unsupported {
+                    why: fqdnd_config::Unsupported::KubernetesOnly,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(pos(&e), find(&text, &format!("port: {at}")), "{e}");
+        assert!(
+            e.to_string()
+                .contains("(a named port)` is not supported by fqdnd: it is Kubernetes-only"),
+            "{e}"
+        );
     }
 }
 

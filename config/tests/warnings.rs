@@ -1,5 +1,6 @@
 //! Warnings: `toFQDNs` selectors that can never learn an address, because no DNS rule of the
-//! endpoints their rule selects lets a name they match through the proxy.
+//! endpoints their rule selects lets a name they match through the proxy; and allow entries a
+//! deny entry shadows entirely.
 
 #![allow(
     clippy::unwrap_used,
@@ -42,9 +43,9 @@ fn dead(text: &str) -> Vec<String> {
     ok(text)
         .warnings
         .iter()
-        .map(|w| match w {
-            Warning::DeadFqdnSelector { selector, .. } => selector.clone(),
-            other => panic!("{other:?}"),
+        .filter_map(|w| match w {
+            Warning::DeadFqdnSelector { selector, .. } => Some(selector.clone()),
+            _ => None,
         })
         .collect()
 }
@@ -255,4 +256,222 @@ fn the_example_and_the_guide_have_no_dead_selectors() {
     let guide = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/to-fqdns.yaml");
     let config = fqdnd_config::load(&[guide]).unwrap();
     assert!(config.warnings.is_empty(), "{:#?}", config.warnings);
+}
+
+// ---- allow entries a deny shadows ----
+
+/// The allow entries warned about as shadowed: `(line, column, deny line)`.
+fn shadowed(text: &str) -> Vec<(u64, u64, u64)> {
+    ok(text)
+        .warnings
+        .iter()
+        .filter_map(|w| match w {
+            Warning::ShadowedAllow {
+                line,
+                column,
+                deny_line,
+                ..
+            } => Some((*line, *column, *deny_line)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A rule `name` selecting `selector`, with `body` (lines at the indentation of `spec`).
+fn rule(name: &str, selector: &str, body: &str) -> String {
+    format!(
+        "---\napiVersion: cilium.io/v2\nkind: CiliumClusterwideNetworkPolicy\nmetadata:\n  name: {name}\nspec:\n  endpointSelector: {selector}\n{body}"
+    )
+}
+
+/// https://docs.cilium.io/en/latest/security/policy/deny/ — "Deny policies take precedence
+/// over allow policies": an allow every packet of which a deny matches allows nothing, and
+/// `fqdnd policy check` says so at the allow, naming the deny.
+#[test]
+fn an_allow_inside_a_deny_is_reported_at_the_allow() {
+    let text = rule(
+        "web",
+        "{}",
+        "  egress:\n  - toCIDR: [192.0.2.0/24]\n    toPorts: [{ports: [{port: \"443\", protocol: TCP}]}]\n  - toEntities: [world]\n  egressDeny:\n  - toCIDR: [192.0.2.0/23]\n",
+    );
+    let allow = find(&text, "toCIDR: [192.0.2.0/24]");
+    let deny = find(&text, "toCIDR: [192.0.2.0/23]");
+    // The `world` allow is only partly denied: no warning for it.
+    assert_eq!(shadowed(&text), [(allow.0, allow.1, deny.0)]);
+    let w = ok(&text).warnings.remove(0);
+    let message = w.to_string();
+    assert!(
+        message.contains("this `egress` entry allows nothing")
+            && message.contains(&format!("test.yaml:{}:{}", deny.0, deny.1)),
+        "{message}"
+    );
+}
+
+#[test]
+fn peers_shadow_by_containment() {
+    let cases = [
+        // (allow, deny, shadowed)
+        (
+            "toFQDNs: [{matchName: a.example}]",
+            "toEntities: [world]",
+            true,
+        ),
+        (
+            "toFQDNs: [{matchName: a.example}]",
+            "toCIDR: [0.0.0.0/0]",
+            false,
+        ),
+        ("toCIDR: [10.1.0.0/16]", "toEntities: [world-ipv4]", true),
+        ("toCIDR: [10.1.0.0/16]", "toEntities: [world-ipv6]", false),
+        (
+            "toCIDR: [10.1.0.0/16]",
+            "toCIDRSet: [{cidr: 10.0.0.0/8, except: [10.1.2.0/24]}]",
+            false,
+        ),
+        (
+            "toCIDRSet: [{cidr: 10.1.0.0/16, except: [10.1.2.0/24]}]",
+            "toCIDRSet: [{cidr: 10.0.0.0/8, except: [10.1.2.0/24]}]",
+            true,
+        ),
+        (
+            "toCIDR: [10.1.0.0/16]",
+            "toCIDRSet: [{cidr: 10.0.0.0/8, except: [10.9.0.0/16]}]",
+            true,
+        ),
+        (
+            "toEndpoints: [{matchLabels: {app: b}}]",
+            "toEntities: [cluster]",
+            true,
+        ),
+        (
+            "toEndpoints: [{matchLabels: {app: b, tier: x}}]",
+            "toEndpoints: [{matchLabels: {app: b}}]",
+            true,
+        ),
+        (
+            "toEndpoints: [{matchLabels: {app: b}}]",
+            "toEndpoints: [{matchLabels: {app: b, tier: x}}]",
+            false,
+        ),
+        ("toEntities: [host]", "toEntities: [cluster]", true),
+        ("toEntities: [world]", "toEntities: [all]", true),
+        ("toEntities: [world]", "toEntities: [cluster]", false),
+        (
+            "toPorts: [{ports: [{port: \"80\"}]}]",
+            "toEntities: [world]",
+            false,
+        ),
+    ];
+    for (allow, deny, want) in cases {
+        let text = rule(
+            "r",
+            "{}",
+            &format!("  egress:\n  - {allow}\n  egressDeny:\n  - {deny}\n"),
+        );
+        assert_eq!(
+            shadowed(&text).len(),
+            usize::from(want),
+            "allow {allow}, deny {deny}"
+        );
+    }
+}
+
+#[test]
+fn ports_shadow_by_range_and_protocol() {
+    let ports = |p: &str| format!("toCIDR: [10.0.0.0/8]\n    toPorts: [{{ports: [{p}]}}]");
+    let cases = [
+        ("{port: \"80\", protocol: TCP}", "{port: \"80\"}", true),
+        ("{port: \"80\"}", "{port: \"80\", protocol: TCP}", false),
+        (
+            "{port: \"80\", endPort: 81, protocol: TCP}",
+            "{port: \"80\", protocol: TCP}",
+            false,
+        ),
+        (
+            "{port: \"80\", endPort: 81, protocol: TCP}",
+            "{port: \"1\", endPort: 1024, protocol: ANY}",
+            true,
+        ),
+        (
+            "{port: \"80\", protocol: UDP}",
+            "{port: \"0\", protocol: ANY}",
+            true,
+        ),
+    ];
+    for (allow, deny, want) in cases {
+        let text = rule(
+            "r",
+            "{}",
+            &format!(
+                "  egress:\n  - {}\n  egressDeny:\n  - {}\n",
+                ports(allow),
+                ports(deny)
+            ),
+        );
+        assert_eq!(
+            shadowed(&text).len(),
+            usize::from(want),
+            "allow {allow}, deny {deny}"
+        );
+    }
+    // ICMP types by number; a deny of every port of TCP/UDP does not cover ICMP.
+    let text = rule(
+        "r",
+        "{}",
+        "  ingress:\n  - fromEntities: [world]\n    icmps: [{fields: [{type: 8}]}]\n  ingressDeny:\n  - fromEntities: [world]\n    icmps: [{fields: [{type: EchoRequest}]}]\n",
+    );
+    assert_eq!(shadowed(&text).len(), 1);
+    let text = rule(
+        "r",
+        "{}",
+        "  ingress:\n  - fromEntities: [world]\n    icmps: [{fields: [{type: 8}]}]\n  ingressDeny:\n  - fromEntities: [world]\n    toPorts: [{ports: [{port: \"0\", protocol: TCP}]}]\n",
+    );
+    assert!(shadowed(&text).is_empty());
+}
+
+/// A deny shadows an allow only for endpoints both rules select: the declared ones, or (none
+/// declared) those the deny's rule certainly selects.
+#[test]
+fn a_deny_of_other_endpoints_shadows_nothing() {
+    let allow = rule(
+        "allow",
+        "{matchLabels: {tier: front}}",
+        "  ingress:\n  - fromEntities: [world]\n",
+    );
+    let deny = |selector: &str| {
+        rule(
+            "deny",
+            selector,
+            "  ingressDeny:\n  - fromEntities: [world]\n",
+        )
+    };
+    assert_eq!(shadowed(&format!("{allow}{}", deny("{}"))).len(), 1);
+    assert!(shadowed(&format!("{allow}{}", deny("{matchLabels: {app: a}}"))).is_empty());
+    let endpoints = format!(
+        "{}{}",
+        endpoint("a", 1, "{app: a, tier: front}"),
+        endpoint("b", 2, "{app: b, tier: front}")
+    );
+    // a and b are the front; a deny for a alone leaves b's allow.
+    assert!(
+        shadowed(&format!(
+            "{allow}{}{endpoints}",
+            deny("{matchLabels: {app: a}}")
+        ))
+        .is_empty()
+    );
+    assert_eq!(
+        shadowed(&format!(
+            "{allow}{}{endpoints}",
+            deny("{matchExpressions: [{key: app, operator: In, values: [a, b]}]}")
+        ))
+        .len(),
+        1
+    );
+    // Directions do not mix: an egress deny shadows no ingress allow.
+    let text = format!(
+        "{allow}{}",
+        rule("deny", "{}", "  egressDeny:\n  - toEntities: [world]\n")
+    );
+    assert!(shadowed(&text).is_empty());
 }

@@ -26,10 +26,14 @@
  *                 New flows to a service VIP (fqdnd_lb_svc) are translated to a backend
  *                 first and policy is checked against the backend; conntrack keeps the
  *                 backend for the flow's later packets, which are checked against it too.
- *  fqdnd_to_ep    host-side veth *egress* = the endpoint's ingress. No ingress policy:
- *                 records inbound flows in conntrack so the endpoint's replies pass, tracks
- *                 the TCP state of replies, and gives a service backend's replies the VIP
- *                 back as their source.
+ *  fqdnd_to_ep    host-side veth *egress* = the endpoint's ingress. Replies in flows the
+ *                 endpoint opened pass (TCP state tracked, a service backend's replies get
+ *                 the VIP back as their source); endpoints flagged ENFORCE_INGRESS check every
+ *                 other packet — new and established inbound flows — against their ingress
+ *                 entries (the source's identity from the ipcache); the proxy's DNS answers
+ *                 pass as replies to the redirected query's conntrack entry. Allowed inbound
+ *                 flows are recorded so the endpoint's replies pass at its egress.
+ *                 Deny entries win over allows in both directions (see fqdnd_maps.h).
  *
  * The endpoint is found by the skb's ifindex (fqdnd_endpoints map); an unknown ifindex
  * passes untouched. An interface entry flagged BY_SOURCE (gateway mode: one LAN interface,
@@ -559,53 +563,72 @@ static __always_inline void ct_create(const struct fqdnd_ct_key *key, const stru
 
 /* ---- policy ---- */
 
-static __always_inline __u32 identity_of(const struct fqdnd_ct_key *key)
+/* The identity of an address of the tuple's family (world when the ipcache has none). */
+static __always_inline __u32 identity_of_addr(const struct fqdnd_ct_key *key, const __u8 *addr)
 {
 	struct fqdnd_ipcache_value *v;
 
 	if (key->family == 4) {
 		struct fqdnd_ipcache_key4 k = { .prefixlen = 32 };
 
-		__builtin_memcpy(k.addr, key->daddr, 4);
+		__builtin_memcpy(k.addr, addr, 4);
 		v = bpf_map_lookup_elem(&fqdnd_ipc4, &k);
 		return v ? v->identity : FQDND_ID_WORLD_IPV4;
 	}
 	struct fqdnd_ipcache_key6 k6 = { .prefixlen = 128 };
 
-	__builtin_memcpy(k6.addr, key->daddr, 16);
+	__builtin_memcpy(k6.addr, addr, 16);
 	v = bpf_map_lookup_elem(&fqdnd_ipc6, &k6);
 	return v ? v->identity : FQDND_ID_WORLD_IPV6;
 }
 
-/* The endpoint's policy for (identity, proto, dport in network order): the longest entry of
- * the identity, else of any identity. Entries are allow entries only. */
-static __always_inline int policy_allows(__u16 endpoint, __u32 identity, __u8 proto, __u16 dport)
+/* The endpoint's policy for (identity, proto, dport in network order), `dir` 0 (egress) or
+ * FQDND_POLICY_ID_INGRESS: the longest entry of the identity decides; when it has none, the
+ * longest of any identity. A deny entry drops (userspace makes a deny at least as long as
+ * every allow it overlaps, so a deny wins). */
+static __always_inline int policy_allows(__u16 endpoint, __u32 identity, __u32 dir, __u8 proto,
+					 __u16 dport)
 {
 	struct fqdnd_policy_key k = {};
 	struct fqdnd_policy_value *v;
 
 	k.prefixlen = FQDND_POLICY_PREFIX_FULL;
-	k.identity = identity;
+	k.identity = identity | dir;
 	k.endpoint = endpoint;
 	k.proto = proto;
 	k.dport = dport;
 	v = bpf_map_lookup_elem(&fqdnd_policy, &k);
-	if (v && (v->flags & FQDND_POLICY_ALLOW))
-		return 1;
-	k.identity = FQDND_ID_ANY;
-	v = bpf_map_lookup_elem(&fqdnd_policy, &k);
-	return v && (v->flags & FQDND_POLICY_ALLOW);
+	if (!v) {
+		k.identity = FQDND_ID_ANY | dir;
+		v = bpf_map_lookup_elem(&fqdnd_policy, &k);
+	}
+	return v && !(v->flags & FQDND_POLICY_DENY) && (v->flags & FQDND_POLICY_ALLOW);
+}
+
+/* The "port" a packet is looked up with: its destination port, or for ICMP its type. */
+static __always_inline __u16 policy_port(const struct fqdnd_ct_key *key, __u8 icmp_type)
+{
+	return is_icmp(key) ? bpf_htons(icmp_type) : key->dport;
 }
 
 /* Whether the endpoint may send the packet of tuple `key` (its destination's identity, now,
- * into *identity). ICMP tuples carry dport 0: only entries for every port and protocol
- * (L3 rules) match them. */
-static __always_inline int allowed(__u16 endpoint, const struct fqdnd_ct_key *key, __u32 *identity)
+ * into *identity). ICMP packets are looked up with their type as the port: entries for every
+ * protocol (L3 rules) and `icmps` entries of that type match them. */
+static __always_inline int allowed(__u16 endpoint, const struct fqdnd_ct_key *key, __u8 icmp_type,
+				   __u32 *identity)
 {
-	__u16 dport = is_icmp(key) ? 0 : key->dport;
+	*identity = identity_of_addr(key, key->daddr);
+	return policy_allows(endpoint, *identity, 0, key->proto, policy_port(key, icmp_type));
+}
 
-	*identity = identity_of(key);
-	return policy_allows(endpoint, *identity, key->proto, dport);
+/* Whether the endpoint may receive the packet of tuple `key` (its source's identity, now,
+ * into *identity), by its ingress entries. */
+static __always_inline int allowed_in(__u16 endpoint, const struct fqdnd_ct_key *key,
+				      __u8 icmp_type, __u32 *identity)
+{
+	*identity = identity_of_addr(key, key->saddr);
+	return policy_allows(endpoint, *identity, FQDND_POLICY_ID_INGRESS, key->proto,
+			     policy_port(key, icmp_type));
 }
 
 /* ---- events ---- */
@@ -904,7 +927,7 @@ static __always_inline int lb_established(struct __sk_buff *skb, const struct pk
 	if (backend_of(ct->backend, &p->key, &be))
 		return LB_NONE;
 	to_backend(&p->key, &be, &tkey);
-	if ((ep->flags & FQDND_EP_ENFORCE_EGRESS) && !allowed(ep->endpoint, &tkey, &identity)) {
+	if ((ep->flags & FQDND_EP_ENFORCE_EGRESS) && !allowed(ep->endpoint, &tkey, 0, &identity)) {
 		emit(skb, ep->endpoint, identity, &tkey, p, FQDND_DROP_POLICY);
 		return LB_DROP;
 	}
@@ -950,7 +973,7 @@ static __always_inline int lb_new_flow(struct __sk_buff *skb, const struct pkt *
 	if (backend_of(id, &p->key, &be))
 		goto no_backend;
 	to_backend(&p->key, &be, &tkey);
-	if ((ep->flags & FQDND_EP_ENFORCE_EGRESS) && !allowed(ep->endpoint, &tkey, &identity)) {
+	if ((ep->flags & FQDND_EP_ENFORCE_EGRESS) && !allowed(ep->endpoint, &tkey, 0, &identity)) {
 		emit(skb, ep->endpoint, identity, &tkey, p, FQDND_DROP_POLICY);
 		return LB_DROP;
 	}
@@ -1051,10 +1074,13 @@ static __always_inline struct fqdnd_frag_value *frag_find(struct pkt *p, __u64 n
 
 /* ---- the endpoint's egress ---- */
 
-/* Whether an ICMP error relates to a tracked flow: the packet it embeds (which the endpoint
- * received: its destination is the error's source and its source the error's destination)
- * has a live conntrack entry in either direction. */
-static __always_inline int icmp_related(struct __sk_buff *skb, const struct pkt *p, __u64 now)
+/* Whether an ICMP error relates to a tracked flow: the packet it embeds has a live conntrack
+ * entry in either direction. From the endpoint (`inbound` 0) the endpoint received that
+ * packet: its destination is the error's source and its source the error's destination. To
+ * the endpoint (`inbound` 1) the endpoint sent it: its source is the error's destination (the
+ * error may come from any router on the way). */
+static __always_inline int icmp_related(struct __sk_buff *skb, const struct pkt *p, __u64 now,
+					int inbound)
 {
 	struct fqdnd_ct_key ik = {};
 	struct fqdnd_ct_key rk;
@@ -1081,8 +1107,9 @@ static __always_inline int icmp_related(struct __sk_buff *skb, const struct pkt 
 	}
 	ik.family = p->key.family;
 	ik.zone = p->key.zone;
-	if (__builtin_memcmp(ik.daddr, p->key.saddr, 16) ||
-	    __builtin_memcmp(ik.saddr, p->key.daddr, 16))
+	if (__builtin_memcmp(ik.saddr, p->key.daddr, 16))
+		return 0;
+	if (!inbound && __builtin_memcmp(ik.daddr, p->key.saddr, 16))
 		return 0;
 	if (ik.proto == IPPROTO_TCP || ik.proto == IPPROTO_UDP) {
 		__u16 ports[2];
@@ -1153,10 +1180,13 @@ static __always_inline int egress(struct __sk_buff *skb, struct pkt *p, int r,
 		return TC_ACT_SHOT;
 	}
 	if (p->icmp == ICMP_ERROR || p->icmp == ICMP_OTHER) {
-		/* related errors pass both ways (path MTU discovery); no other ICMP */
-		if (!enforce || (p->icmp == ICMP_ERROR && icmp_related(skb, p, now)))
+		/* related errors pass both ways (path MTU discovery); other ICMP only as the
+		 * policy allows its type (an `icmps` entry, or a rule for every protocol) */
+		if (!enforce || (p->icmp == ICMP_ERROR && icmp_related(skb, p, now, 0)))
 			return TC_ACT_OK;
-		emit_drop(skb, ep->endpoint, 0, p, FQDND_DROP_ICMP);
+		if (allowed(ep->endpoint, &p->key, p->icmp_type, &identity))
+			return TC_ACT_OK;
+		emit_drop(skb, ep->endpoint, identity, p, FQDND_DROP_ICMP);
 		return TC_ACT_SHOT;
 	}
 
@@ -1173,6 +1203,14 @@ static __always_inline int egress(struct __sk_buff *skb, struct pkt *p, int r,
 		}
 		if (redirect_dns(skb, &p->key) == 0) {
 			skb->mark = (skb->mark & ~FQDND_MARK_MASK) | FQDND_MARK_TO_PROXY;
+			if (ep->flags & FQDND_EP_ENFORCE_INGRESS) {
+				/* under ingress policy the proxy's answers pass as its replies */
+				ct = ct_lookup(&p->key, now);
+				if (ct)
+					ct_refresh(ct, p, 1, now);
+				else
+					ct_create(&p->key, p, FQDND_CT_DNS, 0, 0, now);
+			}
 			return TC_ACT_OK;
 		}
 		/* fail closed: DNS never bypasses the proxy */
@@ -1194,7 +1232,7 @@ static __always_inline int egress(struct __sk_buff *skb, struct pkt *p, int r,
 			}
 			/* its backend is gone: chosen again below, like a new flow */
 		} else {
-			if (enforce && !allowed(ep->endpoint, &p->key, &identity)) {
+			if (enforce && !allowed(ep->endpoint, &p->key, p->icmp_type, &identity)) {
 				emit_drop(skb, ep->endpoint, identity, p, FQDND_DROP_POLICY);
 				return TC_ACT_SHOT;
 			}
@@ -1222,11 +1260,121 @@ static __always_inline int egress(struct __sk_buff *skb, struct pkt *p, int r,
 		if (r != LB_NONE)
 			return r == LB_PASS ? TC_ACT_OK : TC_ACT_SHOT;
 	}
-	if (enforce && !allowed(ep->endpoint, &p->key, &identity)) {
+	if (enforce && !allowed(ep->endpoint, &p->key, p->icmp_type, &identity)) {
 		emit_drop(skb, ep->endpoint, identity, p, FQDND_DROP_POLICY);
 		return TC_ACT_SHOT;
 	}
 	ct_create(&p->key, p, FQDND_CT_EGRESS, 0, 0, now);
+	return TC_ACT_OK;
+}
+
+/* The verdict on a packet towards the endpoint `ep` (TC_ACT_OK or TC_ACT_SHOT, event
+ * emitted); *rev_nat: the service a passed reply was given the VIP of. Without
+ * ENFORCE_INGRESS nothing is dropped: inbound flows are recorded so the endpoint's replies
+ * pass, and replies in its own flows are tracked (and translated back for services).
+ * `socket` (a constant: the code of the other case is compiled out) when a cgroup skb program
+ * asks for a host process's socket: no packet rewrite (the program may not, and its egress
+ * never translates), and no exception for the proxy's answers (they come from loopback, which
+ * the program lets pass before). */
+static __always_inline int ingress(struct __sk_buff *skb, struct pkt *p, int r,
+				   const struct fqdnd_endpoint_value *ep, __u64 now, __u16 *rev_nat,
+				   const int socket)
+{
+	int enforce = ep->flags & FQDND_EP_ENFORCE_INGRESS;
+	struct fqdnd_ct_value *ct;
+	__u32 identity = 0;
+
+	if (r == PARSE_LATER_FRAGMENT) {
+		/* a passed datagram's later fragments follow it; a service's reply datagram
+		 * gets its VIP back */
+		struct fqdnd_frag_value *f = frag_find(p, now);
+		struct fqdnd_lb_revnat *rn;
+		__u16 idx;
+
+		if (!f) {
+			if (!enforce)
+				return TC_ACT_OK;
+			emit_drop(skb, ep->endpoint, 0, p, FQDND_DROP_FRAGMENT);
+			return TC_ACT_SHOT;
+		}
+		if (socket || !f->rev_nat)
+			return TC_ACT_OK;
+		idx = f->rev_nat;
+		rn = bpf_map_lookup_elem(&fqdnd_lb_revnat, &idx);
+		if (!rn || rn->family != p->key.family)
+			return TC_ACT_OK;
+		return rewrite_l3(skb, p->key.family, 0, p->key.saddr, rn->addr) ? TC_ACT_SHOT
+										 : TC_ACT_OK;
+	}
+	if (r != PARSE_OK) {
+		if (!enforce)
+			return TC_ACT_OK;
+		emit_drop(skb, ep->endpoint, 0, p,
+			  r == PARSE_EXT_HEADERS ? FQDND_DROP_EXT_HEADERS : FQDND_DROP_UNHANDLED);
+		return TC_ACT_SHOT;
+	}
+	/* The proxy's answers to redirected DNS: no conntrack entry of their own (the queries
+	 * never consult conntrack, and an INGRESS entry would let them pass as replies without
+	 * the redirect). Under ingress policy they pass as replies to the query's DNS entry. */
+	if (!socket && (ep->flags & FQDND_EP_REDIRECT_DNS) && p->icmp == ICMP_NONE &&
+	    p->key.sport == bpf_htons(53)) {
+		if (!enforce || ct_reply(&p->key, FQDND_CT_DNS, now))
+			return TC_ACT_OK;
+	}
+	if (p->icmp == ICMP_ERROR || p->icmp == ICMP_OTHER) {
+		/* errors about the endpoint's flows pass (path MTU discovery); other ICMP only as
+		 * the ingress policy allows its type */
+		if (!enforce || (p->icmp == ICMP_ERROR && icmp_related(skb, p, now, 1)))
+			return TC_ACT_OK;
+		if (allowed_in(ep->endpoint, &p->key, p->icmp_type, &identity))
+			return TC_ACT_OK;
+		emit_drop(skb, ep->endpoint, identity, p, FQDND_DROP_ICMP);
+		return TC_ACT_SHOT;
+	}
+	ct = ct_lookup(&p->key, now);
+	if (ct) {
+		/* an established inbound flow: checked again against the ingress policy and its
+		 * source's identity now */
+		if (enforce && !allowed_in(ep->endpoint, &p->key, p->icmp_type, &identity)) {
+			emit_drop(skb, ep->endpoint, identity, p, FQDND_DROP_POLICY);
+			return TC_ACT_SHOT;
+		}
+		/* The entry may be the sender's own (another endpoint of this node opened the
+		 * flow at its egress, and conntrack is shared): it is a flow towards this
+		 * endpoint too, whose replies must pass. */
+		if (!(ct->flags & FQDND_CT_INGRESS))
+			ct->flags |= FQDND_CT_INGRESS;
+		ct_refresh(ct, p, 1, now);
+		return TC_ACT_OK;
+	}
+	ct = ct_reply(&p->key, FQDND_CT_EGRESS, now);
+	if (ct) {
+		/* a reply in a flow the endpoint opened: no ingress policy */
+		ct_refresh(ct, p, 0, now);
+		if (socket)
+			return TC_ACT_OK;
+		*rev_nat = ct->rev_nat;
+		if (*rev_nat && lb_reply(skb, p, *rev_nat, now) == LB_DROP)
+			return TC_ACT_SHOT;
+		return TC_ACT_OK;
+	}
+	if (p->icmp == ICMP_ECHO_REPLY) {
+		/* a reply to no request */
+		if (!enforce)
+			return TC_ACT_OK;
+		emit_drop(skb, ep->endpoint, 0, p, FQDND_DROP_ICMP);
+		return TC_ACT_SHOT;
+	}
+	if (enforce && !allowed_in(ep->endpoint, &p->key, p->icmp_type, &identity)) {
+		emit_drop(skb, ep->endpoint, identity, p, FQDND_DROP_POLICY);
+		return TC_ACT_SHOT;
+	}
+	/* A flow opened towards the endpoint: its replies will pass. Only a SYN opens a TCP flow
+	 * (a stray segment, say of a flow whose entry died, must not make the endpoint's packets
+	 * replies), only a request an echo. */
+	if (p->key.proto == IPPROTO_TCP && (p->tcp_flags & (TH_SYN | TH_ACK)) != TH_SYN)
+		return TC_ACT_OK;
+	ct_create(&p->key, p, FQDND_CT_INGRESS, 0, 0, now);
 	return TC_ACT_OK;
 }
 
@@ -1272,43 +1420,6 @@ int fqdnd_from_ep(struct __sk_buff *skb)
 	return verdict;
 }
 
-/* Conntrack of a packet towards an endpoint (no ingress policy): the flow it belongs to is
- * refreshed, a service backend's reply gets the VIP back (not for a `socket`, whose programs
- * may not rewrite packets and never translate), a flow opened towards the endpoint is
- * recorded so that its replies pass. TC_ACT_OK, or TC_ACT_SHOT when a translation failed. */
-static __always_inline int inbound(struct __sk_buff *skb, struct pkt *p, const int socket)
-{
-	struct fqdnd_ct_value *ct;
-	__u64 now = bpf_ktime_get_ns();
-
-	ct = ct_lookup(&p->key, now);
-	if (ct) {
-		ct_refresh(ct, p, 1, now);
-		return TC_ACT_OK;
-	}
-	ct = ct_reply(&p->key, FQDND_CT_EGRESS, now);
-	if (ct) {
-		__u16 rev_nat = ct->rev_nat;
-
-		ct_refresh(ct, p, 0, now);
-		if (!socket && rev_nat) {
-			if (lb_reply(skb, p, rev_nat, now) == LB_DROP)
-				return TC_ACT_SHOT;
-			frag_record(p, 1, 0, rev_nat, now);
-		}
-		return TC_ACT_OK;
-	}
-	/* A flow opened towards the endpoint: its replies will pass. Only a SYN opens a TCP flow
-	 * (a stray segment, say of a flow whose entry died, must not make the endpoint's packets
-	 * replies), only a request an echo. */
-	if (p->key.proto == IPPROTO_TCP && (p->tcp_flags & (TH_SYN | TH_ACK)) != TH_SYN)
-		return TC_ACT_OK;
-	if (p->icmp == ICMP_ECHO_REPLY)
-		return TC_ACT_OK;
-	ct_create(&p->key, p, FQDND_CT_INGRESS, 0, 0, now);
-	return TC_ACT_OK;
-}
-
 SEC("classifier")
 int fqdnd_to_ep(struct __sk_buff *skb)
 {
@@ -1316,41 +1427,24 @@ int fqdnd_to_ep(struct __sk_buff *skb)
 	struct fqdnd_endpoint_value ep;
 	struct fqdnd_endpoint_value *iface;
 	__u32 ifindex = skb->ifindex;
-	int r;
+	__u16 rev_nat = 0;
+	__u64 now;
+	int r, verdict;
 
 	iface = bpf_map_lookup_elem(&fqdnd_endpoints, &ifindex);
 	if (!iface || (iface->flags & FQDND_EP_DNS_ONLY))
 		return TC_ACT_OK;
 	ep = *iface;
 	r = parse(skb, &p);
-	if (r == PARSE_LATER_FRAGMENT) {
-		/* no ingress policy; a service's reply datagram gets its VIP back */
-		struct fqdnd_frag_value *f = frag_find(&p, bpf_ktime_get_ns());
-		struct fqdnd_lb_revnat *rn;
-		__u16 rev_nat;
-
-		if (!f || !f->rev_nat)
-			return TC_ACT_OK;
-		rev_nat = f->rev_nat;
-		rn = bpf_map_lookup_elem(&fqdnd_lb_revnat, &rev_nat);
-		if (!rn || rn->family != p.key.family)
-			return TC_ACT_OK;
-		return rewrite_l3(skb, p.key.family, 0, p.key.saddr, rn->addr) ? TC_ACT_SHOT
-									       : TC_ACT_OK;
-	}
-	if (r != PARSE_OK)
+	if (r == PARSE_NOT_IP || r == PARSE_ALWAYS_PASS)
 		return TC_ACT_OK;
 	if ((ep.flags & FQDND_EP_BY_SOURCE) && !client_of(&p.key, p.key.daddr, &ep))
 		return TC_ACT_OK;
-	/* The proxy's answers to redirected DNS: no conntrack entry (the queries never consult
-	 * conntrack, and an INGRESS entry would let them pass as replies without the redirect). */
-	if ((ep.flags & FQDND_EP_REDIRECT_DNS) && p.icmp == ICMP_NONE &&
-	    p.key.sport == bpf_htons(53))
-		return TC_ACT_OK;
-	/* no ingress policy: ICMP errors (path MTU discovery) and other ICMP pass untracked */
-	if (p.icmp == ICMP_ERROR || p.icmp == ICMP_OTHER)
-		return TC_ACT_OK;
-	return inbound(skb, &p, 0);
+	now = bpf_ktime_get_ns();
+	verdict = ingress(skb, &p, r, &ep, now, &rev_nat, 0);
+	if (r == PARSE_OK && (rev_nat || (ep.flags & FQDND_EP_ENFORCE_INGRESS)))
+		frag_record(&p, verdict == TC_ACT_OK, 0, rev_nat, now);
+	return verdict;
 }
 
 /* ---- host processes: cgroup v2 socket programs ----
@@ -1373,8 +1467,11 @@ int fqdnd_to_ep(struct __sk_buff *skb)
  *                 conntrack maps, the socket conntrack zone) without service translation (a
  *                 cgroup skb program may not rewrite packets), DNS that was not redirected
  *                 dropped.
- *  fqdnd_sock_ingress cgroup_skb ingress: inbound() as for an interface: never drops; records
- *                 flows opened towards the endpoint's sockets so their replies pass.
+ *  fqdnd_sock_ingress cgroup_skb ingress: packets from loopback (the host itself, the proxy's
+ *                 answers included) pass; everything else is ingress() as for an interface
+ *                 (the socket conntrack zone, no service translation): flows opened towards
+ *                 the endpoint's sockets are recorded so their replies pass, and an endpoint
+ *                 flagged ENFORCE_INGRESS drops what its ingress policy does not allow.
  */
 
 #define SOCK_PASS 1
@@ -1779,16 +1876,18 @@ int fqdnd_sock_ingress(struct __sk_buff *skb)
 {
 	struct fqdnd_endpoint_value ep;
 	struct pkt p = {};
+	__u16 rev_nat = 0;
+	int r;
 
 	if (!cgroup_endpoints() || !CGROUP_ENDPOINT(bpf_skb_cgroup_id(skb), SKB_ANCESTOR, &ep))
 		return SOCK_PASS;
-	if (parse_l3(skb, &p, 0, skb->protocol) != PARSE_OK)
+	r = parse_l3(skb, &p, 0, skb->protocol);
+	if (r == PARSE_NOT_IP || r == PARSE_ALWAYS_PASS)
 		return SOCK_PASS;
 	p.key.zone = FQDND_CT_ZONE_SOCKET;
-	/* the host itself, the proxy's answers included; no ingress policy: ICMP errors and
-	 * other ICMP pass untracked */
-	if (is_loopback(&p.key, p.key.saddr) || p.icmp == ICMP_ERROR || p.icmp == ICMP_OTHER)
+	/* the host itself, the proxy's answers included */
+	if (is_loopback(&p.key, p.key.saddr))
 		return SOCK_PASS;
-	inbound(skb, &p, 1);
-	return SOCK_PASS;
+	return ingress(skb, &p, r, &ep, bpf_ktime_get_ns(), &rev_nat, 1) == TC_ACT_OK ? SOCK_PASS
+											: SOCK_DROP;
 }

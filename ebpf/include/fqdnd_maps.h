@@ -75,6 +75,8 @@ struct fqdnd_ipcache_value {
 				     * fqdnd_clients4/6 entry of the packet's source address */
 #define FQDND_EP_CHECK_SOURCE   0x8 /* a packet whose source is not one of the interface's
 				     * addresses (fqdnd_ep_addrs) is dropped: FQDND_DROP_SPOOFED */
+#define FQDND_EP_ENFORCE_INGRESS 0x10 /* the endpoint's ingress (fqdnd_to_ep) goes through its
+				       * ingress policy entries; a flag always zero before (v3) */
 #define FQDND_EP_DNS_ONLY       0x20 /* interface entry only (with BY_SOURCE): a bridge whose
 				      * ports are endpoints judged at their port; its ingress only
 				      * redoes the DNS redirect of the sources whose client entry has
@@ -122,13 +124,15 @@ struct fqdnd_ep_addr_value {
 	__u16 pad;
 };                         /* 4 bytes */
 
-/* Per-endpoint egress policy: an LPM trie over (identity, endpoint, proto, dport), the data
+/* Per-endpoint policy: an LPM trie over (identity, endpoint, proto, dport), the data
  * after `prefixlen` compared bit by bit from `identity` on. identity and endpoint are always
  * matched in full (identity 0 = any destination, a separate lookup); an entry for every
  * protocol and port has prefixlen FQDND_POLICY_PREFIX_ANY_PROTO; one protocol with every
  * port FQDND_POLICY_PREFIX_PROTO; a port range is split by userspace into port prefixes,
  * FQDND_POLICY_PREFIX_PROTO + 0..16 bits of dport (network order, so the prefix is the high
- * bits). Lookups use FQDND_POLICY_PREFIX_FULL. */
+ * bits); ICMP/ICMPv6 entries (`icmps`) hold the ICMP type as dport (network order) with the full
+ * prefix, and ICMP packets are looked up with their type as dport. Lookups use
+ * FQDND_POLICY_PREFIX_FULL. */
 struct fqdnd_policy_key {
 	__u32 prefixlen;
 	__u32 identity;    /* host order */
@@ -142,7 +146,19 @@ struct fqdnd_policy_key {
 #define FQDND_POLICY_PREFIX_PROTO     64 /* + proto + pad */
 #define FQDND_POLICY_PREFIX_FULL      80 /* + dport */
 
+/* Ingress entries (the endpoint's ingress: the peer identity is the packet's *source*) live in
+ * the same map with this bit set in `identity` (identities never reach it: reserved < 256,
+ * cluster < 2^16, node-local < 2^25); identity FQDND_ID_ANY | FQDND_POLICY_ID_INGRESS is
+ * "any source". A meaning given to a bit always zero before. */
+#define FQDND_POLICY_ID_INGRESS 0x80000000
+
+/* The value: allow or deny. The programs look the peer's identity up first and "any identity"
+ * only when that finds nothing; the entry found decides. Userspace writes, for every allow a
+ * deny overlaps (of the same identity or of any identity), a deny entry for the overlap under
+ * the allow's identity (at least as long a prefix), so a deny always wins (Cilium's deny
+ * policies). DENY is a meaning given to a bit always zero before. */
 #define FQDND_POLICY_ALLOW 0x1
+#define FQDND_POLICY_DENY 0x2
 struct fqdnd_policy_value {
 	__u32 flags;       /* FQDND_POLICY_* */
 };                         /* 4 bytes */
@@ -168,6 +184,9 @@ struct fqdnd_ct_key {
 
 #define FQDND_CT_EGRESS  0x1 /* opened by the endpoint (allowed by policy) */
 #define FQDND_CT_INGRESS 0x2 /* opened towards the endpoint: its replies pass */
+#define FQDND_CT_DNS     0x40 /* a DNS query redirected to the proxy (endpoints under ingress
+			       * policy only): the proxy's answers, which come from the original
+			       * resolver's address and port, pass as its replies */
 /* TCP state, from the flags seen in either direction ("fwd" = the key's direction). */
 #define FQDND_CT_TCP_SEEN_NON_SYN 0x4  /* a packet without SYN: established */
 #define FQDND_CT_TCP_FIN_FWD      0x8  /* FIN in the key's direction */
@@ -313,7 +332,8 @@ struct fqdnd_drop_event {
  * in); the sock_addr programs, which cannot read it, the calling process's. */
 
 /* fqdnd_cgroups: hash, cgroup v2 id (__u64: the cgroup directory's inode number) → struct
- * fqdnd_endpoint_value (flags FQDND_EP_ENFORCE_EGRESS, FQDND_EP_REDIRECT_DNS). */
+ * fqdnd_endpoint_value (flags FQDND_EP_ENFORCE_EGRESS, FQDND_EP_ENFORCE_INGRESS,
+ * FQDND_EP_REDIRECT_DNS). */
 #define FQDND_CGROUP_MAX_DEPTH 32 /* levels below the root walked; deeper cgroups are covered
 				   * through their ancestors */
 

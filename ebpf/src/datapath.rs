@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use aya::maps::lpm_trie::Key;
 use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, MapError, RingBuf};
-use fqdnd_ipcache::policy::Protocol;
+use fqdnd_ipcache::policy::{Direction, Protocol};
 use fqdnd_ipcache::{Datapath, DatapathChange, DatapathError, EndpointId, Identity};
 use ipnet::IpNet;
 
@@ -32,6 +32,8 @@ pub struct EndpointFlags {
     /// ([`KernelDatapath::set_endpoint_addresses`]) are dropped, before the DNS redirect.
     /// Interface endpoints only (a by-source interface finds its endpoints by source).
     pub check_source: bool,
+    /// Its ingress goes through its ingress policy entries (default deny there, or denies).
+    pub enforce_ingress: bool,
 }
 
 impl EndpointFlags {
@@ -46,6 +48,9 @@ impl EndpointFlags {
         if self.check_source {
             b |= sys::EP_CHECK_SOURCE;
         }
+        if self.enforce_ingress {
+            b |= sys::EP_ENFORCE_INGRESS;
+        }
         b
     }
 
@@ -54,6 +59,7 @@ impl EndpointFlags {
             enforce_egress: b & sys::EP_ENFORCE_EGRESS != 0,
             redirect_dns: b & sys::EP_REDIRECT_DNS != 0,
             check_source: b & sys::EP_CHECK_SOURCE != 0,
+            enforce_ingress: b & sys::EP_ENFORCE_INGRESS != 0,
         }
     }
 }
@@ -272,8 +278,29 @@ pub struct KernelDatapath {
     settings: Array<MapData, Settings>,
     cgroups: HashMap<MapData, u64, EndpointValue>,
     sock_cfg: Array<MapData, SockCfg>,
-    refs: StdHashMap<PolicyKey, u32>,
+    refs: StdHashMap<PolicyKey, Refs>,
     resync: Option<Resync>,
+}
+
+/// How many policy keys stand for one kernel entry, allowing and denying. The entry denies
+/// while any deny does (a deny wins), else allows; it is absent while both are zero.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Refs {
+    allow: u32,
+    deny: u32,
+}
+
+impl Refs {
+    /// The value the kernel entry has, `None` = no entry.
+    fn flags(self) -> Option<u32> {
+        if self.deny > 0 {
+            Some(sys::POLICY_DENY)
+        } else if self.allow > 0 {
+            Some(sys::POLICY_ALLOW)
+        } else {
+            None
+        }
+    }
 }
 
 fn map_err(map: &'static str, operation: &'static str, e: MapError) -> DatapathError {
@@ -332,8 +359,12 @@ pub fn port_prefixes(first: u16, last: u16) -> Vec<(u16, u8)> {
 /// "any") one entry for every port or one per port prefix of its range. Every range is
 /// representable.
 fn expand(endpoint: EndpointId, key: &fqdnd_ipcache::PolicyKey) -> Vec<PolicyKey> {
+    let direction = match key.direction {
+        Direction::Egress => 0,
+        Direction::Ingress => sys::POLICY_ID_INGRESS,
+    };
     let base = PolicyData {
-        identity: key.identity.0,
+        identity: key.identity.0 | direction,
         endpoint: endpoint.0,
         ..PolicyData::default()
     };
@@ -344,6 +375,22 @@ fn expand(endpoint: EndpointId, key: &fqdnd_ipcache::PolicyKey) -> Vec<PolicyKey
         Protocol::Tcp => &[sys::PROTO_TCP],
         Protocol::Udp => &[sys::PROTO_UDP],
         Protocol::Any => &[sys::PROTO_TCP, sys::PROTO_UDP],
+        // The ICMP type, exactly, as the destination port.
+        Protocol::Icmp | Protocol::Icmpv6 => {
+            let proto = if key.protocol == Protocol::Icmp {
+                sys::PROTO_ICMP
+            } else {
+                sys::PROTO_ICMPV6
+            };
+            return vec![PolicyKey::new(
+                sys::POLICY_PREFIX_FULL,
+                PolicyData {
+                    proto,
+                    dport: key.port.to_be(),
+                    ..base
+                },
+            )];
+        }
     };
     let mut out = Vec::new();
     for &proto in protos {
@@ -368,16 +415,15 @@ fn expand(endpoint: EndpointId, key: &fqdnd_ipcache::PolicyKey) -> Vec<PolicyKey
 /// One kernel write of a batch, as it is undone when a later write fails.
 #[derive(Debug)]
 enum Undo {
-    /// A policy entry was written: delete it (and its count).
-    PolicyWritten(PolicyKey),
-    /// A policy entry was deleted (its count reached 0): write it back with count 1.
-    PolicyDeleted(PolicyKey),
-    /// A policy entry's count went up (no write): down again.
-    RefUp(PolicyKey),
-    /// A policy entry's count went down (no write): up again.
-    RefDown(PolicyKey),
-    /// Resync: a policy entry present before the restart was confirmed.
-    ResyncPolicy(PolicyKey),
+    /// A policy entry's counts changed (and, when its value changed, the kernel entry was
+    /// written or deleted): the counts and the entry go back to `before`.
+    Policy {
+        key: PolicyKey,
+        before: Option<Refs>,
+    },
+    /// Resync: a policy entry present before the restart (with these flags) was confirmed
+    /// (and its value written).
+    ResyncPolicy(PolicyKey, u32),
     /// A new ipcache prefix was written: delete it.
     IpcWritten(IpNet),
     /// An ipcache prefix's identity was replaced: write the old one back.
@@ -888,9 +934,10 @@ impl KernelDatapath {
 
     /// Makes the sockets of cgroup `cgroup_id` (a cgroup v2 id: [`crate::cgroup::cgroup_id`]) and
     /// of every cgroup below it endpoint `id` with `flags` for the cgroup socket programs
-    /// (`enforce_egress`: default deny; `redirect_dns`: their DNS goes to the proxy set by
-    /// [`Self::set_dns_proxy`]). `check_source` means nothing there (host processes share the
-    /// host's addresses). A socket belongs to the deepest such cgroup above it.
+    /// (`enforce_egress`: default deny for what they send; `enforce_ingress`: what they receive
+    /// from anywhere but loopback goes through the endpoint's ingress entries; `redirect_dns`:
+    /// their DNS goes to the proxy set by [`Self::set_dns_proxy`]). `check_source` means
+    /// nothing there (host processes share the host's addresses). A socket belongs to the deepest such cgroup above it.
     pub fn set_cgroup_endpoint(
         &mut self,
         cgroup_id: u64,
@@ -1000,18 +1047,29 @@ impl KernelDatapath {
         Ok(out)
     }
 
-    fn policy_write(&mut self, k: &PolicyKey) -> Result<(), DatapathError> {
-        let v = PolicyValue {
-            flags: sys::POLICY_ALLOW,
-        };
+    fn policy_write(&mut self, k: &PolicyKey, flags: u32) -> Result<(), DatapathError> {
         self.policy
-            .insert(&Key::new(k.prefixlen, k.data()), v, 0)
+            .insert(&Key::new(k.prefixlen, k.data()), PolicyValue { flags }, 0)
             .map_err(|e| policy_key_error(k, "policy upsert", e))
     }
 
     fn policy_remove(&mut self, k: &PolicyKey) -> Result<(), DatapathError> {
         ignore_absent(self.policy.remove(&Key::new(k.prefixlen, k.data())))
             .map_err(|e| policy_key_error(k, "policy delete", e))
+    }
+
+    /// Brings the kernel entry of `k` from the value of `before` to that of `after`.
+    fn policy_set(
+        &mut self,
+        k: &PolicyKey,
+        before: Option<u32>,
+        after: Option<u32>,
+    ) -> Result<(), DatapathError> {
+        match (before, after) {
+            (b, a) if b == a => Ok(()),
+            (_, Some(flags)) => self.policy_write(k, flags),
+            (_, None) => self.policy_remove(k),
+        }
     }
 
     fn policy_upsert(
@@ -1021,26 +1079,38 @@ impl KernelDatapath {
         undo: &mut Vec<Undo>,
     ) -> Result<(), DatapathError> {
         for k in expand(endpoint, key) {
-            if let Some(n) = self.refs.get_mut(&k) {
-                *n += 1;
-                undo.push(Undo::RefUp(k));
-                continue;
+            let before = self.refs.get(&k).copied();
+            let mut after = before.unwrap_or_default();
+            if key.deny {
+                after.deny += 1;
+            } else {
+                after.allow += 1;
             }
-            if let Some(rs) = &mut self.resync
+            if before.is_none()
+                && let Some(rs) = &mut self.resync
                 && rs.policy.remove(&k)
             {
-                // present before the restart (the value is always ALLOW): confirmed
+                // present before the restart: confirmed, its value written as wanted
+                let old = self
+                    .policy
+                    .get(&Key::new(k.prefixlen, k.data()), 0)
+                    .map_or(sys::POLICY_ALLOW, |v| v.flags);
                 rs.stats.kept += 1;
-                self.refs.insert(k, 1);
-                undo.push(Undo::ResyncPolicy(k));
+                undo.push(Undo::ResyncPolicy(k, old));
+                self.refs.insert(k, after);
+                if let Some(flags) = after.flags().filter(|f| *f != old) {
+                    self.policy_write(&k, flags)?;
+                }
                 continue;
             }
-            self.policy_write(&k)?;
-            if let Some(rs) = &mut self.resync {
+            self.policy_set(&k, before.and_then(Refs::flags), after.flags())?;
+            if before.is_none()
+                && let Some(rs) = &mut self.resync
+            {
                 rs.stats.added += 1;
             }
-            self.refs.insert(k, 1);
-            undo.push(Undo::PolicyWritten(k));
+            self.refs.insert(k, after);
+            undo.push(Undo::Policy { key: k, before });
         }
         Ok(())
     }
@@ -1052,17 +1122,25 @@ impl KernelDatapath {
         undo: &mut Vec<Undo>,
     ) -> Result<(), DatapathError> {
         for k in expand(endpoint, key) {
-            let Some(n) = self.refs.get_mut(&k) else {
+            let Some(before) = self.refs.get(&k).copied() else {
                 continue;
             };
-            if *n > 1 {
-                *n -= 1;
-                undo.push(Undo::RefDown(k));
-                continue;
+            let mut after = before;
+            if key.deny {
+                after.deny = after.deny.saturating_sub(1);
+            } else {
+                after.allow = after.allow.saturating_sub(1);
             }
-            self.policy_remove(&k)?;
-            self.refs.remove(&k);
-            undo.push(Undo::PolicyDeleted(k));
+            self.policy_set(&k, before.flags(), after.flags())?;
+            if after.flags().is_none() {
+                self.refs.remove(&k);
+            } else {
+                self.refs.insert(k, after);
+            }
+            undo.push(Undo::Policy {
+                key: k,
+                before: Some(before),
+            });
         }
         Ok(())
     }
@@ -1199,33 +1277,20 @@ impl KernelDatapath {
         let mut first = None;
         for u in undo.into_iter().rev() {
             let r = match u {
-                Undo::PolicyWritten(k) => {
-                    self.refs.remove(&k);
-                    self.policy_remove(&k)
+                Undo::Policy { key, before } => {
+                    let now = self.refs.get(&key).copied().and_then(Refs::flags);
+                    match before {
+                        Some(refs) => self.refs.insert(key, refs),
+                        None => self.refs.remove(&key),
+                    };
+                    self.policy_set(&key, now, before.and_then(Refs::flags))
                 }
-                Undo::PolicyDeleted(k) => {
-                    self.refs.insert(k, 1);
-                    self.policy_write(&k)
-                }
-                Undo::RefUp(k) => {
-                    if let Some(n) = self.refs.get_mut(&k) {
-                        *n -= 1;
-                        if *n == 0 {
-                            self.refs.remove(&k);
-                        }
-                    }
-                    Ok(())
-                }
-                Undo::RefDown(k) => {
-                    *self.refs.entry(k).or_insert(0) += 1;
-                    Ok(())
-                }
-                Undo::ResyncPolicy(k) => {
-                    self.refs.remove(&k);
+                Undo::ResyncPolicy(k, old) => {
+                    let now = self.refs.remove(&k).and_then(Refs::flags);
                     if let Some(rs) = &mut self.resync {
                         rs.policy.insert(k);
                     }
-                    Ok(())
+                    self.policy_set(&k, now, Some(old))
                 }
                 Undo::IpcWritten(prefix) => self
                     .ipc_remove(&prefix)
@@ -1463,7 +1528,7 @@ mod tests {
         fn expansion_follows_the_prefixes(a in 1u16.., b in 1u16.., proto in 0u8..3) {
             let (lo, hi) = (a.min(b), a.max(b));
             let protocol = [Protocol::Tcp, Protocol::Udp, Protocol::Any][usize::from(proto)];
-            let key = fqdnd_ipcache::PolicyKey { identity: Identity(9), protocol, port: lo, end_port: hi };
+            let key = fqdnd_ipcache::PolicyKey { identity: Identity(9), protocol, port: lo, end_port: hi, ..Default::default() };
             let keys = expand(EndpointId(3), &key);
             let n = port_prefixes(lo, hi).len();
             prop_assert_eq!(keys.len(), if protocol == Protocol::Any { 2 * n } else { n });
@@ -1488,6 +1553,7 @@ mod tests {
                 protocol: Protocol::Tcp,
                 port: 0,
                 end_port: 0,
+                ..Default::default()
             },
         );
         assert_eq!(

@@ -41,8 +41,8 @@ pub const SOCK_ADDR_PROGRAMS: [&str; 8] = [
     "fqdnd_getpeername6",
 ];
 
-/// The cgroup skb programs (host processes' egress policy and conntrack), with where they
-/// attach.
+/// The cgroup skb programs (host processes' egress and ingress policy, conntrack), with
+/// where they attach.
 pub const SOCK_SKB_PROGRAMS: [(&str, CgroupSkbAttachType); 2] = [
     ("fqdnd_sock_egress", CgroupSkbAttachType::Egress),
     ("fqdnd_sock_ingress", CgroupSkbAttachType::Ingress),

@@ -52,6 +52,14 @@ pub const MARK_MASK: u32 = 0xf00;
 pub const PROXY_TABLE: u32 = 2004;
 /// Policy value flag: allow.
 pub const POLICY_ALLOW: u32 = 0x1;
+/// `FQDND_POLICY_DENY`: the entry drops what it matches (a deny wins over every allow).
+pub const POLICY_DENY: u32 = 0x2;
+/// `FQDND_POLICY_ID_INGRESS`: the identity bit of an ingress entry (the peer is the source).
+pub const POLICY_ID_INGRESS: u32 = 0x8000_0000;
+/// `FQDND_EP_ENFORCE_INGRESS`: the endpoint's ingress goes through its ingress policy.
+pub const EP_ENFORCE_INGRESS: u8 = 0x10;
+/// `FQDND_CT_DNS`: a DNS query the program redirected to the proxy (its answers pass).
+pub const CT_DNS: u32 = 0x40;
 /// Conntrack flag: opened by the endpoint.
 pub const CT_EGRESS: u32 = 0x1;
 /// Conntrack flag: opened towards the endpoint.
@@ -910,6 +918,16 @@ mod tests {
             define("FQDND_EP_CHECK_SOURCE"),
             format!("{EP_CHECK_SOURCE:#x}")
         );
+        assert_eq!(
+            define("FQDND_EP_ENFORCE_INGRESS"),
+            format!("{EP_ENFORCE_INGRESS:#x}")
+        );
+        assert_eq!(define("FQDND_POLICY_DENY"), format!("{POLICY_DENY:#x}"));
+        assert_eq!(
+            define("FQDND_POLICY_ID_INGRESS"),
+            format!("{POLICY_ID_INGRESS:#x}")
+        );
+        assert_eq!(define("FQDND_CT_DNS"), format!("{CT_DNS:#x}"));
         assert_eq!(define("FQDND_EP_DNS_ONLY"), format!("{EP_DNS_ONLY:#x}"));
     }
 

@@ -30,7 +30,7 @@ use common::{BpfStats, Netns, PinDir, privileged};
 use fqdnd_ebpf::cgroup::cgroup_id;
 use fqdnd_ebpf::sys::{self, DropEvent};
 use fqdnd_ebpf::{DnsOrigin, DnsOrigins, EndpointFlags, Events, KernelDatapath, Loaded};
-use fqdnd_ipcache::policy::Protocol;
+use fqdnd_ipcache::policy::{Direction, Protocol};
 use fqdnd_ipcache::{Datapath, DatapathChange, EndpointId, Identity};
 use socket2::{Domain, Socket, Type};
 
@@ -39,11 +39,19 @@ const REDIRECT: EndpointFlags = EndpointFlags {
     enforce_egress: false,
     redirect_dns: true,
     check_source: false,
+    enforce_ingress: false,
 };
 const ENFORCE: EndpointFlags = EndpointFlags {
     enforce_egress: true,
     redirect_dns: true,
     check_source: false,
+    enforce_ingress: false,
+};
+const ENFORCE_INGRESS: EndpointFlags = EndpointFlags {
+    enforce_egress: false,
+    redirect_dns: true,
+    check_source: false,
+    enforce_ingress: true,
 };
 const WAIT: Duration = Duration::from_secs(3);
 
@@ -371,6 +379,79 @@ fn dns_is_redirected_to_the_proxy_and_the_resolver_shown_back() {
     assert_eq!(peer, resolver4(n));
 }
 
+/// An echo server at 10.98.`n`.1 (the test's side of the veth), created in the cgroup this
+/// process is in now; its address.
+fn outside_server(n: u8) -> SocketAddr {
+    let server = TcpListener::bind((Ipv4Addr::new(10, 98, n, 1), 0)).unwrap();
+    let at = server.local_addr().unwrap();
+    serve_echo(server);
+    at
+}
+
+/// A TCP connection to `to` within `timeout`, and the echo of 4 bytes sent on it.
+fn ping(to: SocketAddr, timeout: Duration) -> std::io::Result<[u8; 4]> {
+    let mut c = TcpStream::connect_timeout(&to, timeout)?;
+    c.set_read_timeout(Some(WAIT))?;
+    c.write_all(b"ping")?;
+    let mut buf = [0u8; 4];
+    c.read_exact(&mut buf)?;
+    Ok(buf)
+}
+
+/// Gives `peer` identity `id` in the ipcache and writes the endpoint's policy entry for
+/// (`id`, `protocol`, `port`) in `direction`: an allow, or a deny.
+fn open_to(
+    dp: &mut KernelDatapath,
+    peer: std::net::IpAddr,
+    id: Identity,
+    direction: Direction,
+    protocol: Protocol,
+    port: u16,
+    deny: bool,
+) {
+    dp.apply(&[
+        DatapathChange::IpcacheUpsert {
+            prefix: ipnet::IpNet::new(peer, 32).unwrap(),
+            identity: id,
+        },
+        DatapathChange::PolicyUpsert {
+            endpoint: EP,
+            key: fqdnd_ipcache::PolicyKey {
+                identity: id,
+                protocol,
+                port,
+                end_port: port,
+                direction,
+                deny,
+            },
+        },
+    ])
+    .unwrap();
+}
+
+/// Waits for the drop event of a TCP packet to `port`, and checks it names the endpoint, at a
+/// socket, for its policy.
+fn expect_socket_drop(events: &mut Events, port: u16) {
+    let e = await_event(events, |e| e.dport == port).expect("a drop event");
+    assert_eq!(
+        (e.endpoint, e.source, e.reason, e.proto),
+        (EP.0, sys::SOURCE_SOCKET, sys::DROP_POLICY, sys::PROTO_TCP)
+    );
+}
+
+/// Answers each connection to `listener` with the 4 bytes it sent, on a thread of its own.
+fn serve_echo(listener: TcpListener) {
+    std::thread::spawn(move || {
+        for c in listener.incoming() {
+            let Ok(mut c) = c else { continue };
+            let mut buf = [0u8; 4];
+            if c.read_exact(&mut buf).is_ok() {
+                let _ = c.write_all(&buf);
+            }
+        }
+    });
+}
+
 /// The drop events of the ring buffer, until `want` is among them (or `WAIT` passes).
 fn await_event(events: &mut Events, want: impl Fn(&DropEvent) -> bool) -> Option<DropEvent> {
     for _ in 0..30 {
@@ -390,17 +471,7 @@ fn egress_of_an_enforcing_cgroup_follows_policy_and_dns_never_bypasses_the_proxy
     let n = 42;
     let mut events = Events::open(s.dir.0.as_path()).unwrap();
     // A server in the test's namespace, and one in the endpoint's (inbound flows).
-    let server = TcpListener::bind((Ipv4Addr::new(10, 98, n, 1), 0)).unwrap();
-    let target = server.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for c in server.incoming() {
-            let Ok(mut c) = c else { continue };
-            let mut buf = [0u8; 4];
-            if c.read_exact(&mut buf).is_ok() {
-                let _ = c.write_all(&buf);
-            }
-        }
-    });
+    let target = outside_server(n);
     // A socket connected to the resolver before the cgroup was an endpoint (no entry now).
     s.dp.remove_cgroup_endpoint(s.cgroup.id()).unwrap();
     let joined = s.cgroup.join();
@@ -411,45 +482,25 @@ fn egress_of_an_enforcing_cgroup_follows_policy_and_dns_never_bypasses_the_proxy
     });
     s.dp.set_cgroup_endpoint(s.cgroup.id(), EP, ENFORCE)
         .unwrap();
-    let reach = |ns: &Netns, timeout: Duration| {
-        ns.run(move || {
-            let mut c = TcpStream::connect_timeout(&target, timeout)?;
-            c.set_read_timeout(Some(WAIT))?;
-            c.write_all(b"ping")?;
-            let mut buf = [0u8; 4];
-            c.read_exact(&mut buf)?;
-            Ok::<_, std::io::Error>(buf)
-        })
-    };
+    let reach = |ns: &Netns, timeout: Duration| ns.run(move || ping(target, timeout));
 
     // No policy: the SYN is dropped at the socket (TCP retransmits it, to no avail), with an
     // event naming the endpoint.
     assert!(reach(&s.ns, Duration::from_millis(700)).is_err());
-    let e = await_event(&mut events, |e| e.dport == target.port()).expect("a drop event");
-    assert_eq!(
-        (e.endpoint, e.source, e.reason, e.proto),
-        (EP.0, sys::SOURCE_SOCKET, sys::DROP_POLICY, sys::PROTO_TCP)
-    );
+    expect_socket_drop(&mut events, target.port());
 
     // The destination gets an identity the endpoint may reach on that port: it passes, and
     // the flow is tracked in the socket zone.
     let id = Identity(1 << 24 | 5);
-    s.dp.apply(&[
-        DatapathChange::IpcacheUpsert {
-            prefix: ipnet::IpNet::new(target.ip(), 32).unwrap(),
-            identity: id,
-        },
-        DatapathChange::PolicyUpsert {
-            endpoint: EP,
-            key: fqdnd_ipcache::PolicyKey {
-                identity: id,
-                protocol: Protocol::Tcp,
-                port: target.port(),
-                end_port: target.port(),
-            },
-        },
-    ])
-    .unwrap();
+    open_to(
+        &mut s.dp,
+        target.ip(),
+        id,
+        Direction::Egress,
+        Protocol::Tcp,
+        target.port(),
+        false,
+    );
     assert_eq!(&reach(&s.ns, WAIT).expect("allowed"), b"ping");
     let ct = s.dp.ct_entries().unwrap();
     assert!(
@@ -496,6 +547,75 @@ fn egress_of_an_enforcing_cgroup_follows_policy_and_dns_never_bypasses_the_proxy
     assert!(!fqdnd_ebpf::cgroup_attached(&s.dir.0));
 }
 
+#[test]
+fn ingress_of_a_cgroup_under_ingress_policy_follows_its_ingress_entries() {
+    let Some(mut s) = setup("ingress", 44, ENFORCE_INGRESS) else {
+        return;
+    };
+    let n = 44;
+    let mut events = Events::open(s.dir.0.as_path()).unwrap();
+    // A server in the test's namespace, for the endpoint's own flows (created before this
+    // process joins the cgroup: no endpoint's socket).
+    let server_at = outside_server(n);
+    // Two listeners of the endpoint (created in its cgroup), in its namespace.
+    let joined = s.cgroup.join();
+    let (allowed, other) = s.ns.run(move || {
+        let l = |_| TcpListener::bind((Ipv4Addr::new(10, 98, n, 2), 0)).unwrap();
+        (l(0), l(1))
+    });
+    let (allowed_at, other_at) = (allowed.local_addr().unwrap(), other.local_addr().unwrap());
+    serve_echo(allowed);
+    serve_echo(other);
+    // Under ingress default deny, the endpoint's own flows get their replies, and its DNS
+    // goes through the proxy, whose answers come from loopback.
+    let out = s.ns.run(move || ping(server_at, WAIT));
+    assert_eq!(&out.expect("a reply in the endpoint's own flow"), b"ping");
+    let (peer, from, _) = connected_udp(&s, "0.0.0.0:0", resolver4(n), false);
+    assert_eq!((peer, from), (resolver4(n), resolver4(n)));
+    drop(joined);
+
+    // No ingress entry: a connection from the test's namespace (no endpoint's socket) is
+    // dropped at the listener's socket, with an event naming the endpoint.
+    assert!(ping(allowed_at, Duration::from_millis(700)).is_err());
+    expect_socket_drop(&mut events, allowed_at.port());
+
+    // The source gets an identity the endpoint's ingress allows on one port: that port is
+    // reachable (and the flow tracked in the socket zone), the other still is not.
+    let id = Identity(1 << 24 | 7);
+    open_to(
+        &mut s.dp,
+        server_at.ip(),
+        id,
+        Direction::Ingress,
+        Protocol::Tcp,
+        allowed_at.port(),
+        false,
+    );
+    assert_eq!(&ping(allowed_at, WAIT).expect("allowed inbound"), b"ping");
+    let ct = s.dp.ct_entries().unwrap();
+    assert!(
+        ct.iter().any(|c| c.dst == allowed_at.ip()
+            && c.dport == allowed_at.port()
+            && c.zone == sys::CT_ZONE_SOCKET
+            && c.flags & sys::CT_INGRESS != 0),
+        "{ct:?}"
+    );
+    assert!(ping(other_at, Duration::from_millis(700)).is_err());
+    expect_socket_drop(&mut events, other_at.port());
+
+    // A deny of the same peer and port wins over the allow.
+    open_to(
+        &mut s.dp,
+        server_at.ip(),
+        id,
+        Direction::Ingress,
+        Protocol::Tcp,
+        allowed_at.port(),
+        true,
+    );
+    assert!(ping(allowed_at, Duration::from_millis(700)).is_err());
+}
+
 /// Mean run time of the socket programs (kernel BPF stats) per call: `connect` of a host
 /// process in no endpoint's cgroup (what every host process pays once the programs are
 /// attached), of an endpoint's process to another port and to port 53 (the redirect), and
@@ -512,22 +632,15 @@ fn per_connect_cost() {
     let _stats = BpfStats::enable();
     let allowed = SocketAddr::from((Ipv4Addr::new(10, 98, n, 1), 9));
     let id = Identity(1 << 24 | 6);
-    s.dp.apply(&[
-        DatapathChange::IpcacheUpsert {
-            prefix: ipnet::IpNet::new(allowed.ip(), 32).unwrap(),
-            identity: id,
-        },
-        DatapathChange::PolicyUpsert {
-            endpoint: EP,
-            key: fqdnd_ipcache::PolicyKey {
-                identity: id,
-                protocol: Protocol::Udp,
-                port: 9,
-                end_port: 9,
-            },
-        },
-    ])
-    .unwrap();
+    open_to(
+        &mut s.dp,
+        allowed.ip(),
+        id,
+        Direction::Egress,
+        Protocol::Udp,
+        9,
+        false,
+    );
     let calls = 20_000;
     let phase = |s: &mut Setup, prog: &str, name: &str, f: &dyn Fn(&Netns)| {
         let stats = |s: &Setup| {

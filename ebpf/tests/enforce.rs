@@ -40,6 +40,7 @@ const ENFORCE: EndpointFlags = EndpointFlags {
     enforce_egress: true,
     redirect_dns: false,
     check_source: false,
+    enforce_ingress: false,
 };
 /// Allowed at L3 (every protocol and port).
 const L3_ID: u32 = (1 << 24) + 1;
@@ -81,6 +82,7 @@ fn key(identity: u32, protocol: Protocol, port: u16, end_port: u16) -> PolicyKey
         protocol,
         port,
         end_port,
+        ..Default::default()
     }
 }
 
@@ -444,14 +446,24 @@ fn icmp_echo_errors_and_the_rest() {
         OK
     );
     // a multicast listener query to a unicast address, an ICMP timestamp request: dropped
+    // towards an L4-only destination; an L3 rule allows every protocol, ICMP types included
+    // (Cilium's semantics), so towards the L3 one they pass
     assert_eq!(
-        t.out(&frame(a.ep, a.l3, sys::PROTO_ICMPV6, &icmp(130, 0, 0, b""))),
+        t.out(&frame(a.ep, a.l4, sys::PROTO_ICMPV6, &icmp(130, 0, 0, b""))),
         SHOT
     );
     let a4 = A4();
     assert_eq!(
-        t.out(&frame(a4.ep, a4.l3, sys::PROTO_ICMP, &icmp(13, 0, 1, b""))),
+        t.out(&frame(a4.ep, a4.l4, sys::PROTO_ICMP, &icmp(13, 0, 1, b""))),
         SHOT
+    );
+    assert_eq!(
+        t.out(&frame(a.ep, a.l3, sys::PROTO_ICMPV6, &icmp(130, 0, 0, b""))),
+        OK
+    );
+    assert_eq!(
+        t.out(&frame(a4.ep, a4.l3, sys::PROTO_ICMP, &icmp(13, 0, 1, b""))),
+        OK
     );
     assert_eq!(
         t.drops(),
@@ -606,6 +618,7 @@ fn spoofed_sources_drop_before_the_redirect() {
         enforce_egress: true,
         redirect_dns: true,
         check_source: true,
+        ..Default::default()
     };
     let (ep4, ep6) = (v4([10, 0, 0, 7]), v6("fd00::7"));
     t.dp.set_endpoint_addresses(LO, EP, &[ep4, ep6]).unwrap();

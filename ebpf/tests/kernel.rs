@@ -34,6 +34,7 @@ const ENFORCE: EndpointFlags = EndpointFlags {
     enforce_egress: true,
     redirect_dns: false,
     check_source: false,
+    enforce_ingress: false,
 };
 
 fn setup(test: &str) -> Option<(PinDir, Loaded, KernelDatapath)> {
@@ -52,6 +53,7 @@ fn key(identity: u32, protocol: Protocol, port: u16, end_port: u16) -> fqdnd_ipc
         protocol,
         port,
         end_port,
+        ..Default::default()
     }
 }
 
@@ -501,6 +503,70 @@ fn per_packet_cost() {
     dp.set_dns_proxy(Some("127.0.0.1:1".parse().unwrap()), None)
         .unwrap();
     let no_proxy = cost(&mut loaded, &packet(ep, ok, 17, 40003, 53), TC_ACT_SHOT);
+    // Issue 18. Egress with a deny in the endpoint's policy: a deny of the destination's
+    // identity on another port (its lookup hits the identity's entries first) and a deny of
+    // any identity overlapping nothing here.
+    dp.set_endpoint(LO_IFINDEX, EP, ENFORCE).unwrap();
+    dp.apply(&[
+        DatapathChange::PolicyUpsert {
+            endpoint: EP,
+            key: fqdnd_ipcache::PolicyKey {
+                deny: true,
+                ..key(FQDN_ID, Protocol::Tcp, 22, 22)
+            },
+        },
+        DatapathChange::PolicyUpsert {
+            endpoint: EP,
+            key: fqdnd_ipcache::PolicyKey {
+                deny: true,
+                ..key(0, Protocol::Udp, 9999, 9999)
+            },
+        },
+    ])
+    .unwrap();
+    let with_deny = cost(&mut loaded, &packet(ep, ok, 6, 40004, 443), TC_ACT_OK);
+    let denied = cost(&mut loaded, &packet(ep, ok, 6, 40005, 22), TC_ACT_SHOT);
+    // Ingress (fqdnd_to_ep), the endpoint under ingress policy: an allowed inbound flow,
+    // established (conntrack + ipcache LPM of the source + policy LPM); a reply in the
+    // endpoint's own flow (conntrack only); a denied new inbound flow (lookups + event).
+    dp.set_endpoint(
+        LO_IFINDEX,
+        EP,
+        EndpointFlags {
+            enforce_ingress: true,
+            ..ENFORCE
+        },
+    )
+    .unwrap();
+    dp.apply(&[DatapathChange::PolicyUpsert {
+        endpoint: EP,
+        key: fqdnd_ipcache::PolicyKey {
+            direction: fqdnd_ipcache::policy::Direction::Ingress,
+            ..key(FQDN_ID, Protocol::Tcp, 8080, 8080)
+        },
+    }])
+    .unwrap();
+    let inbound = packet(ok, ep, 6, 50000, 8080);
+    run(&mut loaded, TO_ENDPOINT, &inbound, 1);
+    let cost_in = |loaded: &mut Loaded, pkt: &[u8], want: u32| {
+        run(loaded, TO_ENDPOINT, pkt, 1);
+        let (v, d) = run(loaded, TO_ENDPOINT, pkt, n);
+        assert_eq!(v, want);
+        d
+    };
+    let in_established = cost_in(&mut loaded, &inbound, TC_ACT_OK);
+    // the endpoint's own flow to ok:443 (opened above): its reply
+    let reply = cost_in(&mut loaded, &packet(ok, ep, 6, 443, 40000), TC_ACT_OK);
+    let in_denied = cost_in(&mut loaded, &packet(ok, ep, 6, 50001, 9090), TC_ACT_SHOT);
+    // the same inbound flow with ingress not enforced (what to_ep cost before)
+    dp.set_endpoint(LO_IFINDEX, EP, ENFORCE).unwrap();
+    let in_unenforced = cost_in(&mut loaded, &inbound, TC_ACT_OK);
+    eprintln!(
+        "issue 18 (mean over {n}): egress with deny entries, allowed {with_deny:?}, denied \
+         {denied:?}; ingress enforced: established inbound flow {in_established:?}, reply to \
+         the endpoint's own flow {reply:?}, denied new inbound flow + event {in_denied:?}; \
+         established inbound flow, ingress not enforced {in_unenforced:?}"
+    );
     eprintln!(
         "per packet (mean over {n}): established flow, policy checked again {enforced:?} \
          (allowed by a port range {ranged:?}; with source validation {node:?}); established \
@@ -537,6 +603,7 @@ const REDIRECT: EndpointFlags = EndpointFlags {
     enforce_egress: true,
     redirect_dns: true,
     check_source: false,
+    enforce_ingress: false,
 };
 
 /// DNS from a redirecting endpoint with no proxy socket: dropped with `DROP_NO_PROXY` (fail

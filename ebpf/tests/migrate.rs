@@ -35,6 +35,7 @@ const ENFORCE: EndpointFlags = EndpointFlags {
     enforce_egress: true,
     redirect_dns: false,
     check_source: false,
+    enforce_ingress: false,
 };
 const EP_V4: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 7);
 const ALLOWED_V4: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
@@ -73,6 +74,7 @@ fn policy_key(port: u16, end_port: u16) -> fqdnd_ipcache::PolicyKey {
         protocol: Protocol::Tcp,
         port,
         end_port,
+        ..Default::default()
     }
 }
 

@@ -39,6 +39,7 @@ const REDIRECT: EndpointFlags = EndpointFlags {
     enforce_egress: true,
     redirect_dns: true,
     check_source: false,
+    enforce_ingress: false,
 };
 const RESOLVER_V4: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 53);
 const RESOLVER_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, 0x53);
@@ -282,6 +283,7 @@ fn dns_redirect_v4_in_netns() {
             protocol: Protocol::Udp,
             port: 9998,
             end_port: 9998,
+            ..Default::default()
         },
     }])
     .unwrap();
@@ -486,6 +488,7 @@ fn migration_keeps_enforcing_on_veth() {
             protocol: Protocol::Udp,
             port: 9998,
             end_port: 9998,
+            ..Default::default()
         },
     }])
     .unwrap();
@@ -537,6 +540,7 @@ fn migration_keeps_enforcing_on_veth() {
             protocol: Protocol::Udp,
             port: 9998,
             end_port: 9998,
+            ..Default::default()
         },
     };
     s.dp.begin_resync().unwrap();
@@ -656,6 +660,7 @@ fn redirect_cost_in_netns() {
             protocol: Protocol::Udp,
             port: 9998,
             end_port: 9998,
+            ..Default::default()
         },
     }])
     .unwrap();
@@ -721,6 +726,7 @@ fn fragmented_dns_query_never_bypasses_the_proxy() {
             protocol: Protocol::Udp,
             port: 9998,
             end_port: 9998,
+            ..Default::default()
         },
     }])
     .unwrap();

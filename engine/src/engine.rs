@@ -198,6 +198,23 @@ impl<D: Datapath> Engine<D> {
         self.apply(endpoints, rules, now)
     }
 
+    /// The node's own addresses: the host identity (`reserved:host`) for each, committed.
+    /// Returns whether they changed.
+    ///
+    /// # Errors
+    /// The IpCache refused them ([`Error::Endpoints`]), or the datapath refused the batch (it
+    /// stays pending and goes with the next commit).
+    pub fn set_host_addresses(&mut self, addrs: &[IpAddr]) -> Result<bool, Error> {
+        let changed = self
+            .ipcache
+            .set_host_addresses(addrs.iter().copied())
+            .map_err(Error::Endpoints)?;
+        if changed {
+            self.commit()?;
+        }
+        Ok(changed)
+    }
+
     /// Endpoints, then policy, then the NameManager's selectors; nothing committed.
     fn install(
         &mut self,

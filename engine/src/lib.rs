@@ -17,6 +17,7 @@
 //!   cluster's identity numbers and other nodes' endpoints, applied in the order that keeps a
 //!   number from meaning two label sets in one batch (the binary translates the cluster
 //!   crate's view into a [`ClusterUpdate`]).
+//! - [`explain`]: which rule allows or denies a flow (`fqdnd policy explain`).
 //!
 //! It never opens a socket, never talks to the kernel (the datapath is the IpCache's
 //! [`Datapath`](fqdnd_ipcache::Datapath) trait), never reads the clock (monotonic `now` is an
@@ -33,6 +34,7 @@ pub mod durable;
 pub mod endpoints;
 mod engine;
 mod error;
+pub mod explain;
 pub mod view;
 
 pub use clock::Clock;

@@ -12,6 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use fqdnd_engine::{Engine, Error};
+use fqdnd_ipcache::policy::Direction;
 use fqdnd_ipcache::{
     Datapath, DatapathChange, DatapathError, EndpointId, MemoryDatapath, PolicyKey,
 };
@@ -70,7 +71,7 @@ impl Strict {
             let have: Vec<PolicyKey> = self
                 .refs
                 .keys()
-                .filter(|(e, _)| e == ep)
+                .filter(|(e, k)| e == ep && k.direction == Direction::Egress)
                 .map(|(_, k)| *k)
                 .collect();
             if want != have {

@@ -1,7 +1,8 @@
 //! Cluster mode through the engine: a local endpoint runs on a temporary identity until the
 //! cluster assigns its label set a number, other nodes' endpoints join the ipcache once their
 //! set has one, and what DNS answers teach stays node-local — its identities come from the
-//! node's own range whatever the cluster does (issue 16, point 6).
+//! node's own range whatever the cluster does (issue 16, point 6); ingress, deny sections and
+//! entities select other nodes' endpoints and local ones on a temporary identity (issue 18).
 
 #![allow(
     clippy::unwrap_used,
@@ -12,7 +13,9 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use fqdnd_engine::explain::{Flow, explain};
 use fqdnd_engine::{ClusterUpdate, Engine, IdentityMode, RemoteEndpoint};
+use fqdnd_ipcache::policy::{Direction, Protocol};
 use fqdnd_ipcache::{EndpointId, EndpointLabel, Identity, MemoryDatapath, host_prefix};
 
 const CONFIG: &str = r#"
@@ -148,4 +151,162 @@ fn endpoints_take_cluster_numbers_and_answers_stay_node_local() {
     let after = engine.ipcache.identity_of(&web).unwrap();
     assert!(temporary(after), "{after:?}");
     assert_eq!(engine.ipcache.identity_of(&answer), Some(learned));
+}
+
+/// Where cluster mode meets the policy users write (issues 16 and 18): `fromEndpoints` and
+/// ingress sections select other nodes' endpoints by the global identity their addresses
+/// carry, the `cluster` entity holds every endpoint of the cluster — other nodes' ones, and
+/// local ones still on a temporary identity — and the host identity stays this node's own.
+const MEET: &str = r#"
+apiVersion: fqdnd.io/v1
+kind: Endpoint
+metadata: {name: web}
+spec: {id: 100, addresses: ["10.0.0.1/32"], labels: {app: web}}
+---
+apiVersion: fqdnd.io/v1
+kind: Endpoint
+metadata: {name: batch}
+spec: {id: 101, addresses: ["10.0.0.2/32"], labels: {app: batch}}
+---
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: web}
+spec:
+  endpointSelector: {matchLabels: {app: web}}
+  ingress:
+  - fromEntities: [cluster]
+    toPorts: [{ports: [{port: "80", protocol: TCP}]}]
+  - fromEndpoints: [{matchLabels: {app: client}}]
+    toPorts: [{ports: [{port: "8080", protocol: TCP}]}]
+  ingressDeny:
+  - fromEndpoints: [{matchLabels: {app: bad}}]
+  egress:
+  - toEntities: [cluster]
+"#;
+
+fn id(engine: &Engine<MemoryDatapath>, addr: &str) -> Option<Identity> {
+    engine.ipcache.identity_of(&host_prefix(ip(addr)))
+}
+
+fn flow(direction: Direction, peer: &str, port: u16) -> Flow {
+    Flow {
+        endpoint: EndpointId(100),
+        direction,
+        peer: ip(peer),
+        protocol: Protocol::Tcp,
+        port,
+    }
+}
+
+/// The verdict by the rules, which the datapath's entries must agree with.
+fn allowed(engine: &Engine<MemoryDatapath>, flow: Flow) -> bool {
+    let answer = explain(&engine.ipcache, flow);
+    assert_eq!(answer.allowed, answer.datapath_allowed, "{answer:?}");
+    answer.allowed
+}
+
+#[test]
+fn ingress_and_entities_select_remote_and_temporary_endpoints() {
+    let config = fqdnd_config::load_str(MEET, Path::new("node.yaml")).unwrap();
+    let mut engine = Engine::new(
+        &config.settings,
+        IdentityMode::Selector,
+        MemoryDatapath::default(),
+    );
+    engine.enable_cluster();
+    engine
+        .apply(
+            config.endpoints.clone(),
+            config.rules.clone(),
+            Duration::ZERO,
+        )
+        .unwrap();
+    engine.set_host_addresses(&[ip("10.0.0.10")]).unwrap();
+    assert_eq!(id(&engine, "10.0.0.10"), Some(Identity::HOST));
+    let batch = id(&engine, "10.0.0.2").unwrap();
+    assert!(temporary(batch), "{batch:?}");
+
+    // Before any global number: `cluster` holds the host and the local endpoint on its
+    // temporary identity; the rest is the world.
+    assert!(allowed(&engine, flow(Direction::Egress, "10.0.0.2", 443)));
+    assert!(allowed(&engine, flow(Direction::Egress, "10.0.0.10", 443)));
+    assert!(!allowed(&engine, flow(Direction::Egress, "10.1.0.7", 443)));
+    assert!(allowed(&engine, flow(Direction::Ingress, "10.0.0.2", 80)));
+    assert!(!allowed(&engine, flow(Direction::Ingress, "10.1.0.7", 80)));
+
+    // Another node's client and bad endpoints, and the numbers of every label set.
+    engine
+        .apply_cluster(ClusterUpdate {
+            assigned: vec![
+                (app("web"), Identity(300)),
+                (app("client"), Identity(301)),
+                (app("bad"), Identity(302)),
+            ],
+            remote_upserted: vec![
+                RemoteEndpoint {
+                    name: "/p/endpoints/k8s:app=client/node2/7".to_owned(),
+                    addresses: vec![host_prefix(ip("10.1.0.7"))],
+                    labels: app("client"),
+                },
+                RemoteEndpoint {
+                    name: "/p/endpoints/k8s:app=bad/node2/8".to_owned(),
+                    addresses: vec![host_prefix(ip("10.1.0.8"))],
+                    labels: app("bad"),
+                },
+            ],
+            ..ClusterUpdate::default()
+        })
+        .unwrap();
+    assert_eq!(id(&engine, "10.1.0.7"), Some(Identity(301)));
+    assert_eq!(id(&engine, "10.0.0.1"), Some(Identity(300)));
+    // batch's set has no number yet: still temporary, still in `cluster`.
+    assert_eq!(id(&engine, "10.0.0.2"), Some(batch));
+    assert_eq!(id(&engine, "10.0.0.10"), Some(Identity::HOST));
+
+    // Ingress from the remote client: `cluster` on 80, `fromEndpoints` on 8080, nothing else.
+    assert!(allowed(&engine, flow(Direction::Ingress, "10.1.0.7", 80)));
+    assert!(allowed(&engine, flow(Direction::Ingress, "10.1.0.7", 8080)));
+    assert!(!allowed(&engine, flow(Direction::Ingress, "10.1.0.7", 22)));
+    // The remote bad endpoint is in the cluster, but the deny wins.
+    assert!(!allowed(&engine, flow(Direction::Ingress, "10.1.0.8", 80)));
+    // The local batch endpoint is not a client.
+    assert!(allowed(&engine, flow(Direction::Ingress, "10.0.0.2", 80)));
+    assert!(!allowed(
+        &engine,
+        flow(Direction::Ingress, "10.0.0.2", 8080)
+    ));
+    // Egress to `cluster`: remote, temporary and the host; the world is not.
+    for peer in ["10.1.0.7", "10.1.0.8", "10.0.0.2", "10.0.0.10"] {
+        assert!(
+            allowed(&engine, flow(Direction::Egress, peer, 443)),
+            "{peer}"
+        );
+    }
+    assert!(!allowed(&engine, flow(Direction::Egress, "192.0.2.9", 443)));
+
+    // batch's set gets its number: `cluster` follows it.
+    engine
+        .apply_cluster(ClusterUpdate {
+            assigned: vec![(app("batch"), Identity(303))],
+            ..ClusterUpdate::default()
+        })
+        .unwrap();
+    assert_eq!(id(&engine, "10.0.0.2"), Some(Identity(303)));
+    assert!(engine.ipcache.temporary_identities().is_empty());
+    assert!(allowed(&engine, flow(Direction::Egress, "10.0.0.2", 443)));
+    assert!(allowed(&engine, flow(Direction::Ingress, "10.0.0.2", 80)));
+
+    // The client's node goes: its address is the world's again.
+    engine
+        .apply_cluster(ClusterUpdate {
+            remote_removed: vec!["/p/endpoints/k8s:app=client/node2/7".to_owned()],
+            ..ClusterUpdate::default()
+        })
+        .unwrap();
+    assert_eq!(id(&engine, "10.1.0.7"), None);
+    assert!(!allowed(
+        &engine,
+        flow(Direction::Ingress, "10.1.0.7", 8080)
+    ));
+    assert!(!allowed(&engine, flow(Direction::Egress, "10.1.0.7", 443)));
 }

@@ -2,6 +2,7 @@
 
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,12 +12,12 @@ use smallvec::SmallVec;
 use crate::config::Config;
 use crate::datapath::{Datapath, DatapathChange, PolicyKey};
 use crate::endpoint::{Endpoint, EndpointId, EndpointLabel};
-use crate::endpoint_policy::{EndpointPolicy, PolicyState, contributions};
+use crate::endpoint_policy::{EndpointPolicy, PolicyState, Use, contributions};
 use crate::error::{Breaker, Error};
 use crate::identity::{Allocator, Identity, Scope};
 use crate::labels::{Label, LabelId, LabelSet, LabelTable};
-use crate::metadata::{CidrLabels, Metadata, OwnerKind, PrefixEntry, ResourceOwner};
-use crate::policy::{PeerSelector, Rule};
+use crate::metadata::{CidrLabels, Metadata, OwnerKind, PrefixEntry, ResourceOwner, host_prefix};
+use crate::policy::{Direction, PeerSelector, Rule};
 use crate::selector::{SelectorCache, SelectorIdx};
 
 /// How often a tripped breaker may log a warning.
@@ -105,13 +106,17 @@ impl Identities<'_> {
         scope: Scope,
         from_dns: bool,
     ) -> Result<Identity, Error> {
-        let requested = if self.restore.is_empty() {
+        let requested = if scope == Scope::Reserved {
+            reserved_number(labels)
+        } else if self.restore.is_empty() {
             None
         } else {
             self.restore.get(&self.labels.canonical(labels)).copied()
         };
         let allocation = self.alloc.allocate(labels, scope, requested, from_dns)?;
-        if allocation.created {
+        // A reserved identity is in the selectors of its entities from their registration on
+        // (`selector::reserved_of`): its allocation changes no selector.
+        if allocation.created && scope != Scope::Reserved {
             self.added(allocation.identity, labels);
         }
         Ok(allocation.identity)
@@ -164,6 +169,9 @@ impl Identities<'_> {
         let Some(labels) = self.alloc.release(id) else {
             return;
         };
+        if id.scope() == Some(Scope::Reserved) {
+            return;
+        }
         self.scratch.clear();
         self.selectors.identity_removed(id, &labels, self.scratch);
         for idx in self.scratch.iter() {
@@ -248,6 +256,10 @@ pub struct IpCache<D> {
     rules: Vec<Rule>,
     endpoints: BTreeMap<EndpointId, Endpoint>,
     policy_cidrs: BTreeSet<IpNet>,
+    /// The node's own addresses (host prefixes) that have the host identity.
+    host: BTreeSet<IpNet>,
+    /// The node's addresses left out for want of room in the datapath.
+    host_no_room: BTreeSet<IpNet>,
     preallocated: HashMap<LabelId, [Identity; 2]>,
     pending: Pending,
     batch: Vec<DatapathChange>,
@@ -277,6 +289,8 @@ impl<D: Datapath> IpCache<D> {
             rules: Vec::new(),
             endpoints: BTreeMap::new(),
             policy_cidrs: BTreeSet::new(),
+            host: BTreeSet::new(),
+            host_no_room: BTreeSet::new(),
             preallocated: HashMap::new(),
             pending: Pending::default(),
             batch: Vec::new(),
@@ -418,6 +432,72 @@ impl<D: Datapath> IpCache<D> {
         }
         self.rebuild_policy();
         Ok(())
+    }
+
+    /// Replaces the node's own addresses: each gets the host identity (`reserved:host`, 1),
+    /// which `toEntities`/`fromEntities` `host` and `cluster` select, unless an endpoint
+    /// claims it. Returns whether anything changed; [`IpCache::commit`] writes it.
+    ///
+    /// An address that would need a new datapath entry when the datapath's room
+    /// ([`Config::datapath_prefixes`]) is used up is left out (it stays what it was, the world
+    /// if nothing else): endpoints, policy CIDRs and learned names, there first, keep their
+    /// entries. A warning names such addresses when they change; they are tried again at
+    /// the next call.
+    pub fn set_host_addresses(
+        &mut self,
+        addresses: impl IntoIterator<Item = IpAddr>,
+    ) -> Result<bool, Error> {
+        let wanted: BTreeSet<IpNet> = addresses.into_iter().map(host_prefix).collect();
+        if wanted == self.host {
+            self.host_no_room.clear();
+            return Ok(false);
+        }
+        let mut changed = false;
+        // The addresses gone first: their room goes to the new ones.
+        let gone: Vec<IpNet> = self.host.difference(&wanted).copied().collect();
+        for gone in gone {
+            self.host.remove(&gone);
+            changed = true;
+            if self.meta.remove(&gone, &host_owner(&gone)).is_some() {
+                self.resolve(gone)?;
+            }
+        }
+        let mut no_room = BTreeSet::new();
+        let new: Vec<IpNet> = wanted.difference(&self.host).copied().collect();
+        for new in new {
+            let family = usize::from(matches!(new, IpNet::V6(_)));
+            let has_entry = self.meta.get(&new).is_some_and(|e| e.identity.is_some());
+            if !has_entry
+                && self
+                    .config
+                    .datapath_prefixes
+                    .is_some_and(|room| self.written[family] >= room)
+            {
+                no_room.insert(new);
+                continue;
+            }
+            self.meta
+                .upsert(new, &Arc::new(host_owner(&new)), Arc::new(LabelSet::new()));
+            self.host.insert(new);
+            changed = true;
+            self.resolve(new)?;
+        }
+        if no_room != self.host_no_room {
+            if !no_room.is_empty() {
+                let left: Vec<String> = no_room.iter().map(|p| p.addr().to_string()).collect();
+                tracing::warn!(
+                    addresses = %left.join(", "),
+                    "the datapath's ipcache is full: these node addresses are not the host identity (they stay the world's)"
+                );
+            }
+            self.host_no_room = no_room;
+        }
+        Ok(changed)
+    }
+
+    /// The node's own addresses ([`IpCache::set_host_addresses`]).
+    pub fn host_addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.host.iter().map(IpNet::addr)
     }
 
     /// Replaces the policy rules: CIDR labels, pre-allocated FQDN identities, selectors and
@@ -653,8 +733,7 @@ impl<D: Datapath> IpCache<D> {
         let wanted: BTreeSet<IpNet> = self
             .rules
             .iter()
-            .flat_map(|r| &r.egress)
-            .flat_map(|e| &e.peers)
+            .flat_map(Rule::peers)
             .filter_map(|p| match p {
                 PeerSelector::Cidr { cidr, except } => Some(std::iter::once(cidr).chain(except)),
                 _ => None,
@@ -732,32 +811,42 @@ impl<D: Datapath> IpCache<D> {
     /// Re-resolves every endpoint's policy from the rules and diffs it into pending changes.
     fn rebuild_policy(&mut self) {
         let mut fresh: BTreeMap<EndpointId, EndpointPolicy> = BTreeMap::new();
-        let mut users: HashMap<SelectorIdx, Vec<(EndpointId, Vec<_>)>> = HashMap::new();
+        let mut users: HashMap<SelectorIdx, Vec<(EndpointId, Use)>> = HashMap::new();
         for endpoint in self.endpoints.values() {
             let (enforcing, contribs) = contributions(&self.rules, endpoint);
-            let mut policy = EndpointPolicy {
-                enforcing,
-                ..EndpointPolicy::default()
-            };
-            if !enforcing {
-                policy.entries.insert(PolicyKey::ALLOW_ALL, 1);
-                fresh.insert(endpoint.id, policy);
-                continue;
-            }
+            let mut policy = EndpointPolicy::new(enforcing);
             for contrib in contribs {
+                let d = usize::from(contrib.direction == Direction::Ingress);
+                if !contrib.deny && !enforcing[d] {
+                    // allows add nothing to an allow-all direction
+                    continue;
+                }
                 match contrib.peer {
-                    None => policy.add(Identity::ANY, &contrib.ports, |_, _| {}),
+                    None => policy.add(
+                        Identity::ANY,
+                        &contrib.ports,
+                        contrib.direction,
+                        contrib.deny,
+                        |_, _| {},
+                    ),
                     Some(peer) => {
                         let all = self.alloc.iter().map(|(id, labels, _)| (id, labels));
                         let idx = self.selectors.register(peer, &mut self.labels, all);
                         policy.selectors.push(idx);
-                        for id in self.selectors.identities(idx) {
-                            policy.add(id, &contrib.ports, |_, _| {});
+                        let ids: Vec<Identity> = self.selectors.identities(idx).collect();
+                        for id in ids {
+                            policy.add(
+                                id,
+                                &contrib.ports,
+                                contrib.direction,
+                                contrib.deny,
+                                |_, _| {},
+                            );
                         }
-                        users
-                            .entry(idx)
-                            .or_default()
-                            .push((endpoint.id, contrib.ports));
+                        users.entry(idx).or_default().push((
+                            endpoint.id,
+                            (contrib.direction, contrib.deny, contrib.ports),
+                        ));
                     }
                 }
             }
@@ -765,17 +854,21 @@ impl<D: Datapath> IpCache<D> {
         }
         let old = std::mem::take(&mut self.policy.endpoints);
         for (ep, policy) in &old {
-            let new_entries = fresh.get(ep).map(|p| &p.entries);
-            for key in policy.entries.keys() {
-                if !new_entries.is_some_and(|n| n.contains_key(key)) {
+            let new_entries: BTreeSet<&PolicyKey> = fresh
+                .get(ep)
+                .map(|p| p.keys().collect())
+                .unwrap_or_default();
+            for key in policy.keys() {
+                if !new_entries.contains(key) {
                     self.pending.policy_change(*ep, *key, false);
                 }
             }
         }
         for (ep, policy) in &fresh {
-            let old_entries = old.get(ep).map(|p| &p.entries);
-            for key in policy.entries.keys() {
-                if !old_entries.is_some_and(|o| o.contains_key(key)) {
+            let old_entries: BTreeSet<&PolicyKey> =
+                old.get(ep).map(|p| p.keys().collect()).unwrap_or_default();
+            for key in policy.keys() {
+                if !old_entries.contains(key) {
                     self.pending.policy_change(*ep, *key, true);
                 }
             }
@@ -804,8 +897,7 @@ impl<D> IpCache<D> {
         let keys: BTreeSet<&String> = self
             .rules
             .iter()
-            .flat_map(|r| &r.egress)
-            .flat_map(|e| &e.peers)
+            .flat_map(Rule::peers)
             .filter_map(|p| match p {
                 PeerSelector::Fqdn(key) => Some(key),
                 _ => None,
@@ -949,10 +1041,25 @@ impl<D> IpCache<D> {
         self.selectors.iter()
     }
 
-    /// An endpoint's resolved policy keys, sorted; `None` for an unknown endpoint.
+    /// An endpoint's egress policy keys as the datapath holds them, sorted; `None` for an
+    /// unknown endpoint.
     pub fn endpoint_policy(&self, endpoint: EndpointId) -> Option<Vec<PolicyKey>> {
+        self.endpoint_policy_dir(endpoint, Direction::Egress)
+    }
+
+    /// An endpoint's policy keys of one direction as the datapath holds them (allows, denies
+    /// and the denies derived from overlaps), sorted; `None` for an unknown endpoint.
+    pub fn endpoint_policy_dir(
+        &self,
+        endpoint: EndpointId,
+        direction: Direction,
+    ) -> Option<Vec<PolicyKey>> {
         self.policy.endpoints.get(&endpoint).map(|p| {
-            let mut keys: Vec<PolicyKey> = p.entries.keys().copied().collect();
+            let mut keys: Vec<PolicyKey> = p
+                .keys()
+                .filter(|k| k.direction == direction)
+                .copied()
+                .collect();
             keys.sort();
             keys
         })
@@ -960,7 +1067,20 @@ impl<D> IpCache<D> {
 
     /// Whether an endpoint is under egress policy (default deny); `None` if unknown.
     pub fn endpoint_enforcing(&self, endpoint: EndpointId) -> Option<bool> {
-        self.policy.endpoints.get(&endpoint).map(|p| p.enforcing)
+        self.policy.endpoints.get(&endpoint).map(|p| p.enforcing[0])
+    }
+
+    /// Whether the datapath must look at an endpoint's policy in `direction` (default deny
+    /// there, or a deny to apply); `None` if unknown. This is the kernel's enforce flag.
+    pub fn endpoint_under_policy(
+        &self,
+        endpoint: EndpointId,
+        direction: Direction,
+    ) -> Option<bool> {
+        self.policy
+            .endpoints
+            .get(&endpoint)
+            .map(|p| p.under_policy(direction))
     }
 
     /// The endpoints, by id.
@@ -1123,9 +1243,11 @@ fn set_identity(
 /// The label set a prefix should carry, the identity scope it belongs to, and whether a
 /// local endpoint owns it.
 ///
-/// An endpoint's prefix (local or remote) carries its endpoint labels only. Any other prefix carries the union
-/// of its owners' labels, the `cidr:` label of the closest labelled CIDR that contains it (only
-/// the longest one), and the world label of its family. A prefix without owners carries none.
+/// An endpoint's prefix (local or remote) carries its endpoint labels only. A node's own
+/// address (and no endpoint's) is the host: `reserved:host`, identity 1. Any other prefix
+/// carries the union of its owners' labels, the `cidr:` label of the closest labelled CIDR
+/// that contains it (only the longest one), and the world label of its family. A prefix
+/// without owners carries none.
 fn desired_labels(
     entry: &PrefixEntry,
     cidr: &CidrLabels,
@@ -1147,6 +1269,12 @@ fn desired_labels(
             .any(|(o, _)| o.kind == OwnerKind::Endpoint);
         return Some((set, Scope::Cluster, local));
     }
+    if entry.owners.iter().any(|(o, _)| o.kind == OwnerKind::Host) {
+        // The node's own address is the host, whatever name answered with it or policy CIDR
+        // holds it (as in Cilium: CIDR selectors do not select the host).
+        set.insert(LabelTable::HOST);
+        return Some((set, Scope::Reserved, false));
+    }
     // Owners of one prefix mostly share a handful of label sets (the NameManager shares one
     // `Arc` per distinct set): merge each distinct set once.
     let mut merged: SmallVec<[*const LabelSet; 4]> = SmallVec::new();
@@ -1167,6 +1295,18 @@ fn desired_labels(
     }
     set.insert(LabelTable::world(matches!(prefix, IpNet::V4(_))));
     Some((set, Scope::Local, false))
+}
+
+/// The number of a reserved label set (`reserved:host` → 1).
+fn reserved_number(labels: &LabelSet) -> Option<Identity> {
+    (labels.contains(LabelTable::HOST) && labels.len() == 1).then_some(Identity::HOST)
+}
+
+fn host_owner(prefix: &IpNet) -> ResourceOwner {
+    ResourceOwner {
+        kind: OwnerKind::Host,
+        name: Arc::from(prefix.addr().to_string()),
+    }
 }
 
 fn endpoint_owner(id: EndpointId) -> ResourceOwner {

@@ -14,39 +14,167 @@ use prefix_trie::joint::map::JointPrefixMap;
 use crate::endpoint::EndpointId;
 use crate::error::DatapathError;
 use crate::identity::Identity;
-use crate::policy::Protocol;
+use crate::policy::{Direction, Protocol};
 
-/// One entry of an endpoint's egress policy map.
+/// One entry of an endpoint's policy map, in one direction.
 ///
-/// `identity` [`Identity::ANY`] matches every destination; `port == 0` matches every port,
-/// else `port..=end_port`; `protocol` [`Protocol::Any`] matches TCP and UDP.
+/// `identity` [`Identity::ANY`] matches every peer (destination for egress, source for
+/// ingress); `protocol` [`Protocol::Any`] with `port == 0` matches every protocol and port,
+/// with a port range TCP and UDP on those ports; TCP or UDP with `port == 0` every port of
+/// that protocol, else `port..=end_port`; ICMP/ICMPv6 exactly the type in `port`.
+///
+/// A `deny` entry drops what it matches. The datapath looks the peer's identity up first and
+/// [`Identity::ANY`] only when no entry of the identity matches; within one identity the most
+/// specific entry decides. The IpCache writes, for every allow that a deny overlaps, a deny
+/// entry for the overlap under the allow's identity, so that a deny always wins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PolicyKey {
-    /// Destination identity.
+    /// Peer identity.
     pub identity: Identity,
     /// L4 protocol.
     pub protocol: Protocol,
-    /// First port, 0 for all.
+    /// First port, 0 for all (ICMP: the type).
     pub port: u16,
     /// Last port.
     pub end_port: u16,
+    /// The direction this entry applies to.
+    pub direction: Direction,
+    /// Whether the entry denies.
+    pub deny: bool,
+}
+
+impl Default for PolicyKey {
+    fn default() -> Self {
+        Self::ALLOW_ALL
+    }
 }
 
 impl PolicyKey {
-    /// The key that allows everything.
+    /// The key that allows everything (egress).
     pub const ALLOW_ALL: PolicyKey = PolicyKey {
         identity: Identity::ANY,
         protocol: Protocol::Any,
         port: 0,
         end_port: 0,
+        direction: Direction::Egress,
+        deny: false,
     };
 
-    /// Whether this entry allows a packet to `identity` on `protocol`/`port`.
-    pub fn allows(&self, identity: Identity, protocol: Protocol, port: u16) -> bool {
-        (self.identity == Identity::ANY || self.identity == identity)
-            && (self.protocol == Protocol::Any || self.protocol == protocol)
-            && (self.port == 0 || (self.port..=self.end_port).contains(&port))
+    /// The key that allows everything in `direction`.
+    pub fn allow_all(direction: Direction) -> Self {
+        Self {
+            direction,
+            ..Self::ALLOW_ALL
+        }
     }
+
+    /// Whether this entry matches a packet of `identity` on `protocol` (never
+    /// [`Protocol::Any`]: a packet has one) and `port` (ICMP: its type), whatever its verdict
+    /// and direction.
+    pub fn matches(&self, identity: Identity, protocol: Protocol, port: u16) -> bool {
+        (self.identity == Identity::ANY || self.identity == identity)
+            && self.matches_port(protocol, port)
+    }
+
+    /// Whether the protocol and port part matches.
+    pub fn matches_port(&self, protocol: Protocol, port: u16) -> bool {
+        match self.protocol {
+            Protocol::Any if self.port == 0 => true,
+            Protocol::Any => {
+                matches!(protocol, Protocol::Tcp | Protocol::Udp)
+                    && (self.port..=self.end_port).contains(&port)
+            }
+            Protocol::Icmp | Protocol::Icmpv6 => self.protocol == protocol && self.port == port,
+            p => p == protocol && (self.port == 0 || (self.port..=self.end_port).contains(&port)),
+        }
+    }
+
+    /// Whether this entry allows a packet to `identity` on `protocol`/`port` (an allow entry
+    /// that matches).
+    pub fn allows(&self, identity: Identity, protocol: Protocol, port: u16) -> bool {
+        !self.deny && self.matches(identity, protocol, port)
+    }
+
+    /// How specific the protocol and port part is: the datapath's longest prefix. Every
+    /// protocol < one protocol with every port < a port range (smaller is more specific).
+    pub fn specificity(&self) -> u32 {
+        match self.protocol {
+            Protocol::Any if self.port == 0 => 0,
+            Protocol::Icmp | Protocol::Icmpv6 => 1 << 17,
+            _ if self.port == 0 => 1,
+            _ => 2 + 65_536 - u32::from(self.end_port.max(self.port) - self.port),
+        }
+    }
+
+    /// The overlap of two entries' protocol and port parts (identity, direction and verdict
+    /// from `self`), if any.
+    pub fn intersect(&self, other: &PolicyKey) -> Option<PolicyKey> {
+        let every = |k: &PolicyKey| k.protocol == Protocol::Any && k.port == 0;
+        if every(other) {
+            return Some(*self);
+        }
+        if every(self) {
+            return Some(PolicyKey {
+                protocol: other.protocol,
+                port: other.port,
+                end_port: other.end_port,
+                ..*self
+            });
+        }
+        let protocol = match (self.protocol, other.protocol) {
+            (a, b) if a == b => a,
+            (Protocol::Any, p @ (Protocol::Tcp | Protocol::Udp))
+            | (p @ (Protocol::Tcp | Protocol::Udp), Protocol::Any) => p,
+            _ => return None,
+        };
+        let range = |k: &PolicyKey| {
+            if k.port == 0 && !k.protocol.is_icmp() {
+                (0u16, u16::MAX)
+            } else {
+                (k.port, k.end_port.max(k.port))
+            }
+        };
+        let (a_lo, a_hi) = range(self);
+        let (b_lo, b_hi) = range(other);
+        let (lo, hi) = (a_lo.max(b_lo), a_hi.min(b_hi));
+        if lo > hi {
+            return None;
+        }
+        let (port, end_port) = if (lo, hi) == (0, u16::MAX) && !protocol.is_icmp() {
+            (0, 0)
+        } else {
+            (lo, hi)
+        };
+        Some(PolicyKey {
+            protocol,
+            port,
+            end_port,
+            ..*self
+        })
+    }
+}
+
+/// The datapath's verdict on a packet, given an endpoint's entries of one direction: the
+/// entries of the peer's identity first, of any identity only when none of those matches;
+/// among the matching entries of one level the most specific decides, a deny on a tie.
+/// `None`: nothing matches (dropped under default deny).
+pub fn verdict<'a>(
+    keys: impl Iterator<Item = &'a PolicyKey> + Clone,
+    direction: Direction,
+    identity: Identity,
+    protocol: Protocol,
+    port: u16,
+) -> Option<&'a PolicyKey> {
+    let level = |id: Identity| {
+        keys.clone()
+            .filter(|k| k.direction == direction && k.identity == id)
+            .filter(|k| k.matches_port(protocol, port))
+            .max_by_key(|k| (k.specificity(), k.deny))
+    };
+    (identity != Identity::ANY)
+        .then(|| level(identity))
+        .flatten()
+        .or_else(|| level(Identity::ANY))
 }
 
 /// One change in a batch.
@@ -114,10 +242,26 @@ impl MemoryDatapath {
         protocol: Protocol,
         port: u16,
     ) -> bool {
+        self.allows_dir(endpoint, Direction::Egress, addr, protocol, port)
+    }
+
+    /// Whether the datapath passes a new flow of `endpoint` in `direction` with the peer
+    /// `addr` (destination for egress, source for ingress), as the kernel programs decide
+    /// (see [`verdict`]). An endpoint without entries in a direction is not under policy
+    /// there only if it has an allow-all entry: the IpCache writes one for every endpoint
+    /// not in default deny.
+    pub fn allows_dir(
+        &self,
+        endpoint: EndpointId,
+        direction: Direction,
+        addr: IpAddr,
+        protocol: Protocol,
+        port: u16,
+    ) -> bool {
         let identity = self.identity_of(addr);
-        self.policy
-            .get(&endpoint)
-            .is_some_and(|keys| keys.iter().any(|k| k.allows(identity, protocol, port)))
+        self.policy.get(&endpoint).is_some_and(|keys| {
+            verdict(keys.iter(), direction, identity, protocol, port).is_some_and(|k| !k.deny)
+        })
     }
 
     /// The ipcache entries, ordered by prefix.

@@ -22,6 +22,11 @@ pub struct Identity(pub u32);
 impl Identity {
     /// Wildcard in policy keys: any identity.
     pub const ANY: Identity = Identity(0);
+    /// `reserved:host`: the node's own addresses.
+    pub const HOST: Identity = Identity(1);
+    /// `reserved:remote-node`: other nodes of the cluster (never given: cluster mode does not
+    /// learn other nodes' own addresses).
+    pub const REMOTE_NODE: Identity = Identity(6);
     /// `reserved:world-ipv4`: IPv4 addresses the ipcache knows nothing about.
     pub const WORLD_IPV4: Identity = Identity(9);
     /// `reserved:world-ipv6`: IPv6 addresses the ipcache knows nothing about.

@@ -22,6 +22,8 @@ pub enum Reserved {
     WorldIpv4,
     /// Outside the cluster, IPv6 (`reserved:world-ipv6`).
     WorldIpv6,
+    /// The node's own addresses (`reserved:host`).
+    Host,
 }
 
 /// A label: what a prefix is known as.
@@ -49,6 +51,7 @@ impl fmt::Display for Label {
         match self {
             Self::Reserved(Reserved::WorldIpv4) => f.write_str("reserved:world-ipv4"),
             Self::Reserved(Reserved::WorldIpv6) => f.write_str("reserved:world-ipv6"),
+            Self::Reserved(Reserved::Host) => f.write_str("reserved:host"),
             Self::Cidr(net) => write!(f, "cidr:{net}"),
             Self::Fqdn(key) => write!(f, "fqdn:{key}"),
             Self::Endpoint(l) if l.value.is_empty() => write!(f, "{}:{}", l.source, l.key),
@@ -74,6 +77,7 @@ impl Default for LabelTable {
         // Fixed ids for the reserved labels, in this order.
         table.intern(Label::Reserved(Reserved::WorldIpv4));
         table.intern(Label::Reserved(Reserved::WorldIpv6));
+        table.intern(Label::Reserved(Reserved::Host));
         table
     }
 }
@@ -83,6 +87,8 @@ impl LabelTable {
     pub const WORLD_IPV4: LabelId = LabelId(0);
     /// `reserved:world-ipv6`.
     pub const WORLD_IPV6: LabelId = LabelId(1);
+    /// `reserved:host`.
+    pub const HOST: LabelId = LabelId(2);
 
     /// The id of `label`, interning it if new.
     pub fn intern(&mut self, label: Label) -> LabelId {

@@ -34,7 +34,9 @@ mod selector;
 
 pub use cache::{IpCache, Stats};
 pub use config::Config;
-pub use datapath::{CountingDatapath, Datapath, DatapathChange, MemoryDatapath, PolicyKey};
+pub use datapath::{
+    CountingDatapath, Datapath, DatapathChange, MemoryDatapath, PolicyKey, verdict,
+};
 pub use endpoint::{Endpoint, EndpointId, EndpointLabel};
 pub use error::{Breaker, DatapathError, Error};
 pub use identity::{Identity, Scope};

@@ -27,6 +27,8 @@ pub enum OwnerKind {
     Endpoint,
     /// Cluster mode: an endpoint of another node (`remote-endpoint/<key>`).
     RemoteEndpoint,
+    /// The node itself: its own addresses (`host/<address>`).
+    Host,
 }
 
 /// A resource owner: a kind and a name. Each owner's labels on a prefix are kept apart and
@@ -56,6 +58,7 @@ impl fmt::Display for ResourceOwner {
             OwnerKind::Policy => "policy",
             OwnerKind::Endpoint => "endpoint",
             OwnerKind::RemoteEndpoint => "remote-endpoint",
+            OwnerKind::Host => "host",
         };
         write!(f, "{kind}/{}", self.name)
     }

@@ -8,8 +8,11 @@ use ipnet::IpNet;
 
 use crate::endpoint::EndpointLabel;
 
-/// One rule: the endpoints it applies to and what they may reach.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One rule: the endpoints it applies to, what they may reach and what may reach them.
+///
+/// `Default` is a rule that selects every endpoint and does nothing: build rules with
+/// `..Rule::default()` so that new sections do not break every constructor.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Rule {
     /// Where the rule came from, for logs and listings (`file:line` or a policy name).
     pub origin: String,
@@ -20,17 +23,105 @@ pub struct Rule {
     /// false, even when this list is empty (CiliumNetworkPolicy `egress: [{}]`).
     pub egress: Vec<EgressRule>,
     /// Whether selecting an endpoint puts it into egress default deny
-    /// (CiliumNetworkPolicy `enableDefaultDeny.egress`, true unless set to false).
+    /// (CiliumNetworkPolicy: true when the rule has `egress` or `egressDeny` and
+    /// `enableDefaultDeny.egress` is not false).
     pub default_deny_egress: bool,
+    /// `ingress[]`: what may reach the selected endpoints (peers are sources).
+    pub ingress: Vec<EgressRule>,
+    /// `egressDeny[]`: destinations denied whatever the allows say.
+    pub egress_deny: Vec<EgressRule>,
+    /// `ingressDeny[]`: sources denied whatever the allows say.
+    pub ingress_deny: Vec<EgressRule>,
+    /// Whether selecting an endpoint puts it into ingress default deny (true when the rule
+    /// has `ingress` or `ingressDeny` and `enableDefaultDeny.ingress` is not false).
+    pub default_deny_ingress: bool,
 }
 
-/// One egress section: peers × ports.
-#[derive(Debug, Clone, PartialEq, Eq)]
+impl Rule {
+    /// The sections of one direction: allows, denies, default deny.
+    pub fn direction(&self, dir: Direction) -> (&[EgressRule], &[EgressRule], bool) {
+        match dir {
+            Direction::Egress => (&self.egress, &self.egress_deny, self.default_deny_egress),
+            Direction::Ingress => (&self.ingress, &self.ingress_deny, self.default_deny_ingress),
+        }
+    }
+
+    /// Every peer selector of every section, in both directions.
+    pub fn peers(&self) -> impl Iterator<Item = &PeerSelector> + '_ {
+        self.egress
+            .iter()
+            .chain(&self.ingress)
+            .chain(&self.egress_deny)
+            .chain(&self.ingress_deny)
+            .flat_map(|r| &r.peers)
+    }
+}
+
+/// The direction of traffic relative to the selected endpoint.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Direction {
+    /// Traffic the endpoint sends: peers are destinations.
+    #[default]
+    Egress,
+    /// Traffic towards the endpoint: peers are sources.
+    Ingress,
+}
+
+impl Direction {
+    /// Both directions.
+    pub const BOTH: [Direction; 2] = [Direction::Egress, Direction::Ingress];
+
+    /// `egress` or `ingress`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Egress => "egress",
+            Self::Ingress => "ingress",
+        }
+    }
+}
+
+/// One section (`egress[]`, `ingress[]`, `egressDeny[]`, `ingressDeny[]`): peers × ports.
+/// For ingress the peers are sources.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EgressRule {
-    /// The destinations. Empty means every destination (an L4-only rule).
+    /// The peers. Empty means every peer (an L4-only rule).
     pub peers: Vec<PeerSelector>,
-    /// The ports. Empty means every port and protocol.
+    /// The ports (and `icmps`, as ICMP ports). Empty means every port and protocol.
     pub ports: Vec<PortRule>,
+}
+
+/// Cilium's entities that mean something outside Kubernetes (`toEntities`, `fromEntities`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Entity {
+    /// Everything outside the node's endpoints: unknown addresses, CIDR and FQDN identities.
+    World,
+    /// The IPv4 part of `world`.
+    WorldIpv4,
+    /// The IPv6 part of `world`.
+    WorldIpv6,
+    /// Every peer.
+    All,
+    /// The local host (reserved identity 1).
+    Host,
+    /// Every endpoint identity, the host and remote nodes.
+    Cluster,
+    /// Other nodes of the cluster (reserved identity 6).
+    RemoteNode,
+}
+
+impl Entity {
+    /// Cilium's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::World => "world",
+            Self::WorldIpv4 => "world-ipv4",
+            Self::WorldIpv6 => "world-ipv6",
+            Self::All => "all",
+            Self::Host => "host",
+            Self::Cluster => "cluster",
+            Self::RemoteNode => "remote-node",
+        }
+    }
 }
 
 /// A destination selector.
@@ -49,6 +140,8 @@ pub enum PeerSelector {
     },
     /// `toEndpoints`: endpoint identities whose labels satisfy the selector.
     Endpoints(LabelSelector),
+    /// `toEntities` / `fromEntities`.
+    Entity(Entity),
 }
 
 /// `toPorts[]`: ports and, optionally, DNS rules for the proxy.
@@ -61,10 +154,11 @@ pub struct PortRule {
     pub dns: Option<Vec<DnsRule>>,
 }
 
-/// A port range and protocol.
+/// A port range and protocol. For [`Protocol::Icmp`] and [`Protocol::Icmpv6`] the "port" is
+/// the ICMP type, always exact (`port == end_port`; type 0 is echo reply, not "every type").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PortProtocol {
-    /// First port; 0 means every port.
+    /// First port; 0 means every port (TCP, UDP).
     pub port: u16,
     /// Last port (inclusive); equal to `port` for a single port.
     pub end_port: u16,
@@ -79,8 +173,30 @@ pub enum Protocol {
     Tcp,
     /// UDP only.
     Udp,
-    /// TCP and UDP.
+    /// TCP and UDP; with port 0, every protocol (ICMP included).
     Any,
+    /// ICMP (IPv4): the port is the ICMP type (`icmps`).
+    Icmp,
+    /// ICMPv6: the port is the ICMPv6 type (`icmps` with `family: IPv6`).
+    Icmpv6,
+}
+
+impl Protocol {
+    /// Whether the port is an ICMP type.
+    pub fn is_icmp(self) -> bool {
+        matches!(self, Self::Icmp | Self::Icmpv6)
+    }
+
+    /// The name used in listings.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Tcp => "TCP",
+            Self::Udp => "UDP",
+            Self::Any => "ANY",
+            Self::Icmp => "ICMP",
+            Self::Icmpv6 => "ICMPv6",
+        }
+    }
 }
 
 /// One `rules.dns[]` entry, as canonical selector text.

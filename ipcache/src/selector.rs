@@ -11,7 +11,7 @@ use ipnet::IpNet;
 
 use crate::identity::{Identity, Scope};
 use crate::labels::{Label, LabelId, LabelSet, LabelTable};
-use crate::policy::{LabelSelector, PeerSelector};
+use crate::policy::{Entity, LabelSelector, PeerSelector};
 
 /// Index of a selector in the cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -22,6 +22,7 @@ enum Compiled {
     Fqdn(LabelId),
     Cidr { cidr: IpNet, except: Vec<IpNet> },
     Endpoints(LabelSelector),
+    Entity(Entity),
 }
 
 #[derive(Debug)]
@@ -62,6 +63,7 @@ impl SelectorCache {
                 except: except.clone(),
             },
             PeerSelector::Endpoints(sel) => Compiled::Endpoints(sel.clone()),
+            PeerSelector::Entity(entity) => Compiled::Entity(*entity),
         };
         let mut identities: BTreeSet<Identity> = all
             .filter(|(id, labels)| matches(&compiled, *id, labels, table))
@@ -71,6 +73,9 @@ impl SelectorCache {
             && cidr.prefix_len() == 0
         {
             identities.insert(Identity::world(matches!(cidr, IpNet::V4(_))));
+        }
+        if let Compiled::Entity(entity) = &compiled {
+            identities.extend(reserved_of(*entity));
         }
         let entry = Entry {
             selector: selector.clone(),
@@ -204,8 +209,45 @@ impl SelectorCache {
     }
 }
 
+const HOST: Identity = Identity::HOST;
+const REMOTE_NODE: Identity = Identity::REMOTE_NODE;
+
+/// The reserved identities an entity selects. They are selected whether or not they are
+/// allocated (the host's is once the node tells its addresses): a reserved identity's
+/// allocation never changes what a selector holds.
+pub(crate) fn reserved_of(entity: Entity) -> Vec<Identity> {
+    match entity {
+        Entity::World => vec![Identity::WORLD_IPV4, Identity::WORLD_IPV6],
+        Entity::WorldIpv4 => vec![Identity::WORLD_IPV4],
+        Entity::WorldIpv6 => vec![Identity::WORLD_IPV6],
+        // `all` is resolved as "any identity"; the selector is never registered for it, but
+        // if it were it would hold every reserved number fqdnd uses.
+        Entity::All => vec![
+            Identity::WORLD_IPV4,
+            Identity::WORLD_IPV6,
+            HOST,
+            REMOTE_NODE,
+        ],
+        Entity::Host => vec![HOST],
+        Entity::Cluster => vec![HOST, REMOTE_NODE],
+        Entity::RemoteNode => vec![REMOTE_NODE],
+    }
+}
+
 fn matches(compiled: &Compiled, id: Identity, labels: &LabelSet, table: &LabelTable) -> bool {
     match compiled {
+        Compiled::Entity(entity) => match entity {
+            Entity::World => {
+                labels.contains(LabelTable::WORLD_IPV4) || labels.contains(LabelTable::WORLD_IPV6)
+            }
+            Entity::WorldIpv4 => labels.contains(LabelTable::WORLD_IPV4),
+            Entity::WorldIpv6 => labels.contains(LabelTable::WORLD_IPV6),
+            Entity::All => true,
+            // Every endpoint of the cluster: local and remote ones by their cluster-scope
+            // number, and in cluster mode a local endpoint still on its temporary identity.
+            Entity::Cluster => matches!(id.scope(), Some(Scope::Cluster | Scope::Temporary)),
+            Entity::Host | Entity::RemoteNode => false,
+        },
         Compiled::Fqdn(label) => labels.contains(*label),
         Compiled::Cidr { cidr, except } => labels.iter().any(|l| match table.label(l) {
             Some(Label::Cidr(net)) => cidr.contains(net) && !except.iter().any(|e| e.contains(net)),

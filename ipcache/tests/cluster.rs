@@ -75,6 +75,7 @@ fn rules() -> Vec<Rule> {
             }],
         }],
         default_deny_egress: true,
+        ..Default::default()
     }]
 }
 

@@ -102,6 +102,7 @@ fn rule(selector: LabelSelector, peers: Vec<PeerSelector>, ports: Vec<PortRule>)
         endpoint_selector: selector,
         egress: vec![EgressRule { peers, ports }],
         default_deny_egress: true,
+        ..Default::default()
     }
 }
 
@@ -513,6 +514,7 @@ fn a_rule_without_egress_entries_still_denies_by_default() {
         endpoint_selector: app("web"),
         egress: vec![],
         default_deny_egress: true,
+        ..Default::default()
     }])
     .unwrap();
     c.commit().unwrap();
@@ -527,6 +529,7 @@ fn a_rule_without_egress_entries_still_denies_by_default() {
         endpoint_selector: app("web"),
         egress: vec![],
         default_deny_egress: false,
+        ..Default::default()
     }])
     .unwrap();
     c.commit().unwrap();
@@ -610,4 +613,67 @@ fn a_full_datapath_ipcache_rejects_new_prefixes_before_anything_changes() {
     assert_eq!(c.datapath_prefixes(), [2, 1]);
     learn(&mut c, "b.test.", "192.0.2.9", &["*.test."]).unwrap();
     assert_eq!(c.datapath_prefixes(), [3, 1]);
+}
+
+/// The node's own addresses get the host identity (reserved 1, `reserved:host`) in the
+/// datapath; an endpoint's address stays the endpoint's, and a learned name's address that is
+/// the node's is the host. With the datapath's room used up, an address that needs a new
+/// entry is left out until room comes back; one that has an entry already becomes the host.
+#[test]
+fn the_node_addresses_are_the_host_identity_within_the_datapaths_room() {
+    let mut c = IpCache::new(
+        Config {
+            datapath_prefixes: Some(3),
+            ..Config::default()
+        },
+        MemoryDatapath::default(),
+    );
+    c.set_endpoints(vec![endpoint(1, "a", "10.0.0.1")]).unwrap();
+    learn(&mut c, "a.test.", "192.0.2.1", &["*.test."]).unwrap();
+    assert!(
+        c.set_host_addresses([ip("10.0.0.1"), ip("10.0.0.254"), ip("192.0.2.1")])
+            .unwrap()
+    );
+    c.commit().unwrap();
+    let of = |c: &IpCache<MemoryDatapath>, a: &str| c.identity_of(&host_prefix(ip(a)));
+    assert_eq!(of(&c, "10.0.0.254"), Some(Identity::HOST));
+    assert_eq!(
+        of(&c, "192.0.2.1"),
+        Some(Identity::HOST),
+        "the node's, learned or not"
+    );
+    assert!(
+        of(&c, "10.0.0.1").is_some_and(|id| id != Identity::HOST),
+        "the endpoint's"
+    );
+    assert_eq!(
+        c.labels_of(Identity::HOST).as_deref(),
+        Some("reserved:host")
+    );
+    assert_eq!(c.datapath_prefixes(), [3, 0]);
+    // Full: a new node address waits; the other family has its room.
+    assert!(
+        c.set_host_addresses([
+            ip("10.0.0.254"),
+            ip("192.0.2.1"),
+            ip("10.0.0.253"),
+            ip("fd00::1")
+        ])
+        .unwrap()
+    );
+    c.commit().unwrap();
+    assert_eq!(of(&c, "10.0.0.253"), None);
+    assert_eq!(of(&c, "fd00::1"), Some(Identity::HOST));
+    assert_eq!(c.datapath().ipcache().len(), 4);
+    // An address gone gives its room to the waiting one.
+    c.set_host_addresses([ip("192.0.2.1"), ip("10.0.0.253"), ip("fd00::1")])
+        .unwrap();
+    c.commit().unwrap();
+    assert_eq!(of(&c, "10.0.0.254"), None);
+    assert_eq!(of(&c, "10.0.0.253"), Some(Identity::HOST));
+    // The learned name's address stays known (its own identity) once the node lets it go.
+    c.set_host_addresses([ip("10.0.0.253")]).unwrap();
+    c.commit().unwrap();
+    assert!(of(&c, "192.0.2.1").is_some_and(|id| id != Identity::HOST && c.has_fqdn_label(id)));
+    assert_eq!(c.host_addresses().collect::<Vec<_>>(), [ip("10.0.0.253")]);
 }

@@ -146,6 +146,7 @@ impl Engine {
                 }],
             }],
             default_deny_egress: true,
+            ..Default::default()
         };
         self.ipcache.set_policy(vec![rule]).unwrap();
         let fqdn: Vec<FqdnSelector> = self

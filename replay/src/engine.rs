@@ -15,7 +15,7 @@ use fqdnd_config::Settings;
 use fqdnd_engine::Engine;
 pub use fqdnd_engine::IdentityMode;
 use fqdnd_engine::dns::Clients as ClientPrefixes;
-use fqdnd_ipcache::policy::{LabelSelector, Rule};
+use fqdnd_ipcache::policy::{Direction, LabelSelector, Protocol, Rule};
 use fqdnd_ipcache::{Endpoint, EndpointId, Identity, IpCache, MemoryDatapath, PolicyKey};
 use fqdnd_namemgr::NameManager;
 use serde::Serialize;
@@ -246,16 +246,26 @@ impl EngineRun {
         self.gc_nanos += started.elapsed().as_nanos();
     }
 
-    /// The policy entries that let `endpoint` reach `addr` now (identity any or `addr`'s),
-    /// with the identity left out: the ports and protocols it may use.
+    /// The egress allow entries that let `endpoint` reach `addr` now (identity any or
+    /// `addr`'s), with the identity left out: the ports and protocols it may use. An allow
+    /// whose first port a deny wins over is left out (a deny of part of an allow's ports
+    /// leaves the allow whole: the report shows allows, not the holes in them).
     pub fn access(&self, endpoint: EndpointId, addr: IpAddr) -> Vec<PolicyKey> {
         let datapath = self.engine.ipcache.datapath();
         let identity = datapath.identity_of(addr);
-        datapath
-            .policy(endpoint)
-            .into_iter()
-            .flatten()
+        let keys = datapath.policy(endpoint).into_iter().flatten();
+        keys.clone()
+            .filter(|k| k.direction == Direction::Egress && !k.deny)
             .filter(|k| k.identity == Identity::ANY || k.identity == identity)
+            .filter(|k| {
+                let protocol = if k.protocol == Protocol::Any {
+                    Protocol::Tcp
+                } else {
+                    k.protocol
+                };
+                fqdnd_ipcache::verdict(keys.clone(), Direction::Egress, identity, protocol, k.port)
+                    .is_some_and(|v| !v.deny)
+            })
             .map(|k| PolicyKey {
                 identity: Identity::ANY,
                 ..*k
@@ -263,7 +273,8 @@ impl EngineRun {
             .collect()
     }
 
-    /// The entries of `endpoint`'s policy that reach every address (identity any).
+    /// The egress allow entries of `endpoint`'s policy that reach every address (identity
+    /// any).
     pub fn access_anywhere(&self, endpoint: EndpointId) -> Vec<PolicyKey> {
         self.engine
             .ipcache
@@ -271,7 +282,7 @@ impl EngineRun {
             .policy(endpoint)
             .into_iter()
             .flatten()
-            .filter(|k| k.identity == Identity::ANY)
+            .filter(|k| k.identity == Identity::ANY && k.direction == Direction::Egress && !k.deny)
             .copied()
             .collect()
     }

@@ -124,17 +124,17 @@ fn ports_of(k: &PolicyKey) -> Ports {
 /// Whether `outer` allows everything `inner` allows.
 fn covers(outer: &Ports, inner: &Ports) -> bool {
     let proto = outer.0 == Protocol::Any || outer.0 == inner.0;
+    if outer.0.is_icmp() || inner.0.is_icmp() {
+        return (outer.0 == Protocol::Any && outer.1 == 0) || outer == inner;
+    }
     let range = outer.1 == 0 || (inner.1 != 0 && outer.1 <= inner.1 && inner.2 <= outer.2);
     proto && range
 }
 
 fn render((proto, port, end): &Ports) -> String {
-    let proto = match proto {
-        Protocol::Tcp => "TCP",
-        Protocol::Udp => "UDP",
-        Protocol::Any => "ANY",
-    };
+    let proto = proto.name();
     match (port, end) {
+        (p, _) if matches!(proto, "ICMP" | "ICMPv6") => format!("{proto}/type {p}"),
         (0, _) => format!("{proto}/*"),
         (p, e) if p == e => format!("{proto}/{p}"),
         (p, e) => format!("{proto}/{p}-{e}"),

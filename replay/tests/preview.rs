@@ -190,3 +190,26 @@ fn the_same_policy_on_both_sides_changes_nothing() {
     assert!(report.endpoints.is_empty());
     assert_eq!(report.baseline, report.policy);
 }
+
+/// Issue 18: an `egressDeny` of one learned address takes exactly that address away, though
+/// `toFQDNs` still selects it (a deny wins); the other addresses keep their access.
+#[test]
+fn a_deny_of_one_address_takes_exactly_it_away() {
+    let dir = tempfile::tempdir().unwrap();
+    let any = "{matchPattern: \"*\"}";
+    let before = policy(dir.path(), "before", any, &["matchPattern: \"*\""]);
+    let (_, all) = oracle(".");
+    let denied = *all.iter().next().unwrap();
+    let prefix = if denied.is_ipv4() { 32 } else { 128 };
+    let text = std::fs::read_to_string(&before).unwrap()
+        + &format!("  egressDeny:\n  - toCIDR: [\"{denied}/{prefix}\"]\n");
+    let after = dir.path().join("after.yaml");
+    std::fs::write(&after, text).unwrap();
+    let report = preview(&options(after, before)).unwrap();
+    let [changes] = report.endpoints.as_slice() else {
+        panic!("one endpoint changes: {:?}", report.endpoints);
+    };
+    let lost: BTreeSet<IpAddr> = changes.ips_losing_access.iter().map(|a| a.ip).collect();
+    assert_eq!(lost, BTreeSet::from([denied]), "{changes:?}");
+    assert!(changes.ips_gaining_access.is_empty());
+}

@@ -9,6 +9,7 @@
 //! | GET | `/v1/identities` | `IdentityRow`s |
 //! | GET | `/v1/ipcache` | `IpcacheRow`s |
 //! | POST | `/v1/policy/reload` | [`Reload`]: the old policy stays if the new one has errors |
+//! | GET | `/v1/policy/explain?endpoint=ID&direction=egress\|ingress&peer=ADDR&protocol=tcp\|udp\|icmp\|icmpv6\|any&port=N` | `Explanation`: which rule allows or denies that flow, by the policy in force |
 //! | GET | `/v1/endpoints` | node: `EndpointRow`s |
 //! | POST | `/v1/endpoints` | node: body = one `kind: Endpoint` YAML document; adds or replaces it |
 //! | DELETE | `/v1/endpoints/{id}` | node: removes an endpoint added through the API |

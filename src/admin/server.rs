@@ -11,8 +11,10 @@ use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::StatusCode;
 use axum::routing::{delete, get, post};
 use fqdnd_engine::Clock as _;
+use fqdnd_engine::explain::{Explanation, Flow};
 use fqdnd_engine::view::{CacheRow, IdentityRow, IpcacheRow};
 use fqdnd_ipcache::EndpointId;
+use fqdnd_ipcache::policy::Direction;
 use serde::Deserialize;
 use tokio::net::UnixListener;
 
@@ -89,6 +91,7 @@ pub(crate) async fn serve(
         .route("/v1/identities", get(identities))
         .route("/v1/ipcache", get(ipcache))
         .route("/v1/policy/reload", post(reload))
+        .route("/v1/policy/explain", get(explain))
         .route("/v1/endpoints", get(endpoints).post(add_endpoint))
         .route("/v1/endpoints/{id}", delete(remove_endpoint))
         .route("/v1/services", get(services).post(set_service))
@@ -213,6 +216,48 @@ async fn reload(State(shared): State<Arc<Shared>>) -> Result<Json<Reload>, ApiEr
         .await
         .map(Json)
         .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+}
+
+/// `GET /v1/policy/explain?endpoint=ID&direction=egress|ingress&peer=ADDR&protocol=P&port=N`.
+#[derive(Debug, Deserialize)]
+struct ExplainQuery {
+    endpoint: u16,
+    #[serde(default)]
+    direction: Option<String>,
+    peer: std::net::IpAddr,
+    #[serde(default)]
+    protocol: Option<String>,
+    #[serde(default)]
+    port: u16,
+}
+
+async fn explain(
+    State(shared): State<Arc<Shared>>,
+    Query(q): Query<ExplainQuery>,
+) -> Result<Json<Explanation>, ApiError> {
+    let bad = |m: String| (StatusCode::BAD_REQUEST, m);
+    let direction = match q.direction.as_deref().unwrap_or("egress") {
+        "egress" => Direction::Egress,
+        "ingress" => Direction::Ingress,
+        other => return Err(bad(format!("direction {other:?}: egress or ingress"))),
+    };
+    let protocol = fqdnd_engine::explain::parse_protocol(q.protocol.as_deref().unwrap_or("any"))
+        .map_err(bad)?;
+    fqdnd_engine::explain::check_port(q.peer, protocol, q.port).map_err(bad)?;
+    let flow = Flow {
+        endpoint: EndpointId(q.endpoint),
+        direction,
+        peer: q.peer,
+        protocol,
+        port: q.port,
+    };
+    let engine = shared.engine.lock().map_err(|_| {
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the engine's lock is poisoned".to_owned(),
+        )
+    })?;
+    Ok(Json(fqdnd_engine::explain::explain(&engine.ipcache, flow)))
 }
 
 fn node_only(shared: &Shared) -> Result<&Arc<NodeRuntime>, ApiError> {

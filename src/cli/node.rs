@@ -365,6 +365,7 @@ fn flag_names(flags: fqdnd_ebpf::EndpointFlags) -> String {
         (flags.enforce_egress, "enforce-egress"),
         (flags.redirect_dns, "redirect-dns"),
         (flags.check_source, "check-source"),
+        (flags.enforce_ingress, "enforce-ingress"),
     ]
     .iter()
     .filter(|(set, _)| *set)

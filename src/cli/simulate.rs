@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use fqdnd_ipcache::policy::Protocol;
 use fqdnd_ipcache::{Identity, MemoryDatapath};
 use fqdnd_namemgr::Answer;
 
@@ -210,12 +209,10 @@ fn report(out: &mut String, engine: &Engine<MemoryDatapath>, answered: usize) ->
                 } else {
                     k.identity.to_string()
                 };
-                let proto = match k.protocol {
-                    Protocol::Tcp => "TCP",
-                    Protocol::Udp => "UDP",
-                    Protocol::Any => "ANY",
-                };
+                let proto = k.protocol.name();
+                let who = if k.deny { format!("deny:{who}") } else { who };
                 match (k.port, k.end_port) {
+                    (p, _) if k.protocol.is_icmp() => format!("{who}/{proto}/type={p}"),
                     (0, _) => format!("{who}/{proto}/*"),
                     (p, e) if p == e => format!("{who}/{proto}/{p}"),
                     (p, e) => format!("{who}/{proto}/{p}-{e}"),

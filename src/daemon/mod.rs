@@ -34,7 +34,7 @@ use fqdnd_dnsproxy::{DnsProxy, QueryLog};
 use fqdnd_engine::dns::DnsPolicy;
 use fqdnd_engine::{Clock as _, Engine};
 use fqdnd_ipcache::EndpointId;
-use fqdnd_ipcache::policy::Rule;
+use fqdnd_ipcache::policy::{Direction, Rule};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -68,13 +68,19 @@ pub(crate) trait ModeHooks: Send + Sync + 'static {
         &self,
         kernel: Option<&SharedKernel>,
         config: &Config,
-        enforcing: &BTreeMap<EndpointId, bool>,
+        enforcing: &BTreeMap<EndpointId, crate::kernel::Enforcing>,
     ) -> Result<()>;
     /// Re-reads the configuration files for a reload.
     fn reload(&self, paths: &[PathBuf], demo: bool) -> Result<Loaded>;
     /// Once the proxy listens (node: points the DNS redirect at it).
     fn proxy_bound(&self, _kernel: Option<&SharedKernel>) -> Result<()> {
         Ok(())
+    }
+    /// The node's own addresses, which get the host identity (`reserved:host`); `None` when
+    /// the mode gives none (gateway: its clients are groups of addresses, not endpoints on
+    /// this host).
+    fn host_addresses(&self) -> Option<Vec<std::net::IpAddr>> {
+        None
     }
     /// The mode's own tasks (node: the drop events).
     fn spawn_tasks(
@@ -278,6 +284,8 @@ impl Shared {
                 effective.rules.clone(),
                 self.clock.now(),
             )?;
+            // After the endpoints and policy: they have the datapath's room first.
+            self.refresh_host(&mut engine);
             enforcing(&effective, &engine)
         };
         if let Err(e) = self.sync(&effective, &enforced) {
@@ -307,8 +315,29 @@ impl Shared {
         Ok(())
     }
 
+    /// Gives the node's current addresses the host identity, committed. A failure is
+    /// logged: the addresses keep the identity they had.
+    pub(crate) fn refresh_host(&self, engine: &mut Engine<AnyDatapath>) {
+        let Some(addrs) = self.mode.host_addresses() else {
+            return;
+        };
+        match engine.set_host_addresses(&addrs) {
+            Ok(true) => {
+                tracing::info!(addresses = ?addrs, "the node's addresses (the host identity)")
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(error = %fqdnd_engine::error_chain(&e), "giving the node's addresses the host identity failed")
+            }
+        }
+    }
+
     /// The mode's kernel side (and services) to `config`.
-    fn sync(&self, config: &Config, enforcing: &BTreeMap<EndpointId, bool>) -> Result<()> {
+    fn sync(
+        &self,
+        config: &Config,
+        enforcing: &BTreeMap<EndpointId, crate::kernel::Enforcing>,
+    ) -> Result<()> {
         self.mode.sync(self.kernel.as_ref(), config, enforcing)
     }
 
@@ -360,14 +389,26 @@ pub(crate) struct Loaded {
 }
 
 /// Whether each endpoint of `config` is under egress policy in `engine`.
-fn enforcing(config: &Config, engine: &Engine<AnyDatapath>) -> BTreeMap<EndpointId, bool> {
+fn enforcing(
+    config: &Config,
+    engine: &Engine<AnyDatapath>,
+) -> BTreeMap<EndpointId, crate::kernel::Enforcing> {
     config
         .endpoints
         .iter()
         .map(|e| {
             (
                 e.id,
-                engine.ipcache.endpoint_enforcing(e.id).unwrap_or(false),
+                crate::kernel::Enforcing {
+                    egress: engine
+                        .ipcache
+                        .endpoint_under_policy(e.id, Direction::Egress)
+                        .unwrap_or(false),
+                    ingress: engine
+                        .ipcache
+                        .endpoint_under_policy(e.id, Direction::Ingress)
+                        .unwrap_or(false),
+                },
             )
         })
         .collect()
@@ -603,6 +644,7 @@ pub(crate) async fn start(
     }
     tasks::spawn_gc(&mut tasks, &stopped, &shared, config.settings.gc_interval);
     tasks::spawn_metrics(&mut tasks, &stopped, &shared);
+    tasks::spawn_host_addresses(&mut tasks, &stopped, &shared);
     shared.mode.spawn_tasks(&mut tasks, &stopped)?;
     if let Some(cluster) = &shared.cluster {
         cluster

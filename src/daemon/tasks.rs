@@ -1,5 +1,5 @@
-//! The daemon's periodic tasks: DNS GC (with conntrack when there is a kernel side) and
-//! metrics sampling. Each stops when the stop channel fires.
+//! The daemon's periodic tasks: DNS GC (with conntrack when there is a kernel side), the
+//! node's addresses (the host identity) and metrics sampling. Each stops when the stop channel fires.
 
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -79,6 +79,36 @@ fn gc(shared: &Shared) {
             Err(e) => tracing::warn!(error = %format!("{e:#}"), "conntrack gc failed"),
         }
     }
+}
+
+/// How often the node's addresses are read again (an address added or removed between two
+/// reads is the host, or no longer, from the next one).
+const HOST_ADDRESSES_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Keeps the host identity on the node's current addresses (modes that give one).
+pub(super) fn spawn_host_addresses(
+    tasks: &mut JoinSet<Result<()>>,
+    stopped: &watch::Receiver<bool>,
+    shared: &Arc<Shared>,
+) {
+    if shared.mode.host_addresses().is_none() {
+        return;
+    }
+    let shared = Arc::clone(shared);
+    let mut stopped = stopped.clone();
+    tasks.spawn(async move {
+        let mut tick = tokio::time::interval(HOST_ADDRESSES_INTERVAL);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    if let Ok(mut engine) = shared.engine.lock() {
+                        shared.refresh_host(&mut engine);
+                    }
+                }
+                _ = stopped.changed() => return Ok(()),
+            }
+        }
+    });
 }
 
 /// Samples the engine's and the journal's state into metrics once a second, and the conntrack

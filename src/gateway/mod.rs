@@ -147,7 +147,7 @@ impl ModeHooks for GatewayMode {
         &self,
         kernel: Option<&SharedKernel>,
         config: &Config,
-        enforcing: &BTreeMap<EndpointId, bool>,
+        enforcing: &BTreeMap<EndpointId, crate::kernel::Enforcing>,
     ) -> Result<()> {
         let Some(kernel) = kernel else {
             return Ok(());
@@ -156,7 +156,7 @@ impl ModeHooks for GatewayMode {
             .endpoints
             .iter()
             .flat_map(|e| {
-                let on = enforcing.get(&e.id).copied().unwrap_or(false);
+                let on = enforcing.get(&e.id).copied().unwrap_or_default();
                 e.addresses.iter().map(move |a| (*a, e.id, on))
             })
             .collect();

@@ -34,7 +34,8 @@ pub(crate) struct Drop {
     pub(crate) dst: String,
     /// `tcp`, `udp`, or the IP protocol number.
     pub(crate) proto: String,
-    /// The destination's identity.
+    /// The peer's identity: the destination's for the endpoint's egress, the source's for
+    /// its ingress.
     pub(crate) identity: u32,
     /// Why: `policy-denied`, `unhandled`, `no-dns-proxy`, `no-service-backend`,
     /// `source-spoofed`, `fragment-unknown`, `icmp-denied`, `ipv6-ext-headers`,

@@ -37,7 +37,7 @@ use crate::clock::Clock;
 use crate::daemon::{
     self, Desired, Loaded, ModeHooks, Prepared, Running, Shared, SharedKernel, StartOptions, lock,
 };
-use crate::kernel::{self, Kernel, Wanted, WantedCgroup};
+use crate::kernel::{self, Enforcing, Kernel, Wanted, WantedCgroup};
 pub(crate) use drops::{DropLog, DropPage};
 pub(crate) use services::ServiceRow;
 use services::Services;
@@ -79,7 +79,7 @@ impl ModeHooks for NodeMode {
         &self,
         kernel: Option<&SharedKernel>,
         config: &Config,
-        enforcing: &BTreeMap<EndpointId, bool>,
+        enforcing: &BTreeMap<EndpointId, Enforcing>,
     ) -> Result<()> {
         self.0.sync(kernel, config, enforcing)
     }
@@ -90,6 +90,16 @@ impl ModeHooks for NodeMode {
 
     fn proxy_bound(&self, kernel: Option<&SharedKernel>) -> Result<()> {
         self.0.proxy_bound(kernel)
+    }
+
+    fn host_addresses(&self) -> Option<Vec<std::net::IpAddr>> {
+        match kernel::host_addresses() {
+            Ok(addrs) => Some(addrs),
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "reading the node's addresses failed");
+                None
+            }
+        }
     }
 
     fn spawn_tasks(
@@ -299,10 +309,10 @@ impl NodeRuntime {
         &self,
         kernel: Option<&SharedKernel>,
         config: &Config,
-        enforcing: &BTreeMap<EndpointId, bool>,
+        enforcing: &BTreeMap<EndpointId, Enforcing>,
     ) -> Result<()> {
         let kernel = kernel.context("node mode without its kernel side")?;
-        let enforced = |id| enforcing.get(&id).copied().unwrap_or(false);
+        let enforced = |id| enforcing.get(&id).copied().unwrap_or_default();
         let cgroups: Vec<WantedCgroup> = config
             .endpoints
             .iter()
@@ -320,7 +330,7 @@ impl NodeRuntime {
             .filter(|e| !config.cgroups.contains_key(&e.id))
             .filter_map(|e| {
                 let Some(interface) = config.interfaces.get(&e.id) else {
-                    tracing::warn!(endpoint = %e.id, name = %e.name, "endpoint has no `interface` or `cgroup`: its DNS is not redirected and its egress not enforced by this node");
+                    tracing::warn!(endpoint = %e.id, name = %e.name, "endpoint has no `interface` or `cgroup`: its DNS is not redirected and its policy not enforced by this node");
                     return None;
                 };
                 let mut addresses = Vec::new();

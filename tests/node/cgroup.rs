@@ -64,10 +64,24 @@ fn client_process() {
 }
 
 /// One operation (`udp-connected|udp|tcp-dns SERVER NAME QTYPE`, `connect ADDR MILLIS`,
-/// `child DIR OP…`), its result as JSON.
+/// `child DIR OP…`, `serve ADDR…`), its result as JSON.
 fn run_op(op: &str) -> Value {
     let words: Vec<&str> = op.split_whitespace().collect();
     match words.as_slice() {
+        ["serve", addrs @ ..] => {
+            // TCP echo listeners, created in this process's cgroup; the result says they
+            // listen, then they serve until the process is killed.
+            for a in addrs {
+                let listener = std::net::TcpListener::bind(a.parse::<SocketAddr>().unwrap())
+                    .unwrap_or_else(|e| panic!("listening on {a}: {e}"));
+                std::thread::spawn(move || super::topology::tcp_echo(&listener));
+            }
+            println!("{RESULT}{}", json!({ "listening": addrs }));
+            std::io::stdout().flush().unwrap();
+            loop {
+                std::thread::park();
+            }
+        }
         ["child", dir, rest @ ..] => {
             // A child process of this one (so it starts in this cgroup) that moves itself into
             // `dir` before it runs `rest`.
@@ -248,10 +262,21 @@ fn setup(
 /// `cgroup` when given, and the policy of `app: runner`: DNS to the resolver for
 /// api.example.test only, then api's addresses on TCP 8080.
 fn config(t: &Topology, cgroup: Option<&str>, node_extra: &str) -> String {
+    config_with_ingress(t, cgroup, node_extra, "")
+}
+
+/// [`config`] with `ingress` (the policy's `ingress:` section, if any) added to the runner's
+/// policy.
+fn config_with_ingress(
+    t: &Topology,
+    cgroup: Option<&str>,
+    node_extra: &str,
+    ingress: &str,
+) -> String {
     let n = t.n;
     let resolver = format!("10.{n}.9.53/32, \"fd00:{n}:9::53/128\"");
     let egress = format!(
-        "{}  - toFQDNs:\n    - matchName: api.example.test\n    toPorts:\n    - ports: [{{port: \"8080\", protocol: TCP}}]\n",
+        "{}  - toFQDNs:\n    - matchName: api.example.test\n    toPorts:\n    - ports: [{{port: \"8080\", protocol: TCP}}]\n{ingress}",
         dns_to(&resolver, "{matchName: api.example.test}")
     );
     let node = format!(
@@ -318,6 +343,19 @@ fn reaches(t: &Topology, cgroup: Option<&Path>, to: SocketAddr, timeout: Duratio
 fn evil_rcode(t: &Topology, cgroup: Option<&Path>, how: &str) -> Value {
     let resolver = sa(t.v4(9, 53), 53);
     ask(t, cgroup, how, resolver, "evil.example.test.", "A")["rcode"].clone()
+}
+
+/// The latest drop `fqdnd monitor` shows, once it is the runner's (JSON).
+fn runner_drop(t: &Topology) -> Value {
+    poll(PATIENCE, "a drop of the runner in `fqdnd monitor`", || {
+        let out = t.admin_cli(&["monitor", "--count", "1", "--json", "--recent"]);
+        let drop: Value = serde_json::from_str(out.lines().next().unwrap_or("{}")).unwrap();
+        if drop["endpoint"] == json!(RUNNER) {
+            Ok(drop)
+        } else {
+            Err(out)
+        }
+    })
 }
 
 /// A response code as the client's JSON has it.
@@ -458,15 +496,7 @@ fn host_processes_of_a_cgroup_are_an_endpoint() {
     assert_eq!(r["reached"], json!(true), "{r}\n{}", t.logs());
 
     // The drops name the endpoint, seen at the socket.
-    let drops = poll(PATIENCE, "a drop of the runner in `fqdnd monitor`", || {
-        let out = t.admin_cli(&["monitor", "--count", "1", "--json", "--recent"]);
-        let drop: Value = serde_json::from_str(out.lines().next().unwrap_or("{}")).unwrap();
-        if drop["endpoint"] == json!(RUNNER) {
-            Ok(drop)
-        } else {
-            Err(out)
-        }
-    });
+    let drops = runner_drop(&t);
     assert_eq!(drops["endpoint_name"], "runner", "{drops}");
     assert_eq!(drops["seen"], "socket", "{drops}");
 
@@ -653,4 +683,71 @@ fn cgroup_endpoints_added_at_run_time_persist_and_go() {
     t.kill_node();
     t.start_node(&t.config_dir());
     assert!(!t.pin_dir.join("cgroup").exists(), "{}", t.logs());
+}
+
+/// Ingress policy on host processes: the socket ingress program checks what reaches an
+/// endpoint's listeners against its ingress rules (here `fromEntities: [world]` on one port),
+/// while the endpoint's own flows and its DNS through the proxy (answers from loopback) go on.
+#[test]
+fn ingress_policy_of_a_cgroup_endpoint_is_enforced_at_its_sockets() {
+    let ingress = "  ingress:\n  - fromEntities: [world]\n    toPorts:\n    - ports: [{port: \"9101\", protocol: TCP}]\n";
+    let Some((t, cgroup)) = setup("cgroupin", |t, c| {
+        config_with_ingress(t, Some(&c.below), "", ingress)
+    }) else {
+        return;
+    };
+    let inside = Some(cgroup.dir.as_path());
+    let id = fqdnd_ebpf::cgroup::cgroup_id(&cgroup.dir).unwrap();
+    let bpf = t.bpf_list("endpoint");
+    let line = bpf
+        .lines()
+        .find(|l| l.contains(&format!("cgroup {id} → endpoint {RUNNER}")))
+        .unwrap_or_else(|| panic!("{bpf}"));
+    assert!(
+        line.contains("enforce-ingress") && line.contains("enforce-egress"),
+        "{line}"
+    );
+
+    // The runner's listeners on the host's address towards the external host (created in
+    // its cgroup by a client process that serves until the cgroup is killed).
+    let (allowed, other) = (sa(t.v4(9, 1), 9101), sa(t.v4(9, 1), 9102));
+    let mut server = client_command(Some(&t.host), &format!("serve {allowed} {other}"), inside)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(server.stdout.take().unwrap()));
+    let listening = lines
+        .find_map(|l| l.ok()?.strip_prefix(RESULT).map(str::to_owned))
+        .expect("the server's listeners");
+    assert!(listening.contains("listening"), "{listening}");
+
+    // The world (the external host) reaches the allowed port only; the host itself (a process
+    // outside the cgroup, with the host identity) is no world.
+    assert!(
+        super::topology::tcp_reaches(&t.ext, allowed, REACHES),
+        "the world dropped on the allowed port\n{}",
+        t.logs()
+    );
+    assert!(
+        !super::topology::tcp_reaches(&t.ext, other, DROPPED),
+        "the world reached another port"
+    );
+    assert!(!reaches(&t, None, allowed, DROPPED), "the host reached it");
+    let drops = runner_drop(&t);
+    assert_eq!(drops["seen"], "socket", "{drops}");
+
+    // Under ingress policy, the runner's DNS (the proxy's answers come from loopback) and
+    // the replies in its own flows pass.
+    let resolver = sa(t.v4(9, 53), 53);
+    for how in ["udp-connected", "tcp-dns"] {
+        let r = ask(&t, inside, how, resolver, "api.example.test.", "A");
+        assert_eq!(r["rcode"], rcode(ResponseCode::NoError), "{how}: {r}");
+    }
+    assert!(
+        reaches(&t, inside, sa(t.v4(10, 1), 8080), REACHES),
+        "{}",
+        t.logs()
+    );
+    let _ = server.kill();
+    let _ = server.wait();
 }

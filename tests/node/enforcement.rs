@@ -29,7 +29,7 @@ short 2 IN A 10.N.10.3
 short 2 IN AAAA fd00:N:10::3
 ";
 
-fn sa(ip: IpAddr, port: u16) -> SocketAddr {
+pub(crate) fn sa(ip: IpAddr, port: u16) -> SocketAddr {
     SocketAddr::new(ip, port)
 }
 
@@ -143,7 +143,7 @@ fn wait_until(_t: &Topology, limit: Duration, what: &str, mut f: impl FnMut() ->
 
 /// The node's drop log (`GET /v1/drops?since=0` on the admin socket): one JSON object per
 /// drop, oldest first.
-fn drops(t: &Topology) -> Vec<serde_json::Value> {
+pub(crate) fn drops(t: &Topology) -> Vec<serde_json::Value> {
     let mut s = std::os::unix::net::UnixStream::connect(t.admin()).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.write_all(b"GET /v1/drops?since=0 HTTP/1.1\r\nHost: fqdnd\r\nConnection: close\r\n\r\n")
@@ -179,7 +179,7 @@ fn dechunk(mut body: &str) -> String {
 
 /// Waits until the drop log holds a drop with `reason` whose fields contain each of
 /// `fields` (name, text); returns it.
-fn wait_drop(t: &Topology, reason: &str, fields: &[(&str, &str)]) -> serde_json::Value {
+pub(crate) fn wait_drop(t: &Topology, reason: &str, fields: &[(&str, &str)]) -> serde_json::Value {
     let mut found = None;
     wait_until(
         t,
@@ -302,7 +302,7 @@ fn icmp_socket(v6: bool) -> UdpSocket {
 }
 
 /// From `ns`: an ICMP/ICMPv6 echo request to `to`; whether its reply arrives in `timeout`.
-fn ping(ns: &str, to: IpAddr, timeout: Duration) -> bool {
+pub(crate) fn ping(ns: &str, to: IpAddr, timeout: Duration) -> bool {
     in_netns(ns, move || {
         let socket = icmp_socket(to.is_ipv6());
         let id: u16 = 0x4000 | (std::process::id() as u16 & 0x3fff);

@@ -16,6 +16,7 @@ mod cgroup;
 mod common;
 mod dns;
 mod enforcement;
+mod ingress;
 mod lb;
 mod regressions;
 pub(crate) mod topology;
@@ -627,8 +628,10 @@ fn a_full_ipcache_fails_new_answers_closed_and_keeps_serving_known_names() {
         return;
     };
     let metrics_port = 19_000 + t.n as u16;
+    // Room for the policy's and endpoints' entries, the node's three addresses of each
+    // family (the host identity) and api's address; not for short's two.
     let extra = format!(
-        "  mapSizes: {{ipcache: 3}}\n  onHoldTimeout: servfail\n  metrics: 127.0.0.1:{metrics_port}\n"
+        "  mapSizes: {{ipcache: 6}}\n  onHoldTimeout: servfail\n  metrics: 127.0.0.1:{metrics_port}\n"
     );
     let config = t.write_node_config(&node_config_with(&t, A_PORTS, &extra));
     t.start_node(&config);
@@ -663,9 +666,9 @@ fn a_full_ipcache_fails_new_answers_closed_and_keeps_serving_known_names() {
         let has = |series: &str, wanted: fn(f64) -> bool| metric(&page, series).is_some_and(wanted);
         if has("fqdnd_datapath_map_full_total{map=\"ipcache\"}", |v| {
             v >= 2.0
-        }) && has("fqdnd_datapath_map_entries{map=\"ipcache4\"}", |v| v == 3.0)
+        }) && has("fqdnd_datapath_map_entries{map=\"ipcache4\"}", |v| v == 6.0)
             && has("fqdnd_datapath_map_capacity{map=\"ipcache4\"}", |v| {
-                v == 3.0
+                v == 6.0
             })
             && has("fqdnd_datapath_map_entries{map=\"conntrack\"}", |v| {
                 v >= 0.0
@@ -683,8 +686,8 @@ fn a_full_ipcache_fails_new_answers_closed_and_keeps_serving_known_names() {
         metric(&text, series).unwrap_or_else(|| panic!("no {series} in\n{text}"))
     };
     assert!(value("fqdnd_datapath_map_full_total{map=\"ipcache\"}") >= 2.0);
-    assert_eq!(value("fqdnd_datapath_map_entries{map=\"ipcache4\"}"), 3.0);
-    assert_eq!(value("fqdnd_datapath_map_capacity{map=\"ipcache4\"}"), 3.0);
+    assert_eq!(value("fqdnd_datapath_map_entries{map=\"ipcache4\"}"), 6.0);
+    assert_eq!(value("fqdnd_datapath_map_capacity{map=\"ipcache4\"}"), 6.0);
     // Conntrack occupancy is sampled every 10 s (a walk of the map): present from the start.
     assert!(value("fqdnd_datapath_map_entries{map=\"conntrack\"}") >= 0.0);
     assert_eq!(

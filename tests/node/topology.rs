@@ -437,7 +437,7 @@ pub(crate) fn serve_tcp_echo(ns: &str, port: u16) {
     });
 }
 
-fn tcp_echo(listener: &TcpListener) {
+pub(crate) fn tcp_echo(listener: &TcpListener) {
     for stream in listener.incoming() {
         let Ok(mut stream) = stream else { continue };
         std::thread::spawn(move || {

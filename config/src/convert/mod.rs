@@ -4,6 +4,7 @@
 //! Each function reports what it finds to the [`Diag`] and goes on, so that one document yields
 //! all its problems; a function returns `None` when its part could not be built.
 
+mod entities;
 mod peers;
 mod ports;
 mod selector;
@@ -11,13 +12,17 @@ mod selector;
 use fqdnd_ipcache::policy::{EgressRule, PeerSelector, PortRule, Rule};
 use serde_saphyr::{Location, Spanned};
 
+use self::entities::{entity, icmp_rule};
 pub(crate) use self::peers::parse_cidr;
 use self::peers::{cidr_rule, fqdn};
 use self::ports::port_rule;
 pub(crate) use self::selector::NAMESPACE_KEY;
 use self::selector::{Scope, selector};
-use crate::cnp::{EgressSpec, PolicyDoc, Rejected, RuleSpec};
-use crate::warnings::FqdnAt;
+use crate::cnp::{
+    EgressSpec, IcmpRuleSpec, IngressSpec, PolicyDoc, PortRuleSpec, Rejected, RuleSpec,
+};
+use crate::error::Unsupported;
+use crate::warnings::{FqdnAt, RuleAt};
 use crate::yaml::{Diag, Text, at, sanitize};
 
 /// The two policy kinds.
@@ -44,8 +49,8 @@ pub(crate) struct Policy {
     pub(crate) name: String,
     /// Where `metadata.name` is written.
     pub(crate) name_at: Location,
-    /// One rule per `spec` / `specs[]` entry, with its `toFQDNs` entries.
-    pub(crate) rules: Vec<(Rule, Vec<FqdnAt>)>,
+    /// One rule per `spec` / `specs[]` entry, with where its pieces are written.
+    pub(crate) rules: Vec<(Rule, RuleAt)>,
 }
 
 /// Converts one policy document; `None` if anything in it is wrong (all of it reported).
@@ -80,7 +85,7 @@ pub(crate) fn policy(
     let scope = Scope {
         namespace: namespace.as_deref(),
     };
-    let rules: Vec<(Rule, Vec<FqdnAt>)> = specs
+    let rules: Vec<(Rule, RuleAt)> = specs
         .into_iter()
         .filter_map(|spec| {
             let line = diag.position(at(spec)).0;
@@ -172,33 +177,59 @@ pub(crate) fn namespace(ns: &Text, field: &str, diag: &mut Diag<'_>) -> Option<S
     }
 }
 
+/// Why a rejected field is refused; `None` for the deprecated `toRequires`/`fromRequires`.
+fn why(field: &str) -> Option<Unsupported> {
+    match field {
+        "toServices" | "toNodes" | "fromNodes" | "nodeSelector" => {
+            Some(Unsupported::KubernetesOnly)
+        }
+        "toGroups" | "fromGroups" | "authentication" | "cidrGroupRef" | "cidrGroupSelector" => {
+            Some(Unsupported::External)
+        }
+        "toRequires" | "fromRequires" => None,
+        _ => Some(Unsupported::L7Proxy),
+    }
+}
+
 /// Reports every rejected field that is present. Returns whether there was one.
 fn reject<const N: usize>(fields: [(&'static str, &Rejected); N], diag: &mut Diag<'_>) -> bool {
     let mut found = false;
     for (name, value) in fields {
         if let Some(value) = value {
             found = true;
-            diag.invalid_field(
-                at(value),
-                name,
-                format!(
-                    "`{name}` is not supported by fqdnd: it would change what this rule allows, \
-                     and fqdnd will not silently ignore it; remove it or enforce this policy \
-                     with Cilium"
+            match why(name) {
+                Some(why) => diag.unsupported(at(value), name, name, why),
+                None => diag.invalid_field(
+                    at(value),
+                    name,
+                    format!(
+                        "`{name}` is not supported by fqdnd: it is deprecated in Cilium, and it \
+                         would change what this rule allows; select the peers directly"
+                    ),
                 ),
-            );
+            }
         }
     }
     found
 }
 
-/// One rule (`spec` or `specs[]`), with its `toFQDNs` entries.
+/// The sections of a rule, converted.
+#[derive(Default)]
+struct Sections {
+    egress: Vec<EgressRule>,
+    ingress: Vec<EgressRule>,
+    egress_deny: Vec<EgressRule>,
+    ingress_deny: Vec<EgressRule>,
+    at: RuleAt,
+}
+
+/// One rule (`spec` or `specs[]`), with where its pieces are written.
 fn rule(
     spec: &Spanned<RuleSpec>,
     origin: String,
     scope: Scope<'_>,
     diag: &mut Diag<'_>,
-) -> Option<(Rule, Vec<FqdnAt>)> {
+) -> Option<(Rule, RuleAt)> {
     let before = diag.count();
     let r = &spec.value;
     let had_rejected = reject(r.rejected(), diag);
@@ -208,6 +239,8 @@ fn rule(
             scope.confine(&mut s, false);
             s
         }),
+        // A host policy (`nodeSelector`) is refused already.
+        None if r.node_selector.is_some() => None,
         None => {
             diag.missing(
                 at(spec),
@@ -218,73 +251,154 @@ fn rule(
         }
     };
 
-    let egress_specs = r.egress.as_deref().unwrap_or_default();
-    if egress_specs.is_empty() && !had_rejected {
+    let present = |v: Option<usize>| v.is_some_and(|n| n > 0);
+    let has_egress =
+        present(r.egress.as_ref().map(Vec::len)) || present(r.egress_deny.as_ref().map(Vec::len));
+    let has_ingress =
+        present(r.ingress.as_ref().map(Vec::len)) || present(r.ingress_deny.as_ref().map(Vec::len));
+    // Cilium: "If omitted or empty, this rule does not apply at egress" (and ingress): an empty
+    // list is accepted and does nothing; a rule with none of the four is refused.
+    let none = r.egress.is_none()
+        && r.ingress.is_none()
+        && r.egress_deny.is_none()
+        && r.ingress_deny.is_none();
+    if none && !had_rejected {
         diag.missing(
             at(spec),
-            &["egress"],
-            "a rule needs a non-empty `egress` list: fqdnd enforces egress only, so this rule \
-             would do nothing (Cilium also rejects a rule without rules)",
+            &["egress", "ingress", "egressDeny", "ingressDeny"],
+            "a rule needs a non-empty `egress`, `ingress`, `egressDeny` or `ingressDeny` list: \
+             this rule would do nothing (Cilium also rejects a rule without rules)",
         );
     }
-    let mut egress = Vec::new();
-    let mut fqdns = Vec::new();
-    for (rule, at) in egress_specs
-        .iter()
-        .filter_map(|e| egress_rule(e, scope, diag))
-    {
-        egress.push(rule);
-        fqdns.extend(at);
+    let mut sections = Sections::default();
+    for e in r.egress.iter().flatten() {
+        if let Some((rule, fqdns)) = egress_rule(e, scope, false, diag) {
+            sections.egress.push(rule);
+            sections.at.egress.push(diag.position(at(e)));
+            sections.at.fqdns.extend(fqdns);
+        }
+    }
+    for e in r.egress_deny.iter().flatten() {
+        if let Some((rule, _)) = egress_rule(e, scope, true, diag) {
+            sections.egress_deny.push(rule);
+            sections.at.egress_deny.push(diag.position(at(e)));
+        }
+    }
+    for i in r.ingress.iter().flatten() {
+        if let Some(rule) = ingress_rule(i, scope, false, diag) {
+            sections.ingress.push(rule);
+            sections.at.ingress.push(diag.position(at(i)));
+        }
+    }
+    for i in r.ingress_deny.iter().flatten() {
+        if let Some(rule) = ingress_rule(i, scope, true, diag) {
+            sections.ingress_deny.push(rule);
+            sections.at.ingress_deny.push(diag.position(at(i)));
+        }
     }
 
-    let default_deny_egress = r
-        .enable_default_deny
-        .as_ref()
-        .and_then(|d| d.egress)
-        .unwrap_or(true);
+    // Cilium: "If not specified, the default is true for each traffic direction that has
+    // rules, and false otherwise."
+    let default_deny = r.enable_default_deny.as_ref();
+    let default_deny_egress = has_egress && default_deny.and_then(|d| d.egress).unwrap_or(true);
+    let default_deny_ingress = has_ingress && default_deny.and_then(|d| d.ingress).unwrap_or(true);
     let rule = Rule {
         origin,
         endpoint_selector: endpoint_selector?,
-        egress,
+        egress: sections.egress,
         default_deny_egress,
+        ingress: sections.ingress,
+        egress_deny: sections.egress_deny,
+        ingress_deny: sections.ingress_deny,
+        default_deny_ingress,
     };
-    (diag.count() == before).then_some((rule, fqdns))
+    (diag.count() == before).then_some((rule, sections.at))
 }
 
-/// One `egress[]` entry, with its `toFQDNs` entries. `None` when it is wrong, or when it allows
-/// nothing (no peers and no ports, such as `- {}`: in Cilium that only enables default deny).
+/// Reports a combination of two L3 selectors in one section (Cilium rejects it).
+fn exclusive_l3(present: &[(&str, Option<usize>)], section: Location, diag: &mut Diag<'_>) {
+    let l3: Vec<&str> = present
+        .iter()
+        .filter_map(|(name, n)| n.is_some_and(|n| n > 0).then_some(*name))
+        .collect();
+    if let [first, second, ..] = l3.as_slice() {
+        diag.invalid(
+            section,
+            format!(
+                "`{first}` cannot be combined with `{second}` in the same rule (Cilium rejects \
+                 this too): write them as separate entries"
+            ),
+        );
+    }
+}
+
+/// `icmps` and `toPorts` are exclusive in one section (Cilium: "the ICMPs block may only be
+/// present without ToPorts").
+fn ports_and_icmps(
+    ports: Option<&Vec<Spanned<PortRuleSpec>>>,
+    icmps: Option<&Vec<Spanned<IcmpRuleSpec>>>,
+    section: Location,
+    deny: bool,
+    dns_allowed: bool,
+    diag: &mut Diag<'_>,
+) -> Vec<PortRule> {
+    if ports.is_some_and(|p| !p.is_empty()) && icmps.is_some_and(|i| !i.is_empty()) {
+        diag.invalid(
+            section,
+            "`icmps` cannot be combined with `toPorts` in the same rule (Cilium rejects this \
+             too): write them as separate entries",
+        );
+    }
+    let mut out: Vec<PortRule> = ports
+        .into_iter()
+        .flatten()
+        .filter_map(|p| port_rule(p, deny, dns_allowed, diag))
+        .collect();
+    out.extend(
+        icmps
+            .into_iter()
+            .flatten()
+            .filter_map(|i| icmp_rule(i, diag)),
+    );
+    out
+}
+
+/// One `egress[]` (or `egressDeny[]`) entry, with its `toFQDNs` entries. `None` when it is
+/// wrong, or when it allows nothing (no peers and no ports, such as `- {}`: in Cilium that
+/// only enables default deny).
 fn egress_rule(
     spec: &Spanned<EgressSpec>,
     scope: Scope<'_>,
+    deny: bool,
     diag: &mut Diag<'_>,
 ) -> Option<(EgressRule, Vec<FqdnAt>)> {
     let before = diag.count();
     let e = &spec.value;
     reject(e.rejected(), diag);
 
-    let given = |v: Option<usize>| v.unwrap_or(0) > 0;
-    let l3: Vec<&str> = [
-        ("toFQDNs", given(e.to_fqdns.as_ref().map(Vec::len))),
-        ("toCIDR", given(e.to_cidr.as_ref().map(Vec::len))),
-        ("toCIDRSet", given(e.to_cidr_set.as_ref().map(Vec::len))),
-        ("toEndpoints", given(e.to_endpoints.as_ref().map(Vec::len))),
-    ]
-    .into_iter()
-    .filter_map(|(name, present)| present.then_some(name))
-    .collect();
-    if let [first, second, ..] = l3.as_slice() {
-        diag.invalid(
-            at(spec),
-            format!(
-                "`{first}` cannot be combined with `{second}` in the same egress rule \
-                 (Cilium rejects this too): write them as separate `egress` entries"
-            ),
-        );
-    }
+    exclusive_l3(
+        &[
+            ("toFQDNs", e.to_fqdns.as_ref().map(Vec::len)),
+            ("toCIDR", e.to_cidr.as_ref().map(Vec::len)),
+            ("toCIDRSet", e.to_cidr_set.as_ref().map(Vec::len)),
+            ("toEndpoints", e.to_endpoints.as_ref().map(Vec::len)),
+            ("toEntities", e.to_entities.as_ref().map(Vec::len)),
+        ],
+        at(spec),
+        diag,
+    );
 
     let mut peers = Vec::new();
     let mut fqdns = Vec::new();
-    for f in e.to_fqdns.iter().flatten() {
+    if deny && let Some(f) = e.to_fqdns.as_ref().and_then(|f| f.first()) {
+        diag.invalid_field(
+            at(f),
+            "toFQDNs",
+            "`toFQDNs` is not allowed in `egressDeny` (Cilium does not allow it either): deny \
+             the addresses with `toCIDR`/`toCIDRSet`, or leave the names out of the allows",
+        );
+    }
+    for f in e.to_fqdns.iter().flatten().filter(|_| !deny) {
         if let Some(selector) = fqdn(f, "toFQDNs", diag) {
             peers.push(PeerSelector::Fqdn(selector.key().to_owned()));
             let written = f
@@ -308,7 +422,7 @@ fn egress_rule(
         }
     }
     for c in e.to_cidr_set.iter().flatten() {
-        if let Some(peer) = cidr_rule(c, diag) {
+        if let Some(peer) = cidr_rule(c, "toCIDRSet", diag) {
             peers.push(peer);
         }
     }
@@ -318,15 +432,82 @@ fn egress_rule(
             peers.push(PeerSelector::Endpoints(sel));
         }
     }
-    let ports: Vec<PortRule> = e
-        .to_ports
-        .iter()
-        .flatten()
-        .filter_map(|p| port_rule(p, diag))
-        .collect();
+    for text in e.to_entities.iter().flatten() {
+        if let Some(entity) = entity(text, "toEntities", diag) {
+            peers.push(PeerSelector::Entity(entity));
+        }
+    }
+    let ports = ports_and_icmps(
+        e.to_ports.as_ref(),
+        e.icmps.as_ref(),
+        at(spec),
+        deny,
+        true,
+        diag,
+    );
 
     if diag.count() != before || (peers.is_empty() && ports.is_empty()) {
         return None;
     }
     Some((EgressRule { peers, ports }, fqdns))
+}
+
+/// One `ingress[]` (or `ingressDeny[]`) entry: sources × ports. `None` when it is wrong or
+/// allows nothing (`- {}`, which only enables default deny).
+fn ingress_rule(
+    spec: &Spanned<IngressSpec>,
+    scope: Scope<'_>,
+    deny: bool,
+    diag: &mut Diag<'_>,
+) -> Option<EgressRule> {
+    let before = diag.count();
+    let i = &spec.value;
+    reject(i.rejected(), diag);
+    exclusive_l3(
+        &[
+            ("fromCIDR", i.from_cidr.as_ref().map(Vec::len)),
+            ("fromCIDRSet", i.from_cidr_set.as_ref().map(Vec::len)),
+            ("fromEndpoints", i.from_endpoints.as_ref().map(Vec::len)),
+            ("fromEntities", i.from_entities.as_ref().map(Vec::len)),
+        ],
+        at(spec),
+        diag,
+    );
+    let mut peers = Vec::new();
+    for c in i.from_cidr.iter().flatten() {
+        if let Some(cidr) = parse_cidr(c, "fromCIDR", diag) {
+            peers.push(PeerSelector::Cidr {
+                cidr,
+                except: Vec::new(),
+            });
+        }
+    }
+    for c in i.from_cidr_set.iter().flatten() {
+        if let Some(peer) = cidr_rule(c, "fromCIDRSet", diag) {
+            peers.push(peer);
+        }
+    }
+    for s in i.from_endpoints.iter().flatten() {
+        if let Some(mut sel) = selector(s, diag) {
+            scope.confine(&mut sel, true);
+            peers.push(PeerSelector::Endpoints(sel));
+        }
+    }
+    for text in i.from_entities.iter().flatten() {
+        if let Some(entity) = entity(text, "fromEntities", diag) {
+            peers.push(PeerSelector::Entity(entity));
+        }
+    }
+    let ports = ports_and_icmps(
+        i.to_ports.as_ref(),
+        i.icmps.as_ref(),
+        at(spec),
+        deny,
+        false,
+        diag,
+    );
+    if diag.count() != before || (peers.is_empty() && ports.is_empty()) {
+        return None;
+    }
+    Some(EgressRule { peers, ports })
 }

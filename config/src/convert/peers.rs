@@ -11,21 +11,29 @@ use super::reject;
 use crate::cnp::{CidrRuleSpec, FqdnSpec};
 use crate::yaml::{Diag, Text, at, sanitize};
 
-/// `toCIDRSet[]`: a CIDR minus exceptions, each inside it.
-pub(super) fn cidr_rule(spec: &Spanned<CidrRuleSpec>, diag: &mut Diag<'_>) -> Option<PeerSelector> {
+/// `toCIDRSet[]` / `fromCIDRSet[]` (`field`): a CIDR minus exceptions, each inside it.
+pub(super) fn cidr_rule(
+    spec: &Spanned<CidrRuleSpec>,
+    field: &str,
+    diag: &mut Diag<'_>,
+) -> Option<PeerSelector> {
     let c = &spec.value;
     if reject(c.rejected(), diag) {
         return None;
     }
     let Some(cidr_text) = &c.cidr else {
-        diag.missing(at(spec), &["cidr"], "a `toCIDRSet` entry needs a `cidr`");
+        diag.missing(
+            at(spec),
+            &["cidr"],
+            format!("a `{field}` entry needs a `cidr`"),
+        );
         return None;
     };
-    let cidr = parse_cidr(cidr_text, "toCIDRSet.cidr", diag);
+    let cidr = parse_cidr(cidr_text, &format!("{field}.cidr"), diag);
     let mut except = Vec::new();
     let mut ok = true;
     for x in c.except.iter().flatten() {
-        match (parse_cidr(x, "toCIDRSet.except", diag), cidr) {
+        match (parse_cidr(x, &format!("{field}.except"), diag), cidr) {
             (Some(net), Some(outer)) if outer.contains(&net) => except.push(net),
             (Some(net), Some(outer)) => {
                 ok = false;

@@ -6,13 +6,20 @@ use serde_saphyr::{Location, Spanned};
 use super::peers::fqdn;
 use super::reject;
 use crate::cnp::{PortProtocolSpec, PortRuleSpec};
+use crate::error::Unsupported;
 use crate::yaml::{Diag, Scalar, Text, at, sanitize};
 
 /// Cilium rejects a `toPorts` entry with more ports than this.
 const MAX_PORTS: usize = 40;
 
-/// One `toPorts[]` entry.
-pub(super) fn port_rule(spec: &Spanned<PortRuleSpec>, diag: &mut Diag<'_>) -> Option<PortRule> {
+/// One `toPorts[]` entry; in a deny section (`deny`) it may hold no `rules`, and DNS rules
+/// only in egress (`dns_allowed`).
+pub(super) fn port_rule(
+    spec: &Spanned<PortRuleSpec>,
+    deny: bool,
+    dns_allowed: bool,
+    diag: &mut Diag<'_>,
+) -> Option<PortRule> {
     let before = diag.count();
     let p = &spec.value;
     reject(p.rejected(), diag);
@@ -38,8 +45,25 @@ pub(super) fn port_rule(spec: &Spanned<PortRuleSpec>, diag: &mut Diag<'_>) -> Op
         .collect();
 
     let mut dns = None;
-    if let Some(rules) = &p.rules {
+    if let (true, Some(rules)) = (deny, &p.rules) {
+        diag.invalid_field(
+            at(rules),
+            "rules",
+            "a deny rule's `toPorts` takes no `rules` (Cilium's deny rules are L3/L4 only)",
+        );
+    } else if let Some(rules) = &p.rules {
         reject(rules.value.rejected(), diag);
+        if let (false, Some(first)) = (
+            dns_allowed,
+            rules.value.dns.as_ref().and_then(|d| d.first()),
+        ) {
+            diag.invalid_field(
+                at(first),
+                "dns",
+                "DNS rules apply to egress only (the endpoint's own queries): remove `rules.dns` \
+                 from this ingress rule",
+            );
+        }
         let specs = rules.value.dns.as_deref().unwrap_or_default();
         if !specs.is_empty() {
             for (pp, pp_at) in &ports {
@@ -127,14 +151,22 @@ fn port_number(value: &Spanned<Scalar>, field: &str, diag: &mut Diag<'_>) -> Opt
         {
             s.parse::<i128>().unwrap_or(i128::MAX)
         }
+        Scalar::Str(s)
+            if s.bytes().any(|b| b.is_ascii_alphabetic())
+                && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') =>
+        {
+            diag.unsupported(
+                at(value),
+                field,
+                format!("{field}: {} (a named port)", sanitize(s)),
+                Unsupported::KubernetesOnly,
+            );
+            return None;
+        }
         Scalar::Str(s) => {
             diag.invalid(
                 at(value),
-                format!(
-                    "`{field}` {:?}: named ports are not supported by fqdnd (its endpoints \
-                     declare no named ports); write the port number",
-                    sanitize(s)
-                ),
+                format!("`{field}` {:?} is not a port number (0-65535)", sanitize(s)),
             );
             return None;
         }

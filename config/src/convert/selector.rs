@@ -105,6 +105,18 @@ pub(super) fn selector(spec: &Spanned<SelectorSpec>, diag: &mut Diag<'_>) -> Opt
 
 fn selector_key(key: &Text, diag: &mut Diag<'_>) -> Option<String> {
     let k = key.value.as_str();
+    if let Some(("reserved", rest)) = k.split_once(':')
+        && !rest.is_empty()
+    {
+        // `reserved:health`, `reserved:init`, `reserved:host`…: Cilium's own pods and nodes.
+        diag.unsupported(
+            at(key),
+            k,
+            format!("selector label {k}"),
+            crate::error::Unsupported::KubernetesOnly,
+        );
+        return None;
+    }
     let problem = if k.is_empty() {
         Some("a label key must not be empty".to_owned())
     } else if k.chars().any(|c| c.is_whitespace() || c.is_control()) {

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 
 use fqdnd_config::{Config, Lists};
-use fqdnd_ipcache::policy::{DnsRule, PeerSelector, PortProtocol, Protocol};
+use fqdnd_ipcache::policy::{DnsRule, Entity, PeerSelector, PortProtocol, Protocol};
 use fqdnd_ipcache::{Endpoint, EndpointId};
 use fqdnd_namemgr::{FqdnSelector, Matcher, SelectorId};
 use ipnet::IpNet;
@@ -27,6 +27,15 @@ use prefix_trie::joint::map::JointPrefixMap;
 
 use crate::Error;
 use lists::NameList;
+
+const V4_ALL: IpNet = IpNet::V4(ipnet::Ipv4Net::new_assert(
+    std::net::Ipv4Addr::UNSPECIFIED,
+    0,
+));
+const V6_ALL: IpNet = IpNet::V6(ipnet::Ipv6Net::new_assert(
+    std::net::Ipv6Addr::UNSPECIFIED,
+    0,
+));
 
 /// The port rules must allow for DNS: the proxy is the DNS service, whatever port it listens
 /// on.
@@ -117,6 +126,10 @@ impl Grant {
 struct Group {
     enforcing: bool,
     grants: Vec<Grant>,
+    /// `egressDeny` entries reaching DNS servers: a query they match is denied whatever the
+    /// grants say (the datapath redirects DNS before its policy lookup, so the proxy applies
+    /// them).
+    denies: Vec<Grant>,
 }
 
 /// The compiled DNS policy of a configuration.
@@ -189,24 +202,31 @@ impl DnsPolicy {
             .filter(|r| r.endpoint_selector.matches(ep.labels.iter()))
         {
             group.enforcing |= rule.default_deny_egress;
-            for egress in &rule.egress {
-                let Some(servers) = Self::servers(config, &egress.peers) else {
-                    continue;
+            for (sections, deny) in [(&rule.egress, false), (&rule.egress_deny, true)] {
+                let out = if deny {
+                    &mut group.denies
+                } else {
+                    &mut group.grants
                 };
-                if egress.ports.is_empty() {
-                    group.grants.push(Grant {
-                        servers,
-                        ports: Vec::new(),
-                        names: None,
-                    });
-                    continue;
-                }
-                for port_rule in &egress.ports {
-                    group.grants.push(Grant {
-                        servers: servers.clone(),
-                        ports: port_rule.ports.clone(),
-                        names: port_rule.dns.as_deref().map(dns_matcher),
-                    });
+                for egress in sections {
+                    let Some(servers) = Self::servers(config, &egress.peers) else {
+                        continue;
+                    };
+                    if egress.ports.is_empty() {
+                        out.push(Grant {
+                            servers,
+                            ports: Vec::new(),
+                            names: None,
+                        });
+                        continue;
+                    }
+                    for port_rule in &egress.ports {
+                        out.push(Grant {
+                            servers: servers.clone(),
+                            ports: port_rule.ports.clone(),
+                            names: port_rule.dns.as_deref().map(dns_matcher),
+                        });
+                    }
                 }
             }
         }
@@ -232,7 +252,36 @@ impl DnsPolicy {
                         nets.extend(ep.addresses.iter().map(|a| (*a, Vec::new())));
                     }
                 }
-                PeerSelector::Fqdn(_) => {}
+                PeerSelector::Entity(Entity::All) => return Some(Servers::Any),
+                PeerSelector::Entity(Entity::World | Entity::WorldIpv4 | Entity::WorldIpv6) => {
+                    // Addresses outside the endpoints: the whole family minus the endpoints'.
+                    let own: Vec<IpNet> = config
+                        .endpoints
+                        .iter()
+                        .flat_map(|e| e.addresses.iter().copied())
+                        .collect();
+                    let families: &[IpNet] = match peer {
+                        PeerSelector::Entity(Entity::WorldIpv4) => &[V4_ALL],
+                        PeerSelector::Entity(Entity::WorldIpv6) => &[V6_ALL],
+                        _ => &[V4_ALL, V6_ALL],
+                    };
+                    for family in families {
+                        let except = own
+                            .iter()
+                            .filter(|a| family.contains(*a))
+                            .copied()
+                            .collect();
+                        nets.push((*family, except));
+                    }
+                }
+                PeerSelector::Entity(Entity::Cluster) => {
+                    for ep in &config.endpoints {
+                        nets.extend(ep.addresses.iter().map(|a| (*a, Vec::new())));
+                    }
+                }
+                // The host and remote nodes are no DNS server fqdnd knows the addresses of.
+                PeerSelector::Entity(Entity::Host | Entity::RemoteNode) | PeerSelector::Fqdn(_) => {
+                }
             }
         }
         (!nets.is_empty()).then_some(Servers::Prefixes(nets))
@@ -269,6 +318,13 @@ impl DnsPolicy {
         let Some(group) = self.groups.get(&endpoint) else {
             return Verdict::UnknownClient;
         };
+        if group
+            .denies
+            .iter()
+            .any(|g| g.allows(server, protocol, name))
+        {
+            return Verdict::Deny;
+        }
         let allowed = !group.enforcing
             || group
                 .grants
