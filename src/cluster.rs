@@ -42,8 +42,9 @@ pub(crate) trait Host: Send + Sync + 'static {
     /// whole or not at all; the errors if it was refused.
     fn reload_all(&self) -> std::result::Result<(), Vec<String>>;
     /// An HA gateway group's records learned by peers (or by this gateway before a restart):
-    /// learned as the local policy and breakers allow; how many were.
-    fn import_learned(&self, records: &[LearnedRecord]) -> usize;
+    /// learned as the local policy (for a query to one of `servers`, the proxy's listen
+    /// addresses) and breakers allow; how many were.
+    fn import_learned(&self, records: &[LearnedRecord], servers: &[std::net::SocketAddr]) -> usize;
 }
 
 /// The shared policy as this node accepted it.
@@ -215,6 +216,7 @@ impl ClusterRuntime {
         publish_addresses: bool,
         gateway: bool,
         clock: Clock,
+        listen: &[std::net::SocketAddr],
     ) -> Result<Arc<Self>> {
         let node = member_name(doc)?;
         let layout = Layout::new(&doc.prefix);
@@ -225,6 +227,7 @@ impl ClusterRuntime {
                 layout.clone(),
                 connect_options(doc),
                 clock,
+                listen,
             )),
             Some(group) => {
                 tracing::warn!(group, "`gatewayGroup` is for `fqdnd gateway`: ignored");

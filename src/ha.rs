@@ -9,6 +9,7 @@
 //! - Imported records go through [`Host::import_learned`]: the daemon's engine, its DNS policy,
 //!   its breakers and its journal.
 
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -40,12 +41,16 @@ impl Wall for ClockWall {
     }
 }
 
-/// Imported records, into the daemon.
-struct HostSink(Arc<dyn Host>);
+/// Imported records, into the daemon, checked as queries to `servers` (its listen
+/// addresses).
+struct HostSink {
+    host: Arc<dyn Host>,
+    servers: Arc<[SocketAddr]>,
+}
 
 impl LearnedSink for HostSink {
     fn import(&self, records: &[LearnedRecord]) -> usize {
-        self.0.import_learned(records)
+        self.host.import_learned(records, &self.servers)
     }
 }
 
@@ -54,6 +59,8 @@ pub(crate) struct Ha {
     config: ShareConfig,
     connect: Connect,
     clock: Clock,
+    /// The proxy's listen addresses: an imported answer is checked as a query to them.
+    servers: Arc<[SocketAddr]>,
     answers: mpsc::Sender<Answer>,
     receiver: Mutex<Option<mpsc::Receiver<Answer>>>,
     status: watch::Sender<ShareStatus>,
@@ -66,20 +73,27 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Ha {
-    /// Membership of `group` as gateway `gateway`.
+    /// Membership of `group` as gateway `gateway`, whose proxy listens on `servers`.
     pub(crate) fn new(
         gateway: &str,
         group: &str,
         layout: Layout,
         connect: Connect,
         clock: Clock,
+        servers: &[SocketAddr],
     ) -> Arc<Self> {
         let (answers, receiver) = mpsc::channel(QUEUE);
         tracing::info!(group, gateway, "HA gateway group: sharing learned answers");
+        if servers.iter().any(|s| s.ip().is_unspecified()) {
+            tracing::warn!(
+                "HA gateway group: a wildcard listen address matches only DNS rules without a destination; peers' answers are checked as queries to the listen addresses (listen on the pair's virtual address)"
+            );
+        }
         Arc::new(Self {
             config: ShareConfig::new(gateway, group, layout),
             connect,
             clock,
+            servers: servers.into(),
             answers,
             receiver: Mutex::new(Some(receiver)),
             status: watch::Sender::new(ShareStatus::new(group)),
@@ -111,7 +125,10 @@ impl Ha {
     /// [`IMPORT_AT_START`] (the importer task reads them once etcd answers).
     pub(crate) async fn import_before_serving(&self, host: Arc<dyn Host>) -> Result<()> {
         let store = EtcdStore::connect(&self.connect).await?;
-        let sink = Arc::new(HostSink(host));
+        let sink = Arc::new(HostSink {
+            host,
+            servers: Arc::clone(&self.servers),
+        });
         let wall = Arc::new(ClockWall(self.clock));
         let read = learned::import_all(&store, &self.config, &sink, &wall, &self.status);
         match tokio::time::timeout(IMPORT_AT_START, read).await {
@@ -164,7 +181,10 @@ impl Ha {
         let importer = learned::import(
             store.clone(),
             self.config.clone(),
-            Arc::new(HostSink(host)),
+            Arc::new(HostSink {
+                host,
+                servers: Arc::clone(&self.servers),
+            }),
             wall,
             *lock(&self.revision),
             self.status.clone(),

@@ -199,9 +199,13 @@ impl Host for Shared {
     }
 
     /// Each record is learned for the client group of its name here, if this gateway's DNS
-    /// policy lets the group ask for the name, for what is left of its TTL — through the
+    /// policy lets the group ask it (one of `servers`) for the name, for what is left of its TTL — through the
     /// engine's breakers into the kernel maps, and into the journal with `stateDir`.
-    fn import_learned(&self, records: &[fqdnd_cluster::LearnedRecord]) -> usize {
+    fn import_learned(
+        &self,
+        records: &[fqdnd_cluster::LearnedRecord],
+        servers: &[SocketAddr],
+    ) -> usize {
         let policy = self.dns.current();
         let Ok(mut engine) = lock(&self.engine, "engine") else {
             return 0;
@@ -219,7 +223,7 @@ impl Host for Shared {
                 tracing::debug!(client = %r.client, name = %r.name, "an imported answer names an unknown client group: skipped");
                 continue;
             };
-            if !policy.endpoint_may_ask(id, &r.name) {
+            if !policy.endpoint_may_ask(id, servers, &r.name) {
                 tracing::debug!(client = %r.client, name = %r.name, "an imported answer's name is refused here: skipped");
                 continue;
             }
@@ -523,6 +527,7 @@ pub(crate) async fn start(
             mode.publishes_cluster_addresses(),
             mode.name() == "gateway",
             clock,
+            &proxy.listen_udp,
         )?),
         _ => None,
     };
