@@ -8,7 +8,8 @@
 # timing from its log (`DNS cache restored … restore_ms`): identities, every answer learned
 # again through the NameManager and IpCache, one datapath commit (in-memory datapath; the
 # kernel maps are reconciled, not rewritten, when they already hold the entries).
-# Knobs (env): NAMES=100000 IPS=10, RUN=/tmp/fqdnd-restore-time. Last line:
+# Knobs (env): NAMES=100000 IPS=10, RUN=/tmp/fqdnd-restore-time, FQDND_BIN (a built fqdnd to
+# measure instead of building this tree's). Last line:
 #   restore-time: <entries> entries: read + decode <ms> ms, rebuild <ms> ms, total <ms> ms (...)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,8 +17,11 @@ RUN="${RUN:-/tmp/fqdnd-restore-time}"
 NAMES="${NAMES:-100000}"
 IPS="${IPS:-10}"
 cd "$ROOT"
-cargo build --release --locked --quiet
-BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/fqdnd"
+BIN="${FQDND_BIN:-}"
+if [[ -z $BIN ]]; then
+  cargo build --release --locked --quiet
+  BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/fqdnd"
+fi
 rm -rf "$RUN" && mkdir -p "$RUN"
 PID=
 trap '[ -n "$PID" ] && kill -9 "$PID" 2>/dev/null; true' EXIT

@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# vs-peers.sh — fqdnd gateway against dnsdist, same NSD upstream, same 2k-suffix policy, cache
-# off, in one run. Prints QPS at saturation and p50/p99 at fixed rates for both; the last line is
+# vs-peers.sh — fqdnd gateway against dnsdist, same NSD upstream, same 2k-suffix policy, in one
+# run: cache off (mode `nocache`) and both answer caches on (mode `cached`: dnsdist's packet
+# cache against fqdnd's gateway cache). Prints per mode and server the QPS at saturation, the
+# server's CPU µs per answered query (utime+stime from /proc/PID/stat over the saturation run:
+# the machine is shared, so this is the figure to compare) and p50/p99 at fixed rates; the
+# last lines are
+#   ratio fqdnd/dnsdist cached qps: X.XX
 #   ratio fqdnd/dnsdist qps: X.XX
 #
 #   NSD (authoritative, example.test: 10k A records)   127.0.0.1:5300
 #   dnsdist 1.7 (2 listeners, no packet cache)          127.0.0.1:5301
-#   fqdnd gateway (full FQDN engine on)                 127.0.0.1:5305
+#   dnsdist 1.7 (2 listeners, packet cache 100k)        127.0.0.1:5302
+#   fqdnd gateway (full FQDN engine on, cache off)      127.0.0.1:5305
+#   fqdnd gateway (the same, cache on: 100k entries)    127.0.0.1:5306
 #
 # Policy on both: allowed suffixes = example.test + 1000 others; denied = 500 suffixes inside
 # example.test + 500 elsewhere. fqdnd additionally learns every answer (NameManager → IpCache)
@@ -13,7 +20,8 @@
 # (steady state). Queries: the 10k names of the zone, shuffled.
 #
 # Knobs (env): DURATION=15 (s per saturation run), LAT_QPS="5000 20000", LAT_DURATION=10,
-# CLIENTS=4, OUTSTANDING=200, RUN=/tmp/fqdnd-vs-peers. Every process started here is stopped
+# CLIENTS=4, OUTSTANDING=200, RUN=/tmp/fqdnd-vs-peers, MODES="nocache cached",
+# FQDND_BIN (a built fqdnd to measure instead of building this tree's). Every process started here is stopped
 # on exit; every dnsperf run is bounded by -l and an outer timeout. Traffic stays on loopback.
 set -euo pipefail
 
@@ -25,7 +33,9 @@ LAT_QPS="${LAT_QPS:-5000 20000}"
 LAT_DURATION="${LAT_DURATION:-10}"
 CLIENTS="${CLIENTS:-4}"
 OUTSTANDING="${OUTSTANDING:-200}"
-AUTH=5300 DNSDIST=5301 FQDND=5305
+MODES="${MODES:-nocache cached}"
+FQDND_BIN="${FQDND_BIN:-}"
+AUTH=5300 DNSDIST=5301 DNSDIST_CACHED=5302 FQDND=5305 FQDND_CACHED=5306
 
 log() { printf '[vs-peers] %s\n' "$*" >&2; }
 
@@ -34,6 +44,7 @@ need() {
   command -v nsd >/dev/null || missing+=(nsd)
   command -v dnsdist >/dev/null || missing+=(dnsdist)
   command -v dnsperf >/dev/null || missing+=(dnsperf)
+  command -v dig >/dev/null || missing+=(bind9-dnsutils)
   if ((${#missing[@]})); then
     log "installing ${missing[*]}"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
@@ -80,10 +91,13 @@ zone:
     zonefile: "$RUN/example.test.zone"
 NSD
 
-  cat >"$RUN/dnsdist.conf" <<DD
+  for cached in 0 1; do
+    local port=$DNSDIST conf="$RUN/dnsdist.conf"
+    if ((cached)); then port=$DNSDIST_CACHED conf="$RUN/dnsdist-cached.conf"; fi
+    cat >"$conf" <<DD
 setACL({"127.0.0.0/8"})
-setLocal("127.0.0.1:$DNSDIST", {reusePort=true})
-addLocal("127.0.0.1:$DNSDIST", {reusePort=true})
+setLocal("127.0.0.1:$port", {reusePort=true})
+addLocal("127.0.0.1:$port", {reusePort=true})
 newServer({address="127.0.0.1:$AUTH", name="auth", sockets=2, checkName="example.test.", checkType="SOA", checkInterval=5})
 setServerPolicy(firstAvailable)
 allow = newSuffixMatchNode()
@@ -93,15 +107,26 @@ for line in io.lines("$RUN/deny.txt") do deny:add(line) end
 addAction(SuffixMatchNodeRule(deny, true), RCodeAction(DNSRCode.REFUSED))
 addAction(NotRule(SuffixMatchNodeRule(allow, true)), RCodeAction(DNSRCode.REFUSED))
 DD
+    if ((cached)); then
+      printf 'pc = newPacketCache(100000, {maxTTL=86400, minTTL=0, temporaryFailureTTL=60, staleTTL=60})\ngetPool(""):setCache(pc)\n' >>"$conf"
+    fi
+  done
 
-  {
-    cat <<GW
+  for cached in 0 1; do
+    local port=$FQDND file="$RUN/fqdnd.yaml" admin="$RUN/fqdnd.sock" cache=""
+    if ((cached)); then
+      port=$FQDND_CACHED file="$RUN/fqdnd-cached.yaml" admin="$RUN/fqdnd-cached.sock"
+      cache="  cache: {enabled: true, size: 100000}"
+    fi
+    {
+      cat <<GW
 apiVersion: fqdnd.io/v1
 kind: Gateway
 spec:
-  listen: ["127.0.0.1:$FQDND"]
+  listen: ["127.0.0.1:$port"]
   upstreams: ["127.0.0.1:$AUTH"]
-  adminSocket: $RUN/fqdnd.sock
+  adminSocket: $admin
+$cache
   lists:
     deny: [$RUN/deny.txt]
 ---
@@ -121,20 +146,31 @@ spec:
       rules:
         dns:
 GW
-    while read -r d; do printf '        - matchName: "%s"\n        - matchPattern: "**.%s"\n' "$d" "$d"; done <"$RUN/allow.txt"
-    cat <<GW
+      while read -r d; do printf '        - matchName: "%s"\n        - matchPattern: "**.%s"\n' "$d" "$d"; done <"$RUN/allow.txt"
+      cat <<GW
   - toFQDNs: [{matchPattern: "*.example.test"}]
     toPorts: [{ports: [{port: "443", protocol: TCP}]}]
 GW
-  } >"$RUN/fqdnd.yaml"
+    } >"$file"
+  done
 }
 
 field() { awk -F': *' -v k="$1" '$0 ~ k {print $2; exit}' "$2"; }
 
-saturate() { # name port
-  local out="$RUN/sat-$1.txt"
+cpu_ticks() { # pid -> utime+stime of the whole process (every thread), in clock ticks
+  awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0
+}
+
+saturate() { # name port pid -> "qps cpu_us_per_query"
+  local out="$RUN/sat-$1.txt" t0 t1
+  t0=$(cpu_ticks "$3")
   timeout $((DURATION + 30)) dnsperf -s 127.0.0.1 -p "$2" -d "$RUN/queries.txt" -l "$DURATION" -c "$CLIENTS" -q "$OUTSTANDING" -t 2 >"$out" 2>&1 || true
-  field 'Queries per second' "$out" | awk '{printf "%.0f", $1}'
+  t1=$(cpu_ticks "$3")
+  local qps done
+  qps=$(field 'Queries per second' "$out" | awk '{printf "%.0f", $1}')
+  done=$(field 'Queries completed' "$out" | awk '{print $1}')
+  awk -v q="${qps:-0}" -v n="${done:-0}" -v t=$((t1 - t0)) -v hz="$(getconf CLK_TCK)" \
+    'BEGIN{ if (n>0) printf "%s %.1f\n", q, t * 1e6 / hz / n; else printf "%s NA\n", q }'
 }
 
 latency() { # name port rate -> "p50 p99" in ms
@@ -154,36 +190,68 @@ wait_port() { # port
 
 main() {
   need
-  log "building fqdnd (release)"
-  (cd "$ROOT" && cargo build --release --locked --quiet)
+  local bin="$FQDND_BIN"
+  if [[ -z $bin ]]; then
+    log "building fqdnd (release)"
+    (cd "$ROOT" && cargo build --release --locked --quiet)
+    bin="$ROOT/target/release/fqdnd"
+  fi
   setup
   nsd -c "$RUN/nsd.conf" -d >"$RUN/nsd.out" 2>&1 & PIDS+=($!)
   wait_port $AUTH
-  dnsdist --supervised --disable-syslog -C "$RUN/dnsdist.conf" >"$RUN/dnsdist.out" 2>&1 & PIDS+=($!)
-  "$ROOT/target/release/fqdnd" gateway --config "$RUN/fqdnd.yaml" 2>"$RUN/fqdnd.err" & PIDS+=($!)
-  wait_port $DNSDIST
-  wait_port $FQDND
-  log "warm-up: every name once through fqdnd (steady state: names known)"
-  timeout 60 dnsperf -s 127.0.0.1 -p $FQDND -d "$RUN/queries.txt" -n 1 -c 1 -q 100 >/dev/null 2>&1 || true
+  declare -A PID PORT
+  local mode s
+  for mode in $MODES; do
+    if [[ $mode == cached ]]; then
+      dnsdist --supervised --disable-syslog -C "$RUN/dnsdist-cached.conf" >"$RUN/dnsdist-cached.out" 2>&1 & PIDS+=($!)
+      PID[dnsdist-cached]=$! PORT[dnsdist-cached]=$DNSDIST_CACHED
+      "$bin" gateway --config "$RUN/fqdnd-cached.yaml" 2>"$RUN/fqdnd-cached.err" & PIDS+=($!)
+      PID[fqdnd-cached]=$! PORT[fqdnd-cached]=$FQDND_CACHED
+    else
+      dnsdist --supervised --disable-syslog -C "$RUN/dnsdist.conf" >"$RUN/dnsdist.out" 2>&1 & PIDS+=($!)
+      PID[dnsdist]=$! PORT[dnsdist]=$DNSDIST
+      "$bin" gateway --config "$RUN/fqdnd.yaml" 2>"$RUN/fqdnd.err" & PIDS+=($!)
+      PID[fqdnd]=$! PORT[fqdnd]=$FQDND
+    fi
+  done
+  local servers=()
+  for mode in $MODES; do
+    if [[ $mode == cached ]]; then servers+=(dnsdist-cached fqdnd-cached); else servers+=(dnsdist fqdnd); fi
+  done
+  for s in "${servers[@]}"; do wait_port "${PORT[$s]}"; done
+  for s in "${servers[@]}"; do
+    # Warm-up: every name once (the engine knows every name; the caches hold every answer).
+    log "warm-up: every name once through $s"
+    timeout 60 dnsperf -s 127.0.0.1 -p "${PORT[$s]}" -d "$RUN/queries.txt" -n 1 -c 1 -q 100 >/dev/null 2>&1 || true
+  done
 
-  declare -A QPS P50_5 P99_5 P50_20 P99_20
-  for s in dnsdist fqdnd; do
-    port=$([[ $s == dnsdist ]] && echo $DNSDIST || echo $FQDND)
+  declare -A QPS CPU P50_5 P99_5 P50_20 P99_20
+  for s in "${servers[@]}"; do
     log "$s: saturation ${DURATION}s"
-    QPS[$s]=$(saturate "$s" "$port")
+    read -r QPS[$s] CPU[$s] < <(saturate "$s" "${PORT[$s]}" "${PID[$s]}")
     for rate in $LAT_QPS; do
       log "$s: ${rate} qps for ${LAT_DURATION}s"
-      read -r p50 p99 < <(latency "$s" "$port" "$rate")
+      read -r p50 p99 < <(latency "$s" "${PORT[$s]}" "$rate")
       if [[ $rate == 5000 ]]; then P50_5[$s]=$p50; P99_5[$s]=$p99; else P50_20[$s]=$p50; P99_20[$s]=$p99; fi
     done
   done
-  "$ROOT/target/release/fqdnd" status --admin-socket "$RUN/fqdnd.sock" >"$RUN/fqdnd-status.txt" 2>&1 || true
-  printf '\n%-8s %10s %18s %18s\n' server qps "p50/p99 ms @5k" "p50/p99 ms @20k"
-  for s in dnsdist fqdnd; do
-    printf '%-8s %10s %18s %18s\n' "$s" "${QPS[$s]:-NA}" "${P50_5[$s]:-NA}/${P99_5[$s]:-NA}" "${P50_20[$s]:-NA}/${P99_20[$s]:-NA}"
+  for s in fqdnd fqdnd-cached; do
+    [[ -n ${PID[$s]:-} ]] || continue
+    local sock="$RUN/$s.sock"
+    "$bin" status --admin-socket "$sock" >"$RUN/$s-status.txt" 2>&1 || true
   done
-  grep -E 'queries:|identities:|dns cache:' "$RUN/fqdnd-status.txt" | sed 's/^/fqdnd /' || true
-  awk -v a="${QPS[fqdnd]:-0}" -v b="${QPS[dnsdist]:-0}" 'BEGIN{ if (b>0) printf "ratio fqdnd/dnsdist qps: %.2f\n", a/b; else print "ratio fqdnd/dnsdist qps: NA" }'
+  printf '\n%-15s %10s %10s %18s %18s\n' server qps "cpu us/q" "p50/p99 ms @5k" "p50/p99 ms @20k"
+  for s in "${servers[@]}"; do
+    printf '%-15s %10s %10s %18s %18s\n' "$s" "${QPS[$s]:-NA}" "${CPU[$s]:-NA}" "${P50_5[$s]:-NA}/${P99_5[$s]:-NA}" "${P50_20[$s]:-NA}/${P99_20[$s]:-NA}"
+  done
+  for s in fqdnd fqdnd-cached; do
+    [[ -f "$RUN/$s-status.txt" ]] || continue
+    grep -E 'queries:|identities:|dns cache:|answer cache:' "$RUN/$s-status.txt" | sed "s/^/$s /" || true
+  done
+  ratio() { awk -v a="${QPS[$2]:-0}" -v b="${QPS[$3]:-0}" -v l="$1" 'BEGIN{ if (b>0) printf "%s: %.2f\n", l, a/b; else printf "%s: NA\n", l }'; }
+  [[ -n ${QPS[fqdnd-cached]:-} ]] && ratio "ratio fqdnd/dnsdist cached qps" fqdnd-cached dnsdist-cached
+  [[ -n ${QPS[fqdnd]:-} ]] && ratio "ratio fqdnd/dnsdist qps" fqdnd dnsdist
+  return 0
 }
 
 main "$@"

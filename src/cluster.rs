@@ -7,8 +7,11 @@
 //!   joins the configuration — so a restart while etcd is down changes nothing.
 //! - The configuration in force is the files' plus the shared policy ([`ClusterRuntime::rules`],
 //!   merged by the daemon skeleton in every apply); after every apply the endpoints in force
-//!   are handed to the node side, which publishes them ([`ClusterRuntime::set_local`]).
-//! - The node side's changes come back through [`EngineSink`]: numbers and remote endpoints to
+//!   are handed to the node side, which publishes them ([`ClusterRuntime::set_local`]), and so
+//!   are the node's own addresses each time they are read ([`ClusterRuntime::set_addresses`]:
+//!   published with the node's registration when they change).
+//! - The node side's changes come back through [`EngineSink`]: numbers, remote endpoints and
+//!   the other nodes' own addresses (the remote-node identity) to
 //!   the engine, a changed shared policy through a reload of the whole configuration (applied
 //!   atomically or not at all: [`Host::reload_all`]).
 
@@ -18,12 +21,12 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use fqdnd_cluster::node::{self, LocalEndpoint, NodeConfig, NodeStatus, Sink};
+use fqdnd_cluster::node::{self, Local, LocalEndpoint, NodeConfig, NodeStatus, Sink};
 use fqdnd_cluster::{
     Changes, Connect, EtcdStore, Label, Labels, Layout, LearnedRecord, ShareStatus, TlsFiles, View,
 };
 use fqdnd_config::{Config, Daemon};
-use fqdnd_engine::{ClusterUpdate, Engine, RemoteEndpoint};
+use fqdnd_engine::{ClusterUpdate, Engine, RemoteEndpoint, RemoteNode};
 use fqdnd_ipcache::policy::Rule;
 use fqdnd_ipcache::{Datapath, EndpointLabel, Identity, host_prefix};
 use serde::{Deserialize, Serialize};
@@ -69,6 +72,9 @@ pub(crate) struct ClusterStatus {
     pub(crate) revision: i64,
     pub(crate) identities: usize,
     pub(crate) remote_endpoints: usize,
+    /// Other nodes registered (their own addresses are the remote-node identity here).
+    #[serde(default)]
+    pub(crate) remote_nodes: usize,
     pub(crate) published: usize,
     pub(crate) resyncs: u64,
     pub(crate) last_error: Option<String>,
@@ -93,7 +99,7 @@ pub(crate) struct ClusterRuntime {
     /// The view read at start (taken by the node side when it starts).
     initial: Mutex<Option<View>>,
     rules: Mutex<SharedRules>,
-    local: watch::Sender<Vec<LocalEndpoint>>,
+    local: watch::Sender<Local>,
     status: watch::Sender<NodeStatus>,
     /// The HA gateway group (`fqdnd gateway` with `gatewayGroup`).
     ha: Option<Arc<Ha>>,
@@ -192,6 +198,15 @@ fn to_update(changes: &Changes) -> ClusterUpdate {
             .collect(),
         remote_removed: changes.endpoints_removed.clone(),
         remote_upserted: Vec::new(),
+        nodes_removed: changes.nodes_removed.clone(),
+        nodes_upserted: changes
+            .nodes_upserted
+            .iter()
+            .map(|n| RemoteNode {
+                name: n.node.clone(),
+                addresses: n.ips.clone(),
+            })
+            .collect(),
     };
     for (key, record) in &changes.endpoints_upserted {
         if record.ips.is_empty() {
@@ -277,7 +292,7 @@ impl ClusterRuntime {
             publish_addresses,
             initial: Mutex::new(Some(view)),
             rules: Mutex::new(shared),
-            local: watch::Sender::new(Vec::new()),
+            local: watch::Sender::new(Local::default()),
             status: watch::Sender::new(NodeStatus::default()),
             ha,
         }))
@@ -320,10 +335,27 @@ impl ClusterRuntime {
             })
             .collect();
         self.local.send_if_modified(|current| {
-            if *current == endpoints {
+            if current.endpoints == endpoints {
                 false
             } else {
-                *current = endpoints;
+                current.endpoints = endpoints;
+                true
+            }
+        });
+    }
+
+    /// The node's own addresses as just read (those it gives the host identity): published
+    /// with its registration, which the other nodes give the remote-node identity. Only a
+    /// changed set wakes the node side.
+    pub(crate) fn set_addresses(&self, addrs: &[std::net::IpAddr]) {
+        let mut addrs = addrs.to_vec();
+        addrs.sort_unstable();
+        addrs.dedup();
+        self.local.send_if_modified(|current| {
+            if current.addresses == addrs {
+                false
+            } else {
+                current.addresses = addrs;
                 true
             }
         });
@@ -378,6 +410,7 @@ impl ClusterRuntime {
             revision: s.revision,
             identities: s.identities,
             remote_endpoints: s.remote_endpoints,
+            remote_nodes: s.remote_nodes,
             published: s.published,
             resyncs: s.resyncs,
             last_error: s.last_error,

@@ -8,8 +8,8 @@
 //! (policy applies at once; a policy applied once reaches every node); the allocators give
 //! one global identity per label set and established flows survive the switch; cross-node
 //! `toEndpoints` is allowed and denied by labels, and web servers' ingress takes remote clients
-//! by their global identity but not another node's address or the host; a `toFQDNs` answer's identity stays on its
-//! node; new labels registered on every node at the same moment get one identity (repeated);
+//! by their global identity and the other nodes' own addresses as `remote-node`, but not the
+//! host or an address outside the cluster; a `toFQDNs` answer's identity stays on its node; new labels registered on every node at the same moment get one identity (repeated);
 //! the etcd leader, the allocator leader and a node are killed (-9) without any identity
 //! changing or being duplicated, and the dead node's endpoints go with its lease; then etcd is
 //! stopped entirely for `FQDND_CLUSTER_OUTAGE_SECS` (default 15; the issue's minute with 60):
@@ -358,8 +358,9 @@ fn quoted(items: &[String]) -> String {
 
 /// The policy every node gets from the cluster: clients may reach web servers on 8080 (on
 /// any node), ask any name, and reach what `api.example.test` resolves to on 8080; web
-/// servers take connections from clients only, on 8080 (ingress: a client on another node is
-/// known by its global identity).
+/// servers take connections from clients and from the other nodes (`remote-node`: their own
+/// addresses, which each node registers), on 8080 (ingress: a client on another node is known
+/// by its global identity).
 const SHARED_POLICY: &str = "apiVersion: cilium.io/v2
 kind: CiliumClusterwideNetworkPolicy
 metadata: {name: clients}
@@ -383,6 +384,8 @@ spec:
   endpointSelector: {matchLabels: {tier: web}}
   ingress:
   - fromEndpoints: [{matchLabels: {role: client}}]
+    toPorts: [{ports: [{port: \"8080\", protocol: TCP}]}]
+  - fromEntities: [remote-node]
     toPorts: [{ports: [{port: \"8080\", protocol: TCP}]}]
 ";
 
@@ -651,11 +654,28 @@ fn cluster_identities_endpoints_policy_and_failures() {
         "db is denied across nodes too"
     );
     // Web servers' ingress: the remote clients above passed by their global identity; another
-    // node's own address is no endpoint (world here), and the host identity stays each
-    // node's own and is no client: both dropped.
+    // node's own address (registered with it) is `remote-node` (identity 6) and passes; the
+    // host identity stays each node's own and is neither a client nor a remote node, and the
+    // core's address (on the same path as node1's, but no node's) is the world: both dropped.
+    let node1_addr = format!("{}/32", nodes[1].t.v4(250, 2));
+    converge("node1's own address is remote-node on node0", || {
+        nodes[0]
+            .t
+            .admin_json(&["ipcache", "list"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| {
+                r["prefix"].as_str() == Some(node1_addr.as_str())
+                    && r["identity"].as_u64() == Some(6)
+            })
+    });
+    converge("node1's host → node0 web (remote-node)", || {
+        tcp_reaches(&nodes[1].t.host, nodes[0].server(), REACHES)
+    });
     assert!(
-        !tcp_reaches(&nodes[1].t.host, nodes[0].server(), DROPPED),
-        "node1's host address is world on node0"
+        !tcp_reaches(&core.ns, nodes[0].server(), DROPPED),
+        "the core's address is world on node0"
     );
     assert!(
         !tcp_reaches(&nodes[0].t.host, nodes[0].server(), DROPPED),
@@ -754,6 +774,9 @@ fn cluster_identities_endpoints_policy_and_failures() {
     // Each node has its client, its server and five burst endpoints.
     converge("node2's endpoints gone from node0's ipcache", || {
         nodes[0].status()["cluster"]["remote_endpoints"].as_u64() == Some(7)
+    });
+    converge("node2's registration gone from node0", || {
+        nodes[0].status()["cluster"]["remote_nodes"].as_u64() == Some(1)
     });
     assert!(
         !tcp_reaches(nodes[0].client(), dead_server, DROPPED),

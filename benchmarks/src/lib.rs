@@ -57,3 +57,11 @@ pub fn rss_bytes() -> Option<u64> {
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }
+
+/// CPU time this thread has run, from /proc/thread-self/schedstat (nanoseconds): on a shared
+/// machine, what a phase cost without the time spent waiting for a CPU.
+pub fn thread_cpu() -> Option<std::time::Duration> {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns: u64 = stat.split_whitespace().next()?.parse().ok()?;
+    Some(std::time::Duration::from_nanos(ns))
+}

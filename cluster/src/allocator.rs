@@ -159,7 +159,7 @@ impl Allocator {
             Some(Key::Leader) => {
                 self.leader = Some(String::from_utf8_lossy(&kv.value).into_owned());
             }
-            Some(Key::Policy(_)) | None => {}
+            Some(Key::Policy(_) | Key::Node(_)) | None => {}
         }
     }
 

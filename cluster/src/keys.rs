@@ -5,6 +5,7 @@
 //! | `<p>/identities/id/<NNNNN>` | [`IdentityRecord`] (number and labels) | the allocator leader | none |
 //! | `<p>/identities/labels/<labels>` | [`IdentityRecord`] | the allocator leader, in the same transaction | none |
 //! | `<p>/endpoints/<labels>/<node>/<id>` | [`EndpointRecord`] | the node owning the endpoint | the node's |
+//! | `<p>/nodes/<node>` | [`NodeRecord`] (the node's own addresses) | the node | the node's |
 //! | `<p>/policies/<name>` | one CiliumNetworkPolicy document (YAML) | `fqdnd policy apply` | none |
 //! | `<p>/operator/leader` | the leading allocator's name | the leader | the leader's |
 //! | `<p>/operator/next` | the allocator's next-fit cursor (decimal) | the allocator leader | none |
@@ -55,6 +56,18 @@ pub struct EndpointRecord {
     pub identity: Option<u32>,
 }
 
+/// A node's registration: its own addresses (those it gives the host identity), which the
+/// other nodes give the remote-node identity. Fields added later carry `#[serde(default)]`, so
+/// an older node's record still reads.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    /// The node's name.
+    pub node: String,
+    /// Its own addresses (none for a gateway).
+    #[serde(default)]
+    pub ips: Vec<IpAddr>,
+}
+
 /// Where everything lives under one prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
@@ -77,6 +90,8 @@ pub enum Key {
         /// Its id on the node.
         id: u16,
     },
+    /// `nodes/<node>`.
+    Node(String),
     /// `policies/<name>`.
     Policy(String),
     /// `operator/leader`.
@@ -137,6 +152,16 @@ impl Layout {
         format!("{}{node}/{id}", self.endpoints_of(labels))
     }
 
+    /// `<p>/nodes/`.
+    pub fn nodes(&self) -> String {
+        format!("{}/nodes/", self.prefix)
+    }
+
+    /// `<p>/nodes/<node>`: the node's registration.
+    pub fn node(&self, node: &str) -> String {
+        format!("{}/nodes/{node}", self.prefix)
+    }
+
     /// `<p>/policies/`.
     pub fn policies(&self) -> String {
         format!("{}/policies/", self.prefix)
@@ -186,6 +211,7 @@ impl Layout {
                     id: id.parse().ok()?,
                 })
             }
+            "nodes" => valid_name(rest).then(|| Key::Node(rest.to_owned())),
             "policies" => valid_policy_name(rest).then(|| Key::Policy(rest.to_owned())),
             "operator" => match rest {
                 "leader" => Some(Key::Leader),
@@ -275,6 +301,7 @@ mod tests {
             l.parse(&l.policy("cnp/default/web")),
             Some(Key::Policy("cnp/default/web".into()))
         );
+        assert_eq!(l.parse(&l.node("node-1")), Some(Key::Node("node-1".into())));
         assert_eq!(l.parse(&l.leader()), Some(Key::Leader));
         assert_eq!(l.parse(&l.cursor()), Some(Key::Cursor));
     }
@@ -292,6 +319,8 @@ mod tests {
             "/fqdnd/endpoints/k8s:app=web/node-1/x",
             "/fqdnd/endpoints/k8s:app=web/no de/1",
             "/fqdnd/policies/../x",
+            "/fqdnd/nodes/a/b",
+            "/fqdnd/nodes/",
             "/fqdnd/operator/other",
         ] {
             assert_eq!(l.parse(key), None, "{key}");

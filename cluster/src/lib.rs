@@ -4,7 +4,8 @@
 //!
 //! It owns
 //! - the **key layout** under one prefix ([`keys`]): identities by number and by label set,
-//!   endpoints per label set and node under the node's lease, shared policy documents, the
+//!   endpoints per label set and node under the node's lease, each node's registration with
+//!   its own addresses under the same lease, shared policy documents, the
 //!   allocator's leader key and cursor;
 //! - the **store** behind a trait ([`Store`]): etcd's data model (revisions, transactions with
 //!   compares, leases, ordered watches), with [`EtcdStore`] over etcd's v3 API and
@@ -14,8 +15,8 @@
 //!   that fails rather than make a duplicate, collected only when no endpoint has used it for
 //!   a grace period;
 //! - the **node side** ([`node::run`], [`View`]): watching the cluster, handing what changed to
-//!   a [`Sink`], publishing the node's endpoints under its lease, persisting the view for a
-//!   restart while etcd is down;
+//!   a [`Sink`], publishing the node's endpoints and registration (its own addresses) under
+//!   its lease, persisting the view for a restart while etcd is down;
 //! - a **highly available gateway group** ([`learned`]): what each gateway's DNS answers
 //!   taught, published batched under expiry-bucket leases and imported by its peers through a
 //!   [`LearnedSink`] the binary implements.
@@ -45,11 +46,11 @@ mod view;
 pub use allocator::{Allocator, Plan, check_identities};
 pub use error::{Error, StoreError};
 pub use etcd::{Connect, EtcdStore, EtcdWatch, TlsFiles};
-pub use keys::{CLUSTER_MAX, CLUSTER_MIN, EndpointRecord, IdentityRecord, Key, Layout};
+pub use keys::{CLUSTER_MAX, CLUSTER_MIN, EndpointRecord, IdentityRecord, Key, Layout, NodeRecord};
 pub use labels::{Label, Labels};
 pub use learned::{LearnedRecord, LearnedSink, ShareConfig, ShareStatus, Wall};
 pub use memory::{MemoryStore, MemoryWatch};
-pub use node::{LocalEndpoint, NodeConfig, NodeStatus, Sink};
+pub use node::{Local, LocalEndpoint, NodeConfig, NodeStatus, Sink};
 pub use operator::{OperatorConfig, OperatorStatus};
 pub use store::{
     CmpOp, Compare, Event, Kv, LeaseId, Op, Revision, Snapshot, Store, Target, Txn, TxnOutcome,

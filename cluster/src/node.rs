@@ -8,7 +8,9 @@
 //!   snapshot and hands the sink only the difference (no flush).
 //! - **Publish.** Each local endpoint is one key `<p>/endpoints/<labels>/<node>/<id>` under the
 //!   node's lease, carrying its global identity once the view has one (a temporary identity
-//!   never leaves the node). Published keys are diffed against the wanted ones after every
+//!   never leaves the node); the node's registration `<p>/nodes/<node>`, under the same lease,
+//!   carries its own addresses (the other nodes' remote-node identity), put again only when
+//!   they change. Published keys are diffed against the wanted ones after every
 //!   local change and every identity change; when the lease is lost, everything is put again
 //!   under a new one. Stopping does not revoke the lease: a restarted node takes its keys
 //!   over before the lease expires, so other nodes never see them go.
@@ -29,7 +31,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::error::{Error, StoreError};
-use crate::keys::{EndpointRecord, Layout};
+use crate::keys::{EndpointRecord, Layout, NodeRecord};
 use crate::labels::Labels;
 use crate::store::{LeaseId, Op, Store, Txn, Watch};
 use crate::view::{Changes, View, write_state};
@@ -48,6 +50,15 @@ pub struct LocalEndpoint {
     pub labels: Labels,
     /// Its addresses (none for a gateway's client groups).
     pub ips: Vec<IpAddr>,
+}
+
+/// What the node publishes, as the daemon has it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Local {
+    /// Its endpoints.
+    pub endpoints: Vec<LocalEndpoint>,
+    /// Its own addresses (those it gives the host identity; none for a gateway).
+    pub addresses: Vec<IpAddr>,
 }
 
 /// Where the node's view goes: the daemon's engine.
@@ -85,6 +96,8 @@ pub struct NodeStatus {
     pub identities: usize,
     /// Endpoints of other nodes known.
     pub remote_endpoints: usize,
+    /// Other nodes registered.
+    pub remote_nodes: usize,
     /// Shared policy documents.
     pub policies: usize,
     /// Endpoints of this node published.
@@ -103,7 +116,7 @@ struct Publisher {
 }
 
 /// Runs the node side until `stop`, starting from `view` (what the state file held, or
-/// empty). `local` carries the node's endpoints as the daemon has them.
+/// empty). `local` carries the node's endpoints and addresses as the daemon has them.
 ///
 /// # Errors
 /// Only an invalid node name; store failures are retried.
@@ -112,7 +125,7 @@ pub async fn run<S: Store, K: Sink>(
     config: NodeConfig,
     mut view: View,
     sink: Arc<K>,
-    mut local: watch::Receiver<Vec<LocalEndpoint>>,
+    mut local: watch::Receiver<Local>,
     status: watch::Sender<NodeStatus>,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), Error> {
@@ -129,6 +142,17 @@ pub async fn run<S: Store, K: Sink>(
     let mut backoff = Duration::from_millis(200);
     let mut first = true;
     // What it knows before it reaches the store (the state file's view).
+    let registration = config.layout.node(&config.node);
+    let describe = |s: &mut NodeStatus, view: &View, publisher: &Publisher| {
+        s.leader.clone_from(&view.leader);
+        s.revision = view.revision;
+        s.identities = view.identities.len();
+        s.remote_endpoints = view.endpoints.len();
+        s.remote_nodes = view.nodes.len();
+        s.policies = view.policies.len();
+        s.published = publisher.published.len()
+            - usize::from(publisher.published.contains_key(&registration));
+    };
     status.send_modify(|s| describe(s, &view, &publisher));
     loop {
         if *stop.borrow() {
@@ -183,8 +207,8 @@ pub async fn run<S: Store, K: Sink>(
         let mut wanted = true;
         let failure = loop {
             if wanted {
-                let endpoints = local.borrow_and_update().clone();
-                if let Err(e) = publish(&store, &config, &view, &endpoints, &mut publisher).await {
+                let local = local.borrow_and_update().clone();
+                if let Err(e) = publish(&store, &config, &view, &local, &mut publisher).await {
                     break e;
                 }
                 status.send_modify(|s| describe(s, &view, &publisher));
@@ -253,15 +277,6 @@ pub(crate) async fn retry_pause(backoff: &mut Duration, stop: &mut watch::Receiv
         _ = stop.changed() => {}
     }
     *backoff = (*backoff * 2).min(Duration::from_secs(2));
-}
-
-fn describe(s: &mut NodeStatus, view: &View, publisher: &Publisher) {
-    s.leader.clone_from(&view.leader);
-    s.revision = view.revision;
-    s.identities = view.identities.len();
-    s.remote_endpoints = view.endpoints.len();
-    s.policies = view.policies.len();
-    s.published = publisher.published.len();
 }
 
 fn disconnected(status: &watch::Sender<NodeStatus>, error: &StoreError, started: Instant) {
@@ -365,13 +380,21 @@ async fn apply<K: Sink>(sink: &Arc<K>, changes: Changes) {
     }
 }
 
-/// The keys and values this node should have published.
-pub fn wanted(
-    config: &NodeConfig,
-    view: &View,
-    endpoints: &[LocalEndpoint],
-) -> BTreeMap<String, Vec<u8>> {
-    endpoints
+/// The keys and values this node should have published: its endpoints and its registration.
+pub fn wanted(config: &NodeConfig, view: &View, local: &Local) -> BTreeMap<String, Vec<u8>> {
+    let mut ips = local.addresses.clone();
+    ips.sort_unstable();
+    ips.dedup();
+    let registration = NodeRecord {
+        node: config.node.clone(),
+        ips,
+    };
+    let registration = (
+        config.layout.node(&config.node),
+        serde_json::to_vec(&registration).unwrap_or_default(),
+    );
+    local
+        .endpoints
         .iter()
         .map(|e| {
             let record = EndpointRecord {
@@ -387,6 +410,7 @@ pub fn wanted(
                 serde_json::to_vec(&record).unwrap_or_default(),
             )
         })
+        .chain(std::iter::once(registration))
         .collect()
 }
 
@@ -396,10 +420,10 @@ async fn publish<S: Store>(
     store: &S,
     config: &NodeConfig,
     view: &View,
-    endpoints: &[LocalEndpoint],
+    local: &Local,
     publisher: &mut Publisher,
 ) -> Result<(), StoreError> {
-    let want = wanted(config, view, endpoints);
+    let want = wanted(config, view, local);
     for _attempt in 0..3 {
         let lease = match publisher.lease {
             Some(lease) => lease,

@@ -1,5 +1,6 @@
 //! What a node knows of the cluster ([`View`]): the global identities, the other nodes'
-//! endpoints, the shared policy documents and the allocator leader — built from a snapshot and
+//! endpoints and registrations (their own addresses), the shared policy documents and the
+//! allocator leader — built from a snapshot and
 //! the watch events after it, compared with an older view to say what changed ([`Changes`]),
 //! and kept in the state directory so a node restarted while etcd is down starts from it.
 
@@ -10,12 +11,15 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
-use crate::keys::{EndpointRecord, IdentityRecord, Key, Layout};
+use crate::keys::{EndpointRecord, IdentityRecord, Key, Layout, NodeRecord};
 use crate::labels::Labels;
 use crate::store::{Event, Kv, Revision, Snapshot};
 
-/// The first bytes of a state file, with the format version.
-const MAGIC: &[u8; 8] = b"FQDNDCL1";
+/// The first bytes of a state file, with the format version (2: with the other nodes'
+/// registrations).
+const MAGIC: &[u8; 8] = b"FQDNDCL2";
+/// Version 1 (before the nodes' registrations), still read.
+const MAGIC_V1: &[u8; 8] = b"FQDNDCL1";
 
 /// The cluster as one node sees it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,6 +34,32 @@ pub struct View {
     pub policies: BTreeMap<String, String>,
     /// The allocator leader's name.
     pub leader: Option<String>,
+    /// The other nodes' registrations, by node name.
+    pub nodes: BTreeMap<String, NodeRecord>,
+}
+
+/// A state file of version 1: a [`View`] without `nodes` (the compact encoding has no field
+/// names, so the old layout is read as its own type).
+#[derive(Deserialize)]
+struct ViewV1 {
+    revision: Revision,
+    identities: BTreeMap<Labels, u32>,
+    endpoints: BTreeMap<String, EndpointRecord>,
+    policies: BTreeMap<String, String>,
+    leader: Option<String>,
+}
+
+impl From<ViewV1> for View {
+    fn from(v: ViewV1) -> Self {
+        Self {
+            revision: v.revision,
+            identities: v.identities,
+            endpoints: v.endpoints,
+            policies: v.policies,
+            leader: v.leader,
+            nodes: BTreeMap::new(),
+        }
+    }
 }
 
 /// What changed between two views, in the order a node applies it.
@@ -47,6 +77,10 @@ pub struct Changes {
     pub policies: Option<BTreeMap<String, String>>,
     /// Whether the leader changed.
     pub leader: bool,
+    /// Other nodes whose registration went (by name).
+    pub nodes_removed: Vec<String>,
+    /// Other nodes registered, or whose addresses changed.
+    pub nodes_upserted: Vec<NodeRecord>,
 }
 
 impl Changes {
@@ -58,6 +92,8 @@ impl Changes {
             && self.endpoints_upserted.is_empty()
             && self.policies.is_none()
             && !self.leader
+            && self.nodes_removed.is_empty()
+            && self.nodes_upserted.is_empty()
     }
 
     /// Whether the identity table changed.
@@ -66,12 +102,21 @@ impl Changes {
     }
 }
 
-/// This node's own endpoint keys found in a snapshot (what an earlier run published).
+/// This node's own keys (endpoints and registration) found in a snapshot (what an earlier run
+/// published).
 pub type Own = BTreeMap<String, Kv>;
 
+/// Whether `key` is one node `node` publishes (its endpoints, its registration).
+fn is_own(parsed: Option<&Key>, node: &str) -> bool {
+    match parsed {
+        Some(Key::Endpoint { node: n, .. } | Key::Node(n)) => n == node,
+        _ => false,
+    }
+}
+
 impl View {
-    /// The view of a snapshot of the whole prefix, for node `node` (its own endpoints are
-    /// returned apart, not in the view).
+    /// The view of a snapshot of the whole prefix, for node `node` (its own endpoints and
+    /// registration are returned apart, not in the view).
     pub fn from_snapshot(layout: &Layout, node: &str, snapshot: &Snapshot) -> (Self, Own) {
         let mut view = Self {
             revision: snapshot.revision,
@@ -79,9 +124,7 @@ impl View {
         };
         let mut own = Own::new();
         for kv in &snapshot.kvs {
-            if let Some(Key::Endpoint { node: n, .. }) = layout.parse(&kv.key)
-                && n == node
-            {
+            if is_own(layout.parse(&kv.key).as_ref(), node) {
                 own.insert(kv.key.clone(), kv.clone());
                 continue;
             }
@@ -91,8 +134,8 @@ impl View {
     }
 
     /// Applies watch events; returns what changed (net over the batch: a key created and
-    /// deleted in it is no change). Events about node `node`'s own endpoints are returned
-    /// apart: (key, still there). Costs what the batch touches, not the size of the view.
+    /// deleted in it is no change). Events about node `node`'s own keys (endpoints,
+    /// registration) are returned apart: (key, still there). Costs what the batch touches, not the size of the view.
     pub fn apply(
         &mut self,
         layout: &Layout,
@@ -103,16 +146,17 @@ impl View {
         // What each touched key held before the batch.
         let mut identities: BTreeMap<Labels, Option<u32>> = BTreeMap::new();
         let mut endpoints: BTreeMap<String, Option<EndpointRecord>> = BTreeMap::new();
+        let mut nodes: BTreeMap<String, Option<NodeRecord>> = BTreeMap::new();
         let policies_before = self.policies.len();
         let mut policies_touched = false;
         let leader_before = self.leader.clone();
         for event in events {
             let parsed = layout.parse(event.key());
+            if is_own(parsed.as_ref(), node) {
+                own.push((event.key().to_owned(), matches!(event, Event::Put(_))));
+                continue;
+            }
             match &parsed {
-                Some(Key::Endpoint { node: n, .. }) if n == node => {
-                    own.push((event.key().to_owned(), matches!(event, Event::Put(_))));
-                    continue;
-                }
                 Some(Key::IdentityByLabels(labels)) => {
                     identities
                         .entry(labels.clone())
@@ -122,6 +166,11 @@ impl View {
                     endpoints
                         .entry(event.key().to_owned())
                         .or_insert_with(|| self.endpoints.get(event.key()).cloned());
+                }
+                Some(Key::Node(n)) => {
+                    nodes
+                        .entry(n.clone())
+                        .or_insert_with(|| self.nodes.get(n).cloned());
                 }
                 Some(Key::Policy(_)) => policies_touched = true,
                 _ => {}
@@ -153,6 +202,13 @@ impl View {
                 _ => {}
             }
         }
+        for (name, before) in nodes {
+            match self.nodes.get(&name) {
+                None if before.is_some() => c.nodes_removed.push(name),
+                Some(now) if before.as_ref() != Some(now) => c.nodes_upserted.push(now.clone()),
+                _ => {}
+            }
+        }
         if policies_touched || policies_before != self.policies.len() {
             c.policies = Some(self.policies.clone());
         }
@@ -160,7 +216,7 @@ impl View {
         (c, own)
     }
 
-    /// Applies [`Changes`] made elsewhere to this view (the identities, endpoints and
+    /// Applies [`Changes`] made elsewhere to this view (the identities, endpoints, nodes and
     /// policies; not the revision or the leader's name).
     pub fn absorb(&mut self, changes: &Changes) {
         for (labels, _) in &changes.unassigned {
@@ -174,6 +230,12 @@ impl View {
         }
         for (key, record) in &changes.endpoints_upserted {
             self.endpoints.insert(key.clone(), record.clone());
+        }
+        for name in &changes.nodes_removed {
+            self.nodes.remove(name);
+        }
+        for record in &changes.nodes_upserted {
+            self.nodes.insert(record.node.clone(), record.clone());
         }
         if let Some(policies) = &changes.policies {
             self.policies.clone_from(policies);
@@ -205,6 +267,16 @@ impl View {
                     tracing::warn!(key = %kv.key, "an endpoint value that does not match its key is ignored");
                 }
             },
+            Some(Key::Node(n)) if n != node => {
+                match serde_json::from_slice::<NodeRecord>(&kv.value) {
+                    Ok(record) if record.node == n => {
+                        self.nodes.insert(n, record);
+                    }
+                    _ => {
+                        tracing::warn!(key = %kv.key, "a node registration that does not match its key is ignored");
+                    }
+                }
+            }
             Some(Key::Policy(name)) => match String::from_utf8(kv.value.clone()) {
                 Ok(text) => {
                     self.policies.insert(name, text);
@@ -225,6 +297,9 @@ impl View {
             }
             Some(Key::Endpoint { .. }) => {
                 self.endpoints.remove(key);
+            }
+            Some(Key::Node(name)) => {
+                self.nodes.remove(&name);
             }
             Some(Key::Policy(name)) => {
                 self.policies.remove(&name);
@@ -257,6 +332,16 @@ impl View {
                 c.endpoints_upserted.push((key.clone(), record.clone()));
             }
         }
+        for name in self.nodes.keys() {
+            if !new.nodes.contains_key(name) {
+                c.nodes_removed.push(name.clone());
+            }
+        }
+        for (name, record) in &new.nodes {
+            if self.nodes.get(name) != Some(record) {
+                c.nodes_upserted.push(record.clone());
+            }
+        }
         if self.policies != new.policies {
             c.policies = Some(new.policies.clone());
         }
@@ -264,10 +349,11 @@ impl View {
         c
     }
 
-    /// Reads a view written by [`View::save`]; `None` if there is no file.
+    /// Reads a view written by [`View::save`] (or by a version-1 node, without the other
+    /// nodes' registrations); `None` if there is no file.
     ///
     /// # Errors
-    /// The file cannot be read or is not a state file of this version.
+    /// The file cannot be read or is not a state file of a known version.
     pub fn load(path: &Path) -> Result<Option<Self>, Error> {
         let bytes = match std::fs::read(path) {
             Ok(bytes) => bytes,
@@ -284,6 +370,11 @@ impl View {
             path: path.to_path_buf(),
             reason: reason.to_owned(),
         };
+        if let Some(body) = bytes.strip_prefix(MAGIC_V1.as_slice()) {
+            return postcard::from_bytes::<ViewV1>(body)
+                .map(|v| Some(v.into()))
+                .map_err(|e| format(&e.to_string()));
+        }
         let body = bytes
             .strip_prefix(MAGIC.as_slice())
             .ok_or_else(|| format("no header"))?;
@@ -478,6 +569,118 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("cluster.state");
         view.save(&path).unwrap();
+        assert_eq!(View::load(&path).unwrap(), Some(view));
+    }
+
+    /// Other nodes' registrations are in the view (not this node's own: it is returned apart
+    /// with its endpoints), their changes and removal come out as changes.
+    #[test]
+    fn registrations_of_other_nodes_are_in_the_view_and_this_nodes_apart() {
+        let l = Layout::new("/c");
+        let reg = |node: &str, ip: &str, rev: Revision| {
+            kv(
+                l.node(node),
+                serde_json::to_vec(&NodeRecord {
+                    node: node.into(),
+                    ips: vec![ip.parse().unwrap()],
+                })
+                .unwrap(),
+                rev,
+            )
+        };
+        let snapshot = Snapshot {
+            kvs: vec![reg("a", "192.0.2.1", 3), reg("b", "192.0.2.2", 4)],
+            revision: 5,
+        };
+        let (mut view, own) = View::from_snapshot(&l, "a", &snapshot);
+        assert_eq!(own.keys().collect::<Vec<_>>(), vec![&l.node("a")]);
+        assert_eq!(view.nodes.keys().collect::<Vec<_>>(), vec!["b"]);
+        let mut mirror = view.clone();
+        let (changes, own) = view.apply(
+            &l,
+            "a",
+            &[
+                Event::Put(reg("b", "192.0.2.3", 6)),
+                Event::Put(reg("c", "192.0.2.4", 7)),
+                Event::Delete {
+                    key: l.node("a"),
+                    revision: 8,
+                },
+            ],
+        );
+        assert_eq!(own, vec![(l.node("a"), false)]);
+        assert_eq!(
+            changes
+                .nodes_upserted
+                .iter()
+                .map(|r| r.node.as_str())
+                .collect::<Vec<_>>(),
+            vec!["b", "c"]
+        );
+        mirror.absorb(&changes);
+        assert_eq!(mirror.nodes, view.nodes);
+        // A registration whose key and value disagree is ignored.
+        let mut forged = reg("d", "192.0.2.5", 9);
+        forged.key = l.node("e");
+        let (changes, _) = view.apply(
+            &l,
+            "a",
+            &[
+                Event::Put(forged),
+                Event::Delete {
+                    key: l.node("b"),
+                    revision: 10,
+                },
+            ],
+        );
+        assert_eq!(changes.nodes_removed, vec!["b".to_owned()]);
+        assert!(changes.nodes_upserted.is_empty());
+        assert_eq!(View::default().diff(&view).nodes_upserted.len(), 1);
+    }
+
+    /// A state file of version 1 (before registrations) still reads, without nodes.
+    #[test]
+    fn a_version_1_state_file_still_reads() {
+        #[derive(Serialize)]
+        struct V1<'a> {
+            revision: Revision,
+            identities: &'a BTreeMap<Labels, u32>,
+            endpoints: &'a BTreeMap<String, EndpointRecord>,
+            policies: &'a BTreeMap<String, String>,
+            leader: Option<String>,
+        }
+        let mut view = View {
+            revision: 42,
+            leader: Some("op".into()),
+            ..View::default()
+        };
+        view.identities.insert(labels("web"), 300);
+        view.policies.insert("p".into(), "text".into());
+        let bytes = postcard::to_extend(
+            &V1 {
+                revision: view.revision,
+                identities: &view.identities,
+                endpoints: &view.endpoints,
+                policies: &view.policies,
+                leader: view.leader.clone(),
+            },
+            MAGIC_V1.to_vec(),
+        )
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cluster.state");
+        std::fs::write(&path, bytes).unwrap();
+        assert_eq!(View::load(&path).unwrap(), Some(view.clone()));
+        // Written again, it is version 2, with the nodes.
+        view.nodes.insert(
+            "b".into(),
+            NodeRecord {
+                node: "b".into(),
+                ips: vec!["192.0.2.1".parse().unwrap()],
+            },
+        );
+        view.save(&path).unwrap();
+        assert!(std::fs::read(&path).unwrap().starts_with(MAGIC));
         assert_eq!(View::load(&path).unwrap(), Some(view));
     }
 }

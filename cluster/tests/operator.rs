@@ -11,10 +11,10 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fqdnd_cluster::node::{self, LocalEndpoint, NodeConfig, NodeStatus, Sink};
+use fqdnd_cluster::node::{self, Local, LocalEndpoint, NodeConfig, NodeStatus, Sink};
 use fqdnd_cluster::operator::{self, OperatorConfig, OperatorStatus};
 use fqdnd_cluster::{
-    Changes, Label, Labels, Layout, MemoryStore, Op, Store, Txn, View, check_identities,
+    Changes, Label, Labels, Layout, MemoryStore, NodeRecord, Op, Store, Txn, View, check_identities,
 };
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -248,7 +248,7 @@ impl Sink for Recorder {
 
 struct Node {
     sink: Arc<Recorder>,
-    local: watch::Sender<Vec<LocalEndpoint>>,
+    local: watch::Sender<Local>,
     status: watch::Receiver<NodeStatus>,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
@@ -267,7 +267,7 @@ fn start_node(
         state_file: state,
     };
     let sink = Arc::new(Recorder::default());
-    let (local, local_rx) = watch::channel(Vec::new());
+    let (local, local_rx) = watch::channel(Local::default());
     let (status_tx, status) = watch::channel(NodeStatus::default());
     let (stop, stop_rx) = watch::channel(false);
     let store = store.clone();
@@ -283,6 +283,14 @@ fn start_node(
         status,
         stop,
         task,
+    }
+}
+
+/// The node's endpoints, without addresses of its own.
+fn endpoints(endpoints: Vec<LocalEndpoint>) -> Local {
+    Local {
+        endpoints,
+        addresses: Vec::new(),
     }
 }
 
@@ -302,7 +310,8 @@ async fn nodes_publish_learn_each_others_endpoints_survive_an_outage_and_a_lost_
     let state_a = dir.path().join("a.state");
     let a = start_node(&store, "a", View::default(), Some(state_a.clone()));
     let b = start_node(&store, "b", View::default(), None);
-    a.local.send_replace(vec![endpoint(1, "web", "10.0.0.1")]);
+    a.local
+        .send_replace(endpoints(vec![endpoint(1, "web", "10.0.0.1")]));
     until(&store, "a published", || a.status.borrow().published == 1).await;
     // No allocator yet: b sees a's endpoint without a global identity.
     until(&store, "b sees a's endpoint", || {
@@ -339,10 +348,10 @@ async fn nodes_publish_learn_each_others_endpoints_survive_an_outage_and_a_lost_
         saved.identities.get(&labels("web")),
         b.sink.last.lock().unwrap().identities.get(&labels("web"))
     );
-    a.local.send_replace(vec![
+    a.local.send_replace(endpoints(vec![
         endpoint(1, "web", "10.0.0.1"),
         endpoint(2, "api", "10.0.0.2"),
-    ]);
+    ]));
     pass(&store, Duration::from_secs(30)).await;
     assert_eq!(
         b.sink.last.lock().unwrap().endpoints.len(),
@@ -413,4 +422,88 @@ async fn nodes_publish_learn_each_others_endpoints_survive_an_outage_and_a_lost_
     }
     let _ = a2.stop.send(true);
     a2.task.await.unwrap();
+}
+
+/// Each node registers under its lease with its own addresses: the others learn them, a
+/// change of the set reaches them, the same set again writes nothing, and when the node is
+/// gone (its lease expired) the others see its registration go.
+#[tokio::test(start_paused = true)]
+async fn nodes_register_their_addresses_and_the_registration_goes_with_the_lease() {
+    let store = MemoryStore::new();
+    let layout = Layout::new("/t");
+    let a = start_node(&store, "a", View::default(), None);
+    let b = start_node(&store, "b", View::default(), None);
+    let addr = |s: &str| -> std::net::IpAddr { s.parse().unwrap() };
+    a.local.send_replace(Local {
+        endpoints: vec![endpoint(1, "web", "10.0.0.1")],
+        addresses: vec![addr("192.0.2.2"), addr("192.0.2.1")],
+    });
+    until(&store, "b knows a's addresses", || {
+        b.sink.last.lock().unwrap().nodes.get("a")
+            == Some(&NodeRecord {
+                node: "a".into(),
+                ips: vec![addr("192.0.2.1"), addr("192.0.2.2")],
+            })
+    })
+    .await;
+    // a knows b's registration (no addresses), never its own; the registration is not an
+    // endpoint.
+    until(&store, "a knows b", || {
+        a.sink.last.lock().unwrap().nodes.contains_key("b")
+    })
+    .await;
+    assert!(!b.sink.last.lock().unwrap().nodes.contains_key("b"));
+    assert_eq!(a.status.borrow().published, 1);
+    assert_eq!(b.status.borrow().remote_nodes, 1);
+    // The same set again (the daemon reads the addresses every second): nothing is written.
+    let key = layout.node("a");
+    let revision = |kvs: Vec<fqdnd_cluster::Kv>| {
+        kvs.iter()
+            .find(|kv| kv.key == key)
+            .map(|kv| kv.mod_revision)
+    };
+    let before = revision(store.range(&layout.nodes()).await.unwrap().kvs);
+    a.local.send_replace(Local {
+        endpoints: vec![endpoint(1, "web", "10.0.0.1")],
+        addresses: vec![addr("192.0.2.1"), addr("192.0.2.2")],
+    });
+    pass(&store, Duration::from_secs(3)).await;
+    assert_eq!(
+        revision(store.range(&layout.nodes()).await.unwrap().kvs),
+        before
+    );
+    // Another set: b gets the change.
+    a.local.send_replace(Local {
+        endpoints: vec![endpoint(1, "web", "10.0.0.1")],
+        addresses: vec![addr("192.0.2.3")],
+    });
+    until(&store, "b sees a's new addresses", || {
+        b.sink
+            .last
+            .lock()
+            .unwrap()
+            .nodes
+            .get("a")
+            .map(|r| r.ips.clone())
+            == Some(vec![addr("192.0.2.3")])
+    })
+    .await;
+    // a stops (its lease is left to expire): b sees its registration and endpoint go.
+    let _ = a.stop.send(true);
+    a.task.await.unwrap();
+    until(&store, "a's registration expired at b", || {
+        let view = b.sink.last.lock().unwrap();
+        !view.nodes.contains_key("a") && view.endpoints.is_empty()
+    })
+    .await;
+    assert!(
+        b.sink
+            .changes
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|c| c.nodes_removed == vec!["a".to_owned()])
+    );
+    let _ = b.stop.send(true);
+    b.task.await.unwrap();
 }

@@ -27,6 +27,12 @@
 //!   randomizeCase: false                      # 0x20 towards upstreams (answers must echo it)
 //!   rateLimit: {qps: 200, burst: 400, action: drop}   # per client address; or refused
 //!   enforceInterfaces: [lan0]                 # kernel enforcement of forwarded traffic
+//!   cache:                                    # answer cache; off unless given
+//!     enabled: true                           # default true once `cache` is given
+//!     size: 10000                             # entries
+//!     minTTL: 0s                              # record TTLs raised to at least this
+//!     maxTTL: 1d                              # and cut to at most this
+//!     maxNegativeTTL: 1h                      # NXDOMAIN/NODATA: min(SOA TTL, MINIMUM), at most this
 //! ---
 //! apiVersion: fqdnd.io/v1
 //! kind: Node                                  # every field optional
@@ -56,7 +62,9 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_saphyr::Spanned;
 
-use fqdnd_dnsproxy::{HoldFallback, RateLimitAction, TruncatedAction, UpstreamTimeoutAction};
+use fqdnd_dnsproxy::{
+    CacheConfig, HoldFallback, RateLimitAction, TruncatedAction, UpstreamTimeoutAction,
+};
 
 use crate::cnp::ObjectMeta;
 use crate::yaml::{Diag, Text, at, duration, sanitize, shape};
@@ -235,6 +243,8 @@ pub struct Gateway {
     /// The bpffs directory for pinned maps and links when enforcing (default: versioned,
     /// under `/sys/fs/bpf/fqdnd`).
     pub pin_dir: Option<PathBuf>,
+    /// The answer cache (`cache`); `None`: off (the default).
+    pub cache: Option<CacheConfig>,
     /// What every mode shares.
     pub daemon: Daemon,
 }
@@ -304,6 +314,7 @@ struct DaemonSpec {
     upstreams: Option<Vec<Text>>,
     static_zones: Option<Vec<Spanned<ZoneSpec>>>,
     enforce_interfaces: Option<Vec<Text>>,
+    cache: Option<Spanned<CacheSpec>>,
     // Node only.
     dns_proxy_port: Option<Spanned<u16>>,
     conntrack_idle_timeout: Option<Text>,
@@ -358,6 +369,19 @@ struct RateLimitSpec {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(remote = "Self")]
+struct CacheSpec {
+    enabled: Option<bool>,
+    size: Option<Spanned<u64>>,
+    #[serde(rename = "minTTL")]
+    min_ttl: Option<Text>,
+    #[serde(rename = "maxTTL")]
+    max_ttl: Option<Text>,
+    #[serde(rename = "maxNegativeTTL")]
+    max_negative_ttl: Option<Text>,
+}
+
+#[derive(Debug, Deserialize)]
 #[serde(remote = "Self", rename_all = "camelCase")]
 struct ZoneSpec {
     origin: Text,
@@ -380,6 +404,7 @@ shape!(
     MapSizesSpec,
     ConntrackSpec,
     RateLimitSpec,
+    CacheSpec,
     ZoneSpec,
     ListsSpec,
 );
@@ -467,6 +492,7 @@ pub(crate) fn gateway(doc: &Spanned<DaemonDoc>, diag: &mut Diag<'_>) -> Option<G
         }
     }
     g.pin_dir = spec.pin_dir.as_ref().map(relative);
+    g.cache = spec.cache.as_ref().and_then(|c| cache(c, diag));
     g.daemon = daemon(spec, &base, Daemon::default(), diag);
     if diag.count() == before {
         if g.listen.is_empty() {
@@ -480,6 +506,40 @@ pub(crate) fn gateway(doc: &Spanned<DaemonDoc>, diag: &mut Diag<'_>) -> Option<G
         }
     }
     (diag.count() == before).then_some(g)
+}
+
+/// The `cache` block: `None` when it is off (`enabled: false`) or wrong (reported).
+fn cache(spec: &Spanned<CacheSpec>, diag: &mut Diag<'_>) -> Option<CacheConfig> {
+    let c = &spec.value;
+    let mut config = CacheConfig::default();
+    let before = diag.count();
+    if let Some(size) = &c.size {
+        match usize::try_from(size.value) {
+            Ok(n) if (1..=100_000_000).contains(&n) => config.max_entries = n,
+            _ => diag.invalid(at(size), "`cache.size` must be 1 to 100000000 entries"),
+        }
+    }
+    let mut seconds = |field: &str, text: &Option<Text>, into: &mut u32| {
+        if let Some(text) = text
+            && let Some(d) = duration(field, text, diag)
+        {
+            match u32::try_from(d.as_secs()) {
+                Ok(s) if d.subsec_nanos() == 0 => *into = s,
+                _ => diag.invalid(at(text), format!("`{field}` must be whole seconds")),
+            }
+        }
+    };
+    seconds("cache.minTTL", &c.min_ttl, &mut config.min_ttl);
+    seconds("cache.maxTTL", &c.max_ttl, &mut config.max_ttl);
+    seconds(
+        "cache.maxNegativeTTL",
+        &c.max_negative_ttl,
+        &mut config.max_negative_ttl,
+    );
+    if diag.count() == before && config.min_ttl > config.max_ttl {
+        diag.invalid(at(spec), "`cache.minTTL` must not exceed `cache.maxTTL`");
+    }
+    (diag.count() == before && c.enabled != Some(false)).then_some(config)
 }
 
 /// Converts the `Node` document; `None` if anything in it is wrong.
@@ -497,12 +557,14 @@ pub(crate) fn node(doc: &Spanned<DaemonDoc>, diag: &mut Diag<'_>) -> Option<Node
         || spec.upstreams.is_some()
         || spec.static_zones.is_some()
         || spec.enforce_interfaces.is_some()
+        || spec.cache.is_some()
     {
         diag.invalid(
             spec_at,
             "a `Node` forwards each query to the resolver the endpoint asked (its original \
-             destination) and enforces every declared endpoint's interface: `listen`, \
-             `upstreams`, `staticZones` and `enforceInterfaces` belong to a `kind: Gateway`",
+             destination, no answer cache, as Cilium's proxy) and enforces every declared \
+             endpoint's interface: `listen`, `upstreams`, `staticZones`, `enforceInterfaces` \
+             and `cache` belong to a `kind: Gateway`",
         );
     }
     if let Some(port) = &spec.dns_proxy_port {

@@ -138,6 +138,9 @@ pub struct Config {
     /// on first use and kept); a query to one more gets SERVFAIL and is counted
     /// (`fqdnd_dns_original_destination_overflow_total`).
     pub max_original_destinations: usize,
+    /// The answer cache (see [`crate::CacheConfig`]); `None` (the default) caches nothing.
+    /// Not with `forward_to_original_destination`.
+    pub cache: Option<crate::CacheConfig>,
 }
 
 impl Default for Config {
@@ -169,6 +172,7 @@ impl Default for Config {
             transparent: false,
             forward_to_original_destination: false,
             max_original_destinations: 64,
+            cache: None,
         }
     }
 }

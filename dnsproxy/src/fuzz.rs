@@ -154,6 +154,7 @@ pub fn answer_path(client_query: &[u8], answer: &[u8], shape: AnswerShape) -> Op
                 tag: 0,
                 udp_limit: parsed.udp_limit,
                 opt: parsed.opt,
+                cache_flags: 0,
                 received: now,
             },
         }),

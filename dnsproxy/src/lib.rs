@@ -89,6 +89,8 @@
 #![forbid(unsafe_code)]
 
 mod answer;
+mod batch;
+mod cache;
 mod case;
 mod config;
 mod error;
@@ -121,6 +123,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+pub use crate::cache::{CacheConfig, CacheStats};
 pub use crate::metrics::{DropReason, ProxyStats, UpstreamHealth, describe_metrics};
 pub use config::{
     Config, HoldFallback, RateLimitAction, RejectCode, TruncatedAction, UpstreamTimeoutAction,
@@ -254,7 +257,11 @@ impl DnsProxy {
             config.rate_limit_burst,
             config.rate_limit_clients,
         );
+        let cache = config
+            .cache
+            .map(|c| cache::AnswerCache::new(c, metrics::cache_metrics()));
         let shared = Arc::new(Shared {
+            cache,
             config,
             policy,
             observer,
@@ -429,6 +436,7 @@ fn stats(shared: &Shared) -> ProxyStats {
         raw_reply_errors: m.raw_reply_errors.get(),
         original_destination_overflow: m.original_destination_overflow.get(),
         original_destinations: shared.originals.as_ref().map_or(0, OriginalUpstreams::len),
+        cache: shared.cache.as_ref().map(cache::AnswerCache::stats),
     }
 }
 
@@ -491,6 +499,17 @@ fn validate(config: &Config) -> Result<(), Error> {
     }
     if config.health_check_failures == 0 {
         return invalid("health_check_failures must be at least 1");
+    }
+    if let Some(cache) = &config.cache {
+        if config.forward_to_original_destination {
+            return invalid("the answer cache cannot be used with forward_to_original_destination");
+        }
+        if cache.max_entries == 0 {
+            return invalid("cache max_entries must be at least 1");
+        }
+        if cache.min_ttl > cache.max_ttl {
+            return invalid("cache min_ttl must not exceed max_ttl");
+        }
     }
     if config.tcp_idle_timeout.is_zero() {
         return invalid("tcp_idle_timeout must be positive");

@@ -12,6 +12,7 @@ use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
+use crate::batch::RecvBatch;
 use crate::error::Error;
 use crate::framing::{FrameReader, Next};
 use crate::policy::Transport;
@@ -96,8 +97,10 @@ pub(crate) fn bind_tcp(addr: SocketAddr, transparent: bool) -> Result<TcpListene
     Ok(TcpListener::from_std(socket.into())?)
 }
 
-/// Serves one UDP listener socket: after each readiness wake, reads until the socket is empty.
-/// In transparent mode each datagram's original destination is the query's server (the
+/// Serves one UDP listener socket: after each readiness wake, reads until the socket is empty,
+/// up to [`crate::batch::RECV_BATCH`] datagrams per `recvmmsg`; the queries a batch forwards leave in one
+/// `sendmmsg` per upstream socket and its replies in one `sendmmsg`, after the batch. In
+/// transparent mode each datagram's original destination is the query's server (the
 /// listener's address if the kernel reported none).
 pub(crate) async fn udp_loop(shared: Arc<Shared>, index: usize) -> Result<(), Error> {
     let listener = &shared.udp[index];
@@ -107,29 +110,15 @@ pub(crate) async fn udp_loop(shared: Arc<Shared>, index: usize) -> Result<(), Er
         addr: local,
         source,
     };
-    let mut buf = vec![0u8; 65_536];
     let transparent = shared.config.transparent;
-    let mut cmsg = if transparent {
-        transparent::cmsg_buffer()
-    } else {
-        Vec::new()
-    };
-    let mut worker = Worker::new(index);
+    let mut batch = RecvBatch::new(transparent);
+    let mut worker = Worker::batching(index, shared.udp.len());
     loop {
         listener.socket.readable().await.map_err(fail)?;
-        let mut batch = 0;
+        let mut handled = 0;
         loop {
-            let received = if transparent {
-                transparent::try_recv_orig_dst(&listener.socket, &mut buf, &mut cmsg)
-                    .map(|(n, client, orig)| (n, client, orig.unwrap_or(local)))
-            } else {
-                listener
-                    .socket
-                    .try_recv_from(&mut buf)
-                    .map(|(n, client)| (n, client, local))
-            };
-            let (n, client, server) = match received {
-                Ok(received) => received,
+            let n = match batch.try_recv(&listener.socket) {
+                Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if is_transient(&e) => continue,
                 Err(e) => {
@@ -138,23 +127,38 @@ pub(crate) async fn udp_loop(shared: Arc<Shared>, index: usize) -> Result<(), Er
                     break;
                 }
             };
-            let raw = &mut buf[..n];
-            let handled = shared
-                .handle_query(&mut worker, raw, client, server, Transport::Udp, || {
-                    ReplyTo::Udp {
-                        listener: index,
-                        server,
-                    }
-                })
-                .await;
-            if handled == Handled::Reply {
-                shared
-                    .send_udp_reply(index, server, &worker.scratch, client)
+            for i in 0..n {
+                let Some((got, raw)) = batch.get(i) else {
+                    break;
+                };
+                let client = got.from;
+                let server = if transparent {
+                    got.orig_dst.unwrap_or(local)
+                } else {
+                    local
+                };
+                let outcome = shared
+                    .handle_query(&mut worker, raw, client, server, Transport::Udp, || {
+                        ReplyTo::Udp {
+                            listener: index,
+                            server,
+                        }
+                    })
                     .await;
+                if outcome == Handled::Reply {
+                    if shared.needs_raw(index, server) {
+                        shared
+                            .send_udp_reply(index, server, &worker.scratch, client)
+                            .await;
+                    } else {
+                        worker.replies.push(index, &worker.scratch, client);
+                    }
+                }
             }
-            batch += 1;
-            if batch == BATCH {
-                batch = 0;
+            shared.flush(&mut worker).await;
+            handled += n;
+            if handled >= BATCH {
+                handled = 0;
                 tokio::task::yield_now().await;
             }
         }

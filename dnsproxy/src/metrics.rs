@@ -53,6 +53,19 @@ pub const ORIGINAL_DESTINATION_OVERFLOW: &str = "fqdnd_dns_original_destination_
 /// Original destinations forwarded to (upstreams opened on first use).
 pub const ORIGINAL_DESTINATIONS: &str = "fqdnd_dns_original_destinations";
 
+/// Allowed queries answered from the answer cache (gateway, `cache` on).
+pub const CACHE_HITS: &str = "fqdnd_dns_cache_hits_total";
+/// Allowed queries the answer cache could not answer (forwarded).
+pub const CACHE_MISSES: &str = "fqdnd_dns_cache_misses_total";
+/// Answers stored in the answer cache.
+pub const CACHE_INSERTS: &str = "fqdnd_dns_cache_inserts_total";
+/// Entries pushed out of the answer cache to make room (`max_entries`).
+pub const CACHE_EVICTIONS: &str = "fqdnd_dns_cache_evictions_total";
+/// Entries found expired on lookup and dropped.
+pub const CACHE_EXPIRED: &str = "fqdnd_dns_cache_expired_total";
+/// Entries in the answer cache (sampled on insert and expiry).
+pub const CACHE_ENTRIES: &str = "fqdnd_dns_cache_entries";
+
 /// Describes every metric once; the binary calls it after installing its recorder.
 pub fn describe_metrics() {
     metrics::describe_counter!(QUERIES, Unit::Count, "DNS queries by how they ended");
@@ -128,6 +141,44 @@ pub fn describe_metrics() {
         Unit::Count,
         "original destinations with an upstream opened"
     );
+    metrics::describe_counter!(
+        CACHE_HITS,
+        Unit::Count,
+        "allowed queries answered from the answer cache"
+    );
+    metrics::describe_counter!(
+        CACHE_MISSES,
+        Unit::Count,
+        "allowed queries the answer cache could not answer"
+    );
+    metrics::describe_counter!(
+        CACHE_INSERTS,
+        Unit::Count,
+        "answers stored in the answer cache"
+    );
+    metrics::describe_counter!(
+        CACHE_EVICTIONS,
+        Unit::Count,
+        "answer cache entries pushed out to make room"
+    );
+    metrics::describe_counter!(
+        CACHE_EXPIRED,
+        Unit::Count,
+        "answer cache entries found expired and dropped"
+    );
+    metrics::describe_gauge!(CACHE_ENTRIES, Unit::Count, "entries in the answer cache");
+}
+
+/// The answer cache's metric handles.
+pub(crate) fn cache_metrics() -> crate::cache::CacheMetrics {
+    crate::cache::CacheMetrics {
+        hits: metrics::counter!(CACHE_HITS),
+        misses: metrics::counter!(CACHE_MISSES),
+        inserts: metrics::counter!(CACHE_INSERTS),
+        evictions: metrics::counter!(CACHE_EVICTIONS),
+        expired: metrics::counter!(CACHE_EXPIRED),
+        entries: metrics::gauge!(CACHE_ENTRIES),
+    }
 }
 
 /// Why an upstream answer was dropped.
@@ -240,6 +291,8 @@ pub struct ProxyStats {
     pub original_destination_overflow: u64,
     /// Original destinations with an upstream opened (`forward_to_original_destination`).
     pub original_destinations: usize,
+    /// The answer cache's counters, when it is on.
+    pub cache: Option<crate::cache::CacheStats>,
 }
 
 impl ProxyStats {

@@ -76,11 +76,78 @@ impl NotForwarded {
     }
 }
 
-/// Parses a client's message once (hickory-proto) and walks its question on the wire.
+/// Parses a client's message once and walks its question on the wire: the common shape (see
+/// [`parse_plain`]) on the wire alone, anything else with hickory-proto.
 pub(crate) fn parse(raw: &[u8]) -> Result<ParsedQuery, NotForwarded> {
     if raw.len() < wire::HEADER_LEN {
         return Err(NotForwarded::Runt);
     }
+    if let Some(parsed) = parse_plain(raw) {
+        return parsed;
+    }
+    parse_hickory(raw)
+}
+
+/// The query shape nearly every client sends, read without hickory-proto (which allocates a
+/// message, its question and its name): QR=0, one question whose name is uncompressed and at
+/// most 255 bytes on the wire, no answer or authority records, and either no additional
+/// record or a single OPT record owned by the root with no options (RDLENGTH 0). For such
+/// bytes the result is exactly [`parse_hickory`]'s (a test compares them); `None` for any
+/// other message, which then goes to [`parse_hickory`].
+fn parse_plain(raw: &[u8]) -> Option<Result<ParsedQuery, NotForwarded>> {
+    let header = raw.get(..wire::HEADER_LEN)?;
+    let count = |i: usize| u16::from_be_bytes([header[i], header[i + 1]]);
+    if wire::is_response(raw) || count(4) != 1 || count(6) != 0 || count(8) != 0 {
+        return None;
+    }
+    let question = Question::parse(raw)?;
+    // hickory-proto refuses a name longer than 255 bytes on the wire (root label included).
+    if question.name(raw).len() > 255 {
+        return None;
+    }
+    let (opt, udp_limit) = match count(10) {
+        0 => (None, 512),
+        1 => {
+            // Root owner, TYPE OPT, CLASS = payload size, TTL = ext-RCODE/version/flags,
+            // RDLENGTH 0.
+            let rr = raw.get(question.end()..question.end() + 11)?;
+            if rr[0] != 0 || u16::from_be_bytes([rr[1], rr[2]]) != 41 || rr[9..11] != [0, 0] {
+                return None;
+            }
+            let payload = u16::from_be_bytes([rr[3], rr[4]]).max(512);
+            let opt = Opt {
+                dnssec_ok: rr[7] & 0x80 != 0,
+                rcode_high: 0,
+            };
+            (Some(opt), payload)
+        }
+        _ => return None,
+    };
+    let id = wire::id(raw)?;
+    let qtype = RecordType::from(question.qtype(raw));
+    if (raw[2] >> 3) & 0x0f != 0 {
+        return Some(Err(NotForwarded::Reply {
+            id,
+            question: Some(question),
+            qtype: Some(qtype),
+            code: rcode::NOTIMP,
+            opt,
+        }));
+    }
+    let mut name = String::with_capacity(question.name(raw).len());
+    question.canonical_name(raw, &mut name);
+    Some(Ok(ParsedQuery {
+        client_id: id,
+        opt,
+        question,
+        qtype,
+        udp_limit,
+        name,
+    }))
+}
+
+/// Parses a client's message with hickory-proto and walks its question on the wire.
+fn parse_hickory(raw: &[u8]) -> Result<ParsedQuery, NotForwarded> {
     let Ok(msg) = Message::from_vec(raw) else {
         return Err(match wire::id(raw) {
             // Never answer something that claims to be a response.
@@ -134,6 +201,101 @@ pub(crate) fn parse(raw: &[u8]) -> Result<ParsedQuery, NotForwarded> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// A query of the common shape or near it: header flags (QR and OPCODE often clear), one question (labels of any
+    /// bytes, any length up to 70), any type and class, no OPT or an OPT record with any
+    /// owner byte, type, payload, flags and RDLENGTH, trailing bytes; counts sometimes off.
+    fn near_plain() -> impl Strategy<Value = Vec<u8>> {
+        (
+            any::<[u8; 4]>(),
+            prop::collection::vec(
+                prop_oneof![
+                    8 => prop::collection::vec(any::<u8>(), 1..20),
+                    1 => prop::collection::vec(any::<u8>(), 0..70),
+                ],
+                0..6,
+            ),
+            prop_oneof![2 => Just(0x07u8), 1 => Just(0x7fu8), 1 => Just(0xffu8)],
+            any::<[u8; 4]>(),
+            prop::option::of((
+                prop_oneof![3 => Just(0u8), 1 => any::<u8>()],
+                prop_oneof![3 => Just(41u16), 1 => any::<u16>()],
+                any::<[u8; 6]>(),
+                prop_oneof![3 => Just(0u16), 1 => 0u16..8],
+            )),
+            prop::collection::vec(any::<u8>(), 0..12),
+            prop_oneof![
+                6 => Just(None),
+                1 => Just(Some(0u8)),
+                1 => Just(Some(2u8)),
+                1 => any::<u8>().prop_map(Some),
+            ],
+        )
+            .prop_map(|(head, labels, qr_mask, tc, opt, trailing, miscount)| {
+                let flags = head[2] & qr_mask;
+                let mut m = vec![head[0], head[1], flags, head[3], 0, 1, 0, 0, 0, 0, 0, 0];
+                m[11] = u8::from(opt.is_some());
+                for label in &labels {
+                    m.push(u8::try_from(label.len()).unwrap());
+                    m.extend_from_slice(label);
+                }
+                m.push(0);
+                m.extend_from_slice(&tc);
+                if let Some((owner, rtype, rest, rdlen)) = opt {
+                    m.push(owner);
+                    m.extend_from_slice(&rtype.to_be_bytes());
+                    m.extend_from_slice(&rest);
+                    m.extend_from_slice(&rdlen.to_be_bytes());
+                }
+                m.extend_from_slice(&trailing);
+                if let Some(count) = miscount {
+                    let at = 5 + 2 * usize::from(count % 4);
+                    m[at] = count;
+                }
+                m
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn the_plain_path_agrees_with_hickory(raw in near_plain()) {
+            if let Some(plain) = parse_plain(&raw) {
+                prop_assert_eq!(plain, parse_hickory(&raw));
+            }
+        }
+    }
+
+    #[test]
+    fn common_queries_take_the_plain_path() {
+        let mut q = query([0x01, 0], 1, b"\x03www\x07example\x00");
+        assert!(parse_plain(&q).is_some_and(|p| p == parse_hickory(&q)));
+        // dig's EDNS query: OPT, payload 1232, DO.
+        q[11] = 1;
+        q.extend_from_slice(&[0, 0, 41, 0x04, 0xd0, 0, 0, 0x80, 0, 0, 0]);
+        let plain = parse_plain(&q).unwrap().unwrap();
+        assert_eq!(plain, parse_hickory(&q).unwrap());
+        assert_eq!(plain.udp_limit, 1232);
+        assert_eq!(plain.opt.map(|o| o.dnssec_ok), Some(true));
+        // An OPT with options goes to hickory.
+        let last = q.len() - 1;
+        q[last] = 4;
+        q.extend_from_slice(&[0, 8, 0, 0]);
+        assert!(parse_plain(&q).is_none());
+        // Names of 255 (the most hickory-proto reads) and 256 bytes on the wire.
+        for (last, plain) in [(61, true), (62, false)] {
+            let name: Vec<u8> = [63, 63, 63, last]
+                .into_iter()
+                .flat_map(|n| std::iter::once(n).chain(std::iter::repeat_n(b'a', usize::from(n))))
+                .chain([0])
+                .collect();
+            let q = query([0x01, 0], 1, &name);
+            assert_eq!(parse_plain(&q).is_some(), plain, "{} bytes", name.len());
+            if let Some(p) = parse_plain(&q) {
+                assert_eq!(p, parse_hickory(&q));
+            }
+        }
+    }
 
     fn query(flags: [u8; 2], qdcount: u8, name: &[u8]) -> Vec<u8> {
         let mut q = vec![0x12, 0x34, flags[0], flags[1], 0, qdcount, 0, 0, 0, 0, 0, 0];

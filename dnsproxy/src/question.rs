@@ -68,9 +68,30 @@ impl Question {
     }
 
     /// QTYPE.
-    #[cfg(test)]
     pub(crate) fn qtype(self, raw: &[u8]) -> u16 {
         u16::from_be_bytes([raw[self.end - 4], raw[self.end - 3]])
+    }
+
+    /// QCLASS.
+    pub(crate) fn qclass(self, raw: &[u8]) -> u16 {
+        u16::from_be_bytes([raw[self.end - 2], raw[self.end - 1]])
+    }
+
+    /// The answer cache's key for this question of `raw` (the query or its answer).
+    pub(crate) fn cache_key<'a>(
+        self,
+        raw: &[u8],
+        name: &'a str,
+        flags: u8,
+        tag: u64,
+    ) -> crate::cache::KeyRef<'a> {
+        crate::cache::KeyRef {
+            name,
+            qtype: self.qtype(raw),
+            qclass: self.qclass(raw),
+            flags,
+            tag,
+        }
     }
 
     /// Whether this question of `raw` and `other`'s of `other_raw` are the same: the name

@@ -14,19 +14,14 @@
 //! header and question only) so the client retries over TCP, whose replies need none of this.
 //! Only `CAP_NET_RAW` is needed to open it.
 
-use std::io::{self, IoSliceMut};
+use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::AsRawFd;
 
 use etherparse::PacketBuilder;
-use nix::sys::socket::{
-    ControlMessageOwned, MsgFlags, SockaddrIn, SockaddrIn6, SockaddrStorage, recvmsg, setsockopt,
-    sockopt,
-};
+use nix::sys::socket::{setsockopt, sockopt};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
-use tokio::net::UdpSocket;
 
 /// TTL (hop limit) of the replies the raw socket sends: Linux's default.
 const TTL: u8 = 64;
@@ -48,53 +43,6 @@ pub(crate) fn enable_orig_dst(socket: &Socket, ipv6: bool) -> io::Result<()> {
         setsockopt(socket, sockopt::Ipv4OrigDstAddr, &true)
     };
     set.map_err(io::Error::from)
-}
-
-/// Room for the one control message [`try_recv_orig_dst`] reads.
-pub(crate) fn cmsg_buffer() -> Vec<u8> {
-    nix::cmsg_space!(nix::libc::sockaddr_in6)
-}
-
-/// Like `UdpSocket::try_recv_from`, plus the datagram's original destination when the kernel
-/// reported one: `(length, client, original destination)`.
-pub(crate) fn try_recv_orig_dst(
-    socket: &UdpSocket,
-    buf: &mut [u8],
-    cmsg: &mut [u8],
-) -> io::Result<(usize, SocketAddr, Option<SocketAddr>)> {
-    socket.try_io(Interest::READABLE, || {
-        recv_orig_dst(socket.as_raw_fd(), buf, cmsg)
-    })
-}
-
-fn recv_orig_dst(
-    fd: std::os::fd::RawFd,
-    buf: &mut [u8],
-    cmsg: &mut [u8],
-) -> io::Result<(usize, SocketAddr, Option<SocketAddr>)> {
-    let mut iov = [IoSliceMut::new(buf)];
-    let msg = recvmsg::<SockaddrStorage>(fd, &mut iov, Some(cmsg), MsgFlags::empty())?;
-    let client = msg
-        .address
-        .as_ref()
-        .and_then(to_socket_addr)
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "datagram without a source"))?;
-    let mut orig = None;
-    for c in msg.cmsgs()? {
-        match c {
-            ControlMessageOwned::Ipv4OrigDstAddr(a) => orig = Some(SockaddrIn::from(a).into()),
-            ControlMessageOwned::Ipv6OrigDstAddr(a) => orig = Some(SockaddrIn6::from(a).into()),
-            _ => {}
-        }
-    }
-    Ok((msg.bytes, client, orig))
-}
-
-fn to_socket_addr(addr: &SockaddrStorage) -> Option<SocketAddr> {
-    if let Some(v4) = addr.as_sockaddr_in() {
-        return Some(SocketAddr::from(*v4));
-    }
-    addr.as_sockaddr_in6().map(|v6| SocketAddr::from(*v6))
 }
 
 /// Opens the send-only raw socket of one family. Needs `CAP_NET_RAW`.
@@ -300,7 +248,7 @@ mod tests {
             v6: Some(open_raw(true).unwrap()),
         };
         for (client_ip, source) in [("127.0.0.1", "127.0.0.9:53"), ("::1", "[::1]:53")] {
-            let client = UdpSocket::bind((client_ip, 0)).await.unwrap();
+            let client = tokio::net::UdpSocket::bind((client_ip, 0)).await.unwrap();
             let to = client.local_addr().unwrap();
             let source: SocketAddr = source.parse().unwrap();
             // Odd length: the checksum's padding matters. The kernel drops a datagram whose

@@ -95,6 +95,9 @@ pub(crate) struct Asked {
     pub(crate) udp_limit: u16,
     /// The client's OPT record, if it sent one.
     pub(crate) opt: Option<Opt>,
+    /// What of the query the answer cache's key holds besides the question and tag
+    /// (`cache::key_flags`).
+    pub(crate) cache_flags: u8,
     pub(crate) received: Instant,
 }
 

@@ -84,6 +84,10 @@ pub struct ClusterUpdate {
     pub remote_removed: Vec<String>,
     /// Other nodes' endpoints new or changed.
     pub remote_upserted: Vec<RemoteEndpoint>,
+    /// Other nodes gone (their registration expired), by name.
+    pub nodes_removed: Vec<String>,
+    /// Other nodes registered, or whose own addresses changed.
+    pub nodes_upserted: Vec<RemoteNode>,
 }
 
 impl ClusterUpdate {
@@ -93,7 +97,19 @@ impl ClusterUpdate {
             && self.assigned.is_empty()
             && self.remote_removed.is_empty()
             && self.remote_upserted.is_empty()
+            && self.nodes_removed.is_empty()
+            && self.nodes_upserted.is_empty()
     }
+}
+
+/// Another node of the cluster: its own addresses get the remote-node identity
+/// ([`IpCache::upsert_remote_node`](fqdnd_ipcache::IpCache::upsert_remote_node)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteNode {
+    /// Its name.
+    pub name: String,
+    /// Its own addresses (those it gives the host identity).
+    pub addresses: Vec<IpAddr>,
 }
 
 /// Another node's endpoint.
@@ -268,6 +284,9 @@ impl<D: Datapath> Engine<D> {
         for name in &update.remote_removed {
             note(self.ipcache.remove_remote_endpoint(name));
         }
+        for name in &update.nodes_removed {
+            note(self.ipcache.remove_remote_node(name));
+        }
         self.commit()?;
         if !update.assigned.is_empty() {
             note(
@@ -285,6 +304,9 @@ impl<D: Datapath> Engine<D> {
                 &remote.addresses,
                 &remote.labels,
             ));
+        }
+        for node in &update.nodes_upserted {
+            note(self.ipcache.upsert_remote_node(&node.name, &node.addresses));
         }
         self.commit()?;
         first.map_or(Ok(()), Err)

@@ -14,7 +14,8 @@
 //!   API) and the rules that keep two endpoints from claiming one name, interface or address;
 //! - [`view`]: the engine's state as the admin API lists it;
 //! - cluster mode's entry points ([`Engine::enable_cluster`], [`Engine::apply_cluster`]): the
-//!   cluster's identity numbers and other nodes' endpoints, applied in the order that keeps a
+//!   cluster's identity numbers, other nodes' endpoints and other nodes' own addresses (the
+//!   remote-node identity), applied in the order that keeps a
 //!   number from meaning two label sets in one batch (the binary translates the cluster
 //!   crate's view into a [`ClusterUpdate`]).
 //! - [`explain`]: which rule allows or denies a flow (`fqdnd policy explain`).
@@ -38,5 +39,5 @@ pub mod explain;
 pub mod view;
 
 pub use clock::Clock;
-pub use engine::{ClusterUpdate, Engine, IdentityMode, Learning, RemoteEndpoint};
+pub use engine::{ClusterUpdate, Engine, IdentityMode, Learning, RemoteEndpoint, RemoteNode};
 pub use error::{Error, error_chain};

@@ -3,8 +3,11 @@
 //! Plain serde types, so the server and the client share them.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
+use fqdnd_ipcache::{Identity, OwnerId, ResourceOwner};
+use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use crate::{Clock, Engine};
@@ -99,7 +102,7 @@ impl<D> Engine<D> {
         let mut rows = CacheRows::new();
         for entry in self.names.entries() {
             let source = if entry.zombie { "connection" } else { "lookup" };
-            let endpoints = self.names.endpoints_of(&entry.name);
+            let endpoints = self.names.endpoints_of(entry.name);
             let endpoints = if endpoints.is_empty() {
                 vec!["-".to_owned()]
             } else {
@@ -155,14 +158,36 @@ impl<D> Engine<D> {
 
     /// Every prefix with an identity.
     pub fn ipcache_rows(&self) -> Vec<IpcacheRow> {
-        self.ipcache
-            .prefixes()
+        self.prefix_owners()
+            .into_iter()
             .filter_map(|(prefix, identity, owners)| {
                 Some(IpcacheRow {
                     prefix: prefix.to_string(),
                     identity: identity?.0,
-                    owners: owners.iter().map(ToString::to_string).collect(),
+                    owners,
                 })
+            })
+            .collect()
+    }
+
+    /// Every prefix with its identity and its owners as text (`fqdn-name-manager/<name>`,
+    /// `policy/<cidr>`, `endpoint/<id>`, `host/<address>`, sorted), ordered by prefix. The IpCache keeps no
+    /// name for the NameManager's owners: they are named from the DNS cache.
+    pub fn prefix_owners(&self) -> Vec<(IpNet, Option<Identity>, Vec<String>)> {
+        let names = self.names.owner_names();
+        let render = |id: OwnerId| match self.ipcache.owner(id) {
+            Some(owner) => owner.to_string(),
+            None => match names.get(&id) {
+                Some(name) => ResourceOwner::name_manager(Arc::from(*name)).to_string(),
+                None => format!("{:?}/?", id.kind()),
+            },
+        };
+        self.ipcache
+            .prefixes()
+            .map(|(prefix, identity, owners)| {
+                let mut owners: Vec<String> = owners.into_iter().map(render).collect();
+                owners.sort();
+                (prefix, identity, owners)
             })
             .collect()
     }

@@ -2,7 +2,8 @@
 //! cluster assigns its label set a number, other nodes' endpoints join the ipcache once their
 //! set has one, and what DNS answers teach stays node-local — its identities come from the
 //! node's own range whatever the cluster does (issue 16, point 6); ingress, deny sections and
-//! entities select other nodes' endpoints and local ones on a temporary identity (issue 18).
+//! entities select other nodes' endpoints and local ones on a temporary identity (issue 18);
+//! the other nodes' own addresses are the remote-node identity.
 
 #![allow(
     clippy::unwrap_used,
@@ -14,7 +15,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use fqdnd_engine::explain::{Flow, explain};
-use fqdnd_engine::{ClusterUpdate, Engine, IdentityMode, RemoteEndpoint};
+use fqdnd_engine::{ClusterUpdate, Engine, IdentityMode, RemoteEndpoint, RemoteNode};
 use fqdnd_ipcache::policy::{Direction, Protocol};
 use fqdnd_ipcache::{EndpointId, EndpointLabel, Identity, MemoryDatapath, host_prefix};
 
@@ -309,4 +310,160 @@ fn ingress_and_entities_select_remote_and_temporary_endpoints() {
         flow(Direction::Ingress, "10.1.0.7", 8080)
     ));
     assert!(!allowed(&engine, flow(Direction::Egress, "10.1.0.7", 443)));
+}
+
+/// The other nodes' own addresses: `remote-node` (identity 6). Cilium's entities
+/// (https://docs.cilium.io/en/latest/security/policy/language/#entities-based): "remote-node:
+/// Any node in any of the connected clusters other than the local host", and "cluster: ...
+/// all Cilium-managed endpoints of the local cluster, unmanaged endpoints in the local
+/// cluster, as well as the host, remote-node, and init identities" — so `cluster` holds them
+/// too.
+const REMOTE_NODE: &str = r#"
+apiVersion: fqdnd.io/v1
+kind: Endpoint
+metadata: {name: web}
+spec: {id: 100, addresses: ["10.0.0.1/32"], labels: {app: web}}
+---
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: web}
+spec:
+  endpointSelector: {matchLabels: {app: web}}
+  ingress:
+  - fromEntities: [remote-node]
+    toPorts: [{ports: [{port: "9100", protocol: TCP}]}]
+  - fromEntities: [cluster]
+    toPorts: [{ports: [{port: "80", protocol: TCP}]}]
+  egress:
+  - toEntities: [remote-node]
+"#;
+
+#[test]
+fn remote_node_is_the_other_nodes_own_addresses() {
+    let config = fqdnd_config::load_str(REMOTE_NODE, Path::new("node.yaml")).unwrap();
+    let mut engine = Engine::new(
+        &config.settings,
+        IdentityMode::Selector,
+        MemoryDatapath::default(),
+    );
+    engine.enable_cluster();
+    engine
+        .apply(
+            config.endpoints.clone(),
+            config.rules.clone(),
+            Duration::ZERO,
+        )
+        .unwrap();
+    engine.set_host_addresses(&[ip("10.0.0.10")]).unwrap();
+    let client = "/p/endpoints/k8s:app=client/node2/7".to_owned();
+    let node2 = |addrs: &[&str]| RemoteNode {
+        name: "node2".to_owned(),
+        addresses: addrs.iter().map(|a| ip(a)).collect(),
+    };
+    // node2 registers 10.1.0.1 — and, to check who wins, addresses an endpoint (its own,
+    // or this node's) and this node claim too.
+    engine
+        .apply_cluster(ClusterUpdate {
+            assigned: vec![(app("web"), Identity(300)), (app("client"), Identity(301))],
+            remote_upserted: vec![RemoteEndpoint {
+                name: client.clone(),
+                addresses: vec![host_prefix(ip("10.1.0.7"))],
+                labels: app("client"),
+            }],
+            nodes_upserted: vec![node2(&["10.1.0.1", "10.1.0.7", "10.0.0.1", "10.0.0.10"])],
+            ..ClusterUpdate::default()
+        })
+        .unwrap();
+    assert_eq!(id(&engine, "10.1.0.1"), Some(Identity::REMOTE_NODE));
+    assert_eq!(
+        id(&engine, "10.1.0.7"),
+        Some(Identity(301)),
+        "an endpoint wins"
+    );
+    assert_eq!(
+        id(&engine, "10.0.0.1"),
+        Some(Identity(300)),
+        "a local endpoint wins"
+    );
+    assert_eq!(
+        id(&engine, "10.0.0.10"),
+        Some(Identity::HOST),
+        "the host wins"
+    );
+    // Its datapath entry is 6, and `remote-node` selects it — not endpoints, not the host.
+    assert_eq!(
+        engine.ipcache.datapath().identity_of(ip("10.1.0.1")),
+        Identity::REMOTE_NODE
+    );
+    assert!(allowed(&engine, flow(Direction::Ingress, "10.1.0.1", 9100)));
+    assert!(!allowed(&engine, flow(Direction::Ingress, "10.1.0.1", 22)));
+    assert!(!allowed(
+        &engine,
+        flow(Direction::Ingress, "10.1.0.7", 9100)
+    ));
+    assert!(!allowed(
+        &engine,
+        flow(Direction::Ingress, "10.0.0.10", 9100)
+    ));
+    assert!(allowed(&engine, flow(Direction::Egress, "10.1.0.1", 443)));
+    for peer in ["10.1.0.7", "10.0.0.10", "192.0.2.9"] {
+        assert!(
+            !allowed(&engine, flow(Direction::Egress, peer, 443)),
+            "{peer}"
+        );
+    }
+    // `cluster` holds the remote node (as Cilium's), the host and the endpoints.
+    for peer in ["10.1.0.1", "10.1.0.7", "10.0.0.10"] {
+        assert!(
+            allowed(&engine, flow(Direction::Ingress, peer, 80)),
+            "{peer}"
+        );
+    }
+    assert!(!allowed(&engine, flow(Direction::Ingress, "192.0.2.9", 80)));
+
+    // The client endpoint goes while node2 still claims its address: the remote node's now.
+    engine
+        .apply_cluster(ClusterUpdate {
+            remote_removed: vec![client],
+            ..ClusterUpdate::default()
+        })
+        .unwrap();
+    assert_eq!(id(&engine, "10.1.0.7"), Some(Identity::REMOTE_NODE));
+    assert!(allowed(&engine, flow(Direction::Ingress, "10.1.0.7", 9100)));
+
+    // node2's addresses change: the old ones are the world's, the new one the remote node's.
+    engine
+        .apply_cluster(ClusterUpdate {
+            nodes_upserted: vec![node2(&["10.1.0.2"])],
+            ..ClusterUpdate::default()
+        })
+        .unwrap();
+    assert_eq!(id(&engine, "10.1.0.1"), None);
+    assert_eq!(id(&engine, "10.1.0.7"), None);
+    assert_eq!(id(&engine, "10.1.0.2"), Some(Identity::REMOTE_NODE));
+    assert_eq!(id(&engine, "10.0.0.10"), Some(Identity::HOST));
+    assert_eq!(id(&engine, "10.0.0.1"), Some(Identity(300)));
+    assert!(!allowed(
+        &engine,
+        flow(Direction::Ingress, "10.1.0.1", 9100)
+    ));
+    assert!(allowed(&engine, flow(Direction::Ingress, "10.1.0.2", 9100)));
+
+    // node2's registration goes (its lease expired): its address is the world's again.
+    engine
+        .apply_cluster(ClusterUpdate {
+            nodes_removed: vec!["node2".to_owned()],
+            ..ClusterUpdate::default()
+        })
+        .unwrap();
+    assert_eq!(id(&engine, "10.1.0.2"), None);
+    assert_eq!(
+        engine.ipcache.datapath().identity_of(ip("10.1.0.2")),
+        Identity::world(true)
+    );
+    assert!(!allowed(
+        &engine,
+        flow(Direction::Ingress, "10.1.0.2", 9100)
+    ));
+    assert!(!allowed(&engine, flow(Direction::Egress, "10.1.0.2", 443)));
 }

@@ -16,7 +16,9 @@ use crate::endpoint_policy::{EndpointPolicy, PolicyState, Use, contributions};
 use crate::error::{Breaker, Error};
 use crate::identity::{Allocator, Identity, Scope};
 use crate::labels::{Label, LabelId, LabelSet, LabelTable};
-use crate::metadata::{CidrLabels, Metadata, OwnerKind, PrefixEntry, ResourceOwner, host_prefix};
+use crate::metadata::{
+    CidrLabels, Metadata, OwnerId, OwnerKind, Owners, PrefixEntry, ResourceOwner, host_prefix,
+};
 use crate::policy::{Direction, PeerSelector, Rule};
 use crate::selector::{SelectorCache, SelectorIdx};
 
@@ -216,6 +218,8 @@ struct ClusterState {
     labels_of: HashMap<IpNet, LabelSet>,
     /// Remote endpoints: name → their prefixes.
     remote: HashMap<Arc<str>, BTreeSet<IpNet>>,
+    /// Other nodes: name → their own addresses' prefixes.
+    nodes: HashMap<Arc<str>, BTreeSet<IpNet>>,
     /// One shared `Arc` per remote label set.
     remote_sets: HashMap<LabelSet, Arc<LabelSet>>,
 }
@@ -314,55 +318,113 @@ impl<D: Datapath> IpCache<D> {
         self.labels.intern(Label::fqdn(key))
     }
 
+    /// Makes room for `changes` more pending ipcache changes (before a large GC pass, so the
+    /// queue does not regrow while the pass frees memory).
+    pub fn reserve(&mut self, changes: usize) {
+        self.pending.ipcache.reserve(changes);
+    }
+
+    /// Registers a resource owner: prefix metadata names it by the returned id. Each call
+    /// makes a distinct owner, whatever its value (the NameManager makes one per cached name
+    /// and keeps the id); [`IpCache::remove_owner`] gives it up once it claims nothing.
+    ///
+    /// # Errors
+    /// [`Error::OwnersExhausted`] past 2²⁹ owners at once.
+    pub fn add_owner(&mut self, owner: ResourceOwner) -> Result<OwnerId, Error> {
+        self.meta
+            .owners
+            .add(owner.kind, Some(owner.name))
+            .ok_or(Error::OwnersExhausted)
+    }
+
+    /// Registers an owner whose name the IpCache does not keep: the registrant keeps it and
+    /// renders the owner itself (the NameManager, one owner per cached name it already
+    /// holds the name of: eight bytes here instead of a second reference to the name).
+    /// [`IpCache::owner`] gives `None` for it and [`IpCache::prefixes`] lists it by id.
+    ///
+    /// # Errors
+    /// [`Error::OwnersExhausted`] past 2²⁹ owners at once.
+    pub fn add_owner_without_name(&mut self, kind: OwnerKind) -> Result<OwnerId, Error> {
+        self.meta
+            .owners
+            .add(kind, None)
+            .ok_or(Error::OwnersExhausted)
+    }
+
+    /// Gives up an owner registered with [`IpCache::add_owner`].
+    ///
+    /// # Errors
+    /// [`Error::OwnerInUse`] while it still has labels on some prefix (it stays registered).
+    pub fn remove_owner(&mut self, owner: OwnerId) -> Result<(), Error> {
+        self.meta
+            .owners
+            .remove(owner)
+            .map_err(|claims| Error::OwnerInUse { claims })
+    }
+
+    /// [`IpCache::remove_owner`] for many owners at once (a GC pass's names).
+    ///
+    /// # Errors
+    /// [`Error::OwnerInUse`] for the first that still has labels on some prefix; the ones
+    /// before it are removed.
+    pub fn remove_owners(&mut self, owners: &[OwnerId]) -> Result<(), Error> {
+        self.meta.owners.reserve_free(owners.len());
+        owners
+            .iter()
+            .try_for_each(|owner| self.remove_owner(*owner))
+    }
+
     /// Sets `owner`'s labels on `prefix` (host bits are cleared) and re-resolves its identity.
     ///
     /// A NameManager owner's change that would create an identity past the FQDN identity
     /// breaker is rejected: the metadata is left as it was and [`Error::BreakerTripped`] is
     /// returned. `now` only paces the breaker's warning.
+    ///
+    /// # Errors
+    /// A breaker, a full datapath, no identity number left, or [`Error::UnknownOwner`].
     pub fn upsert_metadata(
         &mut self,
         prefix: IpNet,
-        owner: &Arc<ResourceOwner>,
+        owner: OwnerId,
         labels: Arc<LabelSet>,
         now: Duration,
     ) -> Result<(), Error> {
+        if !self.meta.owners.contains(owner) {
+            return Err(Error::UnknownOwner);
+        }
         let prefix = prefix.trunc();
-        let from_dns = owner.kind == OwnerKind::NameManager;
+        let from_dns = owner.kind() == OwnerKind::NameManager;
         let breaker = from_dns.then_some(self.config.max_fqdn_identities);
         let mut ids = identities!(self);
-        let entry = self.meta.prefixes.entry(prefix).or_default();
-        // Fast path: the labels only grew and the prefix's identity already carries them all
-        // (another name answered with this IP under the same selectors): nothing changes.
-        let unchanged = |previous: &Option<Arc<LabelSet>>, current: Option<&LabelSet>| {
-            previous.as_ref().is_none_or(|p| p.is_subset(&labels))
-                && current.is_some_and(|c| labels.is_subset(c))
-        };
-        let current = entry.identity.and_then(|id| ids.alloc.labels(id));
-        let previous = entry.set_owner(owner, Arc::clone(&labels));
-        if unchanged(&previous, current) {
-            return Ok(());
-        }
-        let Err(err) = resolve_entry(
-            &mut ids,
-            entry,
-            &self.meta.cidr_labels,
-            prefix,
-            from_dns,
-            breaker,
-        ) else {
-            return Ok(());
-        };
-        match previous {
-            Some(labels) => {
-                entry.set_owner(owner, labels);
+        let result = self.meta.with_entry(prefix, true, |entry, owners, cidr| {
+            // Fast path: the labels only grew and the prefix's identity already carries them
+            // all (another name answered with this IP under the same selectors): the union
+            // cannot change.
+            let unchanged = |previous: &Option<Arc<LabelSet>>, current: Option<&LabelSet>| {
+                previous.as_ref().is_none_or(|p| p.is_subset(&labels))
+                    && current.is_some_and(|c| labels.is_subset(c))
+            };
+            let current = entry.identity().and_then(|id| ids.alloc.labels(id));
+            let previous = entry.set_owner(owners, owner, Arc::clone(&labels));
+            if unchanged(&previous, current) {
+                return Ok(());
             }
-            None => {
-                entry.remove_owner(owner);
-                if entry.owners.is_empty() && entry.identity.is_none() {
-                    self.meta.prefixes.remove(&prefix);
+            let Err(err) = resolve_entry(&mut ids, entry, cidr, prefix, from_dns, breaker) else {
+                return Ok(());
+            };
+            match previous {
+                Some(labels) => {
+                    entry.set_owner(owners, owner, labels);
+                }
+                None => {
+                    entry.remove_owner(owners, owner);
                 }
             }
-        }
+            Err(err)
+        });
+        let Some(Err(err)) = result else {
+            return Ok(());
+        };
         match err {
             Error::BreakerTripped { .. } => {
                 self.stats.breaker_trips += 1;
@@ -378,43 +440,70 @@ impl<D: Datapath> IpCache<D> {
     }
 
     /// Drops `owner`'s labels on `prefix` and re-resolves its identity. Never trips a breaker.
-    pub fn remove_metadata(&mut self, prefix: IpNet, owner: &ResourceOwner) -> Result<(), Error> {
+    ///
+    /// # Errors
+    /// The identity change failed (no number left: not for a removal in practice).
+    pub fn remove_metadata(&mut self, prefix: IpNet, owner: OwnerId) -> Result<(), Error> {
         let prefix = prefix.trunc();
+        let from_dns = owner.kind() == OwnerKind::NameManager;
         let mut ids = identities!(self);
-        let Entry::Occupied(mut entry) = self.meta.prefixes.entry(prefix) else {
-            return Ok(());
-        };
-        if entry.get_mut().remove_owner(owner).is_none() {
+        self.meta
+            .with_entry(prefix, false, |entry, owners, cidr| {
+                remove_claim(&mut ids, entry, owners, cidr, prefix, owner, from_dns)
+            })
+            .unwrap_or(Ok(()))
+    }
+
+    /// [`IpCache::remove_metadata`] for each claim of `claims`, which come in prefix order
+    /// (IPv4 first, as `IpNet` orders; a GC pass's releases sorted by address), `expected`
+    /// of them. A batch that releases more than an eighth of the prefixes is applied in one
+    /// pass that rebuilds the metadata maps; a smaller one claim by claim.
+    ///
+    /// # Errors
+    /// As [`IpCache::remove_metadata`]; in the one-pass case every claim is still removed and
+    /// the first error is returned.
+    pub fn remove_metadata_many(
+        &mut self,
+        claims: impl IntoIterator<Item = (IpNet, OwnerId)>,
+        expected: usize,
+    ) -> Result<(), Error> {
+        if expected < self.meta.len() / 8 {
+            for (prefix, owner) in claims {
+                self.remove_metadata(prefix, owner)?;
+            }
             return Ok(());
         }
-        let from_dns = owner.kind == OwnerKind::NameManager;
-        let result = resolve_entry(
-            &mut ids,
-            entry.get_mut(),
-            &self.meta.cidr_labels,
-            prefix,
-            from_dns,
-            None,
+        let mut ids = identities!(self);
+        let mut first_error = None;
+        self.meta.rebuild_with(
+            claims.into_iter().map(|(p, o)| (p.trunc(), o)),
+            |entry, owners, cidr, prefix, owner| {
+                let from_dns = owner.kind() == OwnerKind::NameManager;
+                let result = remove_claim(&mut ids, entry, owners, cidr, prefix, owner, from_dns);
+                if let Err(e) = result
+                    && first_error.is_none()
+                {
+                    first_error = Some(e);
+                }
+            },
         );
-        if entry.get().owners.is_empty() && entry.get().identity.is_none() {
-            entry.remove();
-        }
-        result
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Replaces the endpoints (or client groups). Unchanged endpoints keep their identities.
     pub fn set_endpoints(&mut self, endpoints: Vec<Endpoint>) -> Result<(), Error> {
         let mut touched = BTreeSet::new();
         for old in self.endpoints.values() {
-            let owner = endpoint_owner(old.id);
+            let owner = self.meta.owners.intern(&endpoint_owner(old.id));
+            let owner = owner.ok_or(Error::OwnersExhausted)?;
             for addr in &old.addresses {
-                if self.meta.remove(&addr.trunc(), &owner).is_some() {
+                if self.meta.remove(addr.trunc(), owner).is_some() {
                     touched.insert(addr.trunc());
                 }
             }
         }
         for ep in &endpoints {
-            let owner = Arc::new(endpoint_owner(ep.id));
+            let owner = self.owner_by_value(&endpoint_owner(ep.id))?;
             let labels: Arc<LabelSet> = Arc::new(
                 ep.labels
                     .iter()
@@ -422,10 +511,11 @@ impl<D: Datapath> IpCache<D> {
                     .collect(),
             );
             for addr in &ep.addresses {
-                self.meta.upsert(addr.trunc(), &owner, labels.clone());
+                self.meta.upsert(addr.trunc(), owner, labels.clone());
                 touched.insert(addr.trunc());
             }
         }
+        self.meta.owners.forget_unclaimed_interned();
         self.endpoints = endpoints.into_iter().map(|ep| (ep.id, ep)).collect();
         for prefix in touched {
             self.resolve(prefix)?;
@@ -458,15 +548,17 @@ impl<D: Datapath> IpCache<D> {
         for gone in gone {
             self.host.remove(&gone);
             changed = true;
-            if self.meta.remove(&gone, &host_owner(&gone)).is_some() {
+            let owner = self.owner_by_value(&host_owner(&gone))?;
+            if self.meta.remove(gone, owner).is_some() {
                 self.resolve(gone)?;
             }
         }
+        self.meta.owners.forget_unclaimed_interned();
         let mut no_room = BTreeSet::new();
         let new: Vec<IpNet> = wanted.difference(&self.host).copied().collect();
         for new in new {
             let family = usize::from(matches!(new, IpNet::V6(_)));
-            let has_entry = self.meta.get(&new).is_some_and(|e| e.identity.is_some());
+            let has_entry = self.meta.get(&new).is_some_and(|e| e.identity().is_some());
             if !has_entry
                 && self
                     .config
@@ -476,8 +568,8 @@ impl<D: Datapath> IpCache<D> {
                 no_room.insert(new);
                 continue;
             }
-            self.meta
-                .upsert(new, &Arc::new(host_owner(&new)), Arc::new(LabelSet::new()));
+            let owner = self.owner_by_value(&host_owner(&new))?;
+            self.meta.upsert(new, owner, Arc::new(LabelSet::new()));
             self.host.insert(new);
             changed = true;
             self.resolve(new)?;
@@ -578,36 +670,103 @@ impl<D: Datapath> IpCache<D> {
         addresses: &[IpNet],
         labels: &[EndpointLabel],
     ) -> Result<(), Error> {
-        let Some(cluster) = self.cluster.as_mut() else {
+        if self.cluster.is_none() {
             return Ok(());
-        };
+        }
+        let name: Arc<str> = Arc::from(name);
+        let owner = self.owner_by_value(&remote_endpoint_owner(Arc::clone(&name)))?;
         let set: LabelSet = labels
             .iter()
             .map(|l| self.labels.intern(Label::Endpoint(l.clone())))
             .collect();
+        let Some(cluster) = self.cluster.as_mut() else {
+            return Ok(());
+        };
         let set = Arc::clone(
             cluster
                 .remote_sets
                 .entry(set.clone())
                 .or_insert_with(|| Arc::new(set)),
         );
-        let name: Arc<str> = Arc::from(name);
-        let owner = Arc::new(ResourceOwner {
-            kind: OwnerKind::RemoteEndpoint,
-            name: Arc::clone(&name),
-        });
         let addresses: BTreeSet<IpNet> = addresses.iter().map(IpNet::trunc).collect();
         let old = cluster.remote.insert(name, addresses.clone());
         let mut touched = BTreeSet::new();
         for gone in old.iter().flatten().filter(|a| !addresses.contains(a)) {
-            if self.meta.remove(gone, &owner).is_some() {
+            if self.meta.remove(*gone, owner).is_some() {
                 touched.insert(*gone);
             }
         }
         for addr in &addresses {
-            self.meta.upsert(*addr, &owner, Arc::clone(&set));
+            self.meta.upsert(*addr, owner, Arc::clone(&set));
             touched.insert(*addr);
         }
+        if addresses.is_empty() {
+            // Claims nothing: removal succeeds.
+            let _ = self.meta.owners.remove(owner);
+        }
+        self.resolve_all(touched)
+    }
+
+    /// Sets another node's own addresses (those it registered: what it gives the host
+    /// identity): each gets the remote-node identity (`reserved:remote-node`, 6), which
+    /// `toEntities`/`fromEntities` `remote-node` and `cluster` select — unless an endpoint
+    /// (local or remote) or this node itself claims the address. Addresses it no longer has
+    /// go back to what else claims them. Nothing on a single node.
+    ///
+    /// # Errors
+    /// As [`IpCache::upsert_remote_endpoint`], for the prefixes it touched (every one is
+    /// tried).
+    pub fn upsert_remote_node(&mut self, node: &str, addresses: &[IpAddr]) -> Result<(), Error> {
+        if self.cluster.is_none() {
+            return Ok(());
+        }
+        let name: Arc<str> = Arc::from(node);
+        let owner = self.owner_by_value(&remote_node_owner(Arc::clone(&name)))?;
+        let Some(cluster) = self.cluster.as_mut() else {
+            return Ok(());
+        };
+        let addresses: BTreeSet<IpNet> = addresses.iter().copied().map(host_prefix).collect();
+        let old = cluster.nodes.insert(name, addresses.clone());
+        let mut touched = BTreeSet::new();
+        for gone in old.iter().flatten().filter(|a| !addresses.contains(a)) {
+            if self.meta.remove(*gone, owner).is_some() {
+                touched.insert(*gone);
+            }
+        }
+        for addr in &addresses {
+            if old.as_ref().is_none_or(|old| !old.contains(addr)) {
+                self.meta.upsert(*addr, owner, Arc::new(LabelSet::new()));
+                touched.insert(*addr);
+            }
+        }
+        if addresses.is_empty() {
+            // Claims nothing: removal succeeds.
+            let _ = self.meta.owners.remove(owner);
+        }
+        self.resolve_all(touched)
+    }
+
+    /// Forgets another node's own addresses (its registration went). Nothing if unknown or
+    /// on a single node.
+    ///
+    /// # Errors
+    /// As [`IpCache::upsert_remote_node`].
+    pub fn remove_remote_node(&mut self, node: &str) -> Result<(), Error> {
+        let Some(cluster) = self.cluster.as_mut() else {
+            return Ok(());
+        };
+        let Some(addresses) = cluster.nodes.remove(node) else {
+            return Ok(());
+        };
+        let owner = self.owner_by_value(&remote_node_owner(Arc::from(node)))?;
+        let mut touched = BTreeSet::new();
+        for addr in addresses {
+            if self.meta.remove(addr, owner).is_some() {
+                touched.insert(addr);
+            }
+        }
+        // Claims nothing now: removal succeeds.
+        let _ = self.meta.owners.remove(owner);
         self.resolve_all(touched)
     }
 
@@ -622,16 +781,15 @@ impl<D: Datapath> IpCache<D> {
         let Some(addresses) = cluster.remote.remove(name) else {
             return Ok(());
         };
-        let owner = ResourceOwner {
-            kind: OwnerKind::RemoteEndpoint,
-            name: Arc::from(name),
-        };
+        let owner = self.owner_by_value(&remote_endpoint_owner(Arc::from(name)))?;
         let mut touched = BTreeSet::new();
         for addr in addresses {
-            if self.meta.remove(&addr, &owner).is_some() {
+            if self.meta.remove(addr, owner).is_some() {
                 touched.insert(addr);
             }
         }
+        // Claims nothing now: removal succeeds.
+        let _ = self.meta.owners.remove(owner);
         self.resolve_all(touched)
     }
 
@@ -658,6 +816,8 @@ impl<D: Datapath> IpCache<D> {
             return Ok(self.revision);
         }
         self.batch.clear();
+        self.batch
+            .reserve(self.pending.ipcache.len() + self.pending.policy.len());
         let mut counts = Stats::default();
         for ((endpoint, key), _) in self.pending.policy.iter().filter(|(_, up)| **up) {
             self.batch.push(DatapathChange::PolicyUpsert {
@@ -712,21 +872,16 @@ impl<D: Datapath> IpCache<D> {
     /// Brings `prefix`'s identity in line with its metadata.
     fn resolve(&mut self, prefix: IpNet) -> Result<(), Error> {
         let mut ids = identities!(self);
-        let Entry::Occupied(mut entry) = self.meta.prefixes.entry(prefix) else {
-            return Ok(());
-        };
-        let result = resolve_entry(
-            &mut ids,
-            entry.get_mut(),
-            &self.meta.cidr_labels,
-            prefix,
-            false,
-            None,
-        );
-        if entry.get().owners.is_empty() && entry.get().identity.is_none() {
-            entry.remove();
-        }
-        result
+        self.meta
+            .with_entry(prefix, false, |entry, _, cidr| {
+                resolve_entry(&mut ids, entry, cidr, prefix, false, None)
+            })
+            .unwrap_or(Ok(()))
+    }
+
+    /// The interned owner of a policy CIDR or an endpoint.
+    fn owner_by_value(&mut self, owner: &ResourceOwner) -> Result<OwnerId, Error> {
+        self.meta.owners.intern(owner).ok_or(Error::OwnersExhausted)
     }
 
     fn sync_policy_cidrs(&mut self) -> Result<(), Error> {
@@ -744,19 +899,21 @@ impl<D: Datapath> IpCache<D> {
         let mut affected = BTreeSet::new();
         for gone in self.policy_cidrs.difference(&wanted) {
             self.meta.clear_cidr_label(gone);
-            self.meta.remove(gone, &policy_owner(gone));
+            let owner = self.meta.owners.intern(&policy_owner(gone));
+            if let Some(owner) = owner {
+                self.meta.remove(*gone, owner);
+            }
             affected.insert(*gone);
         }
         for new in wanted.difference(&self.policy_cidrs) {
             let label = self.labels.intern(Label::Cidr(*new));
             self.meta.set_cidr_label(*new, label);
-            self.meta.upsert(
-                *new,
-                &Arc::new(policy_owner(new)),
-                Arc::new(LabelSet::new()),
-            );
+            let owner = self.meta.owners.intern(&policy_owner(new));
+            let owner = owner.ok_or(Error::OwnersExhausted)?;
+            self.meta.upsert(*new, owner, Arc::new(LabelSet::new()));
             affected.insert(*new);
         }
+        self.meta.owners.forget_unclaimed_interned();
         self.policy_cidrs = wanted;
         let mut prefixes = BTreeSet::new();
         for cidr in affected {
@@ -892,6 +1049,17 @@ impl<D: Datapath> IpCache<D> {
 }
 
 impl<D> IpCache<D> {
+    /// Registered owners with this value (registered with their name), in id order (a scan:
+    /// for tests and tools, not for a per-answer path).
+    pub fn find_owners(&self, owner: &ResourceOwner) -> Vec<OwnerId> {
+        self.meta.owners.find(owner)
+    }
+
+    /// The owner behind an id, if registered with its name.
+    pub fn owner(&self, owner: OwnerId) -> Option<ResourceOwner> {
+        self.meta.owners.get(owner)
+    }
+
     /// The FQDN selector keys the current policy uses, sorted and deduplicated.
     pub fn fqdn_selector_keys(&self) -> Vec<String> {
         let keys: BTreeSet<&String> = self
@@ -941,16 +1109,17 @@ impl<D> IpCache<D> {
 
     /// The identity currently resolved for `prefix`.
     pub fn identity_of(&self, prefix: &IpNet) -> Option<Identity> {
-        self.meta.get(&prefix.trunc()).and_then(|e| e.identity)
+        self.meta
+            .get(&prefix.trunc())
+            .and_then(PrefixEntry::identity)
     }
 
-    /// Every prefix with its identity and owners, ordered by prefix.
-    pub fn prefixes(
-        &self,
-    ) -> impl Iterator<Item = (IpNet, Option<Identity>, Vec<&ResourceOwner>)> + '_ {
+    /// Every prefix with its identity and owners (by id: [`IpCache::owner`] names those
+    /// registered with a name), ordered by prefix.
+    pub fn prefixes(&self) -> impl Iterator<Item = (IpNet, Option<Identity>, Vec<OwnerId>)> + '_ {
         self.meta
             .iter()
-            .map(|(p, e)| (*p, e.identity, e.owners.iter().map(|(o, _)| &**o).collect()))
+            .map(|(p, e)| (p, e.identity(), e.owners().map(|(o, _)| o).collect()))
     }
 
     /// Number of prefixes with metadata.
@@ -1114,6 +1283,27 @@ impl<D> IpCache<D> {
     }
 }
 
+/// Drops `owner`'s claim on `entry` (the metadata of `prefix`) and re-resolves its identity
+/// unless the label union cannot have changed: another owner still holds the very same
+/// label set (most of an S3 region's IP's names).
+fn remove_claim(
+    ids: &mut Identities<'_>,
+    entry: &mut PrefixEntry,
+    owners: &mut Owners,
+    cidr: &CidrLabels,
+    prefix: IpNet,
+    owner: OwnerId,
+    from_dns: bool,
+) -> Result<(), Error> {
+    let Some(labels) = entry.remove_owner(owners, owner) else {
+        return Ok(());
+    };
+    if entry.identity().is_some() && entry.shares(&labels) {
+        return Ok(());
+    }
+    resolve_entry(ids, entry, cidr, prefix, from_dns, None)
+}
+
 /// Brings one prefix's identity in line with its metadata: identity references move, the
 /// selector cache and policy follow, and the change is queued for the datapath. With
 /// `breaker: Some(limit)`, creating a DNS identity past `limit` fails before anything changes.
@@ -1125,7 +1315,7 @@ fn resolve_entry(
     from_dns: bool,
     breaker: Option<usize>,
 ) -> Result<(), Error> {
-    let current = entry.identity;
+    let current = entry.identity();
     let family = usize::from(matches!(prefix, IpNet::V6(_)));
     let desired = desired_labels(entry, cidr, &prefix);
     if let Some(cluster) = ids.cluster.as_deref_mut() {
@@ -1212,7 +1402,7 @@ fn drop_identity(
     family: usize,
     current: Option<Identity>,
 ) {
-    entry.identity = None;
+    entry.set_identity(None);
     if let Some(old) = current {
         ids.written[family] -= 1;
         ids.pending.ipcache.push((prefix, None));
@@ -1233,7 +1423,7 @@ fn set_identity(
     if current.is_none() {
         ids.written[family] += 1;
     }
-    entry.identity = Some(id);
+    entry.set_identity(Some(id));
     ids.pending.ipcache.push((prefix, Some(id)));
     if let Some(old) = current {
         ids.release(old);
@@ -1244,7 +1434,9 @@ fn set_identity(
 /// local endpoint owns it.
 ///
 /// An endpoint's prefix (local or remote) carries its endpoint labels only. A node's own
-/// address (and no endpoint's) is the host: `reserved:host`, identity 1. Any other prefix
+/// address (and no endpoint's) is the host: `reserved:host`, identity 1. Another node's
+/// address (neither an endpoint's nor this node's) is `reserved:remote-node`, identity 6.
+/// Any other prefix
 /// carries the union of its owners' labels, the `cidr:` label of the closest labelled CIDR
 /// that contains it (only the longest one), and the world label of its family. A prefix
 /// without owners carries none.
@@ -1253,32 +1445,38 @@ fn desired_labels(
     cidr: &CidrLabels,
     prefix: &IpNet,
 ) -> Option<(LabelSet, Scope, bool)> {
-    if entry.owners.is_empty() {
+    if !entry.has_owners() {
         return None;
     }
     let mut set = LabelSet::new();
     let endpoint =
         |kind: OwnerKind| matches!(kind, OwnerKind::Endpoint | OwnerKind::RemoteEndpoint);
-    if entry.owners.iter().any(|(o, _)| endpoint(o.kind)) {
-        for (_, labels) in entry.owners.iter().filter(|(o, _)| endpoint(o.kind)) {
+    if entry.owners().any(|(o, _)| endpoint(o.kind())) {
+        for (_, labels) in entry.owners().filter(|(o, _)| endpoint(o.kind())) {
             set.extend(labels);
         }
-        let local = entry
-            .owners
-            .iter()
-            .any(|(o, _)| o.kind == OwnerKind::Endpoint);
+        let local = entry.owners().any(|(o, _)| o.kind() == OwnerKind::Endpoint);
         return Some((set, Scope::Cluster, local));
     }
-    if entry.owners.iter().any(|(o, _)| o.kind == OwnerKind::Host) {
+    if entry.owners().any(|(o, _)| o.kind() == OwnerKind::Host) {
         // The node's own address is the host, whatever name answered with it or policy CIDR
         // holds it (as in Cilium: CIDR selectors do not select the host).
         set.insert(LabelTable::HOST);
         return Some((set, Scope::Reserved, false));
     }
+    if entry
+        .owners()
+        .any(|(o, _)| o.kind() == OwnerKind::RemoteNode)
+    {
+        // As the host: another node's address is the remote node, whatever else selects it
+        // (Cilium: CIDR selectors do not select nodes).
+        set.insert(LabelTable::REMOTE_NODE);
+        return Some((set, Scope::Reserved, false));
+    }
     // Owners of one prefix mostly share a handful of label sets (the NameManager shares one
     // `Arc` per distinct set): merge each distinct set once.
     let mut merged: SmallVec<[*const LabelSet; 4]> = SmallVec::new();
-    for (_, labels) in &entry.owners {
+    for (_, labels) in entry.owners() {
         let ptr = Arc::as_ptr(labels);
         if !merged.contains(&ptr) {
             if merged.len() < merged.inline_size() {
@@ -1297,9 +1495,18 @@ fn desired_labels(
     Some((set, Scope::Local, false))
 }
 
-/// The number of a reserved label set (`reserved:host` → 1).
+/// The number of a reserved label set (`reserved:host` → 1, `reserved:remote-node` → 6).
 fn reserved_number(labels: &LabelSet) -> Option<Identity> {
-    (labels.contains(LabelTable::HOST) && labels.len() == 1).then_some(Identity::HOST)
+    if labels.len() != 1 {
+        return None;
+    }
+    if labels.contains(LabelTable::HOST) {
+        Some(Identity::HOST)
+    } else if labels.contains(LabelTable::REMOTE_NODE) {
+        Some(Identity::REMOTE_NODE)
+    } else {
+        None
+    }
 }
 
 fn host_owner(prefix: &IpNet) -> ResourceOwner {
@@ -1309,10 +1516,24 @@ fn host_owner(prefix: &IpNet) -> ResourceOwner {
     }
 }
 
+fn remote_node_owner(node: Arc<str>) -> ResourceOwner {
+    ResourceOwner {
+        kind: OwnerKind::RemoteNode,
+        name: node,
+    }
+}
+
 fn endpoint_owner(id: EndpointId) -> ResourceOwner {
     ResourceOwner {
         kind: OwnerKind::Endpoint,
         name: Arc::from(id.to_string()),
+    }
+}
+
+fn remote_endpoint_owner(name: Arc<str>) -> ResourceOwner {
+    ResourceOwner {
+        kind: OwnerKind::RemoteEndpoint,
+        name,
     }
 }
 

@@ -55,6 +55,18 @@ pub enum Error {
         /// The number.
         identity: crate::identity::Identity,
     },
+    /// No owner id is left (2²⁹ registered at once).
+    #[error("no resource owner id left")]
+    OwnersExhausted,
+    /// An owner was given up while it still had labels on prefixes; it stays registered.
+    #[error("resource owner still has labels on {claims} prefixes")]
+    OwnerInUse {
+        /// Prefixes it still claims.
+        claims: u32,
+    },
+    /// Metadata for an owner that is not registered (never, or given up).
+    #[error("unknown resource owner")]
+    UnknownOwner,
     /// The datapath refused a batch.
     #[error(transparent)]
     Datapath(#[from] DatapathError),

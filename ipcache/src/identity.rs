@@ -9,8 +9,10 @@
 //! back its old number. In cluster mode, cluster-scope numbers are not chosen here: the
 //! cluster assigns them ([`Allocator::allocate_exact`]).
 
-use std::collections::{HashMap, HashSet};
 use std::fmt;
+
+// foldhash-seeded maps: both are read on every learned address and every release.
+use hashbrown::{HashMap, HashSet};
 
 use crate::error::Error;
 use crate::labels::LabelSet;
@@ -24,8 +26,9 @@ impl Identity {
     pub const ANY: Identity = Identity(0);
     /// `reserved:host`: the node's own addresses.
     pub const HOST: Identity = Identity(1);
-    /// `reserved:remote-node`: other nodes of the cluster (never given: cluster mode does not
-    /// learn other nodes' own addresses).
+    /// `reserved:remote-node`: in cluster mode, the other nodes' own addresses (those each
+    /// node registers: what it gives the host identity), unless an endpoint or this node
+    /// claims the address.
     pub const REMOTE_NODE: Identity = Identity(6);
     /// `reserved:world-ipv4`: IPv4 addresses the ipcache knows nothing about.
     pub const WORLD_IPV4: Identity = Identity(9);

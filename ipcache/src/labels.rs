@@ -24,6 +24,8 @@ pub enum Reserved {
     WorldIpv6,
     /// The node's own addresses (`reserved:host`).
     Host,
+    /// Cluster mode: the other nodes' own addresses (`reserved:remote-node`).
+    RemoteNode,
 }
 
 /// A label: what a prefix is known as.
@@ -52,6 +54,7 @@ impl fmt::Display for Label {
             Self::Reserved(Reserved::WorldIpv4) => f.write_str("reserved:world-ipv4"),
             Self::Reserved(Reserved::WorldIpv6) => f.write_str("reserved:world-ipv6"),
             Self::Reserved(Reserved::Host) => f.write_str("reserved:host"),
+            Self::Reserved(Reserved::RemoteNode) => f.write_str("reserved:remote-node"),
             Self::Cidr(net) => write!(f, "cidr:{net}"),
             Self::Fqdn(key) => write!(f, "fqdn:{key}"),
             Self::Endpoint(l) if l.value.is_empty() => write!(f, "{}:{}", l.source, l.key),
@@ -78,6 +81,7 @@ impl Default for LabelTable {
         table.intern(Label::Reserved(Reserved::WorldIpv4));
         table.intern(Label::Reserved(Reserved::WorldIpv6));
         table.intern(Label::Reserved(Reserved::Host));
+        table.intern(Label::Reserved(Reserved::RemoteNode));
         table
     }
 }
@@ -89,6 +93,8 @@ impl LabelTable {
     pub const WORLD_IPV6: LabelId = LabelId(1);
     /// `reserved:host`.
     pub const HOST: LabelId = LabelId(2);
+    /// `reserved:remote-node`.
+    pub const REMOTE_NODE: LabelId = LabelId(3);
 
     /// The id of `label`, interning it if new.
     pub fn intern(&mut self, label: Label) -> LabelId {

@@ -41,4 +41,4 @@ pub use endpoint::{Endpoint, EndpointId, EndpointLabel};
 pub use error::{Breaker, DatapathError, Error};
 pub use identity::{Identity, Scope};
 pub use labels::{Label, LabelId, LabelSet};
-pub use metadata::{OwnerKind, ResourceOwner, host_prefix};
+pub use metadata::{OwnerId, OwnerKind, ResourceOwner, host_prefix};

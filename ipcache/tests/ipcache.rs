@@ -16,8 +16,8 @@ use fqdnd_ipcache::policy::{
     Requirement, Rule,
 };
 use fqdnd_ipcache::{
-    Config, DatapathChange, Endpoint, EndpointId, EndpointLabel, Error, Identity, IpCache,
-    LabelSet, MemoryDatapath, ResourceOwner, host_prefix,
+    Config, Datapath, DatapathChange, Endpoint, EndpointId, EndpointLabel, Error, Identity,
+    IpCache, LabelSet, MemoryDatapath, OwnerId, ResourceOwner, host_prefix,
 };
 use ipnet::IpNet;
 
@@ -43,20 +43,23 @@ fn learn(
     selectors: &[&str],
 ) -> Result<(), Error> {
     let labels: LabelSet = selectors.iter().map(|s| c.fqdn_label(s)).collect();
-    c.upsert_metadata(
-        host_prefix(ip(addr)),
-        &Arc::new(ResourceOwner::name_manager(Arc::from(name))),
-        Arc::new(labels),
-        NOW,
-    )
+    let owner = name_owner(c, name);
+    c.upsert_metadata(host_prefix(ip(addr)), owner, Arc::new(labels), NOW)
+}
+
+/// The NameManager's owner for `name`, registered on first use (as the NameManager does once
+/// per name).
+fn name_owner<D: Datapath>(c: &mut IpCache<D>, name: &str) -> OwnerId {
+    let owner = ResourceOwner::name_manager(Arc::from(name));
+    match c.find_owners(&owner).first() {
+        Some(id) => *id,
+        None => c.add_owner(owner).unwrap(),
+    }
 }
 
 fn forget(c: &mut IpCache<MemoryDatapath>, name: &str, addr: &str) {
-    c.remove_metadata(
-        host_prefix(ip(addr)),
-        &ResourceOwner::name_manager(Arc::from(name)),
-    )
-    .unwrap();
+    let owner = name_owner(c, name);
+    c.remove_metadata(host_prefix(ip(addr)), owner).unwrap();
 }
 
 fn id(c: &IpCache<MemoryDatapath>, addr: &str) -> Identity {
@@ -373,7 +376,7 @@ fn batches_put_policy_before_the_ipcache_flip() {
     // An IP selected by both selectors needs a new identity {a, b}: its policy entry must
     // reach the datapath before the IP flips to it.
     struct Recorder(Vec<DatapathChange>);
-    impl fqdnd_ipcache::Datapath for Recorder {
+    impl Datapath for Recorder {
         fn apply(
             &mut self,
             changes: &[DatapathChange],
@@ -397,13 +400,9 @@ fn batches_put_policy_before_the_ipcache_flip() {
         .iter()
         .map(|k| r.fqdn_label(k))
         .collect();
-    r.upsert_metadata(
-        host_prefix(ip("192.0.2.9")),
-        &Arc::new(ResourceOwner::name_manager(Arc::from("x.example."))),
-        Arc::new(labels),
-        NOW,
-    )
-    .unwrap();
+    let owner = name_owner(&mut r, "x.example.");
+    r.upsert_metadata(host_prefix(ip("192.0.2.9")), owner, Arc::new(labels), NOW)
+        .unwrap();
     r.commit().unwrap();
     let changes = &r.datapath().0;
     let flip = changes
@@ -615,6 +614,73 @@ fn a_full_datapath_ipcache_rejects_new_prefixes_before_anything_changes() {
     assert_eq!(c.datapath_prefixes(), [3, 1]);
 }
 
+#[test]
+fn many_removals_at_once_end_where_one_by_one_does() {
+    // Names share IPs (an S3-like pool), with two label sets; some IPs also carry a policy
+    // CIDR. Removing most claims in one pass and one by one must leave the same state.
+    let build = || {
+        let mut c = cache();
+        c.set_policy(vec![rule(
+            app("web"),
+            vec![
+                fqdn("*.a.example."),
+                fqdn("*.b.example."),
+                PeerSelector::Cidr {
+                    cidr: net("192.0.2.0/28"),
+                    except: vec![],
+                },
+            ],
+            tcp(443),
+        )])
+        .unwrap();
+        c.set_endpoints(vec![endpoint(1, "web", "10.1.0.1")])
+            .unwrap();
+        for n in 0..40u32 {
+            let selectors: &[&str] = if n % 3 == 0 {
+                &["*.a.example."]
+            } else {
+                &["*.a.example.", "*.b.example."]
+            };
+            for k in 0..6u32 {
+                let addr = format!("192.0.2.{}", (n * 7 + k * 13) % 60);
+                learn(&mut c, &format!("n{n}.a.example."), &addr, selectors).unwrap();
+            }
+        }
+        c.commit().unwrap();
+        c
+    };
+    let mut claims: Vec<(IpNet, OwnerId)> = Vec::new();
+    let mut one = build();
+    for n in 0..40u32 {
+        for k in 0..6u32 {
+            if (n + k) % 5 != 0 {
+                let addr = format!("192.0.2.{}", (n * 7 + k * 13) % 60);
+                let owner = name_owner(&mut one, &format!("n{n}.a.example."));
+                claims.push((host_prefix(ip(&addr)), owner));
+            }
+        }
+    }
+    claims.sort();
+    claims.dedup();
+    let mut many = build();
+    for (prefix, owner) in &claims {
+        one.remove_metadata(*prefix, *owner).unwrap();
+    }
+    many.remove_metadata_many(claims.iter().copied(), claims.len())
+        .unwrap();
+    one.commit().unwrap();
+    many.commit().unwrap();
+    let state = |c: &IpCache<MemoryDatapath>| {
+        let prefixes: Vec<_> = c.prefixes().collect();
+        let mut identities = c.identities_canonical();
+        identities.sort();
+        let policy = c.datapath().policy(EndpointId(1)).cloned();
+        (prefixes, identities, c.datapath().ipcache(), policy)
+    };
+    assert_eq!(state(&one), state(&many));
+    assert!(one.prefix_count() > 0 && one.prefix_count() < 60);
+}
+
 /// The node's own addresses get the host identity (reserved 1, `reserved:host`) in the
 /// datapath; an endpoint's address stays the endpoint's, and a learned name's address that is
 /// the node's is the host. With the datapath's room used up, an address that needs a new
@@ -676,4 +742,72 @@ fn the_node_addresses_are_the_host_identity_within_the_datapaths_room() {
     c.commit().unwrap();
     assert!(of(&c, "192.0.2.1").is_some_and(|id| id != Identity::HOST && c.has_fqdn_label(id)));
     assert_eq!(c.host_addresses().collect::<Vec<_>>(), [ip("10.0.0.253")]);
+}
+
+/// Cluster mode: another node's own addresses are `reserved:remote-node` (6), below this
+/// node's host claim and an endpoint's, whichever came first; a learned name's address that a
+/// node registered is the node's (as the host's is). On a single node they change nothing.
+#[test]
+fn other_nodes_addresses_are_the_remote_node_below_the_host_and_endpoints() {
+    let of = |c: &IpCache<MemoryDatapath>, a: &str| c.identity_of(&host_prefix(ip(a)));
+    let mut single = cache();
+    single.upsert_remote_node("n2", &[ip("10.1.0.1")]).unwrap();
+    assert_eq!(
+        of(&single, "10.1.0.1"),
+        None,
+        "no remote node on a single node"
+    );
+
+    let mut c = cache();
+    c.enable_cluster();
+    c.set_endpoints(vec![endpoint(1, "a", "10.0.0.1")]).unwrap();
+    learn(&mut c, "a.test.", "192.0.2.1", &["*.test."]).unwrap();
+    c.upsert_remote_node(
+        "n2",
+        &[
+            ip("10.1.0.1"),
+            ip("10.0.0.1"),
+            ip("10.0.0.254"),
+            ip("192.0.2.1"),
+        ],
+    )
+    .unwrap();
+    c.commit().unwrap();
+    assert_eq!(of(&c, "10.1.0.1"), Some(Identity::REMOTE_NODE));
+    assert_eq!(
+        of(&c, "192.0.2.1"),
+        Some(Identity::REMOTE_NODE),
+        "the node's, learned or not"
+    );
+    assert!(
+        of(&c, "10.0.0.1").is_some_and(|id| id != Identity::REMOTE_NODE),
+        "the endpoint's"
+    );
+    assert_eq!(
+        c.labels_of(Identity::REMOTE_NODE).as_deref(),
+        Some("reserved:remote-node")
+    );
+    assert_eq!(
+        c.datapath().identity_of(ip("10.1.0.1")),
+        Identity::REMOTE_NODE
+    );
+    // This node claims an address after the remote node did: the host's; let go, the remote
+    // node's again.
+    c.set_host_addresses([ip("10.0.0.254")]).unwrap();
+    c.commit().unwrap();
+    assert_eq!(of(&c, "10.0.0.254"), Some(Identity::HOST));
+    c.set_host_addresses([]).unwrap();
+    c.commit().unwrap();
+    assert_eq!(of(&c, "10.0.0.254"), Some(Identity::REMOTE_NODE));
+    // The node goes: the learned address is its name's again, the others unknown.
+    c.remove_remote_node("n2").unwrap();
+    c.commit().unwrap();
+    assert_eq!(of(&c, "10.1.0.1"), None);
+    assert_eq!(of(&c, "10.0.0.254"), None);
+    assert!(of(&c, "192.0.2.1").is_some_and(|id| c.has_fqdn_label(id)));
+    assert_eq!(c.labels_of(Identity::REMOTE_NODE), None);
+    assert_eq!(
+        c.datapath().identity_of(ip("10.1.0.1")),
+        Identity::world(true)
+    );
 }

@@ -1,14 +1,24 @@
-//! The DNS cache: name → IPs with expiry, the zombies among them, and IP → names.
+//! The DNS cache: name → IPs with expiry, the zombies among them, the endpoints that asked,
+//! and how many names hold each IP.
 //!
-//! One entry per (name, IP). An entry is *live* until its expiry; then, or when the name's
+//! One mapping per (name, IP). A mapping is *live* until its expiry; then, or when the name's
 //! IP cap evicts it, it becomes a *zombie* and stays only while the datapath reports the IP
 //! in use. Times are whole seconds on the caller's clock.
+//!
+//! Layout, for a million names in a few hundred bytes each: names live in a slab and are
+//! referred to by their slot ([`NameIdx`]); the name → slot index is a hash table of slots
+//! (the name is stored once, in the slab); a name's mappings, live and zombie, are one list
+//! sorted by address; the endpoints that asked a name are kept with it. Which names hold an
+//! IP is not indexed (only how many, per address family): nothing on the answer or GC path
+//! needs the names of an IP.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use fqdnd_ipcache::{LabelSet, ResourceOwner};
+use fqdnd_ipcache::{EndpointId, LabelSet, OwnerId};
+use hashbrown::{DefaultHashBuilder, HashTable};
 use smallvec::SmallVec;
 
 /// Seconds on the caller's clock.
@@ -23,50 +33,448 @@ pub struct IpEntry {
     pub expires: Secs,
 }
 
-/// What the cache holds for one name.
+/// A mapping as a name keeps it: [`IpEntry`] and whether it is a zombie, in 24 bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Mapping {
+    pub(crate) addr: IpAddr,
+    pub(crate) expires: Secs,
+    pub(crate) zombie: bool,
+}
+
+impl Mapping {
+    pub(crate) fn entry(self) -> IpEntry {
+        IpEntry {
+            addr: self.addr,
+            expires: self.expires,
+        }
+    }
+}
+
+/// A name's slot in the cache; valid while the name is cached (slots are reused).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct NameIdx(u32);
+
+impl NameIdx {
+    fn at(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// The endpoints that looked a name up, each with when its record lapses, sorted: one kept
+/// inline (the common case: a gateway's client group, a pod), more in a list of their own.
+#[derive(Debug, Default)]
+pub(crate) enum Endpoints {
+    #[default]
+    None,
+    One(EndpointId, Secs),
+    #[allow(
+        clippy::box_collection,
+        reason = "eight bytes in every name instead of 24; few names have several endpoints"
+    )]
+    Many(Box<Vec<(EndpointId, Secs)>>),
+}
+
+impl Endpoints {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (EndpointId, Secs)> + '_ {
+        let (one, many) = match self {
+            Self::None => (None, &[][..]),
+            Self::One(ep, expires) => (Some((*ep, *expires)), &[][..]),
+            Self::Many(list) => (None, list.as_slice()),
+        };
+        one.into_iter().chain(many.iter().copied())
+    }
+
+    pub(crate) fn contains(&self, endpoint: EndpointId) -> bool {
+        match self {
+            Self::None => false,
+            Self::One(ep, _) => *ep == endpoint,
+            Self::Many(list) => list.binary_search_by_key(&endpoint, |(ep, _)| *ep).is_ok(),
+        }
+    }
+
+    /// Records `endpoint` until `expires` at least; whether it is a new record.
+    pub(crate) fn record(&mut self, endpoint: EndpointId, expires: Secs) -> bool {
+        match self {
+            Self::None => {
+                *self = Self::One(endpoint, expires);
+                true
+            }
+            Self::One(ep, until) if *ep == endpoint => {
+                *until = (*until).max(expires);
+                false
+            }
+            Self::One(ep, until) => {
+                let mut list = vec![(*ep, *until), (endpoint, expires)];
+                list.sort_unstable_by_key(|(ep, _)| *ep);
+                *self = Self::Many(Box::new(list));
+                true
+            }
+            Self::Many(list) => match list.binary_search_by_key(&endpoint, |(ep, _)| *ep) {
+                Ok(at) => {
+                    list[at].1 = list[at].1.max(expires);
+                    false
+                }
+                Err(at) => {
+                    list.insert(at, (endpoint, expires));
+                    true
+                }
+            },
+        }
+    }
+
+    /// Drops the records lapsed at `now`, handing each to `lapsed`.
+    pub(crate) fn expire(&mut self, now: Secs, mut lapsed: impl FnMut(EndpointId)) {
+        match self {
+            Self::None => {}
+            Self::One(ep, until) => {
+                if *until <= now {
+                    lapsed(*ep);
+                    *self = Self::None;
+                }
+            }
+            Self::Many(list) => {
+                list.retain(|(ep, until)| {
+                    let keep = *until > now;
+                    if !keep {
+                        lapsed(*ep);
+                    }
+                    keep
+                });
+                match list.len() {
+                    0 => *self = Self::None,
+                    1 => *self = Self::One(list[0].0, list[0].1),
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+/// Where a name's text is in [`Names`]'s arena, and (in what would be padding) how many of
+/// its mappings are zombies.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NameText {
+    at: u32,
+    len: u16,
+    /// Zombies among the name's mappings; [`u16::MAX`]: that many or more (then counted).
+    zombies: u16,
+}
+
+/// What the cache holds for one name, in 72 bytes (its text is in the arena).
 #[derive(Debug)]
 pub(crate) struct NameEntry {
-    /// This name's resource owner in the IpCache, shared by all its IPs.
-    pub(crate) owner: Arc<ResourceOwner>,
-    /// Live mappings, sorted by address.
-    pub(crate) live: SmallVec<[IpEntry; 1]>,
-    /// Zombies (expired or evicted, kept while in use), sorted by address.
-    pub(crate) zombies: SmallVec<[IpEntry; 0]>,
-    /// The `fqdn:` labels of the selectors matching this name.
+    /// The canonical name.
+    name: NameText,
+    /// The `fqdn:` labels of the selectors matching this name (one shared copy per set).
     pub(crate) labels: Arc<LabelSet>,
+    /// Live and zombie mappings, sorted by address (an address is in at most once).
+    pub(crate) ips: SmallVec<[Mapping; 1]>,
+    /// Endpoints that looked the name up.
+    pub(crate) endpoints: Endpoints,
+    /// This name's resource owner in the IpCache, registered when it first labels an IP.
+    pub(crate) owner: Option<OwnerId>,
     /// When this name was last answered.
     pub(crate) last_lookup: Secs,
 }
 
 impl NameEntry {
-    pub(crate) fn new(name: Arc<str>, labels: Arc<LabelSet>) -> Self {
+    fn new(name: NameText, labels: Arc<LabelSet>) -> Self {
         Self {
-            owner: Arc::new(ResourceOwner::name_manager(name)),
-            live: SmallVec::new(),
-            zombies: SmallVec::new(),
+            name,
             labels,
+            ips: SmallVec::new(),
+            endpoints: Endpoints::None,
+            owner: None,
             last_lookup: 0,
         }
     }
 
+    /// Mappings held, live and zombie.
     pub(crate) fn holds(&self) -> usize {
-        self.live.len() + self.zombies.len()
+        self.ips.len()
+    }
+
+    /// Live mappings.
+    pub(crate) fn live(&self) -> usize {
+        match self.name.zombies {
+            u16::MAX => self.ips.iter().filter(|m| !m.zombie).count(),
+            zombies => self.ips.len() - usize::from(zombies),
+        }
+    }
+
+    /// Counts the zombies again (after a pass that changed several).
+    pub(crate) fn recount_zombies(&mut self) {
+        let counted = self.ips.iter().filter(|m| m.zombie).count();
+        self.name.zombies = u16::try_from(counted).unwrap_or(u16::MAX);
+    }
+
+    /// One mapping more (`true`) or fewer became a zombie.
+    pub(crate) fn count_zombie(&mut self, more: bool) {
+        let zombies = &mut self.name.zombies;
+        *zombies = match (*zombies, more) {
+            (u16::MAX, _) => {
+                let counted = self.ips.iter().filter(|m| m.zombie).count();
+                u16::try_from(counted).unwrap_or(u16::MAX)
+            }
+            (n, true) => n + 1,
+            (n, false) => n.saturating_sub(1),
+        };
+    }
+
+    /// Where `addr` is, or would go.
+    pub(crate) fn find(&self, addr: IpAddr) -> Result<usize, usize> {
+        self.ips.binary_search_by_key(&addr, |m| m.addr)
+    }
+
+    /// Whether `endpoint` has a record for this name.
+    pub(crate) fn asked_by(&self, endpoint: EndpointId) -> bool {
+        self.endpoints.contains(endpoint)
     }
 }
 
-/// The reverse index orders an IP's names by their `Arc`'s address: the cache holds one `Arc`
-/// per name for as long as any of its IPs is linked, so identity is the pointer.
-fn name_key(name: &Arc<str>) -> usize {
-    Arc::as_ptr(name).cast::<u8>() as usize
+/// The names, by slot and by name. Their text lives in one arena (no allocation per name:
+/// a name costs its length, and releasing a million names frees nothing one by one); the
+/// arena is compacted once more than half of it belongs to names that left.
+#[derive(Default)]
+pub(crate) struct Names {
+    slots: Vec<Option<NameEntry>>,
+    free: Vec<u32>,
+    /// Slots, found by their name's hash.
+    index: HashTable<u32>,
+    hasher: DefaultHashBuilder,
+    /// Every cached name's text, one after the other (ASCII: names are canonical).
+    text: String,
+    /// Bytes of `text` no cached name uses any more.
+    dead: usize,
 }
 
-/// Name → entries, and IP → names (ordered: denser in memory than a hash map of this size).
+impl std::fmt::Debug for Names {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Names")
+            .field("len", &self.len())
+            .field("text", &self.text.len())
+            .field("dead", &self.dead)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The text of `name` in `arena`.
+fn text_of(arena: &str, name: NameText) -> &str {
+    let at = name.at as usize;
+    arena
+        .get(at..at + usize::from(name.len))
+        .unwrap_or_default()
+}
+
+/// The arena is compacted past this many dead bytes (and more dead than live).
+const COMPACT_AFTER: usize = 1 << 20;
+
+impl Names {
+    /// The slot of `name`, if cached.
+    pub(crate) fn find(&self, name: &str) -> Option<NameIdx> {
+        let hash = self.hasher.hash_one(name);
+        let (slots, text) = (&self.slots, &self.text);
+        self.index
+            .find(hash, |&at| {
+                slots
+                    .get(at as usize)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|e| text_of(text, e.name) == name)
+            })
+            .map(|&at| NameIdx(at))
+    }
+
+    /// The name of an entry of this cache.
+    pub(crate) fn text(&self, entry: &NameEntry) -> &str {
+        text_of(&self.text, entry.name)
+    }
+
+    /// Adds `name` (which the caller found absent) with its labels; `None` past 2³² names,
+    /// a 4 GiB arena, or a name longer than 65535 bytes.
+    pub(crate) fn insert(&mut self, name: &str, labels: Arc<LabelSet>) -> Option<NameIdx> {
+        let text = NameText {
+            at: u32::try_from(self.text.len()).ok()?,
+            len: u16::try_from(name.len()).ok()?,
+            zombies: 0,
+        };
+        u32::try_from(self.text.len() + name.len()).ok()?;
+        let at = match self.free.last() {
+            Some(at) => *at,
+            None => u32::try_from(self.slots.len()).ok()?,
+        };
+        self.text.push_str(name);
+        let entry = NameEntry::new(text, labels);
+        if self.free.pop().is_some() {
+            self.slots[at as usize] = Some(entry);
+        } else {
+            self.slots.push(Some(entry));
+        }
+        let hash = self.hasher.hash_one(name);
+        let (slots, hasher, arena) = (&self.slots, &self.hasher, &self.text);
+        self.index.insert_unique(hash, at, |&other| {
+            slots
+                .get(other as usize)
+                .and_then(Option::as_ref)
+                .map_or(0, |e| hasher.hash_one(text_of(arena, e.name)))
+        });
+        Some(NameIdx(at))
+    }
+
+    /// Takes out every name `gone` says to (a fraction of them at random, or most of them in
+    /// one pass over the index), handing each to `each`.
+    pub(crate) fn remove_many(&mut self, gone: &[NameIdx], mut each: impl FnMut(NameEntry)) {
+        self.free.reserve(gone.len());
+        if gone.len() < self.len() / 8 {
+            for idx in gone {
+                if let Some(entry) = self.remove(*idx) {
+                    each(entry);
+                }
+            }
+        } else {
+            // Which slots went, as bits: the pass over the index (in hash order) reads this
+            // instead of the slots themselves, which would be a cache miss per name.
+            let mut went = vec![0u64; self.slots.len().div_ceil(64)];
+            for idx in gone {
+                if let Some(entry) = self.slots.get_mut(idx.at()).and_then(Option::take) {
+                    self.free.push(idx.0);
+                    self.dead += usize::from(entry.name.len);
+                    if let Some(word) = went.get_mut(idx.at() / 64) {
+                        *word |= 1 << (idx.at() % 64);
+                    }
+                    each(entry);
+                }
+            }
+            self.index.retain(|at| {
+                let at = *at as usize;
+                went.get(at / 64)
+                    .is_none_or(|word| word & (1 << (at % 64)) == 0)
+            });
+        }
+        self.compact_if_due();
+    }
+
+    /// Takes a name out.
+    pub(crate) fn remove(&mut self, idx: NameIdx) -> Option<NameEntry> {
+        let entry = self.slots.get_mut(idx.at())?.take()?;
+        let hash = self.hasher.hash_one(text_of(&self.text, entry.name));
+        if let Ok(found) = self.index.find_entry(hash, |&at| at == idx.0) {
+            found.remove();
+        }
+        self.free.push(idx.0);
+        self.dead += usize::from(entry.name.len);
+        Some(entry)
+    }
+
+    /// Rewrites the arena without the text of names that left, once that is most of it.
+    fn compact_if_due(&mut self) {
+        if self.dead < COMPACT_AFTER || self.dead * 2 < self.text.len() {
+            return;
+        }
+        let mut text = String::with_capacity(self.text.len() - self.dead);
+        for entry in self.slots.iter_mut().flatten() {
+            let name = text_of(&self.text, entry.name);
+            // Shorter than the old arena, which fitted in a u32.
+            entry.name.at = u32::try_from(text.len()).unwrap_or(u32::MAX);
+            text.push_str(name);
+        }
+        self.text = text;
+        self.dead = 0;
+    }
+
+    pub(crate) fn get(&self, idx: NameIdx) -> Option<&NameEntry> {
+        self.slots.get(idx.at())?.as_ref()
+    }
+
+    pub(crate) fn get_mut(&mut self, idx: NameIdx) -> Option<&mut NameEntry> {
+        self.slots.get_mut(idx.at())?.as_mut()
+    }
+
+    /// Every name with its text, in slot order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (NameIdx, &str, &NameEntry)> + '_ {
+        let text = &self.text;
+        self.slots.iter().enumerate().filter_map(move |(at, e)| {
+            let at = u32::try_from(at).ok()?;
+            let e = e.as_ref()?;
+            Some((NameIdx(at), text_of(text, e.name), e))
+        })
+    }
+
+    /// Every name, mutably, in slot order (without its text).
+    pub(crate) fn entries_mut(&mut self) -> impl Iterator<Item = (NameIdx, &mut NameEntry)> + '_ {
+        self.slots.iter_mut().enumerate().filter_map(|(at, e)| {
+            let at = u32::try_from(at).ok()?;
+            Some((NameIdx(at), e.as_mut()?))
+        })
+    }
+
+    /// Every name with its text, mutably, in slot order.
+    pub(crate) fn iter_mut(
+        &mut self,
+    ) -> impl Iterator<Item = (NameIdx, &str, &mut NameEntry)> + '_ {
+        let text = &self.text;
+        self.slots
+            .iter_mut()
+            .enumerate()
+            .filter_map(move |(at, e)| {
+                let at = u32::try_from(at).ok()?;
+                let e = e.as_mut()?;
+                Some((NameIdx(at), text_of(text, e.name), e))
+            })
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.index.len()
+    }
+}
+
+/// How many names hold each IP (live or zombie), per address family: hash maps (foldhash),
+/// one probe per link or unlink.
+#[derive(Debug, Default)]
+pub(crate) struct IpRefs {
+    v4: hashbrown::HashMap<u32, u32>,
+    v6: hashbrown::HashMap<u128, u32>,
+}
+
+impl IpRefs {
+    /// One more name holds `addr`.
+    pub(crate) fn link(&mut self, addr: IpAddr) {
+        match addr {
+            IpAddr::V4(a) => *self.v4.entry(a.to_bits()).or_insert(0) += 1,
+            IpAddr::V6(a) => *self.v6.entry(a.to_bits()).or_insert(0) += 1,
+        }
+    }
+
+    /// One name fewer holds `addr`.
+    pub(crate) fn unlink(&mut self, addr: IpAddr) {
+        fn down<K: std::hash::Hash + Eq>(map: &mut hashbrown::HashMap<K, u32>, key: K) {
+            if let hashbrown::hash_map::Entry::Occupied(mut refs) = map.entry(key) {
+                *refs.get_mut() -= 1;
+                if *refs.get() == 0 {
+                    refs.remove();
+                }
+            }
+        }
+        match addr {
+            IpAddr::V4(a) => down(&mut self.v4, a.to_bits()),
+            IpAddr::V6(a) => down(&mut self.v6, a.to_bits()),
+        }
+    }
+
+    /// Distinct IPs held.
+    pub(crate) fn len(&self) -> usize {
+        self.v4.len() + self.v6.len()
+    }
+}
+
+/// The cache.
 #[derive(Debug, Default)]
 pub(crate) struct DnsCache {
     /// One shared copy of each label set names carry (few: one per selector combination).
     pub(crate) label_sets: HashMap<LabelSet, Arc<LabelSet>>,
-    pub(crate) names: HashMap<Arc<str>, NameEntry>,
-    pub(crate) reverse: BTreeMap<IpAddr, SmallVec<[Arc<str>; 1]>>,
+    pub(crate) names: Names,
+    pub(crate) ips: IpRefs,
+    /// Names each endpoint has a record for (what `max_names_per_endpoint` bounds).
+    pub(crate) endpoint_names: HashMap<EndpointId, usize>,
 }
 
 impl DnsCache {
@@ -84,23 +492,99 @@ impl DnsCache {
             .retain(|_, shared| Arc::strong_count(shared) > 1);
     }
 
-    /// Records that `addr` is known under `name` (an IP shared by hundreds of names costs a
-    /// binary search over pointers, not string compares).
-    pub(crate) fn link(&mut self, addr: IpAddr, name: &Arc<str>) {
-        let names = self.reverse.entry(addr).or_default();
-        if let Err(at) = names.binary_search_by_key(&name_key(name), name_key) {
-            names.insert(at, name.clone());
+    /// Records that `endpoint` looked up the name at `idx`, its record lasting until
+    /// `expires` at least.
+    pub(crate) fn record_endpoint(&mut self, idx: NameIdx, endpoint: EndpointId, expires: Secs) {
+        if let Some(entry) = self.names.get_mut(idx)
+            && entry.endpoints.record(endpoint, expires)
+        {
+            *self.endpoint_names.entry(endpoint).or_insert(0) += 1;
         }
     }
 
-    pub(crate) fn unlink(&mut self, addr: IpAddr, name: &Arc<str>) {
-        if let std::collections::btree_map::Entry::Occupied(mut names) = self.reverse.entry(addr) {
-            if let Ok(at) = names.get().binary_search_by_key(&name_key(name), name_key) {
-                names.get_mut().remove(at);
-            }
-            if names.get().is_empty() {
-                names.remove();
+    /// `n` endpoint records fewer for `endpoint`.
+    pub(crate) fn forget_endpoints(
+        endpoint_names: &mut HashMap<EndpointId, usize>,
+        endpoint: EndpointId,
+        n: usize,
+    ) {
+        if let Some(count) = endpoint_names.get_mut(&endpoint) {
+            *count = count.saturating_sub(n);
+            if *count == 0 {
+                endpoint_names.remove(&endpoint);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_entry_and_a_mapping_stay_small() {
+        assert_eq!(size_of::<Mapping>(), 24);
+        assert_eq!(size_of::<Endpoints>(), 16);
+        assert_eq!(size_of::<Option<NameEntry>>(), 72);
+    }
+
+    #[test]
+    fn names_are_found_removed_and_their_arena_compacted() {
+        let labels = Arc::new(LabelSet::new());
+        let mut names = Names::default();
+        let count = 60_000u32;
+        let all: Vec<NameIdx> = (0..count)
+            .map(|i| {
+                let name = format!("host-{i:05}.example.com.");
+                assert_eq!(names.find(&name), None);
+                names.insert(&name, labels.clone()).unwrap()
+            })
+            .collect();
+        let before = names.text.len();
+        // Most go in one pass: the arena is compacted; the rest are still found.
+        let gone: Vec<NameIdx> = all.iter().copied().filter(|i| i.0 % 10 != 0).collect();
+        let mut removed = 0;
+        names.remove_many(&gone, |_| removed += 1);
+        assert_eq!(removed, gone.len());
+        assert!(names.text.len() < before / 5, "compacted");
+        assert_eq!(names.len(), (count / 10) as usize);
+        for i in 0..count {
+            let name = format!("host-{i:05}.example.com.");
+            let found = names.find(&name);
+            assert_eq!(found.is_some(), i % 10 == 0, "{name}");
+            if let Some(idx) = found {
+                assert_eq!(names.text(names.get(idx).unwrap()), name);
+            }
+        }
+        // Slots are reused; a few removed one by one.
+        let again = names.insert("new.example.com.", labels.clone()).unwrap();
+        assert!(again.0 < count);
+        assert_eq!(names.find("new.example.com."), Some(again));
+        names.remove_many(&[again], |_| {});
+        assert_eq!(names.find("new.example.com."), None);
+    }
+
+    #[test]
+    fn endpoint_records_are_kept_sorted_and_expire() {
+        let mut records = Endpoints::None;
+        assert!(records.record(EndpointId(5), 10));
+        assert!(!records.record(EndpointId(5), 20));
+        assert!(records.record(EndpointId(2), 15));
+        assert!(records.record(EndpointId(9), 30));
+        let all: Vec<_> = records.iter().collect();
+        assert_eq!(
+            all,
+            [
+                (EndpointId(2), 15),
+                (EndpointId(5), 20),
+                (EndpointId(9), 30)
+            ]
+        );
+        let mut lapsed = Vec::new();
+        records.expire(20, |ep| lapsed.push(ep));
+        assert_eq!(lapsed, [EndpointId(2), EndpointId(5)]);
+        assert!(matches!(records, Endpoints::One(EndpointId(9), 30)));
+        records.expire(30, |_| {});
+        assert!(matches!(records, Endpoints::None));
     }
 }

@@ -4,7 +4,8 @@
 //! It owns
 //! - DNS names and FQDN patterns with Cilium's exact `matchName` / `matchPattern` semantics
 //!   ([`name`], [`pattern`]), and one [`Matcher`] compiled from every selector in force;
-//! - the DNS cache: name → IPs with expiry (TTL raised to the minimum), IP → names, a per-name
+//! - the DNS cache: name → IPs with expiry (TTL raised to the minimum), how many names hold
+//!   each IP, the endpoints that asked each name, a per-name
 //!   IP cap, and zombies — expired or evicted IPs kept while the datapath reports them in use;
 //! - the `fqdn:<selector>` labels on IPs: for each (name, IP) it upserts or removes labels in
 //!   the IpCache under the owner `fqdn-name-manager/<name>`, and relabels cached IPs when a

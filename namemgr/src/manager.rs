@@ -7,10 +7,12 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fqdnd_ipcache::{Datapath, EndpointId, IpCache, LabelId, LabelSet, host_prefix};
+use fqdnd_ipcache::{
+    Datapath, EndpointId, IpCache, LabelId, LabelSet, OwnerId, OwnerKind, host_prefix,
+};
 use smallvec::SmallVec;
 
-use crate::cache::{DnsCache, IpEntry, NameEntry, Secs};
+use crate::cache::{DnsCache, IpEntry, Mapping, NameEntry, NameIdx, Secs};
 use crate::config::Config;
 use crate::error::{Breaker, Error};
 use crate::matcher::{Matcher, SelectorId};
@@ -103,10 +105,10 @@ pub struct BreakerTrips {
 }
 
 /// One mapping, for listings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CacheEntry {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheEntry<'a> {
     /// The name.
-    pub name: Arc<str>,
+    pub name: &'a str,
     /// The address and its expiry (seconds on the caller's clock).
     pub ip: IpEntry,
     /// Whether it is a zombie (expired or evicted, kept because in use).
@@ -130,7 +132,6 @@ pub struct NameManager {
     by_key: HashMap<String, SelectorId>,
     next_selector: u32,
     cache: DnsCache,
-    endpoint_names: HashMap<EndpointId, HashMap<Arc<str>, Secs>>,
     zombies: usize,
     /// (name, IP) mappings held, live and zombie: what `max_cache_entries` bounds.
     entries: usize,
@@ -138,15 +139,17 @@ pub struct NameManager {
     last_warning: Option<Duration>,
 }
 
-/// Where `addr` is, or would go, in a list kept sorted by address.
-fn find(list: &[IpEntry], addr: IpAddr) -> Result<usize, usize> {
-    list.binary_search_by_key(&addr, |e| e.addr)
-}
-
-/// Inserts into a list kept sorted by address (the caller checked `addr` is absent).
-fn insert<A: smallvec::Array<Item = IpEntry>>(list: &mut SmallVec<A>, entry: IpEntry) {
-    let at = find(list, entry.addr).unwrap_or_else(|at| at);
-    list.insert(at, entry);
+/// The IpCache owner of the name at `entry`, registered on first use.
+fn owner_of<D: Datapath>(
+    entry: &mut NameEntry,
+    ipcache: &mut IpCache<D>,
+) -> Result<OwnerId, fqdnd_ipcache::Error> {
+    if let Some(owner) = entry.owner {
+        return Ok(owner);
+    }
+    let owner = ipcache.add_owner_without_name(OwnerKind::NameManager)?;
+    entry.owner = Some(owner);
+    Ok(owner)
 }
 
 fn secs(now: Duration) -> Secs {
@@ -177,7 +180,6 @@ impl NameManager {
             by_key: HashMap::new(),
             next_selector: 0,
             cache: DnsCache::default(),
-            endpoint_names: HashMap::new(),
             zombies: 0,
             entries: 0,
             stats: Stats::default(),
@@ -202,13 +204,8 @@ impl NameManager {
         self.stats.answers += 1;
         // A name already in the cache was validated when it was stored: look it up as given
         // (the proxy hands over canonical names) before paying for parsing and allocation.
-        let cached = self
-            .cache
-            .names
-            .get_key_value(name)
-            .map(|(key, _)| key.clone());
-        let (key, is_new) = match cached {
-            Some(key) => (key, false),
+        let found = match self.cache.names.find(name) {
+            Some(idx) => Ok(idx),
             None => {
                 let parsed = DnsName::parse(name).map_err(|source| {
                     self.stats.invalid_names += 1;
@@ -217,56 +214,142 @@ impl NameManager {
                         source,
                     }
                 })?;
-                match self.cache.names.get_key_value(parsed.as_str()) {
-                    Some((key, _)) => (key.clone(), false),
-                    None => (parsed.as_arc().clone(), true),
+                // Looked up again only if canonicalisation changed it.
+                let again = (parsed.as_str() != name)
+                    .then(|| self.cache.names.find(parsed.as_str()))
+                    .flatten();
+                match again {
+                    Some(idx) => Ok(idx),
+                    None => Err(parsed.as_arc().clone()),
                 }
             }
         };
         let expires = secs(now).saturating_add(ttl.max(self.config.min_ttl));
 
-        let ep_names = self.endpoint_names.entry(endpoint).or_default();
-        if !ep_names.contains_key(&*key) && ep_names.len() >= self.config.max_names_per_endpoint {
+        let asked = match found {
+            Ok(idx) => self
+                .cache
+                .names
+                .get(idx)
+                .is_some_and(|e| e.asked_by(endpoint)),
+            Err(_) => false,
+        };
+        let names_of_endpoint = self
+            .cache
+            .endpoint_names
+            .get(&endpoint)
+            .copied()
+            .unwrap_or(0);
+        if !asked && names_of_endpoint >= self.config.max_names_per_endpoint {
             self.stats.breaker_trips += 1;
             self.stats.trips.names_per_endpoint += 1;
+            let name = match &found {
+                Ok(idx) => self
+                    .cache
+                    .names
+                    .get(*idx)
+                    .map_or_else(|| name.to_owned(), |e| self.cache.names.text(e).to_owned()),
+                Err(key) => key.to_string(),
+            };
             let err = Error::BreakerTripped {
                 breaker: Breaker::NamesPerEndpoint,
                 limit: self.config.max_names_per_endpoint,
-                name: key.to_string(),
+                name,
             };
             self.warn(now, &err);
             return Err(err);
         }
-        if is_new {
-            let labels = self
-                .cache
-                .share(labels_for(&self.matcher, &self.selectors, &key));
-            self.cache
-                .names
-                .insert(key.clone(), NameEntry::new(key.clone(), labels));
-        }
+        let (idx, is_new) = match found {
+            Ok(idx) => (idx, false),
+            Err(key) => {
+                let labels = self
+                    .cache
+                    .share(labels_for(&self.matcher, &self.selectors, &key));
+                let Some(idx) = self.cache.names.insert(&key, labels) else {
+                    // 2³² names at once: far past any `max_cache_entries`.
+                    return Err(Error::BreakerTripped {
+                        breaker: Breaker::CacheEntries,
+                        limit: u32::MAX as usize,
+                        name: key.to_string(),
+                    });
+                };
+                (idx, true)
+            }
+        };
         let mut learned = Learned::default();
         let mut tripped = None;
-        for &addr in addrs {
-            let Some(entry) = self.cache.names.get_mut(&key) else {
-                break;
+        let learning = self.learn_addrs(idx, addrs, expires, now, ipcache, &mut learned);
+        if let Err(e) = learning {
+            self.drop_if_empty(idx, is_new, ipcache)?;
+            return Err(e);
+        }
+        if let Ok(Some(trip)) = learning {
+            tripped = Some(trip);
+        }
+        if let Some((breaker, limit)) = tripped {
+            if breaker == Breaker::IpsPerName {
+                self.stats.breaker_trips += 1;
+                self.stats.trips.ips_per_name += 1;
+            }
+            let name = self
+                .cache
+                .names
+                .get(idx)
+                .map(|e| self.cache.names.text(e).to_owned())
+                .unwrap_or_default();
+            let err = Error::BreakerTripped {
+                breaker,
+                limit,
+                name,
             };
+            self.warn(now, &err);
+        }
+        if self.cache.names.get(idx).is_some_and(|e| e.holds() > 0) {
+            self.cache.record_endpoint(idx, endpoint, expires);
+        } else {
+            // Nothing was learned for a new name: do not keep an empty entry.
+            self.drop_if_empty(idx, is_new, ipcache)?;
+        }
+        Ok(learned)
+    }
+
+    /// Learns `addrs` for the name at `idx` (see [`NameManager::observe`]); returns the
+    /// breaker that refused some of them, if any.
+    fn learn_addrs<D: Datapath>(
+        &mut self,
+        idx: NameIdx,
+        addrs: &[IpAddr],
+        expires: Secs,
+        now: Duration,
+        ipcache: &mut IpCache<D>,
+        learned: &mut Learned,
+    ) -> Result<Option<(Breaker, usize)>, Error> {
+        let mut tripped = None;
+        let DnsCache { names, ips, .. } = &mut self.cache;
+        let Some(entry) = names.get_mut(idx) else {
+            return Ok(None);
+        };
+        if !addrs.is_empty() {
             entry.last_lookup = secs(now);
-            if let Ok(at) = find(&entry.live, addr) {
-                let live = &mut entry.live[at];
-                if expires > live.expires {
-                    live.expires = expires;
-                    learned.refreshed += 1;
+        }
+        for &addr in addrs {
+            let at = match entry.find(addr) {
+                Ok(at) => {
+                    let mapping = &mut entry.ips[at];
+                    if mapping.zombie {
+                        mapping.zombie = false;
+                        mapping.expires = expires;
+                        entry.count_zombie(false);
+                        self.zombies -= 1;
+                        learned.revived += 1;
+                    } else if expires > mapping.expires {
+                        mapping.expires = expires;
+                        learned.refreshed += 1;
+                    }
+                    continue;
                 }
-                continue;
-            }
-            if let Ok(at) = find(&entry.zombies, addr) {
-                entry.zombies.remove(at);
-                self.zombies -= 1;
-                insert(&mut entry.live, IpEntry { addr, expires });
-                learned.revived += 1;
-                continue;
-            }
+                Err(at) => at,
+            };
             if entry.holds() >= self.config.max_ips_per_name {
                 learned.rejected += 1;
                 tripped = Some((Breaker::IpsPerName, self.config.max_ips_per_name));
@@ -280,23 +363,17 @@ impl NameManager {
                 tripped = Some((Breaker::CacheEntries, self.config.max_cache_entries));
                 continue;
             }
-            if entry.live.len() >= self.config.max_ips_per_hostname {
+            if entry.live() >= self.config.max_ips_per_hostname {
                 let oldest = entry
-                    .live
-                    .iter()
-                    .enumerate()
-                    .min_by_key(|(_, e)| e.expires)
-                    .map(|(i, e)| (i, *e));
+                    .ips
+                    .iter_mut()
+                    .filter(|m| !m.zombie)
+                    .min_by_key(|m| m.expires);
                 match oldest {
-                    Some((at, e)) if e.expires < expires => {
-                        entry.live.remove(at);
-                        insert(
-                            &mut entry.zombies,
-                            IpEntry {
-                                addr: e.addr,
-                                expires: secs(now),
-                            },
-                        );
+                    Some(m) if m.expires < expires => {
+                        m.zombie = true;
+                        m.expires = secs(now);
+                        entry.count_zombie(true);
                         self.zombies += 1;
                     }
                     _ => {
@@ -306,12 +383,8 @@ impl NameManager {
                 }
             }
             if !entry.labels.is_empty() {
-                match ipcache.upsert_metadata(
-                    host_prefix(addr),
-                    &entry.owner,
-                    entry.labels.clone(),
-                    now,
-                ) {
+                let owner = owner_of(entry, ipcache)?;
+                match ipcache.upsert_metadata(host_prefix(addr), owner, entry.labels.clone(), now) {
                     Ok(()) => {}
                     Err(fqdnd_ipcache::Error::BreakerTripped { .. }) => {
                         learned.rejected += 1;
@@ -328,40 +401,38 @@ impl NameManager {
                     Err(err) => return Err(err.into()),
                 }
             }
-            insert(&mut entry.live, IpEntry { addr, expires });
-            self.cache.link(addr, &key);
+            entry.ips.insert(
+                at,
+                Mapping {
+                    addr,
+                    expires,
+                    zombie: false,
+                },
+            );
+            ips.link(addr);
             self.entries += 1;
             learned.new += 1;
             self.stats.new_mappings += 1;
         }
-        if let Some((breaker, limit)) = tripped {
-            if breaker == Breaker::IpsPerName {
-                self.stats.breaker_trips += 1;
-                self.stats.trips.ips_per_name += 1;
-            }
-            let err = Error::BreakerTripped {
-                breaker,
-                limit,
-                name: key.to_string(),
-            };
-            self.warn(now, &err);
+        Ok(tripped)
+    }
+
+    /// Removes the new name at `idx` if it holds nothing (and gives up its IpCache owner).
+    fn drop_if_empty<D: Datapath>(
+        &mut self,
+        idx: NameIdx,
+        is_new: bool,
+        ipcache: &mut IpCache<D>,
+    ) -> Result<(), Error> {
+        if !is_new || self.cache.names.get(idx).is_none_or(|e| e.holds() > 0) {
+            return Ok(());
         }
-        match self.cache.names.get(&key) {
-            Some(entry) if entry.holds() > 0 => {
-                let record = self
-                    .endpoint_names
-                    .entry(endpoint)
-                    .or_default()
-                    .entry(key)
-                    .or_insert(0);
-                *record = (*record).max(expires);
-            }
-            _ => {
-                // Nothing was learned for a new name: do not keep an empty entry.
-                self.cache.names.remove(&key);
-            }
+        if let Some(entry) = self.cache.names.remove(idx)
+            && let Some(owner) = entry.owner
+        {
+            ipcache.remove_owner(owner)?;
         }
-        Ok(learned)
+        Ok(())
     }
 
     /// Makes `selectors` the FQDN selectors in force. Every cached name that an added or
@@ -414,7 +485,7 @@ impl NameManager {
             label_sets: shared,
             ..
         } = &mut self.cache;
-        for (name, entry) in names.iter_mut() {
+        for (_, name, entry) in names.iter_mut() {
             if !changed.iter().any(|s| s.matches(name)) {
                 continue;
             }
@@ -426,12 +497,17 @@ impl NameManager {
                 .entry(labels)
                 .or_insert_with_key(|l| Arc::new(l.clone()))
                 .clone();
-            for ip in entry.live.iter().chain(&entry.zombies) {
-                let prefix = host_prefix(ip.addr);
+            for i in 0..entry.ips.len() {
+                let prefix = host_prefix(entry.ips[i].addr);
                 let result = if labels.is_empty() {
-                    ipcache.remove_metadata(prefix, &entry.owner)
+                    match entry.owner {
+                        Some(owner) => ipcache.remove_metadata(prefix, owner),
+                        None => Ok(()),
+                    }
                 } else {
-                    ipcache.upsert_metadata(prefix, &entry.owner, labels.clone(), now)
+                    owner_of(entry, ipcache).and_then(|owner| {
+                        ipcache.upsert_metadata(prefix, owner, labels.clone(), now)
+                    })
                 };
                 match result {
                     Ok(()) => {}
@@ -458,61 +534,89 @@ impl NameManager {
         self.stats.gc_runs += 1;
         let now_s = secs(now);
         let mut stats = GcStats::default();
-        let mut released: Vec<(Arc<str>, IpAddr)> = Vec::new();
-        let mut dead_zombies = 0;
-        for (name, entry) in &mut self.cache.names {
-            entry.zombies.retain(|z| {
-                let keep = connections.in_use(z.addr);
-                if !keep {
-                    released.push((name.clone(), z.addr));
-                    dead_zombies += 1;
+        // Sized up front (virtual memory; pages are touched as used): growing these while
+        // the pass frees thousands of small blocks makes the allocator consolidate its free
+        // lists on every regrowth.
+        let mut released: Vec<(IpAddr, NameIdx)> = Vec::with_capacity(self.entries);
+        let mut empty: Vec<NameIdx> = Vec::with_capacity(self.cache.names.len());
+        // Endpoint records dropped (lapsed, or with their name), counted per endpoint and
+        // taken off the per-endpoint counts once at the end.
+        let mut dropped: SmallVec<[(EndpointId, usize); 4]> = SmallVec::new();
+        let mut drop_record =
+            |endpoint: EndpointId| match dropped.iter_mut().find(|(ep, _)| *ep == endpoint) {
+                Some((_, n)) => *n += 1,
+                None => dropped.push((endpoint, 1)),
+            };
+        for (idx, entry) in self.cache.names.entries_mut() {
+            entry.endpoints.expire(now_s, &mut drop_record);
+            let mut zombies_changed = false;
+            entry.ips.retain(|m| {
+                if m.zombie {
+                    if connections.in_use(m.addr) {
+                        return true;
+                    }
+                    self.zombies -= 1;
+                    zombies_changed = true;
+                    released.push((m.addr, idx));
+                    return false;
                 }
-                keep
-            });
-            let NameEntry { live, zombies, .. } = entry;
-            let before = zombies.len();
-            live.retain(|e| {
-                if e.expires > now_s {
+                if m.expires > now_s {
                     return true;
                 }
                 stats.expired += 1;
-                if connections.in_use(e.addr) {
-                    zombies.push(*e);
+                if connections.in_use(m.addr) {
+                    m.zombie = true;
+                    self.zombies += 1;
+                    zombies_changed = true;
+                    true
                 } else {
-                    released.push((name.clone(), e.addr));
+                    released.push((m.addr, idx));
+                    false
                 }
-                false
             });
-            if zombies.len() > before {
-                self.zombies += zombies.len() - before;
-                zombies.sort_unstable_by_key(|z| z.addr);
+            if zombies_changed {
+                entry.recount_zombies();
+            }
+            if entry.ips.is_empty() {
+                empty.push(idx);
             }
         }
-        self.zombies -= dead_zombies;
         if self.zombies > self.config.max_zombies {
-            let mut all: Vec<(Secs, Arc<str>, IpAddr)> = self
+            let mut all: Vec<(Secs, &str, IpAddr, NameIdx)> = self
                 .cache
                 .names
                 .iter()
-                .flat_map(|(n, e)| {
-                    e.zombies
+                .flat_map(|(idx, name, e)| {
+                    e.ips
                         .iter()
-                        .map(move |z| (z.expires, n.clone(), z.addr))
+                        .filter(|m| m.zombie)
+                        .map(move |m| (m.expires, name, m.addr, idx))
                 })
                 .collect();
             all.sort_unstable_by(|a, b| {
                 a.0.cmp(&b.0)
-                    .then_with(|| a.1.cmp(&b.1))
+                    .then_with(|| a.1.cmp(b.1))
                     .then_with(|| a.2.cmp(&b.2))
             });
             let excess = self.zombies - self.config.max_zombies;
-            for (_, name, addr) in all.into_iter().take(excess) {
-                if let Some(entry) = self.cache.names.get_mut(&name) {
-                    entry.zombies.retain(|z| z.addr != addr);
+            let over: Vec<(IpAddr, NameIdx)> = all
+                .into_iter()
+                .take(excess)
+                .map(|(_, _, addr, idx)| (addr, idx))
+                .collect();
+            for &(addr, idx) in &over {
+                if let Some(entry) = self.cache.names.get_mut(idx)
+                    && let Ok(at) = entry.find(addr)
+                {
+                    entry.ips.remove(at);
+                    entry.count_zombie(false);
+                    if entry.ips.is_empty() {
+                        empty.push(idx);
+                    }
                 }
-                released.push((name, addr));
-                stats.over_cap += 1;
             }
+            stats.over_cap += over.len();
+            released.extend(over);
             self.zombies -= excess;
             tracing::warn!(
                 limit = self.config.max_zombies,
@@ -520,66 +624,89 @@ impl NameManager {
                 "zombie cap reached: releasing the oldest IPs still in use; raise maxDeferredConnectionDeletes"
             );
         }
-        // In address order, the IpCache's and the reverse index's ordered maps are walked
-        // front to back instead of at random: several times faster for large passes.
-        released.sort_unstable_by_key(|(_, addr)| *addr);
-        for (name, addr) in &released {
-            if let Some(entry) = self.cache.names.get(name).filter(|e| !e.labels.is_empty()) {
-                ipcache.remove_metadata(host_prefix(*addr), &entry.owner)?;
-            }
-            self.cache.unlink(*addr, name);
+        // In address order, the IpCache's ordered maps are walked front to back instead of at
+        // random: several times faster for large passes.
+        released.sort_unstable();
+        ipcache.reserve(released.len());
+        let names = &self.cache.names;
+        let claims = released.iter().filter_map(|&(addr, idx)| {
+            let entry = names.get(idx).filter(|e| !e.labels.is_empty())?;
+            Some((host_prefix(addr), entry.owner?))
+        });
+        ipcache.remove_metadata_many(claims, released.len())?;
+        for (addr, _) in &released {
+            self.cache.ips.unlink(*addr);
         }
         stats.released = released.len();
         self.entries -= released.len();
         self.stats.gc_releases += released.len() as u64;
-        let before = self.cache.names.len();
-        self.cache.names.retain(|_, e| e.holds() > 0);
-        self.cache.forget_unused_label_sets();
-        stats.names_removed = before - self.cache.names.len();
-        for names in self.endpoint_names.values_mut() {
-            names.retain(|_, expires| *expires > now_s);
+        // Names left without mappings go, with their endpoint records and their IpCache owner.
+        let mut owners: Vec<OwnerId> = Vec::with_capacity(empty.len());
+        self.cache.names.remove_many(&empty, |entry| {
+            for (endpoint, _) in entry.endpoints.iter() {
+                drop_record(endpoint);
+            }
+            owners.extend(entry.owner);
+        });
+        for (endpoint, n) in dropped {
+            DnsCache::forget_endpoints(&mut self.cache.endpoint_names, endpoint, n);
         }
-        self.endpoint_names.retain(|_, names| !names.is_empty());
+        ipcache.remove_owners(&owners)?;
+        stats.names_removed = empty.len();
+        self.cache.forget_unused_label_sets();
         Ok(stats)
     }
 
-    /// Every mapping, live and zombie, in no particular order.
-    pub fn entries(&self) -> impl Iterator<Item = CacheEntry> + '_ {
-        self.cache.names.iter().flat_map(|(name, e)| {
-            let live = e.live.iter().map(move |ip| (ip, false));
-            let zombies = e.zombies.iter().map(move |ip| (ip, true));
-            live.chain(zombies).map(move |(ip, zombie)| CacheEntry {
-                name: name.clone(),
-                ip: *ip,
-                zombie,
+    /// Every mapping, live and zombie, name by name, in no particular order.
+    pub fn entries(&self) -> impl Iterator<Item = CacheEntry<'_>> + '_ {
+        self.cache.names.iter().flat_map(|(_, name, e)| {
+            e.ips.iter().map(move |m| CacheEntry {
+                name,
+                ip: m.entry(),
+                zombie: m.zombie,
                 last_lookup: e.last_lookup,
             })
         })
     }
 
-    /// The names `addr` is known under.
-    pub fn names_of(&self, addr: IpAddr) -> &[Arc<str>] {
+    /// The names `addr` is known under, live or zombie (a scan of the cache: for tests and
+    /// listings, not for a per-answer path).
+    pub fn names_of(&self, addr: IpAddr) -> Vec<&str> {
         self.cache
-            .reverse
-            .get(&addr)
-            .map_or(&[], |names| names.as_slice())
+            .names
+            .iter()
+            .filter(|(_, _, e)| e.find(addr).is_ok())
+            .map(|(_, name, _)| name)
+            .collect()
+    }
+
+    /// The names behind the IpCache owners this NameManager registered (without a name:
+    /// see `IpCache::add_owner_without_name`), for listings.
+    pub fn owner_names(&self) -> HashMap<OwnerId, &str> {
+        self.cache
+            .names
+            .iter()
+            .filter_map(|(_, name, e)| Some((e.owner?, name)))
+            .collect()
     }
 
     /// The endpoints that looked `name` up and have it live, for listings.
     pub fn endpoints_of(&self, name: &str) -> Vec<EndpointId> {
-        let mut eps: Vec<EndpointId> = self
-            .endpoint_names
-            .iter()
-            .filter(|(_, names)| names.contains_key(name))
-            .map(|(ep, _)| *ep)
-            .collect();
-        eps.sort();
-        eps
+        self.cache
+            .names
+            .find(name)
+            .and_then(|idx| self.cache.names.get(idx))
+            .map(|e| e.endpoints.iter().map(|(ep, _)| ep).collect())
+            .unwrap_or_default()
     }
 
     /// Names live for `endpoint`.
     pub fn endpoint_name_count(&self, endpoint: EndpointId) -> usize {
-        self.endpoint_names.get(&endpoint).map_or(0, HashMap::len)
+        self.cache
+            .endpoint_names
+            .get(&endpoint)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Names in the cache.
@@ -599,7 +726,7 @@ impl NameManager {
 
     /// Distinct IPs in the cache.
     pub fn ip_count(&self) -> usize {
-        self.cache.reverse.len()
+        self.cache.ips.len()
     }
 
     /// The selectors in force.

@@ -53,7 +53,7 @@ fn ttl_is_raised_to_the_minimum_and_expires_on_gc() {
         .unwrap();
     assert_eq!((learned.new, learned.is_new_state()), (1, true));
     let entry = n.entries().next().unwrap();
-    assert_eq!(&*entry.name, "a.example.com.");
+    assert_eq!(entry.name, "a.example.com.");
     assert_eq!(entry.ip.expires, 160);
     assert!(c.identity_of(&host_prefix(ip(1))).is_some());
     // A refresh only extends the lifetime.

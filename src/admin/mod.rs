@@ -56,6 +56,21 @@ pub(crate) struct Status {
     /// Cluster mode: the connection, the allocator leader, pending temporary identities.
     #[serde(default)]
     pub(crate) cluster: Option<crate::cluster::ClusterStatus>,
+    /// The gateway's answer cache; `None` when it is off.
+    #[serde(default)]
+    pub(crate) answer_cache: Option<AnswerCacheRow>,
+}
+
+/// The answer cache's counters (`fqdnd status`).
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct AnswerCacheRow {
+    pub(crate) entries: usize,
+    pub(crate) capacity: usize,
+    pub(crate) hits: u64,
+    pub(crate) misses: u64,
+    pub(crate) inserts: u64,
+    pub(crate) evictions: u64,
+    pub(crate) expired: u64,
 }
 
 /// One upstream's health.

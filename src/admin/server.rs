@@ -18,7 +18,7 @@ use fqdnd_ipcache::policy::Direction;
 use serde::Deserialize;
 use tokio::net::UnixListener;
 
-use super::{Reload, Status, UpstreamRow};
+use super::{AnswerCacheRow, Reload, Status, UpstreamRow};
 use crate::daemon::record::{RecordRequest, RecordStatus};
 use crate::daemon::{Running, Shared};
 use crate::node::{CniAttachment, DropPage, EndpointRow, NodeMode, NodeRuntime, ServiceRow};
@@ -178,6 +178,18 @@ pub(crate) fn status_of(shared: &Shared) -> Status {
         allow_list_patterns: allow,
         reloads,
         cluster,
+        answer_cache: proxy
+            .as_ref()
+            .and_then(|p| p.cache)
+            .map(|c| AnswerCacheRow {
+                entries: c.entries,
+                capacity: c.capacity,
+                hits: c.hits,
+                misses: c.misses,
+                inserts: c.inserts,
+                evictions: c.evictions,
+                expired: c.expired,
+            }),
     }
 }
 

@@ -41,6 +41,14 @@ pub(crate) fn status(target: &Target, json: bool) -> Result<ExitCode> {
         "dns cache:        {} names, {} entries, {} zombies",
         s.cache_names, s.cache_entries, s.cache_zombies
     )?;
+    match &s.answer_cache {
+        Some(c) => writeln!(
+            out,
+            "answer cache:     {}/{} entries, {} hits, {} misses, {} inserts, {} evictions, {} expired",
+            c.entries, c.capacity, c.hits, c.misses, c.inserts, c.evictions, c.expired
+        )?,
+        None => writeln!(out, "answer cache:     off")?,
+    }
     writeln!(
         out,
         "identities:       {} ({} created by DNS answers)",
@@ -92,8 +100,8 @@ pub(crate) fn status(target: &Target, json: bool) -> Result<ExitCode> {
         )?;
         writeln!(
             out,
-            "  known:          {} identities, {} remote endpoints, {} shared policies; {} endpoints published",
-            c.identities, c.remote_endpoints, c.shared_policies, c.published
+            "  known:          {} identities, {} remote endpoints, {} other nodes, {} shared policies; {} endpoints published",
+            c.identities, c.remote_endpoints, c.remote_nodes, c.shared_policies, c.published
         )?;
         writeln!(
             out,

@@ -188,9 +188,8 @@ fn report(out: &mut String, engine: &Engine<MemoryDatapath>, answered: usize) ->
         writeln!(out, "  {id:<9} refs {refs:<3} {labels}")?;
     }
     writeln!(out, "\nipcache (prefix → identity):")?;
-    for (prefix, identity, owners) in ipc.prefixes() {
+    for (prefix, identity, owners) in engine.prefix_owners() {
         let Some(identity) = identity else { continue };
-        let owners: Vec<String> = owners.iter().map(ToString::to_string).collect();
         writeln!(
             out,
             "  {:<20} {identity:<9} {}",

@@ -319,12 +319,16 @@ impl Shared {
         Ok(())
     }
 
-    /// Gives the node's current addresses the host identity, committed. A failure is
-    /// logged: the addresses keep the identity they had.
+    /// Gives the node's current addresses the host identity, committed (and, in cluster
+    /// mode, hands them to the node side to publish). A failure is logged: the addresses
+    /// keep the identity they had.
     pub(crate) fn refresh_host(&self, engine: &mut Engine<AnyDatapath>) {
         let Some(addrs) = self.mode.host_addresses() else {
             return;
         };
+        if let Some(cluster) = &self.cluster {
+            cluster.set_addresses(&addrs);
+        }
         match engine.set_host_addresses(&addrs) {
             Ok(true) => {
                 tracing::info!(addresses = ?addrs, "the node's addresses (the host identity)")

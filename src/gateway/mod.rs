@@ -123,6 +123,7 @@ impl GatewayMode {
                 listen_udp: listen.clone(),
                 listen_tcp: listen,
                 upstreams,
+                cache: gateway.cache,
                 ..fqdnd_dnsproxy::Config::default()
             },
             services: None,

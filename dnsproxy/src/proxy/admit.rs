@@ -3,16 +3,21 @@
 //! or nothing (a runt shorter than a header, a response, a query over its rate limit).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+
+use hickory_proto::op::Message;
 
 use tokio::time::Instant;
 
-use super::{Handled, Outcome, Shared, Worker};
+use super::{Answer, Handled, Outcome, Shared, Worker};
+use crate::cache::{AnswerCache, Entry};
 use crate::config::{RateLimitAction, RejectCode};
 use crate::policy::{QueryInfo, Transport, Verdict};
 use crate::query::{self, NotForwarded, ParsedQuery};
 use crate::querylog::QueryResult;
 use crate::question::Question;
 use crate::record::Direction;
+use crate::upstream::Origin;
 use crate::upstream::{Asked, ReplyTo};
 use crate::wire::{self, rcode};
 
@@ -22,7 +27,7 @@ impl Shared {
     /// called only when the query is forwarded; replies leave from `local` (the callers' and
     /// `reply`'s business) even when the policy says the query was redirected from elsewhere.
     pub(crate) async fn handle_query(
-        &self,
+        self: &Arc<Self>,
         w: &mut Worker,
         raw: &mut [u8],
         client: SocketAddr,
@@ -130,8 +135,29 @@ impl Shared {
                         tag,
                         udp_limit,
                         opt,
+                        cache_flags: crate::cache::key_flags(
+                            raw,
+                            opt.map(|o| o.dnssec_ok),
+                            udp_limit,
+                            transport,
+                        ),
                         received,
                     };
+                    if let Some(cache) = &self.cache {
+                        let key =
+                            question.cache_key(raw, &asked.name, asked.cache_flags, asked.tag);
+                        if let Some(entry) = cache.lookup(&key, received) {
+                            match self
+                                .answer_from_cache(w, raw, question, asked, &entry, reply)
+                                .await
+                            {
+                                Ok(handled) => return handled,
+                                Err((asked, reply)) => {
+                                    return self.forward(w, raw, question, asked, reply).await;
+                                }
+                            }
+                        }
+                    }
                     return self.forward(w, raw, question, asked, reply).await;
                 }
                 Verdict::Deny => (
@@ -171,6 +197,64 @@ impl Shared {
             Outcome::local(result, Some(code)),
         );
         Handled::Reply
+    }
+
+    /// Answers an allowed query from the cache: the entry is written as the reply (the
+    /// client's ID and question, TTLs less its age), shown to the observer like an upstream
+    /// answer (the engine learns its IPs with the remaining TTLs) and released once the
+    /// observer is done, or per the hold fallback, exactly as an upstream answer. Over UDP the
+    /// reply joins the batch's replies; a pending observation is held in a task of the worker.
+    /// `Err` gives the query back (to be forwarded) if the entry cannot be served.
+    async fn answer_from_cache<R: FnOnce() -> ReplyTo>(
+        self: &Arc<Self>,
+        w: &mut Worker,
+        raw: &[u8],
+        question: Question,
+        asked: Asked,
+        entry: &Entry,
+        reply: R,
+    ) -> Result<Handled, (Asked, R)> {
+        let now = Instant::now();
+        let mut bytes = std::mem::take(&mut w.cached);
+        let parsed =
+            if AnswerCache::serve(entry, now, question.bytes(raw), asked.client_id, &mut bytes) {
+                entry
+                    .message(now, question.bytes(raw), asked.client_id)
+                    .or_else(|| Message::from_vec(&bytes).ok())
+                    .zip(Question::parse(&bytes))
+            } else {
+                None
+            };
+        let Some((msg, answer_question)) = parsed else {
+            w.cached = bytes;
+            return Err((asked, reply));
+        };
+        // Ended by `finish_admitted` like a forwarded query.
+        self.inflight
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let answer = Answer {
+            origin: Origin {
+                reply: reply(),
+                asked,
+            },
+            upstream: entry.upstream,
+            msg,
+            question: answer_question,
+            answered: now,
+            cached: true,
+        };
+        let queue = w.reply_queue();
+        if let Some(pending) = self.observe_and_reply(answer, &mut bytes, queue).await {
+            if w.batching {
+                w.pending.spawn(pending);
+            } else {
+                // A TCP connection's reader may end before the hold does: the hold must not
+                // end with it.
+                tokio::spawn(pending);
+            }
+        }
+        w.cached = bytes;
+        Ok(Handled::Forwarded)
     }
 
     /// SERVFAIL (or REFUSED) for an allowed query that cannot be forwarded.

@@ -78,7 +78,9 @@ impl Shared {
         };
         let n = upstream.slots();
         let first = w.next_socket;
-        w.next_socket = w.next_socket.wrapping_add(1);
+        if !w.batching {
+            w.next_socket = w.next_socket.wrapping_add(1);
+        }
         let sent = asked.received;
         let mut origin = Some(Origin {
             reply: reply(),
@@ -104,6 +106,10 @@ impl Shared {
                 rcode::SERVFAIL,
             );
         };
+        if w.batching {
+            w.queue_query(&socket, raw);
+            return Handled::Forwarded;
+        }
         let socket = &socket.socket;
         match socket.try_send(raw) {
             Ok(_) => {}

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use tokio::net::UdpSocket;
 use tokio::time::Instant;
 
-use super::{Answer, Outcome, Shared, Slow};
+use super::{Answer, Outcome, Replies, Shared, Slow};
 use crate::answer;
 use crate::config::HoldFallback;
 use crate::metrics::HoldFailure;
@@ -37,10 +37,13 @@ async fn send_udp(socket: &UdpSocket, bytes: &[u8], to: SocketAddr) {
 impl Shared {
     /// Shows the answer to the observer; releases the reply at once if the observer is done,
     /// or returns the task that waits for it (at most `response_max_delay`).
+    /// With `out`, a UDP reply through a listener socket is queued there (the caller sends the
+    /// batch); otherwise it is sent at once.
     pub(super) async fn observe_and_reply(
         self: &Arc<Self>,
         answer: Answer,
         raw: &mut [u8],
+        out: Option<&mut Replies>,
     ) -> Option<Slow> {
         let asked = &answer.origin.asked;
         let context = ResponseContext {
@@ -59,9 +62,9 @@ impl Shared {
                     .observer
                     .record(started.elapsed().as_secs_f64());
                 match result {
-                    Ok(()) => self.release(answer, raw, QueryResult::Answered).await,
+                    Ok(()) => self.release(answer, raw, QueryResult::Answered, out).await,
                     Err(e) => {
-                        self.fallback(answer, raw, HoldFailure::ObserverError, Some(&e))
+                        self.fallback(answer, raw, HoldFailure::ObserverError, Some(&e), out)
                             .await;
                     }
                 }
@@ -92,15 +95,15 @@ impl Shared {
             result = &mut future => {
                 self.metrics.observer.record(started.elapsed().as_secs_f64());
                 match result {
-                    Ok(()) => self.release(answer, &mut raw, QueryResult::Answered).await,
+                    Ok(()) => self.release(answer, &mut raw, QueryResult::Answered, None).await,
                     Err(e) => {
-                        self.fallback(answer, &mut raw, HoldFailure::ObserverError, Some(&e)).await;
+                        self.fallback(answer, &mut raw, HoldFailure::ObserverError, Some(&e), None).await;
                     }
                 }
             }
             () = tokio::time::sleep_until(deadline) => {
                 let name = answer.origin.asked.name.clone();
-                self.fallback(answer, &mut raw, HoldFailure::Timeout, None).await;
+                self.fallback(answer, &mut raw, HoldFailure::Timeout, None, None).await;
                 let result = future.await;
                 self.metrics.observer.record(started.elapsed().as_secs_f64());
                 if let Err(e) = result {
@@ -117,15 +120,29 @@ impl Shared {
     /// Sends the upstream's answer to the client with the client's ID (truncated for a UDP
     /// client whose payload size it exceeds); the query ends with `result` (`Answered`, or the
     /// hold failure when the fallback releases).
-    async fn release(&self, answer: Answer, raw: &mut [u8], result: QueryResult) {
+    async fn release(
+        &self,
+        answer: Answer,
+        raw: &mut [u8],
+        result: QueryResult,
+        queue: Option<&mut Replies>,
+    ) {
         let Answer {
             origin: Origin { reply, asked },
             upstream,
             msg,
             question,
             answered,
+            cached,
         } = answer;
         let code = u16::from(msg.metadata.response_code);
+        if result == QueryResult::Answered
+            && !cached
+            && let Some(cache) = &self.cache
+        {
+            let key = question.cache_key(raw, &asked.name, asked.cache_flags, asked.tag);
+            cache.insert(key, raw, upstream, answered);
+        }
         match reply {
             ReplyTo::Udp { listener, server } => {
                 let mut out = Vec::new();
@@ -139,8 +156,15 @@ impl Shared {
                     code,
                 );
                 self.tap_reply(&asked, reply, result);
-                self.send_udp_reply(listener, server, reply, asked.client)
-                    .await;
+                match queue {
+                    Some(queue) if !self.needs_raw(listener, server) => {
+                        queue.push(listener, reply, asked.client);
+                    }
+                    _ => {
+                        self.send_udp_reply(listener, server, reply, asked.client)
+                            .await;
+                    }
+                }
             }
             ReplyTo::Tcp(tcp) => {
                 let mut out = raw.to_vec();
@@ -170,6 +194,7 @@ impl Shared {
         raw: &mut [u8],
         failure: HoldFailure,
         error: Option<&ObserveError>,
+        queue: Option<&mut Replies>,
     ) {
         self.metrics.hold_failure(failure);
         let release = self.config.on_hold_timeout == HoldFallback::Release;
@@ -179,7 +204,7 @@ impl Shared {
             HoldFailure::ObserverError => QueryResult::ObserverFailed,
         };
         if release {
-            return self.release(answer, raw, result).await;
+            return self.release(answer, raw, result, queue).await;
         }
         let Answer {
             origin: Origin { reply, asked },
@@ -282,6 +307,12 @@ impl Shared {
         }
     }
 
+    /// Whether a UDP reply to a query sent to `server` must leave through the raw socket: in
+    /// transparent mode, when `server` is not listener `listener`'s bound address.
+    pub(crate) fn needs_raw(&self, listener: usize, server: SocketAddr) -> bool {
+        self.raw.is_some() && self.udp.get(listener).is_some_and(|l| l.local != server)
+    }
+
     /// Sends a UDP reply so that it comes from `server`, the address the client sent its query
     /// to: through listener `listener` when that is its bound address, through the raw socket
     /// otherwise (transparent mode). A reply too big for the route's MTU on the raw path (the
@@ -294,8 +325,13 @@ impl Shared {
         bytes: &[u8],
         client: SocketAddr,
     ) {
+        let listener_index = listener;
         let listener = &self.udp[listener];
-        let Some(raw) = self.raw.as_ref().filter(|_| server != listener.local) else {
+        let Some(raw) = self
+            .raw
+            .as_ref()
+            .filter(|_| self.needs_raw(listener_index, server))
+        else {
             return send_udp(&listener.socket, bytes, client).await;
         };
         let mut sent = raw.send(server, client, bytes).await;

@@ -26,6 +26,7 @@ use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::batch::SendBatch;
 use crate::config::Config;
 use crate::ids::IdSource;
 use crate::metrics::Metrics;
@@ -37,6 +38,7 @@ use crate::ratelimit::RateLimiter;
 use crate::record::{Direction, Recorded, Recorder};
 use crate::transparent::RawSender;
 use crate::upstream::{Asked, NewSocket, Origin, OriginalUpstreams, Upstream};
+use crate::upstream_socket::UpstreamSocket;
 use crate::wire;
 
 /// Packets handled per readiness wake before the task yields to others on its thread.
@@ -50,6 +52,8 @@ pub(crate) struct UdpListener {
 
 /// State shared by every task of one proxy.
 pub(crate) struct Shared {
+    /// The answer cache, when on.
+    pub(crate) cache: Option<crate::cache::AnswerCache>,
     pub(crate) config: Config,
     pub(crate) policy: Arc<dyn QueryPolicy>,
     pub(crate) observer: Arc<dyn ResponseObserver>,
@@ -95,15 +99,79 @@ pub(crate) struct Worker {
     next_socket: usize,
     /// A reply the proxy wrote itself, ready to send.
     pub(crate) scratch: Vec<u8>,
+    /// Batching (a UDP listener's task): forwarded queries wait in `queries` until
+    /// [`Shared::flush`]; otherwise each is sent at once.
+    pub(crate) batching: bool,
+    /// Per upstream socket, the queries forwarded since the last flush.
+    queries: Vec<(Arc<UpstreamSocket>, SendBatch)>,
+    /// Batching: the UDP replies of the batch (per listener socket).
+    pub(crate) replies: Replies,
+    /// Answers from the cache waiting for their observer (a listener task's pending holds:
+    /// they end with it).
+    pub(crate) pending: tokio::task::JoinSet<()>,
+    /// A cached answer being served.
+    cached: Vec<u8>,
 }
 
 impl Worker {
+    /// A worker that sends each forwarded query at once (TCP connections).
     pub(crate) fn new(seed: usize) -> Self {
         Self {
             ids: IdSource::new(),
             next_upstream: seed,
             next_socket: seed,
             scratch: Vec::new(),
+            batching: false,
+            queries: Vec::new(),
+            replies: Replies::new(0),
+            pending: tokio::task::JoinSet::new(),
+            cached: Vec::new(),
+        }
+    }
+
+    /// Where a batching worker queues UDP replies; `None`: send each at once.
+    pub(crate) fn reply_queue(&mut self) -> Option<&mut Replies> {
+        self.batching.then_some(&mut self.replies)
+    }
+
+    /// A worker that queues forwarded queries until [`Shared::flush`] (UDP listeners: one
+    /// `sendmmsg` per upstream socket per batch of queries).
+    pub(crate) fn batching(seed: usize, listeners: usize) -> Self {
+        Self {
+            batching: true,
+            replies: Replies::new(listeners),
+            ..Self::new(seed)
+        }
+    }
+
+    /// Queues a query for `socket`.
+    fn queue_query(&mut self, socket: &Arc<UpstreamSocket>, bytes: &[u8]) {
+        if let Some((_, queue)) = self
+            .queries
+            .iter_mut()
+            .find(|(s, _)| Arc::ptr_eq(s, socket))
+        {
+            queue.push(bytes, None);
+            return;
+        }
+        let mut queue = SendBatch::default();
+        queue.push(bytes, None);
+        self.queries.push((socket.clone(), queue));
+    }
+}
+
+/// UDP replies waiting to leave through the listener sockets, one queue per listener socket.
+pub(crate) struct Replies(Vec<SendBatch>);
+
+impl Replies {
+    pub(crate) fn new(listeners: usize) -> Self {
+        Self((0..listeners).map(|_| SendBatch::default()).collect())
+    }
+
+    /// Queues a reply to `client` through listener `listener`.
+    pub(crate) fn push(&mut self, listener: usize, bytes: &[u8], client: SocketAddr) {
+        if let Some(queue) = self.0.get_mut(listener) {
+            queue.push(bytes, Some(client));
         }
     }
 }
@@ -150,8 +218,10 @@ struct Answer {
     msg: Message,
     /// The answer's question.
     question: Question,
-    /// When it arrived.
+    /// When it arrived (for a cached answer: when it was taken from the cache).
     answered: Instant,
+    /// Served from the answer cache (not stored again).
+    cached: bool,
 }
 
 /// Receive errors that concern one packet or an ICMP report, not the socket.
@@ -171,6 +241,46 @@ pub(crate) fn is_transient(e: &io::Error) -> bool {
 pub(crate) const ERROR_PAUSE: Duration = Duration::from_millis(10);
 
 impl Shared {
+    /// Sends what a batch left queued: each upstream socket's queries (one `sendmmsg` each,
+    /// then the next batch starts on the next socket) and the replies (one per listener).
+    pub(crate) async fn flush(&self, w: &mut Worker) {
+        if !w.queries.is_empty() {
+            for (socket, queue) in &mut w.queries {
+                if queue.is_empty() {
+                    continue;
+                }
+                let port = socket.port;
+                queue
+                    .flush(&socket.socket, |_, e| {
+                        tracing::debug!(local_port = port, error = %e, "query not sent; it will time out");
+                    })
+                    .await;
+            }
+            // A retired socket gets no more queries: let it go.
+            w.queries.retain(|(socket, _)| !socket.is_retired());
+            w.next_socket = w.next_socket.wrapping_add(1);
+        }
+        self.flush_replies(&mut w.replies).await;
+        while w.pending.try_join_next().is_some() {}
+    }
+
+    /// Sends the queued replies, one `sendmmsg` per listener socket.
+    pub(crate) async fn flush_replies(&self, replies: &mut Replies) {
+        for (listener, queue) in replies.0.iter_mut().enumerate() {
+            if queue.is_empty() {
+                continue;
+            }
+            let Some(l) = self.udp.get(listener) else {
+                continue;
+            };
+            queue
+                .flush(&l.socket, |client, e| {
+                    tracing::debug!(?client, error = %e, "DNS reply not sent");
+                })
+                .await;
+        }
+    }
+
     /// Whether a warning last logged at `last` (ms since start) may be logged again now; if
     /// so, records now.
     pub(crate) fn warn_due(&self, last: &AtomicU64, now: Instant) -> bool {

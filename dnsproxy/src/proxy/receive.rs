@@ -9,8 +9,9 @@ use std::sync::atomic::Ordering;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::{Answer, BATCH, ERROR_PAUSE, Shared, Slow, is_transient};
+use super::{Answer, BATCH, ERROR_PAUSE, Replies, Shared, Slow, is_transient};
 use crate::answer::{self, Validated};
+use crate::batch::RecvBatch;
 use crate::config::TruncatedAction;
 use crate::metrics::DropReason;
 use crate::policy::Transport;
@@ -26,7 +27,8 @@ impl Shared {
         upstream: Arc<Upstream>,
         socket: Arc<UpstreamSocket>,
     ) -> Result<(), crate::Error> {
-        let mut buf = vec![0u8; 65_536];
+        let mut batch = RecvBatch::new(false);
+        let mut replies = Replies::new(self.udp.len());
         let mut pending = JoinSet::new();
         loop {
             tokio::select! {
@@ -38,30 +40,36 @@ impl Shared {
                 }
                 () = socket.drained.notified() => {}
             }
-            let mut batch = 0;
+            let mut handled = 0;
             loop {
-                match socket.socket.try_recv_from(&mut buf) {
-                    Ok((n, from)) => {
-                        if let Some(task) = self
-                            .on_answer(&upstream, &socket, &mut buf[..n], from)
-                            .await
-                        {
-                            pending.spawn(task);
-                        }
-                        batch += 1;
-                        if batch == BATCH {
-                            batch = 0;
-                            tokio::task::yield_now().await;
-                        }
-                    }
+                let n = match batch.try_recv(&socket.socket) {
+                    Ok(n) => n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     // ICMP port unreachable and the like: the sweep counts the timeouts.
-                    Err(e) if is_transient(&e) => {}
+                    Err(e) if is_transient(&e) => continue,
                     Err(e) => {
                         tracing::warn!(upstream = %upstream.addr, error = %e, "DNS upstream socket error");
                         tokio::time::sleep(ERROR_PAUSE).await;
                         break;
                     }
+                };
+                for i in 0..n {
+                    let Some((got, raw)) = batch.get(i) else {
+                        break;
+                    };
+                    if let Some(task) = self
+                        .on_answer(&upstream, &socket, raw, got.from, &mut replies)
+                        .await
+                    {
+                        pending.spawn(task);
+                    }
+                }
+                // The batch's replies leave together (one `sendmmsg` per listener).
+                self.flush_replies(&mut replies).await;
+                handled += n;
+                if handled >= BATCH {
+                    handled = 0;
+                    tokio::task::yield_now().await;
                 }
             }
             while pending.try_join_next().is_some() {}
@@ -81,6 +89,7 @@ impl Shared {
         socket: &UpstreamSocket,
         raw: &mut [u8],
         from: SocketAddr,
+        replies: &mut Replies,
     ) -> Option<Slow> {
         if from != upstream.addr {
             self.dropped(DropReason::WrongSource, upstream.addr);
@@ -124,8 +133,9 @@ impl Shared {
             msg,
             question,
             answered,
+            cached: false,
         };
-        self.observe_and_reply(answer, raw).await
+        self.observe_and_reply(answer, raw, Some(replies)).await
     }
 
     pub(super) fn dropped(&self, reason: DropReason, upstream: SocketAddr) {

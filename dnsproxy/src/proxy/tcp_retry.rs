@@ -42,8 +42,9 @@ impl Shared {
                         msg,
                         question: answer_question,
                         answered,
+                        cached: false,
                     };
-                    if let Some(pending) = self.observe_and_reply(answer, &mut raw).await {
+                    if let Some(pending) = self.observe_and_reply(answer, &mut raw, None).await {
                         pending.await;
                     }
                     return;

@@ -69,6 +69,8 @@ pub(crate) struct Observed {
     pub(crate) truncated: bool,
     pub(crate) answers: usize,
     pub(crate) upstream: SocketAddr,
+    /// The TTLs of the answer and authority records, in order.
+    pub(crate) ttls: Vec<u32>,
 }
 
 /// How the observer answers.
@@ -127,6 +129,13 @@ impl ResponseObserver for TestObserver {
             truncated: answer.response.metadata.truncation,
             answers: answer.response.answers.len(),
             upstream: answer.upstream,
+            ttls: answer
+                .response
+                .answers
+                .iter()
+                .chain(&answer.response.authorities)
+                .map(|r| r.ttl)
+                .collect(),
         });
         match *self.mode.lock().unwrap() {
             Mode::Done => Observation::Done(Ok(())),

@@ -7,6 +7,7 @@ mod harness;
 mod upstream;
 
 mod answers;
+mod cache;
 mod exported_metrics;
 mod faults;
 mod health;

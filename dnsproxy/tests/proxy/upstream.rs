@@ -59,6 +59,8 @@ pub(crate) struct Rule {
     /// Over UDP, cut the answer short in the middle of its last record (keeping the TC bit
     /// as `force_tc` says; the records are kept either way).
     pub(crate) cut_short: bool,
+    /// The authority section (an SOA for a negative answer).
+    pub(crate) authority: Vec<Record>,
 }
 
 impl Default for Rule {
@@ -73,6 +75,7 @@ impl Default for Rule {
             twice: false,
             lowercase_question: false,
             cut_short: false,
+            authority: Vec::new(),
         }
     }
 }
@@ -220,6 +223,7 @@ fn respond(query: &Message, rule: &Rule, udp: bool) -> Vec<u8> {
     resp.metadata.response_code = rule.rcode;
     resp.add_queries(query.queries.clone());
     resp.add_answers(rule.records.clone());
+    resp.add_authorities(rule.authority.clone());
     if let Some(e) = &query.edns {
         let mut edns = Edns::new();
         edns.set_max_payload(1232);

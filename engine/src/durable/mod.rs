@@ -97,7 +97,7 @@ impl Snapshot {
             names.push(SnapshotName {
                 endpoints: engine
                     .names
-                    .endpoints_of(&e.name)
+                    .endpoints_of(e.name)
                     .iter()
                     .map(|ep| ep.0)
                     .collect(),
