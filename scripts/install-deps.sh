@@ -5,7 +5,9 @@
 # etcd-client crate compiles etcd's protos when it builds),
 # etcd-server + etcd-client (the cluster tests run a real 3-member etcd; `etcdctl` inspects it),
 # openssl (the etcd TLS test makes its certificates),
-# tshark (tests/record.rs reads the recordings with Wireshark's reader).
+# tshark (tests/record.rs reads the recordings with Wireshark's reader),
+# keepalived + nsd (tests/gateway_ha.rs and benchmarks/gateway-failover.sh: a VRRP pair moving
+# the gateways' virtual addresses, an authoritative server behind them).
 # Needs root and the Debian package mirror; does nothing when everything is there.
 set -euo pipefail
 missing=()
@@ -18,6 +20,8 @@ command -v etcd >/dev/null || missing+=(etcd-server)
 command -v etcdctl >/dev/null || missing+=(etcd-client)
 command -v openssl >/dev/null || missing+=(openssl)
 command -v tshark >/dev/null || missing+=(tshark)
+command -v keepalived >/dev/null || missing+=(keepalived)
+command -v nsd >/dev/null || missing+=(nsd)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi

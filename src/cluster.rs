@@ -22,7 +22,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use fqdnd_cluster::node::{self, Local, LocalEndpoint, NodeConfig, NodeStatus, Sink};
-use fqdnd_cluster::{Changes, Connect, EtcdStore, Label, Labels, Layout, TlsFiles, View};
+use fqdnd_cluster::{
+    Changes, Connect, EtcdStore, Label, Labels, Layout, LearnedRecord, ShareStatus, TlsFiles, View,
+};
 use fqdnd_config::{Config, Daemon};
 use fqdnd_engine::{ClusterUpdate, Engine, RemoteEndpoint, RemoteNode};
 use fqdnd_ipcache::policy::Rule;
@@ -31,7 +33,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::clock::Clock;
 use crate::datapath::AnyDatapath;
+use crate::ha::Ha;
 
 /// What the cluster glue needs from the running daemon.
 pub(crate) trait Host: Send + Sync + 'static {
@@ -40,6 +44,10 @@ pub(crate) trait Host: Send + Sync + 'static {
     /// Re-reads the configuration and applies it (files + the shared policy now accepted),
     /// whole or not at all; the errors if it was refused.
     fn reload_all(&self) -> std::result::Result<(), Vec<String>>;
+    /// An HA gateway group's records learned by peers (or by this gateway before a restart):
+    /// learned as the local policy (for a query to one of `servers`, the proxy's listen
+    /// addresses) and breakers allow; how many were.
+    fn import_learned(&self, records: &[LearnedRecord], servers: &[std::net::SocketAddr]) -> usize;
 }
 
 /// The shared policy as this node accepted it.
@@ -74,6 +82,9 @@ pub(crate) struct ClusterStatus {
     pub(crate) shared_policy_errors: Vec<String>,
     /// (number, labels) of the local label sets still waiting for a global identity.
     pub(crate) temporary_identities: Vec<(u32, String)>,
+    /// The HA gateway group's sharing, with `gatewayGroup`.
+    #[serde(default)]
+    pub(crate) ha: Option<ShareStatus>,
 }
 
 /// Cluster mode of one daemon.
@@ -90,6 +101,8 @@ pub(crate) struct ClusterRuntime {
     rules: Mutex<SharedRules>,
     local: watch::Sender<Local>,
     status: watch::Sender<NodeStatus>,
+    /// The HA gateway group (`fqdnd gateway` with `gatewayGroup`).
+    ha: Option<Arc<Ha>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -216,9 +229,27 @@ impl ClusterRuntime {
         doc: &fqdnd_config::Cluster,
         daemon: &Daemon,
         publish_addresses: bool,
+        gateway: bool,
+        clock: Clock,
+        listen: &[std::net::SocketAddr],
     ) -> Result<Arc<Self>> {
         let node = member_name(doc)?;
         let layout = Layout::new(&doc.prefix);
+        let ha = match &doc.gateway_group {
+            Some(group) if gateway => Some(Ha::new(
+                &node,
+                group,
+                layout.clone(),
+                connect_options(doc),
+                clock,
+                listen,
+            )),
+            Some(group) => {
+                tracing::warn!(group, "`gatewayGroup` is for `fqdnd gateway`: ignored");
+                None
+            }
+            None => None,
+        };
         let state_file = daemon.state_dir.as_ref().map(|d| d.join("cluster.state"));
         if state_file.is_none() {
             tracing::warn!(
@@ -263,6 +294,7 @@ impl ClusterRuntime {
             rules: Mutex::new(shared),
             local: watch::Sender::new(Local::default()),
             status: watch::Sender::new(NodeStatus::default()),
+            ha,
         }))
     }
 
@@ -346,6 +378,9 @@ impl ClusterRuntime {
             state_file: self.state_file.clone(),
         };
         let view = lock(&self.initial).take().unwrap_or_default();
+        if let Some(ha) = &self.ha {
+            ha.spawn(&store, Arc::clone(&host), tasks, stopped);
+        }
         let sink = Arc::new(EngineSink {
             runtime: Arc::clone(self),
             host,
@@ -387,7 +422,13 @@ impl ClusterRuntime {
                 .into_iter()
                 .map(|(id, labels)| (id.0, labels))
                 .collect(),
+            ha: self.ha.as_ref().map(|ha| ha.status()),
         }
+    }
+
+    /// The HA gateway group, if this gateway is in one.
+    pub(crate) fn ha(&self) -> Option<&Arc<Ha>> {
+        self.ha.as_ref()
     }
 }
 

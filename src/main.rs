@@ -13,6 +13,7 @@ mod cni;
 mod daemon;
 mod datapath;
 mod gateway;
+mod ha;
 mod kernel;
 mod links;
 mod metrics;

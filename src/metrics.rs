@@ -71,6 +71,18 @@ pub(crate) fn install(addr: SocketAddr) -> Result<ExporterFuture> {
         "fqdnd_querylog_dropped_total",
         "query-log records dropped because the writer fell behind"
     );
+    metrics::describe_gauge!(
+        "fqdnd_ha_publish_lag_seconds",
+        "HA gateway group: the last batch's wait from its oldest answer to its etcd commit"
+    );
+    metrics::describe_gauge!(
+        "fqdnd_ha_import_lag_seconds",
+        "HA gateway group: the last import's wait from its oldest record's answer (peer's wall clock) to the import"
+    );
+    metrics::describe_gauge!(
+        "fqdnd_ha_pending",
+        "HA gateway group: learned answers waiting to be written to etcd"
+    );
     Ok(exporter)
 }
 
@@ -170,4 +182,13 @@ pub(crate) fn record_cluster(status: &crate::cluster::ClusterStatus) {
         .set(status.temporary_identities.len() as f64);
     metrics::gauge!("fqdnd_cluster_remote_endpoints").set(status.remote_endpoints as f64);
     metrics::gauge!("fqdnd_cluster_identities").set(status.identities as f64);
+    if let Some(h) = &status.ha {
+        metrics::gauge!("fqdnd_ha_publish_lag_seconds").set(h.publish_lag_ms as f64 / 1000.0);
+        metrics::gauge!("fqdnd_ha_import_lag_seconds").set(h.import_lag_ms as f64 / 1000.0);
+        metrics::gauge!("fqdnd_ha_pending").set(h.pending as f64);
+        metrics::gauge!("fqdnd_ha_published_total").set(h.published as f64);
+        metrics::gauge!("fqdnd_ha_imported_total").set(h.imported as f64);
+        metrics::gauge!("fqdnd_ha_import_refused_total").set(h.import_refused as f64);
+        metrics::gauge!("fqdnd_ha_dropped_total").set(h.dropped as f64);
+    }
 }

@@ -3,7 +3,8 @@
 //! temporary identity until the allocator runs; a policy applied once with `fqdnd policy
 //! apply` decides what the group may ask, beside the gateway's own policy file; a restart while
 //! etcd is down keeps the global identity and the shared policy; a refused shared policy leaves
-//! the previous one in force.
+//! the previous one in force. An HA gateway group (two gateways, `gatewayGroup`): the peer
+//! takes in only what its own policy and breakers allow.
 //!
 //! Skipped without etcd, unless `FQDND_REQUIRE_PRIVILEGED=1` (CI), where it fails.
 
@@ -35,8 +36,11 @@ use hickory_proto::op::ResponseCode;
 
 use common::{
     Gateway, PATIENCE, documents, fqdnd, fqdnd_command, gateway_doc, policy_doc, poll_until, rcode,
-    run, stdout_of, text,
+    run, settings_doc, stdout_of, text,
 };
+
+/// One etcd cluster at a time in this binary: each is three processes on a busy machine.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// An `fqdnd operator`, killed when dropped.
 struct Operator(Child);
@@ -94,12 +98,18 @@ fn until(what: &str, mut check: impl FnMut() -> bool) {
 
 /// An egress rule of the client group: DNS to the gateway, for `name` only.
 fn dns_for(name: &str) -> String {
+    dns_rule(&format!("matchName: {name}"))
+}
+
+/// An egress rule of the client group: DNS to the gateway, for what `rule` (one DNS rule's
+/// fields) matches.
+fn dns_rule(rule: &str) -> String {
     format!(
         "  - toCIDR: [127.0.0.1/32]
     toPorts:
     - ports: [{{port: \"53\", protocol: UDP}}]
       rules:
-        dns: [{{matchName: {name}}}]
+        dns: [{{{rule}}}]
 "
     )
 }
@@ -123,6 +133,9 @@ fn a_gateway_in_cluster_mode() {
     if !etcd::available("cluster_gateway") {
         return;
     }
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut cluster = EtcdCluster::start("cluster-gw", 3, None, "127.0.0.1");
     let mut setup = Gateway::setup("cluster-gw");
     let endpoints: Vec<String> = cluster
@@ -264,4 +277,126 @@ spec: {id: 1, addresses: [\"127.0.0.0/8\"], labels: {app: lan}}
     let missing = fqdnd(&["policy", "delete", "--config", cfg, "ccnp/nothing"]);
     assert!(!missing.status.success());
     drop(operator);
+}
+
+/// An HA gateway group without root (in-memory datapaths; docs/ha-gateway.md): what gw-a
+/// learns reaches gw-b only as gw-b's own policy and breakers allow — a name its policy
+/// refuses and a client group it does not have are skipped, and its names-per-group breaker
+/// (3) stops the rest, as it would for its own clients' answers.
+#[test]
+fn an_ha_group_imports_only_what_the_peer_allows() {
+    if !etcd::available("cluster_gateway") {
+        return;
+    }
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let cluster = EtcdCluster::start("ha-group", 3, None, "127.0.0.1");
+    let endpoints: Vec<String> = cluster
+        .endpoints()
+        .iter()
+        .map(|e| format!("\"{e}\""))
+        .collect();
+    let gateway = |name: &str, groups: &str, lan_names: &str, settings: &str| {
+        let mut setup = Gateway::setup(&format!("ha-{name}"));
+        setup.config(
+            "gateway.yaml",
+            &documents(&[
+                &gateway_doc(
+                    "127.0.0.1:0",
+                    "  staticZones:
+  - origin: example.test
+    records: |
+      $TTL 300
+      @ IN SOA ns.example.test. admin.example.test. 1 3600 600 86400 60
+      @ IN NS ns.example.test.
+      a1 IN A 192.0.2.1
+      a2 IN A 192.0.2.2
+      a3 IN A 192.0.2.3
+      a4 IN A 192.0.2.4
+      a5 IN A 192.0.2.5
+      secret IN A 192.0.2.9
+      x IN A 192.0.2.10
+",
+                ),
+                &format!(
+                    "apiVersion: fqdnd.io/v1\nkind: Cluster\nspec:\n  endpoints: [{}]\n  prefix: /ha-group\n  nodeName: {name}\n  gatewayGroup: edge\n",
+                    endpoints.join(", ")
+                ),
+                groups,
+                &policy_doc(
+                    "CiliumClusterwideNetworkPolicy",
+                    "lan-dns",
+                    "app: lan",
+                    &dns_rule(&format!("matchPattern: {lan_names}")),
+                ),
+                &settings_doc(settings),
+            ]),
+        );
+        setup.start()
+    };
+    let lan = "apiVersion: fqdnd.io/v1
+kind: ClientGroup
+metadata: {name: lan}
+spec: {id: 1, addresses: [\"127.0.0.1/32\"], labels: {app: lan}}
+";
+    let other = "---
+apiVersion: fqdnd.io/v1
+kind: ClientGroup
+metadata: {name: other}
+spec: {id: 2, addresses: [\"127.0.0.2/32\"], labels: {app: other}}
+";
+    let gw_a = gateway(
+        "gw-a",
+        &format!("{lan}{other}"),
+        "\"*.example.test\"",
+        "  gcInterval: 1s\n",
+    );
+    let gw_b = gateway(
+        "gw-b",
+        lan,
+        "\"a*.example.test\"",
+        "  breakers:\n    maxNamesPerEndpoint: 3\n",
+    );
+    let ha = |gw: &Gateway| cluster_status(gw)["ha"].clone();
+    // gw-a learns five names and a secret for `lan`, one for `other`.
+    for name in ["a1", "a2", "a3", "a4", "a5", "secret"] {
+        assert_eq!(
+            rcode(gw_a.dns, &format!("{name}.example.test")),
+            Some(ResponseCode::NoError)
+        );
+    }
+    let (reply, _) = common::udp_from(
+        "127.0.0.2".parse().unwrap(),
+        gw_a.dns,
+        &common::question(7, "x.example.test", hickory_proto::rr::RecordType::A),
+    )
+    .unwrap();
+    assert_eq!(reply.metadata.response_code, ResponseCode::NoError);
+    until("gw-a to publish seven records", || {
+        ha(&gw_a)["published"].as_u64() == Some(7)
+    });
+    until("gw-b to take in or refuse all seven", || {
+        let h = ha(&gw_b);
+        h["imported"].as_u64().unwrap_or(0) + h["import_refused"].as_u64().unwrap_or(0) == 7
+    });
+    let h = ha(&gw_b);
+    // a1-a3 in; a4 and a5 past its breaker, the secret refused by its policy, `other` unknown.
+    assert_eq!(
+        (h["imported"].as_u64(), h["import_refused"].as_u64()),
+        (Some(3), Some(4)),
+        "{h}"
+    );
+    let cache = gw_b.admin(&["cache", "list"]).to_string();
+    for name in ["a1", "a2", "a3"] {
+        assert!(cache.contains(&format!("{name}.example.test")), "{cache}");
+    }
+    for name in ["a4", "a5", "secret", "x"] {
+        assert!(
+            !cache.contains(&format!("{name}.example.test")),
+            "{name}: {cache}"
+        );
+    }
+    // gw-b learned nothing itself, so it published nothing.
+    assert_eq!(ha(&gw_b)["published"].as_u64(), Some(0));
 }

@@ -16,8 +16,10 @@
 //!   a grace period;
 //! - the **node side** ([`node::run`], [`View`]): watching the cluster, handing what changed to
 //!   a [`Sink`], publishing the node's endpoints and registration (its own addresses) under
-//!   its lease, persisting the view for a
-//!   restart while etcd is down.
+//!   its lease, persisting the view for a restart while etcd is down;
+//! - a **highly available gateway group** ([`learned`]): what each gateway's DNS answers
+//!   taught, published batched under expiry-bucket leases and imported by its peers through a
+//!   [`LearnedSink`] the binary implements.
 //!
 //! It never
 //! - creates a global identity from a node (only the allocator leader does);
@@ -34,6 +36,7 @@ mod error;
 mod etcd;
 pub mod keys;
 mod labels;
+pub mod learned;
 mod memory;
 pub mod node;
 pub mod operator;
@@ -45,6 +48,7 @@ pub use error::{Error, StoreError};
 pub use etcd::{Connect, EtcdStore, EtcdWatch, TlsFiles};
 pub use keys::{CLUSTER_MAX, CLUSTER_MIN, EndpointRecord, IdentityRecord, Key, Layout, NodeRecord};
 pub use labels::{Label, Labels};
+pub use learned::{LearnedRecord, LearnedSink, ShareConfig, ShareStatus, Wall};
 pub use memory::{MemoryStore, MemoryWatch};
 pub use node::{Local, LocalEndpoint, NodeConfig, NodeStatus, Sink};
 pub use operator::{OperatorConfig, OperatorStatus};

@@ -172,11 +172,7 @@ pub async fn run<S: Store, K: Sink>(
                 // Saved before it is reported: "unreachable" means the view is on disk.
                 saver.now(&view).await;
                 disconnected(&status, &e, started);
-                tokio::select! {
-                    () = tokio::time::sleep(backoff) => {}
-                    _ = stop.changed() => {}
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(2));
+                retry_pause(&mut backoff, &mut stop).await;
                 continue;
             }
         };
@@ -271,6 +267,16 @@ pub async fn run<S: Store, K: Sink>(
         disconnected(&status, &failure, started);
         tracing::warn!(node = %config.node, error = %failure, "cluster store unreachable: enforcing with what is known");
     }
+}
+
+/// Waits `backoff` (or until `stop` changes) before trying the store again, and doubles it up
+/// to 2 s.
+pub(crate) async fn retry_pause(backoff: &mut Duration, stop: &mut watch::Receiver<bool>) {
+    tokio::select! {
+        () = tokio::time::sleep(*backoff) => {}
+        _ = stop.changed() => {}
+    }
+    *backoff = (*backoff * 2).min(Duration::from_secs(2));
 }
 
 fn disconnected(status: &watch::Sender<NodeStatus>, error: &StoreError, started: Instant) {

@@ -50,6 +50,9 @@ pub struct Cluster {
     pub lease_ttl: Duration,
     /// How long an identity must be unused before the allocator collects it.
     pub identity_gc_grace: Duration,
+    /// `fqdnd gateway`: the HA gateway group whose members share what their DNS answers
+    /// taught (docs/ha-gateway.md); `None`: nothing is shared.
+    pub gateway_group: Option<String>,
 }
 
 impl Default for Cluster {
@@ -61,6 +64,7 @@ impl Default for Cluster {
             node_name: None,
             lease_ttl: Duration::from_secs(15),
             identity_gc_grace: Duration::from_secs(600),
+            gateway_group: None,
         }
     }
 }
@@ -89,6 +93,7 @@ struct ClusterSpec {
     lease_ttl: Option<Text>,
     #[serde(rename = "identityGCGrace")]
     identity_gc_grace: Option<Text>,
+    gateway_group: Option<Text>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -227,6 +232,20 @@ pub(crate) fn cluster(doc: &Spanned<ClusterDoc>, diag: &mut Diag<'_>) -> Option<
             diag.invalid(at(text), "`identityGCGrace` must be at least 1s");
         } else {
             c.identity_gc_grace = d;
+        }
+    }
+    if let Some(text) = &spec.gateway_group {
+        let name = text.value.trim();
+        if valid_node_name(name) {
+            c.gateway_group = Some(name.to_owned());
+        } else {
+            diag.invalid(
+                at(text),
+                format!(
+                    "`gatewayGroup` {:?}: 1-63 characters of A-Z a-z 0-9 . _ -",
+                    sanitize(name)
+                ),
+            );
         }
     }
     (diag.count() == before).then_some(c)

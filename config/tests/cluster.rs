@@ -18,7 +18,7 @@ const HEAD: &str = "apiVersion: fqdnd.io/v1\nkind: Cluster\nspec:\n";
 #[test]
 fn a_cluster_document_with_every_field() {
     let c = ok(&format!(
-        "{HEAD}  endpoints: [\"https://10.0.0.1:2379\", \"https://10.0.0.2:2379\"]\n  tls: {{ca: pki/ca.pem, cert: pki/node.pem, key: pki/node-key.pem}}\n  prefix: /prod/fqdnd/\n  nodeName: node-7\n  leaseTTL: 20s\n  identityGCGrace: 30m\n"
+        "{HEAD}  endpoints: [\"https://10.0.0.1:2379\", \"https://10.0.0.2:2379\"]\n  tls: {{ca: pki/ca.pem, cert: pki/node.pem, key: pki/node-key.pem}}\n  prefix: /prod/fqdnd/\n  nodeName: node-7\n  leaseTTL: 20s\n  identityGCGrace: 30m\n  gatewayGroup: edge-1\n"
     ))
     .cluster
     .unwrap();
@@ -27,6 +27,7 @@ fn a_cluster_document_with_every_field() {
     assert_eq!(c.node_name.as_deref(), Some("node-7"));
     assert_eq!(c.lease_ttl, Duration::from_secs(20));
     assert_eq!(c.identity_gc_grace, Duration::from_secs(1800));
+    assert_eq!(c.gateway_group.as_deref(), Some("edge-1"));
     let tls = c.tls.unwrap();
     assert_eq!(tls.ca, Some(PathBuf::from("pki/ca.pem")));
     assert_eq!(tls.key, Some(PathBuf::from("pki/node-key.pem")));
@@ -42,13 +43,14 @@ fn the_defaults() {
     assert_eq!(c.lease_ttl, Duration::from_secs(15));
     assert_eq!(c.identity_gc_grace, Duration::from_secs(600));
     assert!(c.tls.is_none());
+    assert_eq!(c.gateway_group, None);
     assert!(ok(common::EGRESS_POLICY).cluster.is_none());
 }
 
 #[test]
 fn every_mistake_is_located() {
     let text = format!(
-        "{HEAD}  endpoints: [\"127.0.0.1:2379\", \"http://a:1/x\", \"http://ok:1\"]\n  tls: {{cert: c.pem}}\n  prefix: fqdnd\n  nodeName: \"no/slash\"\n  leaseTTL: 1s\n  identityGCGrace: soon\n  endpoint: typo\n"
+        "{HEAD}  endpoints: [\"127.0.0.1:2379\", \"http://a:1/x\", \"http://ok:1\"]\n  tls: {{cert: c.pem}}\n  prefix: fqdnd\n  nodeName: \"no/slash\"\n  leaseTTL: 1s\n  identityGCGrace: soon\n  endpoint: typo\n  gatewayGroup: \"a b\"\n"
     );
     let m = messages(&text);
     let has = |at: &str, what: &str| {
@@ -65,6 +67,7 @@ fn every_mistake_is_located() {
     has("test.yaml:8:", "`leaseTTL` must be between 2s and 1h");
     has("test.yaml:9:", "`identityGCGrace`");
     has("test.yaml:10:", "endpoint");
+    has("test.yaml:11:", "`gatewayGroup`");
 }
 
 #[test]

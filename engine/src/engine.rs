@@ -338,7 +338,8 @@ impl<D: Datapath> Engine<D> {
         })
     }
 
-    /// Learns a restored answer without committing (a restore commits once, at the end).
+    /// Learns an answer without committing: a restored one, or one a peer gateway learned (a
+    /// restore, or an import of a batch, commits once at the end).
     ///
     /// # Errors
     /// The NameManager refused the answer.

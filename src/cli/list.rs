@@ -114,6 +114,34 @@ pub(crate) fn status(target: &Target, json: bool) -> Result<ExitCode> {
         for e in &c.shared_policy_errors {
             writeln!(out, "  shared policy refused: {e}")?;
         }
+        if let Some(h) = &c.ha {
+            writeln!(
+                out,
+                "  HA group:       {} (publishing {}, importing {}, imported before serving: {})",
+                h.group,
+                if h.publishing { "ok" } else { "FAILING" },
+                if h.importing { "ok" } else { "NOT RUNNING" },
+                if h.initial_import_done { "yes" } else { "no" },
+            )?;
+            writeln!(
+                out,
+                "    published:    {} records in {} transactions, {} pending, {} dropped; lag {} ms (max {} ms)",
+                h.published,
+                h.transactions,
+                h.pending,
+                h.dropped,
+                h.publish_lag_ms,
+                h.publish_lag_max_ms
+            )?;
+            writeln!(
+                out,
+                "    imported:     {} records ({} refused here); lag {} ms (max {} ms)",
+                h.imported, h.import_refused, h.import_lag_ms, h.import_lag_max_ms
+            )?;
+            if let Some(e) = &h.last_error {
+                writeln!(out, "    last error:   {e}")?;
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -197,6 +197,71 @@ impl Host for Shared {
             Err(outcome.errors)
         }
     }
+
+    /// Each record is learned for the client group of its name here, if this gateway's DNS
+    /// policy lets the group ask it (one of `servers`) for the name, for what is left of its TTL — through the
+    /// engine's breakers into the kernel maps, and into the journal with `stateDir`.
+    fn import_learned(
+        &self,
+        records: &[fqdnd_cluster::LearnedRecord],
+        servers: &[SocketAddr],
+    ) -> usize {
+        let policy = self.dns.current();
+        let Ok(mut engine) = lock(&self.engine, "engine") else {
+            return 0;
+        };
+        let groups: std::collections::HashMap<String, EndpointId> = engine
+            .ipcache
+            .endpoints()
+            .values()
+            .map(|e| (e.name.clone(), e.id))
+            .collect();
+        let now = self.clock.now();
+        let mut imported = 0;
+        for r in records {
+            let Some(&id) = groups.get(&r.client) else {
+                tracing::debug!(client = %r.client, name = %r.name, "an imported answer names an unknown client group: skipped");
+                continue;
+            };
+            if !policy.endpoint_may_ask(id, servers, &r.name) {
+                tracing::debug!(client = %r.client, name = %r.name, "an imported answer's name is refused here: skipped");
+                continue;
+            }
+            let ttl = self.clock.seconds_until_unix_ms(r.expires_ms);
+            if ttl == 0 {
+                continue;
+            }
+            // Learned without a commit each: the batch is committed once, below.
+            match engine.restore_answer(id, &r.name, &r.addrs, ttl, now) {
+                Ok(learned) => {
+                    let learning = fqdnd_engine::Learning {
+                        learned,
+                        total: r.addrs.len(),
+                    };
+                    if let Some(p) = &self.persist
+                        && let Err(e) = p.answer(&engine, id, &r.name, &r.addrs, ttl, &learning)
+                    {
+                        tracing::warn!(error = %fqdnd_engine::error_chain(&e), "journaling an imported answer failed");
+                    }
+                    match learning.complete() {
+                        Ok(()) => imported += 1,
+                        Err(e) => {
+                            tracing::warn!(name = %r.name, error = %fqdnd_engine::error_chain(&e), "an imported answer was not wholly learned");
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(name = %r.name, error = %fqdnd_engine::error_chain(&e), "an imported answer was refused");
+                }
+            }
+        }
+        if let Err(e) = engine.commit() {
+            // It stays pending and goes with the next commit.
+            crate::metrics::record_datapath_error(&e);
+            tracing::warn!(error = %fqdnd_engine::error_chain(&e), "the datapath refused imported answers");
+        }
+        imported
+    }
 }
 
 impl Shared {
@@ -464,6 +529,9 @@ pub(crate) async fn start(
             doc,
             &daemon,
             mode.publishes_cluster_addresses(),
+            mode.name() == "gateway",
+            clock,
+            &proxy.listen_udp,
         )?),
         _ => None,
     };
@@ -543,10 +611,17 @@ pub(crate) async fn start(
         None => None,
     };
     fqdnd_dnsproxy::describe_metrics();
+    // An HA gateway imports its group's state before it serves.
+    let ha = shared.cluster.as_ref().and_then(|c| c.ha().cloned());
+    if let Some(ha) = &ha {
+        ha.import_before_serving(Arc::clone(&shared) as Arc<dyn Host>)
+            .await?;
+    }
     let observer = Arc::new(observer::EngineObserver {
         engine: Arc::clone(&engine),
         clock,
         persist: persist.clone(),
+        ha,
     });
     let proxy = DnsProxy::bind(
         proxy_config(&config.settings, &daemon, proxy),

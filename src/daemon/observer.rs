@@ -19,6 +19,8 @@ pub(crate) struct EngineObserver {
     pub(crate) engine: SharedEngine,
     pub(crate) clock: Clock,
     pub(crate) persist: Option<Arc<Persist>>,
+    /// An HA gateway group: what is learned is published to the peers.
+    pub(crate) ha: Option<Arc<crate::ha::Ha>>,
 }
 
 fn failed(e: &fqdnd_engine::Error) -> Observation {
@@ -91,7 +93,24 @@ impl ResponseObserver for EngineObserver {
                 Err(e) => return failed(&e),
             },
         };
+        // An HA gateway group: the group learns it too (asynchronously: the reply waits for
+        // the local engine and journal only).
+        let share = match &self.ha {
+            Some(ha) if learning.complete().is_ok() => {
+                engine.ipcache.endpoints().get(&endpoint).map(|e| {
+                    (
+                        ha,
+                        e.name.clone(),
+                        extracted.ttl.max(engine.names.config().min_ttl),
+                    )
+                })
+            }
+            _ => None,
+        };
         drop(engine);
+        if let Some((ha, client, ttl)) = share {
+            ha.offer(&client, ctx.name, &extracted.addrs, ttl);
+        }
         // What was learned stays learned (and journaled); an answer not wholly learned is not
         // released as allowed: the proxy applies `onHoldTimeout`.
         match learning.complete() {

@@ -189,10 +189,20 @@ pub(crate) fn repo_path(rel: &str) -> String {
 /// test is skipped with a message, unless `FQDND_REQUIRE_PRIVILEGED=1` (CI), where it fails.
 /// `why` says what root is needed for.
 pub(crate) fn privileged(test: &str, why: &str) -> bool {
-    if nix::unistd::geteuid().is_root() {
+    runnable(
+        test,
+        nix::unistd::geteuid().is_root(),
+        &format!("root {why}"),
+    )
+}
+
+/// `ok`, or else: test `test` is skipped with a message saying it `needs` something, unless
+/// `FQDND_REQUIRE_PRIVILEGED=1` (CI), where it fails.
+pub(crate) fn runnable(test: &str, ok: bool, needs: &str) -> bool {
+    if ok {
         return true;
     }
-    let msg = format!("{test}: needs root {why} (skipped)");
+    let msg = format!("{test}: needs {needs} (skipped)");
     assert!(
         std::env::var("FQDND_REQUIRE_PRIVILEGED").as_deref() != Ok("1"),
         "{msg}, and FQDND_REQUIRE_PRIVILEGED=1"

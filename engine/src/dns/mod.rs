@@ -337,6 +337,26 @@ impl DnsPolicy {
         }
     }
 
+    /// May `endpoint` ask one of `servers` (this gateway's listen addresses) for the canonical
+    /// `name`, over UDP or TCP? For an answer learned elsewhere (a peer of an HA gateway group,
+    /// docs/ha-gateway.md): it is taken in only if this policy would have let the endpoint ask
+    /// this gateway for the name — lists, deny sections and grants alike.
+    pub fn endpoint_may_ask(
+        &self,
+        endpoint: EndpointId,
+        servers: &[SocketAddr],
+        name: &str,
+    ) -> bool {
+        servers.iter().any(|server| {
+            [Protocol::Udp, Protocol::Tcp].into_iter().any(|protocol| {
+                matches!(
+                    self.endpoint_verdict(endpoint, *server, protocol, name),
+                    Verdict::Allow { .. }
+                )
+            })
+        })
+    }
+
     /// The endpoint or client group `client` belongs to.
     pub fn endpoint_of(&self, client: IpAddr) -> Option<EndpointId> {
         self.clients.lookup(client)
@@ -492,5 +512,54 @@ spec:
         assert_eq!(lan("www.example.com."), allow(10));
         assert_eq!(lan("other.test."), Verdict::Deny);
         assert_eq!(p.list_sizes(), (4, 2), "a subtree entry is two patterns");
+    }
+
+    /// An answer a peer gateway learned is taken in only for a name the group may ask this
+    /// gateway (its listen addresses), over either transport; an unknown group takes nothing.
+    #[test]
+    fn a_peers_answer_needs_a_name_the_group_may_ask_here() {
+        let p = compiled(&Lists::default());
+        let here: Vec<SocketAddr> = vec!["10.0.0.53:53".parse().unwrap()];
+        let elsewhere: Vec<SocketAddr> = vec!["10.0.0.54:53".parse().unwrap()];
+        assert!(p.endpoint_may_ask(EndpointId(10), &here, "www.example.com."));
+        assert!(p.endpoint_may_ask(EndpointId(10), &here, "api.github.com."));
+        assert!(!p.endpoint_may_ask(EndpointId(10), &here, "evil.test."));
+        // lan's rule reaches 10.0.0.53 only.
+        assert!(!p.endpoint_may_ask(EndpointId(10), &elsewhere, "www.example.com."));
+        // Guests over UDP only: enough.
+        assert!(p.endpoint_may_ask(EndpointId(11), &elsewhere, "anything.test."));
+        // Not under policy: as for its own queries, anything.
+        assert!(p.endpoint_may_ask(EndpointId(12), &here, "anything.test."));
+        assert!(!p.endpoint_may_ask(EndpointId(99), &here, "www.example.com."));
+        assert!(!p.endpoint_may_ask(EndpointId(10), &[], "www.example.com."));
+        // A deny section reaching this gateway refuses what a grant allows.
+        let config = fqdnd_config::load_str(
+            r#"
+apiVersion: fqdnd.io/v1
+kind: ClientGroup
+metadata: {name: lan}
+spec: {id: 10, addresses: ["10.1.0.0/16"], labels: {zone: lan}}
+---
+apiVersion: cilium.io/v2
+kind: CiliumClusterwideNetworkPolicy
+metadata: {name: lan}
+spec:
+  endpointSelector: {matchLabels: {zone: lan}}
+  egress:
+  - toPorts:
+    - ports: [{port: "53", protocol: ANY}]
+      rules:
+        dns: [{matchPattern: "*"}]
+  egressDeny:
+  - toCIDR: ["10.0.0.53/32"]
+    toPorts:
+    - ports: [{port: "53", protocol: ANY}]
+"#,
+            Path::new("deny.yaml"),
+        )
+        .unwrap();
+        let p = DnsPolicy::compile(&config, &Lists::default()).unwrap();
+        assert!(!p.endpoint_may_ask(EndpointId(10), &here, "www.example.com."));
+        assert!(p.endpoint_may_ask(EndpointId(10), &elsewhere, "www.example.com."));
     }
 }
