@@ -690,21 +690,7 @@ impl<D: Datapath> IpCache<D> {
         );
         let addresses: BTreeSet<IpNet> = addresses.iter().map(IpNet::trunc).collect();
         let old = cluster.remote.insert(name, addresses.clone());
-        let mut touched = BTreeSet::new();
-        for gone in old.iter().flatten().filter(|a| !addresses.contains(a)) {
-            if self.meta.remove(*gone, owner).is_some() {
-                touched.insert(*gone);
-            }
-        }
-        for addr in &addresses {
-            self.meta.upsert(*addr, owner, Arc::clone(&set));
-            touched.insert(*addr);
-        }
-        if addresses.is_empty() {
-            // Claims nothing: removal succeeds.
-            let _ = self.meta.owners.remove(owner);
-        }
-        self.resolve_all(touched)
+        self.move_claims(owner, old, &addresses, &set, true)
     }
 
     /// Sets another node's own addresses (those it registered: what it gives the host
@@ -727,23 +713,7 @@ impl<D: Datapath> IpCache<D> {
         };
         let addresses: BTreeSet<IpNet> = addresses.iter().copied().map(host_prefix).collect();
         let old = cluster.nodes.insert(name, addresses.clone());
-        let mut touched = BTreeSet::new();
-        for gone in old.iter().flatten().filter(|a| !addresses.contains(a)) {
-            if self.meta.remove(*gone, owner).is_some() {
-                touched.insert(*gone);
-            }
-        }
-        for addr in &addresses {
-            if old.as_ref().is_none_or(|old| !old.contains(addr)) {
-                self.meta.upsert(*addr, owner, Arc::new(LabelSet::new()));
-                touched.insert(*addr);
-            }
-        }
-        if addresses.is_empty() {
-            // Claims nothing: removal succeeds.
-            let _ = self.meta.owners.remove(owner);
-        }
-        self.resolve_all(touched)
+        self.move_claims(owner, old, &addresses, &Arc::new(LabelSet::new()), false)
     }
 
     /// Forgets another node's own addresses (its registration went). Nothing if unknown or
@@ -759,15 +729,7 @@ impl<D: Datapath> IpCache<D> {
             return Ok(());
         };
         let owner = self.owner_by_value(&remote_node_owner(Arc::from(node)))?;
-        let mut touched = BTreeSet::new();
-        for addr in addresses {
-            if self.meta.remove(addr, owner).is_some() {
-                touched.insert(addr);
-            }
-        }
-        // Claims nothing now: removal succeeds.
-        let _ = self.meta.owners.remove(owner);
-        self.resolve_all(touched)
+        self.drop_claims(owner, addresses)
     }
 
     /// Removes another node's endpoint. Nothing if unknown or on a single node.
@@ -782,15 +744,44 @@ impl<D: Datapath> IpCache<D> {
             return Ok(());
         };
         let owner = self.owner_by_value(&remote_endpoint_owner(Arc::from(name)))?;
+        self.drop_claims(owner, addresses)
+    }
+
+    /// Moves a remote owner's claims from the prefixes it had (`old`) to `addresses`: the
+    /// ones it lost are dropped, the new ones (every one with `relabel`) get `labels`; an
+    /// owner left without prefixes is forgotten. Re-resolves every prefix touched (each is
+    /// tried, the first error is returned).
+    fn move_claims(
+        &mut self,
+        owner: OwnerId,
+        old: Option<BTreeSet<IpNet>>,
+        addresses: &BTreeSet<IpNet>,
+        labels: &Arc<LabelSet>,
+        relabel: bool,
+    ) -> Result<(), Error> {
         let mut touched = BTreeSet::new();
-        for addr in addresses {
-            if self.meta.remove(addr, owner).is_some() {
-                touched.insert(addr);
+        for gone in old.iter().flatten().filter(|a| !addresses.contains(a)) {
+            if self.meta.remove(*gone, owner).is_some() {
+                touched.insert(*gone);
             }
         }
-        // Claims nothing now: removal succeeds.
-        let _ = self.meta.owners.remove(owner);
+        for addr in addresses {
+            if relabel || old.as_ref().is_none_or(|old| !old.contains(addr)) {
+                self.meta.upsert(*addr, owner, Arc::clone(labels));
+                touched.insert(*addr);
+            }
+        }
+        if addresses.is_empty() {
+            // Claims nothing: removal succeeds.
+            let _ = self.meta.owners.remove(owner);
+        }
         self.resolve_all(touched)
+    }
+
+    /// Drops a remote owner's claims on `addresses` (all it had) and forgets it.
+    fn drop_claims(&mut self, owner: OwnerId, addresses: BTreeSet<IpNet>) -> Result<(), Error> {
+        let none = Arc::new(LabelSet::new());
+        self.move_claims(owner, Some(addresses), &BTreeSet::new(), &none, false)
     }
 
     /// Re-resolves `prefixes`; every one is tried, the first error is returned.
