@@ -124,6 +124,9 @@ struct OwnerSlot {
     /// Prefixes it has labels on.
     claims: u32,
     kind: OwnerKind,
+    /// Whether its name is kept in `Owners::names` (most owners, the NameManager's, have
+    /// none: removing one then touches no map).
+    named: bool,
 }
 
 /// The owner table: [`OwnerId`] → owner, with the number of prefixes each claims. Owners of
@@ -143,7 +146,11 @@ impl Owners {
     /// A new owner (distinct from every other, whatever its value), with its name kept if
     /// given.
     pub(crate) fn add(&mut self, kind: OwnerKind, name: Option<Arc<str>>) -> Option<OwnerId> {
-        let slot = OwnerSlot { claims: 0, kind };
+        let slot = OwnerSlot {
+            claims: 0,
+            kind,
+            named: name.is_some(),
+        };
         let at = match self.free.pop() {
             Some(at) => at,
             None => u32::try_from(self.slots.len()).ok()?,
@@ -196,9 +203,10 @@ impl Owners {
         match slot {
             Some(s) if s.kind == id.kind() && s.claims > 0 => Err(s.claims),
             Some(s) if s.kind == id.kind() => {
+                let named = s.named;
                 *slot = None;
                 self.free.push(id.slot_u32());
-                if let Some(name) = self.names.remove(&id.slot_u32()) {
+                if named && let Some(name) = self.names.remove(&id.slot_u32()) {
                     self.by_value.remove(&ResourceOwner {
                         kind: id.kind(),
                         name,

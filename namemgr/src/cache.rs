@@ -266,6 +266,12 @@ fn text_of(arena: &str, name: NameText) -> &str {
         .unwrap_or_default()
 }
 
+/// Whether `live` names in `slots` slots are few enough to reach through the index rather
+/// than by a walk over every slot.
+fn is_sparse(live: usize, slots: usize) -> bool {
+    live < slots / 8
+}
+
 /// The arena is compacted past this many dead bytes (and more dead than live).
 const COMPACT_AFTER: usize = 1 << 20;
 
@@ -371,14 +377,47 @@ impl Names {
             return;
         }
         let mut text = String::with_capacity(self.text.len() - self.dead);
-        for entry in self.slots.iter_mut().flatten() {
-            let name = text_of(&self.text, entry.name);
+        let Self {
+            slots,
+            index,
+            text: old,
+            ..
+        } = self;
+        let mut move_text = |entry: &mut NameEntry| {
+            let name = text_of(old, entry.name);
             // Shorter than the old arena, which fitted in a u32.
             entry.name.at = u32::try_from(text.len()).unwrap_or(u32::MAX);
             text.push_str(name);
+        };
+        if is_sparse(index.len(), slots.len()) {
+            for &at in index.iter() {
+                if let Some(Some(entry)) = slots.get_mut(at as usize) {
+                    move_text(entry);
+                }
+            }
+        } else {
+            slots.iter_mut().flatten().for_each(move_text);
         }
         self.text = text;
         self.dead = 0;
+    }
+
+    /// Every name's entry, in no particular order: slot by slot, or through the index when
+    /// most slots are free (after a GC pass that released most names) — then a pass touches
+    /// only the names left, not every slot.
+    pub(crate) fn entries(&self) -> impl Iterator<Item = &NameEntry> + '_ {
+        let sparse = is_sparse(self.len(), self.slots.len());
+        let slots = &self.slots;
+        let by_index = sparse.then(|| {
+            self.index
+                .iter()
+                .filter_map(|&at| slots.get(at as usize)?.as_ref())
+        });
+        let by_slot = (!sparse).then(|| slots.iter().flatten());
+        by_index
+            .into_iter()
+            .flatten()
+            .chain(by_slot.into_iter().flatten())
     }
 
     pub(crate) fn get(&self, idx: NameIdx) -> Option<&NameEntry> {
@@ -457,6 +496,20 @@ impl IpRefs {
         match addr {
             IpAddr::V4(a) => down(&mut self.v4, a.to_bits()),
             IpAddr::V6(a) => down(&mut self.v6, a.to_bits()),
+        }
+    }
+
+    /// Counts again, from every mapping the cache holds (`addrs`, about `mappings` of them):
+    /// after a pass that released more mappings than it kept, cheaper than an unlink per
+    /// released one (a cache miss each).
+    pub(crate) fn rebuild(&mut self, addrs: impl Iterator<Item = IpAddr>, mappings: usize) {
+        let (v4, v6) = (self.v4.len().min(mappings), self.v6.len().min(mappings));
+        *self = Self {
+            v4: hashbrown::HashMap::with_capacity(v4),
+            v6: hashbrown::HashMap::with_capacity(v6),
+        };
+        for addr in addrs {
+            self.link(addr);
         }
     }
 
@@ -548,6 +601,16 @@ mod tests {
         assert_eq!(removed, gone.len());
         assert!(names.text.len() < before / 5, "compacted");
         assert_eq!(names.len(), (count / 10) as usize);
+        // Few names left in many slots: walked through the index, each once.
+        assert!(is_sparse(names.len(), names.slots.len()));
+        let mut left: Vec<&str> = names.entries().map(|e| names.text(e)).collect();
+        left.sort_unstable();
+        let mut expected: Vec<String> = (0..count)
+            .filter(|i| i % 10 == 0)
+            .map(|i| format!("host-{i:05}.example.com."))
+            .collect();
+        expected.sort_unstable();
+        assert_eq!(left, expected);
         for i in 0..count {
             let name = format!("host-{i:05}.example.com.");
             let found = names.find(&name);

@@ -537,7 +537,10 @@ impl NameManager {
         // Sized up front (virtual memory; pages are touched as used): growing these while
         // the pass frees thousands of small blocks makes the allocator consolidate its free
         // lists on every regrowth.
-        let mut released: Vec<(IpAddr, NameIdx)> = Vec::with_capacity(self.entries);
+        // Each released address, its name, and the IpCache claim the name had on it (its
+        // owner, if the name carries labels: read while the name is at hand).
+        let mut released: Vec<(IpAddr, NameIdx, Option<OwnerId>)> =
+            Vec::with_capacity(self.entries);
         let mut empty: Vec<NameIdx> = Vec::with_capacity(self.cache.names.len());
         // Endpoint records dropped (lapsed, or with their name), counted per endpoint and
         // taken off the per-endpoint counts once at the end.
@@ -549,6 +552,7 @@ impl NameManager {
             };
         for (idx, entry) in self.cache.names.entries_mut() {
             entry.endpoints.expire(now_s, &mut drop_record);
+            let claim = entry.owner.filter(|_| !entry.labels.is_empty());
             let mut zombies_changed = false;
             entry.ips.retain(|m| {
                 if m.zombie {
@@ -557,7 +561,7 @@ impl NameManager {
                     }
                     self.zombies -= 1;
                     zombies_changed = true;
-                    released.push((m.addr, idx));
+                    released.push((m.addr, idx, claim));
                     return false;
                 }
                 if m.expires > now_s {
@@ -570,7 +574,7 @@ impl NameManager {
                     zombies_changed = true;
                     true
                 } else {
-                    released.push((m.addr, idx));
+                    released.push((m.addr, idx, claim));
                     false
                 }
             });
@@ -613,10 +617,11 @@ impl NameManager {
                     if entry.ips.is_empty() {
                         empty.push(idx);
                     }
+                    let claim = entry.owner.filter(|_| !entry.labels.is_empty());
+                    released.push((addr, idx, claim));
                 }
             }
             stats.over_cap += over.len();
-            released.extend(over);
             self.zombies -= excess;
             tracing::warn!(
                 limit = self.config.max_zombies,
@@ -628,15 +633,10 @@ impl NameManager {
         // random: several times faster for large passes.
         released.sort_unstable();
         ipcache.reserve(released.len());
-        let names = &self.cache.names;
-        let claims = released.iter().filter_map(|&(addr, idx)| {
-            let entry = names.get(idx).filter(|e| !e.labels.is_empty())?;
-            Some((host_prefix(addr), entry.owner?))
-        });
+        let claims = released
+            .iter()
+            .filter_map(|&(addr, _, owner)| Some((host_prefix(addr), owner?)));
         ipcache.remove_metadata_many(claims, released.len())?;
-        for (addr, _) in &released {
-            self.cache.ips.unlink(*addr);
-        }
         stats.released = released.len();
         self.entries -= released.len();
         self.stats.gc_releases += released.len() as u64;
@@ -650,6 +650,16 @@ impl NameManager {
         });
         for (endpoint, n) in dropped {
             DnsCache::forget_endpoints(&mut self.cache.endpoint_names, endpoint, n);
+        }
+        // The per-IP counts: unlinked one by one, or counted again from what is left when
+        // that is less than what went.
+        if released.len() > self.entries {
+            let kept = self.cache.names.entries().flat_map(|e| e.ips.iter());
+            self.cache.ips.rebuild(kept.map(|m| m.addr), self.entries);
+        } else {
+            for (addr, _, _) in &released {
+                self.cache.ips.unlink(*addr);
+            }
         }
         ipcache.remove_owners(&owners)?;
         stats.names_removed = empty.len();

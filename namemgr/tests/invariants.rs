@@ -280,6 +280,8 @@ impl Model {
 
 fn check(engine: &Engine, model: &Model) -> Result<(), TestCaseError> {
     prop_assert_eq!(engine.labels(), model.labels(&engine.selectors));
+    let distinct: BTreeSet<IpAddr> = model.cached().map(|(_, ip)| ip).collect();
+    prop_assert_eq!(engine.names.ip_count(), distinct.len());
     let dp = engine.ipcache.datapath();
     let cidr: IpNet = CIDR.parse().unwrap();
     for ip in pool() {
