@@ -110,7 +110,9 @@ impl Identities<'_> {
     ) -> Result<Identity, Error> {
         let requested = if scope == Scope::Reserved {
             reserved_number(labels)
-        } else if self.restore.is_empty() {
+        } else if self.restore.is_empty() || self.alloc.is_allocated(labels) {
+            // A live label set keeps its number: no need to render it for the restore table
+            // (once per prefix in a restore otherwise).
             None
         } else {
             self.restore.get(&self.labels.canonical(labels)).copied()

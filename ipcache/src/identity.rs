@@ -172,6 +172,14 @@ impl Allocator {
         self.peak_live
     }
 
+    /// Whether `labels` has a live identity: [`Allocator::allocate`] then takes a reference on
+    /// it whatever number is requested.
+    pub fn is_allocated(&self, labels: &LabelSet) -> bool {
+        self.by_labels
+            .get(labels)
+            .is_some_and(|id| self.by_id.contains_key(id))
+    }
+
     /// Takes a reference on the identity of `labels`, creating it in `scope` if needed.
     ///
     /// `requested` asks for a specific number (a restore); it is honoured when free, even if

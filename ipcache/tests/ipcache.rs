@@ -567,7 +567,10 @@ fn a_restore_gives_every_label_set_its_old_number() {
     learn(&mut after, "ab.test.", "192.0.2.3", &["b.test.", "a.test."]).unwrap();
     learn(&mut after, "b.test.", "192.0.2.2", &["b.test."]).unwrap();
     learn(&mut after, "a.test.", "192.0.2.1", &["a.test."]).unwrap();
+    // A second prefix with a label set already restored takes the same number.
+    learn(&mut after, "a2.test.", "192.0.2.4", &["a.test."]).unwrap();
     after.commit().unwrap();
+    assert_eq!(id(&after, "192.0.2.4"), id(&after, "192.0.2.1"));
     let new: Vec<Identity> = ["192.0.2.1", "192.0.2.2", "192.0.2.3"]
         .iter()
         .map(|a| id(&after, a))
