@@ -64,7 +64,7 @@ async fn latency_at(dir: &Path, rate: u32, seconds: u64) {
     latencies.sort();
     let stats = journal.stats();
     println!(
-        "offered {rate:>6}/s, {WRITERS} writers, {seconds} s: {} appends, p50 {:?}, p99 {:?}, p99.9 {:?}, max {:?}; {} fsyncs ({:.1} records/fsync), last fsync {:?}",
+        "offered {rate:>6}/s, {WRITERS} writers, {seconds} s: {} appends, p50 {:?}, p99 {:?}, p99.9 {:?}, max {:?}; {} fsyncs ({:.1} records/fsync), mean fsync {:?}",
         latencies.len(),
         percentile(&latencies, 0.50),
         percentile(&latencies, 0.99),
@@ -72,7 +72,7 @@ async fn latency_at(dir: &Path, rate: u32, seconds: u64) {
         latencies.last().copied().unwrap_or_default(),
         stats.fsyncs,
         stats.records as f64 / stats.fsyncs.max(1) as f64,
-        stats.last_fsync,
+        stats.fsync_total / u32::try_from(stats.fsyncs.max(1)).unwrap_or(u32::MAX),
     );
     Arc::into_inner(journal).unwrap().close().await.unwrap();
 }
