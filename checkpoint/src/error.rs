@@ -125,7 +125,7 @@ pub enum Error {
         /// The generation the current snapshot names.
         current: u64,
     },
-    /// The writer task is gone (the journal was closed, or the runtime shut down).
+    /// The writer thread is gone (the journal was closed, or the thread could not start or died).
     #[error("journal writer is closed")]
     Closed,
 }

@@ -19,6 +19,12 @@
 //! block) is not a valid empty record. `len` above the limit is corruption, never an
 //! allocation.
 //!
+//! **Preallocated tail**: the writer keeps up to [`PREALLOCATION`] bytes of zeros written and
+//! synced past the last record, so that a batch overwrites blocks that already exist and its
+//! `fdatasync` has no file size or extent to commit. The records end at the first bad frame
+//! whose bytes, up to the end of the file, are all zeros: that is free space, not damage (no
+//! valid frame is all zeros). Anything else after the last valid frame is a torn tail.
+//!
 //! **Snapshot file** `snapshot`:
 //!
 //! | offset | size | field |
@@ -52,6 +58,14 @@ pub const SNAPSHOT_HEADER_LEN: u64 = 40;
 /// Length of a record frame's prefix (length + CRC).
 pub const FRAME_PREFIX_LEN: u64 = 8;
 const SNAPSHOT_BODY_OFFSET: u64 = SNAPSHOT_HEADER_LEN + 12;
+/// Zeros the writer keeps written past the last record of the current journal (see the
+/// module docs): it extends the file by this much once less than a quarter of it is left.
+pub const PREALLOCATION: u64 = 1 << 20;
+
+/// Whether `bytes` are all zeros: free, preallocated space at the end of a journal.
+pub(crate) fn is_free_space(bytes: &[u8]) -> bool {
+    bytes.iter().all(|&b| b == 0)
+}
 
 /// The decoded header of a journal file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,7 +98,8 @@ pub struct DecodedJournal<'a> {
     pub records: Vec<(u64, &'a [u8])>,
     /// Length of the valid prefix (header + valid frames).
     pub valid_len: u64,
-    /// The first bad frame, if the bytes do not end at `valid_len`: its offset and problem.
+    /// The first bad frame, if the bytes after `valid_len` are not all zeros (preallocated
+    /// free space): its offset and problem.
     pub discarded: Option<(u64, FrameProblem)>,
 }
 
@@ -245,7 +260,7 @@ pub(crate) fn check_payload(prefix: &[u8; 8], payload: &[u8]) -> Result<(), Fram
 }
 
 /// Decodes journal bytes: header (checked against `schema`), then frames up to the first bad
-/// one. Never panics and never allocates more than the input's size; a bad header is an
+/// one (which is no damage if only zeros follow: preallocated space). Never panics and never allocates more than the input's size; a bad header is an
 /// [`Error::BadHeader`] (file `<bytes>`), a bad frame ends the valid prefix.
 pub fn decode_journal_bytes(
     bytes: &[u8],
@@ -288,6 +303,9 @@ pub fn decode_journal_bytes(
                 break;
             }
         }
+    }
+    if is_free_space(&bytes[at..]) {
+        discarded = None;
     }
     Ok(DecodedJournal {
         header,
@@ -423,13 +441,27 @@ mod tests {
     }
 
     #[test]
-    fn zeroed_tail_is_not_a_record() {
+    fn zeroed_tail_is_free_space_not_a_record() {
         let mut bytes = journal(&["a"]);
         let valid = bytes.len() as u64;
-        bytes.extend([0u8; 64]);
-        let d = decode_journal_bytes(&bytes, 7, 1024).unwrap();
-        assert_eq!(d.valid_len, valid);
+        for zeros in [1, 7, 8, 64, 4096] {
+            let mut z = bytes.clone();
+            z.extend(vec![0u8; zeros]);
+            let d = decode_journal_bytes(&z, 7, 1024).unwrap();
+            assert_eq!((d.valid_len, d.records.len()), (valid, 1), "{zeros} zeros");
+            assert_eq!(d.discarded, None, "{zeros} zeros");
+        }
+        // A torn frame in preallocated space: damage, even though zeros follow it.
+        let mut torn = bytes.clone();
+        torn.extend(&encode_record(&"torn", 1024).unwrap()[..6]);
+        torn.extend([0u8; 64]);
+        let d = decode_journal_bytes(&torn, 7, 1024).unwrap();
         assert!(matches!(d.discarded, Some((o, FrameProblem::Crc { .. })) if o == valid));
+        // One non-zero byte anywhere in the tail makes it damage.
+        bytes.extend([0u8; 64]);
+        bytes[valid as usize + 40] = 1;
+        let d = decode_journal_bytes(&bytes, 7, 1024).unwrap();
+        assert!(matches!(d.discarded, Some((o, _)) if o == valid));
     }
 
     #[test]

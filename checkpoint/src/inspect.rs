@@ -38,7 +38,7 @@ pub struct GenerationSummary {
     pub header: Option<(u32, Seq)>,
     /// Valid records.
     pub records: u64,
-    /// Bytes of header and valid records.
+    /// Bytes of header and valid records (zeros may follow: preallocated space).
     pub valid_bytes: u64,
     /// Older than the snapshot's next generation: covered by it, deleted at the next open.
     pub covered_by_snapshot: bool,
@@ -181,6 +181,9 @@ impl fmt::Display for Inspection {
             write!(f, "  journal.{}: {} bytes", g.generation, g.bytes)?;
             if let Some((schema, base)) = g.header {
                 write!(f, ", schema {schema}, seq {base}.., {} records", g.records)?;
+            }
+            if g.discarded.is_none() && g.error.is_none() && g.bytes > g.valid_bytes {
+                write!(f, ", {} bytes preallocated", g.bytes - g.valid_bytes)?;
             }
             if g.covered_by_snapshot {
                 write!(f, " (covered by the snapshot)")?;

@@ -1,4 +1,4 @@
-//! The journal handle and its writer task: group commit, lazy records, rotation, compaction.
+//! The journal handle and its writer thread: group commit, lazy records, rotation, compaction.
 
 use std::future::Future;
 use std::marker::PhantomData;
@@ -10,8 +10,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use serde::Serialize;
-use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
+use std::sync::mpsc;
+
+use tokio::sync::oneshot;
 
 use crate::format::{SnapshotMeta, encode_record, encode_snapshot, encode_value};
 use crate::fsutil::{SNAPSHOT, list, sync_dir, write_atomic};
@@ -119,7 +120,7 @@ impl<R> Future for Ack<R> {
     }
 }
 
-/// An open journal: many tasks append through `&self`; one writer task commits.
+/// An open journal: many tasks append through `&self`; one writer thread commits.
 ///
 /// Records are framed by the caller's task and queued in submission order; the writer takes
 /// everything queued while its previous `fdatasync` ran and commits it as one write and one
@@ -132,18 +133,20 @@ impl<R> Future for Ack<R> {
 /// the disk has room. If the cut itself fails, every later call fails with
 /// [`Error::Poisoned`]; reopening the directory recovers the durable prefix.
 pub struct Journal<T: ?Sized> {
-    tx: mpsc::UnboundedSender<Msg>,
+    tx: mpsc::Sender<Msg>,
     shared: Arc<Shared>,
     options: Options,
     dir: PathBuf,
     compacting: tokio::sync::Mutex<()>,
-    task: JoinHandle<Result<(), Error>>,
+    /// The writer thread's result, sent when it ends.
+    done: oneshot::Receiver<Result<(), Error>>,
     _records: PhantomData<fn(&T)>,
 }
 
 impl<T: Serialize + ?Sized> Journal<T> {
-    /// Starts the writer task on the current tokio runtime, appending at `tail` (from
-    /// [`crate::open`]). Panics if called outside a tokio runtime.
+    /// Starts the writer thread, appending at `tail` (from [`crate::open`]). If the thread
+    /// cannot be started every call fails with [`Error::Closed`]. [`Journal::compact`] runs on
+    /// tokio's blocking pool: call it inside a tokio runtime.
     pub fn start(tail: Tail, options: &Options) -> Self {
         let shared = Arc::new(Shared::default());
         shared.generation.store(tail.generation, Relaxed);
@@ -152,16 +155,27 @@ impl<T: Serialize + ?Sized> Journal<T> {
             .snapshot_generation
             .store(tail.snapshot_generation, Relaxed);
         let dir = tail.dir.clone();
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel();
+        let (done_tx, done) = oneshot::channel();
         let task = WriterTask::new(Writer::new(tail, options.schema), shared.clone());
-        let task = tokio::spawn(task.run(rx, options.lazy_flush_interval));
+        let lazy = options.lazy_flush_interval;
+        let spawned = std::thread::Builder::new()
+            .name("fqdnd-journal".to_owned())
+            .spawn(move || {
+                let _ = done_tx.send(task.run(&rx, lazy));
+            });
+        if let Err(source) = spawned {
+            // Fail closed: the queue's receiver is gone with the closure, so every call
+            // fails with `Error::Closed`.
+            tracing::error!(%source, "checkpoint: cannot start the journal writer thread");
+        }
         Self {
             tx,
             shared,
             options: options.clone(),
             dir,
             compacting: tokio::sync::Mutex::new(()),
-            task,
+            done,
             _records: PhantomData,
         }
     }
@@ -288,10 +302,10 @@ impl<T: Serialize + ?Sized> Journal<T> {
     /// directory's lock. Returns the final counters, or the error of the last batch.
     pub async fn close(self) -> Result<JournalStats, Error> {
         let Self {
-            tx, task, shared, ..
+            tx, done, shared, ..
         } = self;
         drop(tx);
-        task.await.map_err(|_| Error::Closed)??;
+        done.await.map_err(|_| Error::Closed)??;
         Ok(shared.stats())
     }
 }

@@ -2,8 +2,8 @@
 //!
 //! It owns
 //! - the **journal**: append-only files `journal.<gen>` of CRC-framed records, written by one
-//!   writer task that group-commits (one write + one `fdatasync` for everything queued while
-//!   the previous sync ran) — [`Journal`];
+//!   writer thread that group-commits (one write + one `fdatasync` for everything queued while
+//!   the previous sync ran, into zeros preallocated ahead) — [`Journal`];
 //! - **snapshots**: one file `snapshot`, replaced atomically (temp file, fsync, rename, fsync
 //!   of the directory) — [`write_snapshot`], [`read_snapshot`];
 //! - **compaction**: rotate to a new journal generation, write a snapshot naming it, delete
@@ -13,7 +13,7 @@
 //!
 //! It never knows what it stores: records and snapshots are any `T: Serialize +
 //! DeserializeOwned` (nothing here knows DNS, the NameManager or the IpCache). It never reads
-//! the wall clock (a snapshot's time is given by the caller; durations use tokio's clock),
+//! the wall clock (a snapshot's time is given by the caller; durations use the monotonic clock),
 //! never panics on what it reads, and never acknowledges a record before it is on disk.
 //!
 //! The crash-safety invariants are documented on [`Journal`] (I/O errors), [`open`]
@@ -68,7 +68,8 @@ pub struct Options {
     /// Largest record payload, in bytes (see [`DEFAULT_MAX_RECORD_BYTES`]).
     pub max_record_bytes: u32,
     /// Records queued with [`Journal::append_lazy`] and nothing else are synced at the latest
-    /// this long after the first of them was queued (tokio's clock).
+    /// this long after the first of them was queued (monotonic clock, not tokio's: the
+    /// writer is a thread of its own).
     pub lazy_flush_interval: Duration,
     /// Bytes that may wait in the writer's queue; past this, appends fail with
     /// [`Error::Backlog`] (the disk is not keeping up, fail closed).

@@ -2,13 +2,14 @@
 
 use std::fs::{self, File};
 use std::io::{BufReader, Read};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
 
 use crate::format::{
     FRAME_PREFIX_LEN, JOURNAL_HEADER_LEN, JournalHeader, SnapshotMeta, check_payload, check_prefix,
-    decode_journal_header, decode_value,
+    decode_journal_header, decode_value, is_free_space,
 };
 use crate::fsutil::{create_journal, list, lock, open_rw, sync_dir};
 use crate::snapshot::read_snapshot;
@@ -38,6 +39,8 @@ pub struct Tail {
     pub(crate) path: PathBuf,
     pub(crate) generation: u64,
     pub(crate) offset: u64,
+    /// End of the file: `allocated - offset` bytes of zeros follow the last record.
+    pub(crate) allocated: u64,
     pub(crate) next_seq: Seq,
     pub(crate) snapshot_generation: u64,
 }
@@ -83,7 +86,9 @@ pub struct Recovered<S, T> {
 /// in [`Recovered::discarded`] — or, with `options.strict`, refused with [`Error::Corrupt`]
 /// and left untouched. A bad frame in an earlier generation, a bad header, a missing
 /// generation or a record that passes its CRC but does not decode is always an error: those
-/// are not crash artifacts, and cutting them would drop acknowledged records.
+/// are not crash artifacts, and cutting them would drop acknowledged records. Zeros from the
+/// first bad frame to the end of a file are the writer's preallocated space (see
+/// [`format`](mod@crate::format)), not damage: they are kept and appends overwrite them.
 ///
 /// Journals older than the snapshot's `next_generation` are covered by it and deleted, as are
 /// temp files of an interrupted snapshot or rotation. Never panics on any file contents.
@@ -149,6 +154,12 @@ where
             next_seq.0 += 1;
             Ok(())
         })?;
+        // A cut tail leaves the file ending at the valid prefix; else zeros may follow it.
+        let allocated = if scan.bad.is_some() {
+            scan.valid_len
+        } else {
+            scan.len
+        };
         if let Some((offset, problem)) = scan.bad {
             if options.strict || i + 1 < live.len() {
                 return Err(Error::Corrupt {
@@ -170,14 +181,22 @@ where
                 reason: problem,
             });
         }
-        last = Some((*generation, path.clone(), scan.valid_len));
+        last = Some((*generation, path.clone(), scan.valid_len, allocated));
         expected_gen += 1;
     }
-    let (file, path, generation, offset) = match last {
-        Some((generation, path, offset)) => (open_rw(&path)?, path, generation, offset),
+    let (file, path, generation, offset, allocated) = match last {
+        Some((generation, path, offset, allocated)) => {
+            (open_rw(&path)?, path, generation, offset, allocated)
+        }
         None => {
             let (file, path) = create_journal(dir, options.schema, expected_gen, next_seq)?;
-            (file, path, expected_gen, JOURNAL_HEADER_LEN)
+            (
+                file,
+                path,
+                expected_gen,
+                JOURNAL_HEADER_LEN,
+                JOURNAL_HEADER_LEN,
+            )
         }
     };
     let tail = Tail {
@@ -187,6 +206,7 @@ where
         path,
         generation,
         offset,
+        allocated,
         next_seq,
         snapshot_generation: snapshot_meta.map_or(0, |m| m.next_generation),
     };
@@ -236,7 +256,7 @@ pub(crate) struct Scan {
     pub(crate) len: u64,
     /// End of the valid prefix.
     pub(crate) valid_len: u64,
-    /// The first bad frame.
+    /// The first bad frame (`None` if only zeros follow the valid prefix: preallocated space).
     pub(crate) bad: Option<(u64, FrameProblem)>,
 }
 
@@ -282,11 +302,34 @@ pub(crate) fn scan_frames(
         each(offset, &payload)?;
         offset += FRAME_PREFIX_LEN + payload_len as u64;
     };
+    let bad = match bad {
+        Some(_) if only_zeros(reader.get_ref(), offset, len).map_err(io)? => None,
+        bad => bad,
+    };
     Ok(Scan {
         len,
         valid_len: offset,
         bad: bad.map(|p| (offset, p)),
     })
+}
+
+/// Whether `file[from..to]` is all zeros: the writer's preallocated free space.
+fn only_zeros(file: &File, from: u64, to: u64) -> std::io::Result<bool> {
+    let mut buf = vec![0u8; 64 << 10];
+    let mut at = from;
+    while at < to {
+        let want = usize::try_from(to - at).map_or(buf.len(), |n| n.min(buf.len()));
+        let got = file.read_at(&mut buf[..want], at)?;
+        if got == 0 {
+            // Shorter than its length a moment ago: nothing more to look at.
+            break;
+        }
+        if !is_free_space(&buf[..got]) {
+            return Ok(false);
+        }
+        at += got as u64;
+    }
+    Ok(true)
 }
 
 #[cfg(test)]
@@ -361,13 +404,72 @@ mod tests {
     #[test]
     fn corruption_before_the_last_generation_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
-        write_journal(dir.path(), 1, 0, &[1], &[0; 9]);
+        write_journal(dir.path(), 1, 0, &[1], &[0, 0, 0, 0, 0, 0, 0, 0, 1]);
         write_journal(dir.path(), 2, 1, &[2], &[]);
         let err = open::<(), u32>(dir.path(), &Options::new(1)).unwrap_err();
         assert!(
             matches!(&err, Error::Corrupt { file, .. } if file.ends_with("journal.1")),
             "{err}"
         );
+    }
+
+    /// Preallocated space (zeros after the last record) is no damage, in any generation and
+    /// in strict mode; it is kept, and appends overwrite it.
+    #[tokio::test]
+    async fn zero_tail_is_free_space_kept_and_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        write_journal(dir.path(), 1, 0, &[1], &[0; 9]);
+        write_journal(dir.path(), 2, 1, &[2, 3], &[0; 5000]);
+        let path = journal_path(dir.path(), 2);
+        let len = fs::metadata(&path).unwrap().len();
+        let strict = Options {
+            strict: true,
+            ..Options::new(1)
+        };
+        let r: Recovered<(), u32> = open(dir.path(), &strict).unwrap();
+        assert_eq!(
+            (r.records.clone(), r.discarded.clone()),
+            (vec![1, 2, 3], None)
+        );
+        assert_eq!((r.tail.offset, r.tail.allocated), (len - 5000, len));
+        assert_eq!(fs::metadata(&path).unwrap().len(), len, "free space kept");
+        let j = crate::Journal::<u32>::start(r.tail, &strict);
+        assert_eq!(j.append(&4).await.unwrap(), Seq(3));
+        j.close().await.unwrap();
+        let r: Recovered<(), u32> = open(dir.path(), &strict).unwrap();
+        assert_eq!((r.records.clone(), r.discarded), (vec![1, 2, 3, 4], None));
+        // The writer kept (and grew) the preallocation: the file did not end at the record.
+        assert!(r.tail.allocated >= len && r.tail.allocated > r.tail.offset);
+    }
+
+    /// A record torn inside preallocated space (its first bytes written, the rest still zeros,
+    /// as a crash during a batch leaves it) is a torn tail: cut, with the zeros after it.
+    #[test]
+    fn torn_record_in_free_space_is_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut junk = encode_record(&77u32, 1024).unwrap();
+        junk.truncate(junk.len() - 1);
+        junk.extend([0; 300]);
+        write_journal(dir.path(), 1, 0, &[1, 2], &junk);
+        let path = journal_path(dir.path(), 1);
+        let len = fs::metadata(&path).unwrap().len();
+        let strict = Options {
+            strict: true,
+            ..Options::new(1)
+        };
+        assert!(matches!(
+            open::<(), u32>(dir.path(), &strict),
+            Err(Error::Corrupt { .. })
+        ));
+        let r: Recovered<(), u32> = open(dir.path(), &Options::new(1)).unwrap();
+        assert_eq!(r.records, [1, 2]);
+        let d = r.discarded.unwrap();
+        assert_eq!(
+            (d.offset, d.offset + d.bytes),
+            (len - junk.len() as u64, len)
+        );
+        assert_eq!(fs::metadata(&path).unwrap().len(), d.offset);
+        assert_eq!(r.tail.allocated, d.offset);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The blocking half of the journal: one file, written at its durable end, synced.
 //!
-//! Runs on tokio's blocking pool, one call at a time (the writer task owns it).
+//! Runs on the journal's writer thread, which owns it.
 
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::format::PREALLOCATION;
 use crate::fsutil::create_journal;
 use crate::recover::Tail;
 use crate::{Error, Seq};
@@ -22,6 +23,8 @@ pub(crate) struct Writer {
     pub(crate) tail: Tail,
     pub(crate) schema: u32,
     poisoned: Option<Error>,
+    /// After a failed preallocation (a full disk), the offset from which it is tried again.
+    preallocate_from: u64,
 }
 
 impl Writer {
@@ -30,6 +33,44 @@ impl Writer {
             tail,
             schema,
             poisoned: None,
+            preallocate_from: 0,
+        }
+    }
+
+    /// Writes zeros past `end` up to [`PREALLOCATION`] bytes ahead, once less than a quarter of
+    /// that is left, so that the next batches overwrite existing blocks: their `fdatasync`
+    /// then flushes data only, with no file size or extent change to commit in the
+    /// filesystem's journal (shared with every other writer of the disk). Synced by the
+    /// caller's `fdatasync`. Best effort: on a full disk the zeros are cut off again (they
+    /// must not take the space records need) and not tried again for a while.
+    fn preallocate(&mut self, end: u64) {
+        let t = &mut self.tail;
+        if t.allocated >= end + PREALLOCATION / 4 || end < self.preallocate_from {
+            return;
+        }
+        let from = t.allocated.max(end);
+        let to = (end + PREALLOCATION).next_multiple_of(4096);
+        let zeros = vec![0u8; 64 << 10];
+        let mut at = from;
+        let written = loop {
+            if at >= to {
+                break Ok(());
+            }
+            let n = usize::try_from(to - at).map_or(zeros.len(), |n| n.min(zeros.len()));
+            if let Err(e) = t.file.write_all_at(&zeros[..n], at) {
+                break Err(e);
+            }
+            at += n as u64;
+        };
+        match written {
+            Ok(()) => t.allocated = to,
+            Err(source) => {
+                tracing::debug!(file = %t.path.display(), %source, "checkpoint: no preallocation");
+                // Zeros are harmless if the cut fails: recovery and appends treat them as free.
+                let _ = t.file.set_len(from);
+                t.allocated = from;
+                self.preallocate_from = end + PREALLOCATION;
+            }
         }
     }
 
@@ -51,6 +92,9 @@ impl Writer {
             .write_all_at(buf, t.offset)
             .map_err(|e| Error::io(&t.path, "write", e))
             .and_then(|()| {
+                let end = self.tail.offset + buf.len() as u64;
+                self.preallocate(end);
+                let t = &self.tail;
                 let written = Instant::now();
                 t.file
                     .sync_data()
@@ -66,6 +110,8 @@ impl Writer {
                 Ok((first, timing))
             }
             Err(e) => {
+                let t = &mut self.tail;
+                t.allocated = t.offset;
                 let restored = t.file.set_len(t.offset).and_then(|()| t.file.sync_data());
                 if let Err(source) = restored {
                     tracing::error!(file = %t.path.display(), %source, "checkpoint: journal poisoned");
@@ -91,6 +137,8 @@ impl Writer {
         self.tail.path = path;
         self.tail.generation = generation;
         self.tail.offset = crate::format::JOURNAL_HEADER_LEN;
+        self.tail.allocated = crate::format::JOURNAL_HEADER_LEN;
+        self.preallocate_from = 0;
         Ok((generation, seq))
     }
 }

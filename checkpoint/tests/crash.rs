@@ -1,6 +1,8 @@
 //! Random appends, lazy appends, flushes and compactions, then a simulated crash in the tail
-//! of the last journal (cut at any byte, bits flipped after it, or garbage after it), and
-//! optionally a crash between a compaction's snapshot and its deletions. Recovery must give
+//! of the last journal (cut at any byte, bits flipped after it, garbage or zeros after it: the
+//! writer keeps zeros preallocated after its last record, and a batch written there may reach
+//! the disk only in part), and optionally a crash between a compaction's snapshot and its
+//! deletions. Recovery must give
 //! exactly a prefix of what was appended, including everything that was on disk before the
 //! crash point, and appends after recovery must follow that prefix.
 
@@ -47,6 +49,9 @@ enum Damage {
     Flip(Vec<(Index, u8)>),
     /// The file continues after the crash point with garbage.
     Garbage(Vec<u8>),
+    /// The file keeps its length, with zeros after the crash point: a batch written into the
+    /// writer's preallocated space, cut by the crash before all its blocks reached the disk.
+    Zeroed,
 }
 
 fn damage() -> impl Strategy<Value = Damage> {
@@ -54,6 +59,7 @@ fn damage() -> impl Strategy<Value = Damage> {
         Just(Damage::Cut),
         proptest::collection::vec((any::<Index>(), 0u8..8), 1..4).prop_map(Damage::Flip),
         proptest::collection::vec(any::<u8>(), 1..64).prop_map(Damage::Garbage),
+        Just(Damage::Zeroed),
     ]
 }
 
@@ -143,11 +149,16 @@ proptest! {
         let (last, original) = journals(dir.path()).into_iter().next_back().unwrap();
         let decoded = decode_journal_bytes(&original, SCHEMA, u32::MAX).unwrap();
         prop_assert!(decoded.discarded.is_none());
+        if !decoded.records.is_empty() {
+            prop_assert!(original.len() as u64 > decoded.valid_len, "no preallocated zeros");
+        }
         let in_last = decoded.records.len();
         let before_last = applied.len() - in_last;
         prop_assert_eq!(decoded.header.base_seq, Seq(before_last as u64));
         let header = JOURNAL_HEADER_LEN as usize;
-        let at = header + crash.index(original.len() - header + 1);
+        // The crash point: anywhere in the records or the first bytes of free space after them.
+        let span = (decoded.valid_len as usize + 64).min(original.len()) - header;
+        let at = header + crash.index(span + 1);
         let mut ends = decoded.records.iter().map(|(o, p)| *o as usize + 8 + p.len());
         let whole_before_crash = ends.position(|end| end > at).unwrap_or(in_last);
 
@@ -163,6 +174,7 @@ proptest! {
                 }
             }
             Damage::Garbage(bytes) => damaged.extend_from_slice(bytes),
+            Damage::Zeroed => damaged.resize(original.len(), 0),
         }
         fs::write(&last, &damaged).unwrap();
         if crash_before_deletion {
