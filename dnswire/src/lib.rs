@@ -370,6 +370,24 @@ fn read_name(msg: &[u8], pos: &mut usize, text: &mut String) -> Result<Range<usi
 }
 
 fn push_label(text: &mut String, label: &[u8]) {
+    // The common label: printable ASCII with nothing to escape, copied at once.
+    let plain = label
+        .iter()
+        .all(|&b| matches!(b, 0x21..=0x7e) && b != b'.' && b != b'\\');
+    if plain && let Ok(ascii) = std::str::from_utf8(label) {
+        let start = text.len();
+        text.push_str(ascii);
+        if let Some(pushed) = text.get_mut(start..) {
+            pushed.make_ascii_lowercase();
+        }
+        text.push('.');
+        return;
+    }
+    push_label_escaped(text, label);
+}
+
+/// [`push_label`] byte by byte, escaping what presentation form cannot hold as it is.
+fn push_label_escaped(text: &mut String, label: &[u8]) {
     for &b in label {
         match b {
             b'A'..=b'Z' => text.push(char::from(b.to_ascii_lowercase())),
@@ -599,5 +617,21 @@ mod tests {
         let out = d.decode_whole(&two).unwrap();
         assert_eq!((out.qname(), out.qtype, out.text.as_str()), ("a.", 1, "a."));
         assert_eq!(d.decode(&two).unwrap_err(), DnsError::QuestionCount);
+    }
+
+    proptest::proptest! {
+        /// The copy-at-once path writes exactly what the byte-by-byte path writes.
+        #[test]
+        fn plain_labels_are_written_as_escaping_writes_them(
+            label in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+            plain in "[!-~]{0,63}",
+        ) {
+            for label in [label.as_slice(), plain.as_bytes()] {
+                let (mut fast, mut slow) = (String::from("x."), String::from("x."));
+                push_label(&mut fast, label);
+                push_label_escaped(&mut slow, label);
+                proptest::prop_assert_eq!(fast, slow);
+            }
+        }
     }
 }
