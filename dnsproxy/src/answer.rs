@@ -8,7 +8,7 @@
 //! servers do) is kept as its header and question only: what matters in it is the TC bit,
 //! which sends the query to TCP (as unbound does, on the bit alone).
 
-use hickory_proto::op::Message;
+use fqdnd_dnswire::Decoder;
 
 use crate::case;
 use crate::metrics::DropReason;
@@ -16,11 +16,10 @@ use crate::question::Question;
 use crate::upstream_socket::{Inflight, TableAccess};
 use crate::wire::{self, Opt};
 
-/// An answer that passed validation, taken out of its socket's in-flight table.
+/// An answer that passed validation, taken out of its socket's in-flight table; the decoder
+/// that validated it holds it decoded ([`Decoder::decoded`]).
 #[derive(Debug)]
 pub(crate) struct Validated {
-    /// The answer as the client will see it (question in the client's case).
-    pub(crate) msg: Message,
     /// The query it answers.
     pub(crate) entry: Inflight,
     /// The answer's question; `None` only for a health probe's answer.
@@ -32,8 +31,14 @@ pub(crate) struct Validated {
 
 /// Validates `raw`, an upstream's datagram from the upstream's address, against the in-flight
 /// table of the socket it came in on (whose lock is held only for a lookup and for taking the
-/// entry out). On success `raw` holds the client's spelling of the question.
-pub(crate) fn validate(raw: &mut [u8], table: &impl TableAccess) -> Result<Validated, DropReason> {
+/// entry out). On success `raw` holds the client's spelling of the question and `decoder` the
+/// answer decoded (names in canonical form, so the case the client gets back changes nothing
+/// there); every record of the message was checked (`Decoder::decode_whole`).
+pub(crate) fn validate(
+    raw: &mut [u8],
+    table: &impl TableAccess,
+    decoder: &mut Decoder,
+) -> Result<Validated, DropReason> {
     let id = match wire::id(raw) {
         Some(id) if raw.len() >= wire::HEADER_LEN && wire::is_response(raw) => id,
         _ => return Err(DropReason::Malformed),
@@ -47,15 +52,15 @@ pub(crate) fn validate(raw: &mut [u8], table: &impl TableAccess) -> Result<Valid
     {
         wire::set_id(raw, client_id);
     }
-    // Parsed before the table is touched: garbage with a guessed ID must not end the query.
-    let (msg, len) = match Message::from_vec(raw) {
-        Ok(msg) => (msg, raw.len()),
+    // Decoded before the table is touched: garbage with a guessed ID must not end the query.
+    let len = match decoder.decode_whole(raw) {
+        Ok(_) => raw.len(),
         Err(_) => match question {
             Some(question) if wire::is_truncated(raw) => {
                 // Header and question only: no answer, authority or additional records.
                 raw[6..wire::HEADER_LEN].fill(0);
-                match Message::from_vec(&raw[..question.end()]) {
-                    Ok(msg) => (msg, question.end()),
+                match decoder.decode_whole(&raw[..question.end()]) {
+                    Ok(_) => question.end(),
                     Err(_) => return Err(DropReason::Malformed),
                 }
             }
@@ -69,17 +74,14 @@ pub(crate) fn validate(raw: &mut [u8], table: &impl TableAccess) -> Result<Valid
     };
     // The client gets its question as it wrote it, whether the case changed on the way out
     // (0x20) or at the upstream (which may answer in another case: names compare
-    // case-insensitively), so a client doing its own 0x20 check accepts the reply.
-    let msg = match question {
-        Some(answered) if answered.bytes(raw) != entry.question.bytes(&entry.query) => {
-            case::restore(raw, answered, &entry.query, entry.question);
-            // Only the case of the name's letters changed: it parses as before.
-            Message::from_vec(raw).unwrap_or(msg)
-        }
-        _ => msg,
-    };
+    // case-insensitively), so a client doing its own 0x20 check accepts the reply. Only the
+    // case of the name's letters changes: the canonical names decoded stay as they are.
+    if let Some(answered) = question
+        && answered.bytes(raw) != entry.question.bytes(&entry.query)
+    {
+        case::restore(raw, answered, &entry.query, entry.question);
+    }
     Ok(Validated {
-        msg,
         entry,
         question,
         len,
@@ -129,6 +131,7 @@ mod tests {
     use super::*;
     use crate::ids::IdSource;
     use crate::upstream_socket::Table;
+    use fqdnd_dnswire::Decoded;
 
     /// `time.windows.com. AAAA` as a client wrote it.
     fn client_query() -> Vec<u8> {
@@ -142,7 +145,7 @@ mod tests {
         query: &[u8],
         mut answer: Vec<u8>,
         randomize: bool,
-    ) -> Result<(Vec<u8>, Validated), DropReason> {
+    ) -> Result<(Vec<u8>, Validated, Decoded), DropReason> {
         let mut table = Table::new();
         let mut ids = IdSource::new();
         let slot = table.insert(&mut ids).unwrap();
@@ -160,9 +163,10 @@ mod tests {
             origin: None,
         });
         wire::set_id(&mut answer, id);
-        let v = validate(&mut answer, &std::cell::RefCell::new(table))?;
+        let mut decoder = Decoder::new();
+        let v = validate(&mut answer, &std::cell::RefCell::new(table), &mut decoder)?;
         answer.truncate(v.len);
-        Ok((answer, v))
+        Ok((answer, v, decoder.decoded().clone()))
     }
 
     /// Regression (fuzz `dns_answer`, `fuzz/regressions/dns_answer/upstream-changes-question-case`):
@@ -176,9 +180,9 @@ mod tests {
         let mut answer = query.clone();
         answer[2] |= 0x80;
         answer[HEADER_NAME_S] = b'S';
-        let (reply, v) = run(&query, answer, false).unwrap();
+        let (reply, _, decoded) = run(&query, answer, false).unwrap();
         assert_eq!(reply[wire::HEADER_LEN..end], query[wire::HEADER_LEN..end]);
-        assert_eq!(v.msg.queries[0].name.to_ascii(), "time.windows.com.");
+        assert_eq!(decoded.qname(), "time.windows.com.");
     }
 
     /// Where the `s` of `windows` is in [`client_query`].
@@ -226,7 +230,14 @@ mod tests {
         let path = crate::fuzz::answer_path(&query, &answer, shape).unwrap();
         let reply = path.reply.unwrap();
         assert_eq!(reply[..2], [0x00, 0x00]);
-        assert_eq!(Message::from_vec(&reply).unwrap(), path.observed.unwrap());
+        let mut decoder = Decoder::new();
+        let observed = path.observed.unwrap();
+        assert_eq!(
+            decoder.decode_whole(&reply).unwrap().answers,
+            observed.answers
+        );
+        assert_eq!(decoder.decoded().text, observed.text);
+        assert_eq!(observed.name(&observed.answers[0].owner), ".");
     }
 
     #[test]
@@ -249,10 +260,10 @@ mod tests {
         answer[2] |= 0x82; // QR, TC
         answer[7] = 1; // ANCOUNT
         answer.extend_from_slice(&[0xc0, 12, 0, 28, 0, 1, 0, 0, 0, 60, 0, 16, 0x20, 0x01]);
-        let (reply, v) = run(&query, answer.clone(), false).unwrap();
+        let (reply, v, decoded) = run(&query, answer.clone(), false).unwrap();
         assert_eq!(v.len, end);
         assert_eq!(reply.len(), end);
-        assert!(v.msg.metadata.truncation && v.msg.answers.is_empty());
+        assert!(decoded.header.truncated && decoded.answers.is_empty());
         // Without TC it is garbage.
         answer[2] &= !0x02;
         assert!(matches!(

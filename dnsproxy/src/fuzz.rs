@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use hickory_proto::op::Message;
+use fqdnd_dnswire::{Decoded, Decoder};
 use tokio::time::Instant;
 
 use crate::answer::{self, Validated};
@@ -109,7 +109,7 @@ pub struct AnswerPath {
     /// Why the answer was dropped, if it was.
     pub dropped: Option<DropReason>,
     /// What the observer is shown, if the answer was accepted.
-    pub observed: Option<Message>,
+    pub observed: Option<Decoded>,
     /// The bytes the UDP client gets, if the answer was accepted.
     pub reply: Option<Vec<u8>>,
 }
@@ -180,10 +180,10 @@ pub fn answer_path(client_query: &[u8], answer: &[u8], shape: AnswerShape) -> Op
         observed: None,
         reply: None,
     };
-    match answer::validate(&mut raw, &std::cell::RefCell::new(table)) {
+    let mut decoder = Decoder::new();
+    match answer::validate(&mut raw, &std::cell::RefCell::new(table), &mut decoder) {
         Err(reason) => path.dropped = Some(reason),
         Ok(Validated {
-            msg,
             entry,
             question: answer_question,
             len,
@@ -194,7 +194,8 @@ pub fn answer_path(client_query: &[u8], answer: &[u8], shape: AnswerShape) -> Op
                 return Some(path);
             };
             let asked = origin.asked;
-            let code = u16::from(msg.metadata.response_code);
+            let msg = decoder.decoded();
+            let code = msg.rcode;
             let mut out = Vec::new();
             let reply = answer::fit_udp(
                 &mut raw,
@@ -206,7 +207,7 @@ pub fn answer_path(client_query: &[u8], answer: &[u8], shape: AnswerShape) -> Op
                 code,
             )
             .to_vec();
-            path.observed = Some(msg);
+            path.observed = Some(msg.clone());
             path.reply = Some(reply);
         }
     }

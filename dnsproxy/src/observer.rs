@@ -5,7 +5,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 
-use hickory_proto::op::Message;
+use fqdnd_dnswire::Decoded;
 
 use crate::policy::Transport;
 
@@ -22,8 +22,11 @@ pub struct ResponseContext<'a> {
     pub tag: u64,
     /// The question's name, canonical.
     pub name: &'a str,
-    /// The parsed answer, validated against the query (ID, question, upstream address).
-    pub response: &'a Message,
+    /// The answer decoded (names canonical; every record checked), validated against the
+    /// query (ID, question, upstream address).
+    pub response: &'a Decoded,
+    /// The answer's bytes as the client will get them (but for the ID, rewritten last).
+    pub bytes: &'a [u8],
     /// How the client asked.
     pub transport: Transport,
 }

@@ -1,6 +1,7 @@
 //! What a DNS answer teaches: the addresses at the end of the question's CNAME chain, and the
-//! chain's TTL. One rule, whoever decoded the message (the proxy decodes with hickory-proto,
-//! replay with its own allocation-free decoder):
+//! chain's TTL. One rule, whoever decoded the message (the proxy and replay both decode with
+//! the allocation-free `fqdnd-dnswire`, [`extract_decoded`]; [`extract`] takes any decoder's
+//! records):
 //!
 //! - only records of class IN count; a record of another class teaches nothing and is not
 //!   checked against the chain;
@@ -18,9 +19,8 @@
 
 use std::net::IpAddr;
 
+use fqdnd_dnswire::{Data as WireData, Decoded, TYPE_CNAME};
 use fqdnd_namemgr::{Answer, AnswerError, Record, RecordData as ChainData};
-use hickory_proto::op::Message;
-use hickory_proto::rr::{Name, RData};
 use smallvec::SmallVec;
 
 /// DNS class IN.
@@ -41,16 +41,6 @@ impl AnswerName for str {
 
     fn to_text(&self) -> String {
         self.to_owned()
-    }
-}
-
-impl AnswerName for Name {
-    fn same_name(&self, other: &Self) -> bool {
-        self == other
-    }
-
-    fn to_text(&self) -> String {
-        self.to_ascii()
     }
 }
 
@@ -162,41 +152,36 @@ where
     Ok(())
 }
 
-/// The answer section of a parsed message as [`AnswerRecord`]s.
-pub fn hickory_records(message: &Message) -> impl Iterator<Item = AnswerRecord<'_, Name>> + Clone {
-    message.answers.iter().map(|rr| AnswerRecord {
-        owner: &rr.name,
-        class: u16::from(rr.dns_class),
-        ttl: rr.ttl,
-        data: match &rr.data {
-            RData::A(a) => Data::Addr(IpAddr::V4(a.0)),
-            RData::AAAA(a) => Data::Addr(IpAddr::V6(a.0)),
-            RData::CNAME(c) => Data::Cname(&c.0),
-            _ => Data::Other,
-        },
-    })
-}
-
-/// [`extract`] for a message parsed by hickory-proto; a message without a question teaches
-/// nothing.
+/// [`extract`] for a message decoded by `fqdnd-dnswire`; a message without a question
+/// teaches nothing.
 ///
 /// # Errors
 /// As [`extract`].
-pub fn extract_message(message: &Message, out: &mut Extracted) -> Result<(), AnswerError> {
-    let Some(query) = message.queries.first() else {
+pub fn extract_decoded(msg: &Decoded, out: &mut Extracted) -> Result<(), AnswerError> {
+    if msg.header.qdcount == 0 {
         out.addrs.clear();
         out.ttl = 0;
         return Ok(());
-    };
-    extract(&query.name, hickory_records(message), out)
+    }
+    let records = msg.answers.iter().map(|rr| AnswerRecord {
+        owner: msg.name(&rr.owner),
+        class: rr.class,
+        ttl: rr.ttl,
+        data: match (&rr.data, rr.rtype) {
+            (WireData::Addr(a), _) => Data::Addr(*a),
+            (WireData::Name(target), TYPE_CNAME) => Data::Cname(msg.name(target)),
+            _ => Data::Other,
+        },
+    });
+    extract(msg.qname(), records, out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hickory_proto::op::{MessageType, OpCode, Query};
+    use hickory_proto::op::{Message, MessageType, OpCode, Query};
     use hickory_proto::rr::rdata::{A, AAAA, CNAME, TXT};
-    use hickory_proto::rr::{DNSClass, Record as Rr, RecordType};
+    use hickory_proto::rr::{DNSClass, Name, RData, Record as Rr, RecordType};
 
     fn name(s: &str) -> Name {
         Name::from_ascii(s).unwrap()
@@ -218,9 +203,12 @@ mod tests {
         Rr::from_rdata(name(owner), ttl, RData::CNAME(CNAME(name(target))))
     }
 
+    /// Encoded by hickory-proto, decoded as the proxy decodes.
     fn extracted(records: Vec<Rr>) -> Result<Extracted, AnswerError> {
+        let wire = message(records).to_vec().unwrap();
+        let mut decoder = fqdnd_dnswire::Decoder::new();
         let mut out = Extracted::default();
-        extract_message(&message(records), &mut out).map(|()| out)
+        extract_decoded(decoder.decode_whole(&wire).unwrap(), &mut out).map(|()| out)
     }
 
     fn v4(last: u8) -> IpAddr {

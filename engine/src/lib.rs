@@ -5,7 +5,7 @@
 //!   order of operations (policy into the IpCache first, then the NameManager's selectors,
 //!   then one ordered batch to the datapath; a change the datapath refuses is rolled back);
 //! - [`answer`]: what a DNS answer teaches — one rule for classes (IN only), CNAME chains and
-//!   TTLs, read from hickory's parsed message or from any other decoder;
+//!   TTLs, read from a message `fqdnd-dnswire` decoded or from any other decoder;
 //! - [`dns`]: the per-query DNS verdict — which endpoint or client group asks, and whether
 //!   its CiliumNetworkPolicy DNS rules and the allow/deny lists let it ask the name;
 //! - [`durable`]: the records that make learned state durable before a reply is released,

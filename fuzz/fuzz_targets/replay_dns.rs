@@ -4,7 +4,8 @@
 //! Invariants: never panics; every name range of a decoded message is a valid range of its
 //! text, every raw RDATA range lies inside the message, and only class-IN A/AAAA records carry
 //! addresses; decoding is deterministic and the decoder reuses its buffers without leaking
-//! state from one message into the next.
+//! state from one message into the next; `decode_whole` (how the proxy reads answers) agrees
+//! with `decode` on the answers and takes nothing `decode` refuses but for the question count.
 #![no_main]
 
 use fqdnd_replay::dns::{Data, Decoder, is_whole_message, plausible_header};
@@ -19,6 +20,21 @@ fuzz_target!(|data: &[u8]| {
     let first = decoder.decode(data).map(|d| (d.clone(), d.text.clone()));
     let mut fresh = Decoder::new();
     let second = fresh.decode(data).map(|d| (d.clone(), d.text.clone()));
+    // What the proxy reads answers with: the same answers whenever both take the message,
+    // and never a message whose answers `decode` refuses.
+    let simple = fresh.decode(data).map(|d| d.clone());
+    match (decoder.decode_whole(data), simple) {
+        (Ok(whole), Ok(simple)) => {
+            assert_eq!(whole.answers, simple.answers);
+            assert_eq!(whole.text, simple.text);
+            assert_eq!(whole.rcode & 0x0f, u16::from(simple.header.rcode));
+        }
+        (Ok(whole), Err(e)) => assert!(
+            whole.header.qdcount != 1,
+            "decode_whole took what decode refused: {e:?}"
+        ),
+        (Err(_), _) => {}
+    }
     match (first, second) {
         (Ok((a, at)), Ok((b, bt))) => {
             assert_eq!(at, bt, "decoder state leaked between messages");

@@ -33,7 +33,8 @@
 pub mod capture;
 mod defrag;
 mod distinct;
-pub mod dns;
+/// The DNS decoder replay reads every message with (the proxy reads answers with it too).
+pub use fqdnd_dnswire as dns;
 pub mod engine;
 pub mod extract;
 #[doc(hidden)]

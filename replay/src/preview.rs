@@ -32,7 +32,7 @@ use crate::capture::CaptureReader;
 use crate::dns::Decoder;
 use crate::engine::{ALL_CLIENTS, Clients, EngineRun};
 use crate::extract::{DnsPayload, Extractor, Limits, Transport};
-use crate::run::{SettingsOverrides, extract_answer};
+use crate::run::SettingsOverrides;
 
 /// The JSON schema version of [`PreviewReport`].
 pub const PREVIEW_SCHEMA_VERSION: u32 = 1;
@@ -379,7 +379,7 @@ pub fn preview(options: &PreviewOptions) -> Result<PreviewReport, Error> {
         }
         responses += 1;
         let answer = (msg.header.rcode == crate::dns::RCODE_NOERROR
-            && extract_answer(msg, &mut extracted).is_ok())
+            && fqdnd_engine::answer::extract_decoded(msg, &mut extracted).is_ok())
         .then_some(&extracted);
         let name = msg.qname();
         for side in &mut sides {

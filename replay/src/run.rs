@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use fqdnd_config::Settings;
-use fqdnd_engine::answer::{self, AnswerRecord, Data as AnswerData, Extracted};
+use fqdnd_engine::answer::{self, Extracted};
 use fqdnd_ipcache::policy::Rule;
 use serde::Serialize;
 
@@ -509,7 +509,7 @@ impl Sink {
         if msg.header.rcode != dns::RCODE_NOERROR {
             return;
         }
-        if extract_answer(msg, &mut self.extracted).is_err() {
+        if answer::extract_decoded(msg, &mut self.extracted).is_err() {
             self.input.responses_invalid_answer += 1;
             return;
         }
@@ -530,25 +530,6 @@ impl Sink {
             );
         }
     }
-}
-
-/// What a decoded response teaches, read as the daemon reads an answer (one rule:
-/// `fqdnd_engine::answer`).
-pub(crate) fn extract_answer(
-    msg: &dns::Decoded,
-    out: &mut Extracted,
-) -> Result<(), fqdnd_namemgr::AnswerError> {
-    let records = msg.answers.iter().map(|rr| AnswerRecord {
-        owner: msg.name(&rr.owner),
-        class: rr.class,
-        ttl: rr.ttl,
-        data: match (&rr.data, rr.rtype) {
-            (Data::Addr(a), _) => AnswerData::Addr(*a),
-            (Data::Name(target), dns::TYPE_CNAME) => AnswerData::Cname(msg.name(target)),
-            _ => AnswerData::Other,
-        },
-    });
-    answer::extract(msg.qname(), records, out)
 }
 
 /// Loads the policy and endpoints, reads every capture, and reports.

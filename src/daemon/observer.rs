@@ -55,7 +55,7 @@ impl ResponseObserver for EngineObserver {
     fn observe(&self, ctx: &ResponseContext<'_>) -> Observation {
         let endpoint = EndpointId(u16::try_from(ctx.tag).unwrap_or(u16::MAX));
         let mut extracted = Extracted::default();
-        if let Err(e) = answer::extract_message(ctx.response, &mut extracted) {
+        if let Err(e) = answer::extract_decoded(ctx.response, &mut extracted) {
             return Observation::Done(Err(ObserveError {
                 reason: e.to_string(),
             }));

@@ -5,8 +5,6 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use hickory_proto::op::Message;
-
 use tokio::time::Instant;
 
 use super::{Answer, Handled, Outcome, Shared, Worker};
@@ -216,17 +214,13 @@ impl Shared {
     ) -> Result<Handled, (Asked, R)> {
         let now = Instant::now();
         let mut bytes = std::mem::take(&mut w.cached);
-        let parsed =
-            if AnswerCache::serve(entry, now, question.bytes(raw), asked.client_id, &mut bytes) {
-                entry
-                    .message(now, question.bytes(raw), asked.client_id)
-                    .or_else(|| Message::from_vec(&bytes).ok())
-                    .zip(Question::parse(&bytes))
-            } else {
-                None
-            };
-        let Some((msg, answer_question)) = parsed else {
+        let mut decoder = std::mem::take(&mut w.decoder);
+        let served =
+            AnswerCache::serve(entry, now, question.bytes(raw), asked.client_id, &mut bytes);
+        let decoded = served.then(|| decoder.decode_whole(&bytes).ok()).flatten();
+        let Some((decoded, answer_question)) = decoded.zip(Question::parse(&bytes)) else {
             w.cached = bytes;
+            w.decoder = decoder;
             return Err((asked, reply));
         };
         // Ended by `finish_admitted` like a forwarded query.
@@ -238,13 +232,17 @@ impl Shared {
                 asked,
             },
             upstream: entry.upstream,
-            msg,
+            rcode: decoded.rcode,
+            addresses: super::addresses(decoded),
             question: answer_question,
             answered: now,
             cached: true,
         };
         let queue = w.reply_queue();
-        if let Some(pending) = self.observe_and_reply(answer, &mut bytes, queue).await {
+        if let Some(pending) = self
+            .observe_and_reply(answer, &mut bytes, decoded, queue)
+            .await
+        {
             if w.batching {
                 w.pending.spawn(pending);
             } else {
@@ -254,6 +252,7 @@ impl Shared {
             }
         }
         w.cached = bytes;
+        w.decoder = decoder;
         Ok(Handled::Forwarded)
     }
 

@@ -7,6 +7,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use fqdnd_dnswire::Decoded;
 use tokio::net::UdpSocket;
 use tokio::time::Instant;
 
@@ -35,14 +36,16 @@ async fn send_udp(socket: &UdpSocket, bytes: &[u8], to: SocketAddr) {
 }
 
 impl Shared {
-    /// Shows the answer to the observer; releases the reply at once if the observer is done,
-    /// or returns the task that waits for it (at most `response_max_delay`).
+    /// Shows the answer (`raw`, decoded in `decoded`) to the observer; releases the reply at
+    /// once if the observer is done, or returns the task that waits for it (at most
+    /// `response_max_delay`).
     /// With `out`, a UDP reply through a listener socket is queued there (the caller sends the
     /// batch); otherwise it is sent at once.
     pub(super) async fn observe_and_reply(
         self: &Arc<Self>,
         answer: Answer,
         raw: &mut [u8],
+        decoded: &Decoded,
         out: Option<&mut Replies>,
     ) -> Option<Slow> {
         let asked = &answer.origin.asked;
@@ -52,7 +55,8 @@ impl Shared {
             upstream: answer.upstream,
             tag: asked.tag,
             name: &asked.name,
-            response: &answer.msg,
+            response: decoded,
+            bytes: raw,
             transport: asked.transport,
         };
         let started = Instant::now();
@@ -130,12 +134,12 @@ impl Shared {
         let Answer {
             origin: Origin { reply, asked },
             upstream,
-            msg,
+            rcode: code,
+            addresses,
             question,
             answered,
             cached,
         } = answer;
-        let code = u16::from(msg.metadata.response_code);
         if result == QueryResult::Answered
             && !cached
             && let Some(cache) = &self.cache
@@ -180,7 +184,7 @@ impl Shared {
             rcode: Some(code),
             upstream: Some(upstream),
             hold,
-            answer: Some(&msg),
+            addresses: Some(addresses),
         };
         self.finish_admitted(&asked, outcome);
     }
@@ -223,7 +227,7 @@ impl Shared {
             rcode: Some(code.into()),
             upstream: Some(upstream),
             hold,
-            answer: None,
+            addresses: None,
         };
         self.finish_admitted(&asked, outcome);
     }

@@ -103,7 +103,7 @@ impl Shared {
             rcode: code,
             upstream: Some(upstream),
             hold: Duration::ZERO,
-            answer: None,
+            addresses: None,
         };
         self.finish_admitted(&asked, outcome);
     }

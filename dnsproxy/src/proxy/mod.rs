@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use hickory_proto::op::Message;
+use fqdnd_dnswire::{Decoded, TYPE_A, TYPE_AAAA};
 use hickory_proto::rr::RecordType;
 use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
@@ -111,6 +111,8 @@ pub(crate) struct Worker {
     pub(crate) pending: tokio::task::JoinSet<()>,
     /// A cached answer being served.
     cached: Vec<u8>,
+    /// Decodes the cached answers served, for the observer.
+    decoder: fqdnd_dnswire::Decoder,
 }
 
 impl Worker {
@@ -126,6 +128,7 @@ impl Worker {
             replies: Replies::new(0),
             pending: tokio::task::JoinSet::new(),
             cached: Vec::new(),
+            decoder: fqdnd_dnswire::Decoder::new(),
         }
     }
 
@@ -191,22 +194,23 @@ pub(crate) enum Handled {
 }
 
 /// How a query ended, for metrics and the query log.
-struct Outcome<'a> {
+struct Outcome {
     result: QueryResult,
     rcode: Option<u16>,
     upstream: Option<SocketAddr>,
     hold: Duration,
-    answer: Option<&'a Message>,
+    /// The A and AAAA records of the answer section, when there was an answer.
+    addresses: Option<usize>,
 }
 
-impl Outcome<'_> {
+impl Outcome {
     fn local(result: QueryResult, rcode: Option<u8>) -> Self {
         Self {
             result,
             rcode: rcode.map(u16::from),
             upstream: None,
             hold: Duration::ZERO,
-            answer: None,
+            addresses: None,
         }
     }
 }
@@ -215,13 +219,25 @@ impl Outcome<'_> {
 struct Answer {
     origin: Origin,
     upstream: SocketAddr,
-    msg: Message,
+    /// The RCODE, with an OPT record's upper bits.
+    rcode: u16,
+    /// The A and AAAA records of the answer section (for the query log).
+    addresses: usize,
     /// The answer's question.
     question: Question,
     /// When it arrived (for a cached answer: when it was taken from the cache).
     answered: Instant,
     /// Served from the answer cache (not stored again).
     cached: bool,
+}
+
+/// The A and AAAA records of a decoded answer section.
+fn addresses(decoded: &Decoded) -> usize {
+    decoded
+        .answers
+        .iter()
+        .filter(|r| matches!(r.rtype, TYPE_A | TYPE_AAAA))
+        .count()
 }
 
 /// Receive errors that concern one packet or an ICMP report, not the socket.
@@ -342,7 +358,7 @@ impl Shared {
     }
 
     /// A forwarded query ended.
-    fn finish_admitted(&self, asked: &Asked, outcome: Outcome<'_>) {
+    fn finish_admitted(&self, asked: &Asked, outcome: Outcome) {
         self.finish(
             asked.client,
             asked.transport,
@@ -363,17 +379,12 @@ impl Shared {
         name: &str,
         qtype: Option<RecordType>,
         received: Instant,
-        outcome: Outcome<'_>,
+        outcome: Outcome,
     ) {
         self.metrics.query(outcome.result);
         let Some(log) = &self.query_log else { return };
         let total = received.elapsed();
-        let answers = outcome.answer.map_or(0, |m| {
-            m.answers
-                .iter()
-                .filter(|r| matches!(r.record_type(), RecordType::A | RecordType::AAAA))
-                .count()
-        });
+        let answers = outcome.addresses.unwrap_or(0);
         log.record(QueryLogEntry {
             time_ms: epoch_ms().saturating_sub(u64::try_from(total.as_millis()).unwrap_or(0)),
             client,

@@ -6,10 +6,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use fqdnd_dnswire::Decoder;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::{Answer, BATCH, ERROR_PAUSE, Replies, Shared, Slow, is_transient};
+use super::{Answer, BATCH, ERROR_PAUSE, Replies, Shared, Slow, addresses, is_transient};
 use crate::answer::{self, Validated};
 use crate::batch::RecvBatch;
 use crate::config::TruncatedAction;
@@ -29,6 +30,7 @@ impl Shared {
     ) -> Result<(), crate::Error> {
         let mut batch = RecvBatch::new(false);
         let mut replies = Replies::new(self.udp.len());
+        let mut decoder = Decoder::new();
         let mut pending = JoinSet::new();
         loop {
             tokio::select! {
@@ -58,7 +60,14 @@ impl Shared {
                         break;
                     };
                     if let Some(task) = self
-                        .on_answer(&upstream, &socket, raw, got.from, &mut replies)
+                        .on_answer(
+                            &upstream,
+                            &socket,
+                            raw,
+                            got.from,
+                            &mut decoder,
+                            &mut replies,
+                        )
                         .await
                     {
                         pending.spawn(task);
@@ -89,6 +98,7 @@ impl Shared {
         socket: &UpstreamSocket,
         raw: &mut [u8],
         from: SocketAddr,
+        decoder: &mut Decoder,
         replies: &mut Replies,
     ) -> Option<Slow> {
         if from != upstream.addr {
@@ -96,9 +106,8 @@ impl Shared {
             return None;
         }
         let answered = Instant::now();
-        let validated = answer::validate(raw, socket);
+        let validated = answer::validate(raw, socket, decoder);
         let Validated {
-            msg,
             entry,
             question: answer_question,
             len,
@@ -119,7 +128,8 @@ impl Shared {
         self.metrics.upstream_latency.record(rtt.as_secs_f64());
         let pass_through = origin.asked.transport == Transport::Udp
             && self.config.on_truncated == TruncatedAction::PassThrough;
-        if msg.metadata.truncation && !pass_through {
+        let decoded = decoder.decoded();
+        if decoded.header.truncated && !pass_through {
             return Some(Box::pin(self.clone().retry_tcp(
                 upstream.clone(),
                 origin,
@@ -130,12 +140,14 @@ impl Shared {
         let answer = Answer {
             origin,
             upstream: upstream.addr,
-            msg,
+            rcode: decoded.rcode,
+            addresses: addresses(decoded),
             question,
             answered,
             cached: false,
         };
-        self.observe_and_reply(answer, raw, Some(replies)).await
+        self.observe_and_reply(answer, raw, decoded, Some(replies))
+            .await
     }
 
     pub(super) fn dropped(&self, reason: DropReason, upstream: SocketAddr) {

@@ -5,12 +5,12 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use hickory_proto::op::Message;
+use fqdnd_dnswire::Decoder;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::{Answer, Shared};
+use super::{Answer, Shared, addresses};
 use crate::ids::IdSource;
 use crate::metrics::DropReason;
 use crate::question::Question;
@@ -32,19 +32,24 @@ impl Shared {
         let id = IdSource::new().next_id();
         wire::set_id(&mut query, id);
         let exchange = self.tcp_exchange(upstream, &query, id, question);
+        let mut decoder = Decoder::new();
         let failure = match tokio::time::timeout(self.config.upstream_timeout, exchange).await {
-            Ok(Ok(mut raw)) => match (Message::from_vec(&raw), Question::parse(&raw)) {
-                (Ok(msg), Some(answer_question)) => {
+            Ok(Ok(mut raw)) => match (decoder.decode_whole(&raw), Question::parse(&raw)) {
+                (Ok(decoded), Some(answer_question)) => {
                     let answered = Instant::now();
                     let answer = Answer {
                         origin,
                         upstream,
-                        msg,
+                        rcode: decoded.rcode,
+                        addresses: addresses(decoded),
                         question: answer_question,
                         answered,
                         cached: false,
                     };
-                    if let Some(pending) = self.observe_and_reply(answer, &mut raw, None).await {
+                    if let Some(pending) = self
+                        .observe_and_reply(answer, &mut raw, decoded, None)
+                        .await
+                    {
                         pending.await;
                     }
                     return;

@@ -121,19 +121,20 @@ impl TestObserver {
 
 impl ResponseObserver for TestObserver {
     fn observe(&self, answer: &ResponseContext<'_>) -> Observation {
+        // Every section, TTLs as sent (the proxy decodes the answers only).
+        let response = Message::from_vec(answer.bytes).expect("the observer gets a whole message");
         self.seen.lock().unwrap().push(Observed {
             name: answer.name.to_owned(),
             tag: answer.tag,
             transport: answer.transport,
-            rcode: answer.response.metadata.response_code,
-            truncated: answer.response.metadata.truncation,
+            rcode: response.metadata.response_code,
+            truncated: answer.response.header.truncated,
             answers: answer.response.answers.len(),
             upstream: answer.upstream,
-            ttls: answer
-                .response
+            ttls: response
                 .answers
                 .iter()
-                .chain(&answer.response.authorities)
+                .chain(&response.authorities)
                 .map(|r| r.ttl)
                 .collect(),
         });

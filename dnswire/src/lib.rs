@@ -1,6 +1,11 @@
-//! A small DNS message decoder: the header, the question and the answer section, which is all
-//! replay needs. It never panics and never allocates once its buffers have grown to the largest
-//! message seen (a [`Decoder`] is reused across messages).
+//! DNS messages on the wire, read without allocating: the header, the question and the answer
+//! section decoded (names to canonical text), the other sections checked for shape. Shared by
+//! the proxy (every upstream answer) and replay (every captured message), so both read an
+//! answer the same way.
+//!
+//! This crate owns the decoding only. It must never allocate per message once a [`Decoder`]'s
+//! buffers have grown to the largest message seen, never panic on any input, and never know
+//! about policy, the engine or sockets.
 //!
 //! Names are decoded to canonical text (ASCII-lowercase, trailing dot). A label byte that
 //! cannot appear in presentation form as it is (a dot, a space, a non-printable byte) is written
@@ -10,6 +15,7 @@
 //!
 //! Only records of class IN are kept with their data (A, AAAA, and names for CNAME, DNAME, NS
 //! and PTR); other records keep their raw RDATA for comparisons.
+#![forbid(unsafe_code)]
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::ops::Range;
@@ -26,6 +32,8 @@ pub const TYPE_PTR: u16 = 12;
 pub const TYPE_AAAA: u16 = 28;
 /// Record type DNAME.
 pub const TYPE_DNAME: u16 = 39;
+/// Record type OPT (EDNS, RFC 6891).
+pub const TYPE_OPT: u16 = 41;
 /// Class IN.
 pub const CLASS_IN: u16 = 1;
 
@@ -59,6 +67,9 @@ pub enum DnsError {
     /// A record's data does not fit its type (an A record that is not 4 bytes long, …).
     #[error("record data does not fit its type")]
     BadRdata,
+    /// More than one OPT record (RFC 6891 §6.1.1).
+    #[error("more than one OPT record")]
+    DuplicateOpt,
 }
 
 /// The fixed header.
@@ -144,6 +155,9 @@ pub struct Decoded {
     pub answers: Vec<Rr>,
     /// Every decoded name, back to back.
     pub text: String,
+    /// The RCODE: with [`Decoder::decode_whole`] including the upper 8 bits an OPT record
+    /// carries (RFC 6891 §6.1.3), otherwise the header's 4 bits.
+    pub rcode: u16,
 }
 
 impl Decoded {
@@ -170,36 +184,105 @@ impl Decoder {
         Self::default()
     }
 
+    /// The message decoded last (empty before the first; after an error, whatever was decoded
+    /// of it).
+    pub fn decoded(&self) -> &Decoded {
+        &self.out
+    }
+
     /// Decodes `msg`: header, one question, and the answer section (the authority and
     /// additional sections are not read).
+    ///
+    /// # Errors
+    /// Not exactly one question, or the header, the question or an answer is malformed.
     pub fn decode(&mut self, msg: &[u8]) -> Result<&Decoded, DnsError> {
+        if Header::parse(msg)?.qdcount != 1 {
+            return Err(DnsError::QuestionCount);
+        }
+        self.decode_sections(msg)?;
+        Ok(&self.out)
+    }
+
+    /// Decodes `msg` as [`Decoder::decode`] does, with any number of questions (the first is
+    /// decoded; without one, [`Decoded::qname`] is empty), and checks the authority and
+    /// additional sections as well: every record's name and length (the data of A, AAAA and
+    /// name-typed records of class IN as in the answer section), at most one OPT record, whose
+    /// upper RCODE bits go into [`Decoded::rcode`]. So a message is taken only when every
+    /// record in it is well-formed. Bytes after the last record are ignored, as hickory-proto
+    /// ignores them.
+    ///
+    /// # Errors
+    /// The header, a question or any record is malformed, or there are two OPT records.
+    pub fn decode_whole(&mut self, msg: &[u8]) -> Result<&Decoded, DnsError> {
+        let mut pos = self.decode_sections(msg)?;
+        let out = &mut self.out;
+        let answers_text = out.text.len();
+        let rest = u32::from(out.header.nscount) + u32::from(out.header.arcount);
+        let mut opt = None;
+        for _ in 0..rest {
+            let rr = read_rr(msg, &mut pos, &mut out.text)?;
+            out.text.truncate(answers_text);
+            if rr.rtype == TYPE_OPT {
+                if opt.is_some() {
+                    return Err(DnsError::DuplicateOpt);
+                }
+                opt = Some(rr.ttl_raw >> 24);
+            }
+        }
+        if let Some(high) = opt {
+            // `ttl_raw >> 24` fits in 8 bits.
+            out.rcode |= u16::try_from(high).unwrap_or(0) << 4;
+        }
+        Ok(&self.out)
+    }
+
+    /// Header, questions (the first decoded, the others checked) and answers; returns where
+    /// the authority section begins.
+    fn decode_sections(&mut self, msg: &[u8]) -> Result<usize, DnsError> {
         let out = &mut self.out;
         out.answers.clear();
         out.text.clear();
         out.header = Header::parse(msg)?;
-        if out.header.qdcount != 1 {
-            return Err(DnsError::QuestionCount);
-        }
+        out.rcode = u16::from(out.header.rcode);
+        out.qname = 0..0;
+        out.qtype = 0;
+        out.qclass = 0;
         let mut pos = 12;
-        out.qname = read_name(msg, &mut pos, &mut out.text)?;
-        let q = msg.get(pos..pos + 4).ok_or(DnsError::Truncated)?;
-        out.qtype = u16::from_be_bytes([q[0], q[1]]);
-        out.qclass = u16::from_be_bytes([q[2], q[3]]);
-        pos += 4;
+        for i in 0..out.header.qdcount {
+            let start = out.text.len();
+            let name = read_name(msg, &mut pos, &mut out.text)?;
+            let q = msg.get(pos..pos + 4).ok_or(DnsError::Truncated)?;
+            pos += 4;
+            if i == 0 {
+                out.qname = name;
+                out.qtype = u16::from_be_bytes([q[0], q[1]]);
+                out.qclass = u16::from_be_bytes([q[2], q[3]]);
+            } else {
+                out.text.truncate(start);
+            }
+        }
         for _ in 0..out.header.ancount {
             let rr = read_rr(msg, &mut pos, &mut out.text)?;
-            out.answers.push(rr);
+            out.answers.push(rr.rr);
         }
-        Ok(&self.out)
+        Ok(pos)
     }
 }
 
-fn read_rr(msg: &[u8], pos: &mut usize, text: &mut String) -> Result<Rr, DnsError> {
+/// A record as read, with its TTL field as sent (for OPT, the extended RCODE and flags).
+struct ReadRr {
+    rr: Rr,
+    rtype: u16,
+    ttl_raw: u32,
+}
+
+fn read_rr(msg: &[u8], pos: &mut usize, text: &mut String) -> Result<ReadRr, DnsError> {
     let owner = read_name(msg, pos, text)?;
     let f = msg.get(*pos..*pos + 10).ok_or(DnsError::Truncated)?;
     let rtype = u16::from_be_bytes([f[0], f[1]]);
     let class = u16::from_be_bytes([f[2], f[3]]);
-    let ttl = u32::from_be_bytes([f[4], f[5], f[6], f[7]]) & 0x7fff_ffff;
+    let ttl_raw = u32::from_be_bytes([f[4], f[5], f[6], f[7]]);
+    let ttl = ttl_raw & 0x7fff_ffff;
     let rdlen = usize::from(u16::from_be_bytes([f[8], f[9]]));
     let start = *pos + 10;
     let end = start + rdlen;
@@ -224,12 +307,16 @@ fn read_rr(msg: &[u8], pos: &mut usize, text: &mut String) -> Result<Rr, DnsErro
         _ => Data::Raw(start..end),
     };
     *pos = end;
-    Ok(Rr {
-        owner,
+    Ok(ReadRr {
+        rr: Rr {
+            owner,
+            rtype,
+            class,
+            ttl,
+            data,
+        },
         rtype,
-        class,
-        ttl,
-        data,
+        ttl_raw,
     })
 }
 
@@ -283,6 +370,24 @@ fn read_name(msg: &[u8], pos: &mut usize, text: &mut String) -> Result<Range<usi
 }
 
 fn push_label(text: &mut String, label: &[u8]) {
+    // The common label: printable ASCII with nothing to escape, copied at once.
+    let plain = label
+        .iter()
+        .all(|&b| matches!(b, 0x21..=0x7e) && b != b'.' && b != b'\\');
+    if plain && let Ok(ascii) = std::str::from_utf8(label) {
+        let start = text.len();
+        text.push_str(ascii);
+        if let Some(pushed) = text.get_mut(start..) {
+            pushed.make_ascii_lowercase();
+        }
+        text.push('.');
+        return;
+    }
+    push_label_escaped(text, label);
+}
+
+/// [`push_label`] byte by byte, escaping what presentation form cannot hold as it is.
+fn push_label_escaped(text: &mut String, label: &[u8]) {
     for &b in label {
         match b {
             b'A'..=b'Z' => text.push(char::from(b.to_ascii_lowercase())),
@@ -443,5 +548,90 @@ mod tests {
         assert_eq!(d.decode(&m).unwrap().qname(), "a\\.b.c\\032d.");
         let root = response(&[0], &[]);
         assert_eq!(d.decode(&root).unwrap().qname(), ".");
+    }
+
+    /// An OPT record (root owner, payload size 1232) with `ttl` as the extended-RCODE field.
+    fn opt(ttl: u32) -> Vec<u8> {
+        let mut r = vec![0, 0, 41, 0x04, 0xd0];
+        r.extend_from_slice(&ttl.to_be_bytes());
+        r.extend_from_slice(&[0, 0]);
+        r
+    }
+
+    fn with_additional(mut m: Vec<u8>, records: &[Vec<u8>]) -> Vec<u8> {
+        m[11] = u8::try_from(records.len()).unwrap();
+        for r in records {
+            m.extend_from_slice(r);
+        }
+        m
+    }
+
+    #[test]
+    fn decode_whole_reads_the_extended_rcode_from_opt() {
+        let q = name(&[b"a", b"test"]);
+        // BADVERS = 16: upper bits 1 in the OPT, lower bits 0 in the header.
+        let m = with_additional(response(&q, &[]), &[opt(1 << 24)]);
+        let mut d = Decoder::new();
+        assert_eq!(d.decode_whole(&m).unwrap().rcode, 16);
+        assert_eq!(d.decode(&m).unwrap().rcode, 0);
+        let two = with_additional(response(&q, &[]), &[opt(0), opt(0)]);
+        assert_eq!(d.decode_whole(&two).unwrap_err(), DnsError::DuplicateOpt);
+    }
+
+    #[test]
+    fn decode_whole_refuses_a_malformed_record_after_the_answers() {
+        let q = name(&[b"a", b"test"]);
+        let good = response(&q, &[a_rr_ptr(12, 60, [192, 0, 2, 1])]);
+        let mut d = Decoder::new();
+        // An additional A record of 3 bytes.
+        let mut bad = a_rr_ptr(12, 60, [192, 0, 2, 1]);
+        bad.truncate(bad.len() - 1);
+        bad[11] = 3;
+        let m = with_additional(good.clone(), &[bad]);
+        assert!(d.decode(&m).is_ok(), "decode reads the answers only");
+        assert_eq!(d.decode_whole(&m).unwrap_err(), DnsError::BadRdata);
+        // Cut inside the additional section.
+        let m = with_additional(good.clone(), &[opt(0)]);
+        assert_eq!(
+            d.decode_whole(&m[..m.len() - 3]).unwrap_err(),
+            DnsError::Truncated
+        );
+        // Trailing bytes are ignored; the answers' names are all that is in `text`.
+        let mut m = with_additional(good, &[opt(0)]);
+        m.extend_from_slice(&[1, 2, 3]);
+        let out = d.decode_whole(&m).unwrap();
+        assert_eq!(out.text, "a.test.a.test.");
+        assert_eq!(out.answers.len(), 1);
+    }
+
+    #[test]
+    fn decode_whole_takes_any_number_of_questions() {
+        let mut d = Decoder::new();
+        let none = vec![0, 0, 0x81, 0x80, 0, 0, 0, 0, 0, 0, 0, 0];
+        let out = d.decode_whole(&none).unwrap();
+        assert_eq!((out.qname(), out.qtype), ("", 0));
+        let mut two = response(&name(&[b"a"]), &[]);
+        two[5] = 2;
+        two.extend_from_slice(&name(&[b"b"]));
+        two.extend_from_slice(&[0, 28, 0, 1]);
+        let out = d.decode_whole(&two).unwrap();
+        assert_eq!((out.qname(), out.qtype, out.text.as_str()), ("a.", 1, "a."));
+        assert_eq!(d.decode(&two).unwrap_err(), DnsError::QuestionCount);
+    }
+
+    proptest::proptest! {
+        /// The copy-at-once path writes exactly what the byte-by-byte path writes.
+        #[test]
+        fn plain_labels_are_written_as_escaping_writes_them(
+            label in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+            plain in "[!-~]{0,63}",
+        ) {
+            for label in [label.as_slice(), plain.as_bytes()] {
+                let (mut fast, mut slow) = (String::from("x."), String::from("x."));
+                push_label(&mut fast, label);
+                push_label_escaped(&mut slow, label);
+                proptest::prop_assert_eq!(fast, slow);
+            }
+        }
     }
 }
