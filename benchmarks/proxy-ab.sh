@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# proxy-ab.sh — two fqdnd builds side by side on vs-peers.sh's set-up (same NSD upstream, same
+# 2k-suffix policy, full FQDN engine): each build's gateway in turn, alternated ROUNDS times,
+# saturated by dnsperf for DURATION seconds. Prints per run the QPS and the gateway's CPU µs
+# per answered query (utime+stime from /proc: the figure to compare on a shared machine).
+#
+#   benchmarks/proxy-ab.sh BEFORE_BIN AFTER_BIN
+#
+# Knobs (env): ROUNDS=3, DURATION=8, MODES="nocache cached", RUN=/tmp/fqdnd-proxy-ab.
+# Last lines: `proxy-ab <mode> <before|after>: median qps Q, median cpu us/q C`.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+[ $# -eq 2 ] || { echo "usage: $0 BEFORE_BIN AFTER_BIN" >&2; exit 2; }
+BEFORE="$1" AFTER="$2"
+ROUNDS="${ROUNDS:-3}" DURATION_AB="${DURATION:-8}" MODES_AB="${MODES:-nocache cached}"
+export RUN="${RUN:-/tmp/fqdnd-proxy-ab}"
+# vs-peers.sh's functions (setup, need, wait_port, field), without running its main.
+# shellcheck source=/dev/null
+source <(sed 's/^main "\$@"$//' "$HERE/vs-peers.sh")
+need
+setup
+nsd -c "$RUN/nsd.conf" -d >"$RUN/nsd.out" 2>&1 & PIDS+=($!)
+wait_port "$AUTH"
+
+one() { # bin mode -> "qps cpu_us_per_query"
+  local conf="$RUN/fqdnd.yaml" port=$FQDND pid t0 t1 out="$RUN/ab.txt"
+  if [[ $2 == cached ]]; then conf="$RUN/fqdnd-cached.yaml" port=$FQDND_CACHED; fi
+  "$1" gateway --config "$conf" 2>"$RUN/gateway.err" & pid=$!
+  wait_port "$port"
+  timeout 60 dnsperf -s 127.0.0.1 -p "$port" -d "$RUN/queries.txt" -n 1 -c 1 -q 100 >/dev/null 2>&1 || true
+  t0=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+  timeout $((DURATION_AB + 30)) dnsperf -s 127.0.0.1 -p "$port" -d "$RUN/queries.txt" -l "$DURATION_AB" \
+    -c "$CLIENTS" -q "$OUTSTANDING" -t 2 >"$out" 2>&1 || true
+  t1=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+  awk -v q="$(field 'Queries per second' "$out")" -v n="$(field 'Queries completed' "$out" | awk '{print $1}')" \
+    -v t=$((t1 - t0)) -v hz="$(getconf CLK_TCK)" 'BEGIN{ printf "%.0f %.2f\n", q, (n > 0 ? t * 1e6 / hz / n : 0) }'
+}
+
+median() { sort -g | awk '{v[NR]=$1} END{print v[int((NR+1)/2)]}'; }
+for mode in $MODES_AB; do
+  : >"$RUN/$mode-before" && : >"$RUN/$mode-after"
+  for _ in $(seq "$ROUNDS"); do
+    for side in before after; do
+      bin=$BEFORE; [[ $side == after ]] && bin=$AFTER
+      read -r q c < <(one "$bin" "$mode")
+      echo "$mode $side: $q qps, $c us/q"
+      echo "$q $c" >>"$RUN/$mode-$side"
+    done
+  done
+done
+for mode in $MODES_AB; do
+  for side in before after; do
+    echo "proxy-ab $mode $side: median qps $(cut -d' ' -f1 "$RUN/$mode-$side" | median), median cpu us/q $(cut -d' ' -f2 "$RUN/$mode-$side" | median)"
+  done
+done
