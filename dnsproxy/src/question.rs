@@ -117,22 +117,7 @@ impl Question {
             if len == 0 {
                 break;
             }
-            for &b in &name[pos + 1..pos + 1 + len] {
-                match b {
-                    b'.' | b'\\' => {
-                        out.push('\\');
-                        out.push(char::from(b));
-                    }
-                    0x21..=0x7e => out.push(char::from(b.to_ascii_lowercase())),
-                    _ => {
-                        out.push('\\');
-                        out.push(char::from(b'0' + b / 100));
-                        out.push(char::from(b'0' + (b / 10) % 10));
-                        out.push(char::from(b'0' + b % 10));
-                    }
-                }
-            }
-            out.push('.');
+            fqdnd_dnswire::push_label(out, &name[pos + 1..pos + 1 + len]);
             pos += 1 + len;
         }
         if out.is_empty() {

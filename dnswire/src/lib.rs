@@ -369,7 +369,11 @@ fn read_name(msg: &[u8], pos: &mut usize, text: &mut String) -> Result<Range<usi
     Ok(start..text.len())
 }
 
-fn push_label(text: &mut String, label: &[u8]) {
+/// Appends one label (its bytes, without the length) to `text` in canonical form, then a dot:
+/// ASCII lowercase; `.` and `\` inside the label escaped as `\.` and `\\`, bytes that are not
+/// printable ASCII as `\DDD`, so that distinct names stay distinct. How every name this crate
+/// decodes is written, and how the proxy writes a query's name.
+pub fn push_label(text: &mut String, label: &[u8]) {
     // The common label: printable ASCII with nothing to escape, copied at once.
     let plain = label
         .iter()
