@@ -6,7 +6,7 @@
 //! packet meets an identity its endpoint's policy has not learned yet.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 use prefix_trie::joint::map::JointPrefixMap;
@@ -14,6 +14,7 @@ use prefix_trie::joint::map::JointPrefixMap;
 use crate::endpoint::EndpointId;
 use crate::error::DatapathError;
 use crate::identity::Identity;
+use crate::metadata::host_prefix;
 use crate::policy::{Direction, Protocol};
 
 /// One entry of an endpoint's policy map, in one direction.
@@ -218,8 +219,14 @@ pub trait Datapath {
 
 /// A datapath held in memory: an LPM ipcache and per-endpoint policy sets, with the same
 /// lookup semantics as the kernel programs. Used by replay and tests.
+///
+/// Host prefixes (/32, /128: every address DNS taught) are kept in a hash map apart from the
+/// LPM trie of the others: an exact address is the longest match there can be, and a
+/// million of them go in without a trie walk each.
 #[derive(Debug, Default)]
 pub struct MemoryDatapath {
+    hosts4: hashbrown::HashMap<u32, Identity>,
+    hosts6: hashbrown::HashMap<u128, Identity>,
     ipcache: JointPrefixMap<IpNet, Identity>,
     policy: BTreeMap<EndpointId, BTreeSet<PolicyKey>>,
     batches: u64,
@@ -228,6 +235,13 @@ pub struct MemoryDatapath {
 impl MemoryDatapath {
     /// The identity the datapath gives a destination address (world when unknown).
     pub fn identity_of(&self, addr: IpAddr) -> Identity {
+        let host = match addr {
+            IpAddr::V4(a) => self.hosts4.get(&a.to_bits()),
+            IpAddr::V6(a) => self.hosts6.get(&a.to_bits()),
+        };
+        if let Some(id) = host {
+            return *id;
+        }
         let host = IpNet::from(addr);
         self.ipcache
             .get_lpm(&host)
@@ -266,7 +280,16 @@ impl MemoryDatapath {
 
     /// The ipcache entries, ordered by prefix.
     pub fn ipcache(&self) -> BTreeMap<IpNet, Identity> {
-        self.ipcache.iter().map(|(p, id)| (p, *id)).collect()
+        let v4 = self
+            .hosts4
+            .iter()
+            .map(|(a, id)| (host_prefix(Ipv4Addr::from_bits(*a).into()), *id));
+        let v6 = self
+            .hosts6
+            .iter()
+            .map(|(a, id)| (host_prefix(Ipv6Addr::from_bits(*a).into()), *id));
+        let others = self.ipcache.iter().map(|(p, id)| (p, *id));
+        others.chain(v4).chain(v6).collect()
     }
 
     /// An endpoint's policy entries.
@@ -288,12 +311,28 @@ impl Datapath for MemoryDatapath {
                 DatapathChange::PolicyUpsert { endpoint, key } => {
                     self.policy.entry(*endpoint).or_default().insert(*key);
                 }
-                DatapathChange::IpcacheUpsert { prefix, identity } => {
-                    self.ipcache.insert(*prefix, *identity);
-                }
-                DatapathChange::IpcacheDelete { prefix } => {
-                    self.ipcache.remove(prefix);
-                }
+                DatapathChange::IpcacheUpsert { prefix, identity } => match host(prefix) {
+                    Some(IpAddr::V4(a)) => {
+                        self.hosts4.insert(a.to_bits(), *identity);
+                    }
+                    Some(IpAddr::V6(a)) => {
+                        self.hosts6.insert(a.to_bits(), *identity);
+                    }
+                    None => {
+                        self.ipcache.insert(*prefix, *identity);
+                    }
+                },
+                DatapathChange::IpcacheDelete { prefix } => match host(prefix) {
+                    Some(IpAddr::V4(a)) => {
+                        self.hosts4.remove(&a.to_bits());
+                    }
+                    Some(IpAddr::V6(a)) => {
+                        self.hosts6.remove(&a.to_bits());
+                    }
+                    None => {
+                        self.ipcache.remove(prefix);
+                    }
+                },
                 DatapathChange::PolicyDelete { endpoint, key } => {
                     if let Some(keys) = self.policy.get_mut(endpoint) {
                         keys.remove(key);
@@ -306,6 +345,11 @@ impl Datapath for MemoryDatapath {
         }
         Ok(())
     }
+}
+
+/// The address of a host prefix (/32, /128).
+fn host(prefix: &IpNet) -> Option<IpAddr> {
+    (prefix.prefix_len() == prefix.max_prefix_len()).then(|| prefix.addr())
 }
 
 /// A datapath that only counts what it is given: for measuring the engine's own memory.
