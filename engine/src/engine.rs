@@ -14,7 +14,9 @@ use std::time::Duration;
 use fqdnd_config::Settings;
 use fqdnd_ipcache::policy::Rule;
 use fqdnd_ipcache::{Datapath, Endpoint, EndpointId, EndpointLabel, Identity, IpCache};
-use fqdnd_namemgr::{Connections, FqdnSelector, GcStats, Learned, NameManager};
+use fqdnd_namemgr::{
+    Connections, FqdnSelector, GcStats, Learned, NameManager, Restore, RestoreStats,
+};
 use ipnet::IpNet;
 use serde::Serialize;
 
@@ -354,6 +356,24 @@ impl<D: Datapath> Engine<D> {
         Ok(self
             .names
             .observe(endpoint, name, addrs, ttl, now, &mut self.ipcache)?)
+    }
+
+    /// Learns a restored DNS cache (latest expiry first: what a bound leaves out is what
+    /// comes last) without committing; each answer that fails goes to `failed` with its
+    /// error. Into an empty cache the IpCache's side is done in one pass
+    /// ([`NameManager::restore`]).
+    ///
+    /// # Errors
+    /// The IpCache failed in a way no answer explains.
+    pub fn restore_answers(
+        &mut self,
+        answers: &[Restore<'_>],
+        now: Duration,
+        failed: impl FnMut(&Restore<'_>, fqdnd_namemgr::Error),
+    ) -> Result<RestoreStats, Error> {
+        Ok(self
+            .names
+            .restore(answers, now, &mut self.ipcache, failed)?)
     }
 
     /// Hands the pending changes to the datapath.

@@ -192,7 +192,7 @@ impl Identities<'_> {
 /// Borrows the fields identity changes touch, leaving `meta` free for the caller.
 macro_rules! identities {
     ($cache:ident) => {
-        Identities {
+        $crate::cache::Identities {
             labels: &mut $cache.labels,
             per_prefix: $cache.config.identity_per_prefix,
             alloc: &mut $cache.alloc,
@@ -208,6 +208,9 @@ macro_rules! identities {
         }
     };
 }
+
+mod bulk;
+pub use bulk::{Claims, ManyUpserted, NotApplied, Refused};
 
 /// Cluster mode's state: the numbers the cluster assigned, the other nodes' endpoints, and
 /// which prefixes carry which endpoint label set (to find them when a number changes).

@@ -32,7 +32,7 @@ mod metadata;
 pub mod policy;
 mod selector;
 
-pub use cache::{IpCache, Stats};
+pub use cache::{Claims, IpCache, ManyUpserted, NotApplied, Refused, Stats};
 pub use config::Config;
 pub use datapath::{
     CountingDatapath, Datapath, DatapathChange, MemoryDatapath, PolicyKey, verdict,

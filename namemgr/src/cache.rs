@@ -223,7 +223,12 @@ impl NameEntry {
 
     /// Where `addr` is, or would go.
     pub(crate) fn find(&self, addr: IpAddr) -> Result<usize, usize> {
-        self.ips.binary_search_by_key(&addr, |m| m.addr)
+        match self.ips.last() {
+            // Past the last one (a new name's sorted answer): no search.
+            Some(last) if last.addr < addr => Err(self.ips.len()),
+            None => Err(0),
+            Some(_) => self.ips.binary_search_by_key(&addr, |m| m.addr),
+        }
     }
 
     /// Whether `endpoint` has a record for this name.

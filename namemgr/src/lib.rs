@@ -31,7 +31,10 @@ pub use answer::{Answer, AnswerError, Record, RecordData};
 pub use cache::IpEntry;
 pub use config::Config;
 pub use error::{Breaker, Error};
-pub use manager::{BreakerTrips, CacheEntry, Connections, GcStats, Learned, NameManager, Stats};
+pub use manager::{
+    BreakerTrips, CacheEntry, Connections, GcStats, Learned, NameManager, OneByOne, Restore,
+    RestoreStats, Stats,
+};
 pub use matcher::{Matcher, SelectorId};
 pub use name::{DnsName, NameError, canonicalize};
 pub use pattern::{FqdnSelector, PatternError, SelectorKind};

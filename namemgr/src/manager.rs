@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fqdnd_ipcache::{
-    Datapath, EndpointId, IpCache, LabelId, LabelSet, OwnerId, OwnerKind, host_prefix,
+    Claims, Datapath, EndpointId, IpCache, LabelId, LabelSet, OwnerId, OwnerKind, host_prefix,
 };
 use smallvec::SmallVec;
 
@@ -18,6 +18,9 @@ use crate::error::{Breaker, Error};
 use crate::matcher::{Matcher, SelectorId};
 use crate::name::DnsName;
 use crate::pattern::FqdnSelector;
+
+mod restore;
+pub use restore::{OneByOne, Restore, RestoreStats};
 
 /// How often a tripped breaker may log a warning.
 const WARNING_INTERVAL: Duration = Duration::from_secs(10);
@@ -50,6 +53,15 @@ pub struct Learned {
 }
 
 impl Learned {
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: Self) {
+        self.new += other.new;
+        self.refreshed += other.refreshed;
+        self.revived += other.revived;
+        self.capped += other.capped;
+        self.rejected += other.rejected;
+    }
+
     /// Whether the answer taught state that must be durable before the reply is released
     /// (a refresh only extends a lifetime).
     pub fn is_new_state(&self) -> bool {
@@ -137,6 +149,9 @@ pub struct NameManager {
     entries: usize,
     stats: Stats,
     last_warning: Option<Duration>,
+    /// During a bulk restore: the IpCache claims of the mappings learned, applied at the end
+    /// in one pass (`restore`), instead of one upsert each.
+    deferred: Option<Claims>,
 }
 
 /// The IpCache owner of the name at `entry`, registered on first use.
@@ -184,6 +199,7 @@ impl NameManager {
             entries: 0,
             stats: Stats::default(),
             last_warning: None,
+            deferred: None,
         }
     }
 
@@ -332,6 +348,12 @@ impl NameManager {
         if !addrs.is_empty() {
             entry.last_lookup = secs(now);
         }
+        if entry.holds() == 0 {
+            // A new name: its list grows once, not step by step.
+            entry
+                .ips
+                .reserve(addrs.len().min(self.config.max_ips_per_name));
+        }
         for &addr in addrs {
             let at = match entry.find(addr) {
                 Ok(at) => {
@@ -384,7 +406,16 @@ impl NameManager {
             }
             if !entry.labels.is_empty() {
                 let owner = owner_of(entry, ipcache)?;
-                match ipcache.upsert_metadata(host_prefix(addr), owner, entry.labels.clone(), now) {
+                let upserted = match &mut self.deferred {
+                    Some(claims) => {
+                        claims.push(addr, owner, &entry.labels);
+                        Ok(())
+                    }
+                    None => {
+                        ipcache.upsert_metadata(host_prefix(addr), owner, entry.labels.clone(), now)
+                    }
+                };
+                match upserted {
                     Ok(()) => {}
                     Err(fqdnd_ipcache::Error::BreakerTripped { .. }) => {
                         learned.rejected += 1;

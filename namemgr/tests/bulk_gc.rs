@@ -9,113 +9,15 @@
     reason = "test code: a failed step should panic"
 )]
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use fqdnd_ipcache::{EndpointId, Identity, IpCache, MemoryDatapath};
-use fqdnd_namemgr::{Config, FqdnSelector, NameManager};
-use ipnet::IpNet;
+use common::{Engine, addr, name};
+use fqdnd_ipcache::EndpointId;
 use proptest::prelude::*;
-
-/// Names under two selectors (one matches all, one a subset), and one unselected.
-fn name(i: usize) -> String {
-    match i % 5 {
-        0 => format!("n{i}.other.test"),
-        1 | 2 => format!("n{i}.sub.example.com"),
-        _ => format!("n{i}.example.com"),
-    }
-}
-
-fn addr(i: u16) -> IpAddr {
-    if i % 7 == 6 {
-        IpAddr::from(std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, i))
-    } else {
-        IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + u32::from(i)))
-    }
-}
-
-struct Engine {
-    names: NameManager,
-    ipcache: IpCache<MemoryDatapath>,
-}
-
-impl Engine {
-    fn new() -> Self {
-        let mut ipcache = IpCache::new(fqdnd_ipcache::Config::default(), MemoryDatapath::default());
-        let mut names = NameManager::new(Config {
-            max_zombies: 8,
-            ..Config::default()
-        });
-        let selectors: Vec<FqdnSelector> = ["*.example.com", "**.sub.example.com"]
-            .iter()
-            .map(|s| FqdnSelector::match_pattern(s).unwrap())
-            .collect();
-        names
-            .set_selectors(&selectors, Duration::ZERO, &mut ipcache)
-            .unwrap();
-        Self { names, ipcache }
-    }
-
-    fn gc(&mut self, now: u64, in_use: &BTreeSet<IpAddr>) {
-        self.names
-            .gc(
-                Duration::from_secs(now),
-                &|a: IpAddr| in_use.contains(&a),
-                &mut self.ipcache,
-            )
-            .unwrap();
-        self.ipcache.commit().unwrap();
-    }
-
-    /// An identity's labels, sorted (label ids, and so their rendering order, depend on the
-    /// order selectors were registered in).
-    fn labels(&self, id: Identity) -> Option<BTreeSet<String>> {
-        let text = self.ipcache.labels_of(id)?;
-        Some(text.split(',').map(str::to_owned).collect())
-    }
-
-    /// Everything a GC pass can change, in a comparable form.
-    #[allow(clippy::type_complexity, reason = "a test's snapshot")]
-    fn state(
-        &self,
-    ) -> (
-        BTreeSet<(String, IpAddr, u32, bool)>,
-        Vec<(IpNet, Option<BTreeSet<String>>, usize)>,
-        usize,
-        usize,
-        usize,
-        BTreeSet<(IpAddr, Option<BTreeSet<String>>)>,
-    ) {
-        let entries = self
-            .names
-            .entries()
-            .map(|e| (e.name.to_owned(), e.ip.addr, e.ip.expires, e.zombie))
-            .collect();
-        let prefixes = self
-            .ipcache
-            .prefixes()
-            .map(|(p, id, owners)| (p, id.and_then(|id| self.labels(id)), owners.len()))
-            .collect();
-        let datapath = self
-            .ipcache
-            .prefixes()
-            .map(|(p, _, _)| {
-                let ip = p.addr();
-                let id = self.ipcache.datapath().identity_of(ip);
-                (ip, self.labels(id))
-            })
-            .collect();
-        (
-            entries,
-            prefixes,
-            self.names.ip_count(),
-            self.names.name_count(),
-            self.ipcache.allocator().len(),
-            datapath,
-        )
-    }
-}
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]

@@ -1,7 +1,9 @@
 //! Memory per cached (name, IP) entry and the cost of a full GC pass.
 //!
-//! `cargo run --release -p fqdnd-benchmarks --bin cache_memory -- [ENTRIES] [IPS_PER_NAME]`
-//! (defaults: 1,000,000 entries, 10 IPs per name). Fills the engine (NameManager + IpCache,
+//! `cargo run --release -p fqdnd-benchmarks --bin cache_memory -- [ENTRIES] [IPS_PER_NAME]
+//! [restore]` (defaults: 1,000,000 entries, 10 IPs per name; `restore`: fill the cache as a
+//! restart does, every answer in one `NameManager::restore` call, instead of answer by
+//! answer). Fills the engine (NameManager + IpCache,
 //! every name selected, the datapath counting only — in production its maps live in the
 //! kernel), reads VmRSS before and after, then times three GC passes: one that keeps
 //! everything, one where a tenth of the names (TTL 60 s) expire, and one where the rest expire.
@@ -45,7 +47,8 @@ impl Phase {
     }
 }
 use fqdnd_ipcache::{CountingDatapath, EndpointId, IpCache};
-use fqdnd_namemgr::{Config, FqdnSelector, NameManager};
+use fqdnd_namemgr::{Config, FqdnSelector, NameManager, Restore};
+use std::net::IpAddr;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -58,6 +61,7 @@ fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(10)
         .max(1);
+    let restore = args.get(3).is_some_and(|a| a == "restore");
     let mut ipcache = IpCache::new(
         fqdnd_ipcache::Config::default(),
         CountingDatapath::default(),
@@ -78,30 +82,50 @@ fn main() {
         .collect();
     let before = rss_bytes().unwrap_or(0);
     let start = Phase::start();
-    let mut ips = Vec::with_capacity(per_name as usize);
-    for (n, name) in name_list.iter().enumerate() {
-        ips.clear();
+    let ips_of = |n: usize| {
         let first = n as u32 * per_name;
-        ips.extend((first..(first + per_name).min(entries)).map(addr));
-        names
-            .observe(
-                EndpointId(1),
+        (first..(first + per_name).min(entries)).map(addr)
+    };
+    let ttl_of = |n: usize| if n.is_multiple_of(10) { 60 } else { 300 };
+    if restore {
+        // As a restart learns its state directory again: every answer in one call.
+        let all: Vec<Vec<IpAddr>> = (0..name_list.len()).map(|n| ips_of(n).collect()).collect();
+        let answers: Vec<Restore<'_>> = name_list
+            .iter()
+            .zip(&all)
+            .enumerate()
+            .map(|(n, (name, addrs))| Restore {
+                endpoint: EndpointId(1),
                 name,
-                &ips,
-                if n % 10 == 0 { 60 } else { 300 },
-                now,
-                &mut ipcache,
-            )
-            .expect("learn");
+                addrs,
+                ttl: ttl_of(n),
+            })
+            .collect();
+        let start = Phase::start();
+        let stats = names
+            .restore(&answers, now, &mut ipcache, |a, e| {
+                panic!("{}: {e}", a.name)
+            })
+            .expect("restore");
         ipcache.commit().expect("commit");
+        println!("restore: {} ({:?})", start.ms(), stats.one_by_one);
+    } else {
+        let mut ips = Vec::with_capacity(per_name as usize);
+        for (n, name) in name_list.iter().enumerate() {
+            ips.clear();
+            ips.extend(ips_of(n));
+            names
+                .observe(EndpointId(1), name, &ips, ttl_of(n), now, &mut ipcache)
+                .expect("learn");
+            ipcache.commit().expect("commit");
+        }
     }
     let fill_wall = start.wall.elapsed();
     let fill = start.ms();
-    drop(ips);
     let after = rss_bytes().unwrap_or(0);
     let mappings = names.mapping_count();
     assert_eq!(mappings, entries as usize);
-    let none = |_: std::net::IpAddr| false;
+    let none = |_: IpAddr| false;
     let start = Phase::start();
     let kept = names.gc(now, &none, &mut ipcache).expect("gc");
     ipcache.commit().expect("commit");

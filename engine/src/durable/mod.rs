@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use fqdnd_checkpoint::{Discarded, Journal, Options, Seq};
 use fqdnd_ipcache::{Datapath, EndpointId, Identity};
+use fqdnd_namemgr::Restore;
 use serde::{Deserialize, Serialize};
 
 use crate::{Clock, Engine, Error};
@@ -163,15 +164,25 @@ pub fn open(dir: &Path, strict: bool) -> Result<(Restored, Journal<Record>), Err
         } else {
             n.endpoints
         };
-        // One answer per (endpoint, expiry): the addresses of a name mostly share theirs.
-        let mut by_expiry: BTreeMap<u64, Vec<IpAddr>> = BTreeMap::new();
-        for (addr, expires) in n.addrs {
-            by_expiry.entry(expires).or_default().push(addr);
-        }
-        for ep in endpoints {
-            for (expires, addrs) in &by_expiry {
-                answers.push((EndpointId(ep), n.name.clone(), addrs.clone(), *expires));
+        // One answer per (endpoint, expiry); the last one takes the name and the addresses
+        // instead of a copy (most names have one endpoint and one expiry).
+        let groups = by_expiry(n.addrs);
+        let Some((last, others)) = endpoints.split_last() else {
+            continue;
+        };
+        for ep in others {
+            for (expires, addrs) in &groups {
+                answers.push((EndpointId(*ep), n.name.clone(), addrs.clone(), *expires));
             }
+        }
+        let mut name = n.name;
+        let mut groups = groups.into_iter().peekable();
+        while let Some((expires, addrs)) = groups.next() {
+            let name = match groups.peek() {
+                Some(_) => name.clone(),
+                None => std::mem::take(&mut name),
+            };
+            answers.push((EndpointId(*last), name, addrs, expires));
         }
     }
     let records = recovered.records.len();
@@ -207,6 +218,22 @@ pub fn open(dir: &Path, strict: bool) -> Result<(Restored, Journal<Record>), Err
     Ok((restored, journal))
 }
 
+/// A name's addresses grouped by expiry, in expiry order (one group, without a map, when
+/// they share one).
+fn by_expiry(addrs: Vec<(IpAddr, u64)>) -> Vec<(u64, Vec<IpAddr>)> {
+    let first = addrs.first().map(|(_, expires)| *expires);
+    if let Some(expires) = first
+        && addrs.iter().all(|(_, e)| *e == expires)
+    {
+        return vec![(expires, addrs.into_iter().map(|(addr, _)| addr).collect())];
+    }
+    let mut groups: BTreeMap<u64, Vec<IpAddr>> = BTreeMap::new();
+    for (addr, expires) in addrs {
+        groups.entry(expires).or_default().push(addr);
+    }
+    groups.into_iter().collect()
+}
+
 impl Restored {
     /// Gives the restored label sets their numbers back (until
     /// [`IpCache::finish_restore`](fqdnd_ipcache::IpCache::finish_restore)); call before the
@@ -231,13 +258,22 @@ impl Restored {
         // Latest expiry first: when a bound (maxCacheEntries, the per-name and per-endpoint
         // breakers) is reached during the restore, what is left out is what expires first
         // (expired flood names, say), never a live name behind them.
-        let mut answers: Vec<&RestoredAnswer> = self.answers.iter().collect();
-        answers.sort_by_key(|(_, _, _, expires)| std::cmp::Reverse(*expires));
-        for (endpoint, name, addrs, expires) in answers {
-            let ttl = clock.seconds_until_unix_ms(*expires);
-            if let Err(e) = engine.restore_answer(*endpoint, name, addrs, ttl, now) {
-                tracing::warn!(name = %name, error = %crate::error_chain(&e), "a restored answer was not learned");
-            }
+        let mut sorted: Vec<&RestoredAnswer> = self.answers.iter().collect();
+        sorted.sort_by_key(|(_, _, _, expires)| std::cmp::Reverse(*expires));
+        let answers: Vec<Restore<'_>> = sorted
+            .into_iter()
+            .map(|(endpoint, name, addrs, expires)| Restore {
+                endpoint: *endpoint,
+                name,
+                addrs,
+                ttl: clock.seconds_until_unix_ms(*expires),
+            })
+            .collect();
+        let stats = engine.restore_answers(&answers, now, |a, e| {
+            tracing::warn!(name = %a.name, error = %crate::error_chain(&e), "a restored answer was not learned");
+        })?;
+        if let Some(why) = stats.one_by_one {
+            tracing::debug!(?why, "restored answers learned one by one");
         }
         engine.commit()?;
         Ok(self.answers.len())

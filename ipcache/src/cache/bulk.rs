@@ -1,0 +1,319 @@
+//! Many claims in one pass (a restore: a million NameManager claims at once): sorted by
+//! prefix, checked against the breakers before anything changes, merged into the metadata
+//! maps in one pass, each prefix resolved once, and the datapath's changes queued in prefix
+//! order.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hashbrown::{HashMap, HashSet};
+use ipnet::IpNet;
+use smallvec::SmallVec;
+
+use super::{IpCache, desired_labels, resolve_entry, set_identity};
+use crate::datapath::Datapath;
+use crate::error::Error;
+use crate::identity::Identity;
+use crate::labels::{LabelId, LabelSet};
+use crate::metadata::{OwnerId, OwnerKind, Owners, PrefixEntry, host_prefix};
+
+/// Owners' labels on host prefixes, for [`IpCache::upsert_metadata_many`]: per address
+/// family, each claim in 12 bytes (IPv4) naming its label set by number (a million claims
+/// share a few sets: no reference count changes per claim until one is applied).
+#[derive(Debug, Default)]
+pub struct Claims {
+    sets: Vec<Arc<LabelSet>>,
+    by_set: HashMap<usize, u32>,
+    v4: Vec<(u32, OwnerId, u32)>,
+    v6: Vec<(u128, OwnerId, u32)>,
+}
+
+impl Claims {
+    /// `owner` claims the host prefix of `addr` with `labels`.
+    pub fn push(&mut self, addr: IpAddr, owner: OwnerId, labels: &Arc<LabelSet>) {
+        let ptr = Arc::as_ptr(labels) as usize;
+        let last = self.sets.len().checked_sub(1);
+        let set = match last {
+            // Consecutive claims mostly come from one name.
+            Some(at) if Arc::as_ptr(&self.sets[at]) as usize == ptr => at,
+            _ => match self.by_set.get(&ptr) {
+                Some(&at) => at as usize,
+                None => {
+                    self.sets.push(Arc::clone(labels));
+                    let at = self.sets.len() - 1;
+                    self.by_set
+                        .insert(ptr, u32::try_from(at).unwrap_or(u32::MAX));
+                    at
+                }
+            },
+        };
+        // Fewer than 2³² distinct label sets: they are made per selector combination.
+        let set = u32::try_from(set).unwrap_or(u32::MAX);
+        match addr {
+            IpAddr::V4(a) => self.v4.push((a.to_bits(), owner, set)),
+            IpAddr::V6(a) => self.v6.push((a.to_bits(), owner, set)),
+        }
+    }
+
+    /// Claims held.
+    pub fn len(&self) -> usize {
+        self.v4.len() + self.v6.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Sorted by address, then owner; of a repeated (address, owner), the last claim kept.
+    fn sort(&mut self) {
+        fn sort<K: Ord + Copy>(claims: &mut Vec<(K, OwnerId, u32)>) {
+            // Stable: the last of a repeated claim stays last.
+            claims.sort_by_key(|(at, owner, _)| (*at, *owner));
+            claims.dedup_by(|later, kept| {
+                let same = later.0 == kept.0 && later.1 == kept.1;
+                if same {
+                    kept.2 = later.2;
+                }
+                same
+            });
+        }
+        sort(&mut self.v4);
+        sort(&mut self.v6);
+    }
+
+    /// Each claimed prefix in prefix order (IPv4 first) with its owners and label sets.
+    fn groups(&self) -> impl Iterator<Item = (IpNet, Group)> + '_ {
+        fn each<K: Eq + Copy>(
+            claims: &[(K, OwnerId, u32)],
+            net: impl Fn(K) -> IpNet,
+        ) -> impl Iterator<Item = (IpNet, Group)> {
+            claims.chunk_by(|a, b| a.0 == b.0).map(move |group| {
+                let owners = group.iter().map(|(_, owner, set)| (*owner, *set)).collect();
+                (net(group[0].0), owners)
+            })
+        }
+        let v4 = each(&self.v4, |a| {
+            host_prefix(IpAddr::from(Ipv4Addr::from_bits(a)))
+        });
+        let v6 = each(&self.v6, |a| {
+            host_prefix(IpAddr::from(Ipv6Addr::from_bits(a)))
+        });
+        v4.chain(v6)
+    }
+
+    fn owners(&self) -> impl Iterator<Item = OwnerId> + '_ {
+        let v4 = self.v4.iter().map(|(_, owner, _)| *owner);
+        v4.chain(self.v6.iter().map(|(_, owner, _)| *owner))
+    }
+}
+
+/// The owners claiming one prefix, with their label sets' numbers.
+type Group = SmallVec<[(OwnerId, u32); 1]>;
+
+/// What [`IpCache::upsert_metadata_many`] did.
+#[derive(Debug)]
+#[must_use]
+pub enum ManyUpserted {
+    /// Every claim was applied except the `refused` ones (their prefixes' metadata left as
+    /// it was), as [`IpCache::upsert_metadata`] would have refused them.
+    Applied {
+        /// The refused prefixes, each with its claimants and why.
+        refused: Vec<Refused>,
+    },
+    /// Nothing changed: the claims are to be applied one by one, in the caller's order.
+    NotApplied(NotApplied),
+}
+
+/// A prefix [`IpCache::upsert_metadata_many`] could not apply.
+#[derive(Debug)]
+pub struct Refused {
+    /// The prefix (host bits cleared).
+    pub prefix: IpNet,
+    /// The owners whose claims on it were refused.
+    pub owners: SmallVec<[OwnerId; 1]>,
+    /// Why (a breaker, a full datapath, no identity number left).
+    pub error: Error,
+}
+
+/// Why [`IpCache::upsert_metadata_many`] left the claims to be applied one by one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotApplied {
+    /// They may need more FQDN identities than the breaker allows: which claims it refuses
+    /// then depends on their order.
+    FqdnIdentities,
+    /// They may need more room than the datapath's ipcache has (as above).
+    DatapathFull,
+    /// Cluster mode, or an identity per prefix: not done in bulk.
+    Mode,
+}
+
+impl<D: Datapath> IpCache<D> {
+    /// [`IpCache::upsert_metadata`] for many claims at once, in one pass over the metadata.
+    /// Each prefix is resolved once, after all its claims; of a repeated (prefix, owner),
+    /// the last claim counts.
+    ///
+    /// Which claims a breaker (FQDN identities, datapath room) refuses depends on the order
+    /// they come in, which a pass in prefix order would not keep: when the claims could trip
+    /// one, nothing is applied and [`ManyUpserted::NotApplied`] says so. `now` only paces
+    /// warnings.
+    ///
+    /// # Errors
+    /// [`Error::UnknownOwner`] if an owner is not registered (nothing is applied).
+    pub fn upsert_metadata_many(
+        &mut self,
+        mut claims: Claims,
+        now: Duration,
+    ) -> Result<ManyUpserted, Error> {
+        if self.cluster.is_some() || self.config.identity_per_prefix {
+            return Ok(ManyUpserted::NotApplied(NotApplied::Mode));
+        }
+        if !claims
+            .owners()
+            .all(|owner| self.meta.owners.contains(owner))
+        {
+            return Err(Error::UnknownOwner);
+        }
+        claims.sort();
+        if let Some(why) = self.may_trip(&claims) {
+            return Ok(ManyUpserted::NotApplied(why));
+        }
+        let breaker = Some(self.config.max_fqdn_identities);
+        let mut ids = identities!(self);
+        let mut refused = Vec::new();
+        let mut known: HashMap<(u32, Option<LabelId>, bool), Identity> = HashMap::new();
+        let sets = &claims.sets;
+        let mut groups = claims.groups();
+        let prefixes = claims.groups().map(|(prefix, _)| prefix);
+        self.meta
+            .merge_with(prefixes, |entry, owners, cidr, prefix| {
+                let Some((_, group)) = groups.next() else {
+                    return;
+                };
+                let from_dns = group
+                    .iter()
+                    .any(|(o, _)| o.kind() == OwnerKind::NameManager);
+                // A new prefix one owner claims gets what the last such prefix with the same
+                // labels, enclosing CIDR label and family got (resolving it would find the same
+                // live identity and take a reference on it).
+                let alone = match group[..] {
+                    [(owner, set)] if !entry.has_owners() && entry.identity().is_none() => {
+                        let key = (set, cidr.longest_match(&prefix), prefix.addr().is_ipv4());
+                        Some((owner, key))
+                    }
+                    _ => None,
+                };
+                if let Some((owner, key)) = alone
+                    && let Some(&id) = known.get(&key)
+                    && ids.alloc.acquire(id)
+                {
+                    entry.set_owner(owners, owner, Arc::clone(&sets[key.0 as usize]));
+                    let family = usize::from(!key.2);
+                    set_identity(&mut ids, entry, prefix, family, None, id);
+                    return;
+                }
+                let previous: SmallVec<[Option<Arc<LabelSet>>; 1]> = group
+                    .iter()
+                    .map(|(owner, set)| {
+                        entry.set_owner(owners, *owner, Arc::clone(&sets[*set as usize]))
+                    })
+                    .collect();
+                let breaker = breaker.filter(|_| from_dns);
+                let error = match resolve_entry(&mut ids, entry, cidr, prefix, from_dns, breaker) {
+                    Ok(()) => {
+                        if let (Some((_, key)), Some(id)) = (alone, entry.identity()) {
+                            known.insert(key, id);
+                        }
+                        return;
+                    }
+                    Err(error) => error,
+                };
+                for ((owner, _), before) in group.iter().zip(previous).rev() {
+                    match before {
+                        Some(labels) => {
+                            entry.set_owner(owners, *owner, labels);
+                        }
+                        None => {
+                            entry.remove_owner(owners, *owner);
+                        }
+                    }
+                }
+                refused.push(Refused {
+                    prefix,
+                    owners: group.iter().map(|(owner, _)| *owner).collect(),
+                    error,
+                });
+            });
+        for r in &refused {
+            match r.error {
+                Error::BreakerTripped { .. } => self.stats.breaker_trips += 1,
+                Error::DatapathFull { .. } => self.stats.datapath_full += 1,
+                _ => continue,
+            }
+            self.warn_breaker(now, &r.error);
+        }
+        Ok(ManyUpserted::Applied { refused })
+    }
+
+    /// Whether applying `claims` (sorted by prefix) could trip the FQDN identity breaker or
+    /// fill the datapath: the label sets they would give their prefixes, counted without
+    /// changing anything. Prefixes claimed by one owner alone share the work per (label
+    /// set, enclosing CIDR label, family).
+    fn may_trip(&self, claims: &Claims) -> Option<NotApplied> {
+        let mut memo: HashMap<(u32, Option<LabelId>, bool), Option<bool>> = HashMap::new();
+        let mut seen: HashSet<LabelSet> = HashSet::new();
+        let mut new_identities = 0usize;
+        let mut new_prefixes = [0usize; 2];
+        let mut no_owners = Owners::default();
+        let cidr = &self.meta.cidr_labels;
+        for (prefix, group) in claims.groups() {
+            let existing = self.meta.get(&prefix);
+            let mut desired = || {
+                // The entry as it would be, outside the maps (no owner counts change).
+                let mut scratch = PrefixEntry::default();
+                for (owner, labels) in existing.into_iter().flat_map(PrefixEntry::owners) {
+                    scratch.set_owner(&mut no_owners, owner, Arc::clone(labels));
+                }
+                for (owner, set) in &group {
+                    let labels = Arc::clone(&claims.sets[*set as usize]);
+                    scratch.set_owner(&mut no_owners, *owner, labels);
+                }
+                let (set, _, _) = desired_labels(&scratch, cidr, &prefix)?;
+                let new = self.alloc.lookup(&set).is_none() && seen.insert(set);
+                new_identities += usize::from(new);
+                Some(new)
+            };
+            let alone = group.len() == 1 && existing.is_none_or(|e| !e.has_owners());
+            let labelled = if alone {
+                let key = (
+                    group[0].1,
+                    cidr.longest_match(&prefix),
+                    matches!(prefix, IpNet::V4(_)),
+                );
+                match memo.get(&key) {
+                    Some(known) => known.is_some(),
+                    None => {
+                        let known = desired();
+                        memo.insert(key, known);
+                        known.is_some()
+                    }
+                }
+            } else {
+                desired().is_some()
+            };
+            if labelled && existing.is_none_or(|e| e.identity().is_none()) {
+                new_prefixes[usize::from(matches!(prefix, IpNet::V6(_)))] += 1;
+            }
+        }
+        if self.alloc.from_dns_live() + new_identities > self.config.max_fqdn_identities {
+            return Some(NotApplied::FqdnIdentities);
+        }
+        if let Some(room) = self.config.datapath_prefixes
+            && (0..2).any(|f| self.written[f] + new_prefixes[f] > room)
+        {
+            return Some(NotApplied::DatapathFull);
+        }
+        None
+    }
+}

@@ -1,0 +1,205 @@
+//! Learning a restored DNS cache at start: every answer as [`NameManager::observe`] learns
+//! it, with the IpCache's claims collected and applied in one pass at the end.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use fqdnd_ipcache::{
+    Claims, Datapath, EndpointId, Error as IpCacheError, IpCache, ManyUpserted, NotApplied,
+    OwnerId, Refused,
+};
+
+use super::{Learned, NameManager};
+use crate::cache::{DnsCache, NameIdx};
+use crate::error::Error;
+
+/// One answer to learn again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Restore<'a> {
+    /// The endpoint that asked.
+    pub endpoint: EndpointId,
+    /// The name.
+    pub name: &'a str,
+    /// The addresses it answered.
+    pub addrs: &'a [IpAddr],
+    /// Seconds it has left.
+    pub ttl: u32,
+}
+
+/// What [`NameManager::restore`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RestoreStats {
+    /// The answers' changes, added up.
+    pub learned: Learned,
+    /// Answers not learned at all (their errors went to the caller's `failed`).
+    pub failed: usize,
+    /// `None`: the IpCache's claims were applied in one pass; otherwise why they were
+    /// applied one by one.
+    pub one_by_one: Option<OneByOne>,
+}
+
+/// Why [`NameManager::restore`] learned the answers one by one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OneByOne {
+    /// The cache was not empty.
+    NotEmpty,
+    /// The IpCache would not apply the claims in one pass.
+    IpCache(NotApplied),
+}
+
+impl NameManager {
+    /// Learns `answers` (in the order given: what a bound leaves out is what comes last, so
+    /// a restore passes the latest expiry first) as [`NameManager::observe`] would one by
+    /// one, handing each answer that fails, with its error, to `failed`.
+    ///
+    /// Into an empty cache, the IpCache's claims are collected and applied in one pass at
+    /// the end ([`IpCache::upsert_metadata_many`]): a million mappings without a tree walk
+    /// each. If that pass could trip an IpCache breaker — which claims it refuses depends on
+    /// their order — the cache is emptied again and the answers are learned one by one.
+    ///
+    /// # Errors
+    /// The IpCache failed in a way no answer explains (an owner it does not know).
+    pub fn restore<D: Datapath>(
+        &mut self,
+        answers: &[Restore<'_>],
+        now: Duration,
+        ipcache: &mut IpCache<D>,
+        mut failed: impl FnMut(&Restore<'_>, Error),
+    ) -> Result<RestoreStats, Error> {
+        if self.entries > 0 || self.cache.names.len() > 0 {
+            let why = OneByOne::NotEmpty;
+            return Ok(self.restore_one_by_one(answers, now, ipcache, &mut failed, why));
+        }
+        let stats = self.stats.clone();
+        self.deferred = Some(Claims::default());
+        let mut out = RestoreStats::default();
+        let mut errors = Vec::new();
+        for (at, a) in answers.iter().enumerate() {
+            match self.observe(a.endpoint, a.name, a.addrs, a.ttl, now, ipcache) {
+                Ok(learned) => out.learned.add(learned),
+                Err(e) => errors.push((at, e)),
+            }
+        }
+        let claims = self.deferred.take().unwrap_or_default();
+        let why = match ipcache.upsert_metadata_many(claims, now) {
+            Ok(ManyUpserted::Applied { refused }) => {
+                self.drop_refused(refused, &mut out.learned, ipcache)?;
+                out.failed = errors.len();
+                for (at, e) in errors {
+                    failed(&answers[at], e);
+                }
+                return Ok(out);
+            }
+            Ok(ManyUpserted::NotApplied(why)) => why,
+            Err(e) => {
+                self.empty(ipcache)?;
+                return Err(e.into());
+            }
+        };
+        self.empty(ipcache)?;
+        self.stats = stats;
+        let why = OneByOne::IpCache(why);
+        Ok(self.restore_one_by_one(answers, now, ipcache, &mut failed, why))
+    }
+
+    fn restore_one_by_one<D: Datapath>(
+        &mut self,
+        answers: &[Restore<'_>],
+        now: Duration,
+        ipcache: &mut IpCache<D>,
+        failed: &mut impl FnMut(&Restore<'_>, Error),
+        why: OneByOne,
+    ) -> RestoreStats {
+        let mut out = RestoreStats {
+            one_by_one: Some(why),
+            ..RestoreStats::default()
+        };
+        for a in answers {
+            match self.observe(a.endpoint, a.name, a.addrs, a.ttl, now, ipcache) {
+                Ok(learned) => out.learned.add(learned),
+                Err(e) => {
+                    out.failed += 1;
+                    failed(a, e);
+                }
+            }
+        }
+        out
+    }
+
+    /// Takes back the mappings whose claims the IpCache refused (as `observe` would not have
+    /// learned them), and the names left without any.
+    fn drop_refused<D: Datapath>(
+        &mut self,
+        refused: Vec<Refused>,
+        learned: &mut Learned,
+        ipcache: &mut IpCache<D>,
+    ) -> Result<(), Error> {
+        if refused.is_empty() {
+            return Ok(());
+        }
+        let by_owner: HashMap<OwnerId, NameIdx> = self
+            .cache
+            .names
+            .iter()
+            .filter_map(|(idx, _, e)| Some((e.owner?, idx)))
+            .collect();
+        let DnsCache {
+            names,
+            ips,
+            endpoint_names,
+            ..
+        } = &mut self.cache;
+        for r in refused {
+            let addr = r.prefix.addr();
+            for owner in &r.owners {
+                let Some(&idx) = by_owner.get(owner) else {
+                    continue;
+                };
+                let Some(entry) = names.get_mut(idx) else {
+                    continue;
+                };
+                let Ok(at) = entry.find(addr) else {
+                    continue;
+                };
+                entry.ips.remove(at);
+                ips.unlink(addr);
+                self.entries -= 1;
+                self.stats.new_mappings -= 1;
+                learned.new -= 1;
+                learned.rejected += 1;
+                match r.error {
+                    IpCacheError::BreakerTripped { .. } => {
+                        self.stats.breaker_trips += 1;
+                        self.stats.trips.fqdn_identities += 1;
+                    }
+                    IpCacheError::DatapathFull { .. } => self.stats.trips.datapath_full += 1,
+                    _ => {}
+                }
+                if entry.holds() == 0
+                    && let Some(entry) = names.remove(idx)
+                {
+                    for (endpoint, _) in entry.endpoints.iter() {
+                        DnsCache::forget_endpoints(endpoint_names, endpoint, 1);
+                    }
+                    if let Some(owner) = entry.owner {
+                        // It claims nothing any more.
+                        ipcache.remove_owner(owner)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Empties the cache this restore filled (it was empty before), with the IpCache
+    /// owners of its names (which claim nothing: their claims were never applied).
+    fn empty<D: Datapath>(&mut self, ipcache: &mut IpCache<D>) -> Result<(), Error> {
+        let owners: Vec<OwnerId> = self.cache.names.entries().filter_map(|e| e.owner).collect();
+        self.cache = DnsCache::default();
+        self.entries = 0;
+        self.zombies = 0;
+        ipcache.remove_owners(&owners)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,151 @@
+//! A restore into an empty cache learns every answer as `observe` does, with the IpCache's
+//! claims applied in one pass at the end; when that pass could trip an IpCache breaker it
+//! learns them one by one instead. Either way the state must be what learning the answers
+//! one by one leaves.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failed step should panic"
+)]
+
+mod common;
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use common::{Engine, addr, name};
+use fqdnd_ipcache::{EndpointId, NotApplied};
+use fqdnd_namemgr::{Config, Error, OneByOne, Restore};
+use proptest::prelude::*;
+
+/// An answer: endpoint, name number, address numbers, TTL.
+type Answer = (u16, usize, Vec<u16>, u32);
+
+fn engines(max_ips_per_name: usize, max_fqdn_identities: usize) -> (Engine, Engine) {
+    let make = || {
+        Engine::with(
+            Config {
+                max_zombies: 8,
+                max_ips_per_name,
+                max_ips_per_hostname: 3,
+                max_names_per_endpoint: 150,
+                ..Config::default()
+            },
+            fqdnd_ipcache::Config {
+                max_fqdn_identities,
+                ..fqdnd_ipcache::Config::default()
+            },
+        )
+    };
+    (make(), make())
+}
+
+/// Restores `answers` into `bulk` and learns them one by one into `steps`; returns how the
+/// restore went and the names that failed in each.
+fn both(
+    bulk: &mut Engine,
+    steps: &mut Engine,
+    answers: &[Answer],
+) -> (Option<OneByOne>, Vec<String>, Vec<String>) {
+    let now = Duration::from_secs(5);
+    let names: Vec<String> = answers.iter().map(|(_, n, _, _)| name(*n)).collect();
+    let addrs: Vec<Vec<IpAddr>> = answers
+        .iter()
+        .map(|(_, _, ips, _)| ips.iter().map(|i| addr(*i)).collect())
+        .collect();
+    let restore: Vec<Restore<'_>> = answers
+        .iter()
+        .zip(names.iter().zip(&addrs))
+        .map(|((ep, _, _, ttl), (name, addrs))| Restore {
+            endpoint: EndpointId(*ep),
+            name,
+            addrs,
+            ttl: *ttl,
+        })
+        .collect();
+    let mut failed_bulk = Vec::new();
+    let stats = bulk
+        .names
+        .restore(&restore, now, &mut bulk.ipcache, |a, _: Error| {
+            failed_bulk.push(a.name.to_owned());
+        })
+        .unwrap();
+    bulk.ipcache.commit().unwrap();
+    let mut failed_steps = Vec::new();
+    for a in &restore {
+        let learned =
+            steps
+                .names
+                .observe(a.endpoint, a.name, a.addrs, a.ttl, now, &mut steps.ipcache);
+        if learned.is_err() {
+            failed_steps.push(a.name.to_owned());
+        }
+    }
+    steps.ipcache.commit().unwrap();
+    (stats.one_by_one, failed_bulk, failed_steps)
+}
+
+fn answers() -> impl Strategy<Value = Vec<Answer>> {
+    prop::collection::vec(
+        (
+            1u16..4,
+            0usize..300,
+            prop::collection::vec(0u16..200, 0..6),
+            0u32..300,
+        ),
+        1..400,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// With room for every identity, the restore takes the bulk path and ends where learning
+    /// one by one ends (the NameManager's bounds hit in the same order).
+    #[test]
+    fn a_bulk_restore_equals_learning_one_by_one(
+        answers in answers(),
+        max_ips_per_name in 2usize..8,
+    ) {
+        let (mut bulk, mut steps) = engines(max_ips_per_name, 10_000);
+        let (one_by_one, failed_bulk, failed_steps) = both(&mut bulk, &mut steps, &answers);
+        prop_assert_eq!(one_by_one, None);
+        prop_assert_eq!(failed_bulk, failed_steps);
+        prop_assert_eq!(bulk.state(), steps.state());
+        prop_assert_eq!(bulk.names.stats(), steps.names.stats());
+        prop_assert_eq!(bulk.ipcache.stats(), steps.ipcache.stats());
+        // And it goes on as the other does: a GC pass past every TTL.
+        let none = std::collections::BTreeSet::new();
+        bulk.gc(400, &none);
+        steps.gc(400, &none);
+        prop_assert_eq!(bulk.state(), steps.state());
+    }
+
+    /// Where the FQDN identity breaker could trip, which mappings it refuses depends on the
+    /// order: the restore learns one by one, and ends as learning one by one does.
+    #[test]
+    fn a_restore_that_may_trip_the_identity_breaker_goes_one_by_one(answers in answers()) {
+        let (mut bulk, mut steps) = engines(6, 1);
+        let (one_by_one, failed_bulk, failed_steps) = both(&mut bulk, &mut steps, &answers);
+        // Names of both selected kinds (`name`): two label sets at least, past the limit.
+        let kind = |k: &[usize]| answers.iter().any(|(_, n, ips, _)| k.contains(&(n % 5)) && !ips.is_empty());
+        if kind(&[1, 2]) && kind(&[3, 4]) {
+            prop_assert_eq!(one_by_one, Some(OneByOne::IpCache(NotApplied::FqdnIdentities)));
+        }
+        prop_assert_eq!(failed_bulk, failed_steps);
+        prop_assert_eq!(bulk.state(), steps.state());
+        prop_assert_eq!(bulk.names.stats(), steps.names.stats());
+    }
+}
+
+/// A restore into a cache that holds names already learns one by one.
+#[test]
+fn a_restore_into_a_filled_cache_goes_one_by_one() {
+    let (mut bulk, mut steps) = engines(6, 10_000);
+    let first = [(1, 1, vec![1, 2], 60)];
+    both(&mut bulk, &mut steps, &first);
+    let (one_by_one, _, _) = both(&mut bulk, &mut steps, &[(1, 2, vec![2, 3], 60)]);
+    assert_eq!(one_by_one, Some(OneByOne::NotEmpty));
+    assert_eq!(bulk.state(), steps.state());
+}
