@@ -98,6 +98,44 @@ fn learned_keys(store: &MemoryStore) -> Vec<String> {
         .collect()
 }
 
+/// A publisher task for `gateway` on `store` (stopped when `stop` says so): where to send
+/// it answers, and its status.
+fn spawn_publisher(
+    store: &MemoryStore,
+    gateway: &str,
+    wall: &Arc<TestWall>,
+    queue: usize,
+    stop: watch::Receiver<bool>,
+) -> (mpsc::Sender<Answer>, watch::Receiver<ShareStatus>) {
+    let (tx, rx) = mpsc::channel(queue);
+    let (status, status_rx) = watch::channel(ShareStatus::new("edge"));
+    tokio::spawn(learned::publish(
+        store.clone(),
+        config(gateway),
+        Arc::clone(wall),
+        rx,
+        status,
+        stop,
+    ));
+    (tx, status_rx)
+}
+
+/// Offers `answers` to `publisher` and writes them at once.
+async fn publish_now(
+    publisher: &mut Publisher,
+    store: &MemoryStore,
+    wall: &TestWall,
+    answers: Vec<Answer>,
+) {
+    for answer in answers {
+        publisher.offer(answer, Instant::now());
+    }
+    publisher
+        .flush(store, wall.unix_ms(), Instant::now())
+        .await
+        .unwrap();
+}
+
 /// Polls `check` on the paused clock (a millisecond a step) until it holds, at most `limit`.
 async fn until(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
     let end = Instant::now() + limit;
@@ -111,18 +149,9 @@ async fn until(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
 async fn a_burst_of_answers_is_one_transaction_per_batch() {
     let store = MemoryStore::new();
     let wall = TestWall::new();
-    let (tx, rx) = mpsc::channel(4096);
-    let (status, status_rx) = watch::channel(ShareStatus::new("edge"));
     let (_stop_tx, stop) = watch::channel(false);
     let before = store.revision();
-    tokio::spawn(learned::publish(
-        store.clone(),
-        config("gw-1"),
-        Arc::clone(&wall),
-        rx,
-        status,
-        stop,
-    ));
+    let (tx, status_rx) = spawn_publisher(&store, "gw-1", &wall, 4096, stop);
     // 300 answers at once (one name asked twice: merged).
     for i in 0..300u32 {
         let last = u8::try_from(i % 250).unwrap();
@@ -193,18 +222,13 @@ async fn a_peer_imports_what_others_learn_and_its_own_only_at_start() {
     let wall = TestWall::new();
     // What gw-2 wrote before a restart, and gw-1's earlier answer.
     let mut old = Publisher::new(config("gw-2"));
-    old.offer(answer(&wall, "before.example.test", 1, 300), Instant::now());
+    let before = answer(&wall, "before.example.test", 1, 300);
+    publish_now(&mut old, &store, &wall, vec![before]).await;
     let mut gw1 = Publisher::new(config("gw-1"));
-    gw1.offer(answer(&wall, "early.example.test", 2, 300), Instant::now());
     let mut refused = answer(&wall, "refused.example.test", 3, 300);
     refused.client = "refused".into();
-    gw1.offer(refused, Instant::now());
-    old.flush(&store, wall.unix_ms(), Instant::now())
-        .await
-        .unwrap();
-    gw1.flush(&store, wall.unix_ms(), Instant::now())
-        .await
-        .unwrap();
+    let early = answer(&wall, "early.example.test", 2, 300);
+    publish_now(&mut gw1, &store, &wall, vec![early, refused]).await;
     // gw-2 starts: everything is imported before it serves.
     let sink = Arc::new(TestSink::default());
     let (status, status_rx) = watch::channel(ShareStatus::default());
@@ -229,15 +253,11 @@ async fn a_peer_imports_what_others_learn_and_its_own_only_at_start() {
         stop,
     ));
     tokio::time::sleep(Duration::from_millis(20)).await;
-    gw1.offer(answer(&wall, "late.example.test", 4, 300), Instant::now());
-    gw1.flush(&store, wall.unix_ms(), Instant::now())
-        .await
-        .unwrap();
+    let late = answer(&wall, "late.example.test", 4, 300);
+    publish_now(&mut gw1, &store, &wall, vec![late]).await;
     let mut own = Publisher::new(config("gw-2"));
-    own.offer(answer(&wall, "own.example.test", 5, 300), Instant::now());
-    own.flush(&store, wall.unix_ms(), Instant::now())
-        .await
-        .unwrap();
+    let mine = answer(&wall, "own.example.test", 5, 300);
+    publish_now(&mut own, &store, &wall, vec![mine]).await;
     until(Duration::from_secs(1), "the late answer imported", || {
         sink.names().contains(&"late.example.test@gw-1".to_owned())
     })
@@ -251,19 +271,10 @@ async fn a_peer_imports_what_others_learn_and_its_own_only_at_start() {
 async fn an_outage_keeps_what_waits_and_the_importer_catches_up() {
     let store = MemoryStore::new();
     let wall = TestWall::new();
-    let (tx, rx) = mpsc::channel(64);
-    let (status, status_rx) = watch::channel(ShareStatus::new("edge"));
     let (import_status, import_rx) = watch::channel(ShareStatus::default());
     let (_stop_tx, stop) = watch::channel(false);
     let sink = Arc::new(TestSink::default());
-    tokio::spawn(learned::publish(
-        store.clone(),
-        config("gw-1"),
-        Arc::clone(&wall),
-        rx,
-        status,
-        stop.clone(),
-    ));
+    let (tx, status_rx) = spawn_publisher(&store, "gw-1", &wall, 64, stop.clone());
     tokio::spawn(learned::import(
         store.clone(),
         config("gw-2"),
