@@ -488,6 +488,32 @@ impl IpRefs {
         }
     }
 
+    /// Counts from scratch, from every mapping's address: sorted first, so each distinct
+    /// address is one insert into tables sized once (a restore's million mappings).
+    pub(crate) fn count(&mut self, addrs: impl Iterator<Item = IpAddr>) {
+        fn table<K: Ord + Copy + std::hash::Hash>(mut keys: Vec<K>) -> hashbrown::HashMap<K, u32> {
+            keys.sort_unstable();
+            let runs = keys.chunk_by(|a, b| a == b);
+            let mut table = hashbrown::HashMap::with_capacity(runs.clone().count());
+            for run in runs {
+                // A run is the names holding one address: far fewer than 2³².
+                table.insert(run[0], u32::try_from(run.len()).unwrap_or(u32::MAX));
+            }
+            table
+        }
+        let (mut v4, mut v6) = (Vec::new(), Vec::new());
+        for addr in addrs {
+            match addr {
+                IpAddr::V4(a) => v4.push(a.to_bits()),
+                IpAddr::V6(a) => v6.push(a.to_bits()),
+            }
+        }
+        *self = Self {
+            v4: table(v4),
+            v6: table(v6),
+        };
+    }
+
     /// One name fewer holds `addr`.
     pub(crate) fn unlink(&mut self, addr: IpAddr) {
         fn down<K: std::hash::Hash + Eq>(map: &mut hashbrown::HashMap<K, u32>, key: K) {

@@ -440,7 +440,10 @@ impl NameManager {
                     zombie: false,
                 },
             );
-            ips.link(addr);
+            if self.deferred.is_none() {
+                // A restore counts every address once at the end.
+                ips.link(addr);
+            }
             self.entries += 1;
             learned.new += 1;
             self.stats.new_mappings += 1;

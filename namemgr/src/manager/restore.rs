@@ -82,6 +82,12 @@ impl NameManager {
             }
         }
         let claims = self.deferred.take().unwrap_or_default();
+        let addrs = self
+            .cache
+            .names
+            .entries()
+            .flat_map(|e| e.ips.iter().map(|m| m.addr));
+        self.cache.ips.count(addrs);
         let why = match ipcache.upsert_metadata_many(claims, now) {
             Ok(ManyUpserted::Applied { refused }) => {
                 self.drop_refused(refused, &mut out.learned, ipcache)?;
