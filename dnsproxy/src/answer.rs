@@ -154,7 +154,10 @@ mod tests {
         let mut sent = query.to_vec();
         wire::set_id(&mut sent, id);
         let stored = sent.clone();
-        let sent_name = randomize.then(|| case::randomize(&mut sent, question, &mut ids));
+        let mut sent_name = Vec::new();
+        if randomize {
+            case::randomize(&mut sent, question, &mut ids, &mut sent_name);
+        }
         slot.fill(Inflight {
             query: stored,
             question,
