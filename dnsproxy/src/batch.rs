@@ -326,4 +326,35 @@ mod tests {
             }
         }
     }
+
+    /// The thread's receive headers serve an IPv4 and an IPv6 socket in turn: every source
+    /// address comes back whole (a header shared across families would cut the IPv6 one to
+    /// the IPv4 length the kernel left in it).
+    #[tokio::test]
+    async fn headers_reused_across_families_read_every_source_whole() {
+        let v4 = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let v6 = UdpSocket::bind("[::1]:0").await.unwrap();
+        let from4 = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let from6 = UdpSocket::bind("[::1]:0").await.unwrap();
+        let (mut b4, mut b6) = (RecvBatch::new(false), RecvBatch::new(false));
+        for round in 0..3u8 {
+            for (to, from, batch) in [(&v4, &from4, &mut b4), (&v6, &from6, &mut b6)] {
+                from.send_to(&[round], to.local_addr().unwrap())
+                    .await
+                    .unwrap();
+                let n = loop {
+                    to.readable().await.unwrap();
+                    match batch.try_recv(to) {
+                        Ok(n) => break n,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e) => panic!("{e}"),
+                    }
+                };
+                assert_eq!(n, 1);
+                let (got, bytes) = batch.get(0).unwrap();
+                assert_eq!(got.from, from.local_addr().unwrap(), "round {round}");
+                assert_eq!(bytes, [round]);
+            }
+        }
+    }
 }
