@@ -125,9 +125,21 @@ thread_local! {
     /// This thread's `recvmmsg` headers, by [`HeaderKind::index`], made on first use.
     static RECV_HEADERS: RefCell<[Option<MultiHeaders<SockaddrStorage>>; 4]> =
         const { RefCell::new([None, None, None, None]) };
-    /// This thread's `sendmmsg` headers ([`SEND_BATCH`] of them), made on first use.
-    static SEND_HEADERS: RefCell<Option<MultiHeaders<SockaddrStorage>>> =
-        const { RefCell::new(None) };
+    /// This thread's `sendmmsg` headers ([`SEND_BATCH`] of them, made on first use) and
+    /// destinations.
+    static SEND: RefCell<SendHeaders> = const {
+        RefCell::new(SendHeaders {
+            headers: None,
+            addrs: Vec::new(),
+        })
+    };
+}
+
+/// What a thread keeps for `sendmmsg`.
+struct SendHeaders {
+    headers: Option<MultiHeaders<SockaddrStorage>>,
+    /// The destinations of the call being made.
+    addrs: Vec<Option<SockaddrStorage>>,
 }
 
 fn recv_into(
@@ -268,19 +280,23 @@ fn send_from(
     let count = end - first;
     let mut start = if first == 0 { 0 } else { msgs[first - 1].0 };
     let mut slices = [[IoSlice::new(&[])]; SEND_BATCH];
-    let mut addrs: [Option<SockaddrStorage>; SEND_BATCH] = [None; SEND_BATCH];
-    for (i, &(stop, to)) in msgs[first..end].iter().enumerate() {
-        slices[i] = [IoSlice::new(&data[start..stop])];
-        addrs[i] = to.map(SockaddrStorage::from);
+    for (slice, &(stop, _)) in slices.iter_mut().zip(&msgs[first..end]) {
+        *slice = [IoSlice::new(&data[start..stop])];
         start = stop;
     }
-    SEND_HEADERS.with_borrow_mut(|headers| {
+    SEND.with_borrow_mut(|SendHeaders { headers, addrs }| {
         let headers = headers.get_or_insert_with(|| MultiHeaders::preallocate(SEND_BATCH, None));
+        addrs.clear();
+        addrs.extend(
+            msgs[first..end]
+                .iter()
+                .map(|&(_, to)| to.map(SockaddrStorage::from)),
+        );
         let results = sendmmsg(
             fd,
             headers,
             &slices[..count],
-            &addrs[..count],
+            &addrs[..],
             [],
             MsgFlags::MSG_DONTWAIT,
         )?;

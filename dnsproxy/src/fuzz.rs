@@ -14,7 +14,7 @@ use crate::metrics::DropReason;
 use crate::policy::{QueryInfo, QueryPolicy, Transport, Verdict};
 use crate::query;
 use crate::upstream::{Asked, Origin, ReplyTo};
-use crate::upstream_socket::{Inflight, Table};
+use crate::upstream_socket::{Inflight, Spare, Table};
 use crate::wire::{self, rcode};
 
 /// What the query path made of a client's bytes.
@@ -190,7 +190,12 @@ pub fn answer_path(client_query: &[u8], answer: &[u8], shape: AnswerShape) -> Op
         reply: None,
     };
     let mut decoder = Decoder::new();
-    match answer::validate(&mut raw, &std::cell::RefCell::new(table), &mut decoder) {
+    match answer::validate(
+        &mut raw,
+        &std::cell::RefCell::new(table),
+        &mut decoder,
+        &mut Spare::default(),
+    ) {
         Err(reason) => path.dropped = Some(reason),
         Ok(Validated {
             entry,

@@ -96,7 +96,7 @@ const SPARE_CAPACITY_MAX: usize = 512;
 /// Buffers of queries that ended, kept (emptied, capacity kept) for the next queries on the
 /// socket: a query's canonical name, its bytes and the name as sent (0x20) cost no allocation
 /// once the proxy is warm. Taken under the table's lock when a query goes in flight, given
-/// back by the socket's receiver once per batch of answers.
+/// back by the socket's receiver under the lock it takes for the next answer.
 #[derive(Debug, Default)]
 pub(crate) struct Spare {
     names: Vec<String>,
@@ -126,10 +126,6 @@ impl Spare {
             bytes.clear();
             self.bytes.push(bytes);
         }
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.names.is_empty() && self.bytes.is_empty()
     }
 
     /// Moves `other`'s buffers here (as many as are kept).

@@ -32,8 +32,8 @@ impl Shared {
         let mut replies = Replies::new(self.udp.len());
         let mut decoder = Decoder::new();
         let mut pending = JoinSet::new();
-        // Buffers of the queries a batch of answers ended, given back to the socket's table
-        // after the batch (one lock), for the next queries.
+        // Buffers of the queries that ended here, given back to the socket's table with the
+        // next answer (under the lock its validation takes anyway), for the next queries.
         let mut spare = Spare::default();
         loop {
             tokio::select! {
@@ -79,9 +79,6 @@ impl Shared {
                 }
                 // The batch's replies leave together (one `sendmmsg` per listener).
                 self.flush_replies(&mut replies).await;
-                if !spare.is_empty() {
-                    socket.lock().spare.take_all(&mut spare);
-                }
                 handled += n;
                 if handled >= BATCH {
                     handled = 0;
@@ -119,7 +116,7 @@ impl Shared {
             return None;
         }
         let answered = Instant::now();
-        let validated = answer::validate(raw, socket, decoder);
+        let validated = answer::validate(raw, socket, decoder, spare);
         let Validated {
             entry,
             question: answer_question,
