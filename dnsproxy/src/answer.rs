@@ -13,7 +13,7 @@ use fqdnd_dnswire::Decoder;
 use crate::case;
 use crate::metrics::DropReason;
 use crate::question::Question;
-use crate::upstream_socket::{Inflight, TableAccess};
+use crate::upstream_socket::{Inflight, Spare, TableAccess};
 use crate::wire::{self, Opt};
 
 /// An answer that passed validation, taken out of its socket's in-flight table; the decoder
@@ -33,11 +33,13 @@ pub(crate) struct Validated {
 /// table of the socket it came in on (whose lock is held only for a lookup and for taking the
 /// entry out). On success `raw` holds the client's spelling of the question and `decoder` the
 /// answer decoded (names in canonical form, so the case the client gets back changes nothing
-/// there); every record of the message was checked (`Decoder::decode_whole`).
+/// there); every record of the message was checked (`Decoder::decode_whole`). The buffers in
+/// `spare` (of queries that ended before) go back to the table under the same lock.
 pub(crate) fn validate(
     raw: &mut [u8],
     table: &impl TableAccess,
     decoder: &mut Decoder,
+    spare: &mut Spare,
 ) -> Result<Validated, DropReason> {
     let id = match wire::id(raw) {
         Some(id) if raw.len() >= wire::HEADER_LEN && wire::is_response(raw) => id,
@@ -70,7 +72,10 @@ pub(crate) fn validate(
     let raw = &mut raw[..len];
     let entry = {
         let answer: &[u8] = raw;
-        table.with_table(|t| t.take(id, |e| e.check_question(answer, question)))?
+        table.with_table(|t| {
+            t.spare.take_all(spare);
+            t.take(id, |e| e.check_question(answer, question))
+        })?
     };
     // The client gets its question as it wrote it, whether the case changed on the way out
     // (0x20) or at the upstream (which may answer in another case: names compare
@@ -154,7 +159,10 @@ mod tests {
         let mut sent = query.to_vec();
         wire::set_id(&mut sent, id);
         let stored = sent.clone();
-        let sent_name = randomize.then(|| case::randomize(&mut sent, question, &mut ids));
+        let mut sent_name = Vec::new();
+        if randomize {
+            case::randomize(&mut sent, question, &mut ids, &mut sent_name);
+        }
         slot.fill(Inflight {
             query: stored,
             question,
@@ -164,7 +172,12 @@ mod tests {
         });
         wire::set_id(&mut answer, id);
         let mut decoder = Decoder::new();
-        let v = validate(&mut answer, &std::cell::RefCell::new(table), &mut decoder)?;
+        let v = validate(
+            &mut answer,
+            &std::cell::RefCell::new(table),
+            &mut decoder,
+            &mut Spare::default(),
+        )?;
         answer.truncate(v.len);
         Ok((answer, v, decoder.decoded().clone()))
     }

@@ -9,10 +9,20 @@
 //! original destination, port included), and it sets socket options (GRO, ECN, PKTINFO) the
 //! proxy has no use for.
 //!
-//! The buffers are allocated once per socket task; a receive or send allocates only the
-//! system call's header array (`nix::MultiHeaders`, which holds raw pointers and so cannot be
-//! kept across an `.await` in a `Send` task): once per batch, not per datagram.
+//! The buffers are allocated once per socket task. The system calls' header arrays
+//! (`nix::MultiHeaders`) hold raw pointers, so they cannot be kept in a task (across an
+//! `.await` in a `Send` future): they are kept per thread instead, used only inside the
+//! synchronous call, and allocated once per thread. A receive or send allocates nothing.
+//!
+//! Reusing `recvmmsg` headers needs care: nix sets each header's buffer pointers on every
+//! call but not the address and control lengths, which the kernel shrinks to what the last
+//! datagram in that slot used. So receive headers are kept per socket family (every source
+//! address of a socket has its family's length; IPv6 sockets are v6-only or connected) and
+//! per use of the original destination (whose control message has one size per family);
+//! should a control message ever come back cut or missing, that thread's headers are dropped
+//! and made again for the next call. `sendmmsg` sets every length it uses on each call.
 
+use std::cell::RefCell;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
@@ -49,6 +59,8 @@ pub(crate) struct RecvBatch {
     got: Vec<Received>,
     /// Read each datagram's original destination (`IP_RECVORIGDSTADDR` must be on).
     orig_dst: bool,
+    /// Whether the socket is IPv6, once known (it picks the thread's headers).
+    v6: Option<bool>,
 }
 
 impl RecvBatch {
@@ -57,6 +69,7 @@ impl RecvBatch {
             bufs: vec![0u8; RECV_BATCH * MAX_DATAGRAM],
             got: Vec::with_capacity(RECV_BATCH),
             orig_dst,
+            v6: None,
         }
     }
 
@@ -64,14 +77,23 @@ impl RecvBatch {
     /// (`WouldBlock` when there is nothing; tokio's readiness is cleared then). Returns how
     /// many were read; a datagram without a readable source is skipped.
     pub(crate) fn try_recv(&mut self, socket: &UdpSocket) -> io::Result<usize> {
+        let v6 = match self.v6 {
+            Some(v6) => v6,
+            None => *self.v6.insert(socket.local_addr()?.is_ipv6()),
+        };
         let Self {
             bufs,
             got,
             orig_dst,
+            ..
         } = self;
         got.clear();
+        let kind = HeaderKind {
+            v6,
+            orig_dst: *orig_dst,
+        };
         socket.try_io(Interest::READABLE, || {
-            recv_into(socket.as_raw_fd(), bufs, got, *orig_dst)
+            recv_into(socket.as_raw_fd(), bufs, got, kind)
         })?;
         Ok(got.len())
     }
@@ -86,50 +108,92 @@ impl RecvBatch {
     }
 }
 
+/// Which of a thread's `recvmmsg` headers a socket uses.
+#[derive(Debug, Clone, Copy)]
+struct HeaderKind {
+    v6: bool,
+    orig_dst: bool,
+}
+
+impl HeaderKind {
+    fn index(self) -> usize {
+        usize::from(self.v6) * 2 + usize::from(self.orig_dst)
+    }
+}
+
+thread_local! {
+    /// This thread's `recvmmsg` headers, by [`HeaderKind::index`], made on first use.
+    static RECV_HEADERS: RefCell<[Option<MultiHeaders<SockaddrStorage>>; 4]> =
+        const { RefCell::new([None, None, None, None]) };
+    /// This thread's `sendmmsg` headers ([`SEND_BATCH`] of them, made on first use) and
+    /// destinations.
+    static SEND: RefCell<SendHeaders> = const {
+        RefCell::new(SendHeaders {
+            headers: None,
+            addrs: Vec::new(),
+        })
+    };
+}
+
+/// What a thread keeps for `sendmmsg`.
+struct SendHeaders {
+    headers: Option<MultiHeaders<SockaddrStorage>>,
+    /// The destinations of the call being made.
+    addrs: Vec<Option<SockaddrStorage>>,
+}
+
 fn recv_into(
     fd: std::os::fd::RawFd,
     bufs: &mut [u8],
     got: &mut Vec<Received>,
-    orig_dst: bool,
+    kind: HeaderKind,
 ) -> io::Result<()> {
-    let cmsg = orig_dst.then(|| nix::cmsg_space!(nix::libc::sockaddr_in6));
-    let mut headers = MultiHeaders::<SockaddrStorage>::preallocate(RECV_BATCH, cmsg);
-    let mut slices: Vec<[IoSliceMut<'_>; 1]> = bufs
-        .chunks_exact_mut(MAX_DATAGRAM)
-        .map(|b| [IoSliceMut::new(b)])
-        .collect();
-    let results = recvmmsg(
-        fd,
-        &mut headers,
-        slices.iter_mut(),
-        MsgFlags::MSG_DONTWAIT,
-        None,
-    )?;
-    for msg in results {
-        let Some(from) = msg.address.as_ref().and_then(to_socket_addr) else {
-            continue;
-        };
-        let mut orig = None;
-        if orig_dst && let Ok(cmsgs) = msg.cmsgs() {
-            for c in cmsgs {
-                match c {
-                    ControlMessageOwned::Ipv4OrigDstAddr(a) => {
-                        orig = Some(SockaddrIn::from(a).into());
-                    }
-                    ControlMessageOwned::Ipv6OrigDstAddr(a) => {
-                        orig = Some(SockaddrIn6::from(a).into());
-                    }
-                    _ => {}
-                }
-            }
-        }
-        got.push(Received {
-            len: msg.bytes.min(MAX_DATAGRAM),
-            from,
-            orig_dst: orig,
+    let orig_dst = kind.orig_dst;
+    RECV_HEADERS.with_borrow_mut(|cache| {
+        let mut chunks = bufs.chunks_exact_mut(MAX_DATAGRAM);
+        let mut slices: [[IoSliceMut<'_>; 1]; RECV_BATCH] =
+            std::array::from_fn(|_| [IoSliceMut::new(chunks.next().unwrap_or_default())]);
+        let slot = &mut cache[kind.index()];
+        let headers = slot.get_or_insert_with(|| {
+            let cmsg = orig_dst.then(|| nix::cmsg_space!(nix::libc::sockaddr_in6));
+            MultiHeaders::preallocate(RECV_BATCH, cmsg)
         });
-    }
-    Ok(())
+        let results = recvmmsg(fd, headers, slices.iter_mut(), MsgFlags::MSG_DONTWAIT, None)?;
+        // A control message cut or missing: this slot's control length shrank (see the
+        // module's note); the headers are made again for the next call.
+        let mut remake = false;
+        for msg in results {
+            let Some(from) = msg.address.as_ref().and_then(to_socket_addr) else {
+                continue;
+            };
+            let mut orig = None;
+            if orig_dst {
+                if let Ok(cmsgs) = msg.cmsgs() {
+                    for c in cmsgs {
+                        match c {
+                            ControlMessageOwned::Ipv4OrigDstAddr(a) => {
+                                orig = Some(SockaddrIn::from(a).into());
+                            }
+                            ControlMessageOwned::Ipv6OrigDstAddr(a) => {
+                                orig = Some(SockaddrIn6::from(a).into());
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                remake |= orig.is_none() || msg.flags.contains(MsgFlags::MSG_CTRUNC);
+            }
+            got.push(Received {
+                len: msg.bytes.min(MAX_DATAGRAM),
+                from,
+                orig_dst: orig,
+            });
+        }
+        if remake {
+            *slot = None;
+        }
+        Ok(())
+    })
 }
 
 pub(crate) fn to_socket_addr(addr: &SockaddrStorage) -> Option<SocketAddr> {
@@ -213,24 +277,31 @@ fn send_from(
     first: usize,
 ) -> io::Result<usize> {
     let end = msgs.len().min(first + SEND_BATCH);
+    let count = end - first;
     let mut start = if first == 0 { 0 } else { msgs[first - 1].0 };
-    let mut slices: Vec<[IoSlice<'_>; 1]> = Vec::with_capacity(end - first);
-    let mut addrs: Vec<Option<SockaddrStorage>> = Vec::with_capacity(end - first);
-    for &(stop, to) in &msgs[first..end] {
-        slices.push([IoSlice::new(&data[start..stop])]);
-        addrs.push(to.map(SockaddrStorage::from));
+    let mut slices = [[IoSlice::new(&[])]; SEND_BATCH];
+    for (slice, &(stop, _)) in slices.iter_mut().zip(&msgs[first..end]) {
+        *slice = [IoSlice::new(&data[start..stop])];
         start = stop;
     }
-    let mut headers = MultiHeaders::<SockaddrStorage>::preallocate(slices.len(), None);
-    let results = sendmmsg(
-        fd,
-        &mut headers,
-        &slices,
-        &addrs,
-        [],
-        MsgFlags::MSG_DONTWAIT,
-    )?;
-    Ok(results.count())
+    SEND.with_borrow_mut(|SendHeaders { headers, addrs }| {
+        let headers = headers.get_or_insert_with(|| MultiHeaders::preallocate(SEND_BATCH, None));
+        addrs.clear();
+        addrs.extend(
+            msgs[first..end]
+                .iter()
+                .map(|&(_, to)| to.map(SockaddrStorage::from)),
+        );
+        let results = sendmmsg(
+            fd,
+            headers,
+            &slices[..count],
+            &addrs[..],
+            [],
+            MsgFlags::MSG_DONTWAIT,
+        )?;
+        Ok(results.count())
+    })
 }
 
 #[cfg(test)]
@@ -268,6 +339,37 @@ mod tests {
                 assert_eq!(got.from, a.local_addr().unwrap());
                 assert_eq!(bytes, &vec![seen; usize::from(seen) + 1][..]);
                 seen += 1;
+            }
+        }
+    }
+
+    /// The thread's receive headers serve an IPv4 and an IPv6 socket in turn: every source
+    /// address comes back whole (a header shared across families would cut the IPv6 one to
+    /// the IPv4 length the kernel left in it).
+    #[tokio::test]
+    async fn headers_reused_across_families_read_every_source_whole() {
+        let v4 = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let v6 = UdpSocket::bind("[::1]:0").await.unwrap();
+        let from4 = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let from6 = UdpSocket::bind("[::1]:0").await.unwrap();
+        let (mut b4, mut b6) = (RecvBatch::new(false), RecvBatch::new(false));
+        for round in 0..3u8 {
+            for (to, from, batch) in [(&v4, &from4, &mut b4), (&v6, &from6, &mut b6)] {
+                from.send_to(&[round], to.local_addr().unwrap())
+                    .await
+                    .unwrap();
+                let n = loop {
+                    to.readable().await.unwrap();
+                    match batch.try_recv(to) {
+                        Ok(n) => break n,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e) => panic!("{e}"),
+                    }
+                };
+                assert_eq!(n, 1);
+                let (got, bytes) = batch.get(0).unwrap();
+                assert_eq!(got.from, from.local_addr().unwrap(), "round {round}");
+                assert_eq!(bytes, [round]);
             }
         }
     }

@@ -11,8 +11,14 @@ use crate::ids::IdSource;
 use crate::question::Question;
 
 /// Sets the case of every ASCII letter of the name of `question`, the question of `raw`, from
-/// random bits; returns the name as it now is, to compare the answer with.
-pub(crate) fn randomize(raw: &mut [u8], question: Question, ids: &mut IdSource) -> Box<[u8]> {
+/// random bits; writes the name as it now is into `sent` (emptied first), to compare the
+/// answer with.
+pub(crate) fn randomize(
+    raw: &mut [u8],
+    question: Question,
+    ids: &mut IdSource,
+    sent: &mut Vec<u8>,
+) {
     let name = question.name_mut(raw);
     let mut bits = 0u16;
     let mut left = 0;
@@ -29,7 +35,8 @@ pub(crate) fn randomize(raw: &mut [u8], question: Question, ids: &mut IdSource) 
         bits >>= 1;
         left -= 1;
     }
-    name.into()
+    sent.clear();
+    sent.extend_from_slice(name);
 }
 
 /// Writes the client's spelling of the question name (`asked`, the question of `query`) over
@@ -63,7 +70,8 @@ mod tests {
         let mut spellings = std::collections::HashSet::new();
         for _ in 0..64 {
             let mut q = original.clone();
-            let sent = randomize(&mut q, question, &mut ids);
+            let mut sent = vec![0xff; 3];
+            randomize(&mut q, question, &mut ids, &mut sent);
             assert_eq!(&sent[..], &q[HEADER_LEN..end - 4]);
             assert!(question.same(&q, question, &original), "same name");
             assert_eq!(q[..HEADER_LEN], original[..HEADER_LEN]);
@@ -83,7 +91,7 @@ mod tests {
         let question = Question::parse(&client).unwrap();
         let end = question.end();
         let mut sent = client.clone();
-        randomize(&mut sent, question, &mut IdSource::new());
+        randomize(&mut sent, question, &mut IdSource::new(), &mut Vec::new());
         let mut answer = sent.clone();
         answer[2] |= 0x80;
         let answered = Question::parse(&answer).unwrap();

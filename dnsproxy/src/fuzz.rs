@@ -14,7 +14,7 @@ use crate::metrics::DropReason;
 use crate::policy::{QueryInfo, QueryPolicy, Transport, Verdict};
 use crate::query;
 use crate::upstream::{Asked, Origin, ReplyTo};
-use crate::upstream_socket::{Inflight, Table};
+use crate::upstream_socket::{Inflight, Spare, Table};
 use crate::wire::{self, rcode};
 
 /// What the query path made of a client's bytes.
@@ -37,7 +37,8 @@ pub struct QueryPath {
 /// as [`crate::DnsProxy`] does for a UDP query from 192.0.2.1.
 pub fn query_path(raw: &[u8], policy: &dyn QueryPolicy, randomize_case: bool) -> QueryPath {
     let mut out = Vec::new();
-    let parsed = match query::parse(raw) {
+    let mut name = String::new();
+    let parsed = match query::parse(raw, &mut name) {
         Ok(parsed) => parsed,
         Err(not_forwarded) => {
             let reply = not_forwarded.write_reply(&mut out, raw).map(|_| out);
@@ -54,7 +55,7 @@ pub fn query_path(raw: &[u8], policy: &dyn QueryPolicy, randomize_case: bool) ->
         client: SocketAddr::from(([192, 0, 2, 1], 5353)),
         server: SocketAddr::from(([192, 0, 2, 53], 53)),
         sender: None,
-        name: &parsed.name,
+        name: &name,
         qtype: parsed.qtype,
         transport: Transport::Udp,
     };
@@ -64,7 +65,13 @@ pub fn query_path(raw: &[u8], policy: &dyn QueryPolicy, randomize_case: bool) ->
             let mut sent = raw.to_vec();
             wire::set_id(&mut sent, 0xabcd);
             if randomize_case {
-                case::randomize(&mut sent, parsed.question, &mut IdSource::new());
+                let mut sent_name = Vec::new();
+                case::randomize(
+                    &mut sent,
+                    parsed.question,
+                    &mut IdSource::new(),
+                    &mut sent_name,
+                );
             }
             (None, Some(sent))
         }
@@ -76,7 +83,7 @@ pub fn query_path(raw: &[u8], policy: &dyn QueryPolicy, randomize_case: bool) ->
         }
     };
     QueryPath {
-        name: Some(parsed.name),
+        name: Some(name),
         verdict: Some(verdict),
         reply,
         forwarded,
@@ -118,7 +125,8 @@ pub struct AnswerPath {
 /// proxy does, then validates `answer` against it — ID, question (and case), the client's
 /// spelling restored — and fits the reply to the client's UDP payload size.
 pub fn answer_path(client_query: &[u8], answer: &[u8], shape: AnswerShape) -> Option<AnswerPath> {
-    let parsed = query::parse(client_query).ok()?;
+    let mut name = String::new();
+    let parsed = query::parse(client_query, &mut name).ok()?;
     let question = parsed.question;
     let qend = question.end();
     let mut ids = IdSource::new();
@@ -128,9 +136,10 @@ pub fn answer_path(client_query: &[u8], answer: &[u8], shape: AnswerShape) -> Op
     let mut sent_query = client_query.to_vec();
     wire::set_id(&mut sent_query, upstream_id);
     let query = sent_query.clone();
-    let sent_name = shape
-        .randomize_case
-        .then(|| case::randomize(&mut sent_query, question, &mut ids));
+    let mut sent_name = Vec::new();
+    if shape.randomize_case {
+        case::randomize(&mut sent_query, question, &mut ids, &mut sent_name);
+    }
     let now = Instant::now();
     let client = SocketAddr::from(([192, 0, 2, 1], 5353));
     let server = SocketAddr::from(([192, 0, 2, 53], 53));
@@ -149,7 +158,7 @@ pub fn answer_path(client_query: &[u8], answer: &[u8], shape: AnswerShape) -> Op
                 server,
                 transport: Transport::Udp,
                 client_id: parsed.client_id,
-                name: parsed.name,
+                name,
                 qtype: parsed.qtype,
                 tag: 0,
                 udp_limit: parsed.udp_limit,
@@ -181,7 +190,12 @@ pub fn answer_path(client_query: &[u8], answer: &[u8], shape: AnswerShape) -> Op
         reply: None,
     };
     let mut decoder = Decoder::new();
-    match answer::validate(&mut raw, &std::cell::RefCell::new(table), &mut decoder) {
+    match answer::validate(
+        &mut raw,
+        &std::cell::RefCell::new(table),
+        &mut decoder,
+        &mut Spare::default(),
+    ) {
         Err(reason) => path.dropped = Some(reason),
         Ok(Validated {
             entry,

@@ -19,8 +19,6 @@ pub(crate) struct ParsedQuery {
     pub(crate) qtype: RecordType,
     /// The client's UDP payload size (EDNS0, at least 512).
     pub(crate) udp_limit: u16,
-    /// The question name, canonical (see [`Question::canonical_name`]).
-    pub(crate) name: String,
 }
 
 /// Bytes that are not a query the proxy forwards, and what it answers.
@@ -77,15 +75,20 @@ impl NotForwarded {
 }
 
 /// Parses a client's message once and walks its question on the wire: the common shape (see
-/// [`parse_plain`]) on the wire alone, anything else with hickory-proto.
-pub(crate) fn parse(raw: &[u8]) -> Result<ParsedQuery, NotForwarded> {
+/// [`parse_plain`]) on the wire alone, anything else with hickory-proto. For a query, its
+/// question name in canonical form (see [`Question::canonical_name`]) is written into `name`
+/// (emptied first: a buffer the caller keeps, so the common shape allocates nothing).
+pub(crate) fn parse(raw: &[u8], name: &mut String) -> Result<ParsedQuery, NotForwarded> {
     if raw.len() < wire::HEADER_LEN {
         return Err(NotForwarded::Runt);
     }
-    if let Some(parsed) = parse_plain(raw) {
-        return parsed;
-    }
-    parse_hickory(raw)
+    let parsed = match parse_plain(raw) {
+        Some(parsed) => parsed,
+        None => parse_hickory(raw),
+    }?;
+    name.clear();
+    parsed.question.canonical_name(raw, name);
+    Ok(parsed)
 }
 
 /// The query shape nearly every client sends, read without hickory-proto (which allocates a
@@ -134,15 +137,12 @@ fn parse_plain(raw: &[u8]) -> Option<Result<ParsedQuery, NotForwarded>> {
             opt,
         }));
     }
-    let mut name = String::with_capacity(question.name(raw).len());
-    question.canonical_name(raw, &mut name);
     Some(Ok(ParsedQuery {
         client_id: id,
         opt,
         question,
         qtype,
         udp_limit,
-        name,
     }))
 }
 
@@ -186,15 +186,12 @@ fn parse_hickory(raw: &[u8]) -> Result<ParsedQuery, NotForwarded> {
             opt,
         });
     }
-    let mut name = String::with_capacity(question.name(raw).len());
-    question.canonical_name(raw, &mut name);
     Ok(ParsedQuery {
         client_id: id,
         opt,
         question,
         qtype,
         udp_limit: msg.max_payload(),
-        name,
     })
 }
 
@@ -307,8 +304,9 @@ mod tests {
     #[test]
     fn a_query_parses_to_its_canonical_name() {
         let q = query([0x01, 0], 1, b"\x03WWW\x07Example\x00");
-        let parsed = parse(&q).unwrap();
-        assert_eq!(parsed.name, "www.example.");
+        let mut name = "left over".to_owned();
+        let parsed = parse(&q, &mut name).unwrap();
+        assert_eq!(name, "www.example.");
         assert_eq!(parsed.client_id, 0x1234);
         assert_eq!(parsed.question.end(), q.len());
         assert_eq!(parsed.qtype, RecordType::A);
@@ -318,28 +316,29 @@ mod tests {
     #[test]
     fn what_is_not_forwarded_gets_formerr_notimp_or_nothing() {
         let mut out = Vec::new();
+        let name = &mut String::new();
         // A response: never answered.
         let r = query([0x81, 0x80], 1, b"\x01a\x00");
-        assert_eq!(parse(&r), Err(NotForwarded::Drop));
+        assert_eq!(parse(&r, name), Err(NotForwarded::Drop));
         // Garbage after a header: FORMERR, header only.
         let junk = [0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0, 0x3f];
-        let e = parse(&junk).unwrap_err();
+        let e = parse(&junk, name).unwrap_err();
         assert_eq!(e, NotForwarded::Unparsable { id: 0x1234 });
         assert_eq!(e.write_reply(&mut out, &junk), Some(rcode::FORMERR));
         assert_eq!(wire::id(&out), Some(0x1234));
         // No question: FORMERR.
         let none = vec![0x12, 0x34, 0x01, 0x00, 0, 0, 0, 0, 0, 0, 0, 0];
-        let e = parse(&none).unwrap_err();
+        let e = parse(&none, name).unwrap_err();
         assert_eq!(e.write_reply(&mut out, &none), Some(rcode::FORMERR));
         // Shorter than a header: nothing, whatever the bytes.
         for n in 0..wire::HEADER_LEN {
-            let e = parse(&none[..n]).unwrap_err();
+            let e = parse(&none[..n], name).unwrap_err();
             assert_eq!(e, NotForwarded::Runt, "{n} bytes");
             assert_eq!(e.write_reply(&mut out, &none[..n]), None);
         }
         // An opcode other than QUERY (NOTIFY = 4): NOTIMP with the question.
         let notify = query([0x20, 0], 1, b"\x01a\x00");
-        let e = parse(&notify).unwrap_err();
+        let e = parse(&notify, name).unwrap_err();
         assert_eq!(e.qtype(), Some(RecordType::A));
         assert_eq!(e.write_reply(&mut out, &notify), Some(rcode::NOTIMP));
         assert_eq!(out.len(), notify.len());

@@ -200,6 +200,8 @@ impl Upstream {
                 return Err(e);
             }
         };
+        // The old socket's spare buffers serve the new one.
+        std::mem::swap(&mut current.lock().spare, &mut fresh.lock().spare);
         let old = std::mem::replace(&mut *slot, fresh.clone());
         drop(slot);
         old.retire();

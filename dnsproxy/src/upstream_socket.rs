@@ -47,13 +47,14 @@ pub(crate) struct Rotation {
 #[derive(Debug)]
 pub(crate) struct Inflight {
     /// The query with the upstream ID and the client's question, byte for byte (kept for a TCP
-    /// retry and for the replies the proxy writes itself).
+    /// retry and for the replies the proxy writes itself). A buffer from [`Spare`].
     pub(crate) query: Vec<u8>,
     /// The question of `query`.
     pub(crate) question: Question,
     /// The question name as sent upstream when its case was randomised (0x20); the answer must
-    /// echo exactly these bytes.
-    pub(crate) sent_name: Option<Box<[u8]>>,
+    /// echo exactly these bytes. Empty when the case was not randomised (a name's wire form
+    /// is never empty). A buffer from [`Spare`].
+    pub(crate) sent_name: Vec<u8>,
     pub(crate) sent: Instant,
     /// `None` for a health probe.
     pub(crate) origin: Option<Origin>,
@@ -79,9 +80,61 @@ impl Inflight {
         if crate::wire::qdcount(answer) != 1 || !answered.same(answer, self.question, &self.query) {
             return Err(DropReason::QuestionMismatch);
         }
-        match &self.sent_name {
-            Some(sent) if answered.name(answer) != &sent[..] => Err(DropReason::CaseMismatch),
-            _ => Ok(()),
+        if !self.sent_name.is_empty() && answered.name(answer) != &self.sent_name[..] {
+            return Err(DropReason::CaseMismatch);
+        }
+        Ok(())
+    }
+}
+
+/// Spare buffers kept per socket: at most this many of each kind.
+const SPARE_MAX: usize = 1024;
+
+/// A buffer bigger than this is not kept (a rare big query must not pin its memory).
+const SPARE_CAPACITY_MAX: usize = 512;
+
+/// Buffers of queries that ended, kept (emptied, capacity kept) for the next queries on the
+/// socket: a query's canonical name, its bytes and the name as sent (0x20) cost no allocation
+/// once the proxy is warm. Taken under the table's lock when a query goes in flight, given
+/// back by the socket's receiver under the lock it takes for the next answer.
+#[derive(Debug, Default)]
+pub(crate) struct Spare {
+    names: Vec<String>,
+    bytes: Vec<Vec<u8>>,
+}
+
+impl Spare {
+    /// An empty name buffer (a new one, without capacity, when none is spare).
+    pub(crate) fn name(&mut self) -> String {
+        self.names.pop().unwrap_or_default()
+    }
+
+    /// An empty byte buffer (a new one, without capacity, when none is spare).
+    pub(crate) fn bytes(&mut self) -> Vec<u8> {
+        self.bytes.pop().unwrap_or_default()
+    }
+
+    pub(crate) fn keep_name(&mut self, mut name: String) {
+        if (1..=SPARE_CAPACITY_MAX).contains(&name.capacity()) && self.names.len() < SPARE_MAX {
+            name.clear();
+            self.names.push(name);
+        }
+    }
+
+    pub(crate) fn keep_bytes(&mut self, mut bytes: Vec<u8>) {
+        if (1..=SPARE_CAPACITY_MAX).contains(&bytes.capacity()) && self.bytes.len() < SPARE_MAX {
+            bytes.clear();
+            self.bytes.push(bytes);
+        }
+    }
+
+    /// Moves `other`'s buffers here (as many as are kept).
+    pub(crate) fn take_all(&mut self, other: &mut Self) {
+        for name in other.names.drain(..) {
+            self.keep_name(name);
+        }
+        for bytes in other.bytes.drain(..) {
+            self.keep_bytes(bytes);
         }
     }
 }
@@ -98,6 +151,8 @@ pub(crate) struct Table {
     history: Box<[u8]>,
     /// The socket's receiver has stopped: nothing may be added.
     closed: bool,
+    /// Buffers for the next queries in flight.
+    pub(crate) spare: Spare,
 }
 
 impl Table {
@@ -106,6 +161,7 @@ impl Table {
             entries: HashMap::with_capacity_and_hasher(256, BuildIdHasher::default()),
             history: vec![ID_FREE; 1 << 16].into_boxed_slice(),
             closed: false,
+            spare: Spare::default(),
         }
     }
 
@@ -176,6 +232,11 @@ pub(crate) struct VacantId<'a> {
 impl VacantId<'_> {
     pub(crate) fn id(&self) -> u16 {
         self.id
+    }
+
+    /// The table's spare buffers, for the entry.
+    pub(crate) fn spare(&mut self) -> &mut Spare {
+        &mut self.table.spare
     }
 
     pub(crate) fn fill(self, entry: Inflight) {
@@ -340,7 +401,7 @@ mod tests {
         Inflight {
             query,
             question,
-            sent_name: None,
+            sent_name: Vec::new(),
             sent,
             origin: None,
         }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::{Answer, Handled, Outcome, Shared, Worker};
+use super::{Answer, Handled, Held, Outcome, Shared, Worker};
 use crate::cache::{AnswerCache, Entry};
 use crate::config::{RateLimitAction, RejectCode};
 use crate::policy::{QueryInfo, Transport, Verdict};
@@ -39,7 +39,7 @@ impl Shared {
             Some(r) => (r.server, Some(r.sender)),
             None => (local, None),
         };
-        let parsed = match query::parse(raw) {
+        let parsed = match query::parse(raw, &mut w.name) {
             Ok(parsed) => parsed,
             Err(NotForwarded::Runt) => {
                 self.metrics.runt_queries.inc();
@@ -89,13 +89,12 @@ impl Shared {
             question,
             qtype,
             udp_limit,
-            name,
         } = parsed;
         let info = QueryInfo {
             client,
             server,
             sender,
-            name: &name,
+            name: &w.name,
             qtype,
             transport,
         };
@@ -116,7 +115,7 @@ impl Shared {
         let (result, code) = if limited {
             if self.config.rate_limit_action == RateLimitAction::Drop {
                 let outcome = Outcome::local(QueryResult::RateLimited, None);
-                self.finish(client, transport, &name, Some(qtype), received, outcome);
+                self.finish(client, transport, &w.name, Some(qtype), received, outcome);
                 return Handled::Dropped;
             }
             (QueryResult::RateLimited, rcode::REFUSED)
@@ -128,7 +127,9 @@ impl Shared {
                         server,
                         transport,
                         client_id,
-                        name,
+                        // The worker gets a spare buffer back when the query is forwarded or
+                        // answered.
+                        name: std::mem::take(&mut w.name),
                         qtype,
                         tag,
                         udp_limit,
@@ -189,7 +190,7 @@ impl Shared {
         self.finish(
             client,
             transport,
-            &name,
+            &w.name,
             Some(qtype),
             received,
             Outcome::local(result, Some(code)),
@@ -239,13 +240,15 @@ impl Shared {
             cached: true,
         };
         let queue = w.reply_queue();
-        if let Some(pending) = self
+        match self
             .observe_and_reply(answer, &mut bytes, decoded, queue)
             .await
         {
-            if w.batching {
+            Held::Done(name) => w.name = name,
+            Held::Pending(pending) if w.batching => {
                 w.pending.spawn(pending);
-            } else {
+            }
+            Held::Pending(pending) => {
                 // A TCP connection's reader may end before the hold does: the hold must not
                 // end with it.
                 tokio::spawn(pending);
@@ -262,7 +265,7 @@ impl Shared {
         w: &mut Worker,
         raw: &[u8],
         question: Question,
-        asked: &Asked,
+        asked: Asked,
         result: QueryResult,
         code: u8,
     ) -> Handled {
@@ -275,7 +278,7 @@ impl Shared {
             false,
             asked.opt,
         );
-        self.tap_reply(asked, &w.scratch, result);
+        self.tap_reply(&asked, &w.scratch, result);
         self.finish(
             asked.client,
             asked.transport,
@@ -284,6 +287,8 @@ impl Shared {
             asked.received,
             Outcome::local(result, Some(code)),
         );
+        // The name's buffer serves the worker's next query.
+        w.name = asked.name;
         Handled::Reply
     }
 }

@@ -44,7 +44,7 @@ impl Shared {
                 w,
                 raw,
                 question,
-                &asked,
+                asked,
                 QueryResult::ConcurrencyLimited,
                 rcode::SERVFAIL,
             );
@@ -70,7 +70,7 @@ impl Shared {
                     w,
                     raw,
                     question,
-                    &asked,
+                    asked,
                     QueryResult::NoUpstream,
                     code,
                 );
@@ -101,7 +101,7 @@ impl Shared {
                 w,
                 raw,
                 question,
-                &asked,
+                asked,
                 QueryResult::ConcurrencyLimited,
                 rcode::SERVFAIL,
             );
@@ -155,13 +155,19 @@ impl Shared {
                 if table.is_closed() {
                     continue;
                 }
-                let slot = table.insert(&mut w.ids)?;
+                let mut slot = table.insert(&mut w.ids)?;
                 wire::set_id(raw, slot.id());
-                let query = raw.to_vec();
-                let sent_name = self
-                    .config
-                    .randomize_case
-                    .then(|| case::randomize(raw, question, &mut w.ids));
+                // Buffers of earlier queries on this socket: no allocation once warm.
+                let (mut query, mut sent_name, name) = {
+                    let spare = slot.spare();
+                    (spare.bytes(), spare.bytes(), spare.name())
+                };
+                // The query took the worker's name buffer along: a spare one takes its place.
+                w.name = name;
+                query.extend_from_slice(raw);
+                if self.config.randomize_case {
+                    case::randomize(raw, question, &mut w.ids, &mut sent_name);
+                }
                 slot.fill(Inflight {
                     query,
                     question,

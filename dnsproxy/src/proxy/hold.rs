@@ -11,7 +11,7 @@ use fqdnd_dnswire::Decoded;
 use tokio::net::UdpSocket;
 use tokio::time::Instant;
 
-use super::{Answer, Outcome, Replies, Shared, Slow};
+use super::{Answer, Held, Outcome, Replies, Shared};
 use crate::answer;
 use crate::config::HoldFallback;
 use crate::metrics::HoldFailure;
@@ -47,7 +47,7 @@ impl Shared {
         raw: &mut [u8],
         decoded: &Decoded,
         out: Option<&mut Replies>,
-    ) -> Option<Slow> {
+    ) -> Held {
         let asked = &answer.origin.asked;
         let context = ResponseContext {
             client: asked.client,
@@ -65,18 +65,17 @@ impl Shared {
                 self.metrics
                     .observer
                     .record(started.elapsed().as_secs_f64());
-                match result {
+                Held::Done(match result {
                     Ok(()) => self.release(answer, raw, QueryResult::Answered, out).await,
                     Err(e) => {
                         self.fallback(answer, raw, HoldFailure::ObserverError, Some(&e), out)
-                            .await;
+                            .await
                     }
-                }
-                None
+                })
             }
             Observation::Pending(future) => {
                 let raw = raw.to_vec();
-                Some(Box::pin(
+                Held::Pending(Box::pin(
                     self.clone().await_observation(answer, raw, started, future),
                 ))
             }
@@ -101,13 +100,12 @@ impl Shared {
                 match result {
                     Ok(()) => self.release(answer, &mut raw, QueryResult::Answered, None).await,
                     Err(e) => {
-                        self.fallback(answer, &mut raw, HoldFailure::ObserverError, Some(&e), None).await;
+                        self.fallback(answer, &mut raw, HoldFailure::ObserverError, Some(&e), None).await
                     }
-                }
+                };
             }
             () = tokio::time::sleep_until(deadline) => {
-                let name = answer.origin.asked.name.clone();
-                self.fallback(answer, &mut raw, HoldFailure::Timeout, None, None).await;
+                let name = self.fallback(answer, &mut raw, HoldFailure::Timeout, None, None).await;
                 let result = future.await;
                 self.metrics.observer.record(started.elapsed().as_secs_f64());
                 if let Err(e) = result {
@@ -123,14 +121,14 @@ impl Shared {
 
     /// Sends the upstream's answer to the client with the client's ID (truncated for a UDP
     /// client whose payload size it exceeds); the query ends with `result` (`Answered`, or the
-    /// hold failure when the fallback releases).
+    /// hold failure when the fallback releases). Returns the query's name.
     async fn release(
         &self,
         answer: Answer,
         raw: &mut [u8],
         result: QueryResult,
         queue: Option<&mut Replies>,
-    ) {
+    ) -> String {
         let Answer {
             origin: Origin { reply, asked },
             upstream,
@@ -187,11 +185,12 @@ impl Shared {
             addresses: Some(addresses),
         };
         self.finish_admitted(&asked, outcome);
+        asked.name
     }
 
     /// The observer timed out or failed (with `error`): release anyway or SERVFAIL, as
     /// configured. Either way the query ends as `hold_timeout` or `observer_failed`, and a
-    /// warning says what happened and what was done.
+    /// warning says what happened and what was done. Returns the query's name.
     async fn fallback(
         &self,
         answer: Answer,
@@ -199,7 +198,7 @@ impl Shared {
         failure: HoldFailure,
         error: Option<&ObserveError>,
         queue: Option<&mut Replies>,
-    ) {
+    ) -> String {
         self.metrics.hold_failure(failure);
         let release = self.config.on_hold_timeout == HoldFallback::Release;
         self.log_fallback(&answer.origin.asked.name, failure, error, release);
@@ -230,6 +229,7 @@ impl Shared {
             addresses: None,
         };
         self.finish_admitted(&asked, outcome);
+        asked.name
     }
 
     /// Warns that the observer failed or timed out on `name`, and what the reply is: at most

@@ -139,7 +139,7 @@ impl Shared {
                         slot.fill(Inflight {
                             query: probe.clone(),
                             question,
-                            sent_name: None,
+                            sent_name: Vec::new(),
                             sent: now,
                             origin: None,
                         });

@@ -99,6 +99,9 @@ pub(crate) struct Worker {
     next_socket: usize,
     /// A reply the proxy wrote itself, ready to send.
     pub(crate) scratch: Vec<u8>,
+    /// The canonical name of the query being handled. A forwarded query takes it along and
+    /// leaves a spare buffer from its upstream socket in its place.
+    name: String,
     /// Batching (a UDP listener's task): forwarded queries wait in `queries` until
     /// [`Shared::flush`]; otherwise each is sent at once.
     pub(crate) batching: bool,
@@ -123,6 +126,7 @@ impl Worker {
             next_upstream: seed,
             next_socket: seed,
             scratch: Vec::new(),
+            name: String::new(),
             batching: false,
             queries: Vec::new(),
             replies: Replies::new(0),
@@ -402,6 +406,15 @@ impl Shared {
             answers,
         });
     }
+}
+
+/// What became of an answer shown to the observer.
+pub(crate) enum Held {
+    /// The reply is out (or the fallback was applied): the query's canonical name comes back,
+    /// for its buffer to serve another query.
+    Done(String),
+    /// The observer is still working: the task that holds the answer until it is done.
+    Pending(Slow),
 }
 
 /// Work an answer leaves behind (a pending observation or a TCP retry): boxed, off the fast

@@ -10,14 +10,14 @@ use fqdnd_dnswire::Decoder;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::{Answer, BATCH, ERROR_PAUSE, Replies, Shared, Slow, addresses, is_transient};
+use super::{Answer, BATCH, ERROR_PAUSE, Held, Replies, Shared, Slow, addresses, is_transient};
 use crate::answer::{self, Validated};
 use crate::batch::RecvBatch;
 use crate::config::TruncatedAction;
 use crate::metrics::DropReason;
 use crate::policy::Transport;
 use crate::upstream::Upstream;
-use crate::upstream_socket::UpstreamSocket;
+use crate::upstream_socket::{Inflight, Spare, UpstreamSocket};
 
 impl Shared {
     /// Receives answers on one upstream socket until it fails, or until it was retired by a
@@ -32,6 +32,9 @@ impl Shared {
         let mut replies = Replies::new(self.udp.len());
         let mut decoder = Decoder::new();
         let mut pending = JoinSet::new();
+        // Buffers of the queries that ended here, given back to the socket's table with the
+        // next answer (under the lock its validation takes anyway), for the next queries.
+        let mut spare = Spare::default();
         loop {
             tokio::select! {
                 ready = socket.socket.readable() => {
@@ -67,6 +70,7 @@ impl Shared {
                             got.from,
                             &mut decoder,
                             &mut replies,
+                            &mut spare,
                         )
                         .await
                     {
@@ -91,7 +95,12 @@ impl Shared {
     }
 
     /// Validates one datagram from an upstream socket and replies, or returns the task that
-    /// will (a pending observation or a TCP retry).
+    /// will (a pending observation or a TCP retry). The buffers of a query that ends here go
+    /// to `spare`.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the receiver's state, passed through once"
+    )]
     async fn on_answer(
         self: &Arc<Self>,
         upstream: &Arc<Upstream>,
@@ -100,13 +109,14 @@ impl Shared {
         from: SocketAddr,
         decoder: &mut Decoder,
         replies: &mut Replies,
+        spare: &mut Spare,
     ) -> Option<Slow> {
         if from != upstream.addr {
             self.dropped(DropReason::WrongSource, upstream.addr);
             return None;
         }
         let answered = Instant::now();
-        let validated = answer::validate(raw, socket, decoder);
+        let validated = answer::validate(raw, socket, decoder, spare);
         let Validated {
             entry,
             question: answer_question,
@@ -121,7 +131,15 @@ impl Shared {
         let raw = &mut raw[..len];
         let rtt = answered.saturating_duration_since(entry.sent);
         upstream.on_success(rtt, self.elapsed_ms(answered));
-        let (Some(origin), Some(question)) = (entry.origin, answer_question) else {
+        let Inflight {
+            query,
+            question: query_question,
+            sent_name,
+            origin,
+            ..
+        } = entry;
+        spare.keep_bytes(sent_name);
+        let (Some(origin), Some(question)) = (origin, answer_question) else {
             upstream.probing.store(false, Ordering::Relaxed);
             return None;
         };
@@ -133,10 +151,11 @@ impl Shared {
             return Some(Box::pin(self.clone().retry_tcp(
                 upstream.clone(),
                 origin,
-                entry.query,
-                entry.question,
+                query,
+                query_question,
             )));
         }
+        spare.keep_bytes(query);
         let answer = Answer {
             origin,
             upstream: upstream.addr,
@@ -146,8 +165,16 @@ impl Shared {
             answered,
             cached: false,
         };
-        self.observe_and_reply(answer, raw, decoded, Some(replies))
+        match self
+            .observe_and_reply(answer, raw, decoded, Some(replies))
             .await
+        {
+            Held::Done(name) => {
+                spare.keep_name(name);
+                None
+            }
+            Held::Pending(task) => Some(task),
+        }
     }
 
     pub(super) fn dropped(&self, reason: DropReason, upstream: SocketAddr) {

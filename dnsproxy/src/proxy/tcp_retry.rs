@@ -10,7 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::{Answer, Shared, addresses};
+use super::{Answer, Held, Shared, addresses};
 use crate::ids::IdSource;
 use crate::metrics::DropReason;
 use crate::question::Question;
@@ -46,7 +46,7 @@ impl Shared {
                         answered,
                         cached: false,
                     };
-                    if let Some(pending) = self
+                    if let Held::Pending(pending) = self
                         .observe_and_reply(answer, &mut raw, decoded, None)
                         .await
                     {
