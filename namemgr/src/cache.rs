@@ -12,6 +12,7 @@
 //! IP is not indexed (only how many, per address family): nothing on the answer or GC path
 //! needs the names of an IP.
 
+use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::net::IpAddr;
@@ -223,7 +224,24 @@ impl NameEntry {
 
     /// Where `addr` is, or would go.
     pub(crate) fn find(&self, addr: IpAddr) -> Result<usize, usize> {
-        self.ips.binary_search_by_key(&addr, |m| m.addr)
+        // `IpAddr`'s order (IPv4 first, then each family by its bits), compared on the
+        // family's integer: one comparison per step instead of the enum's and the octets'.
+        match addr {
+            IpAddr::V4(a) => {
+                let key = a.to_bits();
+                self.ips.binary_search_by(|m| match m.addr {
+                    IpAddr::V4(b) => b.to_bits().cmp(&key),
+                    IpAddr::V6(_) => Ordering::Greater,
+                })
+            }
+            IpAddr::V6(a) => {
+                let key = a.to_bits();
+                self.ips.binary_search_by(|m| match m.addr {
+                    IpAddr::V4(_) => Ordering::Less,
+                    IpAddr::V6(b) => b.to_bits().cmp(&key),
+                })
+            }
+        }
     }
 
     /// Whether `endpoint` has a record for this name.
