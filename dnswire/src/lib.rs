@@ -374,20 +374,19 @@ fn read_name(msg: &[u8], pos: &mut usize, text: &mut String) -> Result<Range<usi
 /// printable ASCII as `\DDD`, so that distinct names stay distinct. How every name this crate
 /// decodes is written, and how the proxy writes a query's name.
 pub fn push_label(text: &mut String, label: &[u8]) {
-    // The common label: printable ASCII with nothing to escape, copied at once.
-    let plain = label
-        .iter()
-        .all(|&b| matches!(b, 0x21..=0x7e) && b != b'.' && b != b'\\');
-    if plain && let Ok(ascii) = std::str::from_utf8(label) {
-        let start = text.len();
-        text.push_str(ascii);
-        if let Some(pushed) = text.get_mut(start..) {
-            pushed.make_ascii_lowercase();
+    // The common label: printable ASCII with nothing to escape, lowercased and copied in one
+    // pass; at the first byte that needs escaping, undone and written by the escaping path.
+    let start = text.len();
+    text.reserve(label.len() + 1);
+    for &b in label {
+        if !matches!(b, 0x21..=0x7e) || b == b'.' || b == b'\\' {
+            text.truncate(start);
+            push_label_escaped(text, label);
+            return;
         }
-        text.push('.');
-        return;
+        text.push(char::from(b.to_ascii_lowercase()));
     }
-    push_label_escaped(text, label);
+    text.push('.');
 }
 
 /// [`push_label`] byte by byte, escaping what presentation form cannot hold as it is.

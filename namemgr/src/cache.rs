@@ -12,6 +12,7 @@
 //! IP is not indexed (only how many, per address family): nothing on the answer or GC path
 //! needs the names of an IP.
 
+use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::net::IpAddr;
@@ -225,9 +226,27 @@ impl NameEntry {
     pub(crate) fn find(&self, addr: IpAddr) -> Result<usize, usize> {
         match self.ips.last() {
             // Past the last one (a new name's sorted answer): no search.
-            Some(last) if last.addr < addr => Err(self.ips.len()),
-            None => Err(0),
-            Some(_) => self.ips.binary_search_by_key(&addr, |m| m.addr),
+            Some(last) if last.addr < addr => return Err(self.ips.len()),
+            None => return Err(0),
+            Some(_) => {}
+        }
+        // `IpAddr`'s order (IPv4 first, then each family by its bits), compared on the
+        // family's integer: one comparison per step instead of the enum's and the octets'.
+        match addr {
+            IpAddr::V4(a) => {
+                let key = a.to_bits();
+                self.ips.binary_search_by(|m| match m.addr {
+                    IpAddr::V4(b) => b.to_bits().cmp(&key),
+                    IpAddr::V6(_) => Ordering::Greater,
+                })
+            }
+            IpAddr::V6(a) => {
+                let key = a.to_bits();
+                self.ips.binary_search_by(|m| match m.addr {
+                    IpAddr::V4(_) => Ordering::Less,
+                    IpAddr::V6(b) => b.to_bits().cmp(&key),
+                })
+            }
         }
     }
 
