@@ -290,6 +290,20 @@ fn text_of(arena: &str, name: NameText) -> &str {
         .unwrap_or_default()
 }
 
+/// The hash of the name in a slot, for the index to grow by.
+fn slot_hash<'a>(
+    slots: &'a [Option<NameEntry>],
+    hasher: &'a DefaultHashBuilder,
+    arena: &'a str,
+) -> impl Fn(&u32) -> u64 + 'a {
+    |&at| {
+        slots
+            .get(at as usize)
+            .and_then(Option::as_ref)
+            .map_or(0, |e| hasher.hash_one(text_of(arena, e.name)))
+    }
+}
+
 /// Whether `live` names in `slots` slots are few enough to reach through the index rather
 /// than by a walk over every slot.
 fn is_sparse(live: usize, slots: usize) -> bool {
@@ -319,6 +333,13 @@ impl Names {
         text_of(&self.text, entry.name)
     }
 
+    /// Room in the index for `more` names (a restore's answers: an upper bound on its
+    /// names), so that it does not grow by rehashing every name it holds.
+    pub(crate) fn reserve(&mut self, more: usize) {
+        let rehash = slot_hash(&self.slots, &self.hasher, &self.text);
+        self.index.reserve(more, rehash);
+    }
+
     /// Adds `name` (which the caller found absent) with its labels; `None` past 2³² names,
     /// a 4 GiB arena, or a name longer than 65535 bytes.
     pub(crate) fn insert(&mut self, name: &str, labels: Arc<LabelSet>) -> Option<NameIdx> {
@@ -340,13 +361,8 @@ impl Names {
             self.slots.push(Some(entry));
         }
         let hash = self.hasher.hash_one(name);
-        let (slots, hasher, arena) = (&self.slots, &self.hasher, &self.text);
-        self.index.insert_unique(hash, at, |&other| {
-            slots
-                .get(other as usize)
-                .and_then(Option::as_ref)
-                .map_or(0, |e| hasher.hash_one(text_of(arena, e.name)))
-        });
+        let rehash = slot_hash(&self.slots, &self.hasher, &self.text);
+        self.index.insert_unique(hash, at, rehash);
         Some(NameIdx(at))
     }
 

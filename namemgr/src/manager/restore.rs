@@ -72,6 +72,7 @@ impl NameManager {
             return Ok(self.restore_one_by_one(answers, now, ipcache, &mut failed, why));
         }
         let stats = self.stats.clone();
+        self.cache.names.reserve(answers.len());
         self.deferred = Some(Claims::default());
         let mut out = RestoreStats::default();
         let mut errors = Vec::new();
