@@ -373,4 +373,52 @@ mod tests {
             }
         }
     }
+    /// A datagram whose original destination the kernel did not report (the socket option
+    /// is off) drops the thread's headers for that kind, so the next receive makes them
+    /// again; once the option is on, the original destination is read, for either family.
+    #[tokio::test]
+    async fn a_missing_original_destination_remakes_the_headers() {
+        use nix::sys::socket::{setsockopt, sockopt};
+        for bind in ["127.0.0.1:0", "[::1]:0"] {
+            let to = UdpSocket::bind(bind).await.unwrap();
+            let from = UdpSocket::bind(bind).await.unwrap();
+            let to_addr = to.local_addr().unwrap();
+            let kind = HeaderKind {
+                v6: to_addr.is_ipv6(),
+                orig_dst: true,
+            };
+            let headers_kept = || RECV_HEADERS.with_borrow(|cache| cache[kind.index()].is_some());
+            let mut batch = RecvBatch::new(true);
+            let mut receive = async |round: u8| {
+                from.send_to(&[round], to_addr).await.unwrap();
+                loop {
+                    to.readable().await.unwrap();
+                    match batch.try_recv(&to) {
+                        Ok(n) => {
+                            assert_eq!(n, 1);
+                            let (got, bytes) = batch.get(0).unwrap();
+                            assert_eq!(bytes, [round]);
+                            return got.orig_dst;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            };
+            assert_eq!(receive(0).await, None, "{bind}: the option is off");
+            assert!(
+                !headers_kept(),
+                "{bind}: headers dropped after a missing one"
+            );
+            if to_addr.is_ipv6() {
+                setsockopt(&to, sockopt::Ipv6OrigDstAddr, &true).unwrap();
+            } else {
+                setsockopt(&to, sockopt::Ipv4OrigDstAddr, &true).unwrap();
+            }
+            for round in 1..3 {
+                assert_eq!(receive(round).await, Some(to_addr), "{bind}, round {round}");
+                assert!(headers_kept(), "{bind}: headers kept while whole");
+            }
+        }
+    }
 }
