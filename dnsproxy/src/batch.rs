@@ -373,6 +373,7 @@ mod tests {
             }
         }
     }
+
     /// A datagram whose original destination the kernel did not report (the socket option
     /// is off) drops the thread's headers for that kind, so the next receive makes them
     /// again; once the option is on, the original destination is read, for either family.

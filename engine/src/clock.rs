@@ -15,8 +15,13 @@ pub trait Clock: Send + Sync {
 
     /// Seconds from now until the Unix time `unix_ms` (0 if it has passed), rounded up.
     fn seconds_until_unix_ms(&self, unix_ms: u64) -> u32 {
-        let now_ms = self.unix_ms_of(self.now());
-        let left = unix_ms.saturating_sub(now_ms);
-        u32::try_from(left.div_ceil(1000)).unwrap_or(u32::MAX)
+        seconds_between(self.unix_ms_of(self.now()), unix_ms)
     }
+}
+
+/// Seconds from the Unix time `from_ms` until `unix_ms` (0 if it is not later), rounded up:
+/// for many expiries against one clock reading.
+pub(crate) fn seconds_between(from_ms: u64, unix_ms: u64) -> u32 {
+    let left = unix_ms.saturating_sub(from_ms);
+    u32::try_from(left.div_ceil(1000)).unwrap_or(u32::MAX)
 }

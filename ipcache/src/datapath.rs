@@ -306,20 +306,22 @@ impl MemoryDatapath {
 impl Datapath for MemoryDatapath {
     fn apply(&mut self, changes: &[DatapathChange]) -> Result<(), DatapathError> {
         self.batches += 1;
-        // A batch larger than a host table (a restore's commit) grows it once, not by
-        // doubling; smaller ones are mostly updates of what the table holds.
-        let (mut up4, mut up6) = (0usize, 0usize);
-        for change in changes {
-            if let DatapathChange::IpcacheUpsert { prefix, .. } = change {
-                match host(prefix) {
-                    Some(IpAddr::V4(_)) => up4 += 1,
-                    Some(IpAddr::V6(_)) => up6 += 1,
-                    None => {}
+        // A batch larger than the host tables (a restore's commit) grows them once, not by
+        // doubling; smaller ones (a commit per answer) are mostly updates and are not counted.
+        if changes.len() > self.hosts4.len() + self.hosts6.len() {
+            let (mut up4, mut up6) = (0usize, 0usize);
+            for change in changes {
+                if let DatapathChange::IpcacheUpsert { prefix, .. } = change {
+                    match host(prefix) {
+                        Some(IpAddr::V4(_)) => up4 += 1,
+                        Some(IpAddr::V6(_)) => up6 += 1,
+                        None => {}
+                    }
                 }
             }
+            self.hosts4.reserve(up4.saturating_sub(self.hosts4.len()));
+            self.hosts6.reserve(up6.saturating_sub(self.hosts6.len()));
         }
-        self.hosts4.reserve(up4.saturating_sub(self.hosts4.len()));
-        self.hosts6.reserve(up6.saturating_sub(self.hosts6.len()));
         for change in changes {
             match change {
                 DatapathChange::PolicyUpsert { endpoint, key } => {

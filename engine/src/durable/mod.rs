@@ -255,13 +255,8 @@ impl Restored {
         clock: &dyn Clock,
     ) -> Result<usize, Error> {
         let now = clock.now();
-        // One clock reading for every answer's remaining TTL (as
-        // `Clock::seconds_until_unix_ms` rounds it).
+        // One clock reading for every answer's remaining TTL.
         let now_unix_ms = clock.unix_ms_of(now);
-        let ttl = |expires: u64| {
-            let left = expires.saturating_sub(now_unix_ms);
-            u32::try_from(left.div_ceil(1000)).unwrap_or(u32::MAX)
-        };
         // Latest expiry first: when a bound (maxCacheEntries, the per-name and per-endpoint
         // breakers) is reached during the restore, what is left out is what expires first
         // (expired flood names, say), never a live name behind them.
@@ -273,7 +268,7 @@ impl Restored {
                 endpoint: *endpoint,
                 name,
                 addrs,
-                ttl: ttl(*expires),
+                ttl: crate::clock::seconds_between(now_unix_ms, *expires),
             })
             .collect();
         let stats = engine.restore_answers(&answers, now, |a, e| {
