@@ -66,6 +66,13 @@ pub enum Error {
         #[source]
         source: fqdnd_checkpoint::Error,
     },
+    /// The state directory holds more answers than a restore can index (4 GiB of names or
+    /// 4 billion addresses).
+    #[error("state directory {}: its answers outgrow 4 GiB of names or 4 billion addresses", dir.display())]
+    RestoreTooLarge {
+        /// The directory.
+        dir: PathBuf,
+    },
     /// A record could not be queued to the journal, or was not made durable.
     #[error("journal")]
     Journal(#[source] fqdnd_checkpoint::Error),

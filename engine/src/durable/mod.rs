@@ -14,6 +14,7 @@
 //!   (expired ones come back expired: the first GC pass keeps those conntrack still shows in
 //!   use, as zombies); one commit at the end.
 
+mod flat;
 mod persist;
 
 use std::collections::{BTreeMap, HashMap};
@@ -27,6 +28,7 @@ use fqdnd_namemgr::Restore;
 use serde::{Deserialize, Serialize};
 
 use crate::{Clock, Engine, Error};
+pub use flat::{Answers, ReadSnapshot, RestoredAnswer, TooLarge};
 pub use persist::Persist;
 
 /// The record and snapshot layout version; a state directory of another schema is refused.
@@ -116,16 +118,13 @@ impl Snapshot {
     }
 }
 
-/// One answer to learn again: (endpoint, name, addresses, expiry in Unix milliseconds).
-pub type RestoredAnswer = (EndpointId, String, Vec<IpAddr>, u64);
-
 /// What a state directory held at start.
 #[derive(Debug, Default)]
 pub struct Restored {
     /// Canonical label set → identity number, the latest record winning.
     pub identities: Vec<(String, Identity)>,
     /// Answers to learn again, in journal order.
-    pub answers: Vec<RestoredAnswer>,
+    pub answers: Answers,
     /// What recovery cut off a torn journal tail.
     pub discarded: Option<Discarded>,
     /// Journal records read after the snapshot.
@@ -145,45 +144,19 @@ pub fn open(dir: &Path, strict: bool) -> Result<(Restored, Journal<Record>), Err
     let mut options = Options::new(SCHEMA);
     options.strict = strict;
     let recovered =
-        fqdnd_checkpoint::open::<Snapshot, Record>(dir, &options).map_err(|source| {
+        fqdnd_checkpoint::open::<ReadSnapshot, Record>(dir, &options).map_err(|source| {
             Error::State {
                 dir: dir.to_path_buf(),
                 source,
             }
         })?;
     let mut identities: BTreeMap<u32, String> = BTreeMap::new();
-    let mut answers: Vec<RestoredAnswer> = Vec::new();
+    // Read straight into the flat answers: no allocation per name.
     let snapshot = recovered.snapshot.unwrap_or_default();
-    let snapshot_entries = snapshot.entries();
+    let snapshot_entries = snapshot.entries;
+    let mut answers = snapshot.answers;
     for (labels, id) in snapshot.identities {
         identities.insert(id, labels);
-    }
-    for n in snapshot.names {
-        let endpoints = if n.endpoints.is_empty() {
-            vec![0]
-        } else {
-            n.endpoints
-        };
-        // One answer per (endpoint, expiry); the last one takes the name and the addresses
-        // instead of a copy (most names have one endpoint and one expiry).
-        let groups = by_expiry(n.addrs);
-        let Some((last, others)) = endpoints.split_last() else {
-            continue;
-        };
-        for ep in others {
-            for (expires, addrs) in &groups {
-                answers.push((EndpointId(*ep), n.name.clone(), addrs.clone(), *expires));
-            }
-        }
-        let mut name = n.name;
-        let mut groups = groups.into_iter().peekable();
-        while let Some((expires, addrs)) = groups.next() {
-            let name = match groups.peek() {
-                Some(_) => name.clone(),
-                None => std::mem::take(&mut name),
-            };
-            answers.push((EndpointId(*last), name, addrs, expires));
-        }
     }
     let records = recovered.records.len();
     for record in recovered.records {
@@ -193,7 +166,11 @@ pub fn open(dir: &Path, strict: bool) -> Result<(Restored, Journal<Record>), Err
                 name,
                 addrs,
                 expires_unix_ms,
-            } => answers.push((EndpointId(endpoint), name, addrs, expires_unix_ms)),
+            } => answers
+                .push(EndpointId(endpoint), &name, &addrs, expires_unix_ms)
+                .map_err(|TooLarge| Error::RestoreTooLarge {
+                    dir: dir.to_path_buf(),
+                })?,
             Record::Identity { labels, id } => {
                 identities.insert(id, labels);
             }
@@ -216,22 +193,6 @@ pub fn open(dir: &Path, strict: bool) -> Result<(Restored, Journal<Record>), Err
     };
     let journal = Journal::start(recovered.tail, &options);
     Ok((restored, journal))
-}
-
-/// A name's addresses grouped by expiry, in expiry order (one group, without a map, when
-/// they share one).
-fn by_expiry(addrs: Vec<(IpAddr, u64)>) -> Vec<(u64, Vec<IpAddr>)> {
-    let first = addrs.first().map(|(_, expires)| *expires);
-    if let Some(expires) = first
-        && addrs.iter().all(|(_, e)| *e == expires)
-    {
-        return vec![(expires, addrs.into_iter().map(|(addr, _)| addr).collect())];
-    }
-    let mut groups: BTreeMap<u64, Vec<IpAddr>> = BTreeMap::new();
-    for (addr, expires) in addrs {
-        groups.entry(expires).or_default().push(addr);
-    }
-    groups.into_iter().collect()
 }
 
 impl Restored {
@@ -260,15 +221,15 @@ impl Restored {
         // Latest expiry first: when a bound (maxCacheEntries, the per-name and per-endpoint
         // breakers) is reached during the restore, what is left out is what expires first
         // (expired flood names, say), never a live name behind them.
-        let mut sorted: Vec<&RestoredAnswer> = self.answers.iter().collect();
-        sorted.sort_by_key(|(_, _, _, expires)| std::cmp::Reverse(*expires));
+        let mut sorted: Vec<RestoredAnswer<'_>> = self.answers.iter().collect();
+        sorted.sort_by_key(|a| std::cmp::Reverse(a.expires_unix_ms));
         let answers: Vec<Restore<'_>> = sorted
             .into_iter()
-            .map(|(endpoint, name, addrs, expires)| Restore {
-                endpoint: *endpoint,
-                name,
-                addrs,
-                ttl: crate::clock::seconds_between(now_unix_ms, *expires),
+            .map(|a| Restore {
+                endpoint: a.endpoint,
+                name: a.name,
+                addrs: a.addrs,
+                ttl: crate::clock::seconds_between(now_unix_ms, a.expires_unix_ms),
             })
             .collect();
         let stats = engine.restore_answers(&answers, now, |a, e| {
@@ -385,23 +346,20 @@ spec:
             unix_ms: 1_700_000_000_000,
         };
         let now_ms = clock.unix_ms;
-        let answer = |name: &str, last: u8, expires: u64| {
-            (
-                EndpointId(7),
-                name.to_owned(),
-                vec![IpAddr::from([192, 0, 2, last])],
-                expires,
-            )
-        };
+        let mut answers = Answers::default();
+        for (name, last, expires) in [
+            ("w1.flood.test.", 1, now_ms - 60_000),
+            ("w2.flood.test.", 2, now_ms - 50_000),
+            ("w3.flood.test.", 3, now_ms - 40_000),
+            ("k1.corp.test.", 11, now_ms + 3_600_000),
+            ("k2.corp.test.", 12, now_ms + 3_600_000),
+        ] {
+            let addr = IpAddr::from([192, 0, 2, last]);
+            answers.push(EndpointId(7), name, &[addr], expires).unwrap();
+        }
         let restored = Restored {
             identities: Vec::new(),
-            answers: vec![
-                answer("w1.flood.test.", 1, now_ms - 60_000),
-                answer("w2.flood.test.", 2, now_ms - 50_000),
-                answer("w3.flood.test.", 3, now_ms - 40_000),
-                answer("k1.corp.test.", 11, now_ms + 3_600_000),
-                answer("k2.corp.test.", 12, now_ms + 3_600_000),
-            ],
+            answers,
             discarded: None,
             records: 5,
             snapshot_entries: 0,

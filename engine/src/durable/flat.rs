@@ -1,0 +1,434 @@
+//! Restored answers kept flat: every name in one string, every address in one vector, each
+//! answer a few integers into them. A million-name snapshot is read into three allocations
+//! instead of three per name (its name, endpoints and addresses), and the restore borrows
+//! from them.
+//!
+//! The snapshot is decoded straight into this form ([`ReadSnapshot`]): the same layout
+//! [`Snapshot`](super::Snapshot) writes, read with serde seeds that append to the flat
+//! vectors.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use fqdnd_ipcache::EndpointId;
+use serde::Deserialize;
+use serde::de::{self, DeserializeSeed, Deserializer, SeqAccess, Visitor};
+
+/// One restored answer, borrowed from [`Answers`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RestoredAnswer<'a> {
+    /// The endpoint or client group that asked.
+    pub endpoint: EndpointId,
+    /// The canonical name.
+    pub name: &'a str,
+    /// Its addresses.
+    pub addrs: &'a [IpAddr],
+    /// When they expire, in milliseconds since the Unix epoch.
+    pub expires_unix_ms: u64,
+}
+
+/// Answers to learn again, in journal order.
+#[derive(Debug, Default)]
+pub struct Answers {
+    names: String,
+    addrs: Vec<IpAddr>,
+    items: Vec<Item>,
+}
+
+/// One answer: where its name and addresses are in [`Answers`].
+#[derive(Debug, Clone, Copy)]
+struct Item {
+    endpoint: u16,
+    name: (u32, u32),
+    addrs: (u32, u32),
+    expires_unix_ms: u64,
+}
+
+/// The flat vectors hold more than `u32` can index (4 GiB of names or 4 billion addresses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the restored answers outgrow 4 GiB of names or 4 billion addresses")]
+pub struct TooLarge;
+
+impl Answers {
+    /// Answers restored.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// No answer.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// Every answer, in the order pushed.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = RestoredAnswer<'_>> + '_ {
+        self.items.iter().map(|item| RestoredAnswer {
+            endpoint: EndpointId(item.endpoint),
+            name: self.names.get(range(item.name)).unwrap_or_default(),
+            addrs: self.addrs.get(range(item.addrs)).unwrap_or_default(),
+            expires_unix_ms: item.expires_unix_ms,
+        })
+    }
+
+    /// Adds one answer (a journal record).
+    ///
+    /// # Errors
+    /// The flat vectors would outgrow `u32` indices.
+    pub fn push(
+        &mut self,
+        endpoint: EndpointId,
+        name: &str,
+        addrs: &[IpAddr],
+        expires_unix_ms: u64,
+    ) -> Result<(), TooLarge> {
+        let name = self.push_name(name)?;
+        let addrs = self.push_addrs(addrs.iter().copied())?;
+        self.items.push(Item {
+            endpoint: endpoint.0,
+            name,
+            addrs,
+            expires_unix_ms,
+        });
+        Ok(())
+    }
+
+    /// Adds a snapshot's name: one answer per (endpoint, expiry), endpoint by endpoint,
+    /// earliest expiry first; a name no endpoint asked comes back for endpoint 0. `addrs` is
+    /// reordered.
+    fn push_snapshot_name(
+        &mut self,
+        name: (u32, u32),
+        endpoints: &[u16],
+        addrs: &mut [(IpAddr, u64)],
+    ) -> Result<(), TooLarge> {
+        // Most names share one expiry: then the order is left as it was.
+        if addrs.windows(2).any(|w| w[0].1 != w[1].1) {
+            addrs.sort_by_key(|(_, expires)| *expires);
+        }
+        let first_item = self.items.len();
+        for group in addrs.chunk_by(|a, b| a.1 == b.1) {
+            let expires_unix_ms = group.first().map_or(0, |(_, e)| *e);
+            let addrs = self.push_addrs(group.iter().map(|(addr, _)| *addr))?;
+            self.items.push(Item {
+                endpoint: 0,
+                name,
+                addrs,
+                expires_unix_ms,
+            });
+        }
+        let groups = self.items.len() - first_item;
+        let Some((&first, others)) = endpoints.split_first() else {
+            return Ok(());
+        };
+        for item in &mut self.items[first_item..] {
+            item.endpoint = first;
+        }
+        for &endpoint in others {
+            for at in first_item..first_item + groups {
+                let item = Item {
+                    endpoint,
+                    ..self.items[at]
+                };
+                self.items.push(item);
+            }
+        }
+        Ok(())
+    }
+
+    fn push_name(&mut self, name: &str) -> Result<(u32, u32), TooLarge> {
+        let start = index(self.names.len())?;
+        self.names.push_str(name);
+        Ok((start, index(self.names.len())?))
+    }
+
+    fn push_addrs(&mut self, addrs: impl Iterator<Item = IpAddr>) -> Result<(u32, u32), TooLarge> {
+        let start = index(self.addrs.len())?;
+        self.addrs.extend(addrs);
+        Ok((start, index(self.addrs.len())?))
+    }
+}
+
+fn index(n: usize) -> Result<u32, TooLarge> {
+    u32::try_from(n).map_err(|_| TooLarge)
+}
+
+fn range((start, end): (u32, u32)) -> std::ops::Range<usize> {
+    start as usize..end as usize
+}
+
+/// A snapshot as the restore reads it: the answers flat, the identities as written. It
+/// decodes what [`Snapshot`](super::Snapshot) encodes.
+#[derive(Debug, Default)]
+pub struct ReadSnapshot {
+    /// One answer per (name, endpoint, expiry): a name's endpoints in the order written
+    /// (endpoint 0 for a name none asked), each with the name's addresses grouped by expiry,
+    /// earliest first.
+    pub answers: Answers,
+    /// Canonical label set → identity number, as written.
+    pub identities: Vec<(String, u32)>,
+    /// (name, IP) entries.
+    pub entries: usize,
+}
+
+/// What a name's fields are, for decoding errors.
+const EXPECTING: &str = "a cached name (name, endpoints, addresses)";
+
+// The fields of `Snapshot` and `SnapshotName`, in their order.
+const SNAPSHOT: &[&str] = &["names", "identities"];
+const SNAPSHOT_NAME: &[&str] = &["name", "endpoints", "addrs"];
+
+impl<'de> Deserialize<'de> for ReadSnapshot {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_struct("Snapshot", SNAPSHOT, SnapshotVisitor)
+    }
+}
+
+struct SnapshotVisitor;
+
+impl<'de> Visitor<'de> for SnapshotVisitor {
+    type Value = ReadSnapshot;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a snapshot (names, identities)")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ReadSnapshot, A::Error> {
+        let mut out = ReadSnapshot::default();
+        seq.next_element_seed(NamesSeed(&mut out))?
+            .ok_or_else(|| de::Error::invalid_length(0, &self))?;
+        out.identities = seq
+            .next_element()?
+            .ok_or_else(|| de::Error::invalid_length(1, &self))?;
+        Ok(out)
+    }
+}
+
+/// The snapshot's names, appended to its answers.
+struct NamesSeed<'a>(&'a mut ReadSnapshot);
+
+impl<'de> DeserializeSeed<'de> for NamesSeed<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for NamesSeed<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a list of cached names")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        // A length from the file, trusted only up to a megabyte of answers (serde's own
+        // caution for a `Vec`): a bad length cannot reserve much.
+        let hint = seq
+            .size_hint()
+            .unwrap_or(0)
+            .min((1 << 20) / size_of::<Item>());
+        self.0.answers.items.reserve(hint);
+        // Reused for every name.
+        let mut scratch = Scratch::default();
+        while seq
+            .next_element_seed(NameSeed {
+                out: &mut *self.0,
+                scratch: &mut scratch,
+            })?
+            .is_some()
+        {}
+        Ok(())
+    }
+}
+
+#[derive(Default)]
+struct Scratch {
+    endpoints: Vec<u16>,
+    addrs: Vec<(IpAddr, u64)>,
+}
+
+/// One `SnapshotName`: its name appended to the answers' names, its endpoints and addresses
+/// read into the scratch vectors, then its answers added.
+struct NameSeed<'a> {
+    out: &'a mut ReadSnapshot,
+    scratch: &'a mut Scratch,
+}
+
+impl<'de> DeserializeSeed<'de> for NameSeed<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_struct("SnapshotName", SNAPSHOT_NAME, self)
+    }
+}
+
+impl<'de> Visitor<'de> for NameSeed<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a cached name (name, endpoints, addresses)")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let answers = &mut self.out.answers;
+        let too_large = || de::Error::custom("the snapshot's names outgrow 4 GiB");
+        let start = index(answers.names.len()).map_err(|_| too_large())?;
+        seq.next_element_seed(AppendStr(&mut answers.names))?
+            .ok_or_else(|| de::Error::invalid_length(0, &EXPECTING))?;
+        let name = (start, index(answers.names.len()).map_err(|_| too_large())?);
+        self.scratch.endpoints.clear();
+        seq.next_element_seed(Extend(&mut self.scratch.endpoints))?
+            .ok_or_else(|| de::Error::invalid_length(1, &EXPECTING))?;
+        self.scratch.addrs.clear();
+        seq.next_element_seed(Extend(&mut self.scratch.addrs))?
+            .ok_or_else(|| de::Error::invalid_length(2, &EXPECTING))?;
+        self.out.entries += self.scratch.addrs.len();
+        answers
+            .push_snapshot_name(name, &self.scratch.endpoints, &mut self.scratch.addrs)
+            .map_err(|_| too_large())
+    }
+}
+
+/// A string appended to a `String`, without one of its own.
+struct AppendStr<'a>(&'a mut String);
+
+impl<'de> DeserializeSeed<'de> for AppendStr<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl Visitor<'_> for AppendStr<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+        self.0.push_str(v);
+        Ok(())
+    }
+}
+
+/// A sequence appended to a `Vec`, without one of its own.
+struct Extend<'a, T>(&'a mut Vec<T>);
+
+impl<'de, T: Deserialize<'de>> DeserializeSeed<'de> for Extend<'_, T> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Visitor<'de> for Extend<'_, T> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a sequence")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while let Some(value) = seq.next_element()? {
+            self.0.push(value);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::durable::{SCHEMA, Snapshot, SnapshotName};
+    use fqdnd_checkpoint::{Options, Seq, SnapshotMeta};
+
+    fn ip(last: u8) -> IpAddr {
+        IpAddr::from([192, 0, 2, last])
+    }
+
+    /// What a snapshot written with `Snapshot` reads back as, for names with no endpoint,
+    /// several endpoints and several expiries.
+    #[test]
+    fn a_snapshot_reads_back_flat_in_the_order_of_its_names() {
+        let snapshot = Snapshot {
+            names: vec![
+                SnapshotName {
+                    name: "one.test.".into(),
+                    endpoints: vec![7],
+                    addrs: vec![(ip(1), 500), (ip(2), 500)],
+                },
+                SnapshotName {
+                    name: "mixed.test.".into(),
+                    endpoints: vec![3, 4],
+                    addrs: vec![(ip(3), 900), (ip(4), 100), (ip(5), 900), (ip(6), 100)],
+                },
+                SnapshotName {
+                    name: "nobody.test.".into(),
+                    endpoints: vec![],
+                    addrs: vec![(IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, 1]), 42)],
+                },
+                SnapshotName {
+                    name: "empty.test.".into(),
+                    endpoints: vec![9],
+                    addrs: vec![],
+                },
+            ],
+            identities: vec![("k8s:app=web".into(), 300)],
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let meta = SnapshotMeta {
+            next_generation: 1,
+            next_seq: Seq(0),
+            taken_at_unix_ms: 0,
+        };
+        fqdnd_checkpoint::write_snapshot(dir.path(), SCHEMA, &meta, &snapshot).unwrap();
+        let (_, read) =
+            fqdnd_checkpoint::read_snapshot::<ReadSnapshot>(dir.path(), &Options::new(SCHEMA))
+                .unwrap()
+                .unwrap();
+        let v6 = [IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, 1])];
+        let got: Vec<(u16, &str, Vec<IpAddr>, u64)> = read
+            .answers
+            .iter()
+            .map(|a| (a.endpoint.0, a.name, a.addrs.to_vec(), a.expires_unix_ms))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (7, "one.test.", vec![ip(1), ip(2)], 500),
+                (3, "mixed.test.", vec![ip(4), ip(6)], 100),
+                (3, "mixed.test.", vec![ip(3), ip(5)], 900),
+                (4, "mixed.test.", vec![ip(4), ip(6)], 100),
+                (4, "mixed.test.", vec![ip(3), ip(5)], 900),
+                (0, "nobody.test.", v6.to_vec(), 42),
+            ]
+        );
+        assert_eq!(read.entries, 7);
+        assert_eq!(read.identities, [("k8s:app=web".to_owned(), 300)]);
+    }
+
+    #[test]
+    fn journal_answers_keep_their_order() {
+        let mut answers = Answers::default();
+        answers
+            .push(EndpointId(1), "b.test.", &[ip(2)], 20)
+            .unwrap();
+        answers.push(EndpointId(2), "a.test.", &[], 10).unwrap();
+        let got: Vec<RestoredAnswer<'_>> = answers.iter().collect();
+        assert_eq!(got.len(), 2);
+        assert_eq!(
+            got[0],
+            RestoredAnswer {
+                endpoint: EndpointId(1),
+                name: "b.test.",
+                addrs: &[ip(2)],
+                expires_unix_ms: 20,
+            }
+        );
+        assert_eq!((got[1].name, got[1].addrs.len()), ("a.test.", 0));
+    }
+}
