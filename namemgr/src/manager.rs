@@ -2,6 +2,7 @@
 //! and labels each IP in the IpCache with the `fqdn:` labels of the selectors matching its
 //! name, under one resource owner per DNS name.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -140,7 +141,8 @@ struct Registered {
 pub struct NameManager {
     config: Config,
     matcher: Matcher,
-    selectors: HashMap<SelectorId, Registered>,
+    /// Looked up for every new name's labels: foldhash, not std's SipHash.
+    selectors: hashbrown::HashMap<SelectorId, Registered>,
     by_key: HashMap<String, SelectorId>,
     next_selector: u32,
     cache: DnsCache,
@@ -173,7 +175,7 @@ fn secs(now: Duration) -> Secs {
 
 fn labels_for(
     matcher: &Matcher,
-    selectors: &HashMap<SelectorId, Registered>,
+    selectors: &hashbrown::HashMap<SelectorId, Registered>,
     name: &str,
 ) -> LabelSet {
     let mut labels = LabelSet::new();
@@ -191,7 +193,7 @@ impl NameManager {
         Self {
             config,
             matcher: Matcher::new(),
-            selectors: HashMap::new(),
+            selectors: hashbrown::HashMap::new(),
             by_key: HashMap::new(),
             next_selector: 0,
             cache: DnsCache::default(),
@@ -223,7 +225,7 @@ impl NameManager {
         let found = match self.cache.names.find(name) {
             Some(idx) => Ok(idx),
             None => {
-                let parsed = DnsName::parse(name).map_err(|source| {
+                let parsed = DnsName::canonical(name).map_err(|source| {
                     self.stats.invalid_names += 1;
                     Error::InvalidName {
                         name: name.to_owned(),
@@ -231,12 +233,13 @@ impl NameManager {
                     }
                 })?;
                 // Looked up again only if canonicalisation changed it.
-                let again = (parsed.as_str() != name)
-                    .then(|| self.cache.names.find(parsed.as_str()))
-                    .flatten();
+                let again = match &parsed {
+                    Cow::Owned(canonical) => self.cache.names.find(canonical),
+                    Cow::Borrowed(_) => None,
+                };
                 match again {
                     Some(idx) => Ok(idx),
-                    None => Err(parsed.as_arc().clone()),
+                    None => Err(parsed),
                 }
             }
         };

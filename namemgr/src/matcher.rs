@@ -62,7 +62,7 @@ struct Slot {
 
 #[derive(Debug, Clone, Default)]
 struct Node {
-    literals: HashMap<Box<str>, Node>,
+    literals: hashbrown::HashMap<Box<str>, Node>,
     globs: Globs,
     terminals: Vec<Slot>,
     multi: Vec<Slot>,
@@ -167,7 +167,7 @@ impl Node {
 /// node cost a hash lookup and a few glob tests, not one test each.
 #[derive(Debug, Clone, Default)]
 struct Globs {
-    buckets: HashMap<GlobBucket, Vec<(Glob, Node)>>,
+    buckets: hashbrown::HashMap<GlobBucket, Vec<(Glob, Node)>>,
 }
 
 impl Globs {

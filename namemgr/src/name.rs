@@ -91,6 +91,15 @@ impl DnsName {
     /// [`NameError::TooLong`], then label by label from the left [`NameError::EmptyLabel`],
     /// [`NameError::LabelTooLong`], [`NameError::InvalidCharacter`].
     pub fn parse(name: &str) -> Result<Self, NameError> {
+        Self::canonical(name).map(|text| Self(Arc::from(text.as_ref())))
+    }
+
+    /// The checks of [`DnsName::parse`], giving the canonical text: `name` itself, without
+    /// an allocation, when it is canonical already (as the proxy hands names over).
+    ///
+    /// # Errors
+    /// As [`DnsName::parse`].
+    pub fn canonical(name: &str) -> Result<Cow<'_, str>, NameError> {
         let body = name.strip_suffix('.').unwrap_or(name);
         if body.is_empty() {
             return Err(NameError::Root);
@@ -113,7 +122,7 @@ impl DnsName {
                 return Err(NameError::InvalidCharacter { ch });
             }
         }
-        Ok(Self(Arc::from(canonicalize(name).as_ref())))
+        Ok(canonicalize(name))
     }
 
     /// The canonical text, e.g. `"www.example.com."`.
