@@ -130,7 +130,7 @@ pub struct CacheEntry<'a> {
     pub last_lookup: u32,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Registered {
     selector: FqdnSelector,
     label: LabelId,
@@ -140,9 +140,9 @@ struct Registered {
 #[derive(Debug)]
 pub struct NameManager {
     config: Config,
-    matcher: Matcher,
-    /// Looked up for every new name's labels: foldhash, not std's SipHash.
-    selectors: hashbrown::HashMap<SelectorId, Registered>,
+    /// The selectors in force (shared with a restore's labelling thread; changed in place
+    /// when not shared).
+    selection: Arc<Selection>,
     by_key: HashMap<String, SelectorId>,
     next_selector: u32,
     cache: DnsCache,
@@ -173,18 +173,25 @@ fn secs(now: Duration) -> Secs {
     u32::try_from(now.as_secs()).unwrap_or(u32::MAX)
 }
 
-fn labels_for(
-    matcher: &Matcher,
-    selectors: &hashbrown::HashMap<SelectorId, Registered>,
-    name: &str,
-) -> LabelSet {
-    let mut labels = LabelSet::new();
-    matcher.for_each_match(name, |id| {
-        if let Some(reg) = selectors.get(&id) {
-            labels.insert(reg.label);
-        }
-    });
-    labels
+/// The FQDN selectors in force, compiled.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Selection {
+    matcher: Matcher,
+    /// Looked up for every new name's labels: foldhash, not std's SipHash.
+    selectors: hashbrown::HashMap<SelectorId, Registered>,
+}
+
+impl Selection {
+    /// The `fqdn:` labels of the selectors matching the canonical `name`.
+    pub(crate) fn labels_for(&self, name: &str) -> LabelSet {
+        let mut labels = LabelSet::new();
+        self.matcher.for_each_match(name, |id| {
+            if let Some(reg) = self.selectors.get(&id) {
+                labels.insert(reg.label);
+            }
+        });
+        labels
+    }
 }
 
 impl NameManager {
@@ -192,8 +199,7 @@ impl NameManager {
     pub fn new(config: Config) -> Self {
         Self {
             config,
-            matcher: Matcher::new(),
-            selectors: hashbrown::HashMap::new(),
+            selection: Arc::default(),
             by_key: HashMap::new(),
             next_selector: 0,
             cache: DnsCache::default(),
@@ -218,6 +224,25 @@ impl NameManager {
         ttl: u32,
         now: Duration,
         ipcache: &mut IpCache<D>,
+    ) -> Result<Learned, Error> {
+        self.observe_labelled(endpoint, name, addrs, ttl, now, ipcache, None)
+    }
+
+    /// [`NameManager::observe`], with the labels of the canonical `name` when the caller
+    /// has them already (`labels`: used only if the name is new).
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "observe's arguments and the labels a restore worked out ahead"
+    )]
+    pub(crate) fn observe_labelled<D: Datapath>(
+        &mut self,
+        endpoint: EndpointId,
+        name: &str,
+        addrs: &[IpAddr],
+        ttl: u32,
+        now: Duration,
+        ipcache: &mut IpCache<D>,
+        labels: Option<LabelSet>,
     ) -> Result<Learned, Error> {
         self.stats.answers += 1;
         // A name already in the cache was validated when it was stored: look it up as given
@@ -281,9 +306,8 @@ impl NameManager {
         let (idx, is_new) = match found {
             Ok(idx) => (idx, false),
             Err(key) => {
-                let labels = self
-                    .cache
-                    .share(labels_for(&self.matcher, &self.selectors, &key));
+                let labels = labels.unwrap_or_else(|| self.selection.labels_for(&key));
+                let labels = self.cache.share(labels);
                 let Some(idx) = self.cache.names.insert(&key, labels) else {
                     // 2³² names at once: far past any `max_cache_entries`.
                     return Err(Error::BreakerTripped {
@@ -488,11 +512,12 @@ impl NameManager {
             .filter(|k| !wanted.contains_key(k.as_str()))
             .cloned()
             .collect();
+        let selection = Arc::make_mut(&mut self.selection);
         for key in gone {
             if let Some(id) = self.by_key.remove(&key)
-                && let Some(reg) = self.selectors.remove(&id)
+                && let Some(reg) = selection.selectors.remove(&id)
             {
-                self.matcher.remove(&reg.selector, id);
+                selection.matcher.remove(&reg.selector, id);
                 changed.push(reg.selector);
             }
         }
@@ -503,8 +528,8 @@ impl NameManager {
             let id = SelectorId(self.next_selector);
             self.next_selector = self.next_selector.wrapping_add(1);
             let label = ipcache.fqdn_label(key);
-            self.matcher.insert(selector, id);
-            self.selectors.insert(
+            selection.matcher.insert(selector, id);
+            selection.selectors.insert(
                 id,
                 Registered {
                     selector: selector.clone(),
@@ -526,7 +551,7 @@ impl NameManager {
             if !changed.iter().any(|s| s.matches(name)) {
                 continue;
             }
-            let labels = labels_for(&self.matcher, &self.selectors, name);
+            let labels = self.selection.labels_for(name);
             if labels == *entry.labels {
                 continue;
             }
@@ -778,12 +803,12 @@ impl NameManager {
 
     /// The selectors in force.
     pub fn selectors(&self) -> impl Iterator<Item = &FqdnSelector> + '_ {
-        self.selectors.values().map(|r| &r.selector)
+        self.selection.selectors.values().map(|r| &r.selector)
     }
 
     /// Whether any selector matches the canonical `name`.
     pub fn is_selected(&self, name: &str) -> bool {
-        self.matcher.is_match(name)
+        self.selection.matcher.is_match(name)
     }
 
     /// Counters.
