@@ -18,7 +18,7 @@
 # measure what recording adds to the hold); at the end the files are read back by
 # `fqdnd replay` and the record status (written, dropped) is printed.
 # Knobs (env): RATES="1000 5000" DURATION=10 (s per rate), STATE=0, RECORD=0,
-# RUN=/tmp/fqdnd-hold-time.
+# RUN=/tmp/fqdnd-hold-time, FQDND_BIN (a built fqdnd to measure instead of building this tree's).
 # Last line: `hold-time: <rate>/s p50 <µs> p99 <µs> ...` for each rate.
 # Everything started here (namespaces, processes, pins) is removed on exit.
 set -euo pipefail
@@ -50,9 +50,12 @@ cleanup() {
 trap cleanup EXIT INT TERM
 cleanup
 
-log "building fqdnd (release)"
-(cd "$ROOT" && cargo build --release --locked --quiet)
-BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/fqdnd"
+BIN="${FQDND_BIN:-}"
+if [[ -z $BIN ]]; then
+  log "building fqdnd (release)"
+  (cd "$ROOT" && cargo build --release --locked --quiet)
+  BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/fqdnd"
+fi
 
 total=0
 for r in $RATES; do total=$((total + r * DURATION)); done
