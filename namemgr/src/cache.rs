@@ -316,7 +316,18 @@ const COMPACT_AFTER: usize = 1 << 20;
 impl Names {
     /// The slot of `name`, if cached.
     pub(crate) fn find(&self, name: &str) -> Option<NameIdx> {
-        let hash = self.hasher.hash_one(name);
+        self.find_hashed(self.hasher.hash_one(name), name)
+    }
+
+    /// The hash [`Names::find_hashed`] and [`Names::insert_hashed`] take: `name`'s under
+    /// [`Names::hasher`].
+    pub(crate) fn hasher(&self) -> &DefaultHashBuilder {
+        &self.hasher
+    }
+
+    /// [`Names::find`], with `name`'s hash worked out already (elsewhere: a restore's
+    /// labelling thread).
+    pub(crate) fn find_hashed(&self, hash: u64, name: &str) -> Option<NameIdx> {
         let (slots, text) = (&self.slots, &self.text);
         self.index
             .find(hash, |&at| {
@@ -343,6 +354,16 @@ impl Names {
     /// Adds `name` (which the caller found absent) with its labels; `None` past 2³² names,
     /// a 4 GiB arena, or a name longer than 65535 bytes.
     pub(crate) fn insert(&mut self, name: &str, labels: Arc<LabelSet>) -> Option<NameIdx> {
+        self.insert_hashed(self.hasher.hash_one(name), name, labels)
+    }
+
+    /// [`Names::insert`], with `name`'s hash worked out already.
+    pub(crate) fn insert_hashed(
+        &mut self,
+        hash: u64,
+        name: &str,
+        labels: Arc<LabelSet>,
+    ) -> Option<NameIdx> {
         let text = NameText {
             at: u32::try_from(self.text.len()).ok()?,
             len: u16::try_from(name.len()).ok()?,
@@ -360,7 +381,6 @@ impl Names {
         } else {
             self.slots.push(Some(entry));
         }
-        let hash = self.hasher.hash_one(name);
         let rehash = slot_hash(&self.slots, &self.hasher, &self.text);
         self.index.insert_unique(hash, at, rehash);
         Some(NameIdx(at))

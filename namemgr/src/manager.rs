@@ -173,6 +173,15 @@ fn secs(now: Duration) -> Secs {
     u32::try_from(now.as_secs()).unwrap_or(u32::MAX)
 }
 
+/// What a restore's labelling thread works out ahead for a name it found canonical.
+#[derive(Debug)]
+pub(crate) struct Prepared {
+    /// The name's labels.
+    pub(crate) labels: LabelSet,
+    /// The name's hash in the cache's name index.
+    pub(crate) hash: u64,
+}
+
 /// The FQDN selectors in force, compiled.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Selection {
@@ -228,11 +237,11 @@ impl NameManager {
         self.observe_labelled(endpoint, name, addrs, ttl, now, ipcache, None)
     }
 
-    /// [`NameManager::observe`], with the labels of the canonical `name` when the caller
-    /// has them already (`labels`: used only if the name is new).
+    /// [`NameManager::observe`], with what a restore's labelling thread worked out ahead
+    /// for a `name` it found canonical.
     #[allow(
         clippy::too_many_arguments,
-        reason = "observe's arguments and the labels a restore worked out ahead"
+        reason = "observe's arguments and what a restore worked out ahead"
     )]
     pub(crate) fn observe_labelled<D: Datapath>(
         &mut self,
@@ -242,13 +251,23 @@ impl NameManager {
         ttl: u32,
         now: Duration,
         ipcache: &mut IpCache<D>,
-        labels: Option<LabelSet>,
+        prepared: Option<Prepared>,
     ) -> Result<Learned, Error> {
         self.stats.answers += 1;
+        let (hash, labels) = match prepared {
+            Some(p) => (Some(p.hash), Some(p.labels)),
+            None => (None, None),
+        };
         // A name already in the cache was validated when it was stored: look it up as given
         // (the proxy hands over canonical names) before paying for parsing and allocation.
-        let found = match self.cache.names.find(name) {
+        let found = match hash {
+            Some(hash) => self.cache.names.find_hashed(hash, name),
+            None => self.cache.names.find(name),
+        };
+        let found = match found {
             Some(idx) => Ok(idx),
+            // Found canonical already.
+            None if hash.is_some() => Err(Cow::Borrowed(name)),
             None => {
                 let parsed = DnsName::canonical(name).map_err(|source| {
                     self.stats.invalid_names += 1;
@@ -308,7 +327,11 @@ impl NameManager {
             Err(key) => {
                 let labels = labels.unwrap_or_else(|| self.selection.labels_for(&key));
                 let labels = self.cache.share(labels);
-                let Some(idx) = self.cache.names.insert(&key, labels) else {
+                let inserted = match hash {
+                    Some(hash) => self.cache.names.insert_hashed(hash, &key, labels),
+                    None => self.cache.names.insert(&key, labels),
+                };
+                let Some(idx) = inserted else {
                     // 2³² names at once: far past any `max_cache_entries`.
                     return Err(Error::BreakerTripped {
                         breaker: Breaker::CacheEntries,

@@ -49,7 +49,18 @@ fn both(
     answers: &[Answer],
 ) -> (Option<OneByOne>, Vec<String>, Vec<String>) {
     let now = Duration::from_secs(5);
-    let names: Vec<String> = answers.iter().map(|(_, n, _, _)| name(*n)).collect();
+    // One name spelled three ways across the answers: canonical (the restore's labelling
+    // thread works it out ahead), without the trailing dot, and in capitals (both learned
+    // the ordinary way).
+    let names: Vec<String> = answers
+        .iter()
+        .enumerate()
+        .map(|(i, (_, n, _, _))| match i % 3 {
+            0 => format!("{}.", name(*n)),
+            1 => name(*n),
+            _ => name(*n).to_uppercase(),
+        })
+        .collect();
     let addrs: Vec<Vec<IpAddr>> = answers
         .iter()
         .map(|(_, _, ips, _)| ips.iter().map(|i| addr(*i)).collect())

@@ -1,17 +1,19 @@
 //! Learning a restored DNS cache at start: every answer as [`NameManager::observe`] learns
 //! it, with the IpCache's claims collected and applied in one pass at the end.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use fqdnd_ipcache::{
-    Claims, Datapath, EndpointId, Error as IpCacheError, IpCache, LabelSet, ManyUpserted,
-    NotApplied, OwnerId, Refused,
+    Claims, Datapath, EndpointId, Error as IpCacheError, IpCache, ManyUpserted, NotApplied,
+    OwnerId, Refused,
 };
 
-use super::{Learned, NameManager};
+use super::{Learned, NameManager, Prepared};
 use crate::cache::{DnsCache, IpRefs, NameIdx, Names};
 use crate::error::Error;
 use crate::name::DnsName;
@@ -84,23 +86,28 @@ impl NameManager {
         self.deferred = Some(Claims::default());
         let mut out = RestoreStats::default();
         let mut errors = Vec::new();
-        // The answers' labels are worked out on a second thread, chunks ahead of the
-        // answers learned here: a fifth of a million-name restore, off its path.
+        // The answers' labels and name hashes are worked out on a second thread, chunks
+        // ahead of the answers learned here: a fifth of a million-name restore, off its path.
         let selection = Arc::clone(&self.selection);
+        let hasher = self.cache.names.hasher().clone();
         std::thread::scope(|scope| {
             let (tx, rx) = std::sync::mpsc::sync_channel(CHUNKS_AHEAD);
             let labelling = std::thread::Builder::new()
                 .name("restore-labels".into())
                 .spawn_scoped(scope, move || {
                     for chunk in answers.chunks(LABEL_CHUNK) {
-                        let labels: Vec<Option<LabelSet>> = chunk
+                        let prepared: Vec<Option<Prepared>> = chunk
                             .iter()
-                            .map(|a| {
-                                let name = DnsName::canonical(a.name).ok()?;
-                                Some(selection.labels_for(&name))
+                            .map(|a| match DnsName::canonical(a.name) {
+                                // Canonical as given: the learning side looks it up as is.
+                                Ok(Cow::Borrowed(name)) => Some(Prepared {
+                                    labels: selection.labels_for(name),
+                                    hash: hasher.hash_one(name),
+                                }),
+                                _ => None,
                             })
                             .collect();
-                        if tx.send(labels).is_err() {
+                        if tx.send(prepared).is_err() {
                             return;
                         }
                     }
@@ -109,12 +116,11 @@ impl NameManager {
             // name's labels are worked out here.
             drop(labelling);
             for (n, chunk) in answers.chunks(LABEL_CHUNK).enumerate() {
-                let mut labels = rx.recv().ok().map(Vec::into_iter);
+                let mut prepared = rx.recv().ok().map(Vec::into_iter);
                 for (i, a) in chunk.iter().enumerate() {
-                    let labelled = labels.as_mut().and_then(Iterator::next).flatten();
+                    let ahead = prepared.as_mut().and_then(Iterator::next).flatten();
                     let (endpoint, name, addrs, ttl) = (a.endpoint, a.name, a.addrs, a.ttl);
-                    match self.observe_labelled(endpoint, name, addrs, ttl, now, ipcache, labelled)
-                    {
+                    match self.observe_labelled(endpoint, name, addrs, ttl, now, ipcache, ahead) {
                         Ok(learned) => out.learned.add(learned),
                         Err(e) => errors.push((n * LABEL_CHUNK + i, e)),
                     }
