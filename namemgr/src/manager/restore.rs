@@ -12,8 +12,9 @@ use fqdnd_ipcache::{
     Claims, Datapath, EndpointId, Error as IpCacheError, IpCache, ManyUpserted, NotApplied,
     OwnerId, Refused,
 };
+use hashbrown::DefaultHashBuilder;
 
-use super::{Learned, NameManager, Prepared};
+use super::{Learned, NameManager, Prepared, Selection};
 use crate::cache::{DnsCache, IpRefs, NameIdx, Names};
 use crate::error::Error;
 use crate::name::DnsName;
@@ -58,6 +59,25 @@ pub enum OneByOne {
     IpCache(NotApplied),
 }
 
+/// What the labelling thread works out for `chunk`: for each name canonical as given (the
+/// learning side looks it up as is), its labels and its hash in the name index.
+fn prepare(
+    chunk: &[Restore<'_>],
+    selection: &Selection,
+    hasher: &DefaultHashBuilder,
+) -> Vec<Option<Prepared>> {
+    chunk
+        .iter()
+        .map(|a| match DnsName::canonical(a.name) {
+            Ok(Cow::Borrowed(name)) => Some(Prepared {
+                labels: selection.labels_for(name),
+                hash: hasher.hash_one(name),
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
 impl NameManager {
     /// Learns `answers` (in the order given: what a bound leaves out is what comes last, so
     /// a restore passes the latest expiry first) as [`NameManager::observe`] would one by
@@ -88,32 +108,25 @@ impl NameManager {
         let mut errors = Vec::new();
         // The answers' labels and name hashes are worked out on a second thread, chunks
         // ahead of the answers learned here: a fifth of a million-name restore, off its path.
+        // Only with a second core to run it on: on one, its hand-offs cost more than it saves.
         let selection = Arc::clone(&self.selection);
         let hasher = self.cache.names.hasher().clone();
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
         std::thread::scope(|scope| {
             let (tx, rx) = std::sync::mpsc::sync_channel(CHUNKS_AHEAD);
-            let labelling = std::thread::Builder::new()
-                .name("restore-labels".into())
-                .spawn_scoped(scope, move || {
-                    for chunk in answers.chunks(LABEL_CHUNK) {
-                        let prepared: Vec<Option<Prepared>> = chunk
-                            .iter()
-                            .map(|a| match DnsName::canonical(a.name) {
-                                // Canonical as given: the learning side looks it up as is.
-                                Ok(Cow::Borrowed(name)) => Some(Prepared {
-                                    labels: selection.labels_for(name),
-                                    hash: hasher.hash_one(name),
-                                }),
-                                _ => None,
-                            })
-                            .collect();
-                        if tx.send(prepared).is_err() {
-                            return;
+            let labelling = (cores > 1).then_some(tx).map(|tx| {
+                std::thread::Builder::new()
+                    .name("restore-labels".into())
+                    .spawn_scoped(scope, move || {
+                        for chunk in answers.chunks(LABEL_CHUNK) {
+                            if tx.send(prepare(chunk, &selection, &hasher)).is_err() {
+                                return;
+                            }
                         }
-                    }
-                });
-            // No thread to be had: the closure and its sender are gone, and every new
-            // name's labels are worked out here.
+                    })
+            });
+            // One core, or no thread to be had: the sender is gone, and every new name's
+            // labels are worked out here.
             drop(labelling);
             for (n, chunk) in answers.chunks(LABEL_CHUNK).enumerate() {
                 let mut prepared = rx.recv().ok().map(Vec::into_iter);
