@@ -319,8 +319,8 @@ impl Names {
         self.find_hashed(self.hasher.hash_one(name), name)
     }
 
-    /// The hash [`Names::find_hashed`] and [`Names::insert_hashed`] take: `name`'s under
-    /// [`Names::hasher`].
+    /// The name index's hasher: [`Names::find_hashed`] and [`Names::insert_hashed`] take a
+    /// name's hash under it.
     pub(crate) fn hasher(&self) -> &DefaultHashBuilder {
         &self.hasher
     }

@@ -234,30 +234,33 @@ impl NameManager {
         now: Duration,
         ipcache: &mut IpCache<D>,
     ) -> Result<Learned, Error> {
-        self.observe_labelled(endpoint, name, addrs, ttl, now, ipcache, None)
+        let answer = Restore {
+            endpoint,
+            name,
+            addrs,
+            ttl,
+        };
+        self.observe_labelled(&answer, now, ipcache, None)
     }
 
-    /// [`NameManager::observe`], with what a restore's labelling thread worked out ahead
-    /// for a `name` it found canonical.
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "observe's arguments and what a restore worked out ahead"
-    )]
+    /// [`NameManager::observe`] of `answer`, with what a restore's labelling thread worked
+    /// out ahead for a name it found canonical.
     pub(crate) fn observe_labelled<D: Datapath>(
         &mut self,
-        endpoint: EndpointId,
-        name: &str,
-        addrs: &[IpAddr],
-        ttl: u32,
+        answer: &Restore<'_>,
         now: Duration,
         ipcache: &mut IpCache<D>,
         prepared: Option<Prepared>,
     ) -> Result<Learned, Error> {
+        let &Restore {
+            endpoint,
+            name,
+            addrs,
+            ttl,
+        } = answer;
         self.stats.answers += 1;
-        let (hash, labels) = match prepared {
-            Some(p) => (Some(p.hash), Some(p.labels)),
-            None => (None, None),
-        };
+        let hash = prepared.as_ref().map(|p| p.hash);
+        let labels = prepared.map(|p| p.labels);
         // A name already in the cache was validated when it was stored: look it up as given
         // (the proxy hands over canonical names) before paying for parsing and allocation.
         let found = match hash {

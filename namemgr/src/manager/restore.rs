@@ -132,8 +132,7 @@ impl NameManager {
                 let mut prepared = rx.recv().ok().map(Vec::into_iter);
                 for (i, a) in chunk.iter().enumerate() {
                     let ahead = prepared.as_mut().and_then(Iterator::next).flatten();
-                    let (endpoint, name, addrs, ttl) = (a.endpoint, a.name, a.addrs, a.ttl);
-                    match self.observe_labelled(endpoint, name, addrs, ttl, now, ipcache, ahead) {
+                    match self.observe_labelled(a, now, ipcache, ahead) {
                         Ok(learned) => out.learned.add(learned),
                         Err(e) => errors.push((n * LABEL_CHUNK + i, e)),
                     }
