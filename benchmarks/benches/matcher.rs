@@ -41,6 +41,19 @@ fn bench(c: &mut Criterion) {
         }
         group.finish();
     }
+    // The restore benchmark's shape (benchmarks/restore-time.sh): one `*.zone` selector, a
+    // name under it; what a restore's labelling thread does for each of a million names.
+    let mut matcher = Matcher::new();
+    let selector = FqdnSelector::match_pattern("*.bench.test").expect("a valid pattern");
+    matcher.insert(&selector, SelectorId(0));
+    let name = "n123456.bench.test.";
+    c.bench_function("match/1-wildcard-selector", |b| {
+        b.iter(|| {
+            let mut count = 0u32;
+            matcher.for_each_match(black_box(name), |_| count += 1);
+            count
+        })
+    });
 }
 
 criterion_group!(benches, bench);

@@ -80,7 +80,7 @@ impl Node {
         match label {
             LabelPattern::Literal(text) => self.literals.entry(text.clone()).or_default(),
             LabelPattern::Glob(glob) => {
-                let bucket = self.globs.buckets.entry(glob.bucket()).or_default();
+                let bucket = self.globs.bucket_mut(glob.bucket());
                 let pos = match bucket.iter().position(|(g, _)| g == glob) {
                     Some(pos) => pos,
                     None => {
@@ -117,7 +117,7 @@ impl Node {
             }
             LabelPattern::Glob(glob) => {
                 let key = glob.bucket();
-                let Some(bucket) = self.globs.buckets.get_mut(&key) else {
+                let Some(bucket) = self.globs.get_mut(key) else {
                     return false;
                 };
                 let Some(pos) = bucket.iter().position(|(g, _)| g == glob) else {
@@ -128,7 +128,7 @@ impl Node {
                 if child.is_empty() {
                     bucket.swap_remove(pos);
                     if bucket.is_empty() {
-                        self.globs.buckets.remove(&key);
+                        self.globs.remove_bucket(key);
                     }
                 }
                 removed
@@ -164,35 +164,60 @@ impl Node {
 
 /// The glob-label children of a node, filed by [`GlobBucket`] so that a lookup tests only the
 /// globs whose literal ends agree with the label: many `*cdnN.example.io` selectors under one
-/// node cost a hash lookup and a few glob tests, not one test each.
+/// node cost a hash lookup and a few glob tests, not one test each. Globs without a two-byte
+/// literal end (`*`, `a*`) are kept apart: a node with only those costs no hash lookup.
 #[derive(Debug, Clone, Default)]
 struct Globs {
-    buckets: hashbrown::HashMap<GlobBucket, Vec<(Glob, Node)>>,
+    /// [`GlobBucket::Any`]: tested against every label.
+    any: Vec<(Glob, Node)>,
+    /// The other buckets.
+    affixed: hashbrown::HashMap<GlobBucket, Vec<(Glob, Node)>>,
 }
 
 impl Globs {
     fn is_empty(&self) -> bool {
-        self.buckets.is_empty()
+        self.any.is_empty() && self.affixed.is_empty()
+    }
+
+    fn bucket_mut(&mut self, key: GlobBucket) -> &mut Vec<(Glob, Node)> {
+        match key {
+            GlobBucket::Any => &mut self.any,
+            key => self.affixed.entry(key).or_default(),
+        }
+    }
+
+    fn get_mut(&mut self, key: GlobBucket) -> Option<&mut Vec<(Glob, Node)>> {
+        match key {
+            GlobBucket::Any => Some(&mut self.any),
+            key => self.affixed.get_mut(&key),
+        }
+    }
+
+    /// Forgets the bucket `key`, left empty.
+    fn remove_bucket(&mut self, key: GlobBucket) {
+        if key != GlobBucket::Any {
+            self.affixed.remove(&key);
+        }
     }
 
     /// Every glob child that may match `label` (a superset of those that do).
     fn candidates<'a>(&'a self, label: &str) -> impl Iterator<Item = &'a (Glob, Node)> + 'a {
         let bytes = label.as_bytes();
-        let (suffix, prefix) = match bytes {
-            [a, b, ..] if bytes.len() >= 2 => (
+        let keys = match bytes {
+            [a, b, ..] if !self.affixed.is_empty() => [
                 Some(GlobBucket::Suffix([
                     bytes[bytes.len() - 2],
                     bytes[bytes.len() - 1],
                 ])),
                 Some(GlobBucket::Prefix([*a, *b])),
-            ),
-            _ => (None, None),
+            ],
+            _ => [None, None],
         };
-        [suffix, prefix, Some(GlobBucket::Any)]
-            .into_iter()
+        keys.into_iter()
             .flatten()
-            .filter_map(|key| self.buckets.get(&key))
+            .filter_map(|key| self.affixed.get(&key))
             .flatten()
+            .chain(&self.any)
     }
 }
 

@@ -244,11 +244,28 @@ pub(crate) struct SplitName<'a> {
 impl<'a> SplitName<'a> {
     pub(crate) fn new(name: &'a str) -> Option<Self> {
         let body = name.strip_suffix('.')?;
-        let labels: SmallVec<[&'a str; 16]> = body.split('.').collect();
-        let valid_prefix = labels
-            .iter()
-            .take_while(|l| !l.is_empty() && l.bytes().all(is_class_byte))
-            .count();
+        // One pass over the bytes: the labels, and how many from the left are valid.
+        let mut labels: SmallVec<[&'a str; 16]> = SmallVec::new();
+        let mut valid_prefix = 0;
+        let mut all_valid = true;
+        let mut label_valid = true;
+        let mut start = 0;
+        let mut end_label = |start: usize, end: usize, label_valid: bool| {
+            // A dot is ASCII: both ends are on character boundaries.
+            labels.push(body.get(start..end).unwrap_or_default());
+            all_valid &= label_valid && start < end;
+            valid_prefix += usize::from(all_valid);
+        };
+        for (i, &b) in body.as_bytes().iter().enumerate() {
+            if b == b'.' {
+                end_label(start, i, label_valid);
+                start = i + 1;
+                label_valid = true;
+            } else {
+                label_valid &= is_class_byte(b);
+            }
+        }
+        end_label(start, body.len(), label_valid);
         Some(Self {
             labels,
             valid_prefix,
