@@ -270,6 +270,9 @@ pub(crate) struct Names {
     text: String,
     /// Bytes of `text` no cached name uses any more.
     dead: usize,
+    /// Names a restore added without indexing them (slot, hash), for one pass to index at
+    /// its end ([`Names::index_pending`]); until then no lookup by name may be made.
+    pending: Vec<(u32, u64)>,
 }
 
 impl std::fmt::Debug for Names {
@@ -328,6 +331,10 @@ impl Names {
     /// [`Names::find`], with `name`'s hash worked out already (elsewhere: a restore's
     /// labelling thread).
     pub(crate) fn find_hashed(&self, hash: u64, name: &str) -> Option<NameIdx> {
+        debug_assert!(
+            self.pending.is_empty(),
+            "a lookup with names not indexed yet"
+        );
         let (slots, text) = (&self.slots, &self.text);
         self.index
             .find(hash, |&at| {
@@ -364,6 +371,38 @@ impl Names {
         name: &str,
         labels: Arc<LabelSet>,
     ) -> Option<NameIdx> {
+        let idx = self.push(name, labels)?;
+        let rehash = slot_hash(&self.slots, &self.hasher, &self.text);
+        self.index.insert_unique(hash, idx.0, rehash);
+        Some(idx)
+    }
+
+    /// [`Names::insert_hashed`] without the index's insert (a cache miss in a large index),
+    /// for a restore that knows no cached name is `name`: the name is indexed by
+    /// [`Names::index_pending`], and no name may be looked up before.
+    pub(crate) fn insert_unindexed(
+        &mut self,
+        hash: u64,
+        name: &str,
+        labels: Arc<LabelSet>,
+    ) -> Option<NameIdx> {
+        let idx = self.push(name, labels)?;
+        self.pending.push((idx.0, hash));
+        Some(idx)
+    }
+
+    /// Indexes the names [`Names::insert_unindexed`] added.
+    pub(crate) fn index_pending(&mut self) {
+        let pending = std::mem::take(&mut self.pending);
+        let rehash = slot_hash(&self.slots, &self.hasher, &self.text);
+        self.index.reserve(pending.len(), &rehash);
+        for (at, hash) in pending {
+            self.index.insert_unique(hash, at, &rehash);
+        }
+    }
+
+    /// A new slot holding `name`, not indexed.
+    fn push(&mut self, name: &str, labels: Arc<LabelSet>) -> Option<NameIdx> {
         let text = NameText {
             at: u32::try_from(self.text.len()).ok()?,
             len: u16::try_from(name.len()).ok()?,
@@ -381,14 +420,16 @@ impl Names {
         } else {
             self.slots.push(Some(entry));
         }
-        let rehash = slot_hash(&self.slots, &self.hasher, &self.text);
-        self.index.insert_unique(hash, at, rehash);
         Some(NameIdx(at))
     }
 
     /// Takes out every name `gone` says to (a fraction of them at random, or most of them in
     /// one pass over the index), handing each to `each`.
     pub(crate) fn remove_many(&mut self, gone: &[NameIdx], mut each: impl FnMut(NameEntry)) {
+        debug_assert!(
+            self.pending.is_empty(),
+            "a GC pass with names not indexed yet"
+        );
         self.free.reserve(gone.len());
         if gone.len() < self.len() / 8 {
             for idx in gone {
@@ -422,9 +463,15 @@ impl Names {
     /// Takes a name out.
     pub(crate) fn remove(&mut self, idx: NameIdx) -> Option<NameEntry> {
         let entry = self.slots.get_mut(idx.at())?.take()?;
-        let hash = self.hasher.hash_one(text_of(&self.text, entry.name));
-        if let Ok(found) = self.index.find_entry(hash, |&at| at == idx.0) {
-            found.remove();
+        // A restore takes back only the name it just added (a new name that learned
+        // nothing): the last one not indexed, if it is one.
+        if let Some(at) = self.pending.iter().rposition(|&(at, _)| at == idx.0) {
+            self.pending.swap_remove(at);
+        } else {
+            let hash = self.hasher.hash_one(text_of(&self.text, entry.name));
+            if let Ok(found) = self.index.find_entry(hash, |&at| at == idx.0) {
+                found.remove();
+            }
         }
         self.free.push(idx.0);
         self.dead += usize::from(entry.name.len);
@@ -466,7 +513,7 @@ impl Names {
     /// most slots are free (after a GC pass that released most names) — then a pass touches
     /// only the names left, not every slot.
     pub(crate) fn entries(&self) -> impl Iterator<Item = &NameEntry> + '_ {
-        let sparse = is_sparse(self.len(), self.slots.len());
+        let sparse = self.pending.is_empty() && is_sparse(self.len(), self.slots.len());
         let slots = &self.slots;
         let by_index = sparse.then(|| {
             self.index
@@ -522,7 +569,7 @@ impl Names {
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.index.len()
+        self.index.len() + self.pending.len()
     }
 }
 

@@ -177,9 +177,21 @@ fn secs(now: Duration) -> Secs {
 #[derive(Debug)]
 pub(crate) struct Prepared {
     /// The name's labels.
-    pub(crate) labels: LabelSet,
+    pub(crate) labels: Option<LabelSet>,
     /// The name's hash in the cache's name index.
     pub(crate) hash: u64,
+}
+
+/// What is known of an answer's name before it is learned.
+#[derive(Debug)]
+pub(crate) enum Known {
+    /// Nothing: it is looked up in the name index, and worked out here if new.
+    Nothing,
+    /// The cache holds it in this slot (a restore learned it from an earlier answer).
+    At(NameIdx),
+    /// The cache does not hold it, and it is canonical as given: it is added with what was
+    /// prepared, without indexing it (a restore indexes its new names at its end).
+    New(Prepared),
 }
 
 /// The FQDN selectors in force, compiled.
@@ -240,17 +252,18 @@ impl NameManager {
             addrs,
             ttl,
         };
-        self.observe_labelled(&answer, now, ipcache, None)
+        self.observe_known(&answer, now, ipcache, Known::Nothing, &mut None)
     }
 
-    /// [`NameManager::observe`] of `answer`, with what a restore's labelling thread worked
-    /// out ahead for a name it found canonical.
-    pub(crate) fn observe_labelled<D: Datapath>(
+    /// [`NameManager::observe`] of `answer`, with what a restore knows of its name ahead;
+    /// `kept` is set to the name's slot when the cache holds the name afterwards.
+    pub(crate) fn observe_known<D: Datapath>(
         &mut self,
         answer: &Restore<'_>,
         now: Duration,
         ipcache: &mut IpCache<D>,
-        prepared: Option<Prepared>,
+        known: Known,
+        kept: &mut Option<NameIdx>,
     ) -> Result<Learned, Error> {
         let &Restore {
             endpoint,
@@ -259,18 +272,18 @@ impl NameManager {
             ttl,
         } = answer;
         self.stats.answers += 1;
-        let hash = prepared.as_ref().map(|p| p.hash);
-        let labels = prepared.map(|p| p.labels);
-        // A name already in the cache was validated when it was stored: look it up as given
-        // (the proxy hands over canonical names) before paying for parsing and allocation.
-        let found = match hash {
-            Some(hash) => self.cache.names.find_hashed(hash, name),
-            None => self.cache.names.find(name),
+        let (found, prepared) = match known {
+            Known::At(idx) => (Some(idx), None),
+            Known::New(prepared) => (None, Some(prepared)),
+            // A name already in the cache was validated when it was stored: look it up as
+            // given (the proxy hands over canonical names) before paying for parsing and
+            // allocation.
+            Known::Nothing => (self.cache.names.find(name), None),
         };
         let found = match found {
             Some(idx) => Ok(idx),
             // Found canonical already.
-            None if hash.is_some() => Err(Cow::Borrowed(name)),
+            None if prepared.is_some() => Err(Cow::Borrowed(name)),
             None => {
                 let parsed = DnsName::canonical(name).map_err(|source| {
                     self.stats.invalid_names += 1;
@@ -328,11 +341,16 @@ impl NameManager {
         let (idx, is_new) = match found {
             Ok(idx) => (idx, false),
             Err(key) => {
-                let labels = labels.unwrap_or_else(|| self.selection.labels_for(&key));
-                let labels = self.cache.share(labels);
-                let inserted = match hash {
-                    Some(hash) => self.cache.names.insert_hashed(hash, &key, labels),
-                    None => self.cache.names.insert(&key, labels),
+                let inserted = match prepared {
+                    Some(Prepared { labels, hash }) => {
+                        let labels = labels.unwrap_or_else(|| self.selection.labels_for(&key));
+                        let labels = self.cache.share(labels);
+                        self.cache.names.insert_unindexed(hash, &key, labels)
+                    }
+                    None => {
+                        let labels = self.cache.share(self.selection.labels_for(&key));
+                        self.cache.names.insert(&key, labels)
+                    }
                 };
                 let Some(idx) = inserted else {
                     // 2³² names at once: far past any `max_cache_entries`.
@@ -350,6 +368,7 @@ impl NameManager {
         let learning = self.learn_addrs(idx, addrs, expires, now, ipcache, &mut learned);
         if let Err(e) = learning {
             self.drop_if_empty(idx, is_new, ipcache)?;
+            *kept = self.cache.names.get(idx).is_some().then_some(idx);
             return Err(e);
         }
         if let Ok(Some(trip)) = learning {
@@ -379,6 +398,7 @@ impl NameManager {
             // Nothing was learned for a new name: do not keep an empty entry.
             self.drop_if_empty(idx, is_new, ipcache)?;
         }
+        *kept = self.cache.names.get(idx).is_some().then_some(idx);
         Ok(learned)
     }
 

@@ -12,14 +12,15 @@ use fqdnd_ipcache::{
     Claims, Datapath, EndpointId, Error as IpCacheError, IpCache, ManyUpserted, NotApplied,
     OwnerId, Refused,
 };
-use hashbrown::DefaultHashBuilder;
+use hashbrown::{DefaultHashBuilder, HashTable};
 
-use super::{Learned, NameManager, Prepared, Selection};
+use super::{Known, Learned, NameManager, Prepared, Selection};
 use crate::cache::{DnsCache, IpRefs, NameIdx, Names};
 use crate::error::Error;
 use crate::name::DnsName;
 
-/// Answers labelled at a time by a restore's labelling thread.
+/// Answers prepared at a time by a restore's labelling thread (fewer in a small restore,
+/// so that it still has several chunks).
 const LABEL_CHUNK: usize = 4096;
 
 /// Chunks the labelling thread may work out ahead of the answers learned.
@@ -59,21 +60,95 @@ pub enum OneByOne {
     IpCache(NotApplied),
 }
 
-/// What the labelling thread works out for `chunk`: for each name canonical as given (the
-/// learning side looks it up as is), its labels and its hash in the name index.
+/// What the labelling thread works out for one answer.
+struct Ahead {
+    /// For a name canonical as given (the learning side takes it as is): its labels and its
+    /// hash in the name index.
+    prepared: Option<Prepared>,
+    /// For a valid name: the earliest answer of the restore with the same canonical name,
+    /// if that is not this one.
+    first: Option<usize>,
+}
+
+/// The canonical names a restore's labelling thread has met, each with the first answer
+/// that had it.
+struct Seen {
+    /// Answer numbers, by their canonical name's hash in the name index.
+    first: HashTable<u32>,
+    /// The canonical form of the names not canonical as given, by answer number.
+    spelled: hashbrown::HashMap<u32, Box<str>>,
+}
+
+impl Seen {
+    fn new(answers: usize) -> Self {
+        Self {
+            first: HashTable::with_capacity(answers),
+            spelled: hashbrown::HashMap::new(),
+        }
+    }
+
+    /// The first answer before `at` whose canonical name is `name` (hashed `hash`); `None`
+    /// if `at` is the first, which is then remembered. `None`, unremembered, for an answer
+    /// past 2³² (its name is then looked up in the index).
+    fn first(
+        &mut self,
+        at: usize,
+        name: Cow<'_, str>,
+        hash: u64,
+        answers: &[Restore<'_>],
+        hasher: &DefaultHashBuilder,
+    ) -> Option<usize> {
+        let at = u32::try_from(at).ok()?;
+        let Self { first, spelled } = self;
+        let text = |j: u32| match spelled.get(&j) {
+            Some(canonical) => canonical,
+            None => answers.get(j as usize).map_or("", |a| a.name),
+        };
+        match first.entry(hash, |&j| text(j) == name, |&j| hasher.hash_one(text(j))) {
+            hashbrown::hash_table::Entry::Occupied(e) => Some(*e.get() as usize),
+            hashbrown::hash_table::Entry::Vacant(e) => {
+                e.insert(at);
+                if let Cow::Owned(name) = name {
+                    spelled.insert(at, name.into_boxed_str());
+                }
+                None
+            }
+        }
+    }
+}
+
+/// What the labelling thread works out for `chunk`, the answers from number `base` on; the
+/// labels only with `labels`, else the learning side works them out.
 fn prepare(
     chunk: &[Restore<'_>],
-    selection: &Selection,
+    base: usize,
+    answers: &[Restore<'_>],
+    (selection, labels): (&Selection, bool),
     hasher: &DefaultHashBuilder,
-) -> Vec<Option<Prepared>> {
+    seen: &mut Seen,
+) -> Vec<Ahead> {
     chunk
         .iter()
-        .map(|a| match DnsName::canonical(a.name) {
-            Ok(Cow::Borrowed(name)) => Some(Prepared {
-                labels: selection.labels_for(name),
-                hash: hasher.hash_one(name),
-            }),
-            _ => None,
+        .enumerate()
+        .map(|(i, a)| {
+            let Ok(name) = DnsName::canonical(a.name) else {
+                return Ahead {
+                    prepared: None,
+                    first: None,
+                };
+            };
+            let hash = hasher.hash_one(&*name);
+            let prepared = match name {
+                Cow::Borrowed(name) => Some(Prepared {
+                    labels: labels.then(|| selection.labels_for(name)),
+                    hash,
+                }),
+                Cow::Owned(_) => None,
+            };
+            Ahead {
+                prepared,
+                first: seen.first(base + i, name, hash, answers, hasher),
+            }
         })
         .collect()
 }
@@ -106,9 +181,17 @@ impl NameManager {
         self.deferred = Some(Claims::default());
         let mut out = RestoreStats::default();
         let mut errors = Vec::new();
-        // The answers' labels and name hashes are worked out on a second thread, chunks
-        // ahead of the answers learned here: a fifth of a million-name restore, off its path.
-        // Only with a second core to run it on: on one, its hand-offs cost more than it saves.
+        // A second thread works out, chunks ahead of the answers learned here, each name's
+        // hash in the name index and which earlier answer had the same name, if any: a new
+        // name is then added without a lookup in the index or an insert into it (a cache
+        // miss each in an index of a million, while the rest of the restore fills memory);
+        // the new names are indexed in one pass at the end. It also works out the labels of
+        // every second chunk's names, the learning side those of the others: so the two
+        // threads have about as much to do (for 1M names, 250-300 ms each, where the
+        // thread labelling every chunk took 350-460 ms and left the learning side waiting
+        // 160-250 ms of it). Only with a second core to run it on: on one, its hand-offs
+        // cost more than they save.
+        let chunk_len = LABEL_CHUNK.min(answers.len().div_ceil(8)).max(1);
         let selection = Arc::clone(&self.selection);
         let hasher = self.cache.names.hasher().clone();
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
@@ -118,23 +201,53 @@ impl NameManager {
                 std::thread::Builder::new()
                     .name("restore-labels".into())
                     .spawn_scoped(scope, move || {
-                        for chunk in answers.chunks(LABEL_CHUNK) {
-                            if tx.send(prepare(chunk, &selection, &hasher)).is_err() {
+                        let mut seen = Seen::new(answers.len());
+                        for (n, chunk) in answers.chunks(chunk_len).enumerate() {
+                            let labels = (&*selection, n % 2 == 0);
+                            let base = n * chunk_len;
+                            let ahead = prepare(chunk, base, answers, labels, &hasher, &mut seen);
+                            if tx.send(ahead).is_err() {
                                 return;
                             }
                         }
                     })
             });
-            // One core, or no thread to be had: the sender is gone, and every new name's
-            // labels are worked out here.
+            // One core, or no thread to be had: the sender is gone, and every name is looked
+            // up in the index and worked out here.
+            let mut slots = if matches!(labelling, Some(Ok(_))) {
+                vec![None; answers.len()]
+            } else {
+                Vec::new()
+            };
             drop(labelling);
-            for (n, chunk) in answers.chunks(LABEL_CHUNK).enumerate() {
-                let mut prepared = rx.recv().ok().map(Vec::into_iter);
+            for (n, chunk) in answers.chunks(chunk_len).enumerate() {
+                let mut ahead = rx.recv().ok().map(Vec::into_iter);
                 for (i, a) in chunk.iter().enumerate() {
-                    let ahead = prepared.as_mut().and_then(Iterator::next).flatten();
-                    match self.observe_labelled(a, now, ipcache, ahead) {
+                    let at = n * chunk_len + i;
+                    let ahead = ahead.as_mut().and_then(Iterator::next);
+                    // The answer whose slot stands for this name's.
+                    let key = ahead.as_ref().map(|h| h.first.unwrap_or(at));
+                    let slot = key.and_then(|k| slots.get(k).copied().flatten());
+                    let known = match ahead {
+                        _ if let Some(slot) = slot => Known::At(slot),
+                        Some(Ahead {
+                            prepared: Some(prepared),
+                            ..
+                        }) => Known::New(prepared),
+                        _ => {
+                            self.cache.names.index_pending();
+                            Known::Nothing
+                        }
+                    };
+                    let mut kept = None;
+                    match self.observe_known(a, now, ipcache, known, &mut kept) {
                         Ok(learned) => out.learned.add(learned),
-                        Err(e) => errors.push((n * LABEL_CHUNK + i, e)),
+                        Err(e) => errors.push((at, e)),
+                    }
+                    if let (Some(key), Some(idx)) = (key, kept)
+                        && let Some(slot) = slots.get_mut(key)
+                    {
+                        *slot = Some(idx);
                     }
                 }
             }
@@ -149,13 +262,17 @@ impl NameManager {
         let (upserted, counted) = std::thread::scope(|scope| {
             let counting = std::thread::Builder::new()
                 .name("restore-count".into())
-                .spawn_scoped(scope, || count(ips, names));
+                .spawn_scoped(scope, || {
+                    count(ips, names);
+                    names.index_pending();
+                });
             let upserted = ipcache.upsert_metadata_many(claims, now);
             (upserted, counting.is_ok())
         });
         if !counted {
-            // No thread to be had: counted here, after.
+            // No thread to be had: counted and indexed here, after.
             count(&mut self.cache.ips, &self.cache.names);
+            self.cache.names.index_pending();
         }
         let why = match upserted {
             Ok(ManyUpserted::Applied { refused }) => {
