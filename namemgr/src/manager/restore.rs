@@ -88,17 +88,15 @@ impl Seen {
     }
 
     /// The first answer before `at` whose canonical name is `name` (hashed `hash`); `None`
-    /// if `at` is the first, which is then remembered. `None`, unremembered, for an answer
-    /// past 2³² (its name is then looked up in the index).
+    /// if `at` is the first, which is then remembered.
     fn first(
         &mut self,
-        at: usize,
+        at: u32,
         name: Cow<'_, str>,
         hash: u64,
         answers: &[Restore<'_>],
         hasher: &DefaultHashBuilder,
     ) -> Option<usize> {
-        let at = u32::try_from(at).ok()?;
         let Self { first, spelled } = self;
         let text = |j: u32| match spelled.get(&j) {
             Some(canonical) => canonical,
@@ -131,7 +129,10 @@ fn prepare(
         .iter()
         .enumerate()
         .map(|(i, a)| {
-            let Ok(name) = DnsName::canonical(a.name) else {
+            // An invalid name, or an answer past 2³² (none: a snapshot that large is refused),
+            // gets nothing: the learning side looks the name up in the index.
+            let at = u32::try_from(base + i);
+            let (Ok(name), Ok(at)) = (DnsName::canonical(a.name), at) else {
                 return Ahead {
                     prepared: None,
                     first: None,
@@ -147,7 +148,7 @@ fn prepare(
             };
             Ahead {
                 prepared,
-                first: seen.first(base + i, name, hash, answers, hasher),
+                first: seen.first(at, name, hash, answers, hasher),
             }
         })
         .collect()
