@@ -62,12 +62,24 @@ impl Answers {
 
     /// Every answer, in the order pushed.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = RestoredAnswer<'_>> + '_ {
-        self.items.iter().map(|item| RestoredAnswer {
+        self.items.iter().map(|item| self.answer(item))
+    }
+
+    /// Every answer, the latest expiry first (in the order pushed among equals): sorts
+    /// positions, not the answers.
+    pub fn latest_first(&self) -> impl ExactSizeIterator<Item = RestoredAnswer<'_>> + '_ {
+        let mut order: Vec<&Item> = self.items.iter().collect();
+        order.sort_by_key(|item| std::cmp::Reverse(item.expires_unix_ms));
+        order.into_iter().map(|item| self.answer(item))
+    }
+
+    fn answer(&self, item: &Item) -> RestoredAnswer<'_> {
+        RestoredAnswer {
             endpoint: EndpointId(item.endpoint),
             name: self.names.get(range(item.name)).unwrap_or_default(),
             addrs: self.addrs.get(range(item.addrs)).unwrap_or_default(),
             expires_unix_ms: item.expires_unix_ms,
-        })
+        }
     }
 
     /// Adds one answer (a journal record).
@@ -348,6 +360,25 @@ mod tests {
 
     fn ip(last: u8) -> IpAddr {
         IpAddr::from([192, 0, 2, last])
+    }
+
+    /// The restore's order: the latest expiry first, the order pushed among equals.
+    #[test]
+    fn answers_come_latest_first_and_in_order_among_equals() {
+        let mut answers = Answers::default();
+        for (name, expires) in [("a.", 5), ("b.", 9), ("c.", 5), ("d.", 7), ("e.", 9)] {
+            answers
+                .push(EndpointId(1), name, &[ip(1)], expires)
+                .unwrap();
+        }
+        let order: Vec<(&str, u64)> = answers
+            .latest_first()
+            .map(|a| (a.name, a.expires_unix_ms))
+            .collect();
+        assert_eq!(
+            order,
+            [("b.", 9), ("e.", 9), ("d.", 7), ("a.", 5), ("c.", 5)]
+        );
     }
 
     /// What a snapshot written with `Snapshot` reads back as, for names with no endpoint,

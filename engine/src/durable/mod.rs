@@ -221,10 +221,9 @@ impl Restored {
         // Latest expiry first: when a bound (maxCacheEntries, the per-name and per-endpoint
         // breakers) is reached during the restore, what is left out is what expires first
         // (expired flood names, say), never a live name behind them.
-        let mut sorted: Vec<RestoredAnswer<'_>> = self.answers.iter().collect();
-        sorted.sort_by_key(|a| std::cmp::Reverse(a.expires_unix_ms));
-        let answers: Vec<Restore<'_>> = sorted
-            .into_iter()
+        let answers: Vec<Restore<'_>> = self
+            .answers
+            .latest_first()
             .map(|a| Restore {
                 endpoint: a.endpoint,
                 name: a.name,
