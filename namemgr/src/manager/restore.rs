@@ -161,8 +161,9 @@ impl NameManager {
     ///
     /// Into an empty cache, the IpCache's claims are collected and applied in one pass at
     /// the end ([`IpCache::upsert_metadata_many`]): a million mappings without a tree walk
-    /// each. If that pass could trip an IpCache breaker — which claims it refuses depends on
-    /// their order — the cache is emptied again and the answers are learned one by one.
+    /// each; so are the new names into the name index, with a second core. If that pass could
+    /// trip an IpCache breaker — which claims it refuses depends on their order — the cache
+    /// is emptied again and the answers are learned one by one.
     ///
     /// # Errors
     /// The IpCache failed in a way no answer explains (an owner it does not know).
