@@ -317,20 +317,14 @@ fn is_sparse(live: usize, slots: usize) -> bool {
 const COMPACT_AFTER: usize = 1 << 20;
 
 impl Names {
-    /// The slot of `name`, if cached.
-    pub(crate) fn find(&self, name: &str) -> Option<NameIdx> {
-        self.find_hashed(self.hasher.hash_one(name), name)
-    }
-
-    /// The name index's hasher: [`Names::find_hashed`] and [`Names::insert_hashed`] take a
-    /// name's hash under it.
+    /// The name index's hasher: [`Names::insert_unindexed`] takes a name's hash under it.
     pub(crate) fn hasher(&self) -> &DefaultHashBuilder {
         &self.hasher
     }
 
-    /// [`Names::find`], with `name`'s hash worked out already (elsewhere: a restore's
-    /// labelling thread).
-    pub(crate) fn find_hashed(&self, hash: u64, name: &str) -> Option<NameIdx> {
+    /// The slot of `name`, if cached.
+    pub(crate) fn find(&self, name: &str) -> Option<NameIdx> {
+        let hash = self.hasher.hash_one(name);
         debug_assert!(
             self.pending.is_empty(),
             "a lookup with names not indexed yet"
@@ -361,23 +355,15 @@ impl Names {
     /// Adds `name` (which the caller found absent) with its labels; `None` past 2³² names,
     /// a 4 GiB arena, or a name longer than 65535 bytes.
     pub(crate) fn insert(&mut self, name: &str, labels: Arc<LabelSet>) -> Option<NameIdx> {
-        self.insert_hashed(self.hasher.hash_one(name), name, labels)
-    }
-
-    /// [`Names::insert`], with `name`'s hash worked out already.
-    pub(crate) fn insert_hashed(
-        &mut self,
-        hash: u64,
-        name: &str,
-        labels: Arc<LabelSet>,
-    ) -> Option<NameIdx> {
+        let hash = self.hasher.hash_one(name);
         let idx = self.push(name, labels)?;
         let rehash = slot_hash(&self.slots, &self.hasher, &self.text);
         self.index.insert_unique(hash, idx.0, rehash);
         Some(idx)
     }
 
-    /// [`Names::insert_hashed`] without the index's insert (a cache miss in a large index),
+    /// [`Names::insert`] of a name hashed already, without the index's insert (a cache miss
+    /// in a large index),
     /// for a restore that knows no cached name is `name`: the name is indexed by
     /// [`Names::index_pending`], and no name may be looked up before.
     pub(crate) fn insert_unindexed(

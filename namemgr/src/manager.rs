@@ -176,7 +176,8 @@ fn secs(now: Duration) -> Secs {
 /// What a restore's labelling thread works out ahead for a name it found canonical.
 #[derive(Debug)]
 pub(crate) struct Prepared {
-    /// The name's labels.
+    /// The name's labels, if the thread worked them out (it leaves every second chunk's
+    /// to the learning side).
     pub(crate) labels: Option<LabelSet>,
     /// The name's hash in the cache's name index.
     pub(crate) hash: u64,
