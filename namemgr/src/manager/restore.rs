@@ -215,8 +215,9 @@ impl NameManager {
                     })
             });
             // One core, or no thread to be had: the sender is gone, and every name is looked
-            // up in the index and worked out here.
-            let mut slots = if matches!(labelling, Some(Ok(_))) {
+            // up in the index and worked out here. With the thread: for each answer that was
+            // the first to have its name, the slot that holds the name.
+            let mut slot_of = if matches!(labelling, Some(Ok(_))) {
                 vec![None; answers.len()]
             } else {
                 Vec::new()
@@ -229,13 +230,15 @@ impl NameManager {
                     let ahead = ahead.as_mut().and_then(Iterator::next);
                     // The answer whose slot stands for this name's.
                     let key = ahead.as_ref().map(|h| h.first.unwrap_or(at));
-                    let slot = key.and_then(|k| slots.get(k).copied().flatten());
+                    let slot = key.and_then(|k| slot_of.get(k).copied().flatten());
                     let known = match ahead {
                         _ if let Some(slot) = slot => Known::At(slot),
                         Some(Ahead {
                             prepared: Some(prepared),
                             ..
                         }) => Known::New(prepared),
+                        // Nothing ahead, a name not canonical as given, or an invalid one: it
+                        // is looked up by name, so every name must be in the index first.
                         _ => {
                             self.cache.names.index_pending();
                             Known::Nothing
@@ -247,7 +250,7 @@ impl NameManager {
                         Err(e) => errors.push((at, e)),
                     }
                     if let (Some(key), Some(idx)) = (key, kept)
-                        && let Some(slot) = slots.get_mut(key)
+                        && let Some(slot) = slot_of.get_mut(key)
                     {
                         *slot = Some(idx);
                     }
