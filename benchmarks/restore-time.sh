@@ -9,8 +9,10 @@
 # again through the NameManager and IpCache, one datapath commit (in-memory datapath; the
 # kernel maps are reconciled, not rewritten, when they already hold the entries).
 # Knobs (env): NAMES=100000 IPS=10, RUN=/tmp/fqdnd-restore-time, FQDND_BIN (a built fqdnd to
-# measure instead of building this tree's). Last line:
+# measure instead of building this tree's), PRELOAD (a library for the gateway's LD_PRELOAD:
+# another malloc, say). Last line:
 #   restore-time: <entries> entries: read + decode <ms> ms, rebuild <ms> ms, total <ms> ms (...)
+# (in brackets: the CPU time of every thread since the process started, and its page faults).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RUN="${RUN:-/tmp/fqdnd-restore-time}"
@@ -55,7 +57,7 @@ spec:
   - toFQDNs: [{matchPattern: "*.bench.test"}]
     toPorts: [{ports: [{port: "443", protocol: TCP}]}]
 YAML
-FQDND_LOG=info,fqdnd=debug "$BIN" gateway --config "$RUN/gateway.yaml" 2>"$RUN/gateway.log" &
+FQDND_LOG=info,fqdnd=debug ${PRELOAD:+env LD_PRELOAD=$PRELOAD} "$BIN" gateway --config "$RUN/gateway.yaml" 2>"$RUN/gateway.log" &
 PID=$!
 for _ in $(seq 1 600); do [ -S "$RUN/admin.sock" ] && break; sleep 0.1; done
 [ -S "$RUN/admin.sock" ] || { cat "$RUN/gateway.log" >&2; exit 1; }
@@ -63,10 +65,13 @@ read_line=$(grep "state restored" "$RUN/gateway.log" | tail -1)
 line=$(grep "DNS cache restored" "$RUN/gateway.log" | tail -1)
 echo "$read_line" >&2
 echo "$line" >&2
-grep "restore timing" "$RUN/gateway.log" | tail -1 >&2 || true
 read_ms=$(sed -n 's/.*read_ms=\([0-9]*\).*/\1/p' <<<"$read_line")
 entries=$(sed -n 's/.*entries=\([0-9]*\).*/\1/p' <<<"$line")
 ms=$(sed -n 's/.*restore_ms=\([0-9]*\).*/\1/p' <<<"$line")
 rss=$(awk '/VmRSS/{printf "%d", $2/1024}' "/proc/$PID/status")
+# CPU time of the whole start (every thread's, the restore's helpers included) and its page
+# faults (each costs ~2 us on a VM: a large part of a restore's CPU).
+cpu=$(awk -v hz="$(getconf CLK_TCK)" '{printf "%d", ($14 + $15) * 1000 / hz}' "/proc/$PID/stat")
+minflt=$(awk "{print \$10}" "/proc/$PID/stat")
 size=$(du -m "$RUN/state/snapshot" | cut -f1)
-echo "restore-time: $entries entries: read + decode $read_ms ms, rebuild $ms ms, total $((read_ms + ms)) ms (snapshot $size MB, RSS $rss MB)"
+echo "restore-time: $entries entries: read + decode $read_ms ms, rebuild $ms ms, total $((read_ms + ms)) ms (snapshot $size MB, RSS $rss MB, CPU $cpu ms, $minflt page faults)"
