@@ -15,7 +15,7 @@ use fqdnd_config::Settings;
 use fqdnd_ipcache::policy::Rule;
 use fqdnd_ipcache::{Datapath, Endpoint, EndpointId, EndpointLabel, Identity, IpCache};
 use fqdnd_namemgr::{
-    Connections, FqdnSelector, GcStats, Learned, NameManager, Restore, RestoreStats,
+    Connections, FqdnSelector, GcStats, Learned, NameManager, Restore, RestoreAnswers, RestoreStats,
 };
 use ipnet::IpNet;
 use serde::Serialize;
@@ -367,7 +367,7 @@ impl<D: Datapath> Engine<D> {
     /// The IpCache failed in a way no answer explains.
     pub fn restore_answers(
         &mut self,
-        answers: &[Restore<'_>],
+        answers: &(impl RestoreAnswers + ?Sized),
         now: Duration,
         failed: impl FnMut(&Restore<'_>, fqdnd_namemgr::Error),
     ) -> Result<RestoreStats, Error> {

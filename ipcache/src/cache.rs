@@ -46,6 +46,9 @@ pub struct Stats {
     pub datapath_full: u64,
 }
 
+/// Changes a commit's buffers keep room for after a larger batch.
+const KEPT_BATCH: usize = 1 << 16;
+
 /// What the datapath does not have yet: the changes waiting for the next
 /// [`IpCache::commit`], coalesced per key. A batch the datapath refuses stays here.
 #[derive(Debug, Default)]
@@ -856,6 +859,14 @@ impl<D: Datapath> IpCache<D> {
         self.datapath.apply(&self.batch)?;
         self.pending.ipcache.clear();
         self.pending.policy.clear();
+        // The room a restore's or a large GC's batch took (tens of megabytes for a million
+        // prefixes) is given back, not kept for the small batches that follow.
+        if self.batch.capacity() > KEPT_BATCH {
+            self.batch = Vec::new();
+        }
+        if self.pending.ipcache.capacity() > KEPT_BATCH {
+            self.pending.ipcache = Vec::new();
+        }
         self.stats.policy_upserts += counts.policy_upserts;
         self.stats.ipcache_upserts += counts.ipcache_upserts;
         self.stats.ipcache_deletes += counts.ipcache_deletes;

@@ -487,7 +487,11 @@ fn merge_in<K: Ord + Copy, N: Copy, I: Iterator<Item = IpNet>>(
     if next(prefixes).is_none() {
         return;
     }
-    let mut merged: Vec<(K, PrefixEntry)> = Vec::with_capacity(map.len());
+    // Room for every entry without growing: the old ones and, at most, one per prefix given
+    // (the other family's too: room reserved, never touched).
+    let given = prefixes.size_hint();
+    let mut merged: Vec<(K, PrefixEntry)> =
+        Vec::with_capacity(map.len() + given.1.unwrap_or(given.0));
     let mut old = std::mem::take(map).into_iter().peekable();
     loop {
         let new = next(prefixes);

@@ -345,11 +345,15 @@ impl Names {
         text_of(&self.text, entry.name)
     }
 
-    /// Room in the index for `more` names (a restore's answers: an upper bound on its
-    /// names), so that it does not grow by rehashing every name it holds.
-    pub(crate) fn reserve(&mut self, more: usize) {
+    /// Room for `more` names of `bytes` bytes in all (a restore's answers: upper bounds on
+    /// its names), in the index, the slots and the text, so that none of them grows by
+    /// copying (or rehashing) everything it holds, a million names over.
+    pub(crate) fn reserve(&mut self, more: usize, bytes: usize) {
         let rehash = slot_hash(&self.slots, &self.hasher, &self.text);
         self.index.reserve(more, rehash);
+        self.slots.reserve(more.saturating_sub(self.free.len()));
+        self.text.reserve(bytes);
+        self.pending.reserve(more);
     }
 
     /// Adds `name` (which the caller found absent) with its labels; `None` past 2³² names,
@@ -641,8 +645,9 @@ impl IpRefs {
 /// The cache.
 #[derive(Debug, Default)]
 pub(crate) struct DnsCache {
-    /// One shared copy of each label set names carry (few: one per selector combination).
-    pub(crate) label_sets: HashMap<LabelSet, Arc<LabelSet>>,
+    /// One shared copy of each label set names carry (few: one per selector combination;
+    /// looked up for every new name, so with foldhash rather than SipHash).
+    pub(crate) label_sets: hashbrown::HashMap<LabelSet, Arc<LabelSet>>,
     pub(crate) names: Names,
     pub(crate) ips: IpRefs,
     /// Names each endpoint has a record for (what `max_names_per_endpoint` bounds).

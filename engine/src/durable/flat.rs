@@ -44,9 +44,45 @@ struct Item {
     expires_unix_ms: u64,
 }
 
-/// The flat vectors hold more than `u32` can index (4 GiB of names or 4 billion addresses).
+/// [`Answers`] the latest expiry first ([`Answers::latest_first`]), by number.
+#[derive(Debug)]
+pub struct LatestFirst<'a> {
+    answers: &'a Answers,
+    order: Vec<u32>,
+}
+
+impl<'a> LatestFirst<'a> {
+    /// How many answers there are.
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+
+    /// The `at`-th answer in this order.
+    pub fn get(&self, at: usize) -> Option<RestoredAnswer<'a>> {
+        let item = self.answers.items.get(*self.order.get(at)? as usize)?;
+        Some(self.answers.answer(item))
+    }
+
+    /// Every answer in this order.
+    pub fn iter(&self) -> impl Iterator<Item = RestoredAnswer<'a>> + '_ {
+        let answers = self.answers;
+        let items = self
+            .order
+            .iter()
+            .filter_map(|&at| answers.items.get(at as usize));
+        items.map(|item| answers.answer(item))
+    }
+}
+
+/// The flat vectors hold more than `u32` can index (4 GiB of names, 4 billion addresses or
+/// 4 billion answers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("the restored answers outgrow 4 GiB of names or 4 billion addresses")]
+#[error("the restored answers outgrow 4 GiB of names, 4 billion addresses or 4 billion answers")]
 pub struct TooLarge;
 
 impl Answers {
@@ -66,11 +102,20 @@ impl Answers {
     }
 
     /// Every answer, the latest expiry first (in the order pushed among equals): sorts
-    /// positions, not the answers.
-    pub fn latest_first(&self) -> impl ExactSizeIterator<Item = RestoredAnswer<'_>> + '_ {
-        let mut order: Vec<&Item> = self.items.iter().collect();
-        order.sort_by_key(|item| std::cmp::Reverse(item.expires_unix_ms));
-        order.into_iter().map(|item| self.answer(item))
+    /// their numbers, not the answers.
+    pub fn latest_first(&self) -> LatestFirst<'_> {
+        // Numbered in `u32`: the pushes refuse more answers than that.
+        let mut order: Vec<u32> = (0..self.items.len())
+            .filter_map(|at| u32::try_from(at).ok())
+            .collect();
+        order.sort_by_key(|&at| {
+            let expires = self.items.get(at as usize).map_or(0, |i| i.expires_unix_ms);
+            std::cmp::Reverse(expires)
+        });
+        LatestFirst {
+            answers: self,
+            order,
+        }
     }
 
     fn answer(&self, item: &Item) -> RestoredAnswer<'_> {
@@ -93,6 +138,7 @@ impl Answers {
         addrs: &[IpAddr],
         expires_unix_ms: u64,
     ) -> Result<(), TooLarge> {
+        index(self.items.len() + 1)?;
         let name = self.push_name(name)?;
         let addrs = self.push_addrs(addrs.iter().copied())?;
         self.items.push(Item {
@@ -129,6 +175,7 @@ impl Answers {
             });
         }
         let groups = self.items.len() - first_item;
+        index(self.items.len() + groups * endpoints.len().saturating_sub(1))?;
         let Some((&first, others)) = endpoints.split_first() else {
             return Ok(());
         };
@@ -371,10 +418,16 @@ mod tests {
                 .push(EndpointId(1), name, &[ip(1)], expires)
                 .unwrap();
         }
-        let order: Vec<(&str, u64)> = answers
-            .latest_first()
+        let latest_first = answers.latest_first();
+        let order: Vec<(&str, u64)> = latest_first
+            .iter()
             .map(|a| (a.name, a.expires_unix_ms))
             .collect();
+        let by_number: Vec<(&str, u64)> = (0..=latest_first.len())
+            .map_while(|at| latest_first.get(at))
+            .map(|a| (a.name, a.expires_unix_ms))
+            .collect();
+        assert_eq!(order, by_number);
         assert_eq!(
             order,
             [("b.", 9), ("e.", 9), ("d.", 7), ("a.", 5), ("c.", 5)]

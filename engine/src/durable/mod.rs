@@ -24,11 +24,11 @@ use std::time::Duration;
 
 use fqdnd_checkpoint::{Discarded, Journal, Options, Seq};
 use fqdnd_ipcache::{Datapath, EndpointId, Identity};
-use fqdnd_namemgr::Restore;
+use fqdnd_namemgr::{Restore, RestoreAnswers};
 use serde::{Deserialize, Serialize};
 
 use crate::{Clock, Engine, Error};
-pub use flat::{Answers, ReadSnapshot, RestoredAnswer, TooLarge};
+pub use flat::{Answers, LatestFirst, ReadSnapshot, RestoredAnswer, TooLarge};
 pub use persist::Persist;
 
 /// The record and snapshot layout version; a state directory of another schema is refused.
@@ -221,16 +221,10 @@ impl Restored {
         // Latest expiry first: when a bound (maxCacheEntries, the per-name and per-endpoint
         // breakers) is reached during the restore, what is left out is what expires first
         // (expired flood names, say), never a live name behind them.
-        let answers: Vec<Restore<'_>> = self
-            .answers
-            .latest_first()
-            .map(|a| Restore {
-                endpoint: a.endpoint,
-                name: a.name,
-                addrs: a.addrs,
-                ttl: crate::clock::seconds_between(now_unix_ms, a.expires_unix_ms),
-            })
-            .collect();
+        let answers = Remaining {
+            answers: self.answers.latest_first(),
+            now_unix_ms,
+        };
         let stats = engine.restore_answers(&answers, now, |a, e| {
             tracing::warn!(name = %a.name, error = %crate::error_chain(&e), "a restored answer was not learned");
         })?;
@@ -239,6 +233,29 @@ impl Restored {
         }
         engine.commit()?;
         Ok(self.answers.len())
+    }
+}
+
+/// Restored answers as the NameManager learns them: in their order, each with the seconds
+/// it has left at `now_unix_ms`.
+struct Remaining<'a> {
+    answers: LatestFirst<'a>,
+    now_unix_ms: u64,
+}
+
+impl RestoreAnswers for Remaining<'_> {
+    fn len(&self) -> usize {
+        self.answers.len()
+    }
+
+    fn get(&self, at: usize) -> Option<Restore<'_>> {
+        let a = self.answers.get(at)?;
+        Some(Restore {
+            endpoint: a.endpoint,
+            name: a.name,
+            addrs: a.addrs,
+            ttl: crate::clock::seconds_between(self.now_unix_ms, a.expires_unix_ms),
+        })
     }
 }
 

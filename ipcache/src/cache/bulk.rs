@@ -30,6 +30,15 @@ pub struct Claims {
 }
 
 impl Claims {
+    /// Room for `v4` claims on IPv4 addresses and `v6` on IPv6 ones without growing.
+    pub fn with_capacity(v4: usize, v6: usize) -> Self {
+        Self {
+            v4: Vec::with_capacity(v4),
+            v6: Vec::with_capacity(v6),
+            ..Self::default()
+        }
+    }
+
     /// `owner` claims the host prefix of `addr` with `labels`.
     pub fn push(&mut self, addr: IpAddr, owner: OwnerId, labels: &Arc<LabelSet>) {
         let ptr = Arc::as_ptr(labels) as usize;
@@ -181,6 +190,8 @@ impl<D: Datapath> IpCache<D> {
         }
         let breaker = Some(self.config.max_fqdn_identities);
         let mut ids = identities!(self);
+        // One change per prefix, queued without growing the queue.
+        ids.pending.ipcache.reserve(claims.len());
         let mut refused = Vec::new();
         let mut known: HashMap<(u32, Option<LabelId>, bool), Identity> = HashMap::new();
         let sets = &claims.sets;

@@ -39,6 +39,51 @@ pub struct Restore<'a> {
     pub ttl: u32,
 }
 
+/// The answers a restore learns, by number, in the order to learn them: a slice of them,
+/// or a view its caller keeps (a restored snapshot's answers in the order it chose,
+/// without a copy of each).
+pub trait RestoreAnswers: Sync {
+    /// How many there are.
+    fn len(&self) -> usize;
+
+    /// Whether there are none.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The answer numbered `at` (`None` past the last).
+    fn get(&self, at: usize) -> Option<Restore<'_>>;
+}
+
+impl RestoreAnswers for [Restore<'_>] {
+    fn len(&self) -> usize {
+        <[Restore<'_>]>::len(self)
+    }
+
+    fn get(&self, at: usize) -> Option<Restore<'_>> {
+        <[Restore<'_>]>::get(self, at).copied()
+    }
+}
+
+impl RestoreAnswers for Vec<Restore<'_>> {
+    fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    fn get(&self, at: usize) -> Option<Restore<'_>> {
+        self.as_slice().get(at).copied()
+    }
+}
+
+/// Every answer of `answers` with its number, from `from` to (not including) `to`.
+fn answers_in<A: RestoreAnswers + ?Sized>(
+    answers: &A,
+    from: usize,
+    to: usize,
+) -> impl Iterator<Item = (usize, Restore<'_>)> + '_ {
+    (from..to.min(answers.len())).filter_map(|at| answers.get(at).map(|a| (at, a)))
+}
+
 /// What [`NameManager::restore`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RestoreStats {
@@ -94,7 +139,7 @@ impl Seen {
         at: u32,
         name: Cow<'_, str>,
         hash: u64,
-        answers: &[Restore<'_>],
+        answers: &(impl RestoreAnswers + ?Sized),
         hasher: &DefaultHashBuilder,
     ) -> Option<usize> {
         let Self { first, spelled } = self;
@@ -115,23 +160,20 @@ impl Seen {
     }
 }
 
-/// What the labelling thread works out for `chunk`, the answers from number `base` on; the
-/// labels only with `labels`, else the learning side works them out.
+/// What the labelling thread works out for the answers numbered `chunk`; the labels only
+/// with `labels`, else the learning side works them out.
 fn prepare(
-    chunk: &[Restore<'_>],
-    base: usize,
-    answers: &[Restore<'_>],
+    answers: &(impl RestoreAnswers + ?Sized),
+    chunk: std::ops::Range<usize>,
     (selection, labels): (&Selection, bool),
     hasher: &DefaultHashBuilder,
     seen: &mut Seen,
 ) -> Vec<Ahead> {
-    chunk
-        .iter()
-        .enumerate()
-        .map(|(i, a)| {
+    answers_in(answers, chunk.start, chunk.end)
+        .map(|(at, a)| {
             // An invalid name, or an answer past 2³² (none: a snapshot that large is refused),
             // gets nothing: the learning side looks the name up in the index.
-            let at = u32::try_from(base + i);
+            let at = u32::try_from(at);
             let (Ok(name), Ok(at)) = (DnsName::canonical(a.name), at) else {
                 return Ahead {
                     prepared: None,
@@ -169,7 +211,7 @@ impl NameManager {
     /// The IpCache failed in a way no answer explains (an owner it does not know).
     pub fn restore<D: Datapath>(
         &mut self,
-        answers: &[Restore<'_>],
+        answers: &(impl RestoreAnswers + ?Sized),
         now: Duration,
         ipcache: &mut IpCache<D>,
         mut failed: impl FnMut(&Restore<'_>, Error),
@@ -179,8 +221,16 @@ impl NameManager {
             return Ok(self.restore_one_by_one(answers, now, ipcache, &mut failed, why));
         }
         let stats = self.stats.clone();
-        self.cache.names.reserve(answers.len());
-        self.deferred = Some(Claims::default());
+        let all = || answers_in(answers, 0, answers.len()).map(|(_, a)| a);
+        let bytes = all().map(|a| a.name.len()).sum();
+        self.cache.names.reserve(answers.len(), bytes);
+        let (v4, v6) = all()
+            .flat_map(|a| a.addrs.iter())
+            .fold((0, 0), |(v4, v6), a| match a {
+                IpAddr::V4(_) => (v4 + 1, v6),
+                IpAddr::V6(_) => (v4, v6 + 1),
+            });
+        self.deferred = Some(Claims::with_capacity(v4, v6));
         let mut out = RestoreStats::default();
         let mut errors = Vec::new();
         // A second thread works out, chunks ahead of the answers learned here, each name's
@@ -204,10 +254,10 @@ impl NameManager {
                     .name("restore-labels".into())
                     .spawn_scoped(scope, move || {
                         let mut seen = Seen::new(answers.len());
-                        for (n, chunk) in answers.chunks(chunk_len).enumerate() {
+                        for (n, base) in (0..answers.len()).step_by(chunk_len).enumerate() {
                             let labels = (&*selection, n % 2 == 0);
-                            let base = n * chunk_len;
-                            let ahead = prepare(chunk, base, answers, labels, &hasher, &mut seen);
+                            let chunk = base..base + chunk_len;
+                            let ahead = prepare(answers, chunk, labels, &hasher, &mut seen);
                             if tx.send(ahead).is_err() {
                                 return;
                             }
@@ -223,10 +273,9 @@ impl NameManager {
                 Vec::new()
             };
             drop(labelling);
-            for (n, chunk) in answers.chunks(chunk_len).enumerate() {
+            for base in (0..answers.len()).step_by(chunk_len) {
                 let mut ahead = rx.recv().ok().map(Vec::into_iter);
-                for (i, a) in chunk.iter().enumerate() {
-                    let at = n * chunk_len + i;
+                for (at, a) in answers_in(answers, base, base + chunk_len) {
                     let ahead = ahead.as_mut().and_then(Iterator::next);
                     // The answer whose slot stands for this name's.
                     let key = ahead.as_ref().map(|h| h.first.unwrap_or(at));
@@ -245,7 +294,7 @@ impl NameManager {
                         }
                     };
                     let mut kept = None;
-                    match self.observe_known(a, now, ipcache, known, &mut kept) {
+                    match self.observe_known(&a, now, ipcache, known, &mut kept) {
                         Ok(learned) => out.learned.add(learned),
                         Err(e) => errors.push((at, e)),
                     }
@@ -284,7 +333,9 @@ impl NameManager {
                 self.drop_refused(refused, &mut out.learned, ipcache)?;
                 out.failed = errors.len();
                 for (at, e) in errors {
-                    failed(&answers[at], e);
+                    if let Some(a) = answers.get(at) {
+                        failed(&a, e);
+                    }
                 }
                 return Ok(out);
             }
@@ -302,7 +353,7 @@ impl NameManager {
 
     fn restore_one_by_one<D: Datapath>(
         &mut self,
-        answers: &[Restore<'_>],
+        answers: &(impl RestoreAnswers + ?Sized),
         now: Duration,
         ipcache: &mut IpCache<D>,
         failed: &mut impl FnMut(&Restore<'_>, Error),
@@ -312,12 +363,12 @@ impl NameManager {
             one_by_one: Some(why),
             ..RestoreStats::default()
         };
-        for a in answers {
+        for (_, a) in answers_in(answers, 0, answers.len()) {
             match self.observe(a.endpoint, a.name, a.addrs, a.ttl, now, ipcache) {
                 Ok(learned) => out.learned.add(learned),
                 Err(e) => {
                     out.failed += 1;
-                    failed(a, e);
+                    failed(&a, e);
                 }
             }
         }
