@@ -13,7 +13,6 @@
 //! needs the names of an IP.
 
 use std::cmp::Ordering;
-use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -650,8 +649,9 @@ pub(crate) struct DnsCache {
     pub(crate) label_sets: hashbrown::HashMap<LabelSet, Arc<LabelSet>>,
     pub(crate) names: Names,
     pub(crate) ips: IpRefs,
-    /// Names each endpoint has a record for (what `max_names_per_endpoint` bounds).
-    pub(crate) endpoint_names: HashMap<EndpointId, usize>,
+    /// Names each endpoint has a record for (what `max_names_per_endpoint` bounds; looked
+    /// up for every answer).
+    pub(crate) endpoint_names: hashbrown::HashMap<EndpointId, usize>,
 }
 
 impl DnsCache {
@@ -681,7 +681,7 @@ impl DnsCache {
 
     /// `n` endpoint records fewer for `endpoint`.
     pub(crate) fn forget_endpoints(
-        endpoint_names: &mut HashMap<EndpointId, usize>,
+        endpoint_names: &mut hashbrown::HashMap<EndpointId, usize>,
         endpoint: EndpointId,
         n: usize,
     ) {
