@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use fqdnd_ipcache::{
@@ -22,6 +23,10 @@ use crate::name::DnsName;
 /// Answers prepared at a time by a restore's labelling thread (fewer in a small restore,
 /// so that it still has several chunks).
 const LABEL_CHUNK: usize = 4096;
+
+/// Chunks the learning side must have queued for the labelling thread to work out the
+/// labels of the next one too (else the learning side does).
+const LABEL_SLACK: usize = 2;
 
 /// Chunks the labelling thread may work out ahead of the answers learned.
 const CHUNKS_AHEAD: usize = 4;
@@ -237,16 +242,18 @@ impl NameManager {
         // hash in the name index and which earlier answer had the same name, if any: a new
         // name is then added without a lookup in the index or an insert into it (a cache
         // miss each in an index of a million, while the rest of the restore fills memory);
-        // the new names are indexed in one pass at the end. It also works out the labels of
-        // every second chunk's names, the learning side those of the others: so the two
-        // threads have about as much to do (for 1M names, 250-300 ms each, where the
-        // thread labelling every chunk took 350-460 ms and left the learning side waiting
-        // 160-250 ms of it). Only with a second core to run it on: on one, its hand-offs
-        // cost more than they save.
+        // the new names are indexed in one pass at the end. It also works out a chunk's
+        // labels when the learning side has work queued, else leaves them to it: so
+        // neither waits long for the other whatever labelling costs (for 1M names, the
+        // learning side waited 65-100 ms of its ~300 when the thread labelled every second
+        // chunk, 5-50 ms this way; 160-250 ms when it labelled them all). Only with a
+        // second core to run it on: on one, its hand-offs cost more than they save.
         let chunk_len = LABEL_CHUNK.min(answers.len().div_ceil(8)).max(1);
         let selection = Arc::clone(&self.selection);
         let hasher = self.cache.names.hasher().clone();
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        // Chunks the labelling thread has sent and the learning side not taken yet.
+        let queued = &AtomicUsize::new(0);
         std::thread::scope(|scope| {
             let (tx, rx) = std::sync::mpsc::sync_channel(CHUNKS_AHEAD);
             let labelling = (cores > 1).then_some(tx).map(|tx| {
@@ -254,10 +261,13 @@ impl NameManager {
                     .name("restore-labels".into())
                     .spawn_scoped(scope, move || {
                         let mut seen = Seen::new(answers.len());
-                        for (n, base) in (0..answers.len()).step_by(chunk_len).enumerate() {
-                            let labels = (&*selection, n % 2 == 0);
+                        for base in (0..answers.len()).step_by(chunk_len) {
+                            // Labels too when the learning side has work queued.
+                            let slack = queued.load(Ordering::Relaxed) >= LABEL_SLACK;
+                            let labels = (&*selection, slack);
                             let chunk = base..base + chunk_len;
                             let ahead = prepare(answers, chunk, labels, &hasher, &mut seen);
+                            queued.fetch_add(1, Ordering::Relaxed);
                             if tx.send(ahead).is_err() {
                                 return;
                             }
@@ -275,6 +285,9 @@ impl NameManager {
             drop(labelling);
             for base in (0..answers.len()).step_by(chunk_len) {
                 let mut ahead = rx.recv().ok().map(Vec::into_iter);
+                if ahead.is_some() {
+                    queued.fetch_sub(1, Ordering::Relaxed);
+                }
                 for (at, a) in answers_in(answers, base, base + chunk_len) {
                     let ahead = ahead.as_mut().and_then(Iterator::next);
                     // The answer whose slot stands for this name's.
