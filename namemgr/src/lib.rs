@@ -33,7 +33,7 @@ pub use config::Config;
 pub use error::{Breaker, Error};
 pub use manager::{
     BreakerTrips, CacheEntry, Connections, GcStats, Learned, NameManager, OneByOne, Restore,
-    RestoreAnswers, RestoreStats, Stats,
+    RestoreAnswers, RestoreStats, Sizes, Stats,
 };
 pub use matcher::{Matcher, SelectorId};
 pub use name::{DnsName, NameError, canonicalize};

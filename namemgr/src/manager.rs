@@ -21,7 +21,7 @@ use crate::name::DnsName;
 use crate::pattern::FqdnSelector;
 
 mod restore;
-pub use restore::{OneByOne, Restore, RestoreAnswers, RestoreStats};
+pub use restore::{OneByOne, Restore, RestoreAnswers, RestoreStats, Sizes};
 
 /// How often a tripped breaker may log a warning.
 const WARNING_INTERVAL: Duration = Duration::from_secs(10);

@@ -68,6 +68,14 @@ impl<'a> LatestFirst<'a> {
         Some(self.answers.answer(item))
     }
 
+    /// Bytes of names and IPv4 and IPv6 addresses the answers hold (those a name's answers
+    /// for several endpoints share, once).
+    pub fn sizes(&self) -> (usize, usize, usize) {
+        let v4 = self.answers.addrs.iter().filter(|a| a.is_ipv4()).count();
+        let addrs = self.answers.addrs.len();
+        (self.answers.names.len(), v4, addrs - v4)
+    }
+
     /// Every answer in this order.
     pub fn iter(&self) -> impl Iterator<Item = RestoredAnswer<'a>> + '_ {
         let answers = self.answers;

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use fqdnd_checkpoint::{Discarded, Journal, Options, Seq};
 use fqdnd_ipcache::{Datapath, EndpointId, Identity};
-use fqdnd_namemgr::{Restore, RestoreAnswers};
+use fqdnd_namemgr::{Restore, RestoreAnswers, Sizes};
 use serde::{Deserialize, Serialize};
 
 use crate::{Clock, Engine, Error};
@@ -256,6 +256,11 @@ impl RestoreAnswers for Remaining<'_> {
             addrs: a.addrs,
             ttl: crate::clock::seconds_between(self.now_unix_ms, a.expires_unix_ms),
         })
+    }
+
+    fn sizes(&self) -> Sizes {
+        let (name_bytes, v4, v6) = self.answers.sizes();
+        Sizes { name_bytes, v4, v6 }
     }
 }
 

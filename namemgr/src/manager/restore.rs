@@ -58,6 +58,32 @@ pub trait RestoreAnswers: Sync {
 
     /// The answer numbered `at` (`None` past the last).
     fn get(&self, at: usize) -> Option<Restore<'_>>;
+
+    /// Upper bounds on what the answers hold, to size the cache before learning them: by
+    /// a pass over every answer unless the implementation knows better.
+    fn sizes(&self) -> Sizes {
+        answers_in(self, 0, self.len()).fold(Sizes::default(), |mut sizes, (_, a)| {
+            sizes.name_bytes += a.name.len();
+            for addr in a.addrs {
+                match addr {
+                    IpAddr::V4(_) => sizes.v4 += 1,
+                    IpAddr::V6(_) => sizes.v6 += 1,
+                }
+            }
+            sizes
+        })
+    }
+}
+
+/// What [`RestoreAnswers`] hold, at most.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sizes {
+    /// Bytes of names, all answers' added up.
+    pub name_bytes: usize,
+    /// IPv4 addresses, all answers' added up.
+    pub v4: usize,
+    /// IPv6 addresses, all answers' added up.
+    pub v6: usize,
 }
 
 impl RestoreAnswers for [Restore<'_>] {
@@ -226,16 +252,9 @@ impl NameManager {
             return Ok(self.restore_one_by_one(answers, now, ipcache, &mut failed, why));
         }
         let stats = self.stats.clone();
-        let all = || answers_in(answers, 0, answers.len()).map(|(_, a)| a);
-        let bytes = all().map(|a| a.name.len()).sum();
-        self.cache.names.reserve(answers.len(), bytes);
-        let (v4, v6) = all()
-            .flat_map(|a| a.addrs.iter())
-            .fold((0, 0), |(v4, v6), a| match a {
-                IpAddr::V4(_) => (v4 + 1, v6),
-                IpAddr::V6(_) => (v4, v6 + 1),
-            });
-        self.deferred = Some(Claims::with_capacity(v4, v6));
+        let sizes = answers.sizes();
+        self.cache.names.reserve(answers.len(), sizes.name_bytes);
+        self.deferred = Some(Claims::with_capacity(sizes.v4, sizes.v6));
         let mut out = RestoreStats::default();
         let mut errors = Vec::new();
         // A second thread works out, chunks ahead of the answers learned here, each name's
