@@ -118,6 +118,10 @@ impl Claims {
     }
 }
 
+/// What a new prefix one owner claims gets its identity from: that owner's label set (by
+/// number), the enclosing CIDR label, and whether it is IPv4.
+type Key = (u32, Option<LabelId>, bool);
+
 /// The owners claiming one prefix, with their label sets' numbers.
 type Group = SmallVec<[(OwnerId, u32); 1]>;
 
@@ -193,7 +197,8 @@ impl<D: Datapath> IpCache<D> {
         // One change per prefix, queued without growing the queue.
         ids.pending.ipcache.reserve(claims.len());
         let mut refused = Vec::new();
-        let mut known: HashMap<(u32, Option<LabelId>, bool), Identity> = HashMap::new();
+        let mut known: HashMap<Key, Identity> = HashMap::new();
+        let mut last: Option<(Key, Identity)> = None;
         let sets = &claims.sets;
         let mut groups = claims.groups();
         let prefixes = claims.groups().map(|(prefix, _)| prefix);
@@ -215,10 +220,16 @@ impl<D: Datapath> IpCache<D> {
                     }
                     _ => None,
                 };
+                // Consecutive prefixes mostly share their key: the last one is tried first.
+                let id_of = |key| match last {
+                    Some((k, id)) if k == key => Some(id),
+                    _ => known.get(&key).copied(),
+                };
                 if let Some((owner, key)) = alone
-                    && let Some(&id) = known.get(&key)
+                    && let Some(id) = id_of(key)
                     && ids.alloc.acquire(id)
                 {
+                    last = Some((key, id));
                     entry.set_owner(owners, owner, Arc::clone(&sets[key.0 as usize]));
                     let family = usize::from(!key.2);
                     set_identity(&mut ids, entry, prefix, family, None, id);
@@ -235,6 +246,7 @@ impl<D: Datapath> IpCache<D> {
                     Ok(()) => {
                         if let (Some((_, key)), Some(id)) = (alone, entry.identity()) {
                             known.insert(key, id);
+                            last = Some((key, id));
                         }
                         return;
                     }
@@ -272,7 +284,8 @@ impl<D: Datapath> IpCache<D> {
     /// changing anything. Prefixes claimed by one owner alone share the work per (label
     /// set, enclosing CIDR label, family).
     fn may_trip(&self, claims: &Claims) -> Option<NotApplied> {
-        let mut memo: HashMap<(u32, Option<LabelId>, bool), Option<bool>> = HashMap::new();
+        let mut memo: HashMap<Key, Option<bool>> = HashMap::new();
+        let mut last: Option<(Key, bool)> = None;
         let mut seen: HashSet<LabelSet> = HashSet::new();
         let mut new_identities = 0usize;
         let mut new_prefixes = [0usize; 2];
@@ -302,14 +315,20 @@ impl<D: Datapath> IpCache<D> {
                     cidr.longest_match(&prefix),
                     matches!(prefix, IpNet::V4(_)),
                 );
-                match memo.get(&key) {
-                    Some(known) => known.is_some(),
-                    None => {
-                        let known = desired();
-                        memo.insert(key, known);
-                        known.is_some()
-                    }
-                }
+                // Consecutive prefixes mostly share their key: the last one is tried first.
+                let labelled = match last {
+                    Some((k, labelled)) if k == key => labelled,
+                    _ => match memo.get(&key) {
+                        Some(known) => known.is_some(),
+                        None => {
+                            let known = desired();
+                            memo.insert(key, known);
+                            known.is_some()
+                        }
+                    },
+                };
+                last = Some((key, labelled));
+                labelled
             } else {
                 desired().is_some()
             };

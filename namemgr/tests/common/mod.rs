@@ -118,7 +118,15 @@ impl Engine {
             prefixes,
             ips: self.names.ip_count(),
             names: self.names.name_count(),
-            identities: self.ipcache.allocator().len(),
+            identities: {
+                let allocator = self.ipcache.allocator();
+                let mut live: Vec<_> = allocator
+                    .iter()
+                    .map(|(id, _, refs)| (self.labels(id), refs))
+                    .collect();
+                live.sort();
+                live
+            },
             datapath,
             endpoints,
         }
@@ -132,7 +140,8 @@ pub(crate) struct State {
     pub(crate) prefixes: Vec<(IpNet, Option<BTreeSet<String>>, usize)>,
     pub(crate) ips: usize,
     pub(crate) names: usize,
-    pub(crate) identities: usize,
+    /// Live identities: their labels and references.
+    pub(crate) identities: Vec<(Option<BTreeSet<String>>, u32)>,
     pub(crate) datapath: BTreeSet<(IpAddr, Option<BTreeSet<String>>)>,
     pub(crate) endpoints: BTreeSet<(String, EndpointId)>,
 }
