@@ -78,7 +78,7 @@ fn both(
     let mut failed_bulk = Vec::new();
     let stats = bulk
         .names
-        .restore(&restore, now, &mut bulk.ipcache, |a, _: Error| {
+        .restore(restore.as_slice(), now, &mut bulk.ipcache, |a, _: Error| {
             failed_bulk.push(a.name.to_owned());
         })
         .unwrap();

@@ -103,7 +103,7 @@ fn main() {
             .collect();
         let start = Phase::start();
         let stats = names
-            .restore(&answers, now, &mut ipcache, |a, e| {
+            .restore(answers.as_slice(), now, &mut ipcache, |a, e| {
                 panic!("{}: {e}", a.name)
             })
             .expect("restore");

@@ -11,6 +11,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 use fqdnd_ipcache::EndpointId;
+use fqdnd_namemgr::Sizes;
 use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, Deserializer, SeqAccess, Visitor};
 
@@ -70,20 +71,13 @@ impl<'a> LatestFirst<'a> {
 
     /// Bytes of names and IPv4 and IPv6 addresses the answers hold (those a name's answers
     /// for several endpoints share, once).
-    pub fn sizes(&self) -> (usize, usize, usize) {
+    pub fn sizes(&self) -> Sizes {
         let v4 = self.answers.addrs.iter().filter(|a| a.is_ipv4()).count();
-        let addrs = self.answers.addrs.len();
-        (self.answers.names.len(), v4, addrs - v4)
-    }
-
-    /// Every answer in this order.
-    pub fn iter(&self) -> impl Iterator<Item = RestoredAnswer<'a>> + '_ {
-        let answers = self.answers;
-        let items = self
-            .order
-            .iter()
-            .filter_map(|&at| answers.items.get(at as usize));
-        items.map(|item| answers.answer(item))
+        Sizes {
+            name_bytes: self.answers.names.len(),
+            v4,
+            v6: self.answers.addrs.len() - v4,
+        }
     }
 }
 
@@ -427,15 +421,12 @@ mod tests {
                 .unwrap();
         }
         let latest_first = answers.latest_first();
-        let order: Vec<(&str, u64)> = latest_first
-            .iter()
+        assert_eq!(latest_first.len(), 5);
+        assert!(latest_first.get(5).is_none());
+        let order: Vec<(&str, u64)> = (0..latest_first.len())
+            .filter_map(|at| latest_first.get(at))
             .map(|a| (a.name, a.expires_unix_ms))
             .collect();
-        let by_number: Vec<(&str, u64)> = (0..=latest_first.len())
-            .map_while(|at| latest_first.get(at))
-            .map(|a| (a.name, a.expires_unix_ms))
-            .collect();
-        assert_eq!(order, by_number);
         assert_eq!(
             order,
             [("b.", 9), ("e.", 9), ("d.", 7), ("a.", 5), ("c.", 5)]

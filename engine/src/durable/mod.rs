@@ -259,8 +259,7 @@ impl RestoreAnswers for Remaining<'_> {
     }
 
     fn sizes(&self) -> Sizes {
-        let (name_bytes, v4, v6) = self.answers.sizes();
-        Sizes { name_bytes, v4, v6 }
+        self.answers.sizes()
     }
 }
 

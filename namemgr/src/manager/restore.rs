@@ -96,16 +96,6 @@ impl RestoreAnswers for [Restore<'_>] {
     }
 }
 
-impl RestoreAnswers for Vec<Restore<'_>> {
-    fn len(&self) -> usize {
-        self.as_slice().len()
-    }
-
-    fn get(&self, at: usize) -> Option<Restore<'_>> {
-        self.as_slice().get(at).copied()
-    }
-}
-
 /// Every answer of `answers` with its number, from `from` to (not including) `to`.
 fn answers_in<A: RestoreAnswers + ?Sized>(
     answers: &A,
