@@ -17,6 +17,7 @@ use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use crate::name::DnsName;
 use fqdnd_ipcache::{EndpointId, LabelSet, OwnerId};
 use hashbrown::{DefaultHashBuilder, HashTable};
 use smallvec::SmallVec;
@@ -380,14 +381,46 @@ impl Names {
         Some(idx)
     }
 
-    /// Indexes the names [`Names::insert_unindexed`] added.
-    pub(crate) fn index_pending(&mut self) {
+    /// Indexes the names [`Names::insert_unindexed`] added. `false` if one of them was in the
+    /// index already (the restore that added it was told wrongly that it was new): that slot
+    /// is left out of the index, and the cache is to be emptied.
+    #[must_use]
+    pub(crate) fn index_pending(&mut self) -> bool {
         let pending = std::mem::take(&mut self.pending);
-        let rehash = slot_hash(&self.slots, &self.hasher, &self.text);
-        self.index.reserve(pending.len(), &rehash);
+        let Self {
+            slots,
+            index,
+            hasher,
+            text,
+            ..
+        } = self;
+        let rehash = slot_hash(slots, hasher, text);
+        index.reserve(pending.len(), &rehash);
+        let name = |at: u32| {
+            slots
+                .get(at as usize)
+                .and_then(Option::as_ref)
+                .map(|e| text_of(text, e.name))
+        };
+        let mut all_new = true;
         for (at, hash) in pending {
-            self.index.insert_unique(hash, at, &rehash);
+            let text = name(at);
+            match index.entry(hash, |&j| name(j) == text, &rehash) {
+                hashbrown::hash_table::Entry::Vacant(e) => {
+                    e.insert(at);
+                }
+                hashbrown::hash_table::Entry::Occupied(_) => all_new = false,
+            }
         }
+        all_new
+    }
+
+    /// Whether the slot `idx` holds `name` (canonical or not).
+    pub(crate) fn holds(&self, idx: NameIdx, name: &str) -> bool {
+        let Some(held) = self.get(idx).map(|e| self.text(e)) else {
+            return false;
+        };
+        held == name || DnsName::canonical(name).is_ok_and(|n| *n == *held)
     }
 
     /// A new slot holding `name`, not indexed.

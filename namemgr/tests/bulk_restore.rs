@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use common::{Engine, addr, name};
 use fqdnd_ipcache::{EndpointId, NotApplied};
-use fqdnd_namemgr::{Config, Error, OneByOne, Restore};
+use fqdnd_namemgr::{Config, Error, OneByOne, Restore, RestoreAnswers};
 use proptest::prelude::*;
 
 /// An answer: endpoint, name number, address numbers, TTL.
@@ -41,12 +41,60 @@ fn engines(max_ips_per_name: usize, max_fqdn_identities: usize) -> (Engine, Engi
     (make(), make())
 }
 
+/// Answers with the name numbers `numbers` gives them (by answer).
+struct Numbered<'a> {
+    answers: &'a [Restore<'a>],
+    numbers: Vec<Option<u32>>,
+}
+
+impl RestoreAnswers for Numbered<'_> {
+    fn len(&self) -> usize {
+        self.answers.len()
+    }
+
+    fn get(&self, at: usize) -> Option<Restore<'_>> {
+        self.answers.get(at).copied()
+    }
+
+    fn name_number(&self, at: usize) -> Option<u32> {
+        self.numbers.get(at).copied().flatten()
+    }
+
+    fn name_numbers(&self) -> usize {
+        let last = self.numbers.iter().flatten().max();
+        last.map_or(0, |n| *n as usize + 1)
+    }
+}
+
+/// How the answers' names are numbered for the restore.
+#[derive(Debug, Clone, Copy)]
+enum Numbers {
+    /// Not at all.
+    None,
+    /// By name, but for every `.0`-th answer (from the second), which has none.
+    ByName(usize),
+    /// Each answer its own (wrong where a name repeats).
+    ByAnswer,
+    /// One for all (wrong where there are two names).
+    Same,
+}
+
 /// Restores `answers` into `bulk` and learns them one by one into `steps`; returns how the
 /// restore went and the names that failed in each.
 fn both(
     bulk: &mut Engine,
     steps: &mut Engine,
     answers: &[Answer],
+) -> (Option<OneByOne>, Vec<String>, Vec<String>) {
+    both_numbered(bulk, steps, answers, Numbers::None)
+}
+
+/// [`both`], the names numbered as `numbers` says.
+fn both_numbered(
+    bulk: &mut Engine,
+    steps: &mut Engine,
+    answers: &[Answer],
+    numbers: Numbers,
 ) -> (Option<OneByOne>, Vec<String>, Vec<String>) {
     let now = Duration::from_secs(5);
     // One name spelled three ways across the answers: canonical (the restore's labelling
@@ -75,10 +123,24 @@ fn both(
             ttl: *ttl,
         })
         .collect();
+    let numbered = Numbered {
+        answers: &restore,
+        numbers: answers
+            .iter()
+            .enumerate()
+            .map(|(i, (_, n, _, _))| match numbers {
+                Numbers::None => None,
+                Numbers::ByName(every) if i % every == 1 => None,
+                Numbers::ByName(_) => u32::try_from(*n).ok(),
+                Numbers::ByAnswer => u32::try_from(i).ok(),
+                Numbers::Same => Some(0),
+            })
+            .collect(),
+    };
     let mut failed_bulk = Vec::new();
     let stats = bulk
         .names
-        .restore(restore.as_slice(), now, &mut bulk.ipcache, |a, _: Error| {
+        .restore(&numbered, now, &mut bulk.ipcache, |a, _: Error| {
             failed_bulk.push(a.name.to_owned());
         })
         .unwrap();
@@ -135,9 +197,14 @@ proptest! {
     fn a_bulk_restore_equals_learning_one_by_one(
         answers in answers(),
         max_ips_per_name in 2usize..8,
+        numbers in prop_oneof![
+            Just(Numbers::None),
+            (1usize..6).prop_map(Numbers::ByName),
+        ],
     ) {
         let (mut bulk, mut steps) = engines(max_ips_per_name, 10_000);
-        let (one_by_one, failed_bulk, failed_steps) = both(&mut bulk, &mut steps, &answers);
+        let (one_by_one, failed_bulk, failed_steps) =
+            both_numbered(&mut bulk, &mut steps, &answers, numbers);
         prop_assert_eq!(one_by_one, None);
         prop_assert_eq!(failed_bulk, failed_steps);
         prop_assert_eq!(bulk.state(), steps.state());
@@ -171,6 +238,61 @@ proptest! {
         prop_assert_eq!(bulk.state(), steps.state());
         prop_assert_eq!(bulk.names.stats(), steps.names.stats());
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// Names numbered wrongly (one name under two numbers, two names under one) are caught:
+    /// the restore takes back what it applied and learns one by one, and ends as learning
+    /// one by one does.
+    #[test]
+    fn names_numbered_wrongly_are_learned_one_by_one(
+        answers in answers(),
+        numbers in prop_oneof![Just(Numbers::ByAnswer), Just(Numbers::Same)],
+    ) {
+        let (mut bulk, mut steps) = engines(6, 10_000);
+        let (one_by_one, failed_bulk, failed_steps) =
+            both_numbered(&mut bulk, &mut steps, &answers, numbers);
+        prop_assert!(matches!(one_by_one, None | Some(OneByOne::SharedName)), "{one_by_one:?}");
+        prop_assert_eq!(failed_bulk, failed_steps);
+        prop_assert_eq!(bulk.state(), steps.state());
+        prop_assert_eq!(bulk.names.stats(), steps.names.stats());
+    }
+}
+
+/// One name under two numbers, canonical both times: both answers would add it.
+#[test]
+fn one_name_under_two_numbers_goes_one_by_one() {
+    let (mut bulk, mut steps) = engines(6, 10_000);
+    // Answers 0 and 3 are spelled canonically (every third), with the same name.
+    let answers = [
+        (1, 7, vec![1], 60),
+        (1, 8, vec![2], 60),
+        (1, 9, vec![3], 60),
+        (2, 7, vec![4], 90),
+    ];
+    let (one_by_one, _, _) = both_numbered(&mut bulk, &mut steps, &answers, Numbers::ByAnswer);
+    assert_eq!(one_by_one, Some(OneByOne::SharedName));
+    assert_eq!(bulk.state(), steps.state());
+    assert_eq!(bulk.names.stats(), steps.names.stats());
+    assert_eq!(bulk.ipcache.prefix_count(), steps.ipcache.prefix_count());
+}
+
+/// One name under two numbers where the second answer adds nothing to the cache (no
+/// address: it only records that endpoint 2 asked): caught all the same.
+#[test]
+fn one_name_under_two_numbers_is_caught_without_a_second_slot() {
+    let (mut bulk, mut steps) = engines(6, 10_000);
+    let answers = [
+        (1, 7, vec![1], 60),
+        (1, 8, vec![2], 60),
+        (1, 9, vec![3], 60),
+        (2, 7, vec![], 90),
+    ];
+    let (one_by_one, _, _) = both_numbered(&mut bulk, &mut steps, &answers, Numbers::ByAnswer);
+    assert_eq!(one_by_one, Some(OneByOne::SharedName));
+    assert_eq!(bulk.state(), steps.state());
 }
 
 /// A restore into a cache that holds names already learns one by one.

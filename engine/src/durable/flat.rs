@@ -34,12 +34,18 @@ pub struct Answers {
     names: String,
     addrs: Vec<IpAddr>,
     items: Vec<Item>,
+    /// The answers before this one are a snapshot's, their names numbered as written.
+    numbered: usize,
+    /// A snapshot's names, numbered in the order written (unique in a snapshot).
+    numbers: u32,
 }
 
 /// One answer: where its name and addresses are in [`Answers`].
 #[derive(Debug, Clone, Copy)]
 struct Item {
     endpoint: u16,
+    /// For a snapshot's answer, its name's number (in what would be padding).
+    number: u32,
     name: (u32, u32),
     addrs: (u32, u32),
     expires_unix_ms: u64,
@@ -67,6 +73,32 @@ impl<'a> LatestFirst<'a> {
     pub fn get(&self, at: usize) -> Option<RestoredAnswer<'a>> {
         let item = self.answers.items.get(*self.order.get(at)? as usize)?;
         Some(self.answers.answer(item))
+    }
+
+    /// The number of the `at`-th answer's name if it is a snapshot's: answers numbered
+    /// alike have the same name; a snapshot writes each name once, so answers numbered
+    /// differently have different names (which the restore checks).
+    pub fn name_number(&self, at: usize) -> Option<u32> {
+        let item = *self.order.get(at)? as usize;
+        let numbered = item < self.answers.numbered;
+        numbered.then(|| self.answers.items.get(item).map(|i| i.number))?
+    }
+
+    /// How many names are numbered: every name number is below it.
+    pub fn name_numbers(&self) -> usize {
+        self.answers.numbers as usize
+    }
+
+    /// The answers (by place in this order) whose names are not numbered: the journal's.
+    pub fn unnumbered(&self) -> Vec<usize> {
+        let numbered = self.answers.numbered;
+        let journal = |(_, item): &(usize, &u32)| **item as usize >= numbered;
+        self.order
+            .iter()
+            .enumerate()
+            .filter(journal)
+            .map(|(at, _)| at)
+            .collect()
     }
 
     /// Bytes of names and IPv4 and IPv6 addresses the answers hold (those a name's answers
@@ -145,6 +177,7 @@ impl Answers {
         let addrs = self.push_addrs(addrs.iter().copied())?;
         self.items.push(Item {
             endpoint: endpoint.0,
+            number: u32::MAX,
             name,
             addrs,
             expires_unix_ms,
@@ -166,11 +199,17 @@ impl Answers {
             addrs.sort_by_key(|(_, expires)| *expires);
         }
         let first_item = self.items.len();
+        // Numbered only while no journal answer came before (none does: a snapshot is read
+        // first).
+        let numbered = self.numbered == first_item;
+        let number = self.numbers;
+        self.numbers = number.checked_add(1).ok_or(TooLarge)?;
         for group in addrs.chunk_by(|a, b| a.1 == b.1) {
             let expires_unix_ms = group.first().map_or(0, |(_, e)| *e);
             let addrs = self.push_addrs(group.iter().map(|(addr, _)| *addr))?;
             self.items.push(Item {
                 endpoint: 0,
+                number,
                 name,
                 addrs,
                 expires_unix_ms,
@@ -178,20 +217,22 @@ impl Answers {
         }
         let groups = self.items.len() - first_item;
         index(self.items.len() + groups * endpoints.len().saturating_sub(1))?;
-        let Some((&first, others)) = endpoints.split_first() else {
-            return Ok(());
-        };
-        for item in &mut self.items[first_item..] {
-            item.endpoint = first;
-        }
-        for &endpoint in others {
-            for at in first_item..first_item + groups {
-                let item = Item {
-                    endpoint,
-                    ..self.items[at]
-                };
-                self.items.push(item);
+        if let Some((&first, others)) = endpoints.split_first() {
+            for item in &mut self.items[first_item..] {
+                item.endpoint = first;
             }
+            for &endpoint in others {
+                for at in first_item..first_item + groups {
+                    let item = Item {
+                        endpoint,
+                        ..self.items[at]
+                    };
+                    self.items.push(item);
+                }
+            }
+        }
+        if numbered {
+            self.numbered = self.items.len();
         }
         Ok(())
     }
@@ -492,6 +533,33 @@ mod tests {
         );
         assert_eq!(read.entries, 7);
         assert_eq!(read.identities, [("k8s:app=web".to_owned(), 300)]);
+        // Each name numbered as written (the empty one too, though it has no answer); a
+        // journal answer after them is not numbered.
+        let mut answers = read.answers;
+        answers
+            .push(EndpointId(1), "one.test.", &[ip(9)], 950)
+            .unwrap();
+        let order = answers.latest_first();
+        let numbered: Vec<(&str, u64, Option<u32>)> = (0..order.len())
+            .map(|at| {
+                let a = order.get(at).unwrap();
+                (a.name, a.expires_unix_ms, order.name_number(at))
+            })
+            .collect();
+        assert_eq!(
+            numbered,
+            [
+                ("one.test.", 950, None),
+                ("mixed.test.", 900, Some(1)),
+                ("mixed.test.", 900, Some(1)),
+                ("one.test.", 500, Some(0)),
+                ("mixed.test.", 100, Some(1)),
+                ("mixed.test.", 100, Some(1)),
+                ("nobody.test.", 42, Some(2)),
+            ]
+        );
+        assert_eq!(order.name_numbers(), 4);
+        assert_eq!(order.unnumbered(), [0]);
     }
 
     #[test]

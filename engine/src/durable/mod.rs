@@ -258,6 +258,18 @@ impl RestoreAnswers for Remaining<'_> {
         })
     }
 
+    fn name_number(&self, at: usize) -> Option<u32> {
+        self.answers.name_number(at)
+    }
+
+    fn name_numbers(&self) -> usize {
+        self.answers.name_numbers()
+    }
+
+    fn unnumbered(&self) -> Vec<usize> {
+        self.answers.unnumbered()
+    }
+
     fn sizes(&self) -> Sizes {
         self.answers.sizes()
     }

@@ -5,13 +5,15 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::net::IpAddr;
+
+use ipnet::IpNet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use fqdnd_ipcache::{
     Claims, Datapath, EndpointId, Error as IpCacheError, IpCache, ManyUpserted, NotApplied,
-    OwnerId, Refused,
+    OwnerId, Refused, host_prefix,
 };
 use hashbrown::{DefaultHashBuilder, HashTable};
 
@@ -58,6 +60,31 @@ pub trait RestoreAnswers: Sync {
 
     /// The answer numbered `at` (`None` past the last).
     fn get(&self, at: usize) -> Option<Restore<'_>>;
+
+    /// A number for the name of the answer numbered `at`, where the implementation knows
+    /// which answers share a name without comparing them (a snapshot numbers its names as
+    /// written): answers numbered alike have the same name, answers numbered differently
+    /// different names, all below [`RestoreAnswers::name_numbers`]. The restore compares
+    /// the names of the answers without one (`None`, the default) with the others'; it
+    /// checks the numbers as it indexes the names, and learns the answers one by one if
+    /// two turn out to share a name ([`OneByOne::SharedName`]).
+    fn name_number(&self, at: usize) -> Option<u32> {
+        let _ = at;
+        None
+    }
+
+    /// How many name numbers there are: 0 (the default) if none is given.
+    fn name_numbers(&self) -> usize {
+        0
+    }
+
+    /// The answers without a name number, in order: by a pass over every answer unless the
+    /// implementation knows better.
+    fn unnumbered(&self) -> Vec<usize> {
+        (0..self.len())
+            .filter(|&at| self.name_number(at).is_none())
+            .collect()
+    }
 
     /// Upper bounds on what the answers hold, to size the cache before learning them: by
     /// a pass over every answer unless the implementation knows better.
@@ -124,6 +151,8 @@ pub enum OneByOne {
     NotEmpty,
     /// The IpCache would not apply the claims in one pass.
     IpCache(NotApplied),
+    /// Two answers numbered differently ([`RestoreAnswers::name_number`]) had the same name.
+    SharedName,
 }
 
 /// What the labelling thread works out for one answer.
@@ -131,13 +160,72 @@ struct Ahead {
     /// For a name canonical as given (the learning side takes it as is): its labels and its
     /// hash in the name index.
     prepared: Option<Prepared>,
-    /// For a valid name: the earliest answer of the restore with the same canonical name,
-    /// if that is not this one.
-    first: Option<usize>,
+    /// For a valid name: where the learning side keeps the slot of the name (the same for
+    /// every answer with that canonical name; [`Keys`]).
+    key: Option<usize>,
 }
 
-/// The canonical names a restore's labelling thread has met, each with the first answer
-/// that had it.
+/// Where the learning side of a restore keeps the slot of each name it added, by name: a
+/// name's number if its answers have one, else (or if an answer without a number has the
+/// name too) `numbers` + the first answer without a number that has it.
+struct Keys {
+    /// Name numbers there are.
+    numbers: usize,
+    /// Answers there are.
+    answers: usize,
+    /// The answers without a number, if there are numbers: their names are met before the
+    /// others (then a numbered answer with the same name takes their key).
+    unnumbered: Vec<usize>,
+}
+
+impl Keys {
+    fn of(answers: &(impl RestoreAnswers + ?Sized)) -> Self {
+        let numbers = answers.name_numbers();
+        Self {
+            numbers,
+            answers: answers.len(),
+            unnumbered: if numbers == 0 {
+                Vec::new()
+            } else {
+                answers.unnumbered()
+            },
+        }
+    }
+
+    /// How many keys there can be.
+    fn len(&self) -> usize {
+        let unnumbered = self.numbers == 0 || !self.unnumbered.is_empty();
+        self.numbers + if unnumbered { self.answers } else { 0 }
+    }
+
+    /// The key of the answer numbered `at`, whose canonical name is `name`.
+    fn of_answer(
+        &self,
+        (at, name, hash): (u32, Cow<'_, str>, u64),
+        answers: &(impl RestoreAnswers + ?Sized),
+        hasher: &DefaultHashBuilder,
+        seen: &mut Seen,
+    ) -> usize {
+        let number = answers
+            .name_number(at as usize)
+            .filter(|&n| (n as usize) < self.numbers);
+        match number {
+            // An answer without a number has the name too (met first): its key.
+            Some(_) if !seen.first.is_empty() => match seen.find(&name, hash, answers) {
+                Some(first) => self.numbers + first,
+                None => number.map_or(0, |n| n as usize),
+            },
+            Some(n) => n as usize,
+            None => {
+                let first = seen.first(at, name, hash, answers, hasher);
+                self.numbers + first.unwrap_or(at as usize)
+            }
+        }
+    }
+}
+
+/// The canonical names a restore's labelling thread has met in answers without a name
+/// number, each with the first answer that had it.
 struct Seen {
     /// Answer numbers, by their canonical name's hash in the name index.
     first: HashTable<u32>,
@@ -151,6 +239,21 @@ impl Seen {
             first: HashTable::with_capacity(answers),
             spelled: hashbrown::HashMap::new(),
         }
+    }
+
+    /// The first answer met whose canonical name is `name` (hashed `hash`).
+    fn find(
+        &self,
+        name: &str,
+        hash: u64,
+        answers: &(impl RestoreAnswers + ?Sized),
+    ) -> Option<usize> {
+        let text = |j: u32| match self.spelled.get(&j) {
+            Some(canonical) => canonical,
+            None => answers.get(j as usize).map_or("", |a| a.name),
+        };
+        let found = self.first.find(hash, |&j| text(j) == name)?;
+        Some(*found as usize)
     }
 
     /// The first answer before `at` whose canonical name is `name` (hashed `hash`); `None`
@@ -187,7 +290,7 @@ fn prepare(
     answers: &(impl RestoreAnswers + ?Sized),
     chunk: std::ops::Range<usize>,
     (selection, labels): (&Selection, bool),
-    hasher: &DefaultHashBuilder,
+    (hasher, keys): (&DefaultHashBuilder, &Keys),
     seen: &mut Seen,
 ) -> Vec<Ahead> {
     answers_in(answers, chunk.start, chunk.end)
@@ -198,7 +301,7 @@ fn prepare(
             let (Ok(name), Ok(at)) = (DnsName::canonical(a.name), at) else {
                 return Ahead {
                     prepared: None,
-                    first: None,
+                    key: None,
                 };
             };
             let hash = hasher.hash_one(&*name);
@@ -211,7 +314,7 @@ fn prepare(
             };
             Ahead {
                 prepared,
-                first: seen.first(at, name, hash, answers, hasher),
+                key: Some(keys.of_answer((at, name, hash), answers, hasher, seen)),
             }
         })
         .collect()
@@ -260,6 +363,10 @@ impl NameManager {
         let chunk_len = LABEL_CHUNK.min(answers.len().div_ceil(8)).max(1);
         let selection = Arc::clone(&self.selection);
         let hasher = self.cache.names.hasher().clone();
+        let keys = &Keys::of(answers);
+        // Whether every name the learning side added without a lookup was new (the
+        // numbers of the names were right).
+        let mut all_new = true;
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         // Chunks the labelling thread has sent and the learning side not taken yet.
         let queued = &AtomicUsize::new(0);
@@ -269,13 +376,29 @@ impl NameManager {
                 std::thread::Builder::new()
                     .name("restore-labels".into())
                     .spawn_scoped(scope, move || {
-                        let mut seen = Seen::new(answers.len());
+                        let unnumbered = keys.unnumbered.len();
+                        let mut seen = Seen::new(match keys.numbers {
+                            0 => answers.len(),
+                            _ => unnumbered,
+                        });
+                        // The names of the answers without a number first: the numbered
+                        // answers with one of them take its key.
+                        for &at in &keys.unnumbered {
+                            let (Some(a), Ok(at)) = (answers.get(at), u32::try_from(at)) else {
+                                continue;
+                            };
+                            if let Ok(name) = DnsName::canonical(a.name) {
+                                let hash = hasher.hash_one(&*name);
+                                seen.first(at, name, hash, answers, &hasher);
+                            }
+                        }
                         for base in (0..answers.len()).step_by(chunk_len) {
                             // Labels too when the learning side has work queued.
                             let slack = queued.load(Ordering::Relaxed) >= LABEL_SLACK;
                             let labels = (&*selection, slack);
                             let chunk = base..base + chunk_len;
-                            let ahead = prepare(answers, chunk, labels, &hasher, &mut seen);
+                            let with = (&hasher, keys);
+                            let ahead = prepare(answers, chunk, labels, with, &mut seen);
                             queued.fetch_add(1, Ordering::Relaxed);
                             if tx.send(ahead).is_err() {
                                 return;
@@ -287,7 +410,7 @@ impl NameManager {
             // up in the index and worked out here. With the thread: for each answer that was
             // the first to have its name, the slot that holds the name.
             let mut slot_of = if matches!(labelling, Some(Ok(_))) {
-                vec![None; answers.len()]
+                vec![None; keys.len()]
             } else {
                 Vec::new()
             };
@@ -300,25 +423,38 @@ impl NameManager {
                 for (at, a) in answers_in(answers, base, base + chunk_len) {
                     let ahead = ahead.as_mut().and_then(Iterator::next);
                     // The answer whose slot stands for this name's.
-                    let key = ahead.as_ref().map(|h| h.first.unwrap_or(at));
+                    let key = ahead.as_ref().and_then(|h| h.key);
                     let slot = key.and_then(|k| slot_of.get(k).copied().flatten());
                     let known = match ahead {
-                        _ if let Some(slot) = slot => Known::At(slot),
+                        // One key, one name, unless a caller numbered names wrongly.
+                        _ if let Some(slot) = slot
+                            && self.cache.names.holds(slot, a.name) =>
+                        {
+                            Known::At(slot)
+                        }
                         Some(Ahead {
                             prepared: Some(prepared),
                             ..
-                        }) => Known::New(prepared),
+                        }) if slot.is_none() => Known::New(prepared),
                         // Nothing ahead, a name not canonical as given, or an invalid one: it
                         // is looked up by name, so every name must be in the index first.
                         _ => {
-                            self.cache.names.index_pending();
+                            all_new &= slot.is_none();
+                            all_new &= self.cache.names.index_pending();
                             Known::Nothing
                         }
                     };
+                    let new = matches!(known, Known::New(_));
                     let mut kept = None;
                     match self.observe_known(&a, now, ipcache, known, &mut kept) {
                         Ok(learned) => out.learned.add(learned),
                         Err(e) => errors.push((at, e)),
+                    }
+                    // A new name that left nothing in the cache: had the cache held it
+                    // (its number given wrongly), the answer would have changed it.
+                    if new && kept.is_none() {
+                        all_new &= self.cache.names.index_pending();
+                        all_new &= self.cache.names.find(a.name).is_none();
                     }
                     if let (Some(key), Some(idx)) = (key, kept)
                         && let Some(slot) = slot_of.get_mut(key)
@@ -340,18 +476,22 @@ impl NameManager {
                 .name("restore-count".into())
                 .spawn_scoped(scope, || {
                     count(ips, names);
-                    names.index_pending();
+                    names.index_pending()
                 });
             let upserted = ipcache.upsert_metadata_many(claims, now);
-            (upserted, counting.is_ok())
+            (upserted, counting.map(|c| c.join()))
         });
-        if !counted {
+        all_new &= match counted {
+            Ok(Ok(all_new)) => all_new,
+            Ok(Err(panic)) => std::panic::resume_unwind(panic),
             // No thread to be had: counted and indexed here, after.
-            count(&mut self.cache.ips, &self.cache.names);
-            self.cache.names.index_pending();
-        }
+            Err(_) => {
+                count(&mut self.cache.ips, &self.cache.names);
+                self.cache.names.index_pending()
+            }
+        };
         let why = match upserted {
-            Ok(ManyUpserted::Applied { refused }) => {
+            Ok(ManyUpserted::Applied { refused }) if all_new => {
                 self.drop_refused(refused, &mut out.learned, ipcache)?;
                 out.failed = errors.len();
                 for (at, e) in errors {
@@ -361,7 +501,13 @@ impl NameManager {
                 }
                 return Ok(out);
             }
-            Ok(ManyUpserted::NotApplied(why)) => why,
+            // A name was added twice: the claims applied are taken back.
+            Ok(ManyUpserted::Applied { refused }) => {
+                self.drop_refused(refused, &mut out.learned, ipcache)?;
+                self.take_back(ipcache)?;
+                OneByOne::SharedName
+            }
+            Ok(ManyUpserted::NotApplied(why)) => OneByOne::IpCache(why),
             Err(e) => {
                 self.empty(ipcache)?;
                 return Err(e.into());
@@ -369,7 +515,6 @@ impl NameManager {
         };
         self.empty(ipcache)?;
         self.stats = stats;
-        let why = OneByOne::IpCache(why);
         Ok(self.restore_one_by_one(answers, now, ipcache, &mut failed, why))
     }
 
@@ -459,6 +604,22 @@ impl NameManager {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Takes back the IpCache claims on every mapping the cache holds (which a restore to be
+    /// undone applied in one pass).
+    fn take_back<D: Datapath>(&self, ipcache: &mut IpCache<D>) -> Result<(), Error> {
+        let mut claims: Vec<(IpNet, OwnerId)> = self
+            .cache
+            .names
+            .entries()
+            .filter_map(|e| Some((e.owner?, e)))
+            .flat_map(|(owner, e)| e.ips.iter().map(move |m| (host_prefix(m.addr), owner)))
+            .collect();
+        claims.sort_unstable();
+        let expected = claims.len();
+        ipcache.remove_metadata_many(claims, expected)?;
         Ok(())
     }
 
