@@ -5,8 +5,6 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::net::IpAddr;
-
-use ipnet::IpNet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -16,6 +14,7 @@ use fqdnd_ipcache::{
     OwnerId, Refused, host_prefix,
 };
 use hashbrown::{DefaultHashBuilder, HashTable};
+use ipnet::IpNet;
 
 use super::{Known, Learned, NameManager, Prepared, Selection};
 use crate::cache::{DnsCache, IpRefs, NameIdx, Names};
@@ -210,12 +209,13 @@ impl Keys {
             .name_number(at as usize)
             .filter(|&n| (n as usize) < self.numbers);
         match number {
-            // An answer without a number has the name too (met first): its key.
-            Some(_) if !seen.first.is_empty() => match seen.find(&name, hash, answers) {
-                Some(first) => self.numbers + first,
-                None => number.map_or(0, |n| n as usize),
-            },
-            Some(n) => n as usize,
+            Some(n) => {
+                // An answer without a number has the name too (met first): its key.
+                let shared = (!seen.first.is_empty())
+                    .then(|| seen.find(&name, hash, answers))
+                    .flatten();
+                shared.map_or(n as usize, |first| self.numbers + first)
+            }
             None => {
                 let first = seen.first(at, name, hash, answers, hasher);
                 self.numbers + first.unwrap_or(at as usize)
@@ -624,7 +624,8 @@ impl NameManager {
     }
 
     /// Empties the cache this restore filled (it was empty before), with the IpCache
-    /// owners of its names (which claim nothing: their claims were never applied).
+    /// owners of its names (which claim nothing: their claims were never applied, or were
+    /// taken back).
     fn empty<D: Datapath>(&mut self, ipcache: &mut IpCache<D>) -> Result<(), Error> {
         let owners: Vec<OwnerId> = self.cache.names.entries().filter_map(|e| e.owner).collect();
         self.cache = DnsCache::default();
