@@ -94,28 +94,36 @@ impl Claims {
 
     /// Each claimed prefix in prefix order (IPv4 first) with its owners and label sets.
     fn groups(&self) -> impl Iterator<Item = (IpNet, Group)> + '_ {
-        fn each<K: Eq + Copy>(
-            claims: &[(K, OwnerId, u32)],
-            net: impl Fn(K) -> IpNet,
-        ) -> impl Iterator<Item = (IpNet, Group)> {
-            claims.chunk_by(|a, b| a.0 == b.0).map(move |group| {
-                let owners = group.iter().map(|(_, owner, set)| (*owner, *set)).collect();
-                (net(group[0].0), owners)
-            })
+        fn group<K>(run: &[(K, OwnerId, u32)]) -> Group {
+            run.iter().map(|(_, owner, set)| (*owner, *set)).collect()
         }
-        let v4 = each(&self.v4, |a| {
-            host_prefix(IpAddr::from(Ipv4Addr::from_bits(a)))
-        });
-        let v6 = each(&self.v6, |a| {
-            host_prefix(IpAddr::from(Ipv6Addr::from_bits(a)))
-        });
-        v4.chain(v6)
+        let v4 = runs(&self.v4).map(|run| (net4(run[0].0), group(run)));
+        v4.chain(runs(&self.v6).map(|run| (net6(run[0].0), group(run))))
+    }
+
+    /// Each claimed prefix in prefix order (IPv4 first), once.
+    fn prefixes(&self) -> impl Iterator<Item = IpNet> + '_ {
+        let v4 = runs(&self.v4).map(|run| net4(run[0].0));
+        v4.chain(runs(&self.v6).map(|run| net6(run[0].0)))
     }
 
     fn owners(&self) -> impl Iterator<Item = OwnerId> + '_ {
         let v4 = self.v4.iter().map(|(_, owner, _)| *owner);
         v4.chain(self.v6.iter().map(|(_, owner, _)| *owner))
     }
+}
+
+/// The claims of each address, in the order sorted (none is empty).
+fn runs<K: Eq>(claims: &[(K, OwnerId, u32)]) -> impl Iterator<Item = &[(K, OwnerId, u32)]> {
+    claims.chunk_by(|a, b| a.0 == b.0)
+}
+
+fn net4(addr: u32) -> IpNet {
+    host_prefix(IpAddr::from(Ipv4Addr::from_bits(addr)))
+}
+
+fn net6(addr: u128) -> IpNet {
+    host_prefix(IpAddr::from(Ipv6Addr::from_bits(addr)))
 }
 
 /// What a new prefix one owner claims gets its identity from: that owner's label set (by
@@ -201,7 +209,7 @@ impl<D: Datapath> IpCache<D> {
         let mut last: Option<(Key, Identity)> = None;
         let sets = &claims.sets;
         let mut groups = claims.groups();
-        let prefixes = claims.groups().map(|(prefix, _)| prefix);
+        let prefixes = claims.prefixes();
         self.meta
             .merge_with(prefixes, |entry, owners, cidr, prefix| {
                 let Some((_, group)) = groups.next() else {
