@@ -270,9 +270,10 @@ pub(crate) struct Names {
     text: String,
     /// Bytes of `text` no cached name uses any more.
     dead: usize,
-    /// Names a restore added without indexing them (slot, hash), for one pass to index at
-    /// its end ([`Names::index_pending`]); until then no lookup by name may be made.
-    pending: Vec<(u32, u64)>,
+    /// Names a restore added without indexing them (their slots), for one pass to index at
+    /// its end ([`Names::index_pending`], off the restore's path); until then no lookup by
+    /// name may be made.
+    pending: Vec<u32>,
 }
 
 impl std::fmt::Debug for Names {
@@ -317,7 +318,7 @@ fn is_sparse(live: usize, slots: usize) -> bool {
 const COMPACT_AFTER: usize = 1 << 20;
 
 impl Names {
-    /// The name index's hasher: [`Names::insert_unindexed`] takes a name's hash under it.
+    /// The name index's hasher (a restore's labelling thread compares names by it).
     pub(crate) fn hasher(&self) -> &DefaultHashBuilder {
         &self.hasher
     }
@@ -366,18 +367,16 @@ impl Names {
         Some(idx)
     }
 
-    /// [`Names::insert`] of a name hashed already, without the index's insert (a cache miss
-    /// in a large index),
-    /// for a restore that knows no cached name is `name`: the name is indexed by
+    /// [`Names::insert`] without the index's hash and insert (a cache miss in a large
+    /// index), for a restore that knows no cached name is `name`: the name is indexed by
     /// [`Names::index_pending`], and no name may be looked up before.
     pub(crate) fn insert_unindexed(
         &mut self,
-        hash: u64,
         name: &str,
         labels: Arc<LabelSet>,
     ) -> Option<NameIdx> {
         let idx = self.push(name, labels)?;
-        self.pending.push((idx.0, hash));
+        self.pending.push(idx.0);
         Some(idx)
     }
 
@@ -403,9 +402,9 @@ impl Names {
                 .map(|e| text_of(text, e.name))
         };
         let mut all_new = true;
-        for (at, hash) in pending {
+        for at in pending {
             let text = name(at);
-            match index.entry(hash, |&j| name(j) == text, &rehash) {
+            match index.entry(rehash(&at), |&j| name(j) == text, &rehash) {
                 hashbrown::hash_table::Entry::Vacant(e) => {
                     e.insert(at);
                 }
@@ -487,7 +486,7 @@ impl Names {
         let entry = self.slots.get_mut(idx.at())?.take()?;
         // A restore takes back only the name it just added (a new name that learned
         // nothing): the last one not indexed, if it is one.
-        if let Some(at) = self.pending.iter().rposition(|&(at, _)| at == idx.0) {
+        if let Some(at) = self.pending.iter().rposition(|&at| at == idx.0) {
             self.pending.swap_remove(at);
         } else {
             let hash = self.hasher.hash_one(text_of(&self.text, entry.name));

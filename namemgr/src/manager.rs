@@ -176,11 +176,9 @@ fn secs(now: Duration) -> Secs {
 /// What a restore's labelling thread works out ahead for a name it found canonical.
 #[derive(Debug)]
 pub(crate) struct Prepared {
-    /// The name's labels, if the thread worked them out (it leaves every second chunk's
-    /// to the learning side).
+    /// The name's labels, if the thread worked them out (when the learning side has work
+    /// queued).
     pub(crate) labels: Option<LabelSet>,
-    /// The name's hash in the cache's name index.
-    pub(crate) hash: u64,
 }
 
 /// What is known of an answer's name before it is learned.
@@ -343,10 +341,10 @@ impl NameManager {
             Ok(idx) => (idx, false),
             Err(key) => {
                 let inserted = match prepared {
-                    Some(Prepared { labels, hash }) => {
+                    Some(Prepared { labels }) => {
                         let labels = labels.unwrap_or_else(|| self.selection.labels_for(&key));
                         let labels = self.cache.share(labels);
-                        self.cache.names.insert_unindexed(hash, &key, labels)
+                        self.cache.names.insert_unindexed(&key, labels)
                     }
                     None => {
                         let labels = self.cache.share(self.selection.labels_for(&key));

@@ -156,8 +156,8 @@ pub enum OneByOne {
 
 /// What the labelling thread works out for one answer.
 struct Ahead {
-    /// For a name canonical as given (the learning side takes it as is): its labels and its
-    /// hash in the name index.
+    /// For a name canonical as given (the learning side takes it as is): its labels, if
+    /// worked out.
     prepared: Option<Prepared>,
     /// For a valid name: where the learning side keeps the slot of the name (the same for
     /// every answer with that canonical name; [`Keys`]).
@@ -197,10 +197,11 @@ impl Keys {
         self.numbers + if unnumbered { self.answers } else { 0 }
     }
 
-    /// The key of the answer numbered `at`, whose canonical name is `name`.
+    /// The key of the answer numbered `at`, whose canonical name is `name` (hashed only to
+    /// be compared with the names of answers without a number).
     fn of_answer(
         &self,
-        (at, name, hash): (u32, Cow<'_, str>, u64),
+        (at, name): (u32, Cow<'_, str>),
         answers: &(impl RestoreAnswers + ?Sized),
         hasher: &DefaultHashBuilder,
         seen: &mut Seen,
@@ -212,11 +213,12 @@ impl Keys {
             Some(n) => {
                 // An answer without a number has the name too (met first): its key.
                 let shared = (!seen.first.is_empty())
-                    .then(|| seen.find(&name, hash, answers))
+                    .then(|| seen.find(&name, hasher.hash_one(&*name), answers))
                     .flatten();
                 shared.map_or(n as usize, |first| self.numbers + first)
             }
             None => {
+                let hash = hasher.hash_one(&*name);
                 let first = seen.first(at, name, hash, answers, hasher);
                 self.numbers + first.unwrap_or(at as usize)
             }
@@ -304,17 +306,15 @@ fn prepare(
                     key: None,
                 };
             };
-            let hash = hasher.hash_one(&*name);
             let prepared = match name {
                 Cow::Borrowed(name) => Some(Prepared {
                     labels: labels.then(|| selection.labels_for(name)),
-                    hash,
                 }),
                 Cow::Owned(_) => None,
             };
             Ahead {
                 prepared,
-                key: Some(keys.of_answer((at, name, hash), answers, hasher, seen)),
+                key: Some(keys.of_answer((at, name), answers, hasher, seen)),
             }
         })
         .collect()
@@ -350,11 +350,12 @@ impl NameManager {
         self.deferred = Some(Claims::with_capacity(sizes.v4, sizes.v6));
         let mut out = RestoreStats::default();
         let mut errors = Vec::new();
-        // A second thread works out, chunks ahead of the answers learned here, each name's
-        // hash in the name index and which earlier answer had the same name, if any: a new
-        // name is then added without a lookup in the index or an insert into it (a cache
-        // miss each in an index of a million, while the rest of the restore fills memory);
-        // the new names are indexed in one pass at the end. It also works out a chunk's
+        // A second thread works out, chunks ahead of the answers learned here, whether each
+        // name is canonical and where the learning side keeps its slot (by its number, or by
+        // the first answer without a number that had it): a new name is then added without
+        // a lookup in the index or an insert into it (a cache miss each in an index of a
+        // million, while the rest of the restore fills memory); the new names are indexed
+        // in one pass at the end, which checks the numbers. It also works out a chunk's
         // labels when the learning side has work queued, else leaves them to it: so
         // neither waits long for the other whatever labelling costs (for 1M names, the
         // learning side waited 65-100 ms of its ~300 when the thread labelled every second
