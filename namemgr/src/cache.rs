@@ -404,7 +404,8 @@ impl Names {
         let mut all_new = true;
         for at in pending {
             let text = name(at);
-            match index.entry(rehash(&at), |&j| name(j) == text, &rehash) {
+            let hash = text.map_or(0, |t| hasher.hash_one(t));
+            match index.entry(hash, |&j| name(j) == text, &rehash) {
                 hashbrown::hash_table::Entry::Vacant(e) => {
                     e.insert(at);
                 }

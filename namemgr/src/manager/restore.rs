@@ -250,10 +250,7 @@ impl Seen {
         hash: u64,
         answers: &(impl RestoreAnswers + ?Sized),
     ) -> Option<usize> {
-        let text = |j: u32| match self.spelled.get(&j) {
-            Some(canonical) => canonical,
-            None => answers.get(j as usize).map_or("", |a| a.name),
-        };
+        let text = |j| canonical(&self.spelled, answers, j);
         let found = self.first.find(hash, |&j| text(j) == name)?;
         Some(*found as usize)
     }
@@ -269,10 +266,7 @@ impl Seen {
         hasher: &DefaultHashBuilder,
     ) -> Option<usize> {
         let Self { first, spelled } = self;
-        let text = |j: u32| match spelled.get(&j) {
-            Some(canonical) => canonical,
-            None => answers.get(j as usize).map_or("", |a| a.name),
-        };
+        let text = |j| canonical(spelled, answers, j);
         match first.entry(hash, |&j| text(j) == name, |&j| hasher.hash_one(text(j))) {
             hashbrown::hash_table::Entry::Occupied(e) => Some(*e.get() as usize),
             hashbrown::hash_table::Entry::Vacant(e) => {
@@ -283,6 +277,18 @@ impl Seen {
                 None
             }
         }
+    }
+}
+
+/// The canonical name of the answer numbered `at`: as spelled, unless `spelled` holds it.
+fn canonical<'a>(
+    spelled: &'a hashbrown::HashMap<u32, Box<str>>,
+    answers: &'a (impl RestoreAnswers + ?Sized),
+    at: u32,
+) -> &'a str {
+    match spelled.get(&at) {
+        Some(canonical) => canonical,
+        None => answers.get(at as usize).map_or("", |a| a.name),
     }
 }
 
