@@ -429,7 +429,7 @@ impl NameManager {
                 }
                 for (at, a) in answers_in(answers, base, base + chunk_len) {
                     let ahead = ahead.as_mut().and_then(Iterator::next);
-                    // The answer whose slot stands for this name's.
+                    // Where the slot of this answer's name is kept.
                     let key = ahead.as_ref().and_then(|h| h.key);
                     let slot = key.and_then(|k| slot_of.get(k).copied().flatten());
                     let known = match ahead {
@@ -443,7 +443,8 @@ impl NameManager {
                             prepared: Some(prepared),
                             ..
                         }) if slot.is_none() => Known::New(prepared),
-                        // Nothing ahead, a name not canonical as given, or an invalid one: it
+                        // Nothing ahead, a name not canonical as given, or an invalid one (or
+                        // a key whose slot holds another name: the numbers were wrong): it
                         // is looked up by name, so every name must be in the index first.
                         _ => {
                             all_new &= slot.is_none();
