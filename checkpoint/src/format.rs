@@ -40,8 +40,10 @@
 //! | 48 | 4 | CRC of the 8 length bytes and the body |
 //! | 52 | … | body (postcard of S); the file ends exactly here |
 
+use std::marker::PhantomData;
+
 use serde::Serialize;
-use serde::de::DeserializeOwned;
+use serde::de::{DeserializeOwned, DeserializeSeed};
 
 use crate::{Error, FrameProblem, HeaderProblem, Seq};
 
@@ -399,9 +401,20 @@ pub(crate) fn encode_value<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, 
 
 /// Deserialises a whole payload; trailing bytes are an error.
 pub fn decode_value<T: DeserializeOwned>(payload: &[u8]) -> Result<T, String> {
-    match postcard::take_from_bytes(payload) {
-        Ok((value, [])) => Ok(value),
-        Ok((_, rest)) => Err(format!("{} bytes left after the value", rest.len())),
+    decode_seed(PhantomData::<T>, payload)
+}
+
+/// Deserialises a whole payload with `seed`: a decoder with state of its own (where to
+/// append what it reads, what to start once it knows a length); trailing bytes are an error.
+pub fn decode_seed<'de, D: DeserializeSeed<'de>>(
+    seed: D,
+    payload: &'de [u8],
+) -> Result<D::Value, String> {
+    let mut decoder = postcard::Deserializer::from_bytes(payload);
+    let value = seed.deserialize(&mut decoder).map_err(|e| e.to_string())?;
+    match decoder.finalize() {
+        Ok([]) => Ok(value),
+        Ok(rest) => Err(format!("{} bytes left after the value", rest.len())),
         Err(e) => Err(e.to_string()),
     }
 }

@@ -38,8 +38,8 @@ pub use error::{Error, FrameProblem, HeaderProblem};
 pub use format::{DecodedJournal, decode_journal_bytes, decode_snapshot_bytes};
 pub use inspect::{GenerationSummary, Inspection, SnapshotSummary, inspect};
 pub use journal::{Ack, Journal, JournalStats, Rotation};
-pub use recover::{Discarded, Recovered, Tail, open};
-pub use snapshot::{SnapshotMeta, read_snapshot, write_snapshot};
+pub use recover::{Discarded, Recovered, Tail, open, open_with};
+pub use snapshot::{SnapshotMeta, read_snapshot, read_snapshot_with, write_snapshot};
 
 /// Sequence number of a journal record: its index in the whole history of the state directory
 /// (snapshots included), contiguous across generations. The first record ever written is 0.

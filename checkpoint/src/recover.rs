@@ -12,7 +12,7 @@ use crate::format::{
     decode_journal_header, decode_value, is_free_space,
 };
 use crate::fsutil::{create_journal, list, lock, open_rw, sync_dir};
-use crate::snapshot::read_snapshot;
+use crate::snapshot::read_snapshot_with;
 use crate::{Error, FrameProblem, HeaderProblem, Options, Seq};
 
 /// What recovery cut off the end of the last journal.
@@ -97,6 +97,19 @@ where
     S: DeserializeOwned,
     T: DeserializeOwned,
 {
+    open_with(dir, options, decode_value)
+}
+
+/// [`open`] with the snapshot's body (checked) decoded by `decode_snapshot`, as
+/// [`read_snapshot_with`](crate::read_snapshot_with) does.
+pub fn open_with<S, T>(
+    dir: &Path,
+    options: &Options,
+    decode_snapshot: impl FnOnce(&[u8]) -> Result<S, String>,
+) -> Result<Recovered<S, T>, Error>
+where
+    T: DeserializeOwned,
+{
     // What is recorded may be private (which client asked for what): a new directory is the
     // owner's only.
     std::os::unix::fs::DirBuilderExt::mode(fs::DirBuilder::new().recursive(true), 0o700)
@@ -109,7 +122,7 @@ where
         fs::remove_file(&tmp).map_err(|e| Error::io(&tmp, "remove", e))?;
         removed.push(tmp);
     }
-    let snapshot = read_snapshot::<S>(dir, options)?;
+    let snapshot = read_snapshot_with(dir, options, decode_snapshot)?;
     let snapshot_meta = snapshot.as_ref().map(|(meta, _)| *meta);
     let (live, stale): (Vec<_>, Vec<_>) = listing
         .journals

@@ -36,6 +36,17 @@ pub fn read_snapshot<S: DeserializeOwned>(
     dir: &Path,
     options: &Options,
 ) -> Result<Option<(SnapshotMeta, S)>, Error> {
+    read_snapshot_with(dir, options, decode_value)
+}
+
+/// [`read_snapshot`] with the body — its length and CRCs checked — decoded by `decode`
+/// (with [`decode_seed`](crate::format::decode_seed), say); its error message is reported
+/// as [`Error::Decode`].
+pub fn read_snapshot_with<S>(
+    dir: &Path,
+    options: &Options,
+    decode: impl FnOnce(&[u8]) -> Result<S, String>,
+) -> Result<Option<(SnapshotMeta, S)>, Error> {
     let path = dir.join(SNAPSHOT);
     let bytes = match fs::read(&path) {
         Ok(bytes) => bytes,
@@ -43,7 +54,7 @@ pub fn read_snapshot<S: DeserializeOwned>(
         Err(e) => return Err(Error::io(&path, "read", e)),
     };
     let (meta, body) = decode_snapshot_in(&path, &bytes, Some(options.schema))?;
-    let state = decode_value(body).map_err(|message| Error::Decode {
+    let state = decode(body).map_err(|message| Error::Decode {
         file: path.clone(),
         offset: crate::format::SNAPSHOT_HEADER_LEN + 12,
         message,
