@@ -28,7 +28,7 @@ pub mod name;
 pub mod pattern;
 
 pub use answer::{Answer, AnswerError, Record, RecordData};
-pub use cache::IpEntry;
+pub use cache::{IpEntry, RestoreRoom};
 pub use config::Config;
 pub use error::{Breaker, Error};
 pub use manager::{

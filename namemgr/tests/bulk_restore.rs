@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use common::{Engine, addr, name};
 use fqdnd_ipcache::{EndpointId, NotApplied};
-use fqdnd_namemgr::{Config, Error, OneByOne, Restore, RestoreAnswers};
+use fqdnd_namemgr::{Config, Error, OneByOne, Restore, RestoreAnswers, RestoreRoom};
 use proptest::prelude::*;
 
 /// An answer: endpoint, name number, address numbers, TTL.
@@ -191,7 +191,8 @@ fn answers() -> impl Strategy<Value = Vec<Answer>> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
-    /// With room for every identity, the restore takes the bulk path and ends where learning
+    /// With room for every identity, the restore takes the bulk path (with slots made ahead
+    /// for its names or without) and ends where learning
     /// one by one ends (the NameManager's bounds hit in the same order).
     #[test]
     fn a_bulk_restore_equals_learning_one_by_one(
@@ -201,8 +202,13 @@ proptest! {
             Just(Numbers::None),
             (1usize..6).prop_map(Numbers::ByName),
         ],
+        room in prop::option::of(0usize..400),
     ) {
         let (mut bulk, mut steps) = engines(max_ips_per_name, 10_000);
+        // Made ahead for some number of names (too few, enough, or too many), or not.
+        if let Some(names) = room {
+            bulk.names.adopt_room(RestoreRoom::new(names));
+        }
         let (one_by_one, failed_bulk, failed_steps) =
             both_numbered(&mut bulk, &mut steps, &answers, numbers);
         prop_assert_eq!(one_by_one, None);

@@ -519,7 +519,7 @@ pub(crate) async fn start(
         Some(addr) => Some(crate::metrics::install(addr)?),
         None => None,
     };
-    let (restored, persist) = if options.demo {
+    let (mut restored, persist) = if options.demo {
         (fqdnd_engine::durable::Restored::default(), None)
     } else {
         state::open(&daemon, options.strict_restore, clock)?
@@ -552,13 +552,14 @@ pub(crate) async fn start(
                 &first,
                 AnyDatapath::Memory(Box::default()),
                 clock,
-                &restored,
+                &mut restored,
                 prime,
             )?,
             None,
         ),
         Some((kernel, pin_dir)) => {
-            let mut engine = state::engine_on_kernel(&first, &pin_dir, clock, &restored, prime)?;
+            let mut engine =
+                state::engine_on_kernel(&first, &pin_dir, clock, &mut restored, prime)?;
             // The engine refuses new prefixes past the kernel ipcache's size (fail closed).
             engine
                 .ipcache

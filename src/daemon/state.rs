@@ -78,7 +78,7 @@ pub(super) fn build_engine<D: Datapath>(
     config: &Config,
     datapath: D,
     clock: Clock,
-    restored: &Restored,
+    restored: &mut Restored,
     prime: impl FnOnce(&mut Engine<D>),
 ) -> Result<Engine<D>> {
     let started = clock.now();
@@ -105,7 +105,7 @@ pub(super) fn engine_on_kernel(
     config: &Config,
     pin_dir: &Path,
     clock: Clock,
-    restored: &Restored,
+    restored: &mut Restored,
     prime: impl FnOnce(&mut Engine<AnyDatapath>),
 ) -> Result<Engine<AnyDatapath>> {
     let mut maps = KernelDatapath::open(pin_dir).context("opening the pinned maps")?;

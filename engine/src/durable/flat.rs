@@ -9,9 +9,10 @@
 
 use std::fmt;
 use std::net::IpAddr;
+use std::thread::JoinHandle;
 
 use fqdnd_ipcache::EndpointId;
-use fqdnd_namemgr::Sizes;
+use fqdnd_namemgr::{RestoreRoom, Sizes};
 use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, Deserializer, SeqAccess, Visitor};
 
@@ -270,6 +271,42 @@ pub struct ReadSnapshot {
     pub identities: Vec<(String, u32)>,
     /// (name, IP) entries.
     pub entries: usize,
+    /// The NameManager's room for the names, made on another core during the decode
+    /// ([`ReadSnapshot::decode`]).
+    pub(crate) room: Option<JoinHandle<RestoreRoom>>,
+}
+
+/// Fewest names worth a thread making room for them (below, their slots are a few MB).
+const ROOM_MIN_NAMES: usize = 1 << 16;
+
+/// Fewest bytes a name takes in a snapshot: empty name, endpoints and addresses.
+const MIN_NAME_BYTES: usize = 3;
+
+impl ReadSnapshot {
+    /// Decodes a snapshot's `body`; as soon as it knows how many names the snapshot holds
+    /// (a length at the start, bounded by what `body` can hold), a second thread makes the
+    /// NameManager's room for them, while this one decodes them (with more than one core,
+    /// and many names).
+    ///
+    /// # Errors
+    /// `body` is not a snapshot.
+    pub fn decode(body: &[u8]) -> Result<Self, String> {
+        let room = body.len() / MIN_NAME_BYTES;
+        fqdnd_checkpoint::format::decode_seed(SnapshotVisitor { room: Some(room) }, body)
+    }
+}
+
+/// A thread making room for `names` names (`None`: too few to be worth it, one core, or no
+/// thread to be had).
+fn make_room(names: usize) -> Option<JoinHandle<RestoreRoom>> {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    if names < ROOM_MIN_NAMES || cores < 2 {
+        return None;
+    }
+    std::thread::Builder::new()
+        .name("restore-room".into())
+        .spawn(move || RestoreRoom::new(names))
+        .ok()
 }
 
 /// What a name's fields are, for decoding errors.
@@ -281,11 +318,22 @@ const SNAPSHOT_NAME: &[&str] = &["name", "endpoints", "addrs"];
 
 impl<'de> Deserialize<'de> for ReadSnapshot {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_struct("Snapshot", SNAPSHOT, SnapshotVisitor)
+        DeserializeSeed::deserialize(SnapshotVisitor { room: None }, d)
     }
 }
 
-struct SnapshotVisitor;
+/// The whole snapshot; `room`: make room for its names, at most that many.
+struct SnapshotVisitor {
+    room: Option<usize>,
+}
+
+impl<'de> DeserializeSeed<'de> for SnapshotVisitor {
+    type Value = ReadSnapshot;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<ReadSnapshot, D::Error> {
+        d.deserialize_struct("Snapshot", SNAPSHOT, self)
+    }
+}
 
 impl<'de> Visitor<'de> for SnapshotVisitor {
     type Value = ReadSnapshot;
@@ -296,7 +344,7 @@ impl<'de> Visitor<'de> for SnapshotVisitor {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ReadSnapshot, A::Error> {
         let mut out = ReadSnapshot::default();
-        seq.next_element_seed(NamesSeed(&mut out))?
+        seq.next_element_seed(NamesSeed(&mut out, self.room))?
             .ok_or_else(|| de::Error::invalid_length(0, &self))?;
         out.identities = seq
             .next_element()?
@@ -305,8 +353,8 @@ impl<'de> Visitor<'de> for SnapshotVisitor {
     }
 }
 
-/// The snapshot's names, appended to its answers.
-struct NamesSeed<'a>(&'a mut ReadSnapshot);
+/// The snapshot's names, appended to its answers; room made for at most `.1` of them.
+struct NamesSeed<'a>(&'a mut ReadSnapshot, Option<usize>);
 
 impl<'de> DeserializeSeed<'de> for NamesSeed<'_> {
     type Value = ();
@@ -324,6 +372,9 @@ impl<'de> Visitor<'de> for NamesSeed<'_> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        if let Some(most) = self.1 {
+            self.0.room = make_room(seq.size_hint().unwrap_or(0).min(most));
+        }
         // A length from the file, trusted only up to a megabyte of answers (serde's own
         // caution for a `Vec`): a bad length cannot reserve much.
         let hint = seq
@@ -560,6 +611,41 @@ mod tests {
         );
         assert_eq!(order.name_numbers(), 4);
         assert_eq!(order.unnumbered(), [0]);
+    }
+
+    /// A snapshot of many names is decoded while another core makes the NameManager's room
+    /// for them; of a few, or with one core, without.
+    #[test]
+    fn a_large_snapshot_comes_with_room_for_its_names() {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        for count in [ROOM_MIN_NAMES - 1, ROOM_MIN_NAMES + 10] {
+            let snapshot = Snapshot {
+                names: (0..count)
+                    .map(|i| SnapshotName {
+                        name: format!("n{i}.test."),
+                        endpoints: vec![1],
+                        addrs: vec![(ip(1), 500)],
+                    })
+                    .collect(),
+                identities: Vec::new(),
+            };
+            let dir = tempfile::tempdir().unwrap();
+            let meta = SnapshotMeta {
+                next_generation: 1,
+                next_seq: Seq(0),
+                taken_at_unix_ms: 0,
+            };
+            fqdnd_checkpoint::write_snapshot(dir.path(), SCHEMA, &meta, &snapshot).unwrap();
+            let options = Options::new(SCHEMA);
+            let read =
+                fqdnd_checkpoint::read_snapshot_with(dir.path(), &options, ReadSnapshot::decode);
+            let (_, read) = read.unwrap().unwrap();
+            assert_eq!(read.answers.len(), count);
+            let room = read.room.map(|room| room.join().unwrap());
+            let expected = count >= ROOM_MIN_NAMES && cores > 1;
+            assert_eq!(room.is_some(), expected, "{count} names, {cores} cores");
+            assert!(room.is_none_or(|room| room.capacity() >= count));
+        }
     }
 
     #[test]

@@ -20,11 +20,12 @@ mod persist;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::path::Path;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use fqdnd_checkpoint::{Discarded, Journal, Options, Seq};
 use fqdnd_ipcache::{Datapath, EndpointId, Identity};
-use fqdnd_namemgr::{Restore, RestoreAnswers, Sizes};
+use fqdnd_namemgr::{Restore, RestoreAnswers, RestoreRoom, Sizes};
 use serde::{Deserialize, Serialize};
 
 use crate::{Clock, Engine, Error};
@@ -131,6 +132,8 @@ pub struct Restored {
     pub records: usize,
     /// Entries in the snapshot.
     pub snapshot_entries: usize,
+    /// Room for the snapshot's names, made while it was decoded.
+    room: Option<JoinHandle<RestoreRoom>>,
 }
 
 /// Opens the state directory `dir` (taking its lock), reads what it holds and starts the
@@ -144,16 +147,16 @@ pub fn open(dir: &Path, strict: bool) -> Result<(Restored, Journal<Record>), Err
     let mut options = Options::new(SCHEMA);
     options.strict = strict;
     let recovered =
-        fqdnd_checkpoint::open::<ReadSnapshot, Record>(dir, &options).map_err(|source| {
-            Error::State {
+        fqdnd_checkpoint::open_with::<ReadSnapshot, Record>(dir, &options, ReadSnapshot::decode)
+            .map_err(|source| Error::State {
                 dir: dir.to_path_buf(),
                 source,
-            }
-        })?;
+            })?;
     let mut identities: BTreeMap<u32, String> = BTreeMap::new();
     // Read straight into the flat answers: no allocation per name.
     let snapshot = recovered.snapshot.unwrap_or_default();
     let snapshot_entries = snapshot.entries;
+    let room = snapshot.room;
     let mut answers = snapshot.answers;
     for (labels, id) in snapshot.identities {
         identities.insert(id, labels);
@@ -190,6 +193,7 @@ pub fn open(dir: &Path, strict: bool) -> Result<(Restored, Journal<Record>), Err
         discarded: recovered.discarded,
         records,
         snapshot_entries,
+        room,
     };
     let journal = Journal::start(recovered.tail, &options);
     Ok((restored, journal))
@@ -211,10 +215,13 @@ impl Restored {
     /// # Errors
     /// The datapath refused the commit.
     pub fn apply<D: Datapath>(
-        &self,
+        &mut self,
         engine: &mut Engine<D>,
         clock: &dyn Clock,
     ) -> Result<usize, Error> {
+        if let Some(room) = self.room.take().and_then(|room| room.join().ok()) {
+            engine.names.adopt_room(room);
+        }
         let now = clock.now();
         // One clock reading for every answer's remaining TTL.
         let now_unix_ms = clock.unix_ms_of(now);
@@ -389,12 +396,13 @@ spec:
             let addr = IpAddr::from([192, 0, 2, last]);
             answers.push(EndpointId(7), name, &[addr], expires).unwrap();
         }
-        let restored = Restored {
+        let mut restored = Restored {
             identities: Vec::new(),
             answers,
             discarded: None,
             records: 5,
             snapshot_entries: 0,
+            room: None,
         };
         let mut engine =
             Engine::from_config(&config, MemoryDatapath::default(), clock.now()).unwrap();

@@ -17,7 +17,7 @@ use hashbrown::{DefaultHashBuilder, HashTable};
 use ipnet::IpNet;
 
 use super::{Known, Learned, NameManager, Prepared, Selection};
-use crate::cache::{DnsCache, IpRefs, NameIdx, Names};
+use crate::cache::{DnsCache, IpRefs, NameIdx, Names, RestoreRoom};
 use crate::error::Error;
 use crate::name::DnsName;
 
@@ -191,6 +191,14 @@ impl Keys {
         }
     }
 
+    /// How many names there can be: one per number and per answer without one.
+    fn names(&self) -> usize {
+        match self.numbers {
+            0 => self.answers,
+            numbers => numbers + self.unnumbered.len(),
+        }
+    }
+
     /// How many keys there can be.
     fn len(&self) -> usize {
         let unnumbered = self.numbers == 0 || !self.unnumbered.is_empty();
@@ -327,6 +335,12 @@ fn prepare(
 }
 
 impl NameManager {
+    /// Uses `room` for the names of the restore to come, if the cache never held a name
+    /// (else drops it).
+    pub fn adopt_room(&mut self, room: RestoreRoom) {
+        self.cache.names.adopt(room);
+    }
+
     /// Learns `answers` (in the order given: what a bound leaves out is what comes last, so
     /// a restore passes the latest expiry first) as [`NameManager::observe`] would one by
     /// one, handing each answer that fails, with its error, to `failed`.
@@ -352,7 +366,8 @@ impl NameManager {
         }
         let stats = self.stats.clone();
         let sizes = answers.sizes();
-        self.cache.names.reserve(answers.len(), sizes.name_bytes);
+        let keys = &Keys::of(answers);
+        self.cache.names.reserve(keys.names(), sizes.name_bytes);
         self.deferred = Some(Claims::with_capacity(sizes.v4, sizes.v6));
         let mut out = RestoreStats::default();
         let mut errors = Vec::new();
@@ -370,7 +385,6 @@ impl NameManager {
         let chunk_len = LABEL_CHUNK.min(answers.len().div_ceil(8)).max(1);
         let selection = Arc::clone(&self.selection);
         let hasher = self.cache.names.hasher().clone();
-        let keys = &Keys::of(answers);
         // Whether every name the learning side added without a lookup was new (the
         // numbers of the names were right).
         let mut all_new = true;
