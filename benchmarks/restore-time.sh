@@ -8,8 +8,11 @@
 # timing from its log (`DNS cache restored … restore_ms`): identities, every answer learned
 # again through the NameManager and IpCache, one datapath commit (in-memory datapath; the
 # kernel maps are reconciled, not rewritten, when they already hold the entries).
-# Knobs (env): NAMES=100000 IPS=10, RUN=/tmp/fqdnd-restore-time, FQDND_BIN (a built fqdnd to
-# measure instead of building this tree's), PRELOAD (a library for the gateway's LD_PRELOAD:
+# Knobs (env): NAMES=100000 IPS=10, SPREAD=0 (expiries spread over that many seconds past the
+# hour, each name's at random: restored in an order that is not the snapshot's),
+# RUN=/tmp/fqdnd-restore-time, FQDND_BIN (a built fqdnd to
+# measure instead of building this tree's), SYNTH_BIN (the build that writes the snapshot, if
+# not that one: one older than `--expiry-spread`, say), PRELOAD (a library for the gateway's LD_PRELOAD:
 # another malloc, say). Last line:
 #   restore-time: <entries> entries: read + decode <ms> ms, rebuild <ms> ms, total <ms> ms (...)
 # (in brackets: the CPU time of every thread since the process started, and its page faults).
@@ -18,6 +21,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RUN="${RUN:-/tmp/fqdnd-restore-time}"
 NAMES="${NAMES:-100000}"
 IPS="${IPS:-10}"
+SPREAD="${SPREAD:-0}"
 cd "$ROOT"
 BIN="${FQDND_BIN:-}"
 if [[ -z $BIN ]]; then
@@ -27,7 +31,8 @@ fi
 rm -rf "$RUN" && mkdir -p "$RUN"
 PID=
 trap '[ -n "$PID" ] && kill -9 "$PID" 2>/dev/null; true' EXIT
-"$BIN" checkpoint synthesize "$RUN/state" --zone bench.test --names "$NAMES" --ips "$IPS"
+"${SYNTH_BIN:-$BIN}" checkpoint synthesize "$RUN/state" --zone bench.test --names "$NAMES" --ips "$IPS" \
+  --expiry-spread "$SPREAD"
 port=$(python3 -c 'import socket;s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
 cat >"$RUN/gateway.yaml" <<YAML
 apiVersion: fqdnd.io/v1

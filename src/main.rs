@@ -23,6 +23,7 @@ mod privileges;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
@@ -293,6 +294,10 @@ enum CheckpointCommand {
         /// Addresses per name.
         #[arg(long, default_value_t = 10)]
         ips: u32,
+        /// Every name is valid for an hour, and up to this many seconds more (each name a
+        /// random share: expiries in no particular order, as in a real cache).
+        #[arg(long, default_value_t = 0)]
+        expiry_spread: u64,
     },
 }
 
@@ -526,7 +531,13 @@ fn main() -> ExitCode {
             zone,
             names,
             ips,
-        }) => cli::checkpoint::synthesize(&dir, &zone, names, ips),
+            expiry_spread,
+        }) => cli::checkpoint::synthesize(
+            &dir,
+            &zone,
+            (names, ips),
+            Duration::from_secs(expiry_spread),
+        ),
         Command::Bpf(BpfCommand::Unload(p)) => cli::node::bpf_unload(p.pin_dir.as_deref()),
         Command::Status(args) => cli::list::status(&args.target, args.json),
         Command::Cache(CacheCommand::List(args)) => cli::list::cache(&args.target, args.json),

@@ -4,6 +4,7 @@
 use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use fqdnd_checkpoint::{Options, decode_journal_bytes, format::decode_value, read_snapshot};
@@ -83,9 +84,14 @@ pub(crate) fn inspect(dir: &Path) -> Result<ExitCode> {
 }
 
 /// `fqdnd checkpoint synthesize`: a synthetic state directory for restore benchmarks.
-pub(crate) fn synthesize(dir: &Path, zone: &str, names: u32, ips: u32) -> Result<ExitCode> {
+pub(crate) fn synthesize(
+    dir: &Path,
+    zone: &str,
+    (names, ips): (u32, u32),
+    spread: Duration,
+) -> Result<ExitCode> {
     let clock = crate::clock::Clock::start();
-    fqdnd_engine::durable::synthesize(dir, &clock, zone, names, ips)
+    fqdnd_engine::durable::synthesize(dir, &clock, zone, (names, ips), spread)
         .with_context(|| format!("writing a synthetic state directory in {}", dir.display()))?;
     Ok(ExitCode::SUCCESS)
 }

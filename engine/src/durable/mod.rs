@@ -282,8 +282,10 @@ impl RestoreAnswers for Remaining<'_> {
     }
 }
 
-/// Writes a synthetic state directory: `names` names under `zone`, `ips` addresses each, all
-/// valid for an hour (for restore benchmarks: `benchmarks/restore-time.sh`).
+/// Writes a synthetic state directory: `names` names under `zone`, `ips` addresses each,
+/// valid for an hour and, with a `spread`, up to that many seconds more, a name's share
+/// picked at random (so that the order of expiry is not the order written, as in a real
+/// cache); for restore benchmarks: `benchmarks/restore-time.sh`.
 ///
 /// # Errors
 /// The directory or the snapshot cannot be written.
@@ -291,13 +293,18 @@ pub fn synthesize(
     dir: &Path,
     clock: &dyn Clock,
     zone: &str,
-    names: u32,
-    ips: u32,
+    (names, ips): (u32, u32),
+    spread: Duration,
 ) -> Result<(), Error> {
-    let expires_unix_ms = clock.unix_ms_of(clock.now()) + 3_600_000;
+    let hour_from_now = clock.unix_ms_of(clock.now()) + 3_600_000;
+    let spread_ms = u64::try_from(spread.as_millis()).unwrap_or(u64::MAX);
     let mut list = Vec::with_capacity(names as usize);
     let mut n: u32 = 0;
     for i in 0..names {
+        let expires_unix_ms = match spread_ms {
+            0 => hour_from_now,
+            spread => hour_from_now + scatter(u64::from(i)) % spread,
+        };
         let mut addrs = Vec::with_capacity(ips as usize);
         for _ in 0..ips {
             let [_, a, b, c] = n.to_be_bytes();
@@ -333,6 +340,14 @@ pub fn synthesize(
     fqdnd_checkpoint::write_snapshot(dir, SCHEMA, &meta, &snapshot)
         .map(|_| ())
         .map_err(state_err)
+}
+
+/// A number that looks random for each `i` (SplitMix64's finaliser): the same every run.
+fn scatter(i: u64) -> u64 {
+    let mut z = i.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 #[cfg(test)]
