@@ -142,8 +142,8 @@ impl Answers {
     /// answers if they are in that order, else a copy of them in it. In a restore's order,
     /// answers read in another are scattered over the memory that holds them, a cache miss
     /// or more each, in the restore's loop and on both of its threads; the copy takes them
-    /// in one pass that does nothing else (a million answers whose expiries were in no
-    /// order: ~1.1 s to restore in all, against ~0.45 s in order).
+    /// in passes that do nothing else (a million answers whose expiries were in no order:
+    /// 1.33 s to restore in all without the copy, 0.95 s with it; 0.45 s in order).
     pub fn latest_first(&self) -> LatestFirst<'_> {
         let v4 = self.addrs.iter().filter(|a| a.is_ipv4()).count();
         let sizes = Sizes {
