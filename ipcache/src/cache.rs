@@ -1121,6 +1121,12 @@ impl<D> IpCache<D> {
             .and_then(PrefixEntry::identity)
     }
 
+    /// How many prefixes `owner` has labels on (`None`: not registered); what keeps it from
+    /// being removed while it has some.
+    pub fn owner_claims(&self, owner: OwnerId) -> Option<u32> {
+        self.meta.owners.claims_of(owner)
+    }
+
     /// Every prefix with its identity and owners (by id: [`IpCache::owner`] names those
     /// registered with a name), ordered by prefix.
     pub fn prefixes(&self) -> impl Iterator<Item = (IpNet, Option<Identity>, Vec<OwnerId>)> + '_ {

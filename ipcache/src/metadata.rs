@@ -226,12 +226,20 @@ impl Owners {
             .map(|s| &mut s.claims)
     }
 
-    fn claims_of(&self, id: OwnerId) -> Option<u32> {
+    pub(crate) fn claims_of(&self, id: OwnerId) -> Option<u32> {
         self.slots
             .get(id.slot())?
             .as_ref()
             .filter(|s| s.kind == id.kind())
             .map(|s| s.claims)
+    }
+
+    /// Counts one more prefix claimed by `id` (a claim set on an entry without counting it:
+    /// [`PrefixEntry::set_owner`] with owners that do not hold `id`).
+    pub(crate) fn count_claim(&mut self, id: OwnerId) {
+        if let Some(claims) = self.claims(id) {
+            *claims += 1;
+        }
     }
 
     /// Whether `id` is a registered owner.

@@ -210,72 +210,86 @@ impl<D: Datapath> IpCache<D> {
         let sets = &claims.sets;
         let mut groups = claims.groups();
         let prefixes = claims.prefixes();
-        self.meta
-            .merge_with(prefixes, |entry, owners, cidr, prefix| {
-                let Some((_, group)) = groups.next() else {
-                    return;
-                };
-                let from_dns = group
-                    .iter()
-                    .any(|(o, _)| o.kind() == OwnerKind::NameManager);
-                // A new prefix one owner claims gets what the last such prefix with the same
-                // labels, enclosing CIDR label and family got (resolving it would find the same
-                // live identity and take a reference on it).
-                let alone = match group[..] {
-                    [(owner, set)] if !entry.has_owners() && entry.identity().is_none() => {
-                        let key = (set, cidr.longest_match(&prefix), prefix.addr().is_ipv4());
-                        Some((owner, key))
+        // Owners' claims are set without counting them (owners that hold none: the counts
+        // are the owners table's, and the claims, sorted by address, reach their owners in
+        // no order, a cache miss each in the merge); the new ones are counted after it, in
+        // a loop that does nothing else.
+        let mut uncounted = Owners::default();
+        let mut new_claims: Vec<OwnerId> = Vec::with_capacity(claims.len());
+        self.meta.merge_with(prefixes, |entry, _, cidr, prefix| {
+            let owners = &mut uncounted;
+            let Some((_, group)) = groups.next() else {
+                return;
+            };
+            let from_dns = group
+                .iter()
+                .any(|(o, _)| o.kind() == OwnerKind::NameManager);
+            // A new prefix one owner claims gets what the last such prefix with the same
+            // labels, enclosing CIDR label and family got (resolving it would find the same
+            // live identity and take a reference on it).
+            let alone = match group[..] {
+                [(owner, set)] if !entry.has_owners() && entry.identity().is_none() => {
+                    let key = (set, cidr.longest_match(&prefix), prefix.addr().is_ipv4());
+                    Some((owner, key))
+                }
+                _ => None,
+            };
+            // Consecutive prefixes mostly share their key: the last one is tried first.
+            let id_of = |key| match last {
+                Some((k, id)) if k == key => Some(id),
+                _ => known.get(&key).copied(),
+            };
+            if let Some((owner, key)) = alone
+                && let Some(id) = id_of(key)
+                && ids.alloc.acquire(id)
+            {
+                last = Some((key, id));
+                let labels = Arc::clone(&sets[key.0 as usize]);
+                if entry.set_owner(owners, owner, labels).is_none() {
+                    new_claims.push(owner);
+                }
+                let family = usize::from(!key.2);
+                set_identity(&mut ids, entry, prefix, family, None, id);
+                return;
+            }
+            let previous: SmallVec<[Option<Arc<LabelSet>>; 1]> = group
+                .iter()
+                .map(|(owner, set)| {
+                    entry.set_owner(owners, *owner, Arc::clone(&sets[*set as usize]))
+                })
+                .collect();
+            let breaker = breaker.filter(|_| from_dns);
+            let error = match resolve_entry(&mut ids, entry, cidr, prefix, from_dns, breaker) {
+                Ok(()) => {
+                    if let (Some((_, key)), Some(id)) = (alone, entry.identity()) {
+                        known.insert(key, id);
+                        last = Some((key, id));
                     }
-                    _ => None,
-                };
-                // Consecutive prefixes mostly share their key: the last one is tried first.
-                let id_of = |key| match last {
-                    Some((k, id)) if k == key => Some(id),
-                    _ => known.get(&key).copied(),
-                };
-                if let Some((owner, key)) = alone
-                    && let Some(id) = id_of(key)
-                    && ids.alloc.acquire(id)
-                {
-                    last = Some((key, id));
-                    entry.set_owner(owners, owner, Arc::clone(&sets[key.0 as usize]));
-                    let family = usize::from(!key.2);
-                    set_identity(&mut ids, entry, prefix, family, None, id);
+                    let new = group.iter().zip(&previous).filter(|(_, p)| p.is_none());
+                    new_claims.extend(new.map(|((owner, _), _)| *owner));
                     return;
                 }
-                let previous: SmallVec<[Option<Arc<LabelSet>>; 1]> = group
-                    .iter()
-                    .map(|(owner, set)| {
-                        entry.set_owner(owners, *owner, Arc::clone(&sets[*set as usize]))
-                    })
-                    .collect();
-                let breaker = breaker.filter(|_| from_dns);
-                let error = match resolve_entry(&mut ids, entry, cidr, prefix, from_dns, breaker) {
-                    Ok(()) => {
-                        if let (Some((_, key)), Some(id)) = (alone, entry.identity()) {
-                            known.insert(key, id);
-                            last = Some((key, id));
-                        }
-                        return;
+                Err(error) => error,
+            };
+            for ((owner, _), before) in group.iter().zip(previous).rev() {
+                match before {
+                    Some(labels) => {
+                        entry.set_owner(owners, *owner, labels);
                     }
-                    Err(error) => error,
-                };
-                for ((owner, _), before) in group.iter().zip(previous).rev() {
-                    match before {
-                        Some(labels) => {
-                            entry.set_owner(owners, *owner, labels);
-                        }
-                        None => {
-                            entry.remove_owner(owners, *owner);
-                        }
+                    None => {
+                        entry.remove_owner(owners, *owner);
                     }
                 }
-                refused.push(Refused {
-                    prefix,
-                    owners: group.iter().map(|(owner, _)| *owner).collect(),
-                    error,
-                });
+            }
+            refused.push(Refused {
+                prefix,
+                owners: group.iter().map(|(owner, _)| *owner).collect(),
+                error,
             });
+        });
+        for owner in new_claims {
+            self.meta.owners.count_claim(owner);
+        }
         for r in &refused {
             match r.error {
                 Error::BreakerTripped { .. } => self.stats.breaker_trips += 1,

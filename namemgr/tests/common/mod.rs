@@ -9,11 +9,11 @@
     reason = "test code: a failed step should panic; each test binary uses part of this"
 )]
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::time::Duration;
 
-use fqdnd_ipcache::{EndpointId, Identity, IpCache, MemoryDatapath};
+use fqdnd_ipcache::{EndpointId, Identity, IpCache, MemoryDatapath, OwnerId};
 use fqdnd_namemgr::{Config, FqdnSelector, NameManager};
 use ipnet::IpNet;
 
@@ -113,7 +113,20 @@ impl Engine {
                     .map(move |ep| (name.clone(), ep))
             })
             .collect();
+        let mut listed: HashMap<OwnerId, usize> = HashMap::new();
+        for (_, _, owners) in self.ipcache.prefixes() {
+            for owner in owners {
+                *listed.entry(owner).or_default() += 1;
+            }
+        }
+        let claims = (self.names.owner_names().into_iter())
+            .map(|(owner, name)| {
+                let listed = listed.get(&owner).copied().unwrap_or(0);
+                (name.to_owned(), (self.ipcache.owner_claims(owner), listed))
+            })
+            .collect();
         State {
+            claims,
             entries,
             prefixes,
             ips: self.names.ip_count(),
@@ -144,4 +157,7 @@ pub(crate) struct State {
     pub(crate) identities: Vec<(Option<BTreeSet<String>>, u32)>,
     pub(crate) datapath: BTreeSet<(IpAddr, Option<BTreeSet<String>>)>,
     pub(crate) endpoints: BTreeSet<(String, EndpointId)>,
+    /// Each name's owner: the prefixes the IpCache counts it claiming, and those that list
+    /// it.
+    pub(crate) claims: BTreeMap<String, (Option<u32>, usize)>,
 }
