@@ -364,8 +364,8 @@ impl ReadSnapshot {
     /// # Errors
     /// `body` is not a snapshot.
     pub fn decode(body: &[u8]) -> Result<Self, String> {
-        let room = body.len() / MIN_NAME_BYTES;
-        fqdnd_checkpoint::format::decode_seed(SnapshotVisitor { room: Some(room) }, body)
+        let most_names = body.len() / MIN_NAME_BYTES;
+        fqdnd_checkpoint::format::decode_seed(SnapshotVisitor { most_names }, body)
     }
 }
 
@@ -389,15 +389,9 @@ const EXPECTING: &str = "a cached name (name, endpoints, addresses)";
 const SNAPSHOT: &[&str] = &["names", "identities"];
 const SNAPSHOT_NAME: &[&str] = &["name", "endpoints", "addrs"];
 
-impl<'de> Deserialize<'de> for ReadSnapshot {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        DeserializeSeed::deserialize(SnapshotVisitor { room: None }, d)
-    }
-}
-
-/// The whole snapshot; `room`: make room for its names, at most that many.
+/// The whole snapshot; room is made for at most `most_names` of its names.
 struct SnapshotVisitor {
-    room: Option<usize>,
+    most_names: usize,
 }
 
 impl<'de> DeserializeSeed<'de> for SnapshotVisitor {
@@ -417,7 +411,7 @@ impl<'de> Visitor<'de> for SnapshotVisitor {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ReadSnapshot, A::Error> {
         let mut out = ReadSnapshot::default();
-        seq.next_element_seed(NamesSeed(&mut out, self.room))?
+        seq.next_element_seed(NamesSeed(&mut out, self.most_names))?
             .ok_or_else(|| de::Error::invalid_length(0, &self))?;
         out.identities = seq
             .next_element()?
@@ -427,7 +421,7 @@ impl<'de> Visitor<'de> for SnapshotVisitor {
 }
 
 /// The snapshot's names, appended to its answers; room made for at most `.1` of them.
-struct NamesSeed<'a>(&'a mut ReadSnapshot, Option<usize>);
+struct NamesSeed<'a>(&'a mut ReadSnapshot, usize);
 
 impl<'de> DeserializeSeed<'de> for NamesSeed<'_> {
     type Value = ();
@@ -445,9 +439,7 @@ impl<'de> Visitor<'de> for NamesSeed<'_> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        if let Some(most) = self.1 {
-            self.0.room = make_room(seq.size_hint().unwrap_or(0).min(most));
-        }
+        self.0.room = make_room(seq.size_hint().unwrap_or(0).min(self.1));
         // A length from the file, trusted only up to a megabyte of answers (serde's own
         // caution for a `Vec`): a bad length cannot reserve much.
         let hint = seq
@@ -576,6 +568,20 @@ mod tests {
         IpAddr::from([192, 0, 2, last])
     }
 
+    /// `snapshot` written to a state directory and read back as a restore reads it.
+    fn write_and_read(snapshot: &Snapshot) -> ReadSnapshot {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = SnapshotMeta {
+            next_generation: 1,
+            next_seq: Seq(0),
+            taken_at_unix_ms: 0,
+        };
+        fqdnd_checkpoint::write_snapshot(dir.path(), SCHEMA, &meta, snapshot).unwrap();
+        let options = Options::new(SCHEMA);
+        let read = fqdnd_checkpoint::read_snapshot_with(dir.path(), &options, ReadSnapshot::decode);
+        read.unwrap().unwrap().1
+    }
+
     /// Asserts the names and expiries of `answers`, latest first.
     fn assert_latest_first(answers: &Answers, expected: &[(&str, u64)]) {
         let latest_first = answers.latest_first();
@@ -646,17 +652,7 @@ mod tests {
             ],
             identities: vec![("k8s:app=web".into(), 300)],
         };
-        let dir = tempfile::tempdir().unwrap();
-        let meta = SnapshotMeta {
-            next_generation: 1,
-            next_seq: Seq(0),
-            taken_at_unix_ms: 0,
-        };
-        fqdnd_checkpoint::write_snapshot(dir.path(), SCHEMA, &meta, &snapshot).unwrap();
-        let (_, read) =
-            fqdnd_checkpoint::read_snapshot::<ReadSnapshot>(dir.path(), &Options::new(SCHEMA))
-                .unwrap()
-                .unwrap();
+        let read = write_and_read(&snapshot);
         let v6 = [IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, 1])];
         let got: Vec<(u16, &str, Vec<IpAddr>, u64)> = read
             .answers
@@ -721,17 +717,7 @@ mod tests {
                     .collect(),
                 identities: Vec::new(),
             };
-            let dir = tempfile::tempdir().unwrap();
-            let meta = SnapshotMeta {
-                next_generation: 1,
-                next_seq: Seq(0),
-                taken_at_unix_ms: 0,
-            };
-            fqdnd_checkpoint::write_snapshot(dir.path(), SCHEMA, &meta, &snapshot).unwrap();
-            let options = Options::new(SCHEMA);
-            let read =
-                fqdnd_checkpoint::read_snapshot_with(dir.path(), &options, ReadSnapshot::decode);
-            let (_, read) = read.unwrap().unwrap();
+            let read = write_and_read(&snapshot);
             assert_eq!(read.answers.len(), count);
             let room = read.room.map(|room| room.join().unwrap());
             let expected = count >= ROOM_MIN_NAMES && cores > 1;
