@@ -290,7 +290,10 @@ impl RestoreRoom {
     /// journal's names after a snapshot's). Empty if the memory cannot be had.
     pub fn new(names: usize) -> Self {
         let mut slots = Vec::new();
-        if slots.try_reserve_exact(names.saturating_add(names / 16)).is_ok() {
+        if slots
+            .try_reserve_exact(names.saturating_add(names / 16))
+            .is_ok()
+        {
             // Written, then emptied: the capacity stays, its pages mapped.
             slots.resize_with(names, || None);
             slots.clear();
