@@ -36,7 +36,7 @@ fn reference(snapshot: &Snapshot) -> Vec<Answer> {
 
 fuzz_target!(|data: &[u8]| {
     let plain = decode_value::<Snapshot>(data);
-    let flat = decode_value::<ReadSnapshot>(data);
+    let flat = ReadSnapshot::decode(data);
     match (plain, flat) {
         (Ok(plain), Ok(flat)) => {
             let got: Vec<Answer> = flat
