@@ -9,7 +9,9 @@
 # again through the NameManager and IpCache, one datapath commit (in-memory datapath; the
 # kernel maps are reconciled, not rewritten, when they already hold the entries).
 # Knobs (env): NAMES=100000 IPS=10, SPREAD=0 (expiries spread over that many seconds past the
-# hour, each name's at random: restored in an order that is not the snapshot's),
+# hour, each name's at random), AS_MADE=0 (1: the snapshot's names in the order made up, not
+# latest expiry first as compaction writes them: with a spread, restored in an order that is
+# not the snapshot's),
 # RUN=/tmp/fqdnd-restore-time, FQDND_BIN (a built fqdnd to
 # measure instead of building this tree's), SYNTH_BIN (the build that writes the snapshot, if
 # not that one: one older than `--expiry-spread`, say), PRELOAD (a library for the gateway's LD_PRELOAD:
@@ -31,8 +33,10 @@ fi
 rm -rf "$RUN" && mkdir -p "$RUN"
 PID=
 trap '[ -n "$PID" ] && kill -9 "$PID" 2>/dev/null; true' EXIT
+order=()
+[[ ${AS_MADE:-0} == 1 ]] && order=(--as-made)
 "${SYNTH_BIN:-$BIN}" checkpoint synthesize "$RUN/state" --zone bench.test --names "$NAMES" --ips "$IPS" \
-  --expiry-spread "$SPREAD"
+  --expiry-spread "$SPREAD" "${order[@]}"
 port=$(python3 -c 'import socket;s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
 cat >"$RUN/gateway.yaml" <<YAML
 apiVersion: fqdnd.io/v1

@@ -26,6 +26,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use fqdnd_engine::durable::Written;
 
 /// fqdnd lets workloads reach only the IPs that DNS answered for the names their policy
 /// allows. Policies are CiliumNetworkPolicy YAML (cilium.io/v2), taken as they are.
@@ -298,6 +299,11 @@ enum CheckpointCommand {
         /// random share: expiries in no particular order, as in a real cache).
         #[arg(long, default_value_t = 0)]
         expiry_spread: u64,
+        /// Write the names in the order made up, not in the order compaction writes them
+        /// (latest expiry first): with a spread, a snapshot in no order, as an older fqdnd
+        /// wrote them.
+        #[arg(long)]
+        as_made: bool,
     },
 }
 
@@ -532,11 +538,19 @@ fn main() -> ExitCode {
             names,
             ips,
             expiry_spread,
+            as_made,
         }) => cli::checkpoint::synthesize(
             &dir,
             &zone,
             (names, ips),
-            Duration::from_secs(expiry_spread),
+            (
+                Duration::from_secs(expiry_spread),
+                if as_made {
+                    Written::AsMade
+                } else {
+                    Written::InRestoreOrder
+                },
+            ),
         ),
         Command::Bpf(BpfCommand::Unload(p)) => cli::node::bpf_unload(p.pin_dir.as_deref()),
         Command::Status(args) => cli::list::status(&args.target, args.json),

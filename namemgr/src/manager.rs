@@ -117,6 +117,28 @@ pub struct BreakerTrips {
     pub datapath_full: u64,
 }
 
+/// One cached name with the endpoints that asked it and its mappings
+/// ([`NameManager::cached_names`]).
+#[derive(Debug, Clone, Copy)]
+pub struct CachedName<'a> {
+    /// The name.
+    pub name: &'a str,
+    entry: &'a NameEntry,
+}
+
+impl<'a> CachedName<'a> {
+    /// The endpoints that asked it.
+    pub fn endpoints(&self) -> impl Iterator<Item = EndpointId> + 'a {
+        self.entry.endpoints.iter().map(|(endpoint, _)| endpoint)
+    }
+
+    /// Its mappings, live and zombie: each address and its expiry (seconds on the caller's
+    /// clock).
+    pub fn ips(&self) -> impl Iterator<Item = IpEntry> + 'a {
+        self.entry.ips.iter().map(|m| m.entry())
+    }
+}
+
 /// One mapping, for listings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheEntry<'a> {
@@ -784,6 +806,12 @@ impl NameManager {
                 last_lookup: e.last_lookup,
             })
         })
+    }
+
+    /// Every cached name, with its endpoints and mappings, in no particular order (for a
+    /// snapshot: no lookup per name).
+    pub fn cached_names(&self) -> impl Iterator<Item = CachedName<'_>> + '_ {
+        (self.cache.names.iter()).map(|(_, name, entry)| CachedName { name, entry })
     }
 
     /// The names `addr` is known under, live or zombie (a scan of the cache: for tests and

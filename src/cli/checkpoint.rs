@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use fqdnd_checkpoint::{Options, decode_journal_bytes, format::decode_value, read_snapshot};
 
 use fqdnd_engine::Clock as _;
-use fqdnd_engine::durable::{Record, SCHEMA, Snapshot};
+use fqdnd_engine::durable::{Record, SCHEMA, Snapshot, Written};
 
 /// Prints the files, the snapshot's age, record counts by kind, identities, and any tail
 /// recovery would cut off. Exit 1 when something is damaged.
@@ -88,10 +88,10 @@ pub(crate) fn synthesize(
     dir: &Path,
     zone: &str,
     (names, ips): (u32, u32),
-    spread: Duration,
+    (spread, written): (Duration, Written),
 ) -> Result<ExitCode> {
     let clock = crate::clock::Clock::start();
-    fqdnd_engine::durable::synthesize(dir, &clock, zone, (names, ips), spread)
+    fqdnd_engine::durable::synthesize(dir, &clock, zone, (names, ips), (spread, written))
         .with_context(|| format!("writing a synthetic state directory in {}", dir.display()))?;
     Ok(ExitCode::SUCCESS)
 }

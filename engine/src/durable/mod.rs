@@ -16,6 +16,7 @@
 
 mod flat;
 mod persist;
+mod taken;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -31,6 +32,7 @@ use serde::{Deserialize, Serialize};
 use crate::{Clock, Engine, Error};
 pub use flat::{Answers, LatestFirst, ReadSnapshot, RestoredAnswer, TooLarge};
 pub use persist::Persist;
+pub use taken::{AsPushed, Taken};
 
 /// The record and snapshot layout version; a state directory of another schema is refused.
 pub const SCHEMA: u32 = 2;
@@ -73,7 +75,8 @@ pub struct SnapshotName {
     pub addrs: Vec<(IpAddr, u64)>,
 }
 
-/// The whole engine state at one moment.
+/// The whole engine state at one moment, as a snapshot holds it (what [`Taken`] writes;
+/// `fqdnd checkpoint inspect` reads it so, a restore with [`ReadSnapshot`]).
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub struct Snapshot {
     /// Cached names.
@@ -86,36 +89,6 @@ impl Snapshot {
     /// (name, IP) entries.
     pub fn entries(&self) -> usize {
         self.names.iter().map(|n| n.addrs.len()).sum()
-    }
-
-    /// The snapshot of `engine`'s state now; expiries converted to Unix time on `clock`.
-    pub fn of<D>(engine: &Engine<D>, clock: &dyn Clock) -> Self {
-        let mut names: Vec<SnapshotName> = Vec::new();
-        for e in engine.names.entries() {
-            let expires = clock.unix_ms_of(Duration::from_secs(u64::from(e.ip.expires)));
-            // Entries come name by name.
-            if let Some(last) = names.last_mut().filter(|n| *n.name == *e.name) {
-                last.addrs.push((e.ip.addr, expires));
-                continue;
-            }
-            names.push(SnapshotName {
-                endpoints: engine
-                    .names
-                    .endpoints_of(e.name)
-                    .iter()
-                    .map(|ep| ep.0)
-                    .collect(),
-                name: e.name.to_string(),
-                addrs: vec![(e.ip.addr, expires)],
-            });
-        }
-        let identities = engine
-            .ipcache
-            .identities_canonical()
-            .into_iter()
-            .map(|(labels, id)| (labels, id.0))
-            .collect();
-        Self { names, identities }
     }
 }
 
@@ -282,10 +255,21 @@ impl RestoreAnswers for Remaining<'_> {
     }
 }
 
+/// The order of a synthetic snapshot's names ([`synthesize`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    /// As compaction writes them ([`Taken`]): the latest expiry first.
+    InRestoreOrder,
+    /// As they were made up: with a spread, the expiries in no order (as a snapshot of an
+    /// fqdnd before that order, or a journal, holds them).
+    AsMade,
+}
+
 /// Writes a synthetic state directory: `names` names under `zone`, `ips` addresses each,
 /// valid for an hour and, with a `spread`, up to that many seconds more, a name's share
-/// picked at random (so that the order of expiry is not the order written, as in a real
-/// cache); for restore benchmarks: `benchmarks/restore-time.sh`.
+/// picked at random (so that the order of expiry is not the order made up, as in a real
+/// cache), written in the order `written`; for restore benchmarks:
+/// `benchmarks/restore-time.sh`.
 ///
 /// # Errors
 /// The directory or the snapshot cannot be written.
@@ -294,33 +278,24 @@ pub fn synthesize(
     clock: &dyn Clock,
     zone: &str,
     (names, ips): (u32, u32),
-    spread: Duration,
+    (spread, written): (Duration, Written),
 ) -> Result<(), Error> {
     let hour_from_now = clock.unix_ms_of(clock.now()) + 3_600_000;
     let spread_ms = u64::try_from(spread.as_millis()).unwrap_or(u64::MAX);
-    let mut list = Vec::with_capacity(names as usize);
+    let mut taken = Taken::default();
     let mut n: u32 = 0;
     for i in 0..names {
         let expires_unix_ms = match spread_ms {
             0 => hour_from_now,
             spread => hour_from_now + scatter(u64::from(i)) % spread,
         };
-        let mut addrs = Vec::with_capacity(ips as usize);
-        for _ in 0..ips {
+        let addrs = (0..ips).map(|_| {
             let [_, a, b, c] = n.to_be_bytes();
-            addrs.push((IpAddr::from([100, 64 + (a & 0x3f), b, c]), expires_unix_ms));
             n += 1;
-        }
-        list.push(SnapshotName {
-            name: format!("n{i}.{zone}."),
-            endpoints: vec![1],
-            addrs,
+            (IpAddr::from([100, 64 + (a & 0x3f), b, c]), expires_unix_ms)
         });
+        taken.push(&format!("n{i}.{zone}."), [1], addrs);
     }
-    let snapshot = Snapshot {
-        names: list,
-        identities: Vec::new(),
-    };
     let state_err = |source| Error::State {
         dir: dir.to_path_buf(),
         source,
@@ -337,9 +312,12 @@ pub fn synthesize(
         next_seq: Seq(0),
         taken_at_unix_ms: clock.unix_ms_of(clock.now()),
     };
-    fqdnd_checkpoint::write_snapshot(dir, SCHEMA, &meta, &snapshot)
-        .map(|_| ())
-        .map_err(state_err)
+    match written {
+        Written::InRestoreOrder => fqdnd_checkpoint::write_snapshot(dir, SCHEMA, &meta, &taken),
+        Written::AsMade => fqdnd_checkpoint::write_snapshot(dir, SCHEMA, &meta, &taken.as_pushed()),
+    }
+    .map(|_| ())
+    .map_err(state_err)
 }
 
 /// A number that looks random for each `i` (SplitMix64's finaliser): the same every run.
@@ -368,6 +346,66 @@ mod tests {
         fn unix_ms_of(&self, at: Duration) -> u64 {
             self.unix_ms + u64::try_from(at.as_millis()).unwrap()
         }
+    }
+
+    /// Compaction writes the snapshot in the restore's order, so that a restart reads it
+    /// straight through, whatever order the names were learned in.
+    #[tokio::test]
+    async fn compaction_writes_the_latest_expiry_first() {
+        let config = fqdnd_config::load_str(
+            "apiVersion: fqdnd.io/v1
+kind: ClientGroup
+metadata: {name: lan}
+spec: {id: 7, addresses: [\"127.0.0.0/8\"], labels: {site: lan}}
+---
+apiVersion: cilium.io/v2
+kind: CiliumClusterwideNetworkPolicy
+metadata: {name: lan}
+spec:
+  endpointSelector: {matchLabels: {site: lan}}
+  egress:
+  - toFQDNs: [{matchPattern: \"*.test\"}]
+",
+            Path::new("test.yaml"),
+        )
+        .unwrap();
+        let clock = std::sync::Arc::new(Fixed {
+            unix_ms: 1_700_000_000_000,
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let (restored, journal) = open(dir.path(), true).unwrap();
+        let persist = Persist::new(journal, clock.clone(), &restored, 1_000);
+        let mut engine =
+            Engine::from_config(&config, MemoryDatapath::default(), clock.now()).unwrap();
+        for (name, last, ttl) in [
+            ("a.test.", 1, 100),
+            ("b.test.", 2, 300),
+            ("c.test.", 3, 200),
+        ] {
+            let addr = IpAddr::from([192, 0, 2, last]);
+            engine
+                .learn(EndpointId(7), name, &[addr], ttl, clock.now())
+                .unwrap();
+        }
+        let engine = std::sync::Mutex::new(engine);
+        assert_eq!(persist.compact(&engine).await.unwrap(), 3);
+        let options = Options::new(SCHEMA);
+        let read = fqdnd_checkpoint::read_snapshot_with(dir.path(), &options, ReadSnapshot::decode);
+        let answers = read.unwrap().unwrap().1.answers;
+        let names: Vec<(&str, u64)> = answers
+            .iter()
+            .map(|a| (a.name, (a.expires_unix_ms - clock.unix_ms) / 1000))
+            .collect();
+        assert_eq!(
+            names,
+            [("b.test.", 300), ("c.test.", 200), ("a.test.", 100)]
+        );
+        // The same layout as a `Snapshot` (what `fqdnd checkpoint inspect` reads).
+        let plain = fqdnd_checkpoint::read_snapshot::<Snapshot>(dir.path(), &options);
+        let plain = plain.unwrap().unwrap().1;
+        let names: Vec<&str> = plain.names.iter().map(|n| &*n.name).collect();
+        assert_eq!(names, ["b.test.", "c.test.", "a.test."]);
+        assert_eq!(plain.names[0].endpoints, [7]);
     }
 
     /// At a full cache, the restore keeps the live answers and leaves out the expired ones,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use fqdnd_checkpoint::{Ack, Journal, JournalStats, Seq};
 use fqdnd_ipcache::{Datapath, EndpointId};
 
-use super::{RESTORE_GRACE, Record, Restored, Snapshot};
+use super::{RESTORE_GRACE, Record, Restored, Taken};
 use crate::{Clock, Engine, Error, Learning};
 
 /// What makes learned state durable: the journal writer, which identities it already holds,
@@ -184,13 +184,14 @@ impl Persist {
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             let rotation = self.journal.rotate().map_err(Error::Journal)?;
             self.since_snapshot.store(0, Ordering::Relaxed);
-            (rotation, Snapshot::of(&engine, &*self.clock))
+            (rotation, Taken::of(&engine, &*self.clock))
         };
         let rotation = rotation.await.map_err(Error::Journal)?;
         let entries = snapshot.entries();
         self.journal
             .compact(
                 &rotation,
+                // Put in the restore's order outside the lock, as it is encoded.
                 &snapshot,
                 self.clock.unix_ms_of(self.clock.now()),
             )
