@@ -265,7 +265,7 @@ impl Answers {
 
     /// Adds a snapshot's name: one answer per (expiry, endpoint), the latest expiry first,
     /// each expiry's answers endpoint by endpoint (so that a snapshot written in the restore's
-    /// order, [`Snapshot::in_restore_order`](super::Snapshot::in_restore_order), reads in it
+    /// order, as [`Taken`](super::Taken) writes it, reads in it
     /// unless a name has several expiries); a name no endpoint asked comes back for endpoint
     /// 0. `addrs` is reordered.
     fn push_snapshot_name(
