@@ -3,7 +3,7 @@
 # plays NODES simulated nodes with ENDPOINTS endpoints each against a real 3-member etcd
 # cluster and the real allocator (`fqdnd operator`), while a real fqdnd daemon in cluster mode
 # (`fqdnd gateway` with a Cluster document: the node side, the engine and the state file of a
-# node, on the in-memory datapath — no root needed) receives every endpoint. Measured:
+# node, without a kernel datapath — no root needed) receives every endpoint. Measured:
 # identities created/s, temporary → global p50/p99, propagation to the real node p50/p99,
 # duplicate identities (must be 0), etcd and real-node memory.
 #

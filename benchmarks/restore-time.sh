@@ -6,8 +6,9 @@
 # hour), starts `fqdnd gateway` on it with a policy whose FQDN selector matches every name
 # (so every entry gets labels and an identity, as in production), and reads the restore's own
 # timing from its log (`DNS cache restored … restore_ms`): identities, every answer learned
-# again through the NameManager and IpCache, one datapath commit (in-memory datapath; the
-# kernel maps are reconciled, not rewritten, when they already hold the entries).
+# again through the NameManager and IpCache, one commit (to no datapath: the gateway does not
+# enforce; a node's or an enforcing gateway's kernel maps are reconciled, not rewritten, when
+# they already hold the entries, which this does not measure).
 # Knobs (env): NAMES=100000 IPS=10, SPREAD=0 (expiries spread over that many seconds past the
 # hour, each name's at random), AS_MADE=0 (1: the snapshot's names in the order made up, not
 # latest expiry first as compaction writes them: with a spread, restored in an order that is

@@ -548,13 +548,7 @@ pub(crate) async fn start(
     );
     let (engine, kernel) = match kernel {
         None => (
-            state::build_engine(
-                &first,
-                AnyDatapath::Memory(Box::default()),
-                clock,
-                &mut restored,
-                prime,
-            )?,
+            state::build_engine(&first, AnyDatapath::Unenforced, clock, &mut restored, prime)?,
             None,
         ),
         Some((kernel, pin_dir)) => {
