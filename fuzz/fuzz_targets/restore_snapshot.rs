@@ -2,9 +2,9 @@
 //! the derived decoder of the type the daemon writes (`Snapshot`).
 //!
 //! Invariants: never panics; both accept or both refuse the bytes; what both accept gives the
-//! same answers (one per name, endpoint and expiry: endpoints in order, endpoint 0 for a name
-//! none asked, expiries ascending, addresses in their order within one), the same identities
-//! and the same entry count.
+//! same answers (one per name, expiry and endpoint: the latest expiry first, each for the
+//! endpoints in order, endpoint 0 for a name none asked, addresses in their order within one),
+//! the same identities and the same entry count.
 #![no_main]
 
 use std::collections::BTreeMap;
@@ -25,8 +25,8 @@ fn reference(snapshot: &Snapshot) -> Vec<Answer> {
             groups.entry(*expires).or_default().push(*addr);
         }
         let endpoints = if n.endpoints.is_empty() { vec![0] } else { n.endpoints.clone() };
-        for ep in endpoints {
-            for (expires, addrs) in &groups {
+        for (expires, addrs) in groups.iter().rev() {
+            for &ep in &endpoints {
                 out.push((ep, n.name.clone(), addrs.clone(), *expires));
             }
         }
