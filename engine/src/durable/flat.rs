@@ -579,8 +579,7 @@ impl<'de, T: Deserialize<'de>> Visitor<'de> for Extend<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::durable::{SCHEMA, Snapshot, SnapshotName, Taken};
-    use fqdnd_checkpoint::{Options, Seq, SnapshotMeta};
+    use crate::durable::{Snapshot, SnapshotName, Taken, test_support};
 
     fn ip(last: u8) -> IpAddr {
         IpAddr::from([192, 0, 2, last])
@@ -588,16 +587,7 @@ mod tests {
 
     /// `snapshot` written to a state directory and read back as a restore reads it.
     fn write_and_read(snapshot: &(impl serde::Serialize + ?Sized)) -> ReadSnapshot {
-        let dir = tempfile::tempdir().unwrap();
-        let meta = SnapshotMeta {
-            next_generation: 1,
-            next_seq: Seq(0),
-            taken_at_unix_ms: 0,
-        };
-        fqdnd_checkpoint::write_snapshot(dir.path(), SCHEMA, &meta, snapshot).unwrap();
-        let options = Options::new(SCHEMA);
-        let read = fqdnd_checkpoint::read_snapshot_with(dir.path(), &options, ReadSnapshot::decode);
-        read.unwrap().unwrap().1
+        test_support::write_and_read(snapshot, ReadSnapshot::decode)
     }
 
     /// Asserts the names and expiries of `answers`, latest first.

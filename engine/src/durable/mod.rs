@@ -17,6 +17,8 @@
 mod flat;
 mod persist;
 mod taken;
+#[cfg(test)]
+mod test_support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -352,23 +354,7 @@ mod tests {
     /// straight through, whatever order the names were learned in.
     #[tokio::test]
     async fn compaction_writes_the_latest_expiry_first() {
-        let config = fqdnd_config::load_str(
-            "apiVersion: fqdnd.io/v1
-kind: ClientGroup
-metadata: {name: lan}
-spec: {id: 7, addresses: [\"127.0.0.0/8\"], labels: {site: lan}}
----
-apiVersion: cilium.io/v2
-kind: CiliumClusterwideNetworkPolicy
-metadata: {name: lan}
-spec:
-  endpointSelector: {matchLabels: {site: lan}}
-  egress:
-  - toFQDNs: [{matchPattern: \"*.test\"}]
-",
-            Path::new("test.yaml"),
-        )
-        .unwrap();
+        let config = test_support::lan_config(None);
         let clock = std::sync::Arc::new(Fixed {
             unix_ms: 1_700_000_000_000,
         });
@@ -412,28 +398,7 @@ spec:
     /// whatever their order in the journal (expired flood names first, here).
     #[test]
     fn a_restore_at_the_cache_bound_keeps_live_answers_over_expired_ones() {
-        let config = fqdnd_config::load_str(
-            "apiVersion: fqdnd.io/v1
-kind: Settings
-spec:
-  breakers: {maxCacheEntries: 3}
----
-apiVersion: fqdnd.io/v1
-kind: ClientGroup
-metadata: {name: lan}
-spec: {id: 7, addresses: [\"127.0.0.0/8\"], labels: {site: lan}}
----
-apiVersion: cilium.io/v2
-kind: CiliumClusterwideNetworkPolicy
-metadata: {name: lan}
-spec:
-  endpointSelector: {matchLabels: {site: lan}}
-  egress:
-  - toFQDNs: [{matchPattern: \"*.test\"}]
-",
-            Path::new("test.yaml"),
-        )
-        .unwrap();
+        let config = test_support::lan_config(Some("breakers: {maxCacheEntries: 3}"));
         let clock = Fixed {
             unix_ms: 1_700_000_000_000,
         };

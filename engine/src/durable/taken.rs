@@ -173,8 +173,7 @@ struct NameRef<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::durable::{SCHEMA, Snapshot};
-    use fqdnd_checkpoint::{Options, Seq, SnapshotMeta};
+    use crate::durable::{Snapshot, test_support};
 
     fn ip(last: u8) -> IpAddr {
         IpAddr::from([192, 0, 2, last])
@@ -182,15 +181,7 @@ mod tests {
 
     /// `value` written as a snapshot and read back as `fqdnd checkpoint inspect` reads it.
     fn round_trip(value: &impl Serialize) -> Snapshot {
-        let dir = tempfile::tempdir().unwrap();
-        let meta = SnapshotMeta {
-            next_generation: 1,
-            next_seq: Seq(0),
-            taken_at_unix_ms: 0,
-        };
-        fqdnd_checkpoint::write_snapshot(dir.path(), SCHEMA, &meta, value).unwrap();
-        let read = fqdnd_checkpoint::read_snapshot(dir.path(), &Options::new(SCHEMA));
-        read.unwrap().unwrap().1
+        test_support::write_and_read(value, fqdnd_checkpoint::format::decode_value)
     }
 
     /// A name as pushed: its text, endpoints and addresses.
