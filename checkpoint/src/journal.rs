@@ -258,10 +258,13 @@ impl<T: Serialize + ?Sized> Journal<T> {
     ///    at open), after it the new one — both consistent with the journals on disk;
     /// 3. deletion of generations `< g`: a crash midway leaves journals that the snapshot
     ///    names as covered; recovery skips (and deletes) them, so nothing is applied twice.
-    pub async fn compact<S: Serialize + ?Sized>(
+    ///
+    /// `state` is encoded off the async runtime, on a blocking thread, with the write: a
+    /// snapshot of a million names takes ~0.1 s to encode.
+    pub async fn compact<S: Serialize + Send + 'static>(
         &self,
         rotation: &Rotation,
-        state: &S,
+        state: S,
         taken_at_unix_ms: u64,
     ) -> Result<Vec<PathBuf>, Error> {
         let _one_at_a_time = self.compacting.lock().await;
@@ -277,11 +280,13 @@ impl<T: Serialize + ?Sized> Journal<T> {
             next_seq: rotation.next_seq,
             taken_at_unix_ms,
         };
-        let bytes = encode_snapshot(self.options.schema, &meta, &encode_value(state)?);
-        let dir = self.dir.clone();
-        let removed = tokio::task::spawn_blocking(move || install_snapshot(&dir, &meta, &bytes))
-            .await
-            .map_err(|_| Error::Closed)??;
+        let (schema, dir) = (self.options.schema, self.dir.clone());
+        let removed = tokio::task::spawn_blocking(move || {
+            let bytes = encode_snapshot(schema, &meta, &encode_value(&state)?);
+            install_snapshot(&dir, &meta, &bytes)
+        })
+        .await
+        .map_err(|_| Error::Closed)??;
         self.shared
             .snapshot_generation
             .store(rotation.generation, Relaxed);
@@ -405,10 +410,10 @@ mod tests {
             }
         );
         j.append(&4).await.unwrap();
-        let removed = j.compact(&rotation, &state, 1234).await.unwrap();
+        let removed = j.compact(&rotation, state.clone(), 1234).await.unwrap();
         assert_eq!(removed, [dir.path().join("journal.1")]);
         assert!(matches!(
-            j.compact(&rotation, &state, 1234).await,
+            j.compact(&rotation, state.clone(), 1234).await,
             Err(Error::StaleRotation {
                 generation: 2,
                 current: 2
@@ -443,7 +448,7 @@ mod tests {
         let saved = std::fs::read(dir.path().join("journal.1")).unwrap();
         std::fs::write(dir.path().join("snapshot.tmp"), b"half a snapshot").unwrap();
         let j = Journal::<u32>::start(r.tail, &Options::new(1));
-        j.compact(&rotation, &vec![1u32, 2], 0).await.unwrap();
+        j.compact(&rotation, vec![1u32, 2], 0).await.unwrap();
         j.close().await.unwrap();
         std::fs::write(dir.path().join("journal.1"), saved).unwrap();
         let r = reopen(dir.path());
@@ -482,7 +487,7 @@ mod tests {
             Err(Error::Locked { .. })
         ));
         let rotation = j.rotate().unwrap().await.unwrap();
-        j.compact(&rotation, &vec![7u32], 1_000).await.unwrap();
+        j.compact(&rotation, vec![7u32], 1_000).await.unwrap();
         j.append(&8).await.unwrap();
         let seen = crate::inspect(dir.path(), None, 4_000).unwrap();
         assert_eq!(seen.snapshot.as_ref().unwrap().age_ms, Some(3_000));

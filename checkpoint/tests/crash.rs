@@ -112,7 +112,10 @@ async fn run(dir: &Path, ops: &[Op]) -> (Vec<u32>, BTreeMap<PathBuf, Vec<u8>>) {
                 let rotation = journal.rotate().unwrap().await.unwrap();
                 assert_eq!(rotation.next_seq, Seq(applied.len() as u64));
                 let before = journals(dir);
-                let removed = journal.compact(&rotation, &applied, 42).await.unwrap();
+                let removed = journal
+                    .compact(&rotation, applied.clone(), 42)
+                    .await
+                    .unwrap();
                 resurrect = removed
                     .iter()
                     .map(|p| (p.clone(), before[p].clone()))

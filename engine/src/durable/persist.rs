@@ -192,7 +192,7 @@ impl Persist {
             .compact(
                 &rotation,
                 // Put in the restore's order outside the lock, as it is encoded.
-                &snapshot,
+                snapshot,
                 self.clock.unix_ms_of(self.clock.now()),
             )
             .await
