@@ -567,6 +567,11 @@ pub(crate) struct Metadata {
 pub(crate) struct CidrLabels(JointPrefixMap<IpNet, LabelId>);
 
 impl CidrLabels {
+    /// How many prefixes carry a `cidr:` label.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
     /// The `cidr:` label of the longest labelled CIDR containing `prefix` (itself included).
     pub(crate) fn longest_match(&self, prefix: &IpNet) -> Option<LabelId> {
         if self.0.is_empty() {
