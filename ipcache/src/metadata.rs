@@ -480,11 +480,13 @@ fn rebuild_in<K: Ord + Copy, N: Copy, I: Iterator<Item = (IpNet, OwnerId)>>(
 }
 
 /// [`Metadata::merge_with`] for one family's map: this family's prefixes come first in
-/// `prefixes` (in key order, each once); the others are left for the next family.
+/// `prefixes` (in key order, each once); the others are left for the next family. The
+/// merged entries are put in `merged` (emptied first: room made ahead, its memory written).
 fn merge_in<K: Ord + Copy, N: Copy, I: Iterator<Item = IpNet>>(
     map: &mut BTreeMap<K, PrefixEntry>,
     key: impl Fn(N) -> K,
     prefixes: &mut std::iter::Peekable<I>,
+    mut merged: Vec<(K, PrefixEntry)>,
     mut f: impl FnMut(&mut PrefixEntry, IpNet),
 ) where
     IpNet: AsFamily<N>,
@@ -498,8 +500,8 @@ fn merge_in<K: Ord + Copy, N: Copy, I: Iterator<Item = IpNet>>(
     // Room for every entry without growing: the old ones and, at most, one per prefix given
     // (the other family's too: room reserved, never touched).
     let given = prefixes.size_hint();
-    let mut merged: Vec<(K, PrefixEntry)> =
-        Vec::with_capacity(map.len() + given.1.unwrap_or(given.0));
+    merged.clear();
+    merged.reserve(map.len() + given.1.unwrap_or(given.0));
     let mut old = std::mem::take(map).into_iter().peekable();
     loop {
         let new = next(prefixes);
@@ -648,10 +650,12 @@ impl Metadata {
     /// Applies `f` to the entry of each of `prefixes` (prefix order, IPv4 first, each once),
     /// created empty where there is none, by merging them into the maps in one pass: for a
     /// batch about as large as the metadata (a restore), instead of a tree walk and a
-    /// rebalance per insert. Entries left without owners and identity are dropped.
+    /// rebalance per insert. Entries left without owners and identity are dropped. The IPv4
+    /// map is merged in `room_v4` (a vector with room made ahead, or an empty one).
     pub(crate) fn merge_with(
         &mut self,
         prefixes: impl IntoIterator<Item = IpNet>,
+        room_v4: Vec<(u64, PrefixEntry)>,
         mut f: impl FnMut(&mut PrefixEntry, &mut Owners, &CidrLabels, IpNet),
     ) {
         let mut prefixes = prefixes.into_iter().peekable();
@@ -661,8 +665,12 @@ impl Metadata {
             owners,
             cidr_labels,
         } = self;
-        merge_in(v4, key4, &mut prefixes, |e, p| f(e, owners, cidr_labels, p));
-        merge_in(v6, key6, &mut prefixes, |e, p| f(e, owners, cidr_labels, p));
+        merge_in(v4, key4, &mut prefixes, room_v4, |e, p| {
+            f(e, owners, cidr_labels, p);
+        });
+        merge_in(v6, key6, &mut prefixes, Vec::new(), |e, p| {
+            f(e, owners, cidr_labels, p);
+        });
     }
 
     /// Sets `owner`'s labels on `prefix` without resolving; returns what the owner had before.

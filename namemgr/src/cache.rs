@@ -17,8 +17,9 @@ use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use crate::manager::Sizes;
 use crate::name::DnsName;
-use fqdnd_ipcache::{EndpointId, LabelSet, OwnerId};
+use fqdnd_ipcache::{Claims, EndpointId, LabelSet, OwnerId};
 use hashbrown::{DefaultHashBuilder, HashTable};
 use smallvec::SmallVec;
 
@@ -276,34 +277,55 @@ pub(crate) struct Names {
     pending: Vec<u32>,
 }
 
-/// Slots for the names of a restore to come, their memory written once ahead of it: filling
-/// a million slots (72 MB) otherwise takes ~18k page faults on the restore's path (40-50 ms
-/// on this project's VM), which a second core can take while the snapshot is still being
-/// decoded. [`NameManager::adopt_room`](crate::NameManager::adopt_room) hands it to an empty
-/// cache.
+/// Room for the names of a restore to come — their slots, their text, the IpCache claims of
+/// their addresses — its memory written once ahead of it: filling a million slots (72 MB)
+/// otherwise takes ~18k page faults on the restore's path (40-50 ms on this project's VM),
+/// the text and claims of a million one-address names as many again, which a second core can
+/// take while the snapshot is still being decoded.
+/// [`NameManager::adopt_room`](crate::NameManager::adopt_room) hands it to an empty cache.
 pub struct RestoreRoom {
     slots: Vec<Option<NameEntry>>,
+    text: String,
+    pub(crate) claims: Claims,
 }
 
 impl RestoreRoom {
-    /// Room for `names` names, written for all of them, with a sixteenth more unwritten (the
-    /// journal's names after a snapshot's). Empty if the memory cannot be had.
-    pub fn new(names: usize) -> Self {
+    /// Room for `names` names holding about `sizes` (their text, IPv4 and IPv6 addresses),
+    /// written for all of it, with a sixteenth more unwritten (the journal's answers after a
+    /// snapshot's). A part whose memory cannot be had is left out.
+    pub fn new(names: usize, sizes: Sizes) -> Self {
+        let more = |n: usize| n.saturating_add(n / 16);
         let mut slots = Vec::new();
-        if slots
-            .try_reserve_exact(names.saturating_add(names / 16))
-            .is_ok()
-        {
+        if slots.try_reserve_exact(more(names)).is_ok() {
             // Written, then emptied: the capacity stays, its pages mapped.
             slots.resize_with(names, || None);
             slots.clear();
         }
-        Self { slots }
+        let mut text = Vec::new();
+        if text.try_reserve_exact(more(sizes.name_bytes)).is_ok() {
+            text.resize(sizes.name_bytes, 0);
+            text.clear();
+        }
+        Self {
+            slots,
+            text: String::from_utf8(text).unwrap_or_default(),
+            claims: Claims::with_room(sizes.v4, sizes.v6),
+        }
     }
 
     /// How many names it has room for.
     pub fn capacity(&self) -> usize {
         self.slots.capacity()
+    }
+
+    /// What its names may hold without growing it: bytes of text, IPv4 and IPv6 addresses.
+    pub fn sizes(&self) -> Sizes {
+        let [v4, v6] = self.claims.capacity();
+        Sizes {
+            name_bytes: self.text.capacity(),
+            v4,
+            v6,
+        }
     }
 }
 
@@ -396,10 +418,14 @@ impl Names {
         self.pending.reserve(more);
     }
 
-    /// Takes `room`'s slots if no slot was ever used (else drops it).
+    /// Takes `room`'s slots if no slot was ever used, and its text if no name was ever
+    /// added (else drops them).
     pub(crate) fn adopt(&mut self, room: RestoreRoom) {
         if self.slots.is_empty() && room.slots.capacity() > self.slots.capacity() {
             self.slots = room.slots;
+        }
+        if self.text.is_empty() && room.text.capacity() > self.text.capacity() {
+            self.text = room.text;
         }
     }
 
@@ -844,18 +870,25 @@ mod tests {
             }
             assert!(names.index_pending());
         };
-        let room = RestoreRoom::new(1000);
+        // The names' text: 8 to 10 bytes each.
+        let sizes = |name_bytes| Sizes {
+            name_bytes,
+            v4: 0,
+            v6: 0,
+        };
+        let room = RestoreRoom::new(1000, sizes(10_000));
         assert_eq!(room.capacity(), 1000 + 1000 / 16);
         let mut names = Names::default();
         names.adopt(room);
-        let block = names.slots.as_ptr();
-        names.reserve(1000, 0);
+        let (block, text) = (names.slots.as_ptr(), names.text.as_ptr());
+        names.reserve(1000, 10_000);
         fill(&mut names, 1000);
         assert_eq!(names.slots.as_ptr(), block, "the room's memory");
+        assert_eq!(names.text.as_ptr(), text, "the room's text");
         assert_eq!(names.find("n999.test."), Some(NameIdx(999)));
 
         let mut names = Names::default();
-        names.adopt(RestoreRoom::new(100));
+        names.adopt(RestoreRoom::new(100, sizes(0)));
         names.reserve(1000, 0);
         assert!(names.slots.capacity() >= 1000);
         let block = names.slots.as_ptr();
@@ -864,12 +897,12 @@ mod tests {
 
         let mut names = Names::default();
         fill(&mut names, 1);
-        let capacity = names.slots.capacity();
-        names.adopt(RestoreRoom::new(1000));
+        let capacity = (names.slots.capacity(), names.text.capacity());
+        names.adopt(RestoreRoom::new(1000, sizes(10_000)));
         assert_eq!(
-            names.slots.capacity(),
+            (names.slots.capacity(), names.text.capacity()),
             capacity,
-            "a cache used keeps its slots"
+            "a cache used keeps its slots and text"
         );
     }
 

@@ -176,6 +176,8 @@ pub struct NameManager {
     /// During a bulk restore: the IpCache claims of the mappings learned, applied at the end
     /// in one pass (`restore`), instead of one upsert each.
     deferred: Option<Claims>,
+    /// Claims with room made ahead for the next restore (`adopt_room`).
+    claims_room: Option<Claims>,
 }
 
 /// The IpCache owner of the name at `entry`, registered on first use.
@@ -250,6 +252,7 @@ impl NameManager {
             stats: Stats::default(),
             last_warning: None,
             deferred: None,
+            claims_room: None,
         }
     }
 

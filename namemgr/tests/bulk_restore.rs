@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use common::{Engine, addr, name};
 use fqdnd_ipcache::{EndpointId, NotApplied};
-use fqdnd_namemgr::{Config, Error, OneByOne, Restore, RestoreAnswers, RestoreRoom};
+use fqdnd_namemgr::{Config, Error, OneByOne, Restore, RestoreAnswers, RestoreRoom, Sizes};
 use proptest::prelude::*;
 
 /// An answer: endpoint, name number, address numbers, TTL.
@@ -202,12 +202,14 @@ proptest! {
             Just(Numbers::None),
             (1usize..6).prop_map(Numbers::ByName),
         ],
-        room in prop::option::of(0usize..400),
+        room in prop::option::of((0usize..400, 0usize..800, 0usize..200)),
     ) {
         let (mut bulk, mut steps) = engines(max_ips_per_name, 10_000);
-        // Made ahead for some number of names (too few, enough, or too many), or not.
-        if let Some(names) = room {
-            bulk.names.adopt_room(RestoreRoom::new(names));
+        // Made ahead for some number of names and addresses (too few, enough, or too many),
+        // or not.
+        if let Some((names, v4, v6)) = room {
+            let sizes = Sizes { name_bytes: names * 12, v4, v6 };
+            bulk.names.adopt_room(RestoreRoom::new(names, sizes));
         }
         let (one_by_one, failed_bulk, failed_steps) =
             both_numbered(&mut bulk, &mut steps, &answers, numbers);

@@ -370,34 +370,57 @@ pub struct ReadSnapshot {
 /// Fewest names worth a thread making room for them (below, their slots are a few MB).
 const ROOM_MIN_NAMES: usize = 1 << 16;
 
+/// Room is made once this share of the names (1 in ...) tells what they hold, about.
+const ROOM_SAMPLE: usize = 64;
+
 /// Fewest bytes a name takes in a snapshot: empty name, endpoints and addresses.
 const MIN_NAME_BYTES: usize = 3;
 
+/// Fewest bytes an address takes in a snapshot: its family, four bytes, its expiry.
+const MIN_ADDR_BYTES: usize = 6;
+
 impl ReadSnapshot {
-    /// Decodes a snapshot's `body`; as soon as it knows how many names the snapshot holds
-    /// (a length at the start, bounded by what `body` can hold), a second thread makes the
-    /// NameManager's room for them, while this one decodes them (with more than one core,
-    /// and many names).
+    /// Decodes a snapshot's `body`. Once it knows how many names the snapshot holds (a
+    /// length at the start, bounded by what `body` can hold) and, from the first of them,
+    /// about what they hold, a second thread makes the NameManager's room for them while
+    /// this one decodes the rest (with more than one core, and many names).
     ///
     /// # Errors
     /// `body` is not a snapshot.
     pub fn decode(body: &[u8]) -> Result<Self, String> {
-        let most_names = body.len() / MIN_NAME_BYTES;
-        fqdnd_checkpoint::format::decode_seed(SnapshotVisitor { most_names }, body)
+        let visitor = SnapshotVisitor {
+            body_bytes: body.len(),
+        };
+        fqdnd_checkpoint::format::decode_seed(visitor, body)
     }
 }
 
-/// A thread making room for `names` names (`None`: too few to be worth it, one core, or no
-/// thread to be had).
-fn make_room(names: usize) -> Option<JoinHandle<RestoreRoom>> {
+/// A thread making room for `names` names holding about `sizes` (`None`: too few to be
+/// worth it, one core, or no thread to be had).
+fn make_room(names: usize, sizes: Sizes) -> Option<JoinHandle<RestoreRoom>> {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     if names < ROOM_MIN_NAMES || cores < 2 {
         return None;
     }
     std::thread::Builder::new()
         .name("restore-room".into())
-        .spawn(move || RestoreRoom::new(names))
+        .spawn(move || RestoreRoom::new(names, sizes))
         .ok()
+}
+
+/// What `names` names hold, about, if the first `read` of them held `sampled`; bounded by
+/// what a body of `body_bytes` can hold.
+fn estimate(sampled: Sizes, read: usize, names: usize, body_bytes: usize) -> Sizes {
+    let scale = |n: usize, most: usize| {
+        let n = n as u128 * names as u128 / read.max(1) as u128;
+        usize::try_from(n).unwrap_or(usize::MAX).min(most)
+    };
+    let addrs = body_bytes / MIN_ADDR_BYTES;
+    Sizes {
+        name_bytes: scale(sampled.name_bytes, body_bytes),
+        v4: scale(sampled.v4, addrs),
+        v6: scale(sampled.v6, addrs),
+    }
 }
 
 /// What a name's fields are, for decoding errors.
@@ -407,9 +430,9 @@ const EXPECTING: &str = "a cached name (name, endpoints, addresses)";
 const SNAPSHOT: &[&str] = &["names", "identities"];
 const SNAPSHOT_NAME: &[&str] = &["name", "endpoints", "addrs"];
 
-/// The whole snapshot; room is made for at most `most_names` of its names.
+/// The whole snapshot, of `body_bytes` bytes (what bounds the room made for its names).
 struct SnapshotVisitor {
-    most_names: usize,
+    body_bytes: usize,
 }
 
 impl<'de> DeserializeSeed<'de> for SnapshotVisitor {
@@ -429,7 +452,7 @@ impl<'de> Visitor<'de> for SnapshotVisitor {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ReadSnapshot, A::Error> {
         let mut out = ReadSnapshot::default();
-        seq.next_element_seed(NamesSeed(&mut out, self.most_names))?
+        seq.next_element_seed(NamesSeed(&mut out, self.body_bytes))?
             .ok_or_else(|| de::Error::invalid_length(0, &self))?;
         out.identities = seq
             .next_element()?
@@ -438,7 +461,7 @@ impl<'de> Visitor<'de> for SnapshotVisitor {
     }
 }
 
-/// The snapshot's names, appended to its answers; room made for at most `.1` of them.
+/// The snapshot's names, appended to its answers (`.1`: the body's bytes).
 struct NamesSeed<'a>(&'a mut ReadSnapshot, usize);
 
 impl<'de> DeserializeSeed<'de> for NamesSeed<'_> {
@@ -457,23 +480,43 @@ impl<'de> Visitor<'de> for NamesSeed<'_> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        self.0.room = make_room(seq.size_hint().unwrap_or(0).min(self.1));
-        // A length from the file, trusted only up to a megabyte of answers (serde's own
-        // caution for a `Vec`): a bad length cannot reserve much.
-        let hint = seq
+        let Self(out, body_bytes) = self;
+        let names = seq
             .size_hint()
             .unwrap_or(0)
-            .min((1 << 20) / size_of::<Item>());
-        self.0.answers.items.reserve(hint);
+            .min(body_bytes / MIN_NAME_BYTES);
+        // A length from the file, trusted only up to a megabyte of answers (serde's own
+        // caution for a `Vec`): a bad length cannot reserve much.
+        out.answers
+            .items
+            .reserve(names.min((1 << 20) / size_of::<Item>()));
         // Reused for every name.
         let mut scratch = Scratch::default();
-        while seq
-            .next_element_seed(NameSeed {
-                out: &mut *self.0,
-                scratch: &mut scratch,
-            })?
-            .is_some()
-        {}
+        let next = |seq: &mut A, out: &mut ReadSnapshot, scratch: &mut Scratch| {
+            Ok::<_, A::Error>(seq.next_element_seed(NameSeed { out, scratch })?.is_some())
+        };
+        // The first names, counted: room is made for all of them as they tell.
+        let sample = if names >= ROOM_MIN_NAMES {
+            names / ROOM_SAMPLE
+        } else {
+            0
+        };
+        let mut sampled = Sizes::default();
+        let mut read = 0;
+        while read < sample && next(&mut seq, out, &mut scratch)? {
+            read += 1;
+            for (addr, _) in &scratch.addrs {
+                match addr {
+                    IpAddr::V4(_) => sampled.v4 += 1,
+                    IpAddr::V6(_) => sampled.v6 += 1,
+                }
+            }
+        }
+        if read > 0 {
+            sampled.name_bytes = out.answers.names.len();
+            out.room = make_room(names, estimate(sampled, read, names, body_bytes));
+        }
+        while next(&mut seq, out, &mut scratch)? {}
         Ok(())
     }
 }
@@ -800,7 +843,7 @@ mod tests {
     }
 
     /// A snapshot of many names is decoded while another core makes the NameManager's room
-    /// for them; of a few, or with one core, without.
+    /// for them, as much as its first names tell; of a few, or with one core, without.
     #[test]
     fn a_large_snapshot_comes_with_room_for_its_names() {
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
@@ -810,7 +853,10 @@ mod tests {
                     .map(|i| SnapshotName {
                         name: format!("n{i}.test."),
                         endpoints: vec![1],
-                        addrs: vec![(ip(1), 500)],
+                        addrs: vec![
+                            (ip(1), 500),
+                            (IpAddr::from([0xfd00, 0, 0, 0, 0, 0, 0, 1]), 500),
+                        ],
                     })
                     .collect(),
                 identities: Vec::new(),
@@ -820,8 +866,34 @@ mod tests {
             let room = read.room.map(|room| room.join().unwrap());
             let expected = count >= ROOM_MIN_NAMES && cores > 1;
             assert_eq!(room.is_some(), expected, "{count} names, {cores} cores");
-            assert!(room.is_none_or(|room| room.capacity() >= count));
+            let Some(room) = room else { continue };
+            assert!(room.capacity() >= count);
+            let sizes = room.sizes();
+            assert_eq!((sizes.v4, sizes.v6), (count, count));
+            // The first names are the shortest (n0. to n1023.): most of the text, not all.
+            let text = read.answers.names.len();
+            assert!(
+                (text * 8 / 10..text).contains(&sizes.name_bytes),
+                "{sizes:?} for {text}"
+            );
         }
+    }
+
+    /// Room made for what the first names hold is bounded by what the body can hold.
+    #[test]
+    fn room_is_estimated_from_the_first_names_within_the_body() {
+        let sampled = Sizes {
+            name_bytes: 1_000,
+            v4: 100,
+            v6: 10,
+        };
+        let sizes = estimate(sampled, 100, 10_000, 1 << 20);
+        assert_eq!(
+            (sizes.name_bytes, sizes.v4, sizes.v6),
+            (100_000, 10_000, 1_000)
+        );
+        let sizes = estimate(sampled, 100, usize::MAX, 600);
+        assert_eq!((sizes.name_bytes, sizes.v4, sizes.v6), (600, 100, 100));
     }
 
     #[test]

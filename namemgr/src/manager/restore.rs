@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use fqdnd_ipcache::{
-    Claims, Datapath, EndpointId, Error as IpCacheError, IpCache, ManyUpserted, NotApplied,
-    OwnerId, Refused, host_prefix,
+    Datapath, EndpointId, Error as IpCacheError, IpCache, ManyUpserted, NotApplied, OwnerId,
+    Refused, host_prefix,
 };
 use hashbrown::{DefaultHashBuilder, HashTable};
 use ipnet::IpNet;
@@ -337,7 +337,8 @@ fn prepare(
 impl NameManager {
     /// Uses `room` for the names of the restore to come, if the cache never held a name
     /// (else drops it).
-    pub fn adopt_room(&mut self, room: RestoreRoom) {
+    pub fn adopt_room(&mut self, mut room: RestoreRoom) {
+        self.claims_room = Some(std::mem::take(&mut room.claims));
         self.cache.names.adopt(room);
     }
 
@@ -360,6 +361,7 @@ impl NameManager {
         ipcache: &mut IpCache<D>,
         mut failed: impl FnMut(&Restore<'_>, Error),
     ) -> Result<RestoreStats, Error> {
+        let room = self.claims_room.take();
         if self.entries > 0 || self.cache.names.len() > 0 {
             let why = OneByOne::NotEmpty;
             return Ok(self.restore_one_by_one(answers, now, ipcache, &mut failed, why));
@@ -368,7 +370,9 @@ impl NameManager {
         let sizes = answers.sizes();
         let keys = &Keys::of(answers);
         self.cache.names.reserve(keys.names(), sizes.name_bytes);
-        self.deferred = Some(Claims::with_capacity(sizes.v4, sizes.v6));
+        let mut claims = room.unwrap_or_default();
+        claims.reserve(sizes.v4, sizes.v6);
+        self.deferred = Some(claims);
         let mut out = RestoreStats::default();
         let mut errors = Vec::new();
         // A second thread works out, chunks ahead of the answers learned here, whether each
