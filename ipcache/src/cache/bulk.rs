@@ -43,8 +43,8 @@ impl Claims {
     }
 
     /// [`Claims::with_capacity`], and room to merge as many IPv4 prefixes into the IpCache,
-    /// each room's memory written once (its pages mapped): ~50 MB for a million IPv4
-    /// claims, whose ~12k page faults a second core can take ahead of a restore (~30 ms on
+    /// each room's memory written once (its pages mapped): ~44 MB for a million IPv4
+    /// claims, whose ~11k page faults a second core can take ahead of a restore (~25 ms on
     /// this project's VM). A room whose memory cannot be had is left out.
     pub fn with_room(v4: usize, v6: usize) -> Self {
         Self {
