@@ -33,17 +33,8 @@ pub struct Claims {
 }
 
 impl Claims {
-    /// Room for `v4` claims on IPv4 addresses and `v6` on IPv6 ones without growing.
-    pub fn with_capacity(v4: usize, v6: usize) -> Self {
-        Self {
-            v4: Vec::with_capacity(v4),
-            v6: Vec::with_capacity(v6),
-            ..Self::default()
-        }
-    }
-
-    /// [`Claims::with_capacity`], and room to merge as many IPv4 prefixes into the IpCache,
-    /// each room's memory written once (its pages mapped): ~44 MB for a million IPv4
+    /// Room for `v4` claims on IPv4 addresses and `v6` on IPv6 ones without growing, and to
+    /// merge as many IPv4 prefixes into the IpCache, each room's memory written once (its pages mapped): ~44 MB for a million IPv4
     /// claims, whose ~11k page faults a second core can take ahead of a restore (~25 ms on
     /// this project's VM). A room whose memory cannot be had is left out.
     pub fn with_room(v4: usize, v6: usize) -> Self {

@@ -335,8 +335,8 @@ fn prepare(
 }
 
 impl NameManager {
-    /// Uses `room` for the names of the restore to come, if the cache never held a name
-    /// (else drops it).
+    /// Uses `room` for the restore to come: its slots and text if the cache never held a
+    /// name (else drops them), its claims if that restore learns in one pass.
     pub fn adopt_room(&mut self, mut room: RestoreRoom) {
         self.claims_room = Some(std::mem::take(&mut room.claims));
         self.cache.names.adopt(room);
