@@ -145,6 +145,7 @@ pub(crate) fn record_journal(persist: &fqdnd_engine::durable::Persist) {
     metrics::gauge!("fqdnd_checkpoint_last_batch_records").set(s.last_batch_records as f64);
     metrics::gauge!("fqdnd_checkpoint_last_fsync_seconds").set(s.last_fsync.as_secs_f64());
     metrics::gauge!("fqdnd_checkpoint_queued_bytes").set(s.queued_bytes as f64);
+    metrics::gauge!("fqdnd_checkpoint_names_in_doubt").set(persist.names_in_doubt() as f64);
 }
 
 /// Counts a kernel map that refused a write (`fqdnd_datapath_map_full_total{map}`), if that is

@@ -1,6 +1,8 @@
-//! A gateway whose state directory fills up (a 64 KiB tmpfs): answers that would teach new
+//! A gateway whose state disk fails it: full (a 64 KiB tmpfs), answers that would teach new
 //! state fail closed (SERVFAIL with `onHoldTimeout: servfail`), an error log and
-//! `fqdnd_checkpoint_errors_total` say so, and names already known keep being answered.
+//! `fqdnd_checkpoint_errors_total` say so, and names already known keep being answered;
+//! frozen (`fsfreeze`), an answer is released only once what it teaches is on disk, also to
+//! the next client that asks the same name.
 //! Needs root (mount); skipped without it unless `FQDND_REQUIRE_PRIVILEGED=1`.
 
 #![allow(
@@ -12,8 +14,8 @@
 mod common;
 
 use common::{
-    DNS_ANYWHERE, Gateway, LAN_GROUP, documents, fqdns_on_443, gateway_doc, lan_policy,
-    numbered_zone, privileged, question, udp,
+    DNS_ANYWHERE, Frozen, Gateway, LAN_GROUP, PATIENCE, documents, fqdns_on_443, gateway_doc,
+    lan_policy, numbered_zone, poll_until, privileged, question, udp,
 };
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
@@ -64,8 +66,60 @@ fn a_full_state_disk_fails_new_learning_closed_and_keeps_known_names() {
     // Still full: new names keep failing closed; known names are answered.
     assert_eq!(ask(&gw, "h4999.corp.test."), Some(ResponseCode::ServFail));
     assert_eq!(ask(&gw, known), Some(ResponseCode::NoError));
+    // A name whose learning was not journaled is in the engine's memory, not on disk: asking
+    // it again is no mere refresh, it fails closed as long as its record cannot be written.
+    let refused = format!("h{first_refused:04}.corp.test.");
+    assert_eq!(ask(&gw, &refused), Some(ResponseCode::ServFail));
+    assert_eq!(ask(&gw, "h4999.corp.test."), Some(ResponseCode::ServFail));
     // (Sampled once a second.)
     gw.wait_metric("fqdnd_checkpoint_errors_total", ">= 1", |v| v >= 1.0);
+    // The names whose records failed stay in doubt (until a snapshot holds them).
+    gw.wait_metric("fqdnd_checkpoint_names_in_doubt", ">= 2", |v| v >= 2.0);
     let text = gw.log();
     assert!(text.contains("journal write failed"), "{text}");
+}
+
+/// The kill -9 loop's finding (tests/restart.rs): a name whose first answer still waits for
+/// its sync is known to the engine, not to the disk. A second client asking it then must wait
+/// for the disk too — released at once as a mere refresh, a crash would lose what it was told.
+#[test]
+fn a_name_still_syncing_is_no_refresh_for_the_next_client() {
+    if !privileged("frozen_disk", "to mount and freeze a file system") {
+        return;
+    }
+    let mut g = Gateway::setup("frozen");
+    let state = g.mount_ext4("state", 16);
+    g.file("corp.zone", numbered_zone(10));
+    let spec = "  staticZones: [{origin: corp.test, file: corp.zone}]\n  stateDir: state\n  onHoldTimeout: servfail\n";
+    let fqdns = fqdns_on_443(&["matchPattern: \"*.corp.test\""]);
+    g.config(
+        "gateway.yaml",
+        &documents(&[
+            &gateway_doc("127.0.0.1:0", spec),
+            LAN_GROUP,
+            &lan_policy(&(DNS_ANYWHERE.to_owned() + &fqdns)),
+        ]),
+    );
+    let gw = g.start();
+    let (known, syncing) = ("h0000.corp.test.", "h0001.corp.test.");
+    assert_eq!(ask(&gw, known), Some(ResponseCode::NoError));
+
+    // Declared after the gateway: thawed before it is killed, even when an assert fails.
+    let frozen = Frozen::freeze(&state);
+    // The journal's writer waits in its write: the hold ends at `proxyResponseMaxDelay`.
+    assert_eq!(ask(&gw, syncing), Some(ResponseCode::ServFail));
+    assert_eq!(
+        ask(&gw, syncing),
+        Some(ResponseCode::ServFail),
+        "the second answer was released before the first one's record was on disk"
+    );
+    // A name known on disk is refreshed lazily: answered while the disk is frozen.
+    assert_eq!(ask(&gw, known), Some(ResponseCode::NoError));
+    drop(frozen);
+    // Thawed: the queued records are written, and the name is answered again.
+    poll_until(
+        PATIENCE,
+        "the name answered once its record is on disk",
+        || (ask(&gw, syncing) == Some(ResponseCode::NoError)).then_some(()),
+    );
 }

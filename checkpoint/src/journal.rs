@@ -4,8 +4,8 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Acquire, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -29,6 +29,33 @@ pub struct Rotation {
     pub generation: u64,
     /// The seq of its first record.
     pub next_seq: Seq,
+}
+
+/// A record's place in the queue of one [`Journal`]: the first record submitted after
+/// [`Journal::start`] gets 1, the next 2, and so on, in the order the writer takes them
+/// (lazy records count too). Unlike a [`Seq`], a ticket is known when the record is submitted,
+/// also for records that later fail.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ticket(pub u64);
+
+/// How far the writer got ([`Journal::settled`]): what a caller that did not await its
+/// acknowledgements can still learn about its records.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Settled {
+    /// Every record with a ticket up to this one was dealt with: made durable, or failed.
+    pub through: Ticket,
+    /// The last record of the latest batch that failed ([`Ticket`]`(0)`: none failed).
+    pub last_failure: Ticket,
+}
+
+impl Settled {
+    /// Whether every record with a ticket in `first..=last` is known durable: all of them
+    /// settled, and no batch failed since `first` was queued. (A failed batch holding any of
+    /// them ends at `first` or later, and is the latest failure or older than it.) `false`
+    /// also when it cannot tell: once a later batch failed, only the acknowledgements know.
+    pub fn known_durable(&self, first: Ticket, last: Ticket) -> bool {
+        last <= self.through && self.last_failure < first
+    }
 }
 
 /// Counters of a journal (monotonic unless said otherwise).
@@ -75,6 +102,10 @@ pub(crate) struct Shared {
     pub(crate) generation: AtomicU64,
     pub(crate) next_seq: AtomicU64,
     pub(crate) snapshot_generation: AtomicU64,
+    /// Records settled (durable or failed), in queue order: [`Settled::through`].
+    pub(crate) settled: AtomicU64,
+    /// [`Settled::last_failure`]; stored before `settled` moves past it.
+    pub(crate) last_failure: AtomicU64,
 }
 
 impl Shared {
@@ -108,13 +139,24 @@ pub(crate) enum Msg {
 /// Resolves when the writer has dealt with a submitted request (a record durable, a flush or
 /// a rotation done); [`Error::Closed`] if the writer went away first.
 #[derive(Debug)]
-pub struct Ack<R>(oneshot::Receiver<Result<R, Error>>);
+pub struct Ack<R> {
+    rx: oneshot::Receiver<Result<R, Error>>,
+    ticket: Ticket,
+}
+
+impl<R> Ack<R> {
+    /// The record's ticket; for a flush or a rotation, the ticket of the last record queued
+    /// before it.
+    pub fn ticket(&self) -> Ticket {
+        self.ticket
+    }
+}
 
 impl<R> Future for Ack<R> {
     type Output = Result<R, Error>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.0)
+        Pin::new(&mut self.rx)
             .poll(cx)
             .map(|r| r.unwrap_or(Err(Error::Closed)))
     }
@@ -138,6 +180,8 @@ pub struct Journal<T: ?Sized> {
     options: Options,
     dir: PathBuf,
     compacting: tokio::sync::Mutex<()>,
+    /// The last ticket given; held while a request is queued, so tickets follow the queue.
+    tickets: Mutex<u64>,
     /// The writer thread's result, sent when it ends.
     done: oneshot::Receiver<Result<(), Error>>,
     _records: PhantomData<fn(&T)>,
@@ -175,12 +219,14 @@ impl<T: Serialize + ?Sized> Journal<T> {
             options: options.clone(),
             dir,
             compacting: tokio::sync::Mutex::new(()),
+            tickets: Mutex::new(0),
             done,
             _records: PhantomData,
         }
     }
 
-    fn send(&self, frame_len: usize, msg: Msg) -> Result<(), Error> {
+    /// Queues `msg`; returns its ticket (a record's own, or the last record's before it).
+    fn send(&self, frame_len: usize, msg: Msg) -> Result<Ticket, Error> {
         let len = frame_len as u64;
         let queued = self.shared.queued.fetch_add(len, Relaxed) + len;
         if queued > self.options.max_queued_bytes && len > 0 {
@@ -190,10 +236,16 @@ impl<T: Serialize + ?Sized> Journal<T> {
                 max: self.options.max_queued_bytes,
             });
         }
+        let is_record = matches!(msg, Msg::Record { .. });
+        let mut last = self.tickets.lock().unwrap_or_else(PoisonError::into_inner);
         self.tx.send(msg).map_err(|_| {
             self.shared.queued.fetch_sub(len, Relaxed);
             Error::Closed
-        })
+        })?;
+        if is_record {
+            *last += 1;
+        }
+        Ok(Ticket(*last))
     }
 
     /// Queues `record` now (its seq is fixed by this call's order) and returns what resolves
@@ -201,14 +253,14 @@ impl<T: Serialize + ?Sized> Journal<T> {
     pub fn submit(&self, record: &T) -> Result<Ack<Seq>, Error> {
         let frame = encode_record(record, self.options.max_record_bytes)?;
         let (ack, rx) = oneshot::channel();
-        self.send(
+        let ticket = self.send(
             frame.len(),
             Msg::Record {
                 frame,
                 ack: Some(ack),
             },
         )?;
-        Ok(Ack(rx))
+        Ok(Ack { rx, ticket })
     }
 
     /// Appends `record` and resolves once it is durable (written and `fdatasync`ed), with its
@@ -220,7 +272,7 @@ impl<T: Serialize + ?Sized> Journal<T> {
     /// Queues `record` without waiting: it becomes durable with the next batch, or at the
     /// latest `lazy_flush_interval` later. Lost, without notice to this caller, if that batch
     /// fails or the process dies first (for records whose loss only costs a refresh).
-    pub fn append_lazy(&self, record: &T) -> Result<(), Error> {
+    pub fn append_lazy(&self, record: &T) -> Result<Ticket, Error> {
         let frame = encode_record(record, self.options.max_record_bytes)?;
         self.send(frame.len(), Msg::Record { frame, ack: None })
     }
@@ -228,8 +280,8 @@ impl<T: Serialize + ?Sized> Journal<T> {
     /// Makes everything submitted before it durable; resolves with the next seq.
     pub async fn flush(&self) -> Result<Seq, Error> {
         let (tx, rx) = oneshot::channel();
-        self.send(0, Msg::Flush(tx))?;
-        Ack(rx).await
+        let ticket = self.send(0, Msg::Flush(tx))?;
+        Ack { rx, ticket }.await
     }
 
     /// Starts a new journal generation after everything submitted before this call (which is
@@ -238,8 +290,8 @@ impl<T: Serialize + ?Sized> Journal<T> {
     /// rotation and pass both to [`Journal::compact`].
     pub fn rotate(&self) -> Result<Ack<Rotation>, Error> {
         let (tx, rx) = oneshot::channel();
-        self.send(0, Msg::Rotate(tx))?;
-        Ok(Ack(rx))
+        let ticket = self.send(0, Msg::Rotate(tx))?;
+        Ok(Ack { rx, ticket })
     }
 
     /// Installs `state` as the snapshot covering everything before `rotation`, then deletes
@@ -291,6 +343,18 @@ impl<T: Serialize + ?Sized> Journal<T> {
             .snapshot_generation
             .store(rotation.generation, Relaxed);
         Ok(removed)
+    }
+
+    /// How far the writer got, read without waiting: which records are settled and where the
+    /// latest failure was ([`Settled::known_durable`] says whether given records are durable).
+    pub fn settled(&self) -> Settled {
+        // `settled` first: a failure it covers is then seen in `last_failure` (stored before).
+        let through = Ticket(self.shared.settled.load(Acquire));
+        let last_failure = Ticket(self.shared.last_failure.load(Acquire));
+        Settled {
+            through,
+            last_failure,
+        }
     }
 
     /// The counters.
@@ -364,6 +428,34 @@ mod tests {
         assert_eq!(j.append(&12).await.unwrap(), Seq(2));
         j.close().await.unwrap();
         assert_eq!(reopen(dir.path()).records, [10, 11, 12]);
+    }
+
+    #[tokio::test]
+    async fn tickets_follow_the_queue_and_settle_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = start(dir.path(), &Options::new(1));
+        assert_eq!(j.settled(), Settled::default());
+        let lazy = j.append_lazy(&1).unwrap();
+        let first = j.submit(&2).unwrap();
+        let rotation = j.rotate().unwrap();
+        let second = j.submit(&3).unwrap();
+        assert_eq!(
+            (lazy, first.ticket(), rotation.ticket(), second.ticket()),
+            (Ticket(1), Ticket(2), Ticket(2), Ticket(3))
+        );
+        let (first, second) = (first.ticket(), second);
+        let last = second.ticket();
+        // Not settled yet, or settled: never durable before its acknowledgement came.
+        let before = j.settled();
+        assert!(before.through <= last);
+        second.await.unwrap();
+        let after = j.settled();
+        assert_eq!(after.through, last);
+        assert_eq!(after.last_failure, Ticket(0));
+        assert!(after.known_durable(lazy, last) && after.known_durable(first, first));
+        assert!(!after.known_durable(first, Ticket(4)), "not queued yet");
+        rotation.await.unwrap();
+        j.close().await.unwrap();
     }
 
     #[tokio::test]

@@ -7,7 +7,7 @@
 //! runs are written and synced together as soon as it returns (group commit without a timer).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{Relaxed, Release};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::Duration;
 
@@ -28,6 +28,8 @@ pub(crate) struct WriterTask {
     shared: Arc<Shared>,
     buf: Vec<u8>,
     records: u64,
+    /// Records settled (committed or failed) since the start: the last settled ticket.
+    settled: u64,
     acks: Vec<(u64, oneshot::Sender<Result<Seq, Error>>)>,
 }
 
@@ -38,6 +40,7 @@ impl WriterTask {
             shared,
             buf: Vec::new(),
             records: 0,
+            settled: 0,
             acks: Vec::new(),
         }
     }
@@ -121,6 +124,12 @@ impl WriterTask {
         let result = self.writer.commit(&self.buf, records);
         self.buf.clear();
         let s = &self.shared;
+        // Published before any waiter hears of it, the failure before the progress past it.
+        self.settled += records;
+        if result.is_err() && records > 0 {
+            s.last_failure.store(self.settled, Release);
+        }
+        s.settled.store(self.settled, Release);
         match result {
             Ok((first, timing)) => {
                 if records > 0 {

@@ -13,7 +13,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use fqdnd_checkpoint::{Error, Journal, Options, Recovered, open};
+use fqdnd_checkpoint::{Error, Journal, Options, Recovered, Ticket, open};
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 
 struct Unmount(PathBuf);
@@ -70,25 +70,34 @@ async fn full_disk_fails_the_batch_and_the_journal_recovers_when_space_is_freed(
         matches!(&full, Error::Full { path, .. } if path.ends_with("journal.1")),
         "{full}"
     );
-    assert!(
-        journal
-            .append(&vec![0xEE; 1000])
-            .await
-            .unwrap_err()
-            .is_full()
-    );
+    let failing = journal.submit(&vec![0xEE; 1000]).unwrap();
+    let failed = failing.ticket();
+    assert!(failing.await.unwrap_err().is_full());
     let stats = journal.stats();
     assert_eq!(
         (stats.records, stats.failed_batches),
         (acked.len() as u64, 2)
     );
+    // Without its acknowledgement, a caller learns the same from the writer's progress.
+    let settled = journal.settled();
+    assert_eq!((settled.through, settled.last_failure), (failed, failed));
+    // After a failure, records before it are no longer known durable by the progress alone.
+    assert!(!settled.known_durable(Ticket(1), Ticket(1)));
 
     fs::remove_file(tmp.path().join("filler")).unwrap();
+    let mut after = Vec::new();
     for _ in 0..3 {
         let record = vec![0xAB; 1000];
-        journal.append(&record).await.unwrap();
+        let ack = journal.submit(&record).unwrap();
+        after.push(ack.ticket());
+        ack.await.unwrap();
         acked.push(record);
     }
+    assert_eq!(after[0], Ticket(failed.0 + 1));
+    let settled = journal.settled();
+    assert!(settled.known_durable(after[0], after[2]));
+    // A span that holds a failed record is never known durable, whatever came after.
+    assert!(!settled.known_durable(failed, after[2]));
     journal.close().await.unwrap();
 
     let r: Recovered<(), Vec<u8>> = open(&dir, &options).unwrap();

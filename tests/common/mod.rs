@@ -291,7 +291,8 @@ pub(crate) fn free_port() -> u16 {
 }
 
 /// A scratch directory of its own, removed when dropped — kept (and named on stderr) when the
-/// test failed. Tmpfs mounts made with [`TestDir::mount_tmpfs`] are unmounted first.
+/// test failed. Mounts made with [`TestDir::mount_tmpfs`] or [`TestDir::mount_ext4`] are
+/// unmounted first.
 pub(crate) struct TestDir {
     path: PathBuf,
     mounts: Vec<PathBuf>,
@@ -339,6 +340,45 @@ impl TestDir {
         assert!(out.status.success(), "mount tmpfs: {}", text(&out.stderr));
         self.mounts.push(mount.clone());
         mount
+    }
+
+    /// Mounts a fresh ext4 file system of `mib` MiB (an image file on a loop device) at
+    /// `<dir>/<rel>`: one that [`Frozen`] can freeze. Unmounted (and the loop device freed)
+    /// when the directory is dropped.
+    pub(crate) fn mount_ext4(&mut self, rel: &str, mib: u32) -> PathBuf {
+        let image = self.path.join(format!("{rel}.ext4"));
+        let file = std::fs::File::create(&image).unwrap();
+        file.set_len(u64::from(mib) << 20).unwrap();
+        let out = run(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&image));
+        assert!(out.status.success(), "mkfs.ext4: {}", text(&out.stderr));
+        let mount = self.path.join(rel);
+        std::fs::create_dir_all(&mount).unwrap();
+        let out = run(Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&image)
+            .arg(&mount));
+        assert!(out.status.success(), "mount -o loop: {}", text(&out.stderr));
+        self.mounts.push(mount.clone());
+        mount
+    }
+}
+
+/// A file system frozen with `fsfreeze` (writes and syncs to it wait), thawed when dropped:
+/// declare it after the process that writes there, so that it is thawed before that process
+/// is killed.
+pub(crate) struct Frozen(PathBuf);
+
+impl Frozen {
+    pub(crate) fn freeze(mount: &Path) -> Self {
+        let out = run(Command::new("fsfreeze").arg("-f").arg(mount));
+        assert!(out.status.success(), "fsfreeze -f: {}", text(&out.stderr));
+        Self(mount.to_path_buf())
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = Command::new("fsfreeze").arg("-u").arg(&self.0).status();
     }
 }
 
@@ -437,6 +477,11 @@ impl Setup {
     /// See [`TestDir::mount_tmpfs`].
     pub(crate) fn mount_tmpfs(&mut self, rel: &str, size: &str) -> PathBuf {
         self.dir.mount_tmpfs(rel, size)
+    }
+
+    /// See [`TestDir::mount_ext4`].
+    pub(crate) fn mount_ext4(&mut self, rel: &str, mib: u32) -> PathBuf {
+        self.dir.mount_ext4(rel, mib)
     }
 
     /// `<dir>/admin.sock`.

@@ -5,7 +5,9 @@
 //! - An answer that taught new state (a new or revived (name, IP)) is one [`Record::Learned`],
 //!   plus a [`Record::Identity`] for every identity created since the last one journaled; the
 //!   proxy holds the reply until they are durable (group commit). A TTL refresh is journaled
-//!   lazily (durable with the next batch, or within a second) — [`Persist`].
+//!   lazily (durable with the next batch, or within a second) — [`Persist`] — unless the
+//!   name's own new state is not known durable yet (still syncing, or failed): then it is held
+//!   too, until its own record is durable.
 //! - Expiries are stored as Unix times, since the daemon's monotonic clock restarts at zero.
 //! - Compaction: past `stateCompactAfter` records the journal rotates and a [`Snapshot`] of
 //!   the whole engine (cache entries + identities) replaces the older generations.
@@ -14,6 +16,7 @@
 //!   (expired ones come back expired: the first GC pass keeps those conntrack still shows in
 //!   use, as zombies); one commit at the end.
 
+mod doubt;
 mod flat;
 mod persist;
 mod taken;

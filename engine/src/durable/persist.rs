@@ -9,6 +9,7 @@ use std::time::Duration;
 use fqdnd_checkpoint::{Ack, Journal, JournalStats, Seq};
 use fqdnd_ipcache::{Datapath, EndpointId};
 
+use super::doubt::InDoubt;
 use super::{RESTORE_GRACE, Record, Restored, Taken};
 use crate::{Clock, Engine, Error, Learning};
 
@@ -23,6 +24,8 @@ pub struct Persist {
     seen_created: AtomicU64,
     /// Records since the last snapshot.
     since_snapshot: AtomicU64,
+    /// Names whose latest held answer may not be durable: their refreshes are held too.
+    in_doubt: Mutex<InDoubt>,
     /// When the restore's reserved numbers are released (None: done).
     restore_until: Mutex<Option<Duration>>,
     /// Records between snapshots.
@@ -59,6 +62,7 @@ impl Persist {
             journaled: Mutex::new(journaled),
             seen_created: AtomicU64::new(u64::MAX),
             since_snapshot: AtomicU64::new(u64::try_from(restored.records).unwrap_or(0)),
+            in_doubt: Mutex::new(InDoubt::default()),
             restore_until: Mutex::new(restore_until),
             compact_after,
             errors: AtomicU64::new(0),
@@ -133,9 +137,11 @@ impl Persist {
     }
 
     /// Under the engine lock, after an answer was learned: queues what makes it durable and
-    /// returns the acknowledgements to await before the reply is released (none for a mere
-    /// refresh, which is journaled lazily: it only extends a lifetime, so a name already
-    /// known keeps being served even when the journal cannot take more).
+    /// returns the acknowledgements to await before the reply is released. None for a mere
+    /// refresh of a name known durable, which is journaled lazily: it only extends a lifetime,
+    /// so a name already known keeps being served even when the journal cannot take more. A
+    /// refresh of a name whose own new state is not known durable yet (its sync still running,
+    /// or failed) is held like new state: the engine's memory is ahead of the disk.
     ///
     /// # Errors
     /// The journal refused a record of new state.
@@ -150,7 +156,12 @@ impl Persist {
     ) -> Result<Vec<Ack<Seq>>, Error> {
         let mut acks = Vec::new();
         let learned = &learning.learned;
-        if !learned.is_new_state() && learned.refreshed == 0 {
+        let mut in_doubt = self
+            .in_doubt
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let held = learned.is_new_state() || in_doubt.contains(name, self.journal.settled());
+        if !held && learned.refreshed == 0 {
             return Ok(acks);
         }
         let record = Record::Learned {
@@ -159,9 +170,12 @@ impl Persist {
             addrs: addrs.to_vec(),
             expires_unix_ms: self.clock.unix_ms_of(self.clock.now()) + u64::from(ttl) * 1000,
         };
-        if learned.is_new_state() {
+        if held {
             self.identities(engine, &mut acks)?;
             self.submit(&record, &mut acks)?;
+            if let (Some(first), Some(last)) = (acks.first(), acks.last()) {
+                in_doubt.hold(name, first.ticket(), last.ticket(), self.journal.settled());
+            }
         } else if let Err(e) = self.journal.append_lazy(&record) {
             self.errors.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(error = %e, name, "a TTL refresh was not journaled");
@@ -169,6 +183,15 @@ impl Persist {
             self.since_snapshot.fetch_add(1, Ordering::Relaxed);
         }
         Ok(acks)
+    }
+
+    /// Names whose held answers are not known durable yet (still syncing; or failed, until a
+    /// snapshot covers them): their refreshes are held too.
+    pub fn names_in_doubt(&self) -> usize {
+        self.in_doubt
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .count(self.journal.settled())
     }
 
     /// Compacts: rotates the journal and takes the snapshot under the engine lock (so the
@@ -186,6 +209,8 @@ impl Persist {
             self.since_snapshot.store(0, Ordering::Relaxed);
             (rotation, Taken::of(&engine, &*self.clock))
         };
+        // Every record queued before the rotation has its effect in the state taken.
+        let covered = rotation.ticket();
         let rotation = rotation.await.map_err(Error::Journal)?;
         let entries = snapshot.entries();
         self.journal
@@ -197,6 +222,10 @@ impl Persist {
             )
             .await
             .map_err(Error::Journal)?;
+        self.in_doubt
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .covered(covered);
         Ok(entries)
     }
 
