@@ -1,4 +1,5 @@
-//! [`InDoubt`]: the names whose latest held answer may not be durable yet.
+//! What may not be durable yet: [`InDoubt`], the names whose held answers may not be; and
+//! [`Journaled`], the identities whose records may not be.
 //!
 //! An answer that teaches new state is held until its records are durable; one that only
 //! refreshes a known name is not. But "known" is the engine's memory, which runs ahead of the
@@ -6,6 +7,11 @@
 //! failed) would otherwise be released at once, and a crash then loses what its client was
 //! told. So such a refresh is held too (its own record carries the whole answer). A name stays
 //! in doubt until the journal's progress shows its records durable, or a snapshot covers them.
+//!
+//! An identity is journaled once, when it is created; a record of it lost in a failed batch
+//! would leave its label set without its number at the next start, though later answers
+//! using it were journaled fine. So after a failure the identities whose records it may have
+//! hit are journaled again.
 
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
@@ -88,9 +94,93 @@ impl InDoubt {
     }
 }
 
+/// The identities journaled (or restored): number → canonical labels, with the ticket of
+/// their record until it is known durable.
+#[derive(Debug, Default)]
+pub(crate) struct Journaled {
+    ids: HashMap<u32, (String, Option<Ticket>)>,
+    /// The writer's progress at the last look.
+    checked: Settled,
+}
+
+impl Journaled {
+    /// Identities already durable (restored from the state directory).
+    pub(crate) fn restored(ids: impl IntoIterator<Item = (u32, String)>) -> Self {
+        Self {
+            ids: ids
+                .into_iter()
+                .map(|(id, labels)| (id, (labels, None)))
+                .collect(),
+            checked: Settled::default(),
+        }
+    }
+
+    /// Whether `id` is journaled as `labels` (or is in a record not known to have failed).
+    pub(crate) fn has(&self, id: u32, labels: &str) -> bool {
+        self.ids.get(&id).is_some_and(|(l, _)| l == labels)
+    }
+
+    /// `id` was journaled as `labels` in the record `ticket`.
+    pub(crate) fn insert(&mut self, id: u32, labels: String, ticket: Ticket) {
+        self.ids.insert(id, (labels, Some(ticket)));
+    }
+
+    /// Looks at the writer's progress: returns whether a batch failed since the last look,
+    /// after forgetting the identities whose records it may have held (to be journaled
+    /// again). Records known durable at the last look are kept.
+    pub(crate) fn check(&mut self, now: Settled) -> bool {
+        let before = std::mem::replace(&mut self.checked, now);
+        if now.last_failure <= before.last_failure {
+            return false;
+        }
+        self.ids.retain(|_, (_, ticket)| match *ticket {
+            None => true,
+            Some(t) if before.known_durable(t, t) => {
+                *ticket = None;
+                true
+            }
+            Some(t) => t > now.last_failure,
+        });
+        true
+    }
+
+    /// Every record up to `through` is in a snapshot now installed.
+    pub(crate) fn covered(&mut self, through: Ticket) {
+        for (_, ticket) in self.ids.values_mut() {
+            if ticket.is_some_and(|t| t <= through) {
+                *ticket = None;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn identities_a_failure_may_have_hit_are_forgotten_to_be_journaled_again() {
+        let mut j = Journaled::restored([(1, "a=1".to_owned())]);
+        j.insert(2, "a=2".to_owned(), Ticket(1));
+        assert!(!j.check(at(1, 0)), "no failure");
+        j.insert(3, "a=3".to_owned(), Ticket(2));
+        j.insert(4, "a=4".to_owned(), Ticket(4));
+        // Records 2..=3 failed; 4 is still queued.
+        assert!(j.check(at(3, 3)));
+        assert!(j.has(1, "a=1") && j.has(2, "a=2") && j.has(4, "a=4"));
+        assert!(!j.has(3, "a=3"));
+        assert!(!j.has(2, "a=other"));
+        // Record 4 settled when a later batch failed: it cannot tell, so journaled again.
+        j.insert(5, "a=5".to_owned(), Ticket(6));
+        assert!(j.check(at(6, 6)));
+        assert!(!j.has(4, "a=4") && !j.has(5, "a=5"));
+        assert!(j.has(2, "a=2"));
+        // A snapshot holds them all: no later failure forgets them.
+        j.insert(4, "a=4".to_owned(), Ticket(7));
+        j.covered(Ticket(7));
+        assert!(j.check(at(8, 8)));
+        assert!(j.has(4, "a=4"));
+    }
 
     fn at(through: u64, last_failure: u64) -> Settled {
         Settled {

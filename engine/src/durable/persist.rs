@@ -1,6 +1,5 @@
 //! [`Persist`]: the journal as the proxy's observer and the daemon's periodic task use it.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -9,7 +8,7 @@ use std::time::Duration;
 use fqdnd_checkpoint::{Ack, Journal, JournalStats, Seq};
 use fqdnd_ipcache::{Datapath, EndpointId};
 
-use super::doubt::InDoubt;
+use super::doubt::{InDoubt, Journaled};
 use super::{RESTORE_GRACE, Record, Restored, Taken};
 use crate::{Clock, Engine, Error, Learning};
 
@@ -18,8 +17,8 @@ use crate::{Clock, Engine, Error, Learning};
 pub struct Persist {
     journal: Journal<Record>,
     clock: Arc<dyn Clock>,
-    /// Identity → canonical labels already journaled (or restored).
-    journaled: Mutex<HashMap<u32, String>>,
+    /// Identities already journaled (or restored), until a failure may have lost them.
+    journaled: Mutex<Journaled>,
     /// The allocator's creation counter when identities were last journaled.
     seen_created: AtomicU64,
     /// Records since the last snapshot.
@@ -50,11 +49,12 @@ impl Persist {
         restored: &Restored,
         compact_after: u64,
     ) -> Self {
-        let journaled = restored
-            .identities
-            .iter()
-            .map(|(labels, id)| (id.0, labels.clone()))
-            .collect();
+        let journaled = Journaled::restored(
+            restored
+                .identities
+                .iter()
+                .map(|(labels, id)| (id.0, labels.clone())),
+        );
         let restore_until = (!restored.identities.is_empty()).then(|| clock.now() + RESTORE_GRACE);
         Self {
             journal,
@@ -107,30 +107,36 @@ impl Persist {
         Ok(())
     }
 
-    /// Journals identities created since the last call (cheap when none was). Call under the
-    /// engine lock, after the change that created them.
+    /// Journals identities created since the last call (cheap when none was), and those whose
+    /// records a failed batch may have held. Call under the engine lock, after the change
+    /// that created them.
     ///
     /// # Errors
     /// The journal refused a record.
     pub fn identities<D>(&self, engine: &Engine<D>, acks: &mut Vec<Ack<Seq>>) -> Result<(), Error> {
-        let created = engine.ipcache.allocator().created_total();
-        if self.seen_created.swap(created, Ordering::Relaxed) == created {
-            return Ok(());
-        }
         let mut journaled = self
             .journaled
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let failed = journaled.check(self.journal.settled());
+        let created = engine.ipcache.allocator().created_total();
+        if self.seen_created.swap(created, Ordering::Relaxed) == created && !failed {
+            return Ok(());
+        }
         for (labels, id) in engine.ipcache.identities_canonical() {
-            if journaled.get(&id.0) != Some(&labels) {
-                self.submit(
-                    &Record::Identity {
-                        labels: labels.clone(),
-                        id: id.0,
-                    },
-                    acks,
-                )?;
-                journaled.insert(id.0, labels);
+            if !journaled.has(id.0, &labels) {
+                let record = Record::Identity {
+                    labels: labels.clone(),
+                    id: id.0,
+                };
+                if let Err(e) = self.submit(&record, acks) {
+                    // The next call walks them all again.
+                    self.seen_created.store(u64::MAX, Ordering::Relaxed);
+                    return Err(e);
+                }
+                if let Some(ack) = acks.last() {
+                    journaled.insert(id.0, labels, ack.ticket());
+                }
             }
         }
         Ok(())
@@ -223,6 +229,10 @@ impl Persist {
             .await
             .map_err(Error::Journal)?;
         self.in_doubt
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .covered(covered);
+        self.journaled
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .covered(covered);
