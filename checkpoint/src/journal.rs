@@ -345,6 +345,11 @@ impl<T: Serialize + ?Sized> Journal<T> {
         Ok(removed)
     }
 
+    /// The ticket of the last record queued so far (`Ticket(0)`: none yet).
+    pub fn last_ticket(&self) -> Ticket {
+        Ticket(*self.tickets.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
     /// How far the writer got, read without waiting: which records are settled and where the
     /// latest failure was ([`Settled::known_durable`] says whether given records are durable).
     pub fn settled(&self) -> Settled {
@@ -434,7 +439,10 @@ mod tests {
     async fn tickets_follow_the_queue_and_settle_in_order() {
         let dir = tempfile::tempdir().unwrap();
         let j = start(dir.path(), &Options::new(1));
-        assert_eq!(j.settled(), Settled::default());
+        assert_eq!(
+            (j.settled(), j.last_ticket()),
+            (Settled::default(), Ticket(0))
+        );
         let lazy = j.append_lazy(&1).unwrap();
         let first = j.submit(&2).unwrap();
         let rotation = j.rotate().unwrap();
@@ -443,6 +451,7 @@ mod tests {
             (lazy, first.ticket(), rotation.ticket(), second.ticket()),
             (Ticket(1), Ticket(2), Ticket(2), Ticket(3))
         );
+        assert_eq!(j.last_ticket(), Ticket(3));
         let (first, second) = (first.ticket(), second);
         let last = second.ticket();
         // Not settled yet, or settled: never durable before its acknowledgement came.

@@ -55,6 +55,20 @@ impl InDoubt {
         self.queue.push_back((span, key));
     }
 
+    /// `name`'s answer was learned but its records were refused (the journal's queue full),
+    /// the last record queued then being `last_queued`: in doubt until a snapshot taken after
+    /// it is installed.
+    pub(crate) fn refused(&mut self, name: &str, last_queued: Ticket) {
+        let after = Ticket(last_queued.0.saturating_add(1));
+        let key = canonical(name);
+        // First ticket 0: never known durable by the writer's progress.
+        let span = match self.names.get(key.as_ref()) {
+            Some(span) => (Ticket(0), span.1.max(after)),
+            None => (Ticket(0), after),
+        };
+        self.names.insert(Arc::from(key.as_ref()), span);
+    }
+
     /// Whether an answer for `name` must be held: its earlier records are not known durable.
     pub(crate) fn contains(&mut self, name: &str, settled: Settled) -> bool {
         if self.names.is_empty() {
@@ -225,5 +239,25 @@ mod tests {
         assert_eq!(d.count(at(7, 7)), 1);
         d.covered(Ticket(6));
         assert_eq!((d.count(at(7, 7)), d.queue.len()), (0, 0));
+    }
+
+    #[test]
+    fn a_refused_name_waits_for_a_snapshot_taken_after_it() {
+        let mut d = InDoubt::default();
+        d.hold("a.example.", Ticket(1), Ticket(1), at(0, 0));
+        d.refused("a.example.", Ticket(1));
+        d.refused("b.example.", Ticket(1));
+        // No progress clears them, even without any failure.
+        assert!(d.contains("a.example.", at(9, 0)) && d.contains("b.example.", at(9, 0)));
+        // A rotation queued right after: taken before or after them, it cannot tell.
+        d.covered(Ticket(1));
+        assert_eq!(d.count(at(9, 0)), 2);
+        // A later held answer keeps the name in doubt, the refused state not being on disk.
+        d.hold("b.example.", Ticket(3), Ticket(3), at(9, 0));
+        assert!(d.contains("b.example.", at(9, 0)));
+        d.covered(Ticket(2));
+        assert!(!d.contains("a.example.", at(9, 0)) && d.contains("b.example.", at(9, 0)));
+        d.covered(Ticket(3));
+        assert_eq!(d.count(at(9, 0)), 0);
     }
 }

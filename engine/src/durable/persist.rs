@@ -177,8 +177,14 @@ impl Persist {
             expires_unix_ms: self.clock.unix_ms_of(self.clock.now()) + u64::from(ttl) * 1000,
         };
         if held {
-            self.identities(engine, &mut acks)?;
-            self.submit(&record, &mut acks)?;
+            let queued = self
+                .identities(engine, &mut acks)
+                .and_then(|()| self.submit(&record, &mut acks));
+            if let Err(e) = queued {
+                // Learned in memory, not journaled: in doubt until a snapshot holds it.
+                in_doubt.refused(name, self.journal.last_ticket());
+                return Err(e);
+            }
             if let (Some(first), Some(last)) = (acks.first(), acks.last()) {
                 in_doubt.hold(name, first.ticket(), last.ticket(), self.journal.settled());
             }
