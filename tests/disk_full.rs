@@ -1,8 +1,9 @@
 //! A gateway whose state disk fails it: full (a 64 KiB tmpfs), answers that would teach new
 //! state fail closed (SERVFAIL with `onHoldTimeout: servfail`), an error log and
-//! `fqdnd_checkpoint_errors_total` say so, and names already known keep being answered;
-//! frozen (`fsfreeze`), an answer is released only once what it teaches is on disk, also to
-//! the next client that asks the same name.
+//! `fqdnd_checkpoint_errors_total` say so, and names already known keep being answered; with
+//! room again, an identity whose record the full disk lost is journaled again; frozen
+//! (`fsfreeze`), an answer is released only once what it teaches is on disk, also to the next
+//! client that asks the same name.
 //! Needs root (mount); skipped without it unless `FQDND_REQUIRE_PRIVILEGED=1`.
 
 #![allow(
@@ -121,5 +122,73 @@ fn a_name_still_syncing_is_no_refresh_for_the_next_client() {
         PATIENCE,
         "the name answered once its record is on disk",
         || (ask(&gw, syncing) == Some(ResponseCode::NoError)).then_some(()),
+    );
+}
+
+/// A batch that failed on a full disk held the record of an identity created with it. Once
+/// there is room again, later answers using that identity are journaled fine; the identity
+/// must be too, or a restart would not know its label set's number.
+#[test]
+fn an_identity_whose_record_failed_is_journaled_again_once_there_is_room() {
+    if !privileged("disk_full_identity", "to mount a small tmpfs") {
+        return;
+    }
+    let mut g = Gateway::setup("diskfull-id");
+    // For the restore's "state restored … identities=N" line.
+    g.env("FQDND_LOG", "info");
+    let disk = g.mount_tmpfs("disk", "64k");
+    // What is freed later: the state directory takes only its own files.
+    let filler = disk.join("filler");
+    std::fs::write(&filler, vec![1u8; 24 << 10]).unwrap();
+    g.file("corp.zone", numbered_zone(5000));
+    let spec = "  staticZones: [{origin: corp.test, file: corp.zone}]\n  stateDir: disk/state\n  onHoldTimeout: servfail\n";
+    // h49xx names carry a label set of their own, created with the first of them.
+    let fqdns = fqdns_on_443(&[
+        "matchPattern: \"*.corp.test\"",
+        "matchPattern: \"h49*.corp.test\"",
+    ]);
+    g.config(
+        "gateway.yaml",
+        &documents(&[
+            &gateway_doc("127.0.0.1:0", spec),
+            LAN_GROUP,
+            &lan_policy(&(DNS_ANYWHERE.to_owned() + &fqdns)),
+        ]),
+    );
+    let mut gw = g.start();
+    let filled = (0..4900u32)
+        .map(|i| ask(&gw, &format!("h{i:04}.corp.test.")))
+        .any(|code| code == Some(ResponseCode::ServFail));
+    assert!(filled, "the disk never filled up");
+    let before = gw.admin(&["identity", "list"]).as_array().unwrap().len();
+    // The new label set's identity is created, its record lost with the batch.
+    assert_eq!(ask(&gw, "h4900.corp.test."), Some(ResponseCode::ServFail));
+    let identities = gw.admin(&["identity", "list"]).as_array().unwrap().len();
+    assert_eq!(identities, before + 1, "h4900 made a new identity");
+
+    std::fs::remove_file(&filler).unwrap();
+    poll_until(
+        PATIENCE,
+        "answers journaled again once there is room",
+        || (ask(&gw, "h4901.corp.test.") == Some(ResponseCode::NoError)).then_some(()),
+    );
+    gw.restart();
+    let log = gw.log();
+    let restored = log
+        .lines()
+        .rev()
+        .find_map(|line| {
+            let line = line.split_once("state restored")?.1;
+            line.split_once(" identities=")?
+                .1
+                .split(' ')
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .expect("a 'state restored' line with identities=");
+    assert_eq!(
+        restored, identities,
+        "every identity known before the restart was on disk"
     );
 }
