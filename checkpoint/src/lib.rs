@@ -3,7 +3,9 @@
 //! It owns
 //! - the **journal**: append-only files `journal.<gen>` of CRC-framed records, written by one
 //!   writer thread that group-commits (one write + one `fdatasync` for everything queued while
-//!   the previous sync ran, into zeros preallocated ahead) — [`Journal`];
+//!   the previous sync ran, into zeros preallocated ahead) — [`Journal`]; and what a caller
+//!   that did not wait can still learn: each record's place in the queue ([`Ticket`]) and how
+//!   far the writer got ([`Journal::settled`]);
 //! - **snapshots**: one file `snapshot`, replaced atomically (temp file, fsync, rename, fsync
 //!   of the directory) — [`write_snapshot`], [`read_snapshot`];
 //! - **compaction**: rotate to a new journal generation, write a snapshot naming it, delete
