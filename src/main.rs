@@ -440,6 +440,22 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
+/// `FQDND_LOG` (default `warn`). The static zones' server (hickory) logs two lines per query
+/// at `info`: left out unless the filter names it (`queryLog` is fqdnd's per-query log).
+fn log_filter() -> tracing_subscriber::EnvFilter {
+    let Ok(text) = std::env::var("FQDND_LOG") else {
+        return "warn".into();
+    };
+    let filter = tracing_subscriber::EnvFilter::try_new(&text).unwrap_or_else(|e| {
+        eprintln!("FQDND_LOG={text:?}: {e}; logging at warn");
+        "warn".into()
+    });
+    match "hickory_server=warn".parse() {
+        Ok(quiet) if !text.contains("hickory") => filter.add_directive(quiet),
+        _ => filter,
+    }
+}
+
 fn main() -> ExitCode {
     // Called as `fqdnd-cni` (a link in the runtime's CNI plugin directory): the CNI plugin.
     let argv0 = std::env::args_os().next().unwrap_or_default();
@@ -447,10 +463,7 @@ fn main() -> ExitCode {
         return cni::main();
     }
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("FQDND_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
+        .with_env_filter(log_filter())
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
