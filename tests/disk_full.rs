@@ -25,6 +25,24 @@ fn ask(gw: &Gateway, name: &str) -> Option<ResponseCode> {
     udp(gw.dns, &question(0x1234, name, RecordType::A)).map(|(m, _)| m.metadata.response_code)
 }
 
+/// Writes the gateway's configuration: static zone `corp.test` from `corp.zone`, state in
+/// `state_dir`, `onHoldTimeout: servfail`, `extra` spec lines, and the LAN group allowed DNS
+/// and the FQDN `patterns` on 443.
+fn configure(g: &mut common::Setup, state_dir: &str, extra: &str, patterns: &[&str]) {
+    let spec = format!(
+        "  staticZones: [{{origin: corp.test, file: corp.zone}}]\n  stateDir: {state_dir}\n  onHoldTimeout: servfail\n{extra}"
+    );
+    let fqdns = fqdns_on_443(patterns);
+    g.config(
+        "gateway.yaml",
+        &documents(&[
+            &gateway_doc("127.0.0.1:0", &spec),
+            LAN_GROUP,
+            &lan_policy(&(DNS_ANYWHERE.to_owned() + &fqdns)),
+        ]),
+    );
+}
+
 #[test]
 fn a_full_state_disk_fails_new_learning_closed_and_keeps_known_names() {
     if !privileged("disk_full", "to mount a small tmpfs") {
@@ -34,18 +52,8 @@ fn a_full_state_disk_fails_new_learning_closed_and_keeps_known_names() {
     g.mount_tmpfs("state", "64k");
     g.file("corp.zone", numbered_zone(5000));
     let metrics = g.metrics_port();
-    let spec = format!(
-        "  staticZones: [{{origin: corp.test, file: corp.zone}}]\n  stateDir: state\n  onHoldTimeout: servfail\n  metrics: 127.0.0.1:{metrics}\n"
-    );
-    let fqdns = fqdns_on_443(&["matchPattern: \"*.corp.test\""]);
-    g.config(
-        "gateway.yaml",
-        &documents(&[
-            &gateway_doc("127.0.0.1:0", &spec),
-            LAN_GROUP,
-            &lan_policy(&(DNS_ANYWHERE.to_owned() + &fqdns)),
-        ]),
-    );
+    let extra = format!("  metrics: 127.0.0.1:{metrics}\n");
+    configure(&mut g, "state", &extra, &["matchPattern: \"*.corp.test\""]);
     let gw = g.start();
 
     // Learn names until the journal no longer takes records.
@@ -91,16 +99,7 @@ fn a_name_still_syncing_is_no_refresh_for_the_next_client() {
     let mut g = Gateway::setup("frozen");
     let state = g.mount_ext4("state", 16);
     g.file("corp.zone", numbered_zone(10));
-    let spec = "  staticZones: [{origin: corp.test, file: corp.zone}]\n  stateDir: state\n  onHoldTimeout: servfail\n";
-    let fqdns = fqdns_on_443(&["matchPattern: \"*.corp.test\""]);
-    g.config(
-        "gateway.yaml",
-        &documents(&[
-            &gateway_doc("127.0.0.1:0", spec),
-            LAN_GROUP,
-            &lan_policy(&(DNS_ANYWHERE.to_owned() + &fqdns)),
-        ]),
-    );
+    configure(&mut g, "state", "", &["matchPattern: \"*.corp.test\""]);
     let gw = g.start();
     let (known, syncing) = ("h0000.corp.test.", "h0001.corp.test.");
     assert_eq!(ask(&gw, known), Some(ResponseCode::NoError));
@@ -141,19 +140,15 @@ fn an_identity_whose_record_failed_is_journaled_again_once_there_is_room() {
     let filler = disk.join("filler");
     std::fs::write(&filler, vec![1u8; 24 << 10]).unwrap();
     g.file("corp.zone", numbered_zone(5000));
-    let spec = "  staticZones: [{origin: corp.test, file: corp.zone}]\n  stateDir: disk/state\n  onHoldTimeout: servfail\n";
     // h49xx names carry a label set of their own, created with the first of them.
-    let fqdns = fqdns_on_443(&[
-        "matchPattern: \"*.corp.test\"",
-        "matchPattern: \"h49*.corp.test\"",
-    ]);
-    g.config(
-        "gateway.yaml",
-        &documents(&[
-            &gateway_doc("127.0.0.1:0", spec),
-            LAN_GROUP,
-            &lan_policy(&(DNS_ANYWHERE.to_owned() + &fqdns)),
-        ]),
+    configure(
+        &mut g,
+        "disk/state",
+        "",
+        &[
+            "matchPattern: \"*.corp.test\"",
+            "matchPattern: \"h49*.corp.test\"",
+        ],
     );
     let mut gw = g.start();
     let filled = (0..4900u32)
