@@ -13,6 +13,8 @@
 #   dnsdist 1.7 (2 listeners, packet cache 100k)        127.0.0.1:5302
 #   fqdnd gateway (full FQDN engine on, cache off)      127.0.0.1:5305
 #   fqdnd gateway (the same, cache on: 100k entries)    127.0.0.1:5306
+#   with BARE=1: bare_forwarder (no policy; 2 threads,  127.0.0.1:5307
+#                one with PIN=1)
 #
 # Policy on both: allowed suffixes = example.test + 1000 others; denied = 500 suffixes inside
 # example.test + 500 elsewhere. fqdnd additionally learns every answer (NameManager → IpCache)
@@ -21,7 +23,13 @@
 #
 # Knobs (env): DURATION=15 (s per saturation run), LAT_QPS="5000 20000", LAT_DURATION=10,
 # CLIENTS=4, OUTSTANDING=200, RUN=/tmp/fqdnd-vs-peers, MODES="nocache cached",
-# FQDND_BIN (a built fqdnd to measure instead of building this tree's). Every process started here is stopped
+# FQDND_BIN (a built fqdnd to measure instead of building this tree's), BARE=1 (also measure
+# `benchmarks/src/bin/bare_forwarder.rs` in mode nocache: the same I/O as a forwarder with
+# nothing else to do, an upper bound for any forwarder on this harness; its line
+# `ratio bare/dnsdist qps: X.XX` comes before fqdnd's), PIN=1 (the servers on CPU 0, NSD and
+# dnsperf on CPU 1, the bare forwarder with one thread; `taskset` must be there. dnsperf also
+# saturates NSD directly on CPU 1: `ceiling nsd direct qps: N` is about the most any forwarder
+# can answer in this layout, as CPU 1 does the same client and upstream work either way). Every process started here is stopped
 # on exit; every dnsperf run is bounded by -l and an outer timeout. Traffic stays on loopback.
 set -euo pipefail
 
@@ -35,7 +43,11 @@ CLIENTS="${CLIENTS:-4}"
 OUTSTANDING="${OUTSTANDING:-200}"
 MODES="${MODES:-nocache cached}"
 FQDND_BIN="${FQDND_BIN:-}"
-AUTH=5300 DNSDIST=5301 DNSDIST_CACHED=5302 FQDND=5305 FQDND_CACHED=5306
+BARE="${BARE:-0}"
+PIN="${PIN:-0}"
+SRV=() GEN=() BARE_THREADS=2
+if [[ $PIN == 1 ]]; then SRV=(taskset -c 0) GEN=(taskset -c 1) BARE_THREADS=1; fi
+AUTH=5300 DNSDIST=5301 DNSDIST_CACHED=5302 FQDND=5305 FQDND_CACHED=5306 BARE_PORT=5307
 
 log() { printf '[vs-peers] %s\n' "$*" >&2; }
 
@@ -164,7 +176,7 @@ cpu_ticks() { # pid -> utime+stime of the whole process (every thread), in clock
 saturate() { # name port pid -> "qps cpu_us_per_query"
   local out="$RUN/sat-$1.txt" t0 t1
   t0=$(cpu_ticks "$3")
-  timeout $((DURATION + 30)) dnsperf -s 127.0.0.1 -p "$2" -d "$RUN/queries.txt" -l "$DURATION" -c "$CLIENTS" -q "$OUTSTANDING" -t 2 >"$out" 2>&1 || true
+  timeout $((DURATION + 30)) "${GEN[@]}" dnsperf -s 127.0.0.1 -p "$2" -d "$RUN/queries.txt" -l "$DURATION" -c "$CLIENTS" -q "$OUTSTANDING" -t 2 >"$out" 2>&1 || true
   t1=$(cpu_ticks "$3")
   local qps done
   qps=$(field 'Queries per second' "$out" | awk '{printf "%.0f", $1}')
@@ -175,7 +187,7 @@ saturate() { # name port pid -> "qps cpu_us_per_query"
 
 latency() { # name port rate -> "p50 p99" in ms
   local out="$RUN/lat-$1-$3.txt"
-  timeout $((LAT_DURATION + 30)) dnsperf -s 127.0.0.1 -p "$2" -d "$RUN/queries.txt" -l "$LAT_DURATION" -c "$CLIENTS" -q "$OUTSTANDING" -Q "$3" -t 2 -v >"$out" 2>&1 || true
+  timeout $((LAT_DURATION + 30)) "${GEN[@]}" dnsperf -s 127.0.0.1 -p "$2" -d "$RUN/queries.txt" -l "$LAT_DURATION" -c "$CLIENTS" -q "$OUTSTANDING" -Q "$3" -t 2 -v >"$out" 2>&1 || true
   awk '$1==">" && $2!="T" {print $NF}' "$out" | sort -g | awk '{v[NR]=$1} END{ if(NR==0){print "NA NA"; exit}
     i50=int(NR*0.50); i99=int(NR*0.99); if(i50<1)i50=1; if(i99<1)i99=1; printf "%.3f %.3f\n", v[i50]*1000, v[i99]*1000 }'
 }
@@ -196,27 +208,36 @@ main() {
     (cd "$ROOT" && cargo build --release --locked --quiet)
     bin="$ROOT/target/release/fqdnd"
   fi
+  local bare="$ROOT/target/release/bare_forwarder"
+  if [[ $BARE == 1 ]]; then
+    (cd "$ROOT" && cargo build --release --locked --quiet -p fqdnd-benchmarks --bin bare_forwarder)
+  fi
   setup
-  nsd -c "$RUN/nsd.conf" -d >"$RUN/nsd.out" 2>&1 & PIDS+=($!)
+  "${GEN[@]}" nsd -c "$RUN/nsd.conf" -d >"$RUN/nsd.out" 2>&1 & PIDS+=($!)
   wait_port $AUTH
   declare -A PID PORT
   local mode s
   for mode in $MODES; do
     if [[ $mode == cached ]]; then
-      dnsdist --supervised --disable-syslog -C "$RUN/dnsdist-cached.conf" >"$RUN/dnsdist-cached.out" 2>&1 & PIDS+=($!)
+      "${SRV[@]}" dnsdist --supervised --disable-syslog -C "$RUN/dnsdist-cached.conf" >"$RUN/dnsdist-cached.out" 2>&1 & PIDS+=($!)
       PID[dnsdist-cached]=$! PORT[dnsdist-cached]=$DNSDIST_CACHED
-      "$bin" gateway --config "$RUN/fqdnd-cached.yaml" 2>"$RUN/fqdnd-cached.err" & PIDS+=($!)
+      "${SRV[@]}" "$bin" gateway --config "$RUN/fqdnd-cached.yaml" 2>"$RUN/fqdnd-cached.err" & PIDS+=($!)
       PID[fqdnd-cached]=$! PORT[fqdnd-cached]=$FQDND_CACHED
     else
-      dnsdist --supervised --disable-syslog -C "$RUN/dnsdist.conf" >"$RUN/dnsdist.out" 2>&1 & PIDS+=($!)
+      "${SRV[@]}" dnsdist --supervised --disable-syslog -C "$RUN/dnsdist.conf" >"$RUN/dnsdist.out" 2>&1 & PIDS+=($!)
       PID[dnsdist]=$! PORT[dnsdist]=$DNSDIST
-      "$bin" gateway --config "$RUN/fqdnd.yaml" 2>"$RUN/fqdnd.err" & PIDS+=($!)
+      "${SRV[@]}" "$bin" gateway --config "$RUN/fqdnd.yaml" 2>"$RUN/fqdnd.err" & PIDS+=($!)
       PID[fqdnd]=$! PORT[fqdnd]=$FQDND
+      if [[ $BARE == 1 ]]; then
+        "${SRV[@]}" "$bare" "127.0.0.1:$BARE_PORT" "127.0.0.1:$AUTH" "$BARE_THREADS" 2>"$RUN/bare.err" & PIDS+=($!)
+        PID[bare]=$! PORT[bare]=$BARE_PORT
+      fi
     fi
   done
   local servers=()
   for mode in $MODES; do
     if [[ $mode == cached ]]; then servers+=(dnsdist-cached fqdnd-cached); else servers+=(dnsdist fqdnd); fi
+    if [[ $mode == nocache && $BARE == 1 ]]; then servers+=(bare); fi
   done
   for s in "${servers[@]}"; do wait_port "${PORT[$s]}"; done
   for s in "${servers[@]}"; do
@@ -226,6 +247,11 @@ main() {
   done
 
   declare -A QPS CPU P50_5 P99_5 P50_20 P99_20
+  local direct=""
+  if [[ $PIN == 1 ]]; then
+    log "nsd direct: saturation ${DURATION}s"
+    read -r direct _ < <(saturate nsd-direct "$AUTH" "${PIDS[0]}")
+  fi
   for s in "${servers[@]}"; do
     log "$s: saturation ${DURATION}s"
     read -r QPS[$s] CPU[$s] < <(saturate "$s" "${PORT[$s]}" "${PID[$s]}")
@@ -249,6 +275,8 @@ main() {
     grep -E 'queries:|identities:|dns cache:|answer cache:' "$RUN/$s-status.txt" | sed "s/^/$s /" || true
   done
   ratio() { awk -v a="${QPS[$2]:-0}" -v b="${QPS[$3]:-0}" -v l="$1" 'BEGIN{ if (b>0) printf "%s: %.2f\n", l, a/b; else printf "%s: NA\n", l }'; }
+  [[ -n $direct ]] && printf 'ceiling nsd direct qps: %s\n' "$direct"
+  [[ -n ${QPS[bare]:-} ]] && ratio "ratio bare/dnsdist qps" bare dnsdist
   [[ -n ${QPS[fqdnd-cached]:-} ]] && ratio "ratio fqdnd/dnsdist cached qps" fqdnd-cached dnsdist-cached
   [[ -n ${QPS[fqdnd]:-} ]] && ratio "ratio fqdnd/dnsdist qps" fqdnd dnsdist
   return 0
