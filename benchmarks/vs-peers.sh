@@ -21,11 +21,12 @@
 # under a `toFQDNs: *.example.test` selector; a warm-up pass makes the names known first
 # (steady state). Queries: the 10k names of the zone, shuffled.
 #
-# Knobs (env): DURATION=15 (s per saturation run), LAT_QPS="5000 20000", LAT_DURATION=10,
+# Knobs (env): DURATION=15 (s per saturation run), LAT_QPS="5000 20000", LAT_DURATION=10 (s per
+# server and rate, in LAT_ROUNDS=1 rounds that take the servers in turn),
 # CLIENTS=4, OUTSTANDING=200, RUN=/tmp/fqdnd-vs-peers, MODES="nocache cached",
 # FQDND_BIN (a built fqdnd to measure instead of building this tree's), BARE=1 (also measure
 # `benchmarks/src/bin/bare_forwarder.rs` in mode nocache: the same I/O as a forwarder with
-# nothing else to do, an upper bound for any forwarder on this harness; its line
+# nothing else to do, about the most a forwarder with this I/O reaches here; its line
 # `ratio bare/dnsdist qps: X.XX` comes before fqdnd's), PIN=1 (the servers on CPU 0, NSD and
 # dnsperf on CPU 1, the bare forwarder with one thread; `taskset` must be there. dnsperf also
 # saturates NSD directly on CPU 1: `ceiling nsd direct qps: N` is about the most any forwarder
@@ -39,6 +40,7 @@ RUN="${RUN:-/tmp/fqdnd-vs-peers}"
 DURATION="${DURATION:-15}"
 LAT_QPS="${LAT_QPS:-5000 20000}"
 LAT_DURATION="${LAT_DURATION:-10}"
+LAT_ROUNDS="${LAT_ROUNDS:-1}"
 CLIENTS="${CLIENTS:-4}"
 OUTSTANDING="${OUTSTANDING:-200}"
 MODES="${MODES:-nocache cached}"
@@ -185,9 +187,12 @@ saturate() { # name port pid -> "qps cpu_us_per_query"
     'BEGIN{ if (n>0) printf "%s %.1f\n", q, t * 1e6 / hz / n; else printf "%s NA\n", q }'
 }
 
-latency() { # name port rate -> "p50 p99" in ms
-  local out="$RUN/lat-$1-$3.txt"
-  timeout $((LAT_DURATION + 30)) "${GEN[@]}" dnsperf -s 127.0.0.1 -p "$2" -d "$RUN/queries.txt" -l "$LAT_DURATION" -c "$CLIENTS" -q "$OUTSTANDING" -Q "$3" -t 2 -v >"$out" 2>&1 || true
+fixed_rate() { # name port rate seconds -> appends dnsperf's per-query lines to lat-NAME-RATE.txt
+  timeout $(($4 + 30)) "${GEN[@]}" dnsperf -s 127.0.0.1 -p "$2" -d "$RUN/queries.txt" -l "$4" -c "$CLIENTS" -q "$OUTSTANDING" -Q "$3" -t 2 -v >>"$RUN/lat-$1-$3.txt" 2>&1 || true
+}
+
+percentiles() { # name rate -> "p50 p99" in ms over every fixed-rate run of that server and rate
+  local out="$RUN/lat-$1-$2.txt"
   awk '$1==">" && $2!="T" {print $NF}' "$out" | sort -g | awk '{v[NR]=$1} END{ if(NR==0){print "NA NA"; exit}
     i50=int(NR*0.50); i99=int(NR*0.99); if(i50<1)i50=1; if(i99<1)i99=1; printf "%.3f %.3f\n", v[i50]*1000, v[i99]*1000 }'
 }
@@ -255,9 +260,21 @@ main() {
   for s in "${servers[@]}"; do
     log "$s: saturation ${DURATION}s"
     read -r QPS[$s] CPU[$s] < <(saturate "$s" "${PORT[$s]}" "${PID[$s]}")
-    for rate in $LAT_QPS; do
-      log "$s: ${rate} qps for ${LAT_DURATION}s"
-      read -r p50 p99 < <(latency "$s" "${PORT[$s]}" "$rate")
+  done
+  # Fixed rates: LAT_ROUNDS rounds, each server in turn, so that a noisy spell of the shared
+  # machine falls on every server alike; each server's latencies are pooled over its rounds.
+  local round_s=$((LAT_DURATION / LAT_ROUNDS)) round
+  ((round_s >= 1)) || round_s=1
+  for rate in $LAT_QPS; do
+    for s in "${servers[@]}"; do rm -f "$RUN/lat-$s-$rate.txt"; done
+    for ((round = 1; round <= LAT_ROUNDS; round++)); do
+      for s in "${servers[@]}"; do
+        log "$s: ${rate} qps for ${round_s}s (round $round of $LAT_ROUNDS)"
+        fixed_rate "$s" "${PORT[$s]}" "$rate" "$round_s"
+      done
+    done
+    for s in "${servers[@]}"; do
+      read -r p50 p99 < <(percentiles "$s" "$rate")
       if [[ $rate == 5000 ]]; then P50_5[$s]=$p50; P99_5[$s]=$p99; else P50_20[$s]=$p50; P99_20[$s]=$p99; fi
     done
   done
