@@ -168,7 +168,7 @@ for rate in $RATES; do
 done
 if [ "${STATE:-0}" = 1 ]; then
   m="$(metrics)"
-  log "journal: $(grep -E '^fqdnd_checkpoint_(records|fsyncs)_total' <<<"$m" | tr '\n' ' ')"
+  log "journal: $(grep -E '^fqdnd_checkpoint_((records|fsyncs)_total|slow_batches_total)' <<<"$m" | tr '\n' ' ')"
 fi
 if [ "${RECORD:-0}" = 1 ]; then
   "$BIN" record stop --json --admin-socket "$RUN/node-admin.sock" >"$RUN/record.json"

@@ -140,6 +140,14 @@ pub(crate) fn record_journal(persist: &fqdnd_engine::durable::Persist) {
     metrics::counter!("fqdnd_checkpoint_fsyncs_total").absolute(s.fsyncs);
     metrics::counter!("fqdnd_checkpoint_bytes_total").absolute(s.bytes);
     metrics::counter!("fqdnd_checkpoint_failed_batches_total").absolute(s.failed_batches);
+    for (count, bound) in s
+        .slow_batches
+        .iter()
+        .zip(fqdnd_checkpoint::SLOW_BATCH_BOUNDS)
+    {
+        let over = format!("{}ms", bound.as_millis());
+        metrics::counter!("fqdnd_checkpoint_slow_batches_total", "over" => over).absolute(*count);
+    }
     let others = STATE_FILE_ERRORS.load(std::sync::atomic::Ordering::Relaxed);
     metrics::counter!("fqdnd_checkpoint_errors_total").absolute(persist.errors() + others);
     metrics::gauge!("fqdnd_checkpoint_last_batch_records").set(s.last_batch_records as f64);

@@ -58,6 +58,14 @@ impl Settled {
     }
 }
 
+/// The bounds [`JournalStats::slow_batches`] counts above: 1 ms, 10 ms and 100 ms (the
+/// default `proxyResponseMaxDelay`).
+pub const SLOW_BATCH_BOUNDS: [Duration; 3] = [
+    Duration::from_millis(1),
+    Duration::from_millis(10),
+    Duration::from_millis(100),
+];
+
 /// Counters of a journal (monotonic unless said otherwise).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct JournalStats {
@@ -80,6 +88,10 @@ pub struct JournalStats {
     pub last_fsync: Duration,
     /// Sum of all `fdatasync` durations: with `fsyncs`, a mean per scrape interval.
     pub fsync_total: Duration,
+    /// Committed batches whose write and `fdatasync` together took longer than each of
+    /// [`SLOW_BATCH_BOUNDS`] (so the first count includes the others). A reply that waits for
+    /// a record of such a batch waits that long too.
+    pub slow_batches: [u64; 3],
     /// Bytes waiting in the queue (gauge).
     pub queued_bytes: u64,
     /// Current journal generation (gauge).
@@ -98,6 +110,7 @@ pub(crate) struct Shared {
     pub(crate) last_batch_records: AtomicU64,
     pub(crate) last_fsync_ns: AtomicU64,
     pub(crate) fsync_total_ns: AtomicU64,
+    pub(crate) slow_batches: [AtomicU64; 3],
     pub(crate) queued: AtomicU64,
     pub(crate) generation: AtomicU64,
     pub(crate) next_seq: AtomicU64,
@@ -120,6 +133,7 @@ impl Shared {
             last_batch_records: self.last_batch_records.load(Relaxed),
             last_fsync: Duration::from_nanos(self.last_fsync_ns.load(Relaxed)),
             fsync_total: Duration::from_nanos(self.fsync_total_ns.load(Relaxed)),
+            slow_batches: self.slow_batches.each_ref().map(|n| n.load(Relaxed)),
             queued_bytes: self.queued.load(Relaxed),
             generation: self.generation.load(Relaxed),
             next_seq: Seq(self.next_seq.load(Relaxed)),

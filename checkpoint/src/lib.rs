@@ -39,7 +39,7 @@ use std::time::Duration;
 pub use error::{Error, FrameProblem, HeaderProblem};
 pub use format::{DecodedJournal, decode_journal_bytes, decode_snapshot_bytes};
 pub use inspect::{GenerationSummary, Inspection, SnapshotSummary, inspect};
-pub use journal::{Ack, Journal, JournalStats, Rotation, Settled, Ticket};
+pub use journal::{Ack, Journal, JournalStats, Rotation, SLOW_BATCH_BOUNDS, Settled, Ticket};
 pub use recover::{Discarded, Recovered, Tail, open, open_with};
 pub use snapshot::{SnapshotMeta, read_snapshot, read_snapshot_with, write_snapshot};
 

@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::journal::{Msg, Rotation, Shared};
+use crate::journal::{Msg, Rotation, SLOW_BATCH_BOUNDS, Shared};
 use crate::writer::Writer;
 use crate::{Error, Seq};
 
@@ -140,6 +140,11 @@ impl WriterTask {
                     let ns = u64::try_from(timing.sync.as_nanos()).unwrap_or(u64::MAX);
                     s.last_fsync_ns.store(ns, Relaxed);
                     s.fsync_total_ns.fetch_add(ns, Relaxed);
+                    for (count, bound) in s.slow_batches.iter().zip(SLOW_BATCH_BOUNDS) {
+                        if timing.batch > bound {
+                            count.fetch_add(1, Relaxed);
+                        }
+                    }
                 }
                 let next = Seq(first.0 + records);
                 s.next_seq.store(next.0, Relaxed);

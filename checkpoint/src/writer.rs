@@ -16,7 +16,11 @@ use crate::{Error, Seq};
 /// Durations of a committed batch, on tokio's clock.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Timing {
+    /// The `fdatasync`.
     pub(crate) sync: Duration,
+    /// The whole batch: its write (which a frozen or throttled file system can hold up too),
+    /// any preallocation step and the `fdatasync`.
+    pub(crate) batch: Duration,
 }
 
 pub(crate) struct Writer {
@@ -87,6 +91,7 @@ impl Writer {
             return Ok((first, Timing::default()));
         }
         let t = &self.tail;
+        let started = Instant::now();
         let result = t
             .file
             .write_all_at(buf, t.offset)
@@ -99,8 +104,10 @@ impl Writer {
                 t.file
                     .sync_data()
                     .map_err(|e| Error::io(&t.path, "fdatasync", e))?;
+                let done = Instant::now();
                 Ok(Timing {
-                    sync: written.elapsed(),
+                    sync: done - written,
+                    batch: done - started,
                 })
             });
         match result {
