@@ -29,7 +29,10 @@ const BATCH: usize = 32;
 /// longer datagram is cut and its client sees a malformed answer, which dnsperf counts).
 const ROOM: usize = 4096;
 
-/// Queries in flight on one upstream socket, by the ID they were sent with.
+/// Queries in flight on one upstream socket, by the ID they were sent with. IDs are given in
+/// turn, so a slot is reused 65,536 queries later: an answer later than that would go to the
+/// newer client, which a benchmark with a few hundred queries in flight never sees. An answer
+/// whose slot is empty is dropped.
 struct InFlight {
     slots: Vec<Option<(SocketAddr, [u8; 2])>>,
     next: u16,
