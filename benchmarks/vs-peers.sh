@@ -30,8 +30,9 @@
 # `ratio bare/dnsdist qps: X.XX` comes before fqdnd's), PIN=1 (the servers on CPU 0, NSD and
 # dnsperf on CPU 1, the bare forwarder with one thread; `taskset` must be there. dnsperf also
 # saturates NSD directly on CPU 1: `ceiling nsd direct qps: N` is about the most any forwarder
-# can answer in this layout, as CPU 1 does the same client and upstream work either way). Every process started here is stopped
-# on exit; every dnsperf run is bounded by -l and an outer timeout. Traffic stays on loopback.
+# can answer in this layout, as CPU 1 does the same client and upstream work either way).
+# Every process started here is stopped on exit; every dnsperf run is bounded by -l and an
+# outer timeout. Traffic stays on loopback.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
