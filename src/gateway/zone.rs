@@ -61,6 +61,12 @@ impl ZoneServer {
             let udp = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))
                 .await
                 .context("binding the static zone server")?;
+            // The gateway forwards a burst of clients' queries here as fast as they come (a
+            // load generator catching up, clients retrying at once): the listeners' receive
+            // buffer, not the default ~200 KiB that holds a few hundred. Best effort (capped
+            // by net.core.rmem_max).
+            let _ =
+                nix::sys::socket::setsockopt(&udp, nix::sys::socket::sockopt::RcvBuf, &(4 << 20));
             let addr = udp.local_addr()?;
             let Ok(tcp) = TcpListener::bind(addr).await else {
                 continue;
