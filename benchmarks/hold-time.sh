@@ -17,7 +17,11 @@
 # With RECORD=1 `fqdnd record` writes every query and reply into pcapng files meanwhile (to
 # measure what recording adds to the hold); at the end the files are read back by
 # `fqdnd replay` and the record status (written, dropped) is printed.
-# Knobs (env): RATES="1000 5000" DURATION=10 (s per rate), STATE=0, RECORD=0,
+# With STATE=1 FREEZE=SECONDS the state directory is a 256 MiB ext4 file system on a loop
+# device instead, frozen (`fsfreeze`) for that long 60 % into each rate's run: a state disk
+# whose sync stalls. dnsperf's lost queries and each namespace's UDP receive-buffer drops
+# (`RcvbufErrors`) are printed after each rate.
+# Knobs (env): RATES="1000 5000" DURATION=10 (s per rate), STATE=0, FREEZE=, RECORD=0,
 # RUN=/tmp/fqdnd-hold-time, FQDND_BIN (a built fqdnd to measure instead of building this tree's).
 # Last line: `hold-time: <rate>/s p50 <µs> p99 <µs> ...` for each rate.
 # Everything started here (namespaces, processes, pins) is removed on exit.
@@ -31,6 +35,13 @@ DURATION="${DURATION:-10}"
 P=fqht
 N=77
 PIN=/sys/fs/bpf/fqdnd-hold-time
+FREEZE="${FREEZE:-}"
+DISK=/var/tmp/fqdnd-hold-time-disk
+STATE_DIR=/var/tmp/fqdnd-hold-time-state
+if [ -n "$FREEZE" ]; then
+  [ "${STATE:-0}" = 1 ] || { echo "hold-time.sh: FREEZE needs STATE=1" >&2; exit 1; }
+  STATE_DIR=$DISK/mnt/state
+fi
 
 log() { printf '[hold-time] %s\n' "$*" >&2; }
 
@@ -43,7 +54,10 @@ command -v dnsperf >/dev/null || {
 
 PIDS=()
 cleanup() {
+  if mountpoint -q "$DISK/mnt"; then fsfreeze -u "$DISK/mnt" 2>/dev/null || true; fi
   for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  if mountpoint -q "$DISK/mnt"; then umount "$DISK/mnt" || true; fi
+  rm -rf "$DISK"
   for ns in host ep ext; do ip netns del "$P-$ns" 2>/dev/null || true; done
   rm -rf "$PIN"
 }
@@ -60,6 +74,12 @@ fi
 total=0
 for r in $RATES; do total=$((total + r * DURATION)); done
 rm -rf "$RUN" /var/tmp/fqdnd-hold-time-state && mkdir -p "$RUN"
+if [ -n "$FREEZE" ]; then
+  mkdir -p "$DISK/mnt"
+  truncate -s 256M "$DISK/img"
+  mkfs.ext4 -q -F "$DISK/img"
+  mount -o loop "$DISK/img" "$DISK/mnt"
+fi
 {
   printf '$TTL 3600\n@ IN SOA ns.bench.test. admin.bench.test. 1 3600 600 86400 60\n@ IN NS ns.bench.test.\n'
   awk -v n="$total" -v N="$N" 'BEGIN{for(i=0;i<n;i++) printf "h%06d 3600 IN A 100.%d.%d.%d\n", i, 64+int(i/62500), int(i/250)%250, (i%250)+1}'
@@ -100,7 +120,7 @@ spec:
   pinDir: $PIN
   adminSocket: $RUN/node-admin.sock
   metrics: 127.0.0.1:9967
-$( [ "${STATE:-0}" = 1 ] && echo "  stateDir: /var/tmp/fqdnd-hold-time-state" )
+$( [ "${STATE:-0}" = 1 ] && echo "  stateDir: $STATE_DIR" )
 ---
 apiVersion: fqdnd.io/v1
 kind: Settings
@@ -156,9 +176,27 @@ for rate in $RATES; do
   awk -v s="$first" -v n="$count" 'BEGIN{for(i=s;i<s+n;i++) printf "h%06d.bench.test A\n", i}' >"$RUN/q-$rate.txt"
   first=$((first + count))
   log "rate $rate/s for ${DURATION}s: $count new names, each a new IP for *.bench.test"
+  frozen=
+  if [ -n "$FREEZE" ]; then
+    (
+      sleep "$(awk -v d="$DURATION" 'BEGIN{print d * 0.6}')"
+      fsfreeze -f "$DISK/mnt"
+      sleep "$FREEZE"
+      fsfreeze -u "$DISK/mnt"
+    ) &
+    frozen=$!
+  fi
   ip netns exec "$P-ep" timeout $((DURATION + 20)) dnsperf -s "10.$N.9.53" -d "$RUN/q-$rate.txt" \
     -Q "$rate" -l "$DURATION" -n 1 -q 500 >"$RUN/dnsperf-$rate.txt" 2>&1 || true
+  [ -z "$frozen" ] || wait "$frozen"
   grep -E "Queries (sent|completed|lost)|Average Latency" "$RUN/dnsperf-$rate.txt" | sed 's/^ */  /' >&2
+  if [ -n "$FREEZE" ]; then
+    drops=""
+    for ns in ep host ext; do
+      drops+=" $ns $(ip netns exec "$P-$ns" awk '$1=="Udp:" && $6!="RcvbufErrors" {print $6}' /proc/net/snmp)"
+    done
+    log "a ${FREEZE}s freeze: dnsperf lost $(awk '/Queries lost/{print $3}' "$RUN/dnsperf-$rate.txt") of $(awk '/Queries sent/{print $3}' "$RUN/dnsperf-$rate.txt"); UDP receive-buffer drops:$drops"
+  fi
   m="$(metrics)"
   p50=$(quantile 0.5 <<<"$m"); p99=$(quantile 0.99 <<<"$m"); p999=$(quantile 0.999 <<<"$m"); max=$(quantile 1 <<<"$m")
   prefixes=$("$BIN" bpf ipcache list --pin-dir "$PIN" | grep -c "^100\.6[4-9]\." || true)
