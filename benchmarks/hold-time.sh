@@ -53,11 +53,16 @@ command -v dnsperf >/dev/null || {
 "$ROOT/scripts/install-deps.sh"
 
 PIDS=()
+FREEZER=
 cleanup() {
+  # The freezer first, so that it cannot freeze the disk again behind this.
+  if [ -n "$FREEZER" ]; then kill "$FREEZER" 2>/dev/null || true; wait "$FREEZER" 2>/dev/null || true; fi
   if mountpoint -q "$DISK/mnt"; then fsfreeze -u "$DISK/mnt" 2>/dev/null || true; fi
   for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  if mountpoint -q "$DISK/mnt"; then umount "$DISK/mnt" || true; fi
-  rm -rf "$DISK"
+  # Gone before the unmount: a dying fqdnd still holds its state files open.
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  if mountpoint -q "$DISK/mnt"; then umount "$DISK/mnt" || umount -l "$DISK/mnt" || true; fi
+  rm -rf "$DISK" || true
   for ns in host ep ext; do ip netns del "$P-$ns" 2>/dev/null || true; done
   rm -rf "$PIN"
 }
@@ -176,7 +181,6 @@ for rate in $RATES; do
   awk -v s="$first" -v n="$count" 'BEGIN{for(i=s;i<s+n;i++) printf "h%06d.bench.test A\n", i}' >"$RUN/q-$rate.txt"
   first=$((first + count))
   log "rate $rate/s for ${DURATION}s: $count new names, each a new IP for *.bench.test"
-  frozen=
   if [ -n "$FREEZE" ]; then
     (
       sleep "$(awk -v d="$DURATION" 'BEGIN{print d * 0.6}')"
@@ -184,11 +188,11 @@ for rate in $RATES; do
       sleep "$FREEZE"
       fsfreeze -u "$DISK/mnt"
     ) &
-    frozen=$!
+    FREEZER=$!
   fi
   ip netns exec "$P-ep" timeout $((DURATION + 20)) dnsperf -s "10.$N.9.53" -d "$RUN/q-$rate.txt" \
     -Q "$rate" -l "$DURATION" -n 1 -q 500 >"$RUN/dnsperf-$rate.txt" 2>&1 || true
-  [ -z "$frozen" ] || wait "$frozen"
+  if [ -n "$FREEZER" ]; then wait "$FREEZER" || true; FREEZER=; fi
   grep -E "Queries (sent|completed|lost)|Average Latency" "$RUN/dnsperf-$rate.txt" | sed 's/^ */  /' >&2
   if [ -n "$FREEZE" ]; then
     drops=""
