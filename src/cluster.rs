@@ -25,7 +25,7 @@ use fqdnd_cluster::node::{self, Local, LocalEndpoint, NodeConfig, NodeStatus, Si
 use fqdnd_cluster::{
     Changes, Connect, EtcdStore, Label, Labels, Layout, LearnedRecord, ShareStatus, TlsFiles, View,
 };
-use fqdnd_config::{Config, Daemon};
+use fqdnd_config::{Config, Daemon, SharedPolicySet, SharedUpdate};
 use fqdnd_engine::{ClusterUpdate, Engine, RemoteEndpoint, RemoteNode};
 use fqdnd_ipcache::policy::Rule;
 use fqdnd_ipcache::{Datapath, EndpointLabel, Identity, host_prefix};
@@ -50,14 +50,59 @@ pub(crate) trait Host: Send + Sync + 'static {
     fn import_learned(&self, records: &[LearnedRecord], servers: &[std::net::SocketAddr]) -> usize;
 }
 
-/// The shared policy as this node accepted it.
-#[derive(Debug, Default)]
+/// The shared policy as this node accepted it, document by document.
+#[derive(Debug, Default, Clone)]
 struct SharedRules {
-    rules: Vec<Rule>,
-    documents: usize,
-    /// Why the last change was refused (empty when it was not).
-    errors: Vec<String>,
+    set: SharedPolicySet,
+    /// Whether this node knows the shared policy: restored from the state directory, or read
+    /// from etcd once. Until then its endpoints are in default deny ([`default_deny`]).
+    established: bool,
+    /// Why the last change was refused as a whole by the daemon (empty when it was not).
+    reload_errors: Vec<String>,
+    /// Documents refused (each text once).
+    refused_total: u64,
 }
+
+impl SharedRules {
+    /// The rules in force: the accepted documents', or default deny while the shared policy
+    /// is not known.
+    fn rules(&self) -> Vec<Rule> {
+        if self.established {
+            self.set.rules().cloned().collect()
+        } else {
+            vec![default_deny()]
+        }
+    }
+
+    /// Each refused document with why, then the daemon's refusal if any.
+    fn errors(&self) -> Vec<String> {
+        self.set
+            .refused()
+            .flat_map(|(_, errors)| errors.iter().cloned())
+            .chain(self.reload_errors.iter().cloned())
+            .collect()
+    }
+}
+
+/// A rule that puts every endpoint into default deny, both ways: what a node enforces while
+/// it does not know the cluster's shared policy (no saved view, etcd not read yet) — never
+/// more open than its policy.
+fn default_deny() -> Rule {
+    Rule {
+        origin: "cluster: shared policy not known yet (default deny until etcd is read)".into(),
+        endpoint_selector: fqdnd_ipcache::policy::LabelSelector::default(),
+        egress: Vec::new(),
+        default_deny_egress: true,
+        ingress: Vec::new(),
+        egress_deny: Vec::new(),
+        ingress_deny: Vec::new(),
+        default_deny_ingress: true,
+    }
+}
+
+/// The file under `stateDir` holding the shared policy documents this node accepted (JSON:
+/// name → text), so that a restart keeps the version in force of a document since broken.
+const ACCEPTED_FILE: &str = "cluster-policy.json";
 
 /// `fqdnd status`'s cluster section.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -80,6 +125,16 @@ pub(crate) struct ClusterStatus {
     pub(crate) last_error: Option<String>,
     pub(crate) shared_policies: usize,
     pub(crate) shared_policy_errors: Vec<String>,
+    /// Seconds the connection has been in its state (connected or not).
+    #[serde(default)]
+    pub(crate) state_seconds: u64,
+    /// Whether the shared policy is known (else endpoints are in default deny).
+    #[serde(default)]
+    pub(crate) shared_policy_known: bool,
+    /// Records refused as read, by kind (`fqdnd_cluster_records_rejected_total`); shared
+    /// policy documents that do not load count as `policy`.
+    #[serde(default)]
+    pub(crate) rejected: BTreeMap<String, u64>,
     /// (number, labels) of the local label sets still waiting for a global identity.
     pub(crate) temporary_identities: Vec<(u32, String)>,
     /// The HA gateway group's sharing, with `gatewayGroup`.
@@ -99,6 +154,8 @@ pub(crate) struct ClusterRuntime {
     /// The view read at start (taken by the node side when it starts).
     initial: Mutex<Option<View>>,
     rules: Mutex<SharedRules>,
+    /// Where the accepted shared policy is saved.
+    state_dir: Option<PathBuf>,
     local: watch::Sender<Local>,
     status: watch::Sender<NodeStatus>,
     /// The HA gateway group (`fqdnd gateway` with `gatewayGroup`).
@@ -143,22 +200,67 @@ pub(crate) fn connect_options(doc: &fqdnd_config::Cluster) -> Connect {
     }
 }
 
-/// The shared policy documents as rules, each loaded on its own and located by its key.
-fn policy_rules(
-    layout: &Layout,
-    docs: &BTreeMap<String, String>,
-) -> std::result::Result<Vec<Rule>, Vec<String>> {
-    let origins: Vec<(PathBuf, &str)> = docs
-        .iter()
-        .map(|(name, text)| {
-            (
-                PathBuf::from(format!("etcd:{}", layout.policy(name))),
-                text.as_str(),
-            )
-        })
-        .collect();
-    fqdnd_config::shared_rules(origins.iter().map(|(o, t)| (o.as_path(), *t)))
-        .map_err(|errors| errors.iter().map(ToString::to_string).collect())
+/// Where a shared document's errors and rules point: its key.
+fn origin(layout: &Layout, name: &str) -> PathBuf {
+    PathBuf::from(format!("etcd:{}", layout.policy(name)))
+}
+
+/// Logs what an update of the shared policy refused.
+fn log_refused(update: &SharedUpdate) {
+    for (name, errors) in &update.refused {
+        let kept = update.kept_previous.contains(name);
+        for e in errors {
+            if kept {
+                tracing::error!(policy = %name, error = %e, "a shared policy does not load: refused; its previous version stays in force");
+            } else {
+                tracing::error!(policy = %name, error = %e, "a shared policy does not load: refused (the others apply)");
+            }
+        }
+    }
+}
+
+/// The accepted documents saved in `dir`, if any (`None`: no file).
+fn load_accepted(dir: &std::path::Path) -> Option<BTreeMap<String, String>> {
+    let path = dir.join(ACCEPTED_FILE);
+    let bytes = match std::fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => {
+            tracing::error!(file = %path.display(), error = %e, "reading the accepted shared policy");
+            return None;
+        }
+    };
+    match serde_json::from_slice(&bytes) {
+        Ok(docs) => Some(docs),
+        Err(e) => {
+            tracing::error!(file = %path.display(), error = %e, "the accepted shared policy file does not parse: ignored");
+            None
+        }
+    }
+}
+
+/// Saves the accepted documents in `dir` (atomically: a temporary file, synced, renamed).
+fn save_accepted(dir: &std::path::Path, set: &SharedPolicySet) {
+    let docs: BTreeMap<&str, &str> = set.accepted().collect();
+    let path = dir.join(ACCEPTED_FILE);
+    let write = || -> std::io::Result<()> {
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let tmp = path.with_extension("tmp");
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        file.write_all(&serde_json::to_vec(&docs).map_err(std::io::Error::other)?)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, &path)
+    };
+    if let Err(e) = write() {
+        crate::metrics::count_state_file_error();
+        tracing::error!(file = %path.display(), error = %e, "saving the accepted shared policy");
+    }
 }
 
 fn to_endpoint_labels(labels: &Labels) -> Vec<EndpointLabel> {
@@ -256,32 +358,38 @@ impl ClusterRuntime {
                 "cluster mode without `stateDir`: a restart while etcd is unreachable starts without the cluster's identities, endpoints and shared policy"
             );
         }
-        let view = match &state_file {
-            None => View::default(),
+        let (view, restored) = match &state_file {
+            None => (View::default(), false),
             Some(path) => match View::load(path) {
                 Ok(Some(view)) => {
                     tracing::info!(file = %path.display(), identities = view.identities.len(), remote_endpoints = view.endpoints.len(), policies = view.policies.len(), "cluster view restored");
-                    view
+                    (view, true)
                 }
-                Ok(None) => View::default(),
+                Ok(None) => (View::default(), false),
                 Err(e) => {
                     tracing::error!(error = %e, "the saved cluster view is unreadable: starting without it (it is rebuilt from etcd)");
-                    View::default()
+                    (View::default(), false)
                 }
             },
         };
+        // The versions accepted before (they stay in force for a document since broken),
+        // then the documents of the saved view on top.
         let mut shared = SharedRules::default();
-        match policy_rules(&layout, &view.policies) {
-            Ok(rules) => {
-                shared.rules = rules;
-                shared.documents = view.policies.len();
-            }
-            Err(errors) => {
-                for e in &errors {
-                    tracing::error!(error = %e, "a saved shared policy does not load; the shared policy is left out");
-                }
-                shared.errors = errors;
-            }
+        let dir = daemon.state_dir.as_deref();
+        let accepted = dir.and_then(load_accepted);
+        shared.established = accepted.is_some() || restored;
+        if let Some(accepted) = &accepted {
+            log_refused(&shared.set.update(accepted, |n| origin(&layout, n)));
+        }
+        if restored {
+            let update = shared.set.update(&view.policies, |n| origin(&layout, n));
+            shared.refused_total += update.refused.len() as u64;
+            log_refused(&update);
+        }
+        if !shared.established {
+            tracing::warn!(
+                "cluster mode: the shared policy is not known yet (no saved view): every endpoint is in default deny until etcd is read"
+            );
         }
         tracing::info!(node = %node, endpoints = ?doc.endpoints, prefix = %layout.prefix(), "cluster mode");
         Ok(Arc::new(Self {
@@ -292,6 +400,7 @@ impl ClusterRuntime {
             publish_addresses,
             initial: Mutex::new(Some(view)),
             rules: Mutex::new(shared),
+            state_dir: daemon.state_dir.clone(),
             local: watch::Sender::new(Local::default()),
             status: watch::Sender::new(NodeStatus::default()),
             ha,
@@ -309,9 +418,28 @@ impl ClusterRuntime {
         }
     }
 
-    /// The shared policy's rules, as accepted.
+    /// The shared policy's rules, as accepted (default deny while it is not known).
     pub(crate) fn rules(&self) -> Vec<Rule> {
-        lock(&self.rules).rules.clone()
+        lock(&self.rules).rules()
+    }
+
+    /// Whether the shared policy is known (restored or read from etcd).
+    pub(crate) fn established(&self) -> bool {
+        lock(&self.rules).established
+    }
+
+    /// Waits until the shared policy is known, at most `limit` (the daemon waits before it
+    /// serves, so that a node started without a saved view does not refuse what its policy
+    /// allows while etcd answers); true if it is.
+    pub(crate) async fn wait_established(&self, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        while !self.established() {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        true
     }
 
     /// The endpoints in force (after an apply): what the node publishes.
@@ -399,6 +527,7 @@ impl ClusterRuntime {
     /// The cluster section of `fqdnd status`.
     pub(crate) fn status(&self, engine: &Engine<AnyDatapath>) -> ClusterStatus {
         let s = self.status.borrow().clone();
+        let state_seconds = s.in_state_for().as_secs();
         let rules = lock(&self.rules);
         ClusterStatus {
             node: self.node.clone(),
@@ -409,13 +538,25 @@ impl ClusterRuntime {
             leader: s.leader,
             revision: s.revision,
             identities: s.identities,
-            remote_endpoints: s.remote_endpoints,
+            // What the engine holds, not what was read: a record it refused is not counted.
+            remote_endpoints: engine.ipcache.remote_endpoint_count(),
             remote_nodes: s.remote_nodes,
             published: s.published,
             resyncs: s.resyncs,
             last_error: s.last_error,
-            shared_policies: rules.documents,
-            shared_policy_errors: rules.errors.clone(),
+            shared_policies: rules.set.documents(),
+            shared_policy_errors: rules.errors(),
+            state_seconds,
+            shared_policy_known: rules.established,
+            rejected: s
+                .rejected
+                .iter()
+                .map(|(kind, n)| (kind.as_str().to_owned(), *n))
+                .chain(
+                    (rules.refused_total > 0)
+                        .then(|| ("policy_document".to_owned(), rules.refused_total)),
+                )
+                .collect(),
             temporary_identities: engine
                 .ipcache
                 .temporary_identities()
@@ -451,34 +592,46 @@ impl Sink for EngineSink {
                 Err(_) => tracing::error!("engine lock poisoned: cluster change dropped"),
             }
         }
-        let Some(docs) = &changes.policies else {
-            return;
+        let mut shared = lock(&self.runtime.rules);
+        let first = !shared.established;
+        let before = shared.clone();
+        let update = match &changes.policies {
+            Some(docs) => {
+                let layout = &self.runtime.layout;
+                shared.set.update(docs, |n| origin(layout, n))
+            }
+            None => SharedUpdate::default(),
         };
-        match policy_rules(&self.runtime.layout, docs) {
-            Ok(rules) => {
-                {
-                    let mut shared = lock(&self.runtime.rules);
-                    shared.rules = rules;
-                    shared.documents = docs.len();
-                    shared.errors.clear();
+        shared.refused_total += update.refused.len() as u64;
+        log_refused(&update);
+        if !update.rules_changed() && !first {
+            return;
+        }
+        shared.established = true;
+        shared.reload_errors.clear();
+        let documents = shared.set.documents();
+        // The daemon reads the rules back through `rules()`: the lock goes before it does.
+        drop(shared);
+        match self.host.reload_all() {
+            Ok(()) => {
+                if first {
+                    tracing::info!(documents, "shared policy read from etcd: in force");
+                } else {
+                    tracing::info!(documents, applied = ?update.applied, removed = ?update.removed, "shared policy applied");
                 }
-                match self.host.reload_all() {
-                    Ok(()) => {
-                        tracing::info!(documents = docs.len(), "shared policy applied");
-                    }
-                    Err(errors) => {
-                        for e in &errors {
-                            tracing::error!(error = %e, "the configuration with the new shared policy was refused; the previous stays in force");
-                        }
-                        lock(&self.runtime.rules).errors = errors;
-                    }
+                if let Some(dir) = &self.runtime.state_dir {
+                    save_accepted(dir, &lock(&self.runtime.rules).set);
                 }
             }
             Err(errors) => {
                 for e in &errors {
-                    tracing::error!(error = %e, "a shared policy does not load on this node; the previous shared policy stays");
+                    tracing::error!(error = %e, "the configuration with the new shared policy was refused; the previous stays in force");
                 }
-                lock(&self.runtime.rules).errors = errors;
+                let mut shared = lock(&self.runtime.rules);
+                let refused_total = shared.refused_total;
+                *shared = before;
+                shared.refused_total = refused_total;
+                shared.reload_errors = errors;
             }
         }
     }

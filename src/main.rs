@@ -101,6 +101,11 @@ enum Command {
         /// name).
         #[arg(long)]
         name: Option<String>,
+        /// Serve Prometheus metrics on this address (`fqdnd_operator_state{state}`:
+        /// leader, follower or unreachable; identities, creations, collections, refused
+        /// records).
+        #[arg(long, value_name = "ADDR:PORT")]
+        metrics: Option<std::net::SocketAddr>,
     },
     /// Load-balanced services of the running node agent: a VIP and port whose new flows
     /// the datapath spreads over backends (and whose DNS queries the proxy forwards to one).
@@ -581,7 +586,11 @@ fn main() -> ExitCode {
             cli::cluster::delete(&config, &names)
         }
         Command::Policy(PolicyCommand::List { config, json }) => cli::cluster::list(&config, json),
-        Command::Operator { config, name } => cli::cluster::operator(&config, name),
+        Command::Operator {
+            config,
+            name,
+            metrics,
+        } => cli::cluster::operator(&config, name, metrics),
         Command::Policy(PolicyCommand::Explain {
             endpoint,
             dest,

@@ -33,6 +33,10 @@ pub(crate) fn install(addr: SocketAddr) -> Result<ExporterFuture> {
         "fqdnd_cluster_identities",
         "cluster mode: global identities known"
     );
+    metrics::describe_counter!(
+        "fqdnd_cluster_records_rejected_total",
+        "cluster mode: records in etcd refused as read (not well formed, key and value disagreeing, out of range; policy_document: a shared policy that does not load), by kind"
+    );
     metrics::describe_gauge!(
         "fqdnd_fqdn_identities",
         "identities created by DNS answers (the breaker's count)"
@@ -84,6 +88,62 @@ pub(crate) fn install(addr: SocketAddr) -> Result<ExporterFuture> {
         "HA gateway group: learned answers waiting to be written to etcd"
     );
     Ok(exporter)
+}
+
+/// `fqdnd operator`'s recorder, serving `/metrics` on `addr` once spawned.
+pub(crate) fn install_operator(addr: SocketAddr) -> Result<ExporterFuture> {
+    let (recorder, exporter) = PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .build()
+        .with_context(|| format!("serving Prometheus metrics on {addr}"))?;
+    metrics::set_global_recorder(recorder)
+        .map_err(|_| anyhow::anyhow!("a metrics recorder is installed already"))?;
+    metrics::describe_gauge!(
+        "fqdnd_operator_state",
+        "operator: 1 for its state (leader, follower, unreachable), 0 for the others"
+    );
+    metrics::describe_gauge!(
+        "fqdnd_operator_identities",
+        "operator: global identities in the leader's view"
+    );
+    metrics::describe_counter!(
+        "fqdnd_operator_identities_created_total",
+        "operator: identities this instance created"
+    );
+    metrics::describe_counter!(
+        "fqdnd_operator_identities_collected_total",
+        "operator: unused identities this instance collected"
+    );
+    metrics::describe_gauge!(
+        "fqdnd_operator_damaged_numbers",
+        "operator: identity numbers whose key does not parse (skipped by allocation)"
+    );
+    metrics::describe_counter!(
+        "fqdnd_cluster_records_rejected_total",
+        "records in etcd refused as read, by kind"
+    );
+    record_operator(&fqdnd_cluster::operator::OperatorStatus::default());
+    Ok(exporter)
+}
+
+/// The operator's state into its metrics.
+pub(crate) fn record_operator(s: &fqdnd_cluster::operator::OperatorStatus) {
+    let now = s.state();
+    for state in ["leader", "follower", "unreachable"] {
+        metrics::gauge!("fqdnd_operator_state", "state" => state).set(if state == now {
+            1.0
+        } else {
+            0.0
+        });
+    }
+    metrics::gauge!("fqdnd_operator_identities").set(s.identities as f64);
+    metrics::counter!("fqdnd_operator_identities_created_total").absolute(s.created);
+    metrics::counter!("fqdnd_operator_identities_collected_total").absolute(s.collected);
+    metrics::gauge!("fqdnd_operator_damaged_numbers").set(s.damaged_numbers as f64);
+    for (kind, n) in &s.rejected {
+        metrics::counter!("fqdnd_cluster_records_rejected_total", "kind" => kind.as_str())
+            .absolute(*n);
+    }
 }
 
 /// Serves `/metrics` from now on.
@@ -191,6 +251,10 @@ pub(crate) fn record_cluster(status: &crate::cluster::ClusterStatus) {
         .set(status.temporary_identities.len() as f64);
     metrics::gauge!("fqdnd_cluster_remote_endpoints").set(status.remote_endpoints as f64);
     metrics::gauge!("fqdnd_cluster_identities").set(status.identities as f64);
+    for (kind, n) in &status.rejected {
+        metrics::counter!("fqdnd_cluster_records_rejected_total", "kind" => kind.clone())
+            .absolute(*n);
+    }
     if let Some(h) = &status.ha {
         metrics::gauge!("fqdnd_ha_publish_lag_seconds").set(h.publish_lag_ms as f64 / 1000.0);
         metrics::gauge!("fqdnd_ha_import_lag_seconds").set(h.import_lag_ms as f64 / 1000.0);

@@ -230,7 +230,7 @@ spec: {id: 1, addresses: [\"127.0.0.0/8\"], labels: {app: lan}}
     let text_status = stdout_of(&gw.cli(&["status"]));
     for line in [
         "cluster:          node gw-1 on http://127.0.0.1:",
-        "  etcd:           connected since",
+        "  etcd:           connected for ",
         "  allocator:      op-1",
         "  temporary:      0 pending",
     ] {
@@ -260,18 +260,63 @@ spec: {id: 1, addresses: [\"127.0.0.0/8\"], labels: {app: lan}}
             .as_array()
             .is_some_and(|e| !e.is_empty())
     });
-    assert_eq!(asks(&gw), (true, true, false), "the previous policy stays");
-    // Deleting the broken one and the policy: the gateway's own file alone again.
+    assert_eq!(
+        asks(&gw),
+        (true, true, false),
+        "the valid shared policy stays"
+    );
+    let refused = cluster_status(&gw)["shared_policy_errors"][0]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        refused.starts_with("etcd:/gw-test/policies/ccnp/broken:"),
+        "{refused}"
+    );
+    assert_eq!(
+        cluster_status(&gw)["rejected"]["policy_document"].as_u64(),
+        Some(1)
+    );
+    assert!(
+        stdout_of(&gw.cli(&["status"]))
+            .contains("  shared policy refused: etcd:/gw-test/policies/ccnp/broken:"),
+    );
+    // A fresh start (an empty state directory) with the broken document in etcd: every
+    // other shared document applies (it used to apply none: fail open).
+    gw.kill();
+    std::fs::remove_dir_all(&state).unwrap();
+    gw.restart();
+    until("the shared policy read again", || {
+        cluster_status(&gw)["shared_policy_known"].as_bool() == Some(true)
+    });
+    assert_eq!(
+        asks(&gw),
+        (true, true, false),
+        "the valid shared policy applies"
+    );
+    // A deletion takes effect whatever the broken document holds.
+    stdout_of(&fqdnd(&[
+        "policy",
+        "delete",
+        "--config",
+        cfg,
+        "ccnp/lan-dns",
+    ]));
+    until("the deletion enforced", || {
+        rcode(gw.dns, "api.example.test") == Some(ResponseCode::Refused)
+    });
+    assert_eq!(asks(&gw), (false, true, false));
     stdout_of(&fqdnd(&[
         "policy",
         "delete",
         "--config",
         cfg,
         "ccnp/broken",
-        "ccnp/lan-dns",
     ]));
-    until("no shared policy", || {
-        rcode(gw.dns, "api.example.test") == Some(ResponseCode::Refused)
+    until("no refusal left", || {
+        cluster_status(&gw)["shared_policy_errors"]
+            .as_array()
+            .is_some_and(Vec::is_empty)
     });
     assert_eq!(asks(&gw), (false, true, false));
     let missing = fqdnd(&["policy", "delete", "--config", cfg, "ccnp/nothing"]);

@@ -16,8 +16,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
-use crate::keys::{CLUSTER_MAX, CLUSTER_MIN, IdentityRecord, Key, Layout};
+use crate::keys::{CLUSTER_MAX, CLUSTER_MIN, EndpointRecord, IdentityRecord, Key, Layout};
 use crate::labels::Labels;
+use crate::reject::{RecordKind, Rejections};
 use crate::store::{Compare, Event, Kv, Op, Revision, Snapshot, Txn};
 
 /// An identity as the store holds it.
@@ -55,9 +56,19 @@ pub struct Allocator {
     users: HashMap<Labels, BTreeSet<(String, u16)>>,
     /// Label sets with an identity and no user, since when.
     unused_since: HashMap<Labels, Duration>,
-    /// Label sets some endpoint uses that have no identity (kept as the view changes, so a
-    /// plan costs what it creates, not the number of label sets).
+    /// Label sets some endpoint uses that have no valid identity (kept as the view changes,
+    /// so a plan costs what it creates, not the number of label sets). An identity is valid
+    /// when both its keys parse and name each other.
     unnumbered: BTreeSet<Labels>,
+    /// `identities/id/` keys whose value is not a record of their number: the number is
+    /// taken (never handed out), the key's revision.
+    damaged_ids: BTreeMap<u32, Revision>,
+    /// `identities/labels/` keys whose value is not a record of their label set (or names a
+    /// number outside the range): the label set is given a number again, by a transaction
+    /// that overwrites the key only as it was seen.
+    damaged_labels: HashMap<Labels, Revision>,
+    /// Records refused as read.
+    rejected: Rejections,
     cursor: u32,
     /// The view holds every change up to this revision.
     revision: Revision,
@@ -75,6 +86,9 @@ impl Allocator {
             users: HashMap::new(),
             unused_since: HashMap::new(),
             unnumbered: BTreeSet::new(),
+            damaged_ids: BTreeMap::new(),
+            damaged_labels: HashMap::new(),
+            rejected: Rejections::default(),
             cursor: CLUSTER_MIN,
             revision: 0,
             leader: None,
@@ -84,9 +98,15 @@ impl Allocator {
     /// Replaces the view with a snapshot of the whole prefix taken at `now`. Identities
     /// without users start their grace period now.
     pub fn load(&mut self, snapshot: &Snapshot, now: Duration) {
+        let rejected = std::mem::take(&mut self.rejected);
         *self = Self::new(self.layout.clone());
+        self.rejected = rejected;
         for kv in &snapshot.kvs {
             self.put(kv, now);
+        }
+        let used: Vec<Labels> = self.users.keys().cloned().collect();
+        for labels in used {
+            self.refresh(&labels);
         }
         self.revision = snapshot.revision;
         let unused: Vec<Labels> = self
@@ -112,86 +132,162 @@ impl Allocator {
     }
 
     fn put(&mut self, kv: &Kv, now: Duration) {
-        match self.layout.parse(&kv.key) {
-            Some(Key::IdentityById(id)) => match decode(kv) {
-                Some(record) if record.id == id => {
-                    let labels = record.labels;
-                    if self.users.get(&labels).is_none_or(BTreeSet::is_empty) {
-                        self.unused_since.entry(labels.clone()).or_insert(now);
+        let key = kv.key.as_str();
+        match self.layout.parse(key) {
+            Some(Key::IdentityById(id)) => {
+                let before = self.by_id.get(&id).map(|h| h.labels.clone());
+                match decode(kv).filter(|r| r.id == id) {
+                    Some(record) => {
+                        self.damaged_ids.remove(&id);
+                        let labels = record.labels;
+                        if self.users.get(&labels).is_none_or(BTreeSet::is_empty)
+                            && self.by_labels.contains_key(&labels)
+                        {
+                            self.unused_since.entry(labels.clone()).or_insert(now);
+                        }
+                        self.by_id.insert(
+                            id,
+                            Held {
+                                labels: labels.clone(),
+                                id_revision: kv.mod_revision,
+                            },
+                        );
+                        self.refresh(&labels);
                     }
-                    self.by_id.insert(
-                        id,
-                        Held {
-                            labels,
-                            id_revision: kv.mod_revision,
-                        },
-                    );
+                    None => {
+                        self.by_id.remove(&id);
+                        self.damaged_ids.insert(id, kv.mod_revision);
+                        self.rejected.reject(
+                            RecordKind::Identity,
+                            key,
+                            kv.mod_revision,
+                            "the value does not parse or names another number: the number is skipped",
+                        );
+                    }
                 }
-                _ => {
-                    tracing::warn!(key = %kv.key, "an identity value that does not parse is ignored")
+                if let Some(before) = before {
+                    self.refresh(&before);
                 }
-            },
-            Some(Key::IdentityByLabels(labels)) => match decode(kv) {
-                Some(record) if record.labels == labels => {
-                    self.unnumbered.remove(&labels);
-                    self.by_labels.insert(labels, (record.id, kv.mod_revision));
+            }
+            Some(Key::IdentityByLabels(labels)) => {
+                match decode(kv)
+                    .filter(|r| r.labels == labels && (CLUSTER_MIN..=CLUSTER_MAX).contains(&r.id))
+                {
+                    Some(record) => {
+                        self.damaged_labels.remove(&labels);
+                        self.by_labels
+                            .insert(labels.clone(), (record.id, kv.mod_revision));
+                        if self.users.get(&labels).is_none_or(BTreeSet::is_empty) {
+                            self.unused_since.entry(labels.clone()).or_insert(now);
+                        }
+                    }
+                    None => {
+                        self.by_labels.remove(&labels);
+                        self.unused_since.remove(&labels);
+                        self.damaged_labels.insert(labels.clone(), kv.mod_revision);
+                        self.rejected.reject(
+                            RecordKind::Identity,
+                            key,
+                            kv.mod_revision,
+                            "the value does not parse, names other labels or a number outside 256-65535: the label set is numbered again",
+                        );
+                    }
                 }
-                _ => {
-                    tracing::warn!(key = %kv.key, "an identity value that does not parse is ignored")
-                }
-            },
+                self.refresh(&labels);
+            }
             Some(Key::Endpoint { labels, node, id }) => {
-                self.unused_since.remove(&labels);
-                if !self.by_labels.contains_key(&labels) {
-                    self.unnumbered.insert(labels.clone());
+                let valid = serde_json::from_slice::<EndpointRecord>(&kv.value)
+                    .is_ok_and(|r| r.labels == labels && r.node == node && r.id == id);
+                if !valid {
+                    self.rejected.reject(
+                        RecordKind::Endpoint,
+                        key,
+                        kv.mod_revision,
+                        "the value does not parse or is not the key's endpoint: no identity is made for it",
+                    );
+                    self.delete(key, now);
+                    return;
                 }
-                self.users.entry(labels).or_default().insert((node, id));
+                self.unused_since.remove(&labels);
+                self.users
+                    .entry(labels.clone())
+                    .or_default()
+                    .insert((node, id));
+                self.refresh(&labels);
             }
             Some(Key::Cursor) => {
-                if let Some(n) = std::str::from_utf8(&kv.value)
+                match std::str::from_utf8(&kv.value)
                     .ok()
                     .and_then(|t| t.trim().parse::<u32>().ok())
                     .filter(|n| (CLUSTER_MIN..=CLUSTER_MAX).contains(n))
                 {
-                    self.cursor = n;
+                    Some(n) => self.cursor = n,
+                    None => self.rejected.reject(
+                        RecordKind::Operator,
+                        key,
+                        kv.mod_revision,
+                        "the cursor is not a number of 256-65535",
+                    ),
                 }
             }
             Some(Key::Leader) => {
                 self.leader = Some(String::from_utf8_lossy(&kv.value).into_owned());
             }
-            Some(Key::Policy(_) | Key::Node(_)) | None => {}
+            Some(Key::Policy(_) | Key::Node(_)) => {}
+            None => self.rejected.reject(
+                RecordKind::Key,
+                key,
+                kv.mod_revision,
+                "the key is not part of the layout",
+            ),
+        }
+    }
+
+    /// Whether `labels` has a valid identity: its labels key names a number whose key names
+    /// it back.
+    fn numbered(&self, labels: &Labels) -> bool {
+        self.by_labels
+            .get(labels)
+            .is_some_and(|(n, _)| self.by_id.get(n).is_some_and(|h| h.labels == *labels))
+    }
+
+    /// Puts `labels` in or out of the unnumbered set, as its users and identity say.
+    fn refresh(&mut self, labels: &Labels) {
+        if self.users.get(labels).is_some_and(|u| !u.is_empty()) && !self.numbered(labels) {
+            self.unnumbered.insert(labels.clone());
+        } else {
+            self.unnumbered.remove(labels);
         }
     }
 
     fn delete(&mut self, key: &str, now: Duration) {
         match self.layout.parse(key) {
             Some(Key::IdentityById(id)) => {
-                if let Some(held) = self.by_id.remove(&id)
-                    && !self.by_labels.contains_key(&held.labels)
-                {
-                    self.unused_since.remove(&held.labels);
+                self.damaged_ids.remove(&id);
+                if let Some(held) = self.by_id.remove(&id) {
+                    if !self.by_labels.contains_key(&held.labels) {
+                        self.unused_since.remove(&held.labels);
+                    }
+                    self.refresh(&held.labels);
                 }
             }
             Some(Key::IdentityByLabels(labels)) => {
                 self.by_labels.remove(&labels);
-                if self.users.get(&labels).is_some_and(|u| !u.is_empty()) {
-                    self.unnumbered.insert(labels.clone());
-                }
-                if !self.by_id.values().any(|h| h.labels == labels) {
-                    self.unused_since.remove(&labels);
-                }
+                self.damaged_labels.remove(&labels);
+                self.unused_since.remove(&labels);
+                self.refresh(&labels);
             }
             Some(Key::Endpoint { labels, node, id }) => {
                 if let Some(users) = self.users.get_mut(&labels) {
                     users.remove(&(node, id));
                     if users.is_empty() {
                         self.users.remove(&labels);
-                        self.unnumbered.remove(&labels);
                         if self.by_labels.contains_key(&labels) {
-                            self.unused_since.insert(labels, now);
+                            self.unused_since.insert(labels.clone(), now);
                         }
                     }
                 }
+                self.refresh(&labels);
             }
             Some(Key::Leader) => self.leader = None,
             _ => {}
@@ -211,6 +307,7 @@ impl Allocator {
                 },
             );
             self.by_labels.insert(labels.clone(), (*id, revision));
+            self.damaged_labels.remove(labels);
             self.unnumbered.remove(labels);
             if self.users.get(labels).is_none_or(BTreeSet::is_empty) {
                 self.unused_since.entry(labels.clone()).or_insert(now);
@@ -224,9 +321,7 @@ impl Allocator {
         self.by_id.remove(&id);
         self.by_labels.remove(labels);
         self.unused_since.remove(labels);
-        if self.users.get(labels).is_some_and(|u| !u.is_empty()) {
-            self.unnumbered.insert(labels.clone());
-        }
+        self.refresh(labels);
     }
 
     /// What to do at `now`: create identities for used label sets without one (at most
@@ -256,7 +351,7 @@ impl Allocator {
             self.unnumbered.iter().eq(self
                 .users
                 .iter()
-                .filter(|(l, u)| !u.is_empty() && !self.by_labels.contains_key(*l))
+                .filter(|(l, u)| !u.is_empty() && !self.numbered(l))
                 .map(|(l, _)| l)
                 .collect::<BTreeSet<_>>()),
             "the unnumbered label sets are those in use without an identity"
@@ -278,7 +373,8 @@ impl Allocator {
     /// Whether some used label set has no identity and no number is free for it.
     pub fn exhausted(&self) -> bool {
         let (lo, hi) = (CLUSTER_MIN, CLUSTER_MAX);
-        self.by_id.len() >= (hi - lo + 1) as usize && !self.unnumbered.is_empty()
+        self.by_id.len() + self.damaged_ids.len() >= (hi - lo + 1) as usize
+            && !self.unnumbered.is_empty()
     }
 
     fn next_free(&self, cursor: u32, taken: &BTreeSet<u32>) -> Option<u32> {
@@ -290,12 +386,17 @@ impl Allocator {
         };
         (0..size)
             .map(|step| CLUSTER_MIN + (start - CLUSTER_MIN + step) % size)
-            .find(|n| !self.by_id.contains_key(n) && !taken.contains(n))
+            .find(|n| {
+                !self.by_id.contains_key(n)
+                    && !self.damaged_ids.contains_key(n)
+                    && !taken.contains(n)
+            })
     }
 
     /// The transaction creating `create` (both keys of each, and the cursor), fenced on the
-    /// leader key created at `leader_revision`. It fails whole if any number or label set
-    /// already has a key.
+    /// leader key created at `leader_revision`. It fails whole if any number already has a
+    /// key, or any label set's key is not as the view saw it: missing, or (a damaged key, or
+    /// one naming a number that does not name it back) unchanged since the view read it.
     pub fn create_txn(&self, create: &[(Labels, u32)], leader_revision: Revision) -> Txn {
         let mut txn = Txn {
             compares: vec![Compare::created_at(self.layout.leader(), leader_revision)],
@@ -305,7 +406,15 @@ impl Allocator {
             let id_key = self.layout.identity_by_id(*id);
             let labels_key = self.layout.identity_by_labels(labels);
             txn.compares.push(Compare::missing(id_key.clone()));
-            txn.compares.push(Compare::missing(labels_key.clone()));
+            let seen = self
+                .by_labels
+                .get(labels)
+                .map(|(_, revision)| *revision)
+                .or_else(|| self.damaged_labels.get(labels).copied());
+            txn.compares.push(match seen {
+                Some(revision) => Compare::modified_at(labels_key.clone(), revision),
+                None => Compare::missing(labels_key.clone()),
+            });
             let value = encode(&IdentityRecord {
                 id: *id,
                 labels: labels.clone(),
@@ -373,6 +482,16 @@ impl Allocator {
     /// Label sets in use.
     pub fn label_sets_in_use(&self) -> usize {
         self.users.len()
+    }
+
+    /// Records refused as read.
+    pub fn rejections(&self) -> &Rejections {
+        &self.rejected
+    }
+
+    /// Numbers whose key is damaged (skipped by allocation).
+    pub fn damaged_numbers(&self) -> usize {
+        self.damaged_ids.len()
     }
 }
 

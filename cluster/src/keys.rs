@@ -56,6 +56,25 @@ pub struct EndpointRecord {
     pub identity: Option<u32>,
 }
 
+impl EndpointRecord {
+    /// An endpoint of `node` with `labels` and no address nor identity yet.
+    pub fn new(node: &str, id: u16, labels: Labels) -> Self {
+        Self {
+            node: node.to_owned(),
+            id,
+            name: String::new(),
+            labels,
+            ips: Vec::new(),
+            identity: None,
+        }
+    }
+
+    /// The value stored under its key (JSON).
+    pub fn to_value(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
 /// A node's registration: its own addresses (those it gives the host identity), which the
 /// other nodes give the remote-node identity. Fields added later carry `#[serde(default)]`, so
 /// an older node's record still reads.

@@ -40,6 +40,7 @@ pub mod learned;
 mod memory;
 pub mod node;
 pub mod operator;
+mod reject;
 mod store;
 mod view;
 
@@ -52,8 +53,9 @@ pub use learned::{LearnedRecord, LearnedSink, ShareConfig, ShareStatus, Wall};
 pub use memory::{MemoryStore, MemoryWatch};
 pub use node::{Local, LocalEndpoint, NodeConfig, NodeStatus, Sink};
 pub use operator::{OperatorConfig, OperatorStatus};
+pub use reject::{RecordKind, Rejections};
 pub use store::{
     CmpOp, Compare, Event, Kv, LeaseId, Op, Revision, Snapshot, Store, Target, Txn, TxnOutcome,
     Watch, WatchBatch,
 };
-pub use view::{Changes, Own, View};
+pub use view::{Changes, MAX_RECORD_ADDRESSES, Own, View};

@@ -33,6 +33,7 @@ use tokio::time::Instant;
 use crate::error::{Error, StoreError};
 use crate::keys::{EndpointRecord, Layout, NodeRecord};
 use crate::labels::Labels;
+use crate::reject::{RecordKind, Rejections};
 use crate::store::{LeaseId, Op, Store, Txn, Watch};
 use crate::view::{Changes, View, write_state};
 
@@ -64,7 +65,8 @@ pub struct Local {
 /// Where the node's view goes: the daemon's engine.
 pub trait Sink: Send + Sync + 'static {
     /// Applies what changed in the view. Called from a blocking thread, one call at a time,
-    /// in order (the first call brings the view the node started from to the store's).
+    /// in order (the first call, made once the store was read even if nothing changed,
+    /// brings the view the node started from to the store's).
     fn apply(&self, changes: &Changes);
 }
 
@@ -88,6 +90,10 @@ pub struct NodeStatus {
     pub connected: bool,
     /// Seconds (on the node's clock) of the last connection change.
     pub since_seconds: u64,
+    /// When the connection state last changed (what "connected/unreachable for N s" counts
+    /// from).
+    #[serde(skip)]
+    pub changed_at: Option<Instant>,
     /// The allocator leader, as last seen.
     pub leader: Option<String>,
     /// The revision the view holds.
@@ -106,6 +112,15 @@ pub struct NodeStatus {
     pub resyncs: u64,
     /// The last error.
     pub last_error: Option<String>,
+    /// Records refused as read (not well formed, key and value disagreeing), by kind.
+    pub rejected: BTreeMap<RecordKind, u64>,
+}
+
+impl NodeStatus {
+    /// How long the connection has been in its current state.
+    pub fn in_state_for(&self) -> Duration {
+        self.changed_at.map(|at| at.elapsed()).unwrap_or_default()
+    }
 }
 
 /// The publishing state.
@@ -139,6 +154,7 @@ pub async fn run<S: Store, K: Sink>(
         published: BTreeMap::new(),
     };
     let mut saver = Saver::new(config.state_file.clone());
+    let mut rejected = Rejections::default();
     let mut backoff = Duration::from_millis(200);
     let mut first = true;
     // What it knows before it reaches the store (the state file's view).
@@ -177,11 +193,16 @@ pub async fn run<S: Store, K: Sink>(
             }
         };
         backoff = Duration::from_millis(200);
-        let (fresh, own) = View::from_snapshot(&config.layout, &config.node, &snapshot);
+        let (fresh, own) =
+            View::from_snapshot(&config.layout, &config.node, &snapshot, &mut rejected);
         let changes = view.diff(&fresh);
         view = fresh;
         if !changes.is_empty() {
             saver.dirty = true;
+        }
+        // The first sync is handed over even when nothing changed: the sink learns that the
+        // view is now the store's.
+        if !changes.is_empty() || first {
             apply(&sink, changes).await;
         }
         publisher.published = own
@@ -189,9 +210,13 @@ pub async fn run<S: Store, K: Sink>(
             .map(|(k, kv)| (k, (kv.value, kv.lease)))
             .collect();
         status.send_modify(|s| {
+            if !s.connected || s.changed_at.is_none() {
+                s.since_seconds = started.elapsed().as_secs();
+                s.changed_at = Some(Instant::now());
+            }
             s.connected = true;
-            s.since_seconds = started.elapsed().as_secs();
             s.last_error = None;
+            s.rejected.clone_from(rejected.counts());
             if !first {
                 s.resyncs += 1;
             }
@@ -217,7 +242,11 @@ pub async fn run<S: Store, K: Sink>(
             tokio::select! {
                 next = w.next() => match next {
                     Ok(batch) => {
-                        let (changes, own) = view.apply(&config.layout, &config.node, &batch.events);
+                        let before = rejected.total();
+                        let (changes, own) = view.apply(&config.layout, &config.node, &batch.events, &mut rejected);
+                        if rejected.total() != before {
+                            status.send_modify(|s| s.rejected.clone_from(rejected.counts()));
+                        }
                         for (key, present) in own {
                             if !present && publisher.published.remove(&key).is_some() {
                                 wanted = true;
@@ -281,8 +310,9 @@ pub(crate) async fn retry_pause(backoff: &mut Duration, stop: &mut watch::Receiv
 
 fn disconnected(status: &watch::Sender<NodeStatus>, error: &StoreError, started: Instant) {
     status.send_modify(|s| {
-        if s.connected {
+        if s.connected || s.changed_at.is_none() {
             s.since_seconds = started.elapsed().as_secs();
+            s.changed_at = Some(Instant::now());
         }
         s.connected = false;
         s.last_error = Some(error.to_string());

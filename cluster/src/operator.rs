@@ -8,6 +8,7 @@
 //! (a failed keep-alive, a fenced transaction that fails) and campaigns again. When the leader
 //! dies, its lease expires after the TTL and a waiting instance, watching the key, takes over.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -17,6 +18,7 @@ use tokio::time::Instant;
 use crate::allocator::Allocator;
 use crate::error::{Error, StoreError};
 use crate::keys::Layout;
+use crate::reject::RecordKind;
 use crate::store::{Compare, Event, LeaseId, Op, Revision, Store, Txn, Watch};
 
 /// How an allocator instance runs.
@@ -68,6 +70,28 @@ pub struct OperatorStatus {
     pub terms: u64,
     /// The last error, if the last attempt failed.
     pub last_error: Option<String>,
+    /// Whether the last call to the store succeeded (false from a failure until a success).
+    pub connected: bool,
+    /// Records the leader's view refused (not well formed, key and value disagreeing), by
+    /// kind.
+    pub rejected: BTreeMap<RecordKind, u64>,
+    /// Identity numbers whose key is damaged: skipped by allocation.
+    pub damaged_numbers: usize,
+    /// Creations the store refused in a row (the view was stale); reset by a success.
+    pub refused_creations: u64,
+}
+
+impl OperatorStatus {
+    /// `leader`, `follower` or `unreachable`: this instance's state in one word.
+    pub fn state(&self) -> &'static str {
+        if !self.connected {
+            "unreachable"
+        } else if self.leading {
+            "leader"
+        } else {
+            "follower"
+        }
+    }
 }
 
 /// Why leading stopped.
@@ -143,7 +167,19 @@ impl Drop for AbortOnDrop {
 }
 
 fn report_error(status: &watch::Sender<OperatorStatus>, error: &str) {
-    status.send_modify(|s| s.last_error = Some(error.to_owned()));
+    status.send_modify(|s| {
+        s.last_error = Some(error.to_owned());
+        s.connected = false;
+    });
+}
+
+/// Notes that the store answered.
+fn reached(status: &watch::Sender<OperatorStatus>) {
+    status.send_if_modified(|s| {
+        let changed = !s.connected;
+        s.connected = true;
+        changed
+    });
 }
 
 /// Waits `d` or until stopped; true if stopped.
@@ -210,6 +246,9 @@ async fn campaign_and_lead<S: Store>(
                 }],
             })
             .await;
+        if attempt.is_ok() {
+            reached(status);
+        }
         match attempt {
             Ok(outcome) if outcome.succeeded => break outcome.revision,
             Ok(_) => {}
@@ -257,6 +296,7 @@ async fn wait_for_deletion<S: Store>(
                 .then_some(Ended::Stopped);
         }
     };
+    reached(status);
     // No leader key: campaign again at once.
     let current = snapshot.kvs.iter().find(|kv| kv.key == key)?;
     let holder = String::from_utf8_lossy(&current.value).into_owned();
@@ -319,6 +359,7 @@ async fn lead<S: Store>(
                 continue;
             }
         };
+        reached(status);
         alloc.load(&snapshot, now());
         let mut w = match store.watch(&root, snapshot.revision + 1).await {
             Ok(w) => w,
@@ -334,6 +375,8 @@ async fn lead<S: Store>(
             status.send_modify(|s| {
                 s.identities = alloc.identities();
                 s.leader = Some(config.name.clone());
+                s.rejected.clone_from(alloc.rejections().counts());
+                s.damaged_numbers = alloc.damaged_numbers();
             });
             if retry_at.is_none_or(|at| Instant::now() >= at) {
                 retry_at = None;
@@ -342,7 +385,10 @@ async fn lead<S: Store>(
                     match store.txn(alloc.create_txn(&create, token)).await {
                         Ok(outcome) if outcome.succeeded => {
                             alloc.created(&create, outcome.revision, now());
-                            status.send_modify(|s| s.created += create.len() as u64);
+                            status.send_modify(|s| {
+                                s.created += create.len() as u64;
+                                s.refused_creations = 0;
+                            });
                             for (labels, id) in &create {
                                 tracing::info!(identity = id, labels = %labels, "identity created");
                             }
@@ -355,10 +401,25 @@ async fn lead<S: Store>(
                                     "another allocator holds the leader key".to_owned(),
                                 );
                             }
-                            // Our view was stale (a key exists): read it again.
-                            tracing::debug!(
-                                "identity creation refused by the store; reading the view again"
-                            );
+                            // Our view was stale (a key exists): read it again — at once the
+                            // first time, then with a pause, so that a key the view cannot
+                            // account for never turns into a loop of reads and refusals.
+                            let mut refused = 0;
+                            status.send_modify(|s| {
+                                s.refused_creations += 1;
+                                refused = s.refused_creations;
+                            });
+                            if refused > 1 {
+                                if refused.is_power_of_two() {
+                                    tracing::warn!(
+                                        refused,
+                                        "identity creation refused by the store again; reading the view again after a pause"
+                                    );
+                                }
+                                if wait(stop, Duration::from_millis(500)).await {
+                                    return Ended::Stopped;
+                                }
+                            }
                             continue 'view;
                         }
                         Err(StoreError::Refused { reason }) if batch > 1 => {

@@ -8,11 +8,16 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 
+use std::net::IpAddr;
+
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
-use crate::keys::{EndpointRecord, IdentityRecord, Key, Layout, NodeRecord};
+use crate::keys::{
+    CLUSTER_MAX, CLUSTER_MIN, EndpointRecord, IdentityRecord, Key, Layout, NodeRecord,
+};
 use crate::labels::Labels;
+use crate::reject::{RecordKind, Rejections};
 use crate::store::{Event, Kv, Revision, Snapshot};
 
 /// The first bytes of a state file, with the format version (2: with the other nodes'
@@ -21,8 +26,9 @@ const MAGIC: &[u8; 8] = b"FQDNDCL2";
 /// Version 1 (before the nodes' registrations), still read.
 const MAGIC_V1: &[u8; 8] = b"FQDNDCL1";
 
-/// The cluster as one node sees it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// The cluster as one node sees it. Two views are equal when what they hold is (the raw
+/// identity keys behind `identities` are not compared).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct View {
     /// The view holds every change up to this revision.
     pub revision: Revision,
@@ -36,7 +42,27 @@ pub struct View {
     pub leader: Option<String>,
     /// The other nodes' registrations, by node name.
     pub nodes: BTreeMap<String, NodeRecord>,
+    /// The `identities/id/` keys as read: number → label set (not saved: a view read back
+    /// from its file is replaced by a snapshot before any event is applied to it).
+    #[serde(skip)]
+    ids: BTreeMap<u32, Labels>,
+    /// The `identities/labels/` keys as read: label set → number (not saved, as `ids`).
+    #[serde(skip)]
+    numbers: BTreeMap<Labels, u32>,
 }
+
+impl PartialEq for View {
+    fn eq(&self, other: &Self) -> bool {
+        self.revision == other.revision
+            && self.identities == other.identities
+            && self.endpoints == other.endpoints
+            && self.policies == other.policies
+            && self.leader == other.leader
+            && self.nodes == other.nodes
+    }
+}
+
+impl Eq for View {}
 
 /// A state file of version 1: a [`View`] without `nodes` (the compact encoding has no field
 /// names, so the old layout is read as its own type).
@@ -58,6 +84,8 @@ impl From<ViewV1> for View {
             policies: v.policies,
             leader: v.leader,
             nodes: BTreeMap::new(),
+            ids: BTreeMap::new(),
+            numbers: BTreeMap::new(),
         }
     }
 }
@@ -116,8 +144,14 @@ fn is_own(parsed: Option<&Key>, node: &str) -> bool {
 
 impl View {
     /// The view of a snapshot of the whole prefix, for node `node` (its own endpoints and
-    /// registration are returned apart, not in the view).
-    pub fn from_snapshot(layout: &Layout, node: &str, snapshot: &Snapshot) -> (Self, Own) {
+    /// registration are returned apart, not in the view). Records that are not well formed
+    /// go to `rejected`, each alone.
+    pub fn from_snapshot(
+        layout: &Layout,
+        node: &str,
+        snapshot: &Snapshot,
+        rejected: &mut Rejections,
+    ) -> (Self, Own) {
         let mut view = Self {
             revision: snapshot.revision,
             ..Self::default()
@@ -128,9 +162,26 @@ impl View {
                 own.insert(kv.key.clone(), kv.clone());
                 continue;
             }
-            view.put(layout, node, kv);
+            view.put(layout, node, kv, rejected);
+        }
+        let all: Vec<Labels> = view.numbers.keys().cloned().collect();
+        for labels in all {
+            view.confirm(&labels);
         }
         (view, own)
+    }
+
+    /// Whether `labels`' number is confirmed by both identity keys (the number's key names
+    /// the same label set): then it is in `identities`, else not.
+    fn confirm(&mut self, labels: &Labels) {
+        match self.numbers.get(labels) {
+            Some(n) if self.ids.get(n) == Some(labels) => {
+                self.identities.insert(labels.clone(), *n);
+            }
+            _ => {
+                self.identities.remove(labels);
+            }
+        }
     }
 
     /// Applies watch events; returns what changed (net over the batch: a key created and
@@ -141,6 +192,7 @@ impl View {
         layout: &Layout,
         node: &str,
         events: &[Event],
+        rejected: &mut Rejections,
     ) -> (Changes, Vec<(String, bool)>) {
         let mut own = Vec::new();
         // What each touched key held before the batch.
@@ -162,6 +214,18 @@ impl View {
                         .entry(labels.clone())
                         .or_insert_with(|| self.identities.get(labels).copied());
                 }
+                Some(Key::IdentityById(n)) => {
+                    // The label sets the number's key named before and after the event.
+                    let after = match event {
+                        Event::Put(kv) => decode_identity(kv, *n),
+                        Event::Delete { .. } => None,
+                    };
+                    for labels in self.ids.get(n).cloned().into_iter().chain(after) {
+                        identities
+                            .entry(labels.clone())
+                            .or_insert_with(|| self.identities.get(&labels).copied());
+                    }
+                }
                 Some(Key::Endpoint { .. }) => {
                     endpoints
                         .entry(event.key().to_owned())
@@ -176,10 +240,13 @@ impl View {
                 _ => {}
             }
             match event {
-                Event::Put(kv) => self.put(layout, node, kv),
+                Event::Put(kv) => self.put(layout, node, kv, rejected),
                 Event::Delete { key, .. } => self.delete(layout, key),
             }
             self.revision = self.revision.max(event.revision());
+        }
+        for labels in identities.keys() {
+            self.confirm(labels);
         }
         let mut c = Changes::default();
         for (labels, before) in identities {
@@ -242,58 +309,122 @@ impl View {
         }
     }
 
-    fn put(&mut self, layout: &Layout, node: &str, kv: &Kv) {
+    /// Reads one key into the view (identities are confirmed by the caller); a record that
+    /// is not well formed is refused alone.
+    fn put(&mut self, layout: &Layout, node: &str, kv: &Kv, rejected: &mut Rejections) {
+        let mut refuse =
+            |kind, reason: &str| rejected.reject(kind, &kv.key, kv.mod_revision, reason);
         match layout.parse(&kv.key) {
-            Some(Key::IdentityByLabels(labels)) => {
-                match serde_json::from_slice::<IdentityRecord>(&kv.value) {
-                    Ok(record) if record.labels == labels => {
-                        self.identities.insert(labels, record.id);
-                    }
-                    _ => {
-                        tracing::warn!(key = %kv.key, "an identity value that does not parse is ignored");
-                    }
+            Some(Key::IdentityByLabels(labels)) => match decode::<IdentityRecord>(&kv.value) {
+                Ok(record) if record.labels != labels => {
+                    self.numbers.remove(&labels);
+                    refuse(RecordKind::Identity, "the value's labels are not the key's");
                 }
-            }
+                Ok(record) if !(CLUSTER_MIN..=CLUSTER_MAX).contains(&record.id) => {
+                    self.numbers.remove(&labels);
+                    refuse(RecordKind::Identity, "the number is outside 256-65535");
+                }
+                Ok(record) => {
+                    self.numbers.insert(labels, record.id);
+                }
+                Err(reason) => {
+                    self.numbers.remove(&labels);
+                    refuse(RecordKind::Identity, &reason);
+                }
+            },
+            Some(Key::IdentityById(n)) => match decode_identity(kv, n) {
+                Some(labels) => {
+                    self.ids.insert(n, labels);
+                }
+                None => {
+                    self.ids.remove(&n);
+                    refuse(
+                        RecordKind::Identity,
+                        "the value does not parse or names another number",
+                    );
+                }
+            },
             Some(Key::Endpoint {
                 labels,
                 node: n,
                 id,
                 ..
-            }) if n != node => match serde_json::from_slice::<EndpointRecord>(&kv.value) {
+            }) if n != node => match decode::<EndpointRecord>(&kv.value) {
                 Ok(record) if record.labels == labels && record.node == n && record.id == id => {
-                    self.endpoints.insert(kv.key.clone(), record);
+                    match check_addresses(&record.ips) {
+                        Ok(()) => {
+                            self.endpoints.insert(kv.key.clone(), record);
+                        }
+                        Err(reason) => {
+                            self.endpoints.remove(&kv.key);
+                            refuse(RecordKind::Endpoint, &reason);
+                        }
+                    }
                 }
-                _ => {
-                    tracing::warn!(key = %kv.key, "an endpoint value that does not match its key is ignored");
+                Ok(_) => {
+                    self.endpoints.remove(&kv.key);
+                    refuse(
+                        RecordKind::Endpoint,
+                        "the value's labels, node or id are not the key's",
+                    );
+                }
+                Err(reason) => {
+                    self.endpoints.remove(&kv.key);
+                    refuse(RecordKind::Endpoint, &reason);
                 }
             },
-            Some(Key::Node(n)) if n != node => {
-                match serde_json::from_slice::<NodeRecord>(&kv.value) {
-                    Ok(record) if record.node == n => {
+            Some(Key::Node(n)) if n != node => match decode::<NodeRecord>(&kv.value) {
+                Ok(record) if record.node == n => match check_addresses(&record.ips) {
+                    Ok(()) => {
                         self.nodes.insert(n, record);
                     }
-                    _ => {
-                        tracing::warn!(key = %kv.key, "a node registration that does not match its key is ignored");
+                    Err(reason) => {
+                        self.nodes.remove(&n);
+                        refuse(RecordKind::Node, &reason);
                     }
+                },
+                Ok(_) => {
+                    self.nodes.remove(&n);
+                    refuse(RecordKind::Node, "the value's node is not the key's");
                 }
-            }
+                Err(reason) => {
+                    self.nodes.remove(&n);
+                    refuse(RecordKind::Node, &reason);
+                }
+            },
             Some(Key::Policy(name)) => match String::from_utf8(kv.value.clone()) {
                 Ok(text) => {
                     self.policies.insert(name, text);
                 }
-                Err(_) => tracing::warn!(key = %kv.key, "a policy that is not UTF-8 is ignored"),
+                Err(_) => {
+                    // Absent rather than the previous text: the daemon keeps the version it
+                    // accepted last in force.
+                    self.policies.remove(&name);
+                    refuse(RecordKind::Policy, "the document is not UTF-8");
+                }
             },
-            Some(Key::Leader) => {
-                self.leader = Some(String::from_utf8_lossy(&kv.value).into_owned());
-            }
-            _ => {}
+            Some(Key::Leader) => match std::str::from_utf8(&kv.value) {
+                Ok(name) if crate::keys::valid_name(name) => self.leader = Some(name.to_owned()),
+                _ => {
+                    self.leader = None;
+                    refuse(
+                        RecordKind::Operator,
+                        "the leader's name is not a valid name",
+                    );
+                }
+            },
+            Some(Key::Cursor | Key::Endpoint { .. } | Key::Node(_)) => {}
+            None => refuse(RecordKind::Key, "the key is not part of the layout"),
         }
     }
 
     fn delete(&mut self, layout: &Layout, key: &str) {
         match layout.parse(key) {
             Some(Key::IdentityByLabels(labels)) => {
-                self.identities.remove(&labels);
+                self.numbers.remove(&labels);
+            }
+            Some(Key::IdentityById(n)) => {
+                self.ids.remove(&n);
             }
             Some(Key::Endpoint { .. }) => {
                 self.endpoints.remove(key);
@@ -405,6 +536,43 @@ impl View {
     }
 }
 
+/// The most addresses one endpoint or node record may carry.
+pub const MAX_RECORD_ADDRESSES: usize = 256;
+
+/// A value of the layout, decoded; why not, if it does not decode.
+fn decode<T: serde::de::DeserializeOwned>(value: &[u8]) -> Result<T, String> {
+    serde_json::from_slice(value).map_err(|e| format!("the value does not parse: {e}"))
+}
+
+/// The label set an `identities/id/<n>` value names, if it parses and names `n`.
+fn decode_identity(kv: &Kv, n: u32) -> Option<Labels> {
+    decode::<IdentityRecord>(&kv.value)
+        .ok()
+        .filter(|r| r.id == n)
+        .map(|r| r.labels)
+}
+
+/// Whether the addresses of an endpoint or node record can be a workload's or a node's: at
+/// most [`MAX_RECORD_ADDRESSES`], none unspecified, loopback, multicast or broadcast.
+fn check_addresses(ips: &[IpAddr]) -> Result<(), String> {
+    if ips.len() > MAX_RECORD_ADDRESSES {
+        return Err(format!(
+            "{} addresses (at most {MAX_RECORD_ADDRESSES})",
+            ips.len()
+        ));
+    }
+    let bad = |ip: &IpAddr| {
+        ip.is_unspecified()
+            || ip.is_loopback()
+            || ip.is_multicast()
+            || matches!(ip, IpAddr::V4(v4) if v4.is_broadcast())
+    };
+    match ips.iter().find(|ip| bad(ip)) {
+        Some(ip) => Err(format!("{ip} cannot be a workload's or a node's address")),
+        None => Ok(()),
+    }
+}
+
 /// Writes `bytes` (from [`View::encode`]) to `path` atomically: a temporary file, synced, then
 /// renamed; mode 0600.
 ///
@@ -446,6 +614,18 @@ mod tests {
         }])
     }
 
+    impl View {
+        /// `apply`, with rejections that are not looked at.
+        fn apply_counting(
+            &mut self,
+            layout: &Layout,
+            node: &str,
+            events: &[Event],
+        ) -> (Changes, Vec<(String, bool)>) {
+            self.apply(layout, node, events, &mut Rejections::default())
+        }
+    }
+
     fn kv(key: String, value: Vec<u8>, rev: Revision) -> Kv {
         Kv {
             key,
@@ -471,6 +651,18 @@ mod tests {
                 n.into(),
             )
         };
+        // The number's own key, naming the label set back.
+        let num = |n: u32, a: &str| {
+            kv(
+                l.identity_by_id(n),
+                serde_json::to_vec(&IdentityRecord {
+                    id: n,
+                    labels: labels(a),
+                })
+                .unwrap(),
+                n.into(),
+            )
+        };
         let ep = |node: &str| {
             let record = EndpointRecord {
                 node: node.into(),
@@ -487,16 +679,21 @@ mod tests {
             )
         };
         let snapshot = Snapshot {
-            kvs: vec![id(300, "web"), ep("a"), ep("b")],
+            kvs: vec![num(300, "web"), id(300, "web"), ep("a"), ep("b")],
             revision: 10,
         };
-        let (mut view, own) = View::from_snapshot(&l, "a", &snapshot);
+        let (mut view, own) = View::from_snapshot(&l, "a", &snapshot, &mut Rejections::default());
         assert_eq!(own.len(), 1);
         assert_eq!(view.endpoints.len(), 1);
-        let (changes, own) = view.apply(
+        let (changes, own) = view.apply_counting(
             &l,
             "a",
             &[
+                Event::Delete {
+                    key: l.identity_by_id(300),
+                    revision: 11,
+                },
+                Event::Put(num(301, "web")),
                 Event::Put(id(301, "web")),
                 Event::Delete {
                     key: l.endpoint(&labels("web"), "a", 1),
@@ -510,7 +707,7 @@ mod tests {
         // Within one batch, created then deleted is no change; applied elsewhere, the changes
         // give the same view.
         let mut mirror = view.clone();
-        let (changes, _) = view.apply(
+        let (changes, _) = view.apply_counting(
             &l,
             "a",
             &[
@@ -519,6 +716,7 @@ mod tests {
                     key: l.endpoint(&labels("web"), "b2", 1),
                     revision: 14,
                 },
+                Event::Put(num(302, "db")),
                 Event::Put(id(302, "db")),
             ],
         );
@@ -592,11 +790,11 @@ mod tests {
             kvs: vec![reg("a", "192.0.2.1", 3), reg("b", "192.0.2.2", 4)],
             revision: 5,
         };
-        let (mut view, own) = View::from_snapshot(&l, "a", &snapshot);
+        let (mut view, own) = View::from_snapshot(&l, "a", &snapshot, &mut Rejections::default());
         assert_eq!(own.keys().collect::<Vec<_>>(), vec![&l.node("a")]);
         assert_eq!(view.nodes.keys().collect::<Vec<_>>(), vec!["b"]);
         let mut mirror = view.clone();
-        let (changes, own) = view.apply(
+        let (changes, own) = view.apply_counting(
             &l,
             "a",
             &[
@@ -622,7 +820,7 @@ mod tests {
         // A registration whose key and value disagree is ignored.
         let mut forged = reg("d", "192.0.2.5", 9);
         forged.key = l.node("e");
-        let (changes, _) = view.apply(
+        let (changes, _) = view.apply_counting(
             &l,
             "a",
             &[
@@ -682,5 +880,96 @@ mod tests {
         view.save(&path).unwrap();
         assert!(std::fs::read(&path).unwrap().starts_with(MAGIC));
         assert_eq!(View::load(&path).unwrap(), Some(view));
+    }
+
+    /// Every record is checked alone: an identity is applied only when both its keys parse,
+    /// are in range and name each other; an endpoint or registration only when its value is
+    /// its key's; anything else is refused and counted by kind, and the rest still applies.
+    #[test]
+    fn each_record_is_validated_alone_and_refusals_are_counted() {
+        let l = Layout::new("/c");
+        let record = |n: u32, a: &str| {
+            serde_json::to_vec(&IdentityRecord {
+                id: n,
+                labels: labels(a),
+            })
+            .unwrap()
+        };
+        let endpoint = |node: &str, ip: &str| EndpointRecord {
+            node: node.into(),
+            id: 1,
+            name: "x".into(),
+            labels: labels("web"),
+            ips: vec![ip.parse().unwrap()],
+            identity: None,
+        };
+        let ep_kv = |node: &str, r: &EndpointRecord| {
+            kv(
+                l.endpoint(&labels("web"), node, 1),
+                serde_json::to_vec(r).unwrap(),
+                9,
+            )
+        };
+        let snapshot = Snapshot {
+            kvs: vec![
+                // web: both keys agree.
+                kv(l.identity_by_id(300), record(300, "web"), 2),
+                kv(l.identity_by_labels(&labels("web")), record(300, "web"), 2),
+                // db: its labels key names a number outside the range.
+                kv(l.identity_by_labels(&labels("db")), record(70_000, "db"), 3),
+                // evil: its labels key names web's number (a forged record).
+                kv(
+                    l.identity_by_labels(&labels("evil")),
+                    record(300, "evil"),
+                    4,
+                ),
+                // api: its number's key does not parse.
+                kv(l.identity_by_id(301), b"\xff\x00garbage".to_vec(), 5),
+                kv(l.identity_by_labels(&labels("api")), record(301, "api"), 5),
+                ep_kv("b", &endpoint("b", "10.0.0.2")),
+                ep_kv("c", &endpoint("c", "0.0.0.0")),
+                ep_kv("d", &endpoint("e", "10.0.0.4")),
+                kv(l.endpoint(&labels("web"), "f", 1), b"{}".to_vec(), 9),
+                kv(l.node("g"), b"[1,2".to_vec(), 9),
+                kv("/c/identities/id/99999".into(), record(300, "web"), 9),
+                kv(l.leader(), b"no such/name".to_vec(), 9),
+            ],
+            revision: 10,
+        };
+        let mut rejected = Rejections::default();
+        let (view, _) = View::from_snapshot(&l, "a", &snapshot, &mut rejected);
+        assert_eq!(
+            view.identities.iter().collect::<Vec<_>>(),
+            vec![(&labels("web"), &300)]
+        );
+        assert_eq!(view.endpoints.len(), 1, "{:?}", view.endpoints);
+        assert!(view.nodes.is_empty() && view.leader.is_none());
+        let counts = rejected.counts();
+        assert_eq!(counts[&RecordKind::Identity], 2, "{counts:?}");
+        assert_eq!(counts[&RecordKind::Endpoint], 3, "{counts:?}");
+        assert_eq!(counts[&RecordKind::Node], 1);
+        assert_eq!(counts[&RecordKind::Key], 1);
+        assert_eq!(counts[&RecordKind::Operator], 1);
+        // The same snapshot read again (a resync) counts nothing new.
+        let _ = View::from_snapshot(&l, "a", &snapshot, &mut rejected);
+        assert_eq!(rejected.total(), 8);
+        // api's number key repaired: api is applied; web's number key overwritten with
+        // another label set: web loses its number (and evil never gets it).
+        let mut view = view;
+        let (changes, _) = view.apply(
+            &l,
+            "a",
+            &[
+                Event::Put(kv(l.identity_by_id(301), record(301, "api"), 11)),
+                Event::Put(kv(l.identity_by_id(300), record(300, "other"), 12)),
+            ],
+            &mut rejected,
+        );
+        assert_eq!(changes.assigned, vec![(labels("api"), 301)]);
+        assert_eq!(changes.unassigned, vec![(labels("web"), 300)]);
+        assert_eq!(
+            view.identities.iter().collect::<Vec<_>>(),
+            vec![(&labels("api"), &301)]
+        );
     }
 }

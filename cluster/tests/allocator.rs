@@ -13,8 +13,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use fqdnd_cluster::{
-    Allocator, Compare, Key, Label, Labels, Layout, MemoryStore, Op, Revision, Store, Txn, Watch,
-    check_identities,
+    Allocator, Compare, EndpointRecord, Key, Label, Labels, Layout, MemoryStore, Op, Revision,
+    Store, Txn, Watch, check_identities,
 };
 use proptest::prelude::*;
 
@@ -70,7 +70,7 @@ async fn put_endpoint(store: &MemoryStore, layout: &Layout, set: u8, node: u8, i
             compares: vec![],
             ops: vec![Op::Put {
                 key: layout.endpoint(&labels(set), &format!("n{node}"), id),
-                value: b"{}".to_vec(),
+                value: EndpointRecord::new(&format!("n{node}"), id, labels(set)).to_value(),
                 lease: None,
             }],
         })

@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 use etcd::EtcdCluster;
 use fqdnd_cluster::operator::{self, OperatorConfig, OperatorStatus};
 use fqdnd_cluster::{
-    Compare, Connect, EtcdStore, Event, Label, Labels, Layout, Op, Store, StoreError, Txn, Watch,
-    check_identities,
+    Compare, Connect, EndpointRecord, EtcdStore, Event, Label, Labels, Layout, Op, Store,
+    StoreError, Txn, Watch, check_identities,
 };
 use tokio::sync::watch;
 
@@ -252,16 +252,23 @@ fn one_identity_per_label_set_through_etcd_and_allocator_leader_deaths() {
                             &format!("n{node}"),
                             1,
                         );
+                        let value = EndpointRecord::new(
+                            &format!("n{node}"),
+                            1,
+                            labels(&format!("r{round}s{set}")),
+                        )
+                        .to_value();
                         eventually("an endpoint registered", Duration::from_secs(30), || {
                             let client = client.clone();
                             let key = key.clone();
+                            let value = value.clone();
                             async move {
                                 client
                                     .txn(Txn {
                                         compares: vec![],
                                         ops: vec![Op::Put {
                                             key,
-                                            value: b"{}".to_vec(),
+                                            value,
                                             lease: None,
                                         }],
                                     })

@@ -14,7 +14,8 @@ use std::time::Duration;
 use fqdnd_cluster::node::{self, Local, LocalEndpoint, NodeConfig, NodeStatus, Sink};
 use fqdnd_cluster::operator::{self, OperatorConfig, OperatorStatus};
 use fqdnd_cluster::{
-    Changes, Label, Labels, Layout, MemoryStore, NodeRecord, Op, Store, Txn, View, check_identities,
+    Changes, EndpointRecord, Label, Labels, Layout, MemoryStore, NodeRecord, Op, Store, Txn, View,
+    check_identities,
 };
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -92,7 +93,7 @@ async fn register(store: &MemoryStore, set: &str, nodes: &[&str]) {
                 .iter()
                 .map(|n| Op::Put {
                     key: layout.endpoint(&labels(set), n, 1),
-                    value: b"{}".to_vec(),
+                    value: EndpointRecord::new(n, 1, labels(set)).to_value(),
                     lease: None,
                 })
                 .collect(),

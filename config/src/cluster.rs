@@ -114,6 +114,41 @@ pub fn valid_node_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
 }
 
+/// Whether `url` is an etcd member URL: `http://` or `https://`, then a host (a name, an IPv4
+/// address or an IPv6 address in brackets) and a port of 1–65535; nothing after it.
+fn member_url(url: &str) -> Result<(), &'static str> {
+    let hostport = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .ok_or("the scheme must be http:// or https://")?;
+    let hostport = hostport.strip_suffix('/').unwrap_or(hostport);
+    if hostport.contains('/') {
+        return Err("a member URL has no path");
+    }
+    let (host, port) = match hostport.strip_prefix('[') {
+        Some(rest) => {
+            let (v6, port) = rest
+                .split_once("]:")
+                .ok_or("no port after the IPv6 address")?;
+            v6.parse::<std::net::Ipv6Addr>()
+                .map_err(|_| "the address in brackets is not IPv6")?;
+            (v6, port)
+        }
+        None => hostport.rsplit_once(':').ok_or("no port")?,
+    };
+    let host_ok = !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-' || b == b':');
+    if !host_ok {
+        return Err("the host is not a name or an address");
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(()),
+        _ => Err("the port is not a number of 1-65535"),
+    }
+}
+
 /// Converts the `Cluster` document; `None` if anything in it is wrong.
 pub(crate) fn cluster(doc: &Spanned<ClusterDoc>, diag: &mut Diag<'_>) -> Option<Cluster> {
     let before = diag.count();
@@ -135,17 +170,12 @@ pub(crate) fn cluster(doc: &Spanned<ClusterDoc>, diag: &mut Diag<'_>) -> Option<
     let spec = &spec.value;
     for text in spec.endpoints.iter().flatten() {
         let url = text.value.trim();
-        let rest = url
-            .strip_prefix("http://")
-            .or_else(|| url.strip_prefix("https://"));
-        match rest {
-            Some(hostport) if !hostport.is_empty() && !hostport.contains('/') => {
-                c.endpoints.push(url.to_owned());
-            }
-            _ => diag.invalid(
+        match member_url(url) {
+            Ok(()) => c.endpoints.push(url.to_owned()),
+            Err(why) => diag.invalid(
                 at(text),
                 format!(
-                    "`endpoints`: {:?} is not an etcd member URL: write `http://HOST:PORT` or `https://HOST:PORT`",
+                    "`endpoints`: {:?} is not an etcd member URL ({why}): write `http://HOST:PORT` or `https://HOST:PORT`",
                     sanitize(url)
                 ),
             ),

@@ -69,7 +69,7 @@ pub use gateway::{
 pub use load::{CILIUM_API_VERSION, FQDND_API_VERSION, load, load_str};
 pub use service::Service;
 pub use settings::{MAX_PROXY_RESPONSE_DELAY, MIN_GC_INTERVAL, Settings};
-pub use shared::{SharedPolicy, shared_policies, shared_rules};
+pub use shared::{SharedPolicy, SharedPolicySet, SharedUpdate, shared_policies};
 pub use warnings::{DeadReason, Warning};
 
 /// A realistic policy file: Settings, two Endpoints and CiliumNetworkPolicies for DNS

@@ -1,8 +1,9 @@
 //! Shared policy: the CiliumNetworkPolicy documents `fqdnd policy apply` stores in the cluster,
 //! one key per policy ([`shared_policies`]), each read back and loaded on its own by every node
-//! ([`shared_rules`]).
+//! ([`SharedPolicySet`]: a document that does not load is refused alone).
 
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use fqdnd_ipcache::policy::Rule;
 
@@ -53,28 +54,140 @@ pub fn shared_policies(text: &str, file: &Path) -> Result<Vec<SharedPolicy>, Err
     split(text, file).map(|(_, policies)| policies)
 }
 
-/// The rules of the shared policy documents as a node reads them back: `(origin, text)` for
-/// each (the origin — say, the key it is stored under — locates its errors). Each document is
-/// loaded on its own, as [`shared_policies`] checks it at `apply`: a document that does not
-/// load, or is not a policy, is refused.
+/// The shared policy a node has accepted, document by document.
 ///
-/// # Errors
-/// Every document's errors; then no rule is returned, so a node never applies half a change.
-pub fn shared_rules<'a>(
-    documents: impl IntoIterator<Item = (&'a Path, &'a str)>,
-) -> Result<Vec<Rule>, Errors> {
-    let mut rules = Vec::new();
-    let mut errors = Vec::new();
-    for (origin, text) in documents {
-        match split(text, origin) {
-            Ok((config, _)) => rules.extend(config.rules),
-            Err(e) => errors.extend(e),
-        }
+/// Each stored document is loaded on its own, as [`shared_policies`] checks it at `apply`. A
+/// document that does not load (or is not a policy) is refused **alone**: every other document
+/// applies, and a deletion always takes effect. A refused change to a document that was
+/// accepted before leaves its previous version in force, so a broken write never makes a node
+/// more open than the last policy it accepted; a document refused with no earlier version is
+/// simply absent.
+#[derive(Debug, Clone, Default)]
+pub struct SharedPolicySet {
+    /// Name → the version in force.
+    accepted: BTreeMap<String, Accepted>,
+    /// Name → the text refused and why (kept so the same text is not loaded and reported
+    /// again at every change).
+    refused: BTreeMap<String, Refused>,
+}
+
+#[derive(Debug, Clone)]
+struct Accepted {
+    text: String,
+    rules: Vec<Rule>,
+}
+
+#[derive(Debug, Clone)]
+struct Refused {
+    text: String,
+    errors: Vec<String>,
+}
+
+/// What one [`SharedPolicySet::update`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SharedUpdate {
+    /// Documents new or changed, now in force.
+    pub applied: Vec<String>,
+    /// Documents deleted from the store, no longer in force.
+    pub removed: Vec<String>,
+    /// Documents newly refused (a text not seen refused before), with why — each error
+    /// located at the document's origin.
+    pub refused: Vec<(String, Vec<String>)>,
+    /// Of the refused, those whose previous version stays in force.
+    pub kept_previous: Vec<String>,
+}
+
+impl SharedUpdate {
+    /// Whether the rules in force changed.
+    #[must_use]
+    pub fn rules_changed(&self) -> bool {
+        !self.applied.is_empty() || !self.removed.is_empty()
     }
-    if errors.is_empty() {
-        Ok(rules)
-    } else {
-        Err(Errors::new(errors))
+}
+
+impl SharedPolicySet {
+    /// Brings the set to the documents the store now holds (`name → text`); `origin` names a
+    /// document in errors and rule origins (say, `etcd:<key>`).
+    pub fn update(
+        &mut self,
+        documents: &BTreeMap<String, String>,
+        origin: impl Fn(&str) -> PathBuf,
+    ) -> SharedUpdate {
+        let mut update = SharedUpdate::default();
+        let gone: Vec<String> = self
+            .accepted
+            .keys()
+            .filter(|name| !documents.contains_key(*name))
+            .cloned()
+            .collect();
+        for name in gone {
+            self.accepted.remove(&name);
+            update.removed.push(name);
+        }
+        self.refused.retain(|name, _| documents.contains_key(name));
+        for (name, text) in documents {
+            if self.accepted.get(name).is_some_and(|a| a.text == *text) {
+                self.refused.remove(name);
+                continue;
+            }
+            if self.refused.get(name).is_some_and(|r| r.text == *text) {
+                continue;
+            }
+            match split(text, &origin(name)) {
+                Ok((config, _)) => {
+                    self.refused.remove(name);
+                    self.accepted.insert(
+                        name.clone(),
+                        Accepted {
+                            text: text.clone(),
+                            rules: config.rules,
+                        },
+                    );
+                    update.applied.push(name.clone());
+                }
+                Err(errors) => {
+                    let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
+                    if self.accepted.contains_key(name) {
+                        update.kept_previous.push(name.clone());
+                    }
+                    self.refused.insert(
+                        name.clone(),
+                        Refused {
+                            text: text.clone(),
+                            errors: errors.clone(),
+                        },
+                    );
+                    update.refused.push((name.clone(), errors));
+                }
+            }
+        }
+        update
+    }
+
+    /// The rules in force, document by document in name order.
+    pub fn rules(&self) -> impl Iterator<Item = &Rule> + '_ {
+        self.accepted.values().flat_map(|a| &a.rules)
+    }
+
+    /// The documents in force: `(name, text)`, in name order (what a node persists so that a
+    /// restart keeps the versions it accepted).
+    pub fn accepted(&self) -> impl Iterator<Item = (&str, &str)> + '_ {
+        self.accepted
+            .iter()
+            .map(|(name, a)| (name.as_str(), a.text.as_str()))
+    }
+
+    /// How many documents are in force.
+    #[must_use]
+    pub fn documents(&self) -> usize {
+        self.accepted.len()
+    }
+
+    /// The documents refused as the store holds them now, with why.
+    pub fn refused(&self) -> impl Iterator<Item = (&str, &[String])> + '_ {
+        self.refused
+            .iter()
+            .map(|(name, r)| (name.as_str(), r.errors.as_slice()))
     }
 }
 

@@ -8,6 +8,7 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -70,6 +71,38 @@ fn every_mistake_is_located() {
     has("test.yaml:11:", "`gatewayGroup`");
 }
 
+/// A member URL that cannot be dialled is a configuration error at its place, not a client
+/// that starts and stays silent.
+#[test]
+fn member_urls_need_a_host_and_a_port_of_1_to_65535() {
+    for bad in [
+        "http://127.0.0.1:notaport",
+        "http://127.0.0.1:99999",
+        "http://127.0.0.1:0",
+        "http://127.0.0.1",
+        "http://:2379",
+        "http://[::1:2379",
+        "http://a b:2379",
+        "etcd://127.0.0.1:2379",
+    ] {
+        let m = messages(&format!("{HEAD}  endpoints:\n    - \"{bad}\"\n"));
+        assert!(
+            m.iter()
+                .any(|e| e.starts_with("test.yaml:5:7:") && e.contains("not an etcd member URL")),
+            "{bad}: {m:#?}"
+        );
+    }
+    for good in [
+        "http://127.0.0.1:2379",
+        "https://etcd-1.example.org:2379",
+        "http://[::1]:2379",
+        "http://[fd00::10]:2379/",
+    ] {
+        let config = ok(&format!("{HEAD}  endpoints: [\"{good}\"]\n"));
+        assert_eq!(config.cluster.unwrap().endpoints, vec![good.to_owned()]);
+    }
+}
+
 #[test]
 fn no_endpoints_and_a_second_document_are_errors() {
     let m = messages(&format!("{HEAD}  prefix: /x\n"));
@@ -126,51 +159,77 @@ fn shared_policies_are_the_files_policy_documents_each_on_its_own() {
     );
 }
 
+fn origin(name: &str) -> PathBuf {
+    PathBuf::from(format!("etcd:/p/policies/{name}"))
+}
+
 #[test]
-fn shared_rules_load_each_stored_document_and_refuse_all_on_any_error() {
+fn shared_documents_load_one_by_one_and_a_broken_one_is_refused_alone() {
     let text = format!(
         "{}---\napiVersion: cilium.io/v2\nkind: CiliumClusterwideNetworkPolicy\nmetadata: {{name: all}}\nspec:\n  endpointSelector: {{}}\n  egress: [{{toEndpoints: [{{matchLabels: {{app: db}}}}]}}]\n",
         common::cnp_in("prod", common::EGRESS)
     );
     let shared = fqdnd_config::shared_policies(&text, std::path::Path::new("p.yaml")).unwrap();
-    let origins: Vec<PathBuf> = shared
+    let mut docs: BTreeMap<String, String> = shared
         .iter()
-        .map(|p| PathBuf::from(format!("etcd:/p/policies/{}", p.name)))
+        .map(|p| (p.name.clone(), p.text.clone()))
         .collect();
-    let stored: Vec<(&std::path::Path, &str)> = origins
-        .iter()
-        .zip(&shared)
-        .map(|(o, p)| (o.as_path(), p.text.as_str()))
-        .collect();
-    // What the whole file holds, document by document.
-    let rules = fqdnd_config::shared_rules(stored.iter().copied()).unwrap();
+    let mut set = fqdnd_config::SharedPolicySet::default();
+    let update = set.update(&docs, origin);
+    assert_eq!(
+        update.applied,
+        vec!["ccnp/all".to_owned(), "cnp/prod/p".to_owned()]
+    );
+    assert!(update.rules_changed() && update.refused.is_empty());
+    // What the whole file holds, document by document; each rule located at its key.
+    let rules: Vec<_> = set.rules().collect();
     let whole = ok(&text).rules;
     assert_eq!(rules.len(), whole.len());
-    for (rule, expected) in rules.iter().zip(&whole) {
-        assert_eq!(rule.egress, expected.egress);
-        assert_eq!(rule.endpoint_selector, expected.endpoint_selector);
-    }
-    // Each rule is located at its key.
-    assert!(rules[0].origin.starts_with("etcd:/p/policies/cnp/prod/p:"));
-    assert!(rules[1].origin.starts_with("etcd:/p/policies/ccnp/all:"));
-    // One broken document (written to the store by something other than `policy apply`):
-    // nothing, and the error names the key.
-    let broken = PathBuf::from("etcd:/p/policies/ccnp/broken");
-    let mut with_broken = stored.clone();
-    with_broken.push((broken.as_path(), "kind: [oops"));
-    let errors = fqdnd_config::shared_rules(with_broken)
-        .unwrap_err()
-        .to_string();
+    assert!(rules[0].origin.starts_with("etcd:/p/policies/ccnp/all:"));
+    assert!(rules[1].origin.starts_with("etcd:/p/policies/cnp/prod/p:"));
+    assert_eq!(rules[1].egress, whole[0].egress);
+    // One broken document (written to the store by something other than `policy apply`) is
+    // refused alone, its error naming its key; the others stay in force.
+    docs.insert("ccnp/broken".into(), "this: [is not".into());
+    let update = set.update(&docs, origin);
+    assert!(!update.rules_changed());
+    assert_eq!(update.refused.len(), 1);
     assert!(
-        errors.starts_with("etcd:/p/policies/ccnp/broken:"),
-        "{errors}"
+        update.refused[0].1[0].starts_with("etcd:/p/policies/ccnp/broken:"),
+        "{:?}",
+        update.refused
     );
+    assert_eq!(set.documents(), 2);
+    assert_eq!(set.rules().count(), 2);
+    // The same broken text is not loaded or reported again.
+    assert_eq!(
+        set.update(&docs, origin),
+        fqdnd_config::SharedUpdate::default()
+    );
+    // A deletion takes effect whatever the broken document holds.
+    docs.remove("ccnp/all");
+    let update = set.update(&docs, origin);
+    assert_eq!(update.removed, vec!["ccnp/all".to_owned()]);
+    assert_eq!(set.rules().count(), 1);
+    // A broken new version of an accepted document leaves the previous version in force.
+    let good = docs["cnp/prod/p"].clone();
+    docs.insert("cnp/prod/p".into(), "spec: [oops".into());
+    let update = set.update(&docs, origin);
+    assert_eq!(update.kept_previous, vec!["cnp/prod/p".to_owned()]);
+    assert_eq!(
+        set.accepted().collect::<Vec<_>>(),
+        vec![("cnp/prod/p", good.as_str())]
+    );
+    assert_eq!(set.refused().count(), 2);
+    // Repaired, it applies; the refusal is gone.
+    docs.insert("cnp/prod/p".into(), good);
+    docs.remove("ccnp/broken");
+    assert!(set.update(&docs, origin).applied.is_empty());
+    assert_eq!(set.refused().count(), 0);
     // A document that is not a policy is not shared, even if it loads.
     let endpoint = "apiVersion: fqdnd.io/v1\nkind: Endpoint\nmetadata: {name: a}\nspec: {id: 1, addresses: [10.0.0.1]}\n";
-    let mut with_endpoint = stored;
-    with_endpoint.push((broken.as_path(), endpoint));
-    let errors = fqdnd_config::shared_rules(with_endpoint)
-        .unwrap_err()
-        .to_string();
-    assert!(errors.contains("`Endpoint`"), "{errors}");
+    docs.insert("ep".into(), endpoint.into());
+    let update = set.update(&docs, origin);
+    assert!(update.refused[0].1[0].contains("`Endpoint`"), "{update:?}");
+    assert_eq!(set.documents(), 1);
 }

@@ -632,8 +632,9 @@ impl<D: Datapath> IpCache<D> {
     /// (removal, commit, assignment): the same number never means two label sets in one batch.
     ///
     /// # Errors
-    /// A number outside the cluster range (nothing changes), or one that still stands for
-    /// another label set here ([`Error::IdentityTaken`]; the other changes are made).
+    /// A number outside the cluster range (that change alone is not made), or one that still
+    /// stands for another label set here ([`Error::IdentityTaken`]); the other changes are
+    /// made either way.
     pub fn assign_cluster_identities(
         &mut self,
         changes: impl IntoIterator<Item = (Vec<EndpointLabel>, Option<Identity>)>,
@@ -641,14 +642,17 @@ impl<D: Datapath> IpCache<D> {
         let Some(cluster) = self.cluster.as_mut() else {
             return Ok(());
         };
-        let changes: Vec<(Vec<EndpointLabel>, Option<Identity>)> = changes.into_iter().collect();
-        if let Some(bad) = changes
-            .iter()
-            .filter_map(|(_, n)| *n)
-            .find(|n| n.scope() != Some(Scope::Cluster))
-        {
-            return Err(Error::NotClusterIdentity { identity: bad });
-        }
+        let mut bad = None;
+        let changes: Vec<(Vec<EndpointLabel>, Option<Identity>)> = changes
+            .into_iter()
+            .filter(|(_, n)| match n {
+                Some(n) if n.scope() != Some(Scope::Cluster) => {
+                    bad.get_or_insert(*n);
+                    false
+                }
+                _ => true,
+            })
+            .collect();
         let mut affected = BTreeSet::new();
         for (labels, number) in changes {
             let set: LabelSet = labels
@@ -663,7 +667,11 @@ impl<D: Datapath> IpCache<D> {
                 affected.extend(cluster.by_labels.get(&set).into_iter().flatten().copied());
             }
         }
-        self.resolve_all(affected)
+        self.resolve_all(affected)?;
+        match bad {
+            Some(identity) => Err(Error::NotClusterIdentity { identity }),
+            None => Ok(()),
+        }
     }
 
     /// Adds or changes another node's endpoint `name`: its addresses carry its labels, with

@@ -273,6 +273,27 @@ fn a_number_moving_to_another_label_set_needs_its_release_first() {
         c.assign_cluster_identities([(labels("db"), Some(Identity(70_000)))]),
         Err(Error::NotClusterIdentity { .. })
     ));
+    // A number out of range is refused alone: the other changes of the batch are made.
+    c.assign_cluster_identities([(labels("web"), Some(Identity(301)))])
+        .unwrap();
+    c.commit().unwrap();
+    assert!(matches!(
+        c.assign_cluster_identities([
+            (labels("db"), Some(Identity(70_000))),
+            (labels("web"), None),
+            (labels("web"), Some(Identity(302))),
+        ]),
+        Err(Error::NotClusterIdentity { .. })
+    ));
+    c.commit().unwrap();
+    assert_eq!(
+        c.identity_of(&host_prefix(ip("10.0.0.2"))),
+        Some(Identity(302))
+    );
+    assert_eq!(
+        c.identity_of(&host_prefix(ip("10.1.0.1"))),
+        Some(Identity(300))
+    );
 }
 
 #[test]

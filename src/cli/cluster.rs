@@ -35,8 +35,15 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
+/// How often `fqdnd operator` repeats that etcd is unreachable.
+const UNREACHABLE_LOG: Duration = Duration::from_secs(10);
+
 /// `fqdnd operator`: runs an identity allocator until SIGINT/SIGTERM.
-pub(crate) fn operator(paths: &[PathBuf], name: Option<String>) -> Result<ExitCode> {
+pub(crate) fn operator(
+    paths: &[PathBuf],
+    name: Option<String>,
+    metrics: Option<std::net::SocketAddr>,
+) -> Result<ExitCode> {
     let doc = cluster_doc(paths)?;
     let name = match name {
         Some(name) => name,
@@ -51,15 +58,26 @@ pub(crate) fn operator(paths: &[PathBuf], name: Option<String>) -> Result<ExitCo
     config.gc_interval =
         (doc.identity_gc_grace / 10).clamp(Duration::from_secs(1), Duration::from_secs(60));
     runtime()?.block_on(async move {
+        let exporter = match metrics {
+            Some(addr) => Some(crate::metrics::install_operator(addr)?),
+            None => None,
+        };
         let store = EtcdStore::connect(&connect_options(&doc))
             .await
             .context("setting up the etcd client")?;
+        if let Some(exporter) = exporter {
+            crate::metrics::serve(exporter);
+        }
         let (status_tx, mut status) = watch::channel(OperatorStatus::default());
         let (stop_tx, stop) = watch::channel(false);
         tracing::info!(name = %name, endpoints = ?doc.endpoints, prefix = %doc.prefix, "identity allocator starting");
         let mut run = tokio::spawn(operator::run(store, config, status_tx, stop));
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        let mut leading = false;
+        // The state last logged; etcd's silence is reported from the start, then every
+        // UNREACHABLE_LOG while it lasts.
+        let mut state = "starting";
+        let mut tick = tokio::time::interval(UNREACHABLE_LOG);
+        tick.tick().await;
         loop {
             tokio::select! {
                 result = &mut run => {
@@ -71,13 +89,24 @@ pub(crate) fn operator(paths: &[PathBuf], name: Option<String>) -> Result<ExitCo
                         continue;
                     }
                     let s = status.borrow_and_update().clone();
-                    if s.leading != leading {
-                        leading = s.leading;
-                        if leading {
-                            tracing::warn!(name = %name, term = s.terms, "this allocator leads");
-                        } else {
-                            tracing::warn!(name = %name, leader = ?s.leader, "this allocator no longer leads");
-                        }
+                    crate::metrics::record_operator(&s);
+                    let now = s.state();
+                    if now == state || (now == "unreachable" && state == "starting") {
+                        continue;
+                    }
+                    match now {
+                        "leader" => tracing::warn!(name = %name, term = s.terms, "this allocator leads"),
+                        "follower" => tracing::warn!(name = %name, leader = ?s.leader, "this allocator follows (another leads)"),
+                        _ => tracing::error!(name = %name, endpoints = ?doc.endpoints, error = s.last_error.as_deref().unwrap_or("-"), "etcd is unreachable: no identity is created or collected until it answers"),
+                    }
+                    state = now;
+                }
+                _ = tick.tick() => {
+                    let s = status.borrow().clone();
+                    crate::metrics::record_operator(&s);
+                    if !s.connected {
+                        state = "unreachable";
+                        tracing::error!(name = %name, endpoints = ?doc.endpoints, error = s.last_error.as_deref().unwrap_or("no answer yet"), "etcd is still unreachable");
                     }
                 }
                 _ = tokio::signal::ctrl_c() => break,

@@ -79,13 +79,13 @@ pub(crate) fn status(target: &Target, json: bool) -> Result<ExitCode> {
         )?;
         writeln!(
             out,
-            "  etcd:           {} since {}s (revision {}, {} resyncs){}",
+            "  etcd:           {} for {}s (revision {}, {} resyncs){}",
             if c.connected {
                 "connected"
             } else {
                 "UNREACHABLE"
             },
-            c.since_seconds,
+            c.state_seconds,
             c.revision,
             c.resyncs,
             c.last_error
@@ -111,8 +111,23 @@ pub(crate) fn status(target: &Target, json: bool) -> Result<ExitCode> {
         for (id, labels) in &c.temporary_identities {
             writeln!(out, "    {id:#010x} {labels}")?;
         }
+        if !c.shared_policy_known {
+            writeln!(
+                out,
+                "  shared policy:  NOT KNOWN YET (etcd not read since start): every endpoint in default deny"
+            )?;
+        }
         for e in &c.shared_policy_errors {
             writeln!(out, "  shared policy refused: {e}")?;
+        }
+        if !c.rejected.is_empty() {
+            let rejected: Vec<String> =
+                c.rejected.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            writeln!(
+                out,
+                "  refused records: {} (not applied; see the log for each key)",
+                rejected.join(", ")
+            )?;
         }
         if let Some(h) = &c.ha {
             writeln!(

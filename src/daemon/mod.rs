@@ -497,6 +497,10 @@ pub(crate) struct StartOptions {
     pub(crate) strict_restore: bool,
 }
 
+/// How long a cluster member without a saved view waits for the shared policy before it
+/// serves.
+const CLUSTER_POLICY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Starts a daemon from what its mode prepared.
 pub(crate) async fn start(
     prepared: Prepared,
@@ -612,6 +616,21 @@ pub(crate) async fn start(
         ha.import_before_serving(Arc::clone(&shared) as Arc<dyn Host>)
             .await?;
     }
+    let (stop, stopped) = watch::channel(false);
+    let mut tasks = JoinSet::new();
+    // Cluster mode: the node side runs from now on; a node that does not know the shared
+    // policy yet (no saved view) waits a little for etcd before it serves — its endpoints are
+    // in default deny until then.
+    if let Some(cluster) = &shared.cluster {
+        cluster
+            .spawn(Arc::clone(&shared) as Arc<dyn Host>, &mut tasks, &stopped)
+            .await?;
+        if !cluster.wait_established(CLUSTER_POLICY_WAIT).await {
+            tracing::warn!(
+                "the cluster's shared policy was not read within 5s: serving; every endpoint stays in default deny until etcd answers"
+            );
+        }
+    }
     let observer = Arc::new(observer::EngineObserver {
         engine: Arc::clone(&engine),
         clock,
@@ -635,8 +654,6 @@ pub(crate) async fn start(
     let _ = shared.proxy.set(proxy.stats_handle());
     let _ = shared.listen.set(udp);
 
-    let (stop, stopped) = watch::channel(false);
-    let mut tasks = JoinSet::new();
     {
         let mut stopped = stopped.clone();
         tasks.spawn(async move {
@@ -650,11 +667,6 @@ pub(crate) async fn start(
     tasks::spawn_metrics(&mut tasks, &stopped, &shared);
     tasks::spawn_host_addresses(&mut tasks, &stopped, &shared);
     shared.mode.spawn_tasks(&mut tasks, &stopped)?;
-    if let Some(cluster) = &shared.cluster {
-        cluster
-            .spawn(Arc::clone(&shared) as Arc<dyn Host>, &mut tasks, &stopped)
-            .await?;
-    }
     Ok(Running {
         shared,
         stop,
