@@ -23,7 +23,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use fqdnd_cluster::node::{self, Local, LocalEndpoint, NodeConfig, NodeStatus, Sink};
 use fqdnd_cluster::{
-    Changes, Connect, EtcdStore, Label, Labels, Layout, LearnedRecord, ShareStatus, TlsFiles, View,
+    Changes, Connect, Credentials, EtcdStore, Label, Labels, Layout, LearnedRecord, ShareStatus,
+    TlsFiles, View,
 };
 use fqdnd_config::{Config, Daemon, SharedPolicySet, SharedUpdate};
 use fqdnd_engine::{ClusterUpdate, Engine, RemoteEndpoint, RemoteNode};
@@ -187,17 +188,42 @@ pub(crate) fn member_name(doc: &fqdnd_config::Cluster) -> Result<String> {
     Ok(name)
 }
 
-/// How to reach etcd, from the document.
-pub(crate) fn connect_options(doc: &fqdnd_config::Cluster) -> Connect {
-    Connect {
+/// How to reach etcd, from the document (the password, with `auth`, read from its file).
+pub(crate) fn connect_options(doc: &fqdnd_config::Cluster) -> Result<Connect> {
+    let credentials = match &doc.auth {
+        Some(auth) => Some(Credentials {
+            user: auth.user.clone(),
+            password: read_password(&auth.password_file)?,
+        }),
+        None => None,
+    };
+    Ok(Connect {
         endpoints: doc.endpoints.clone(),
         tls: doc.tls.as_ref().map(|t| TlsFiles {
             ca: t.ca.clone(),
             cert: t.cert.clone(),
             key: t.key.clone(),
         }),
+        credentials,
         timeout: Duration::from_secs(3),
+    })
+}
+
+/// The etcd password in `path`: its first line. Warns when others may read the file.
+fn read_password(path: &std::path::Path) -> Result<String> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the etcd password file {}", path.display()))?;
+    if let Ok(meta) = std::fs::metadata(path)
+        && meta.permissions().mode() & 0o044 != 0
+    {
+        tracing::warn!(file = %path.display(), mode = format_args!("{:o}", meta.permissions().mode() & 0o7777), "the etcd password file is readable by its group or by everyone: make it readable by its owner only (chmod 600)");
     }
+    let password = text.lines().next().unwrap_or_default().to_owned();
+    if password.is_empty() {
+        bail!("the etcd password file {} is empty", path.display());
+    }
+    Ok(password)
 }
 
 /// Where a shared document's errors and rules point: its key.
@@ -342,7 +368,7 @@ impl ClusterRuntime {
                 &node,
                 group,
                 layout.clone(),
-                connect_options(doc),
+                connect_options(doc)?,
                 clock,
                 listen,
             )),
@@ -496,7 +522,7 @@ impl ClusterRuntime {
         tasks: &mut JoinSet<Result<()>>,
         stopped: &watch::Receiver<bool>,
     ) -> Result<()> {
-        let store = EtcdStore::connect(&connect_options(&self.doc))
+        let store = EtcdStore::connect(&connect_options(&self.doc)?)
             .await
             .context("setting up the etcd client")?;
         let config = NodeConfig {

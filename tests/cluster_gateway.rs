@@ -445,3 +445,199 @@ spec: {id: 2, addresses: [\"127.0.0.2/32\"], labels: {app: other}}
     // gw-b learned nothing itself, so it published nothing.
     assert_eq!(ha(&gw_b)["published"].as_u64(), Some(0));
 }
+
+/// `etcdctl` against `cluster` as `user` (`name:password`, or none).
+fn etcdctl(cluster: &EtcdCluster, user: Option<&str>, args: &[&str]) -> std::process::Output {
+    let mut command = Command::new("etcdctl");
+    command
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", &cluster.endpoints().join(",")]);
+    if let Some(user) = user {
+        command.args(["--user", user]);
+    }
+    run(command.args(args))
+}
+
+/// etcd with authentication on and the least-privilege roles of docs/operations.md ("Who is
+/// trusted"): the gateway's user may read the prefix and write only its endpoints and its
+/// registration; the operator's, identities and its own keys; the policy administrator's,
+/// policies. The cluster works with those users, and a member's credentials cannot write
+/// policy or identities — through etcdctl or through `fqdnd policy apply`.
+#[test]
+fn least_privilege_etcd_users_run_the_cluster_and_cannot_write_what_they_do_not_own() {
+    if !etcd::available("cluster_gateway") {
+        return;
+    }
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let cluster = EtcdCluster::start("auth", 1, None, "127.0.0.1");
+    let p = "/auth-test";
+    // The layout of docs/operations.md, as an administrator would set it up.
+    let setup_commands: Vec<Vec<String>> = [
+        "role add fqdnd-member",
+        &format!("role grant-permission fqdnd-member read {p}/ --prefix=true"),
+        &format!("role grant-permission fqdnd-member readwrite {p}/endpoints/ --prefix=true"),
+        "role add fqdnd-member-gw-1",
+        &format!("role grant-permission fqdnd-member-gw-1 readwrite {p}/nodes/gw-1"),
+        "role add fqdnd-operator",
+        &format!("role grant-permission fqdnd-operator read {p}/ --prefix=true"),
+        &format!("role grant-permission fqdnd-operator readwrite {p}/identities/ --prefix=true"),
+        &format!("role grant-permission fqdnd-operator readwrite {p}/operator/ --prefix=true"),
+        "role add fqdnd-policy",
+        &format!("role grant-permission fqdnd-policy readwrite {p}/policies/ --prefix=true"),
+        "user add gw-1:gw-1-secret",
+        "user grant-role gw-1 fqdnd-member",
+        "user grant-role gw-1 fqdnd-member-gw-1",
+        "user add op-1:op-1-secret",
+        "user grant-role op-1 fqdnd-operator",
+        "user add admin:admin-secret",
+        "user grant-role admin fqdnd-policy",
+    ]
+    .iter()
+    .map(|c| c.split(' ').map(str::to_owned).collect())
+    .collect();
+    for args in [
+        vec!["user", "add", "root:root-secret"],
+        vec!["user", "grant-role", "root", "root"],
+        vec!["auth", "enable"],
+    ] {
+        let out = etcdctl(&cluster, None, &args);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+    }
+    for args in &setup_commands {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = etcdctl(&cluster, Some("root:root-secret"), &args);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+    }
+    let mut setup = Gateway::setup("cluster-auth");
+    let dir = setup.dir().to_path_buf();
+    let cluster_doc = |user: &str| {
+        let password = setup_password(&dir, user);
+        format!(
+            "apiVersion: fqdnd.io/v1\nkind: Cluster\nspec:\n  endpoints: [\"{}\"]\n  prefix: {p}\n  nodeName: {user}\n  leaseTTL: 4s\n  auth: {{user: {user}, passwordFile: {}}}\n",
+            cluster.endpoints()[0],
+            password.display()
+        )
+    };
+    let member_yaml = setup.config("cluster.yaml", &cluster_doc("gw-1"));
+    let operator_yaml = setup.file("operator/cluster.yaml", cluster_doc("op-1"));
+    let admin_yaml = setup.file("admin/cluster.yaml", cluster_doc("admin"));
+    setup.config(
+        "gateway.yaml",
+        &documents(&[
+            &gateway_doc(
+                "127.0.0.1:0",
+                "  staticZones:
+  - origin: example.test
+    records: |
+      $TTL 300
+      @ IN SOA ns.example.test. admin.example.test. 1 3600 600 86400 60
+      @ IN NS ns.example.test.
+      api IN A 192.0.2.1
+      other IN A 192.0.2.2
+      local IN A 192.0.2.3
+",
+            ),
+            "apiVersion: fqdnd.io/v1
+kind: ClientGroup
+metadata: {name: lan}
+spec: {id: 1, addresses: [\"127.0.0.0/8\"], labels: {app: lan}}
+",
+            &policy_doc(
+                "CiliumClusterwideNetworkPolicy",
+                "local-dns",
+                "app: lan",
+                &dns_for("local.example.test"),
+            ),
+        ]),
+    );
+    let gw = setup.start();
+    until("connected as gw-1, on a temporary identity", || {
+        connected(&gw) && temporaries(&gw) == Some(1)
+    });
+    let operator = Operator::start(gw.dir(), operator_yaml.to_str().unwrap(), "op-1");
+    until("the global identity, made by op-1", || {
+        temporaries(&gw) == Some(0)
+    });
+    // The policy administrator applies a shared policy; the gateway enforces it.
+    let policy = gw.join("policy.yaml");
+    std::fs::write(
+        &policy,
+        policy_doc(
+            "CiliumClusterwideNetworkPolicy",
+            "lan-dns",
+            "app: lan",
+            &dns_for("api.example.test"),
+        ),
+    )
+    .unwrap();
+    stdout_of(&fqdnd(&[
+        "policy",
+        "apply",
+        "--config",
+        admin_yaml.to_str().unwrap(),
+        policy.to_str().unwrap(),
+    ]));
+    until("the shared policy enforced", || {
+        rcode(gw.dns, "api.example.test") == Some(ResponseCode::NoError)
+    });
+    // A member's credentials write neither policy nor identities nor another's registration.
+    for (user, key) in [
+        (
+            "gw-1:gw-1-secret",
+            format!("{p}/policies/ccnp/open-everything"),
+        ),
+        ("gw-1:gw-1-secret", format!("{p}/identities/id/00999")),
+        (
+            "gw-1:gw-1-secret",
+            format!("{p}/identities/labels/k8s:app=lan"),
+        ),
+        ("gw-1:gw-1-secret", format!("{p}/nodes/gw-2")),
+        ("gw-1:gw-1-secret", format!("{p}/operator/leader")),
+        (
+            "op-1:op-1-secret",
+            format!("{p}/policies/ccnp/open-everything"),
+        ),
+        ("admin:admin-secret", format!("{p}/identities/id/00999")),
+    ] {
+        let out = etcdctl(&cluster, Some(user), &["put", &key, "forged"]);
+        assert!(
+            !out.status.success() && text(&out.stderr).contains("permission denied"),
+            "{user} wrote {key}: {}",
+            text(&out.stderr)
+        );
+    }
+    let refused = fqdnd(&[
+        "policy",
+        "apply",
+        "--config",
+        member_yaml.to_str().unwrap(),
+        policy.to_str().unwrap(),
+    ]);
+    assert!(!refused.status.success());
+    assert!(
+        text(&refused.stderr).contains("permission denied"),
+        "{}",
+        text(&refused.stderr)
+    );
+    // A wrong password: the member says etcd refuses it, not that etcd is unreachable.
+    std::fs::write(setup_password(gw.dir(), "admin"), "wrong\n").unwrap();
+    let wrong = fqdnd(&["policy", "list", "--config", admin_yaml.to_str().unwrap()]);
+    assert!(!wrong.status.success());
+    assert!(
+        text(&wrong.stderr).contains("etcd refused the request"),
+        "{}",
+        text(&wrong.stderr)
+    );
+    drop(operator);
+}
+
+/// Writes `<dir>/<user>.password` (mode 0600) and returns its path.
+fn setup_password(dir: &Path, user: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt as _;
+    let path = dir.join(format!("{user}.password"));
+    std::fs::write(&path, format!("{user}-secret\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    path
+}

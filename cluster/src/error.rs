@@ -34,6 +34,15 @@ pub enum StoreError {
         /// Why.
         reason: String,
     },
+    /// The store refused the user: authentication failed, or the user's roles do not allow
+    /// the request (etcd's `permission denied`). Retried: an administrator may fix the roles.
+    #[error(
+        "etcd refused the request: {reason} (check the user and its roles: docs/operations.md, \"Who is trusted\")"
+    )]
+    Denied {
+        /// What etcd said.
+        reason: String,
+    },
     /// The client could not be set up (a bad endpoint URL, unreadable TLS files).
     #[error("setting up the etcd client: {reason}")]
     Setup {

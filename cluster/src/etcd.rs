@@ -39,6 +39,24 @@ pub struct TlsFiles {
     pub key: Option<PathBuf>,
 }
 
+/// An etcd user and its password (etcd's authentication: the user's roles decide which keys
+/// it may read and write).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    /// The user.
+    pub user: String,
+    /// Its password.
+    pub password: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("user", &self.user)
+            .finish_non_exhaustive()
+    }
+}
+
 /// How to reach etcd.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Connect {
@@ -46,6 +64,8 @@ pub struct Connect {
     pub endpoints: Vec<String>,
     /// TLS, if the members use it.
     pub tls: Option<TlsFiles>,
+    /// A user to authenticate as, if the members have authentication on.
+    pub credentials: Option<Credentials>,
     /// Bound on each call (and on connecting).
     pub timeout: Duration,
 }
@@ -53,7 +73,10 @@ pub struct Connect {
 /// The [`Store`] over etcd.
 #[derive(Clone)]
 pub struct EtcdStore {
-    client: Client,
+    /// Made on first use: with credentials, connecting authenticates, which needs a member.
+    client: std::sync::Arc<tokio::sync::OnceCell<Client>>,
+    endpoints: Vec<String>,
+    options: ConnectOptions,
     timeout: Duration,
 }
 
@@ -84,6 +107,15 @@ fn map(e: etcd_client::Error) -> StoreError {
                 StoreError::Compacted {
                     requested: 0,
                     compacted: 0,
+                }
+            } else if matches!(
+                status.code(),
+                tonic::Code::PermissionDenied | tonic::Code::Unauthenticated
+            ) || message.contains("authentication failed")
+                || message.contains("user name is empty")
+            {
+                StoreError::Denied {
+                    reason: message.to_owned(),
                 }
             } else {
                 match status.code() {
@@ -140,13 +172,44 @@ impl EtcdStore {
         if connect.endpoints.is_empty() {
             return Err(setup("no etcd endpoint"));
         }
-        let client = Client::connect(&connect.endpoints, Some(options))
-            .await
-            .map_err(setup)?;
-        Ok(Self {
-            client,
+        if let Some(c) = &connect.credentials {
+            options = options
+                .with_user(c.user.clone(), c.password.clone())
+                .with_auto_token_refresh(true);
+        }
+        let store = Self {
+            client: std::sync::Arc::new(tokio::sync::OnceCell::new()),
+            endpoints: connect.endpoints.clone(),
+            options,
             timeout: connect.timeout,
-        })
+        };
+        // Without credentials connecting reaches no member: a bad URL shows now. With them
+        // the first call connects (and authenticates).
+        if connect.credentials.is_none() {
+            store.client().await?;
+        }
+        Ok(store)
+    }
+
+    /// The client, connected (and authenticated) on first use.
+    async fn client(&self) -> Result<&Client, StoreError> {
+        self.client
+            .get_or_try_init(|| async {
+                match tokio::time::timeout(
+                    self.timeout,
+                    Client::connect(&self.endpoints, Some(self.options.clone())),
+                )
+                .await
+                {
+                    Ok(Ok(client)) => Ok(client),
+                    Ok(Err(etcd_client::Error::InvalidUri(e))) => Err(setup(e)),
+                    Ok(Err(e)) => Err(map(e)),
+                    Err(_) => Err(StoreError::Unavailable {
+                        reason: format!("no member answered within {:?}", self.timeout),
+                    }),
+                }
+            })
+            .await
     }
 
     async fn bounded<T>(
@@ -162,18 +225,18 @@ impl EtcdStore {
     }
 }
 
-fn kv(kv: &etcd_client::KeyValue) -> Result<Kv, StoreError> {
-    let key = kv.key_str().map_err(|e| StoreError::Refused {
-        reason: format!("a key that is not UTF-8: {e}"),
-    })?;
-    Ok(Kv {
-        key: key.to_owned(),
+/// A key-value pair as the store's caller sees it. A key that is not UTF-8 (no key of the
+/// layout is) is read with replacement characters: it reaches the caller, which refuses it as
+/// outside the layout, instead of failing the whole read or watch.
+fn kv(kv: &etcd_client::KeyValue) -> Kv {
+    Kv {
+        key: String::from_utf8_lossy(kv.key()).into_owned(),
         value: kv.value().to_vec(),
         create_revision: kv.create_revision(),
         mod_revision: kv.mod_revision(),
         version: kv.version(),
         lease: kv.lease(),
-    })
+    }
 }
 
 fn compare(c: &crate::store::Compare) -> EtcdCompare {
@@ -202,7 +265,8 @@ impl Store for EtcdStore {
     async fn range(&self, prefix: &str) -> Result<Snapshot, StoreError> {
         let end = prefix_end(prefix);
         let mut kv_client = self
-            .client
+            .client()
+            .await?
             .kv_client()
             .max_decoding_message_size(MAX_MESSAGE);
         let mut out = Vec::new();
@@ -220,7 +284,7 @@ impl Store for EtcdStore {
                 revision = resp.header().map_or(0, |h| h.revision());
             }
             for item in resp.kvs() {
-                out.push(kv(item)?);
+                out.push(kv(item));
             }
             match (resp.more(), resp.kvs().last()) {
                 (true, Some(last)) => {
@@ -250,7 +314,7 @@ impl Store for EtcdStore {
             })
             .collect();
         let request = EtcdTxn::new().when(compares).and_then(ops);
-        let mut kv_client = self.client.kv_client();
+        let mut kv_client = self.client().await?.kv_client();
         match self.bounded(kv_client.txn(request)).await {
             Ok(resp) => Ok(TxnOutcome {
                 succeeded: resp.succeeded(),
@@ -265,12 +329,12 @@ impl Store for EtcdStore {
 
     async fn grant(&self, ttl: Duration) -> Result<LeaseId, StoreError> {
         let secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
-        let mut lease = self.client.lease_client();
+        let mut lease = self.client().await?.lease_client();
         Ok(self.bounded(lease.grant(secs, None)).await?.id())
     }
 
     async fn keep_alive(&self, id: LeaseId) -> Result<bool, StoreError> {
-        let mut lease = self.client.lease_client();
+        let mut lease = self.client().await?.lease_client();
         match tokio::time::timeout(self.timeout, lease.keep_alive(id)).await {
             Ok(Ok(_)) => Ok(true),
             Ok(Err(etcd_client::Error::LeaseKeepAliveError(_))) => Ok(false),
@@ -282,7 +346,7 @@ impl Store for EtcdStore {
     }
 
     async fn revoke(&self, id: LeaseId) -> Result<(), StoreError> {
-        let mut lease = self.client.lease_client();
+        let mut lease = self.client().await?.lease_client();
         match self.bounded(lease.revoke(id)).await {
             Ok(_) | Err(StoreError::LeaseNotFound { .. }) => Ok(()),
             Err(e) => Err(e),
@@ -295,7 +359,8 @@ impl Store for EtcdStore {
             .with_start_revision(from)
             .with_progress_notify();
         let mut client = self
-            .client
+            .client()
+            .await?
             .watch_client()
             .max_decoding_message_size(MAX_MESSAGE);
         let stream = self.bounded(client.watch(prefix, Some(options))).await?;
@@ -355,9 +420,9 @@ impl Watch for EtcdWatch {
             for e in resp.events() {
                 let Some(item) = e.kv() else { continue };
                 match e.event_type() {
-                    EventType::Put => events.push(Event::Put(kv(item)?)),
+                    EventType::Put => events.push(Event::Put(kv(item))),
                     EventType::Delete => events.push(Event::Delete {
-                        key: kv(item)?.key,
+                        key: kv(item).key,
                         revision: item.mod_revision(),
                     }),
                 }

@@ -46,7 +46,7 @@ mod view;
 
 pub use allocator::{Allocator, Plan, check_identities};
 pub use error::{Error, StoreError};
-pub use etcd::{Connect, EtcdStore, EtcdWatch, TlsFiles};
+pub use etcd::{Connect, Credentials, EtcdStore, EtcdWatch, TlsFiles};
 pub use keys::{CLUSTER_MAX, CLUSTER_MIN, EndpointRecord, IdentityRecord, Key, Layout, NodeRecord};
 pub use labels::{Label, Labels};
 pub use learned::{LearnedRecord, LearnedSink, ShareConfig, ShareStatus, Wall};

@@ -46,6 +46,7 @@ async fn connect(cluster: &EtcdCluster) -> EtcdStore {
     EtcdStore::connect(&Connect {
         endpoints: cluster.endpoints(),
         tls: None,
+        credentials: None,
         timeout: Duration::from_secs(3),
     })
     .await
@@ -441,6 +442,7 @@ fn tls_with_a_client_certificate() {
                     cert: cert.then(|| dir.path().join("client.pem")),
                     key: cert.then(|| dir.path().join("client.key")),
                 }),
+                credentials: None,
                 timeout: Duration::from_secs(3),
             };
             let store = EtcdStore::connect(&connect(true)).await.unwrap();

@@ -8,6 +8,7 @@
 //! spec:
 //!   endpoints: ["http://10.0.0.10:2379", "http://10.0.0.11:2379", "http://10.0.0.12:2379"]
 //!   tls: {ca: etcd-ca.pem, cert: node.pem, key: node-key.pem}   # https:// endpoints
+//!   auth: {user: node-1, passwordFile: etcd-password}            # etcd with authentication on
 //!   prefix: /fqdnd            # every key under it (default /fqdnd)
 //!   nodeName: node-1          # default: the host name
 //!   leaseTTL: 15s             # a dead node's endpoints (and a dead allocator's leadership) last this long
@@ -35,6 +36,16 @@ pub struct ClusterTls {
     pub key: Option<PathBuf>,
 }
 
+/// An etcd user (`auth`): its name, and the file holding its password (read when the client
+/// connects, so a rotated password is taken at the next start or reload).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterAuth {
+    /// The etcd user.
+    pub user: String,
+    /// The file holding its password (one line; a trailing newline is not part of it).
+    pub password_file: PathBuf,
+}
+
 /// Cluster mode's settings (`kind: Cluster`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cluster {
@@ -42,6 +53,8 @@ pub struct Cluster {
     pub endpoints: Vec<String>,
     /// TLS, for `https://` members.
     pub tls: Option<ClusterTls>,
+    /// The etcd user to authenticate as, if the members have authentication on.
+    pub auth: Option<ClusterAuth>,
     /// The key prefix (starts with `/`, no trailing `/`).
     pub prefix: String,
     /// This node's (or allocator's) name; `None`: the host name.
@@ -60,6 +73,7 @@ impl Default for Cluster {
         Self {
             endpoints: Vec::new(),
             tls: None,
+            auth: None,
             prefix: "/fqdnd".to_owned(),
             node_name: None,
             lease_ttl: Duration::from_secs(15),
@@ -87,6 +101,7 @@ pub(crate) struct ClusterDoc {
 struct ClusterSpec {
     endpoints: Option<Vec<Text>>,
     tls: Option<Spanned<TlsSpec>>,
+    auth: Option<Spanned<AuthSpec>>,
     prefix: Option<Text>,
     node_name: Option<Text>,
     #[serde(rename = "leaseTTL")]
@@ -104,7 +119,14 @@ struct TlsSpec {
     key: Option<Text>,
 }
 
-shape!(ClusterDoc, ClusterSpec, TlsSpec,);
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self", rename_all = "camelCase")]
+struct AuthSpec {
+    user: Option<Text>,
+    password_file: Option<Text>,
+}
+
+shape!(ClusterDoc, ClusterSpec, TlsSpec, AuthSpec,);
 
 /// Whether `name` can name a node: 1–63 of `A-Z a-z 0-9 . _ -` (it is part of etcd keys).
 pub fn valid_node_name(name: &str) -> bool {
@@ -209,6 +231,23 @@ pub(crate) fn cluster(doc: &Spanned<ClusterDoc>, diag: &mut Diag<'_>) -> Option<
             );
         }
         c.tls = Some(files);
+    }
+    if let Some(auth) = &spec.auth {
+        let a = &auth.value;
+        let user = a.user.as_ref().map(|t| t.value.trim().to_owned());
+        let file = a.password_file.as_ref().map(|t| base.join(t.value.trim()));
+        match (user, file) {
+            (Some(user), Some(password_file)) if !user.is_empty() => {
+                c.auth = Some(ClusterAuth {
+                    user,
+                    password_file,
+                });
+            }
+            _ => diag.invalid(
+                at(auth),
+                "`auth` needs `user` (an etcd user) and `passwordFile` (a file holding its password)",
+            ),
+        }
     }
     if let Some(text) = &spec.prefix {
         let p = text.value.trim().trim_end_matches('/');

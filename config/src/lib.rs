@@ -57,7 +57,7 @@ use std::path::PathBuf;
 use fqdnd_ipcache::Endpoint;
 use fqdnd_ipcache::policy::Rule;
 
-pub use cluster::{Cluster, ClusterTls, valid_node_name};
+pub use cluster::{Cluster, ClusterAuth, ClusterTls, valid_node_name};
 pub use documents::{Document, Documents, documents};
 pub use endpoint::Cgroup;
 pub use error::{Duplicated, Error, Errors, Unsupported};

@@ -62,7 +62,7 @@ pub(crate) fn operator(
             Some(addr) => Some(crate::metrics::install_operator(addr)?),
             None => None,
         };
-        let store = EtcdStore::connect(&connect_options(&doc))
+        let store = EtcdStore::connect(&connect_options(&doc)?)
             .await
             .context("setting up the etcd client")?;
         if let Some(exporter) = exporter {
@@ -165,7 +165,7 @@ pub(crate) fn apply(config: &[PathBuf], files: &[PathBuf]) -> Result<ExitCode> {
     }
     let layout = Layout::new(&doc.prefix);
     runtime()?.block_on(async {
-        let store = EtcdStore::connect(&connect_options(&doc)).await?;
+        let store = EtcdStore::connect(&connect_options(&doc)?).await?;
         let ops: Vec<Op> = policies
             .iter()
             .map(|(name, (_, _, text))| Op::Put {
@@ -197,7 +197,7 @@ pub(crate) fn delete(config: &[PathBuf], names: &[String]) -> Result<ExitCode> {
     let layout = Layout::new(&doc.prefix);
     let mut missing = false;
     runtime()?.block_on(async {
-        let store = EtcdStore::connect(&connect_options(&doc)).await?;
+        let store = EtcdStore::connect(&connect_options(&doc)?).await?;
         for name in names {
             let key = layout.policy(name);
             let outcome = store
@@ -240,7 +240,7 @@ pub(crate) fn list(config: &[PathBuf], json: bool) -> Result<ExitCode> {
     let doc = cluster_doc(config)?;
     let layout = Layout::new(&doc.prefix);
     let rows: Vec<PolicyRow> = runtime()?.block_on(async {
-        let store = EtcdStore::connect(&connect_options(&doc)).await?;
+        let store = EtcdStore::connect(&connect_options(&doc)?).await?;
         let snapshot = store
             .range(&layout.policies())
             .await

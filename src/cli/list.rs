@@ -96,7 +96,11 @@ pub(crate) fn status(target: &Target, json: bool) -> Result<ExitCode> {
         writeln!(
             out,
             "  allocator:      {}",
-            c.leader.as_deref().unwrap_or("no leader")
+            match (&c.leader, &c.ha) {
+                (Some(leader), _) => leader.as_str(),
+                (None, Some(_)) => "none (not needed by an HA gateway pair)",
+                (None, None) => "no leader",
+            }
         )?;
         writeln!(
             out,

@@ -236,6 +236,7 @@ async fn main() {
     let store = EtcdStore::connect(&Connect {
         endpoints: a.etcd.clone(),
         tls: None,
+        credentials: None,
         timeout: Duration::from_secs(10),
     })
     .await
