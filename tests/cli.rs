@@ -203,3 +203,62 @@ spec:
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("is not a port number"), "{err}");
 }
+
+/// `fqdnd operator` with a member URL that cannot be dialled stops at once with the place of
+/// the mistake; with an etcd nobody answers on it says so, naming the endpoints and the error,
+/// and its metrics show it unreachable — never a silent allocator.
+#[test]
+fn operator_refuses_a_bad_url_and_reports_an_unreachable_etcd() {
+    let dir = TestDir::new("operator-unreachable");
+    let bad = dir.write(
+        "bad.yaml",
+        "apiVersion: fqdnd.io/v1\nkind: Cluster\nspec:\n  endpoints: [\"http://127.0.0.1:notaport\"]\n",
+    );
+    let out = fqdnd(&["operator", "--config", bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("bad.yaml:4:") && stderr.contains("not an etcd member URL"),
+        "{stderr}"
+    );
+    // A port nothing listens on.
+    let port = common::free_port();
+    let config = dir.write(
+        "cluster.yaml",
+        format!(
+            "apiVersion: fqdnd.io/v1\nkind: Cluster\nspec:\n  endpoints: [\"http://127.0.0.1:{port}\"]\n  nodeName: op-1\n"
+        ),
+    );
+    let metrics: std::net::SocketAddr = format!("127.0.0.1:{}", common::free_port())
+        .parse()
+        .unwrap();
+    let log = dir.join("operator.log");
+    let mut child = common::fqdnd_command()
+        .args(["operator", "--config", config.to_str().unwrap()])
+        .args(["--metrics", &metrics.to_string()])
+        .env("FQDND_LOG", "info")
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let seen = common::poll_until(
+        common::PATIENCE * 4,
+        "the operator says etcd is unreachable",
+        || {
+            let text = std::fs::read_to_string(&log).ok()?;
+            text.lines()
+                .find(|l| {
+                    l.contains("etcd is unreachable") && l.contains(&format!("127.0.0.1:{port}"))
+                })
+                .map(str::to_owned)
+        },
+    );
+    assert!(seen.contains("error"), "{seen}");
+    common::wait_metric(
+        || common::scrape(metrics),
+        "fqdnd_operator_state{state=\"unreachable\"}",
+        "1",
+        |v| v == 1.0,
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}

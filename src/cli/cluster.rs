@@ -91,7 +91,8 @@ pub(crate) fn operator(
                     let s = status.borrow_and_update().clone();
                     crate::metrics::record_operator(&s);
                     let now = s.state();
-                    if now == state || (now == "unreachable" && state == "starting") {
+                    // Not tried yet is not unreachable.
+                    if now == state || (now == "unreachable" && s.last_error.is_none()) {
                         continue;
                     }
                     match now {
