@@ -148,7 +148,16 @@ mod tests {
     /// Validates `answer` (its ID set to the query's) against `query` forwarded on a table.
     fn run(
         query: &[u8],
-        mut answer: Vec<u8>,
+        answer: Vec<u8>,
+        randomize: bool,
+    ) -> Result<(Vec<u8>, Validated, Decoded), DropReason> {
+        run_with(query, |_| answer, randomize)
+    }
+
+    /// [`run`], with the answer made from the query as it was sent upstream.
+    fn run_with(
+        query: &[u8],
+        answer: impl FnOnce(&[u8]) -> Vec<u8>,
         randomize: bool,
     ) -> Result<(Vec<u8>, Validated, Decoded), DropReason> {
         let mut table = Table::new();
@@ -163,6 +172,7 @@ mod tests {
         if randomize {
             case::randomize(&mut sent, question, &mut ids, &mut sent_name);
         }
+        let mut answer = answer(&sent);
         slot.fill(Inflight {
             query: stored,
             question,
@@ -256,13 +266,31 @@ mod tests {
     #[test]
     fn with_0x20_only_the_exact_case_is_accepted() {
         let query = client_query();
-        let mut answer = query.clone();
-        answer[2] |= 0x80;
-        // The client's spelling is (almost surely) not the random one sent.
-        assert!(matches!(
-            run(&query, answer, true),
-            Err(DropReason::CaseMismatch)
-        ));
+        // The name exactly as sent: accepted, and the client gets its own spelling back.
+        let (reply, _, _) = run_with(
+            &query,
+            |sent| {
+                let mut answer = sent.to_vec();
+                answer[2] |= 0x80;
+                answer
+            },
+            true,
+        )
+        .unwrap();
+        let end = Question::parse(&query).unwrap().end();
+        assert_eq!(reply[wire::HEADER_LEN..end], query[wire::HEADER_LEN..end]);
+        // One letter in another case than sent (whatever the random case was): dropped.
+        let flipped = run_with(
+            &query,
+            |sent| {
+                let mut answer = sent.to_vec();
+                answer[2] |= 0x80;
+                answer[HEADER_NAME_S] ^= 0x20;
+                answer
+            },
+            true,
+        );
+        assert!(matches!(flipped, Err(DropReason::CaseMismatch)));
     }
 
     #[test]
