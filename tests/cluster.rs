@@ -624,6 +624,53 @@ fn cluster_identities_endpoints_policy_and_failures() {
     );
     // A remote endpoint without a global identity is not known yet: denied.
     assert!(!tcp_reaches(nodes[0].client(), nodes[2].server(), DROPPED));
+    // A document in etcd that does not load (written there by something other than `policy
+    // apply`) is refused alone: node 1, restarted with an empty state directory, applies the
+    // valid shared policy — its endpoints enforce, db stays denied (it used to apply none and
+    // let everything through).
+    core.etcdctl(
+        &cluster,
+        &[
+            "put",
+            &format!("{PREFIX}/policies/ccnp/broken"),
+            "this: [is not",
+        ],
+    );
+    converge("every node reports the broken document", || {
+        nodes.iter().all(|n| {
+            n.status()["cluster"]["shared_policy_errors"]
+                .as_array()
+                .is_some_and(|e| !e.is_empty())
+        })
+    });
+    {
+        let t = &mut nodes[1].t;
+        t.kill_node();
+        std::fs::remove_dir_all(t.dir.join("state")).unwrap();
+        let config = t.config_dir().join("node.yaml");
+        t.start_node(&config);
+    }
+    converge("node1 applies the valid shared policy", || {
+        nodes[1].status()["cluster"]["shared_policies"].as_u64() == Some(2)
+    });
+    // The client is under the shared `clients` policy (the db server is selected by none).
+    let endpoints = nodes[1].t.admin_json(&["endpoint", "list"]);
+    assert!(
+        endpoints
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"] == "client" && e["enforcing"].as_bool() == Some(true)),
+        "{endpoints}"
+    );
+    assert!(
+        !tcp_reaches(nodes[1].client(), nodes[1].server(), DROPPED),
+        "db is still denied"
+    );
+    core.etcdctl(
+        &cluster,
+        &["del", &format!("{PREFIX}/policies/ccnp/broken")],
+    );
     let mut established = tcp_open(nodes[0].client(), nodes[0].server()).expect("connects");
     assert!(echo(&mut established, b"before"));
 
