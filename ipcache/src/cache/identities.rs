@@ -5,7 +5,8 @@
 
 use std::collections::HashMap;
 
-use super::{ClusterState, IpCache, Pending, Stats};
+use super::cluster::ClusterState;
+use super::{IpCache, Pending, Stats};
 use crate::endpoint_policy::PolicyState;
 use crate::error::Error;
 use crate::identity::{Allocator, Identity, Scope};
