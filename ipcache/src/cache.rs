@@ -15,9 +15,7 @@ use crate::endpoint_policy::PolicyState;
 use crate::error::{Breaker, Error};
 use crate::identity::{Allocator, Identity, Scope};
 use crate::labels::{Label, LabelId, LabelSet, LabelTable};
-use crate::metadata::{
-    CidrLabels, Metadata, OwnerId, OwnerKind, Owners, PrefixEntry, ResourceOwner,
-};
+use crate::metadata::{CidrLabels, Metadata, OwnerId, OwnerKind, Owners, PrefixEntry};
 use crate::policy::Rule;
 use crate::selector::{SelectorCache, SelectorIdx};
 
@@ -105,6 +103,7 @@ macro_rules! identities {
 mod bulk;
 mod cluster;
 mod identities;
+mod owners;
 mod policy;
 pub use bulk::{Claims, ManyUpserted, NotApplied, Refused};
 use cluster::ClusterState;
@@ -175,65 +174,10 @@ impl<D: Datapath> IpCache<D> {
         identities!(self)
     }
 
-    /// The interned `fqdn:<key>` label, for owners that label prefixes with it.
-    pub fn fqdn_label(&mut self, key: &str) -> LabelId {
-        self.labels.intern(Label::fqdn(key))
-    }
-
     /// Makes room for `changes` more pending ipcache changes (before a large GC pass, so the
     /// queue does not regrow while the pass frees memory).
     pub fn reserve(&mut self, changes: usize) {
         self.pending.ipcache.reserve(changes);
-    }
-
-    /// Registers a resource owner: prefix metadata names it by the returned id. Each call
-    /// makes a distinct owner, whatever its value (the NameManager makes one per cached name
-    /// and keeps the id); [`IpCache::remove_owner`] gives it up once it claims nothing.
-    ///
-    /// # Errors
-    /// [`Error::OwnersExhausted`] past 2²⁹ owners at once.
-    pub fn add_owner(&mut self, owner: ResourceOwner) -> Result<OwnerId, Error> {
-        self.meta
-            .owners
-            .add(owner.kind, Some(owner.name))
-            .ok_or(Error::OwnersExhausted)
-    }
-
-    /// Registers an owner whose name the IpCache does not keep: the registrant keeps it and
-    /// renders the owner itself (the NameManager, one owner per cached name it already
-    /// holds the name of: eight bytes here instead of a second reference to the name).
-    /// [`IpCache::owner`] gives `None` for it and [`IpCache::prefixes`] lists it by id.
-    ///
-    /// # Errors
-    /// [`Error::OwnersExhausted`] past 2²⁹ owners at once.
-    pub fn add_owner_without_name(&mut self, kind: OwnerKind) -> Result<OwnerId, Error> {
-        self.meta
-            .owners
-            .add(kind, None)
-            .ok_or(Error::OwnersExhausted)
-    }
-
-    /// Gives up an owner registered with [`IpCache::add_owner`].
-    ///
-    /// # Errors
-    /// [`Error::OwnerInUse`] while it still has labels on some prefix (it stays registered).
-    pub fn remove_owner(&mut self, owner: OwnerId) -> Result<(), Error> {
-        self.meta
-            .owners
-            .remove(owner)
-            .map_err(|claims| Error::OwnerInUse { claims })
-    }
-
-    /// [`IpCache::remove_owner`] for many owners at once (a GC pass's names).
-    ///
-    /// # Errors
-    /// [`Error::OwnerInUse`] for the first that still has labels on some prefix; the ones
-    /// before it are removed.
-    pub fn remove_owners(&mut self, owners: &[OwnerId]) -> Result<(), Error> {
-        self.meta.owners.reserve_free(owners.len());
-        owners
-            .iter()
-            .try_for_each(|owner| self.remove_owner(*owner))
     }
 
     /// Sets `owner`'s labels on `prefix` (host bits are cleared) and re-resolves its identity.
@@ -446,11 +390,6 @@ impl<D: Datapath> IpCache<D> {
             .unwrap_or(Ok(()))
     }
 
-    /// The interned owner of a policy CIDR or an endpoint.
-    fn owner_by_value(&mut self, owner: &ResourceOwner) -> Result<OwnerId, Error> {
-        self.meta.owners.intern(owner).ok_or(Error::OwnersExhausted)
-    }
-
     fn warn_breaker(&mut self, now: Duration, err: &Error) {
         let due = self
             .last_breaker_warning
@@ -463,28 +402,11 @@ impl<D: Datapath> IpCache<D> {
 }
 
 impl<D> IpCache<D> {
-    /// Registered owners with this value (registered with their name), in id order (a scan:
-    /// for tests and tools, not for a per-answer path).
-    pub fn find_owners(&self, owner: &ResourceOwner) -> Vec<OwnerId> {
-        self.meta.owners.find(owner)
-    }
-
-    /// The owner behind an id, if registered with its name.
-    pub fn owner(&self, owner: OwnerId) -> Option<ResourceOwner> {
-        self.meta.owners.get(owner)
-    }
-
     /// The identity currently resolved for `prefix`.
     pub fn identity_of(&self, prefix: &IpNet) -> Option<Identity> {
         self.meta
             .get(&prefix.trunc())
             .and_then(PrefixEntry::identity)
-    }
-
-    /// How many prefixes `owner` has labels on (`None`: not registered); what keeps it from
-    /// being removed while it has some.
-    pub fn owner_claims(&self, owner: OwnerId) -> Option<u32> {
-        self.meta.owners.claims_of(owner)
     }
 
     /// Every prefix with its identity and owners (by id: [`IpCache::owner`] names those
