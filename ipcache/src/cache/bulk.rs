@@ -12,7 +12,8 @@ use hashbrown::{HashMap, HashSet};
 use ipnet::IpNet;
 use smallvec::SmallVec;
 
-use super::{IpCache, desired_labels, resolve_entry, set_identity};
+use super::IpCache;
+use super::resolution::{desired_labels, resolve_entry, set_identity};
 use crate::datapath::Datapath;
 use crate::error::Error;
 use crate::identity::Identity;
