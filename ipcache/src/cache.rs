@@ -1,4 +1,21 @@
 //! The IpCache: prefix metadata in, prefix → identity and per-endpoint policy out.
+//!
+//! [`IpCache`] owns the prefix metadata (each owner's labels on each prefix), the interned
+//! labels, the identity allocator, the selector cache, every endpoint's policy, the rules,
+//! endpoints and node addresses they came from, cluster mode's state, and what the datapath
+//! does not have yet ([`Pending`]). Every change goes to `Pending` as it is made; only
+//! [`IpCache::commit`] writes to the datapath, in one batch in this order: policy entries
+//! added, ipcache upserts, ipcache deletes, policy entries removed (a packet never meets a
+//! prefix's new identity before that identity's policy entries, and an old identity's
+//! entries go only after the prefixes that had it moved).
+//!
+//! This file holds the struct, [`Pending`] and the commit; the rest is by concern:
+//! - `owners`: registering and giving up resource owners;
+//! - `resolution`: owners' labels on prefixes in, each prefix's identity out;
+//! - `identities`: identity references and what follows a number's coming and going;
+//! - `policy`: endpoints, node addresses and rules, and the policy they make;
+//! - `cluster`: cluster mode's assigned numbers and other nodes' endpoints and addresses;
+//! - `bulk`: many claims in one pass (a restore).
 
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -75,7 +92,8 @@ impl Pending {
     }
 }
 
-/// Borrows the fields identity changes touch, leaving `meta` free for the caller.
+/// Borrows the fields identity changes touch, leaving `meta` free for the caller. Defined
+/// before the submodules so that they can use it.
 macro_rules! identities {
     ($cache:ident) => {
         $crate::cache::identities::Identities {

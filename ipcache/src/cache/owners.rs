@@ -64,7 +64,8 @@ impl<D: Datapath> IpCache<D> {
             .try_for_each(|owner| self.remove_owner(*owner))
     }
 
-    /// The interned owner of a policy CIDR or an endpoint.
+    /// The interned owner of a value the IpCache names itself: a policy CIDR, an endpoint,
+    /// one of the node's addresses, another node or its endpoint.
     pub(super) fn owner_by_value(&mut self, owner: &ResourceOwner) -> Result<OwnerId, Error> {
         self.meta.owners.intern(owner).ok_or(Error::OwnersExhausted)
     }

@@ -60,9 +60,9 @@ impl<D: Datapath> IpCache<D> {
     /// claims it. Returns whether anything changed; [`IpCache::commit`] writes it.
     ///
     /// An address that would need a new datapath entry when the datapath's room
-    /// ([`Config::datapath_prefixes`]) is used up is left out (it stays what it was, the world
-    /// if nothing else): endpoints, policy CIDRs and learned names, there first, keep their
-    /// entries. A warning names such addresses when they change; they are tried again at
+    /// ([`Config::datapath_prefixes`](crate::Config::datapath_prefixes)) is used up is left
+    /// out (it stays what it was, the world if nothing else): endpoints, policy CIDRs and
+    /// learned names, there first, keep their entries. A warning names such addresses when they change; they are tried again at
     /// the next call.
     pub fn set_host_addresses(
         &mut self,
