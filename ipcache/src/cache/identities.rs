@@ -196,3 +196,200 @@ fn reserved_number(labels: &LabelSet) -> Option<Identity> {
         None
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::datapath::PolicyKey;
+    use crate::endpoint::{EndpointId, EndpointLabel};
+    use crate::endpoint_policy::EndpointPolicy;
+    use crate::policy::{Direction, Entity, PeerSelector, Protocol};
+
+    /// What an `Identities` borrows, owned by the test.
+    #[derive(Default)]
+    struct Parts {
+        labels: LabelTable,
+        alloc: Allocator,
+        selectors: SelectorCache,
+        policy: PolicyState,
+        pending: Pending,
+        stats: Stats,
+        scratch: Vec<SelectorIdx>,
+        restore: HashMap<String, Identity>,
+        written: [usize; 2],
+    }
+
+    impl Parts {
+        fn ids(&mut self) -> Identities<'_> {
+            Identities {
+                labels: &mut self.labels,
+                per_prefix: false,
+                alloc: &mut self.alloc,
+                selectors: &mut self.selectors,
+                policy: &mut self.policy,
+                pending: &mut self.pending,
+                stats: &mut self.stats,
+                scratch: &mut self.scratch,
+                restore: &self.restore,
+                written: &mut self.written,
+                capacity: None,
+                cluster: None,
+            }
+        }
+
+        /// An FQDN identity's labels: `fqdn:<key>` and the IPv4 world.
+        fn fqdn_set(&mut self, key: &str) -> LabelSet {
+            [self.labels.intern(Label::fqdn(key)), LabelTable::WORLD_IPV4]
+                .into_iter()
+                .collect()
+        }
+
+        /// Endpoint 1 may reach what `fqdn:<key>` selects on TCP 443.
+        fn allow_egress_to(&mut self, key: &str) -> SelectorIdx {
+            let selector = PeerSelector::Fqdn(key.to_string());
+            let idx = self
+                .selectors
+                .register(&selector, &mut self.labels, std::iter::empty());
+            self.policy
+                .endpoints
+                .insert(EndpointId(1), EndpointPolicy::new([true, false]));
+            let ports = vec![(Protocol::Tcp, 443, 443)];
+            self.policy
+                .users
+                .entry(idx)
+                .or_default()
+                .push((EndpointId(1), (Direction::Egress, false, ports)));
+            idx
+        }
+    }
+
+    fn tcp_443(identity: Identity) -> (EndpointId, PolicyKey) {
+        let key = PolicyKey {
+            identity,
+            protocol: Protocol::Tcp,
+            port: 443,
+            end_port: 443,
+            direction: Direction::Egress,
+            deny: false,
+        };
+        (EndpointId(1), key)
+    }
+
+    #[test]
+    fn selectors_and_policy_follow_the_first_and_the_last_reference_only() {
+        let mut p = Parts::default();
+        let idx = p.allow_egress_to("example.com");
+        let set = p.fqdn_set("example.com");
+
+        let id = p.ids().acquire(&set, Scope::Local, true).unwrap();
+        assert_eq!(id.scope(), Some(Scope::Local));
+        assert_eq!(p.selectors.identities(idx).collect::<Vec<_>>(), [id]);
+        assert_eq!(p.pending.policy.get(&tcp_443(id)), Some(&true));
+        assert_eq!(p.stats.selector_updates, 1);
+
+        // More references on the same label set: the same number, nothing downstream.
+        assert_eq!(p.ids().acquire(&set, Scope::Local, true).unwrap(), id);
+        assert_eq!(p.ids().acquire(&set, Scope::Local, true).unwrap(), id);
+        p.ids().release(id);
+        p.ids().release(id);
+        assert_eq!(p.alloc.refs(id), 1);
+        assert_eq!(p.stats.selector_updates, 1);
+        assert_eq!(p.selectors.identities(idx).collect::<Vec<_>>(), [id]);
+
+        // The last reference: the selector lets it go, and the policy entry's removal
+        // cancels its addition that the datapath never had.
+        p.ids().release(id);
+        assert_eq!(p.alloc.labels(id), None);
+        assert_eq!(p.alloc.from_dns_live(), 0);
+        assert_eq!(p.stats.selector_updates, 2);
+        assert_eq!(p.selectors.identities(idx).count(), 0);
+        assert!(p.pending.policy.is_empty());
+
+        // A label set no selector selects changes no policy.
+        let other = p.fqdn_set("other.example");
+        let other_id = p.ids().acquire(&other, Scope::Local, true).unwrap();
+        assert_ne!(other_id, id);
+        assert_eq!(p.stats.selector_updates, 2);
+        assert!(p.pending.policy.is_empty());
+    }
+
+    #[test]
+    fn reserved_label_sets_take_their_fixed_numbers_and_touch_no_selector() {
+        let mut p = Parts::default();
+        let host_selector = PeerSelector::Entity(Entity::Host);
+        let idx = p
+            .selectors
+            .register(&host_selector, &mut p.labels, std::iter::empty());
+        let host: LabelSet = [LabelTable::HOST].into_iter().collect();
+        let remote: LabelSet = [LabelTable::REMOTE_NODE].into_iter().collect();
+
+        let id = p.ids().acquire(&host, Scope::Reserved, false).unwrap();
+        assert_eq!(id, Identity::HOST);
+        let id = p.ids().acquire(&remote, Scope::Reserved, false).unwrap();
+        assert_eq!(id, Identity::REMOTE_NODE);
+        assert_eq!(p.stats.selector_updates, 0);
+
+        p.ids().release(Identity::HOST);
+        assert_eq!(p.alloc.labels(Identity::HOST), None);
+        assert_eq!(p.stats.selector_updates, 0);
+        // The entity selects the host from its registration on, allocated or not.
+        assert_eq!(
+            p.selectors.identities(idx).collect::<Vec<_>>(),
+            [Identity::HOST]
+        );
+    }
+
+    #[test]
+    fn a_restored_number_comes_back_to_its_label_set() {
+        let mut p = Parts::default();
+        let set = p.fqdn_set("example.com");
+        let other = p.fqdn_set("other.example");
+        let (first, _) = Scope::Local.range();
+        let restored = Identity(first + 7);
+        p.restore.insert(p.labels.canonical(&set), restored);
+        p.alloc.withhold([restored]);
+
+        // Another label set does not get the withheld number, even the first in range.
+        let other_id = p.ids().acquire(&other, Scope::Local, true).unwrap();
+        assert_ne!(other_id, restored);
+        assert_eq!(p.ids().acquire(&set, Scope::Local, true).unwrap(), restored);
+        // A live label set keeps its number whatever the table says.
+        p.restore
+            .insert(p.labels.canonical(&other), Identity(first + 9));
+        assert_eq!(
+            p.ids().acquire(&other, Scope::Local, true).unwrap(),
+            other_id
+        );
+    }
+
+    #[test]
+    fn a_label_set_moves_between_temporary_and_global_numbers() {
+        let mut p = Parts::default();
+        let app = EndpointLabel {
+            source: "k8s".into(),
+            key: "app".into(),
+            value: "web".into(),
+        };
+        let set: LabelSet = [p.labels.intern(Label::Endpoint(app))]
+            .into_iter()
+            .collect();
+        let temporary = p.ids().acquire_temporary(&set).unwrap();
+        assert_eq!(temporary.scope(), Some(Scope::Temporary));
+
+        // The cluster's number: the set resolves to it, the temporary one lives on until
+        // its prefixes let it go.
+        let global = Identity(Scope::Cluster.range().0 + 44);
+        assert_eq!(p.ids().acquire_exact(&set, global).unwrap(), global);
+        assert_eq!(p.alloc.lookup(&set), Some(global));
+        assert_eq!(p.alloc.labels(temporary), Some(&set));
+        p.ids().release(temporary);
+        assert_eq!(p.alloc.labels(temporary), None);
+        assert_eq!(p.alloc.lookup(&set), Some(global));
+
+        // The number withdrawn: a temporary identity again, not a reference on the global one.
+        let again = p.ids().acquire_temporary(&set).unwrap();
+        assert_eq!(again.scope(), Some(Scope::Temporary));
+        assert_eq!(p.alloc.lookup(&set), Some(again));
+        assert_eq!(p.alloc.refs(global), 1);
+    }
+}
