@@ -298,3 +298,73 @@ fn remote_endpoint_owner(name: Arc<str>) -> ResourceOwner {
         name,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::labels::LabelId;
+
+    fn set(ids: &[u32]) -> LabelSet {
+        ids.iter().map(|i| LabelId(*i)).collect()
+    }
+
+    fn prefix(n: u8) -> IpNet {
+        IpNet::from(IpAddr::from([10, 0, 0, n]))
+    }
+
+    #[test]
+    fn a_prefix_is_indexed_under_its_latest_label_set_only() {
+        let (web, db) = (set(&[10]), set(&[11, 12]));
+        let mut cluster = ClusterState::default();
+        cluster.track(prefix(1), Some(&web));
+        cluster.track(prefix(2), Some(&web));
+        assert_eq!(
+            cluster.by_labels[&web],
+            BTreeSet::from([prefix(1), prefix(2)])
+        );
+
+        cluster.track(prefix(1), Some(&db));
+        assert_eq!(cluster.by_labels[&web], BTreeSet::from([prefix(2)]));
+        assert_eq!(cluster.by_labels[&db], BTreeSet::from([prefix(1)]));
+        assert_eq!(cluster.labels_of[&prefix(1)], db);
+
+        // The last prefix of a set gone: the set leaves the index.
+        cluster.track(prefix(2), None);
+        assert!(!cluster.by_labels.contains_key(&web));
+        assert!(!cluster.labels_of.contains_key(&prefix(2)));
+        // A prefix without endpoint labels that was never tracked: nothing.
+        cluster.track(prefix(3), None);
+        assert_eq!(cluster.labels_of.len(), 1);
+        assert_eq!(cluster.by_labels.len(), 1);
+    }
+
+    proptest! {
+        #[test]
+        fn the_index_is_the_inverse_of_the_last_labels_tracked(
+            ops in proptest::collection::vec((0u8..6, proptest::option::of(0u32..4)), 1..100)
+        ) {
+            let mut cluster = ClusterState::default();
+            let mut model: BTreeMap<IpNet, LabelSet> = BTreeMap::new();
+            for (n, labels) in ops {
+                let labels = labels.map(|l| set(&[l, 100]));
+                cluster.track(prefix(n), labels.as_ref());
+                match labels {
+                    Some(labels) => model.insert(prefix(n), labels),
+                    None => model.remove(&prefix(n)),
+                };
+                let labels_of: BTreeMap<IpNet, LabelSet> =
+                    cluster.labels_of.iter().map(|(p, l)| (*p, l.clone())).collect();
+                prop_assert_eq!(&labels_of, &model);
+                let mut inverse: HashMap<LabelSet, BTreeSet<IpNet>> = HashMap::new();
+                for (p, l) in &model {
+                    inverse.entry(l.clone()).or_default().insert(*p);
+                }
+                prop_assert_eq!(&cluster.by_labels, &inverse);
+            }
+        }
+    }
+}
