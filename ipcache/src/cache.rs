@@ -298,3 +298,38 @@ impl<D> IpCache<D> {
         self.revision
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_policy_change_cancels_a_pending_one_the_other_way() {
+        let key = |n| PolicyKey {
+            identity: Identity(n),
+            ..PolicyKey::ALLOW_ALL
+        };
+        let (one, two) = (EndpointId(1), EndpointId(2));
+        let mut pending = Pending::default();
+        pending.policy_change(one, key(300), true);
+        pending.policy_change(one, key(300), false);
+        pending.policy_change(one, key(301), false);
+        pending.policy_change(one, key(301), true);
+        assert!(pending.is_empty(), "{:?}", pending.policy);
+
+        // Only the same endpoint and key cancel; a repeat stays one change.
+        pending.policy_change(one, key(302), true);
+        pending.policy_change(two, key(302), false);
+        pending.policy_change(one, key(303), true);
+        pending.policy_change(one, key(303), true);
+        let changes: Vec<_> = pending.policy.into_iter().collect();
+        assert_eq!(
+            changes,
+            [
+                ((one, key(302)), true),
+                ((one, key(303)), true),
+                ((two, key(302)), false),
+            ]
+        );
+    }
+}
