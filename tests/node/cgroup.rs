@@ -103,7 +103,11 @@ fn run_op(op: &str) -> Value {
             })();
             match reached {
                 Ok(echoed) => json!({ "reached": echoed }),
-                Err(e) => json!({ "reached": false, "error": e.to_string() }),
+                Err(e) => json!({
+                    "reached": false,
+                    "error": e.to_string(),
+                    "refused": e.kind() == std::io::ErrorKind::PermissionDenied,
+                }),
             }
         }
         [how, server, name, qtype] => {
@@ -439,6 +443,14 @@ fn host_processes_of_a_cgroup_are_an_endpoint() {
             "v6={v6}: another port reached"
         );
         assert!(!reaches(&t, inside, evil, DROPPED), "v6={v6}: evil reached");
+        // Refused at `connect` (EPERM), not left to time out: given all the patience an
+        // allowed connection gets, the client still reports a refusal.
+        let r = client(
+            &t,
+            inside,
+            &format!("connect {evil} {}", REACHES.as_millis()),
+        );
+        assert_eq!(r["refused"], json!(true), "v6={v6}: {r}");
 
         // A process outside the cgroup: its DNS goes straight to the resolver (which answers
         // any name), and it reaches what it likes.
@@ -458,6 +470,38 @@ fn host_processes_of_a_cgroup_are_an_endpoint() {
             t.logs()
         );
     }
+
+    // An IPv6 socket asking the resolver's v4-mapped address — connected, unconnected
+    // (`sendto`, as Java's DatagramSocket and Netty's resolver do), and TCP: the answer comes
+    // from the mapped resolver, as the socket wrote it, not from the proxy.
+    let v4_mapped = |ip: std::net::IpAddr| match ip {
+        std::net::IpAddr::V4(a) => std::net::IpAddr::V6(a.to_ipv6_mapped()),
+        v6 => v6,
+    };
+    let mapped = SocketAddr::new(v4_mapped(t.v4(9, 53)), 53);
+    for how in ["udp-connected", "udp", "tcp-dns"] {
+        let r = ask(&t, inside, how, mapped, "api.example.test.", "A");
+        assert_eq!(
+            r["rcode"],
+            rcode(ResponseCode::NoError),
+            "mapped {how}: {r}"
+        );
+        assert_eq!(
+            r["from"],
+            mapped.to_string(),
+            "mapped {how}: reply from elsewhere"
+        );
+        if how != "udp" {
+            assert_eq!(r["peer"], mapped.to_string(), "mapped {how}: getpeername");
+        }
+    }
+    let mapped_evil = SocketAddr::new(v4_mapped(t.v4(10, 3)), 8080);
+    let r = client(
+        &t,
+        inside,
+        &format!("connect {mapped_evil} {}", REACHES.as_millis()),
+    );
+    assert_eq!(r["refused"], json!(true), "mapped: {r}");
 
     // The proxy attributed the answers to the runner endpoint (learned for it; the cache
     // lists endpoints by name or id as text).
