@@ -102,7 +102,7 @@ pub fn v2_mount(mountinfo: &str) -> Result<PathBuf, Error> {
 fn read(path: &Path) -> Result<String, Error> {
     std::fs::read_to_string(path).map_err(|source| Error::Io {
         what: format!("reading {}", path.display()),
-        source,
+        error: source,
     })
 }
 
@@ -246,7 +246,7 @@ pub fn check_v1_net() -> Result<Vec<&'static str>, Error> {
         Err(source) => {
             return Err(Error::Io {
                 what: "reading /proc/cgroups".to_owned(),
-                source,
+                error: source,
             });
         }
     };

@@ -597,6 +597,9 @@ fn cgroup_endpoints_added_at_run_time_persist_and_go() {
     assert!(!refused.status.success());
     let why = text(&refused.stderr);
     assert!(why.contains("hostProcesses: true"), "{why}");
+    // Each cause once (it said "`bpf_link_create` failed: `bpf_link_create` failed").
+    assert!(why.contains("`bpf_link_create` failed"), "{why}");
+    crate::common::assert_each_cause_once(&why);
     assert!(reaches(&t, inside, evil, REACHES), "{}", t.logs());
 
     // With `hostProcesses: true` the programs are attached at start-up, doing nothing yet.
