@@ -99,6 +99,24 @@ fn policy_check_fails_cleanly_on_a_missing_file() {
     assert!(text(&out.stderr).contains("/nonexistent/policy.yaml"));
 }
 
+/// A file without documents (`# disabled`) is a warning, not an error: exit 0.
+#[test]
+fn policy_check_warns_about_an_empty_file() {
+    let dir = TestDir::new("cli-empty");
+    let disabled = dir.write("disabled.yaml", "# disabled\n");
+    let out = fqdnd(&["policy", "check", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "{}:1:1: warning: no policy or configuration documents",
+            disabled.display()
+        )),
+        "{stderr}"
+    );
+    assert!(text(&out.stdout).starts_with("ok: 1 file(s)"));
+}
+
 #[test]
 fn simulate_runs_the_embedded_example_and_shares_identities() {
     let stdout = stdout_of(&fqdnd(&["simulate"]));

@@ -47,11 +47,17 @@ use ipnet::IpNet;
 /// The DNS port: what the proxy serves, whatever port it listens on.
 const DNS_PORT: u16 = 53;
 
-/// Something valid that cannot work as written. Displays as
-/// `file:line:column: warning: message`.
+/// Something valid that cannot work as written, or that may not mean what it seems to.
+/// Displays as `file:line:column: warning: message`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Warning {
+    /// A file with no documents: empty, only comments (`# disabled`), or only `---`
+    /// separators. It is skipped: a configuration directory may hold a disabled file.
+    EmptyFile {
+        /// The file.
+        file: PathBuf,
+    },
     /// A `toFQDNs` selector that can never learn an address from the lookups of the endpoints
     /// its rule selects.
     DeadFqdnSelector {
@@ -102,7 +108,9 @@ impl Warning {
     #[must_use]
     pub fn file(&self) -> &Path {
         match self {
-            Self::DeadFqdnSelector { file, .. } | Self::ShadowedAllow { file, .. } => file,
+            Self::EmptyFile { file }
+            | Self::DeadFqdnSelector { file, .. }
+            | Self::ShadowedAllow { file, .. } => file,
         }
     }
 
@@ -110,6 +118,7 @@ impl Warning {
     #[must_use]
     pub fn position(&self) -> (u64, u64) {
         match self {
+            Self::EmptyFile { .. } => (1, 1),
             Self::DeadFqdnSelector { line, column, .. }
             | Self::ShadowedAllow { line, column, .. } => (*line, *column),
         }
@@ -119,6 +128,12 @@ impl Warning {
 impl fmt::Display for Warning {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Self::EmptyFile { file } => write!(
+                f,
+                "{}:1:1: warning: no policy or configuration documents (the file is empty or \
+                 holds only comments): skipped",
+                file.display()
+            ),
             Self::DeadFqdnSelector {
                 file,
                 line,

@@ -184,6 +184,7 @@ impl std::fmt::Debug for NodeRuntime {
 /// Loads the configuration files; a missing `Node` document means the defaults.
 fn load(paths: &[PathBuf]) -> Result<(Config, Node)> {
     let config = fqdnd_config::load(paths).map_err(|errors| anyhow!("{errors}"))?;
+    daemon::log_warnings(&config);
     if config.gateway.is_some() {
         tracing::warn!("the `kind: Gateway` document is ignored by `fqdnd node`");
     }
