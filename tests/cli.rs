@@ -280,3 +280,61 @@ fn operator_refuses_a_bad_url_and_reports_an_unreachable_etcd() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// A CiliumNetworkPolicy without `metadata.namespace` is in `default` (as `kubectl apply`
+/// without `-n`): it governs the endpoint without a namespace (in `default` too) and not the
+/// one in `prod` — it used to govern both — and `policy check` warns about it.
+#[test]
+fn a_policy_without_a_namespace_governs_the_default_namespace_only() {
+    let dir = TestDir::new("cli-namespace");
+    let file = dir.write(
+        "policy.yaml",
+        r#"apiVersion: fqdnd.io/v1
+kind: Endpoint
+metadata: {name: web}
+spec: {id: 1, addresses: ["10.0.1.2"], labels: {app: web}}
+---
+apiVersion: fqdnd.io/v1
+kind: Endpoint
+metadata: {name: web-prod}
+spec: {id: 2, addresses: ["10.0.1.3"], namespace: prod, labels: {app: web}}
+---
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: web}
+spec:
+  endpointSelector: {matchLabels: {app: web}}
+  egress:
+  - toCIDR: ["192.0.2.0/24"]
+"#,
+    );
+    let file = file.to_str().unwrap();
+    let explain = |endpoint: &str| {
+        let out = fqdnd(&[
+            "policy",
+            "explain",
+            "--offline",
+            file,
+            "--endpoint",
+            endpoint,
+            "198.51.100.1:443/tcp",
+        ]);
+        (out.status.code(), text(&out.stdout))
+    };
+    // The default namespace's endpoint is under the policy: denied outside its CIDR.
+    let (code, out) = explain("1");
+    assert_eq!(code, Some(1), "{out}");
+    // The one in `prod` is under no policy.
+    let (code, out) = explain("2");
+    assert_eq!(code, Some(0), "{out}");
+
+    let out = fqdnd(&["policy", "check", file]);
+    assert_eq!(out.status.code(), Some(0));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(
+            "policy.yaml:13:18: warning: CiliumNetworkPolicy \"web\" has no `metadata.namespace`"
+        ),
+        "{stderr}"
+    );
+}

@@ -316,7 +316,7 @@ impl Loader {
         if let Some((_, _, first_file, first_at)) = self
             .policies
             .iter()
-            .find(|(k, name, ..)| *k == kind && *name == policy.name)
+            .find(|(k, key, ..)| *k == kind && *key == policy.key)
         {
             let item = Duplicated::Policy {
                 kind: kind.name(),
@@ -325,8 +325,16 @@ impl Loader {
             diag.push(duplicate(item, file, name_at, first_file, *first_at));
             return;
         }
+        if policy.implicit_namespace {
+            self.warnings.push(Warning::ImplicitNamespace {
+                file: file.to_path_buf(),
+                line: name_at.0,
+                column: name_at.1,
+                name: policy.name.clone(),
+            });
+        }
         self.policies
-            .push((kind, policy.name, file.to_path_buf(), name_at));
+            .push((kind, policy.key, file.to_path_buf(), name_at));
         for (rule, mut at) in policy.rules {
             let index = self.rules.len();
             self.fqdn_uses

@@ -58,6 +58,20 @@ pub enum Warning {
         /// The file.
         file: PathBuf,
     },
+    /// A CiliumNetworkPolicy without `metadata.namespace`: as under `kubectl apply` without
+    /// `-n`, it is in the `default` namespace and applies there only (its `endpointSelector`,
+    /// and its `fromEndpoints`/`toEndpoints` that name no namespace) — to the endpoints
+    /// without `spec.namespace` and those of namespace `default`.
+    ImplicitNamespace {
+        /// The file.
+        file: PathBuf,
+        /// 1-based line of `metadata.name`.
+        line: u64,
+        /// 1-based column of `metadata.name`.
+        column: u64,
+        /// The policy's name.
+        name: String,
+    },
     /// A `toFQDNs` selector that can never learn an address from the lookups of the endpoints
     /// its rule selects.
     DeadFqdnSelector {
@@ -109,6 +123,7 @@ impl Warning {
     pub fn file(&self) -> &Path {
         match self {
             Self::EmptyFile { file }
+            | Self::ImplicitNamespace { file, .. }
             | Self::DeadFqdnSelector { file, .. }
             | Self::ShadowedAllow { file, .. } => file,
         }
@@ -119,7 +134,8 @@ impl Warning {
     pub fn position(&self) -> (u64, u64) {
         match self {
             Self::EmptyFile { .. } => (1, 1),
-            Self::DeadFqdnSelector { line, column, .. }
+            Self::ImplicitNamespace { line, column, .. }
+            | Self::DeadFqdnSelector { line, column, .. }
             | Self::ShadowedAllow { line, column, .. } => (*line, *column),
         }
     }
@@ -132,6 +148,21 @@ impl fmt::Display for Warning {
                 f,
                 "{}:1:1: warning: no policy or configuration documents (the file is empty or \
                  holds only comments): skipped",
+                file.display()
+            ),
+            Self::ImplicitNamespace {
+                file,
+                line,
+                column,
+                name,
+            } => write!(
+                f,
+                "{}:{line}:{column}: warning: CiliumNetworkPolicy {name:?} has no \
+                 `metadata.namespace`: like `kubectl apply` without `-n`, fqdnd puts it in the \
+                 `default` namespace, where it selects only endpoints of that namespace (and \
+                 those without `spec.namespace`, which are in `default`), peers included; write \
+                 `metadata.namespace`, or make it a CiliumClusterwideNetworkPolicy to select \
+                 endpoints of every namespace",
                 file.display()
             ),
             Self::DeadFqdnSelector {
