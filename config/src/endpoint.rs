@@ -58,8 +58,20 @@ impl std::fmt::Display for Cgroup {
 }
 
 impl Cgroup {
+    /// Why the root cgroup (`/`) is never an endpoint.
+    pub const ROOT_REFUSED: &'static str = "the root cgroup holds every process of the host, \
+        fqdnd's own included (its queries to resolvers would be redirected to itself), so it \
+        is never an endpoint: name a cgroup below it, such as /ci/runner";
+
+    /// Whether this is the root cgroup (`/`), which is never an endpoint.
+    #[must_use]
+    pub fn is_root(&self) -> bool {
+        matches!(self, Self::Path(p) if p == "/")
+    }
+
     /// A cgroup path as written (`a/b`, `/a/b/`, `/`) in its canonical form (`/a/b`, `/`);
-    /// `None` when a component is `.`, `..` or holds a control character.
+    /// `None` when a component is `.`, `..` or holds a control character. (`/` is a path, but
+    /// never an endpoint's: see [`Self::is_root`].)
     pub fn path(text: &str) -> Option<Self> {
         let parts: Vec<&str> = text.split('/').filter(|p| !p.is_empty()).collect();
         let bad = |p: &&str| *p == "." || *p == ".." || p.chars().any(char::is_control);
@@ -305,6 +317,13 @@ fn cgroup(s: &EndpointSpec, kind: EndpointKind, diag: &mut Diag<'_>) -> Option<C
     } else {
         Cgroup::unit(&text.value)
     };
+    if parsed.as_ref().is_some_and(Cgroup::is_root) {
+        diag.invalid(
+            at(text),
+            format!("`spec.cgroup` is `/`: {}", Cgroup::ROOT_REFUSED),
+        );
+        return None;
+    }
     if parsed.is_none() {
         let expected = if field == "cgroup" {
             "a cgroup v2 path below the hierarchy's root (`/a/b`), without `.` or `..`"

@@ -111,6 +111,15 @@ pub enum Error {
         /// The unit.
         unit: String,
     },
+    /// A cgroup endpoint's path that can never match (the root cgroup, a file, a path of a
+    /// cgroup file system written out), with what to write instead.
+    #[error("cgroup {path}: {reason}")]
+    CgroupPath {
+        /// The path as configured.
+        path: String,
+        /// Why it can never match, and what to write.
+        reason: String,
+    },
     /// A cgroup v1 net_cls or net_prio hierarchy is in use: on such hosts a socket's cgroup
     /// v2 data can be overwritten by its v1 tags, and the socket programs would silently not
     /// match it.

@@ -632,23 +632,95 @@ fn cgroup_endpoints_added_at_run_time_persist_and_go() {
         t.logs()
     );
 
-    // A cgroup that does not exist yet: the endpoint is added, its cgroup matched once the
-    // directory appears, and again (a new id) when it is removed and created again, as a
-    // restarted systemd unit's is.
+    // The listing: the endpoint's identity is `-` (host processes share the host's
+    // addresses), its labels sorted.
+    let list = t.admin_cli(&["endpoint", "list"]);
+    let header = list.lines().next().unwrap_or_default();
+    assert!(header.contains(" IDENTITY "), "{list}");
+    let row = list.lines().find(|l| l.contains("added")).unwrap_or("");
+    assert!(
+        row.contains("k8s:app=runner,k8s:io.kubernetes.pod.namespace=default"),
+        "{list}"
+    );
+
+    // Paths that can never match are refused, each saying what to write (exit 1); nothing is
+    // added.
+    let root = fqdnd_ebpf::cgroup::v2_root().unwrap();
+    let v1_mount = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .find(|l| l.contains(" - cgroup cgroup "))
+        .and_then(|l| l.split(' ').nth(4).map(str::to_owned));
+    let mut never = vec![
+        (
+            format!("{}/x", root.display()),
+            "the path of the cgroup v2 mount".to_owned(),
+        ),
+        (
+            format!("{}/cgroup.procs", cgroup.below),
+            "is a file, not a cgroup directory".to_owned(),
+        ),
+        ("/".to_owned(), "the root cgroup".to_owned()),
+    ];
+    if let Some(v1) = &v1_mount {
+        // (a hybrid host, as this one: v1 controllers mounted beside v2)
+        never.push((
+            format!("{v1}/x"),
+            "this is a cgroup v1 hierarchy".to_owned(),
+        ));
+    }
+    for (path, why) in &never {
+        let refused = try_cli(
+            &t,
+            &[
+                "endpoint", "add", "--id", "11", "--name", "never", "--cgroup", path,
+            ],
+        );
+        let stderr = text(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(1), "{path}: {stderr}");
+        assert!(stderr.contains(why.as_str()), "{path}: {stderr}");
+        crate::common::assert_each_cause_once(&stderr);
+    }
+    assert!(
+        !t.admin_cli(&["endpoint", "list"]).contains("never"),
+        "a refused endpoint was added"
+    );
+
+    // A cgroup that does not exist yet: the endpoint is added (the command says it waits,
+    // the listing shows `waiting`), its cgroup matched once the directory appears, and again
+    // (a new id) when it is removed and created again, as a restarted systemd unit's is.
     let later = TestCgroup::new("cgroupcli2");
     std::fs::remove_dir(&later.dir).unwrap();
-    t.admin_cli(&[
-        "endpoint",
-        "add",
-        "--id",
-        "10",
-        "--name",
-        "later",
-        "--cgroup",
-        &later.below,
-        "--label",
-        "app=runner",
-    ]);
+    let added = try_cli(
+        &t,
+        &[
+            "endpoint",
+            "add",
+            "--id",
+            "10",
+            "--name",
+            "later",
+            "--cgroup",
+            &later.below,
+            "--label",
+            "app=runner",
+        ],
+    );
+    assert!(added.status.success(), "{}", text(&added.stderr));
+    let says = text(&added.stderr);
+    assert!(
+        says.contains("endpoint 10 waits for its cgroup")
+            && says.contains(&later.dir.display().to_string()),
+        "{says}"
+    );
+    let waiting_row = |t: &Topology| {
+        t.admin_cli(&["endpoint", "list"])
+            .lines()
+            .find(|l| l.contains("later"))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert!(waiting_row(&t).contains(" waiting "), "{}", waiting_row(&t));
     let cgroup_id = |t: &Topology| {
         let rows = t.admin_json(&["endpoint", "list"]);
         rows.as_array()
@@ -658,6 +730,19 @@ fn cgroup_endpoints_added_at_run_time_persist_and_go() {
             .and_then(|r| r["cgroup_id"].as_u64())
     };
     assert_eq!(cgroup_id(&t), None);
+    let row = t
+        .admin_json(&["endpoint", "list"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == json!(10))
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        (&row["waiting"], &row["enforcing"]),
+        (&json!(true), &json!(false)),
+        "{row}"
+    );
     for round in 0..2 {
         std::fs::create_dir(&later.dir).unwrap();
         let id = fqdnd_ebpf::cgroup::cgroup_id(&later.dir).unwrap();
@@ -668,6 +753,7 @@ fn cgroup_endpoints_added_at_run_time_persist_and_go() {
                 Err(format!("{:?}", cgroup_id(&t)))
             }
         });
+        assert!(waiting_row(&t).contains(" true "), "{}", waiting_row(&t));
         assert_eq!(
             evil_rcode(&t, Some(&later.dir), "udp"),
             rcode(ResponseCode::Refused),
