@@ -338,3 +338,90 @@ spec:
         "{stderr}"
     );
 }
+
+/// The exit codes docs/operations.md lists ("Commands"): 2 for a usage error of any command
+/// (`endpoint add` said 0/1), 0 for `--help`; 1 when the command cannot do its job (no agent
+/// at the socket, a file that cannot be read, a capture that does not exist: `replay` said 0
+/// only), each error one line that prints each cause once.
+#[test]
+fn exit_codes_are_those_the_docs_list() {
+    let dir = TestDir::new("cli-exit");
+    let socket = dir.join("none.sock");
+    let socket = socket.to_str().unwrap();
+    let missing = dir.join("missing");
+    let missing = missing.to_str().unwrap();
+    let commands: &[&[&str]] = &[
+        &["gateway"],
+        &["node"],
+        &["operator"],
+        &["endpoint", "add"],
+        &["endpoint", "remove"],
+        &["endpoint", "list"],
+        &["service", "set"],
+        &["service", "list"],
+        &["monitor"],
+        &["checkpoint", "inspect"],
+        &["bpf", "ipcache", "list"],
+        &["bpf", "unload"],
+        &["status"],
+        &["cache", "list"],
+        &["identity", "list"],
+        &["ipcache", "list"],
+        &["policy", "check"],
+        &["policy", "explain"],
+        &["policy", "match"],
+        &["policy", "reload"],
+        &["policy", "apply"],
+        &["simulate"],
+        &["replay"],
+        &["record", "start"],
+    ];
+    for command in commands {
+        let mut args = command.to_vec();
+        args.push("--no-such-flag");
+        let out = fqdnd(&args);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        let mut args = command.to_vec();
+        args.push("--help");
+        assert_eq!(fqdnd(&args).status.code(), Some(0), "{args:?}");
+    }
+    // A missing required argument is a usage error too.
+    let out = fqdnd(&["endpoint", "add", "--id", "1"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+
+    let fails: &[&[&str]] = &[
+        &[
+            "endpoint",
+            "add",
+            "--id",
+            "1",
+            "--name",
+            "x",
+            "--cgroup",
+            "/x",
+            "--admin-socket",
+            socket,
+        ],
+        &["endpoint", "list", "--admin-socket", socket],
+        &["service", "list", "--admin-socket", socket],
+        &["monitor", "--admin-socket", socket],
+        &["record", "status", "--admin-socket", socket],
+        &["status", "--admin-socket", socket],
+        &["checkpoint", "inspect", missing],
+        &["bpf", "ipcache", "list", "--pin-dir", missing],
+        &["simulate", "--answers", missing],
+        &["replay", missing, "--policy", missing],
+    ];
+    for args in fails {
+        let out = fqdnd(args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.starts_with("fqdnd: "), "{args:?}: {stderr}");
+        common::assert_each_cause_once(&stderr);
+    }
+}
