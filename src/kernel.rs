@@ -531,8 +531,21 @@ impl Kernel {
             None => cgroup_checks()?,
         };
         let mut next = BTreeMap::new();
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+            .context("reading /proc/self/mountinfo")?;
         for w in wanted {
             let path = cgroup_dir(&root, &w.cgroup)?;
+            if let Cgroup::Path(below) = &w.cgroup {
+                // a path that can never match is refused (saying what to write); one that
+                // does not exist yet is matched once it does
+                fqdnd_ebpf::cgroup::check_endpoint_path(
+                    &root,
+                    below,
+                    &mountinfo,
+                    fqdnd_ebpf::cgroup::found,
+                )
+                .with_context(|| format!("endpoint {}", w.id))?;
+            }
             if let Some(own) = own_cgroup(&root)
                 && own.starts_with(&path)
             {

@@ -99,6 +99,24 @@ fn policy_check_fails_cleanly_on_a_missing_file() {
     assert!(text(&out.stderr).contains("/nonexistent/policy.yaml"));
 }
 
+/// A file without documents (`# disabled`) is a warning, not an error: exit 0.
+#[test]
+fn policy_check_warns_about_an_empty_file() {
+    let dir = TestDir::new("cli-empty");
+    let disabled = dir.write("disabled.yaml", "# disabled\n");
+    let out = fqdnd(&["policy", "check", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "{}:1:1: warning: no policy or configuration documents",
+            disabled.display()
+        )),
+        "{stderr}"
+    );
+    assert!(text(&out.stdout).starts_with("ok: 1 file(s)"));
+}
+
 #[test]
 fn simulate_runs_the_embedded_example_and_shares_identities() {
     let stdout = stdout_of(&fqdnd(&["simulate"]));
@@ -261,4 +279,149 @@ fn operator_refuses_a_bad_url_and_reports_an_unreachable_etcd() {
     );
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// A CiliumNetworkPolicy without `metadata.namespace` is in `default` (as `kubectl apply`
+/// without `-n`): it governs the endpoint without a namespace (in `default` too) and not the
+/// one in `prod` — it used to govern both — and `policy check` warns about it.
+#[test]
+fn a_policy_without_a_namespace_governs_the_default_namespace_only() {
+    let dir = TestDir::new("cli-namespace");
+    let file = dir.write(
+        "policy.yaml",
+        r#"apiVersion: fqdnd.io/v1
+kind: Endpoint
+metadata: {name: web}
+spec: {id: 1, addresses: ["10.0.1.2"], labels: {app: web}}
+---
+apiVersion: fqdnd.io/v1
+kind: Endpoint
+metadata: {name: web-prod}
+spec: {id: 2, addresses: ["10.0.1.3"], namespace: prod, labels: {app: web}}
+---
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: web}
+spec:
+  endpointSelector: {matchLabels: {app: web}}
+  egress:
+  - toCIDR: ["192.0.2.0/24"]
+"#,
+    );
+    let file = file.to_str().unwrap();
+    let explain = |endpoint: &str| {
+        let out = fqdnd(&[
+            "policy",
+            "explain",
+            "--offline",
+            file,
+            "--endpoint",
+            endpoint,
+            "198.51.100.1:443/tcp",
+        ]);
+        (out.status.code(), text(&out.stdout))
+    };
+    // The default namespace's endpoint is under the policy: denied outside its CIDR.
+    let (code, out) = explain("1");
+    assert_eq!(code, Some(1), "{out}");
+    // The one in `prod` is under no policy.
+    let (code, out) = explain("2");
+    assert_eq!(code, Some(0), "{out}");
+
+    let out = fqdnd(&["policy", "check", file]);
+    assert_eq!(out.status.code(), Some(0));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(
+            "policy.yaml:13:18: warning: CiliumNetworkPolicy \"web\" has no `metadata.namespace`"
+        ),
+        "{stderr}"
+    );
+}
+
+/// The exit codes docs/operations.md lists ("Commands"): 2 for a usage error of any command
+/// (`endpoint add` said 0/1), 0 for `--help`; 1 when the command cannot do its job (no agent
+/// at the socket, a file that cannot be read, a capture that does not exist: `replay` said 0
+/// only), each error one line that prints each cause once.
+#[test]
+fn exit_codes_are_those_the_docs_list() {
+    let dir = TestDir::new("cli-exit");
+    let socket = dir.join("none.sock");
+    let socket = socket.to_str().unwrap();
+    let missing = dir.join("missing");
+    let missing = missing.to_str().unwrap();
+    let commands: &[&[&str]] = &[
+        &["gateway"],
+        &["node"],
+        &["operator"],
+        &["endpoint", "add"],
+        &["endpoint", "remove"],
+        &["endpoint", "list"],
+        &["service", "set"],
+        &["service", "list"],
+        &["monitor"],
+        &["checkpoint", "inspect"],
+        &["bpf", "ipcache", "list"],
+        &["bpf", "unload"],
+        &["status"],
+        &["cache", "list"],
+        &["identity", "list"],
+        &["ipcache", "list"],
+        &["policy", "check"],
+        &["policy", "explain"],
+        &["policy", "match"],
+        &["policy", "reload"],
+        &["policy", "apply"],
+        &["simulate"],
+        &["replay"],
+        &["record", "start"],
+    ];
+    for command in commands {
+        let mut args = command.to_vec();
+        args.push("--no-such-flag");
+        let out = fqdnd(&args);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        let mut args = command.to_vec();
+        args.push("--help");
+        assert_eq!(fqdnd(&args).status.code(), Some(0), "{args:?}");
+    }
+    // A missing required argument is a usage error too.
+    let out = fqdnd(&["endpoint", "add", "--id", "1"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+
+    let fails: &[&[&str]] = &[
+        &[
+            "endpoint",
+            "add",
+            "--id",
+            "1",
+            "--name",
+            "x",
+            "--cgroup",
+            "/x",
+            "--admin-socket",
+            socket,
+        ],
+        &["endpoint", "list", "--admin-socket", socket],
+        &["service", "list", "--admin-socket", socket],
+        &["monitor", "--admin-socket", socket],
+        &["record", "status", "--admin-socket", socket],
+        &["status", "--admin-socket", socket],
+        &["checkpoint", "inspect", missing],
+        &["bpf", "ipcache", "list", "--pin-dir", missing],
+        &["simulate", "--answers", missing],
+        &["replay", missing, "--policy", missing],
+    ];
+    for args in fails {
+        let out = fqdnd(args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.starts_with("fqdnd: "), "{args:?}: {stderr}");
+        common::assert_each_cause_once(&stderr);
+    }
 }

@@ -406,9 +406,13 @@ fn link(core: &str, t: &Topology, k: usize, etcd_net: &str) {
 }
 
 /// The node's number for a label set (given as `a,b` text), if global.
+/// The global number of the label set `labels` of an endpoint without a namespace (so in
+/// `default`: its namespace label is added).
 fn global_of(identities: &BTreeMap<String, u32>, labels: &str) -> Option<u32> {
     identities
-        .get(&sorted(labels))
+        .get(&sorted(&format!(
+            "{labels},k8s:io.kubernetes.pod.namespace=default"
+        )))
         .copied()
         .filter(|id| (256..=65_535).contains(id))
 }

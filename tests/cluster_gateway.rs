@@ -73,7 +73,11 @@ fn lan_identity(gw: &Gateway) -> Option<u64> {
         .as_array()
         .unwrap()
         .iter()
-        .find(|r| r["labels"][0].as_str() == Some("k8s:app=lan"))
+        .find(|r| {
+            r["labels"]
+                .as_array()
+                .is_some_and(|l| l.iter().any(|l| l.as_str() == Some("k8s:app=lan")))
+        })
         .and_then(|r| r["identity"].as_u64())
 }
 

@@ -240,6 +240,33 @@ fn hot_reload_keeps_the_old_policy_when_the_new_one_is_broken() {
     assert_eq!(status["reloads"]["failed"], 1, "{status}");
 }
 
+/// A configuration file without documents (`# disabled`) is skipped with a warning in the
+/// log: the gateway starts, and reloads, with the other files (before, it refused to start,
+/// and every reload failed: "no policy or configuration documents").
+#[test]
+fn a_disabled_file_is_skipped_with_a_warning() {
+    let mut g = setup("{matchPattern: \"*.corp.test\"}");
+    let disabled = g.config("disabled.yaml", "# disabled\n");
+    let gw = g.start();
+    assert_eq!(ask(&gw, "www.corp.test."), ResponseCode::NoError);
+    let warning = format!(
+        "{}:1:1: warning: no policy or configuration documents",
+        disabled.display()
+    );
+    assert!(gw.log().contains(&warning), "{}", gw.log());
+
+    // Emptied entirely, and the policy changed: the reload goes through.
+    std::fs::write(&disabled, "").unwrap();
+    std::fs::write(
+        gw.join("policy.yaml"),
+        policy("{matchName: \"app.corp.test\"}"),
+    )
+    .unwrap();
+    let out = gw.cli(&["policy", "reload"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    assert_eq!(ask(&gw, "www.corp.test."), ResponseCode::Refused);
+}
+
 #[test]
 fn a_gateway_needs_a_gateway_document() {
     let dir = TestDir::new("gw-none");

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{TestDir, fqdnd, json_of, repo_path as path, stdout_of, text};
+use common::{TestDir, assert_each_cause_once, fqdnd, json_of, repo_path as path, stdout_of, text};
 
 const POLICY: &str = "replay/tests/policies/fixtures.yaml";
 
@@ -123,4 +123,34 @@ fn bad_input_is_an_error_with_the_file_named() {
         "{}",
         text(&out.stderr)
     );
+}
+
+/// Errors exit 1 with one line that prints each cause once (a missing capture printed its
+/// OS error twice: "No such file or directory (os error 2): No such file or directory (os
+/// error 2)"); a usage error exits 2.
+#[test]
+fn a_missing_capture_or_policy_exits_1_naming_the_file_once() {
+    for (trace, policy, file) in [
+        (
+            "/nonexistent/trace.pcap",
+            path(POLICY),
+            "/nonexistent/trace.pcap",
+        ),
+        (
+            &*path("replay/tests/fixtures/debsrc-dnscap/dns.pcap"),
+            "/nonexistent/policy.yaml".to_owned(),
+            "/nonexistent/policy.yaml",
+        ),
+    ] {
+        let out = fqdnd(&["replay", trace, "--policy", &policy]);
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+        let stderr = text(&out.stderr);
+        assert!(
+            stderr.contains(&format!("{file}: No such file or directory")),
+            "{stderr}"
+        );
+        assert_each_cause_once(&stderr);
+    }
+    let out = fqdnd(&["replay", "--no-such-flag"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
 }

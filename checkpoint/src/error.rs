@@ -10,37 +10,34 @@ use std::sync::Arc;
 #[non_exhaustive]
 pub enum Error {
     /// An I/O operation failed (`op` is what was being done, e.g. "fdatasync").
-    #[error("{op} {}: {source}", path.display())]
+    #[error("{op} {}: {error}", path.display())]
     Io {
         /// The file or directory.
         path: PathBuf,
         /// What was being done.
         op: &'static str,
-        /// The cause.
-        #[source]
-        source: Arc<io::Error>,
+        /// The cause (in the message, so not a `source`: a chain renderer prints it once).
+        error: Arc<io::Error>,
     },
     /// The disk (or quota) is full: nothing of the failed batch is durable. The journal was
     /// cut back to its last durable record and accepts appends again once space is freed.
-    #[error("{op} {}: no space left ({source})", path.display())]
+    #[error("{op} {}: no space left ({error})", path.display())]
     Full {
         /// The file being written.
         path: PathBuf,
         /// What was being done.
         op: &'static str,
-        /// The cause (`StorageFull` or `QuotaExceeded`).
-        #[source]
-        source: Arc<io::Error>,
+        /// The cause (`StorageFull` or `QuotaExceeded`; in the message, not a `source`).
+        error: Arc<io::Error>,
     },
     /// After a failed write the journal could not be cut back to its last durable record: it
     /// accepts nothing more. Reopen the directory with [`crate::open`] (which cuts the tail).
-    #[error("journal {} is unusable after a failed write: {source}", path.display())]
+    #[error("journal {} is unusable after a failed write: {error}", path.display())]
     Poisoned {
         /// The journal file.
         path: PathBuf,
-        /// Why restoring it failed.
-        #[source]
-        source: Arc<io::Error>,
+        /// Why restoring it failed (in the message, not a `source`).
+        error: Arc<io::Error>,
     },
     /// A file header is not one this crate wrote for this schema.
     #[error("{}: bad header at offset {offset}: {problem}", file.display())]
@@ -222,17 +219,37 @@ impl Error {
     /// An I/O error on `path`; `StorageFull`/`QuotaExceeded` become [`Error::Full`].
     pub(crate) fn io(path: impl Into<PathBuf>, op: &'static str, source: io::Error) -> Self {
         let path = path.into();
-        let source = Arc::new(source);
-        match source.kind() {
+        let error = Arc::new(source);
+        match error.kind() {
             io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => {
-                Error::Full { path, op, source }
+                Error::Full { path, op, error }
             }
-            _ => Error::Io { path, op, source },
+            _ => Error::Io { path, op, error },
         }
     }
 
     /// True for [`Error::Full`].
     pub fn is_full(&self) -> bool {
         matches!(self, Error::Full { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `fqdnd checkpoint inspect` of a missing directory printed: "…: No such file or
+    /// directory (os error 2): No such file or directory (os error 2)". Each cause once.
+    #[test]
+    fn an_io_error_is_printed_once() {
+        let e = Error::io("/x", "read directory", io::Error::from_raw_os_error(2));
+        assert_eq!(
+            e.to_string(),
+            "read directory /x: No such file or directory (os error 2)"
+        );
+        assert!(std::error::Error::source(&e).is_none());
+        let full = Error::io("/x", "write", io::Error::from(io::ErrorKind::StorageFull));
+        assert!(full.is_full());
+        assert!(std::error::Error::source(&full).is_none());
     }
 }

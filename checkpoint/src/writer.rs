@@ -124,7 +124,7 @@ impl Writer {
                     tracing::error!(file = %t.path.display(), %source, "checkpoint: journal poisoned");
                     self.poisoned = Some(Error::Poisoned {
                         path: t.path.clone(),
-                        source: Arc::new(source),
+                        error: Arc::new(source),
                     });
                 }
                 Err(e)

@@ -9,7 +9,7 @@
 //! spec:
 //!   id: 1                   # 1-65535, unique across Endpoints and ClientGroups
 //!   addresses: [10.0.1.2, fd00::1:2]
-//!   namespace: prod         # optional: label k8s:io.kubernetes.pod.namespace=prod
+//!   namespace: prod         # label k8s:io.kubernetes.pod.namespace=prod (default: `default`)
 //!   interface: lxc-web      # Endpoint only: its host-side interface (node mode)
 //!   labels:
 //!     app: web              # source k8s unless written `source:key`
@@ -33,7 +33,7 @@ use serde::de::IgnoredAny;
 use serde_saphyr::{Location, Spanned};
 
 use crate::cnp::ObjectMeta;
-use crate::convert::{NAMESPACE_KEY, namespace, object_name, parse_cidr};
+use crate::convert::{DEFAULT_NAMESPACE, NAMESPACE_KEY, namespace, object_name, parse_cidr};
 use crate::yaml::{Diag, Pairs, Scalar, Text, at, int_in_range, sanitize, shape};
 
 /// The cgroup of an Endpoint of host processes: every socket created in it or in a cgroup
@@ -58,8 +58,20 @@ impl std::fmt::Display for Cgroup {
 }
 
 impl Cgroup {
+    /// Why the root cgroup (`/`) is never an endpoint.
+    pub const ROOT_REFUSED: &'static str = "the root cgroup holds every process of the host, \
+        fqdnd's own included (its queries to resolvers would be redirected to itself), so it \
+        is never an endpoint: name a cgroup below it, such as /ci/runner";
+
+    /// Whether this is the root cgroup (`/`), which is never an endpoint.
+    #[must_use]
+    pub fn is_root(&self) -> bool {
+        matches!(self, Self::Path(p) if p == "/")
+    }
+
     /// A cgroup path as written (`a/b`, `/a/b/`, `/`) in its canonical form (`/a/b`, `/`);
-    /// `None` when a component is `.`, `..` or holds a control character.
+    /// `None` when a component is `.`, `..` or holds a control character. (`/` is a path, but
+    /// never an endpoint's: see [`Self::is_root`].)
     pub fn path(text: &str) -> Option<Self> {
         let parts: Vec<&str> = text.split('/').filter(|p| !p.is_empty()).collect();
         let bad = |p: &&str| *p == "." || *p == ".." || p.chars().any(char::is_control);
@@ -305,6 +317,13 @@ fn cgroup(s: &EndpointSpec, kind: EndpointKind, diag: &mut Diag<'_>) -> Option<C
     } else {
         Cgroup::unit(&text.value)
     };
+    if parsed.as_ref().is_some_and(Cgroup::is_root) {
+        diag.invalid(
+            at(text),
+            format!("`spec.cgroup` is `/`: {}", Cgroup::ROOT_REFUSED),
+        );
+        return None;
+    }
     if parsed.is_none() {
         let expected = if field == "cgroup" {
             "a cgroup v2 path below the hierarchy's root (`/a/b`), without `.` or `..`"
@@ -332,7 +351,7 @@ fn check_repeated_addresses(addresses: &[IpNet], address_at: &[Location], diag: 
     }
 }
 
-/// `spec.labels` plus `spec.namespace`, as endpoint labels.
+/// `spec.labels` plus `spec.namespace` (`default` when not given), as endpoint labels.
 fn labels(s: &EndpointSpec, diag: &mut Diag<'_>) -> Vec<EndpointLabel> {
     let mut out: Vec<EndpointLabel> = Vec::new();
     let mut add = |label: EndpointLabel, loc: Location, diag: &mut Diag<'_>| {
@@ -362,6 +381,18 @@ fn labels(s: &EndpointSpec, diag: &mut Diag<'_>) -> Vec<EndpointLabel> {
         if let Some(label) = label(key, value, diag) {
             add(label, at(key), diag);
         }
+    }
+    // As a pod created without a namespace: in `default` (where a CiliumNetworkPolicy without
+    // `metadata.namespace` applies).
+    if !out
+        .iter()
+        .any(|l| l.source == "k8s" && l.key == NAMESPACE_KEY)
+    {
+        out.push(EndpointLabel {
+            source: "k8s".into(),
+            key: NAMESPACE_KEY.into(),
+            value: DEFAULT_NAMESPACE.into(),
+        });
     }
     out
 }

@@ -15,13 +15,13 @@ use ipnet::IpNet;
 #[non_exhaustive]
 pub enum Error {
     /// A file or directory could not be read.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {error}", path.display())]
     Io {
         /// The file or directory.
         path: PathBuf,
-        /// What the operating system said.
-        #[source]
-        source: std::io::Error,
+        /// What the operating system said (in the message, so not a `source`: a chain
+        /// renderer prints it once).
+        error: std::io::Error,
     },
 
     /// The text is not well-formed YAML (or JSON), or is not UTF-8 / UTF-16.
@@ -65,13 +65,6 @@ pub enum Error {
         field: String,
         /// Why it is refused.
         why: Unsupported,
-    },
-
-    /// A file with no documents: empty, only comments, or only `---` separators.
-    #[error("{}:1:1: no policy or configuration documents (the file is empty or holds only comments)", file.display())]
-    EmptyFile {
-        /// The file.
-        file: PathBuf,
     },
 
     /// A directory that holds no `*.yaml`, `*.yml` or `*.json` file.
@@ -228,7 +221,6 @@ impl Error {
             Self::Syntax { file, .. }
             | Self::Invalid { file, .. }
             | Self::Unsupported { file, .. }
-            | Self::EmptyFile { file }
             | Self::UnknownKind { file, .. }
             | Self::Duplicate { file, .. } => file,
         }
@@ -243,7 +235,6 @@ impl Error {
             | Self::Unsupported { line, column, .. }
             | Self::UnknownKind { line, column, .. }
             | Self::Duplicate { line, column, .. } => Some((*line, *column)),
-            Self::EmptyFile { .. } => Some((1, 1)),
             Self::Io { .. } | Self::EmptyDirectory { .. } => None,
         }
     }

@@ -45,8 +45,10 @@ const MAX_DOCUMENTS: usize = 100_000;
 /// whatever its extension. Every file may hold any number of documents of any kind.
 ///
 /// # Errors
-/// Every problem found, in every file: unreadable paths, empty files and directories, syntax
-/// errors, invalid or unsupported fields, unknown kinds, and duplicates across documents. Each
+/// Every problem found, in every file: unreadable paths, directories without configuration
+/// files, syntax errors, invalid or unsupported fields, unknown kinds, and duplicates across
+/// documents. (A file without documents — empty, or only comments — is not an error: it is
+/// skipped with a [`Warning::EmptyFile`].) Each
 /// document is checked independently, so one bad document does not hide the next.
 pub fn load(paths: &[impl AsRef<Path>]) -> Result<Config, Errors> {
     let mut loader = Loader::default();
@@ -57,7 +59,10 @@ pub fn load(paths: &[impl AsRef<Path>]) -> Result<Config, Errors> {
     for file in files {
         match fs::read(&file) {
             Ok(bytes) => loader.add_file(&file, &bytes),
-            Err(source) => loader.errors.push(Error::Io { path: file, source }),
+            Err(source) => loader.errors.push(Error::Io {
+                path: file,
+                error: source,
+            }),
         }
     }
     loader.finish()
@@ -77,7 +82,7 @@ pub fn load_str(text: &str, file: &Path) -> Result<Config, Errors> {
 fn expand(path: &Path, files: &mut Vec<PathBuf>, errors: &mut Vec<Error>) {
     let io = |path: &Path, source| Error::Io {
         path: path.to_path_buf(),
-        source,
+        error: source,
     };
     let meta = match fs::metadata(path) {
         Ok(meta) => meta,
@@ -178,6 +183,8 @@ struct EndpointAt {
 #[derive(Default)]
 struct Loader {
     errors: Vec<Error>,
+    /// Warnings about files (an empty one); the warnings about rules are found in `finish`.
+    warnings: Vec<Warning>,
     sources: Vec<PathBuf>,
     /// The `Settings` document, once valid.
     settings: Option<Settings>,
@@ -236,7 +243,7 @@ impl Loader {
             }
         }
         if read == 0 && diag.count() == 0 {
-            self.errors.push(Error::EmptyFile {
+            self.warnings.push(Warning::EmptyFile {
                 file: file.to_path_buf(),
             });
             return;
@@ -309,7 +316,7 @@ impl Loader {
         if let Some((_, _, first_file, first_at)) = self
             .policies
             .iter()
-            .find(|(k, name, ..)| *k == kind && *name == policy.name)
+            .find(|(k, key, ..)| *k == kind && *key == policy.key)
         {
             let item = Duplicated::Policy {
                 kind: kind.name(),
@@ -318,8 +325,16 @@ impl Loader {
             diag.push(duplicate(item, file, name_at, first_file, *first_at));
             return;
         }
+        if policy.implicit_namespace {
+            self.warnings.push(Warning::ImplicitNamespace {
+                file: file.to_path_buf(),
+                line: name_at.0,
+                column: name_at.1,
+                name: policy.name.clone(),
+            });
+        }
         self.policies
-            .push((kind, policy.name, file.to_path_buf(), name_at));
+            .push((kind, policy.key, file.to_path_buf(), name_at));
         for (rule, mut at) in policy.rules {
             let index = self.rules.len();
             self.fqdn_uses
@@ -505,8 +520,12 @@ impl Loader {
             .into_iter()
             .map(|(d, ..)| d.endpoint)
             .collect();
-        let mut warnings: Vec<Warning> =
-            warnings::dead_fqdn_selectors(&self.rules, &endpoints, &self.fqdn_uses);
+        let mut warnings = self.warnings;
+        warnings.extend(warnings::dead_fqdn_selectors(
+            &self.rules,
+            &endpoints,
+            &self.fqdn_uses,
+        ));
         warnings.extend(warnings::shadowed_allows(
             &self.rules,
             &endpoints,

@@ -47,11 +47,31 @@ use ipnet::IpNet;
 /// The DNS port: what the proxy serves, whatever port it listens on.
 const DNS_PORT: u16 = 53;
 
-/// Something valid that cannot work as written. Displays as
-/// `file:line:column: warning: message`.
+/// Something valid that cannot work as written, or that may not mean what it seems to.
+/// Displays as `file:line:column: warning: message`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Warning {
+    /// A file with no documents: empty, only comments (`# disabled`), or only `---`
+    /// separators. It is skipped: a configuration directory may hold a disabled file.
+    EmptyFile {
+        /// The file.
+        file: PathBuf,
+    },
+    /// A CiliumNetworkPolicy without `metadata.namespace`: as under `kubectl apply` without
+    /// `-n`, it is in the `default` namespace and applies there only (its `endpointSelector`,
+    /// and its `fromEndpoints`/`toEndpoints` that name no namespace) — to the endpoints
+    /// without `spec.namespace` and those of namespace `default`.
+    ImplicitNamespace {
+        /// The file.
+        file: PathBuf,
+        /// 1-based line of `metadata.name`.
+        line: u64,
+        /// 1-based column of `metadata.name`.
+        column: u64,
+        /// The policy's name.
+        name: String,
+    },
     /// A `toFQDNs` selector that can never learn an address from the lookups of the endpoints
     /// its rule selects.
     DeadFqdnSelector {
@@ -102,7 +122,10 @@ impl Warning {
     #[must_use]
     pub fn file(&self) -> &Path {
         match self {
-            Self::DeadFqdnSelector { file, .. } | Self::ShadowedAllow { file, .. } => file,
+            Self::EmptyFile { file }
+            | Self::ImplicitNamespace { file, .. }
+            | Self::DeadFqdnSelector { file, .. }
+            | Self::ShadowedAllow { file, .. } => file,
         }
     }
 
@@ -110,7 +133,9 @@ impl Warning {
     #[must_use]
     pub fn position(&self) -> (u64, u64) {
         match self {
-            Self::DeadFqdnSelector { line, column, .. }
+            Self::EmptyFile { .. } => (1, 1),
+            Self::ImplicitNamespace { line, column, .. }
+            | Self::DeadFqdnSelector { line, column, .. }
             | Self::ShadowedAllow { line, column, .. } => (*line, *column),
         }
     }
@@ -119,6 +144,27 @@ impl Warning {
 impl fmt::Display for Warning {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Self::EmptyFile { file } => write!(
+                f,
+                "{}:1:1: warning: no policy or configuration documents (the file is empty or \
+                 holds only comments): skipped",
+                file.display()
+            ),
+            Self::ImplicitNamespace {
+                file,
+                line,
+                column,
+                name,
+            } => write!(
+                f,
+                "{}:{line}:{column}: warning: CiliumNetworkPolicy {name:?} has no \
+                 `metadata.namespace`: like `kubectl apply` without `-n`, fqdnd puts it in the \
+                 `default` namespace, where it selects only endpoints of that namespace (and \
+                 those without `spec.namespace`, which are in `default`), peers included; write \
+                 `metadata.namespace`, or make it a CiliumClusterwideNetworkPolicy to select \
+                 endpoints of every namespace",
+                file.display()
+            ),
             Self::DeadFqdnSelector {
                 file,
                 line,

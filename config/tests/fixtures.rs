@@ -36,13 +36,21 @@ fn the_example_loads() {
     assert_eq!((web.id, web.name.as_str()), (EndpointId(1), "web"));
     let addresses: Vec<String> = web.addresses.iter().map(ToString::to_string).collect();
     assert_eq!(addresses, ["10.0.1.2/32", "fd00::1:2/128"]);
+    // Without `spec.namespace`: in `default`, as a pod created without one.
     assert_eq!(
         web.labels,
-        [EndpointLabel {
-            source: "k8s".into(),
-            key: "app".into(),
-            value: "web".into()
-        }]
+        [
+            EndpointLabel {
+                source: "k8s".into(),
+                key: "app".into(),
+                value: "web".into()
+            },
+            EndpointLabel {
+                source: "k8s".into(),
+                key: "io.kubernetes.pod.namespace".into(),
+                value: "default".into()
+            }
+        ]
     );
     let batch = &config.endpoints[1];
     assert_eq!((batch.id, batch.name.as_str()), (EndpointId(2), "batch"));
@@ -53,7 +61,15 @@ fn the_example_loads() {
         .iter()
         .map(|r| r.origin.rsplit(' ').next().unwrap())
         .collect();
-    assert_eq!(names, ["web-dns", "web-egress", "batch-egress"]);
+    assert_eq!(
+        names,
+        [
+            "default/web-dns",
+            "default/web-egress",
+            "default/batch-egress"
+        ]
+    );
+    assert!(config.warnings.is_empty(), "{:?}", config.warnings);
 
     let dns = &config.rules[0].egress[0];
     assert_eq!(

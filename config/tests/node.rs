@@ -118,7 +118,7 @@ fn endpoints_of_host_processes_name_a_cgroup_or_a_unit() {
         "{}---\n{}---\n{}---\n{}",
         host_endpoint(1, "runner", "  cgroup: ci/runner/\n"),
         host_endpoint(2, "web", "  unit: web-frontend@1.service\n"),
-        host_endpoint(3, "everyone", "  cgroup: /\n  addresses: []\n"),
+        host_endpoint(3, "jobs", "  cgroup: /jobs\n  addresses: []\n"),
         endpoint(4, "pod", "10.0.0.2", "veth-a"),
     );
     let config = load_str(&text, file()).unwrap();
@@ -133,7 +133,7 @@ fn endpoints_of_host_processes_name_a_cgroup_or_a_unit() {
     );
     assert_eq!(
         config.cgroups.get(&EndpointId(3)),
-        Some(&Cgroup::Path("/".into()))
+        Some(&Cgroup::Path("/jobs".into()))
     );
     assert!(!config.cgroups.contains_key(&EndpointId(4)));
     assert!(!config.interfaces.contains_key(&EndpointId(1)));
@@ -162,6 +162,11 @@ fn a_host_endpoint_has_one_cgroup_no_interface_and_no_address() {
             "has no addresses of its own",
         ),
         ("  cgroup: /a/../b\n", "without `.` or `..`"),
+        (
+            "  cgroup: /\n",
+            "`spec.cgroup` is `/`: the root cgroup holds every process",
+        ),
+        ("  cgroup: //\n", "the root cgroup"),
         ("  cgroup: \"\"\n", "is not a cgroup v2 path"),
         ("  unit: web\n", "ending in .service, .scope or .slice"),
         ("  unit: \"we b.service\"\n", "is not a systemd unit name"),

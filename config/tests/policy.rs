@@ -10,7 +10,9 @@
 mod common;
 
 use common::{EGRESS, ccnp, cnp, cnp_in, errs, find, messages, ok, one_err, pos};
-use fqdnd_config::Error;
+use std::path::Path;
+
+use fqdnd_config::{Error, Warning, load_str};
 use fqdnd_ipcache::policy::{
     DnsRule, EgressRule, LabelSelector, Operator, PeerSelector, PortProtocol, PortRule, Protocol,
     Requirement, Rule,
@@ -375,18 +377,62 @@ fn the_endpoint_selector_is_scoped_even_when_it_names_a_namespace() {
 }
 
 #[test]
-fn clusterwide_and_unnamespaced_policies_are_not_scoped() {
+fn a_clusterwide_policy_is_not_scoped() {
     let body = "  egress:\n    - toEndpoints: [{matchLabels: {app: db}}]\n";
-    for text in [ccnp(body), cnp(body)] {
-        let rule = only_rule(&text);
-        assert!(rule.endpoint_selector.requirements.is_empty());
-        assert_eq!(
-            rule.egress[0].peers,
-            [PeerSelector::Endpoints(LabelSelector {
-                requirements: vec![is_in("app", &["db"])]
-            })]
-        );
-    }
+    let config = load_str(&ccnp(body), Path::new("test.yaml")).unwrap();
+    let rule = &config.rules[0];
+    assert!(rule.endpoint_selector.requirements.is_empty());
+    assert_eq!(
+        rule.egress[0].peers,
+        [PeerSelector::Endpoints(LabelSelector {
+            requirements: vec![is_in("app", &["db"])]
+        })]
+    );
+    assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+}
+
+/// A CiliumNetworkPolicy without `metadata.namespace` is in `default`, as `kubectl apply`
+/// without `-n` puts it: its endpoints and its peers are scoped to `default` (it used to
+/// apply to every namespace, silently), with a warning at `metadata.name`. The same policy
+/// written with `namespace: default` is the same one (a duplicate).
+#[test]
+fn a_policy_without_a_namespace_is_in_default_with_a_warning() {
+    let body = "  egress:\n    - toEndpoints: [{matchLabels: {app: db}}]\n";
+    let text = cnp(body);
+    let config = load_str(&text, Path::new("test.yaml")).unwrap();
+    let rule = &config.rules[0];
+    assert_eq!(rule.endpoint_selector.requirements, [ns("default")]);
+    assert_eq!(
+        rule.egress[0].peers,
+        [PeerSelector::Endpoints(LabelSelector {
+            requirements: vec![is_in("app", &["db"]), ns("default")]
+        })]
+    );
+    let (line, name_column) = find(&text, "name: p");
+    let column = name_column + 6;
+    assert_eq!(
+        config.warnings,
+        [Warning::ImplicitNamespace {
+            file: "test.yaml".into(),
+            line,
+            column,
+            name: "p".into(),
+        }]
+    );
+    let warning = config.warnings[0].to_string();
+    assert!(
+        warning.starts_with(&format!("test.yaml:{line}:{column}: warning: CiliumNetworkPolicy \"p\" has no `metadata.namespace`")),
+        "{warning}"
+    );
+    assert!(warning.contains("`default` namespace"), "{warning}");
+
+    let both = format!("{text}---\n{}", cnp_in("default", body));
+    let e = one_err(&both);
+    assert!(
+        e.to_string()
+            .contains("CiliumNetworkPolicy \"default/p\" is already declared"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -1458,6 +1458,8 @@ int fqdnd_to_ep(struct __sk_buff *skb)
  *                 ::1 and its port, or the proxy's bound address), in the proxy's network
  *                 namespace; the destination asked for is recorded per socket cookie
  *                 (fqdnd_sock_dns). No proxy: the call fails (EPERM) — DNS fails closed.
+ *                 connect4/6 also refuse (EPERM) a TCP connect the endpoint's egress policy
+ *                 does not allow (connect_allowed), so that it fails at once.
  *  fqdnd_recvmsg4/6, fqdnd_getpeername4/6  give the socket the recorded destination back where
  *                 the kernel would show the proxy's address (recvfrom's source, getpeername).
  *  fqdnd_sock_egress  cgroup_skb egress: a packet a redirected socket sends to the proxy
@@ -1579,9 +1581,10 @@ static __always_inline int v4_mapped(const __u32 a[4])
 	return !a[0] && !a[1] && a[2] == bpf_htonl(0xffff);
 }
 
-/* A drop event for a call the sock_addr programs refused (no proxy). */
-static __always_inline void emit_sock(__u16 endpoint, const __u8 *daddr, __u8 family,
-				      __u16 dport, __u8 proto, __u8 reason)
+/* A drop event for a call the sock_addr programs refused (no proxy, or a connect the policy
+ * does not allow: `identity` is then the destination's). */
+static __always_inline void emit_sock(__u16 endpoint, __u32 identity, const __u8 *daddr,
+				      __u8 family, __u16 dport, __u8 proto, __u8 reason)
 {
 	struct fqdnd_drop_event *e;
 
@@ -1591,6 +1594,7 @@ static __always_inline void emit_sock(__u16 endpoint, const __u8 *daddr, __u8 fa
 	__builtin_memset(e, 0, sizeof(*e));
 	e->ts_ns = bpf_ktime_get_ns();
 	e->endpoint = endpoint;
+	e->identity = identity;
 	e->dport = bpf_ntohs(dport);
 	e->proto = proto;
 	e->family = family;
@@ -1610,7 +1614,12 @@ static __always_inline int dns_call(struct bpf_sock_addr *ctx, struct fqdnd_endp
 	return sock_addr_endpoint(ctx, ep) && (ep->flags & FQDND_EP_REDIRECT_DNS);
 }
 
-/* connect4 / sendmsg4: 1 to go on (redirected or not ours), 0 to refuse the call (EPERM). */
+/* What redirect4/6 did with a call. */
+#define REDIRECT_REFUSED 0 /* DNS of a redirected endpoint and no proxy: refuse (EPERM) */
+#define REDIRECT_NONE    1 /* not DNS of a redirected endpoint: untouched */
+#define REDIRECT_DONE    2 /* sent to the proxy */
+
+/* connect4 / sendmsg4: REDIRECT_*. */
 static __always_inline int redirect4(struct bpf_sock_addr *ctx)
 {
 	struct fqdnd_endpoint_value ep;
@@ -1620,14 +1629,14 @@ static __always_inline int redirect4(struct bpf_sock_addr *ctx)
 	__u64 cookie;
 
 	if (!dns_call(ctx, &ep))
-		return 1;
+		return REDIRECT_NONE;
 	dst = ctx->user_ip4;
 	__builtin_memcpy(o.addr, &dst, 4);
 	cfg = bpf_map_lookup_elem(&fqdnd_dns_proxy, &zero);
 	if (!cfg || !cfg->port4) {
-		emit_sock(ep.endpoint, o.addr, 4, ctx->user_port, ctx->protocol,
+		emit_sock(ep.endpoint, 0, o.addr, 4, ctx->user_port, ctx->protocol,
 			  FQDND_DROP_NO_PROXY);
-		return 0;
+		return REDIRECT_REFUSED;
 	}
 	o.port = ctx->user_port;
 	o.endpoint = ep.endpoint;
@@ -1637,10 +1646,12 @@ static __always_inline int redirect4(struct bpf_sock_addr *ctx)
 	bpf_map_update_elem(&fqdnd_sock_dns, &cookie, &o, BPF_ANY);
 	ctx->user_ip4 = proxy_addr4(cfg);
 	ctx->user_port = cfg->port4;
-	return 1;
+	return REDIRECT_DONE;
 }
 
-/* connect6 / sendmsg6, v4-mapped destinations (a dual-stack socket) included. */
+/* connect6 / sendmsg6, v4-mapped destinations (a dual-stack socket) included: REDIRECT_*.
+ * (An unconnected dual-stack UDP socket's datagram to a v4-mapped address runs sendmsg4
+ * instead, with the IPv4 address: the kernel sends it as IPv4.) */
 static __always_inline int redirect6(struct bpf_sock_addr *ctx)
 {
 	struct fqdnd_endpoint_value ep;
@@ -1651,15 +1662,15 @@ static __always_inline int redirect6(struct bpf_sock_addr *ctx)
 	int mapped;
 
 	if (!dns_call(ctx, &ep))
-		return 1;
+		return REDIRECT_NONE;
 	load_ip6(ctx, dst);
 	__builtin_memcpy(o.addr, dst, 16);
 	mapped = v4_mapped(dst);
 	cfg = bpf_map_lookup_elem(&fqdnd_dns_proxy, &zero);
 	if (!cfg || !(mapped ? cfg->port4 : cfg->port6)) {
-		emit_sock(ep.endpoint, o.addr, 6, ctx->user_port, ctx->protocol,
+		emit_sock(ep.endpoint, 0, o.addr, 6, ctx->user_port, ctx->protocol,
 			  FQDND_DROP_NO_PROXY);
-		return 0;
+		return REDIRECT_REFUSED;
 	}
 	o.port = ctx->user_port;
 	o.endpoint = ep.endpoint;
@@ -1670,36 +1681,24 @@ static __always_inline int redirect6(struct bpf_sock_addr *ctx)
 	if (mapped) {
 		ctx->user_ip6[3] = proxy_addr4(cfg);
 		ctx->user_port = cfg->port4;
-		return 1;
+		return REDIRECT_DONE;
 	}
 	proxy_addr6(cfg, proxy);
 	store_ip6(ctx, proxy);
 	ctx->user_port = cfg->port6;
-	return 1;
-}
-
-SEC("cgroup/connect4")
-int fqdnd_connect4(struct bpf_sock_addr *ctx)
-{
-	return redirect4(ctx);
+	return REDIRECT_DONE;
 }
 
 SEC("cgroup/sendmsg4")
 int fqdnd_sendmsg4(struct bpf_sock_addr *ctx)
 {
-	return redirect4(ctx);
-}
-
-SEC("cgroup/connect6")
-int fqdnd_connect6(struct bpf_sock_addr *ctx)
-{
-	return redirect6(ctx);
+	return redirect4(ctx) != REDIRECT_REFUSED;
 }
 
 SEC("cgroup/sendmsg6")
 int fqdnd_sendmsg6(struct bpf_sock_addr *ctx)
 {
-	return redirect6(ctx);
+	return redirect6(ctx) != REDIRECT_REFUSED;
 }
 
 /* recvmsg4 / getpeername4: the proxy's address becomes the destination the socket's last
@@ -1726,7 +1725,7 @@ static __always_inline int restore4(struct bpf_sock_addr *ctx)
 }
 
 /* recvmsg6 / getpeername6: the same for an IPv6 socket (the proxy's IPv6 address, or its
- * IPv4 address v4-mapped). */
+ * IPv4 address v4-mapped: then the record is sendmsg4's, IPv4, for an unconnected socket). */
 static __always_inline int restore6(struct bpf_sock_addr *ctx)
 {
 	struct fqdnd_sock_origin *o;
@@ -1746,9 +1745,17 @@ static __always_inline int restore6(struct bpf_sock_addr *ctx)
 	}
 	cookie = bpf_get_socket_cookie(ctx);
 	o = bpf_map_lookup_elem(&fqdnd_sock_dns, &cookie);
-	if (!o || o->family != 6)
+	if (!o)
 		return 1;
-	__builtin_memcpy(a, o->addr, 16);
+	if (o->family == 4 && v4_mapped(a)) {
+		/* an unconnected dual-stack socket's datagram to a v4-mapped resolver: recorded by
+		 * sendmsg4 (the kernel sent it as IPv4), shown v4-mapped as the socket wrote it */
+		__builtin_memcpy(&a[3], o->addr, 4);
+	} else if (o->family == 6) {
+		__builtin_memcpy(a, o->addr, 16);
+	} else {
+		return 1;
+	}
 	store_ip6(ctx, a);
 	ctx->user_port = o->port;
 	return 1;
@@ -1841,6 +1848,76 @@ static __always_inline int cgroup_endpoints(void)
 
 	cfg = bpf_map_lookup_elem(&fqdnd_sock_cfg, &zero);
 	return cfg && cfg->endpoints;
+}
+
+/* A TCP connect of an endpoint under egress policy to `daddr` (family 4 or 6, network order;
+ * port `dport`) that its policy does not allow now: refused at once (EPERM) with a drop event,
+ * instead of a SYN the egress program would drop and the caller would retry until it gives up.
+ * The same decision as egress() for a new flow's first packet: loopback (and the unspecified
+ * address, which the kernel connects to loopback) is not egress, DNS a redirecting endpoint did
+ * not send to the proxy is dropped, else the destination's identity now and the endpoint's
+ * policy. The endpoint is the calling process's (the DNS redirect's rule), in any network
+ * namespace (the egress program checks them all). UDP is not refused here: its datagrams are,
+ * at send (EPERM). 1 to go on, 0 to refuse. */
+static __always_inline int connect_allowed(struct bpf_sock_addr *ctx, __u8 family,
+					   const __u32 daddr[4])
+{
+	struct fqdnd_endpoint_value ep;
+	struct fqdnd_ct_key key = {};
+	__u32 identity;
+	__u8 reason = FQDND_DROP_POLICY;
+
+	if (ctx->protocol != IPPROTO_TCP || !cgroup_endpoints())
+		return 1;
+	if (!CGROUP_ENDPOINT(bpf_get_current_cgroup_id(), CURRENT_ANCESTOR, &ep))
+		return 1;
+	if (!(ep.flags & FQDND_EP_ENFORCE_EGRESS) && !(ep.flags & FQDND_EP_REDIRECT_DNS))
+		return 1;
+	key.family = family;
+	key.proto = IPPROTO_TCP;
+	key.dport = ctx->user_port;
+	key.zone = FQDND_CT_ZONE_SOCKET;
+	if (family == 4)
+		__builtin_memcpy(key.daddr, &daddr[3], 4);
+	else
+		__builtin_memcpy(key.daddr, daddr, 16);
+	if (is_loopback(&key, key.daddr) ||
+	    (family == 4 ? !daddr[3] : !(daddr[0] | daddr[1] | daddr[2] | daddr[3])))
+		return 1;
+	identity = 0;
+	if ((ep.flags & FQDND_EP_REDIRECT_DNS) && key.dport == bpf_htons(53)) {
+		reason = FQDND_DROP_DNS_BYPASS;
+	} else {
+		if (!(ep.flags & FQDND_EP_ENFORCE_EGRESS) ||
+		    allowed(ep.endpoint, &key, 0, &identity))
+			return 1;
+	}
+	emit_sock(ep.endpoint, identity, key.daddr, family, key.dport, IPPROTO_TCP, reason);
+	return 0;
+}
+
+SEC("cgroup/connect4")
+int fqdnd_connect4(struct bpf_sock_addr *ctx)
+{
+	__u32 dst[4] = {};
+	int r = redirect4(ctx);
+
+	if (r != REDIRECT_NONE)
+		return r == REDIRECT_DONE;
+	dst[3] = ctx->user_ip4;
+	return connect_allowed(ctx, 4, dst);
+}
+
+SEC("cgroup/connect6")
+int fqdnd_connect6(struct bpf_sock_addr *ctx)
+{
+	__u32 dst[4];
+	int r = redirect6(ctx);
+
+	if (r != REDIRECT_NONE)
+		return r == REDIRECT_DONE;
+	load_ip6(ctx, dst);
+	return connect_allowed(ctx, v4_mapped(dst) ? 4 : 6, dst);
 }
 
 SEC("cgroup_skb/egress")

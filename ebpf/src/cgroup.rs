@@ -102,7 +102,7 @@ pub fn v2_mount(mountinfo: &str) -> Result<PathBuf, Error> {
 fn read(path: &Path) -> Result<String, Error> {
     std::fs::read_to_string(path).map_err(|source| Error::Io {
         what: format!("reading {}", path.display()),
-        source,
+        error: source,
     })
 }
 
@@ -246,7 +246,7 @@ pub fn check_v1_net() -> Result<Vec<&'static str>, Error> {
         Err(source) => {
             return Err(Error::Io {
                 what: "reading /proc/cgroups".to_owned(),
-                source,
+                error: source,
             });
         }
     };
@@ -274,6 +274,140 @@ pub fn cgroup_id(path: &Path) -> std::io::Result<u64> {
     }
     Ok(meta.ino())
 }
+
+/// What is at a path, as [`check_endpoint_path`] needs to know it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    /// A directory (a cgroup, under the v2 mount).
+    Directory,
+    /// Something else: a file such as `cgroup.procs`.
+    File,
+    /// Nothing (yet).
+    Nothing,
+    /// A component of the path is a file (`…/cgroup.procs/x`).
+    UnderAFile,
+}
+
+/// What is at `path` on this host.
+///
+/// # Errors
+/// The path cannot be examined for another reason than its absence (permissions, say).
+pub fn found(path: &Path) -> std::io::Result<Found> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => Ok(Found::Directory),
+        Ok(_) => Ok(Found::File),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Found::Nothing),
+        Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => Ok(Found::UnderAFile),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether a cgroup endpoint's path (`below`: `/a/b` as configured, below the v2 hierarchy's
+/// root, which is mounted at `root`) can ever match: its directory exists, or does not exist
+/// yet (it is matched once it does). `found` says what is at a path (see [`found`]);
+/// `mountinfo` is `/proc/self/mountinfo`'s text.
+///
+/// Refused, saying what to write instead, because they never match: the root cgroup (every
+/// process of the host, fqdnd's own included); a path naming a file (`…/cgroup.procs`); and a
+/// path that does not exist below the root but starts with a cgroup mount point — the v2
+/// mount written out (`/sys/fs/cgroup/unified/x` is looked for at
+/// `/sys/fs/cgroup/unified/sys/fs/cgroup/unified/x`), or a cgroup v1 hierarchy
+/// (`/sys/fs/cgroup/cpu/x`: the socket programs see only cgroup v2).
+///
+/// # Errors
+/// [`Error::CgroupPath`] saying why and what to write; [`Error::Io`] when the path cannot be
+/// examined.
+pub fn check_endpoint_path(
+    root: &Path,
+    below: &str,
+    mountinfo: &str,
+    found: impl Fn(&Path) -> std::io::Result<Found>,
+) -> Result<(), Error> {
+    let refuse = |reason: String| {
+        Err(Error::CgroupPath {
+            path: below.to_owned(),
+            reason,
+        })
+    };
+    let relative = below.trim_start_matches('/');
+    if relative.is_empty() {
+        return refuse(ROOT_CGROUP.to_owned());
+    }
+    let dir = root.join(relative);
+    let what = found(&dir).map_err(|error| Error::Io {
+        what: format!("examining {}", dir.display()),
+        error,
+    })?;
+    let parent = Path::new(below)
+        .parent()
+        .map_or_else(|| "/".to_owned(), |p| p.display().to_string());
+    match what {
+        Found::Directory => return Ok(()),
+        Found::File => {
+            return refuse(format!(
+                "{} is a file, not a cgroup directory: name the cgroup itself (`{parent}`)",
+                dir.display()
+            ));
+        }
+        Found::UnderAFile => {
+            return refuse(format!(
+                "a part of {} is a file, not a cgroup directory: name the cgroup itself",
+                dir.display()
+            ));
+        }
+        Found::Nothing => {}
+    }
+    // Not there: written as a path of a cgroup file system, it never will be.
+    let written = Path::new(below);
+    let mut cgroup_mounts: Vec<Mount> = mounts(mountinfo)
+        .filter(|m| matches!(m.fstype.as_str(), "cgroup" | "cgroup2"))
+        .filter(|m| m.point != Path::new("/") && written.starts_with(&m.point))
+        .collect();
+    // the deepest mount point first (`/sys/fs/cgroup/unified` under a v2 `/sys/fs/cgroup`)
+    cgroup_mounts.sort_by_key(|m| std::cmp::Reverse(m.point.components().count()));
+    let rest = |point: &Path| {
+        let rest = written.strip_prefix(point).unwrap_or(written);
+        format!("/{}", rest.display())
+    };
+    let how = "write the path below the cgroup v2 hierarchy's root, as the `0::` line of \
+               /proc/<pid>/cgroup shows a process's cgroup";
+    if let Some(m) = cgroup_mounts.first() {
+        if m.fstype == "cgroup2" {
+            return refuse(format!(
+                "this is the path of the cgroup v2 mount ({}) written out, so it is looked for \
+                 at {} and never matches; {how}: `{}`",
+                m.point.display(),
+                dir.display(),
+                rest(&m.point)
+            ));
+        }
+        let controllers: Vec<&str> = m
+            .options
+            .split(',')
+            .filter(|o| !matches!(*o, "rw" | "ro") && !o.contains('='))
+            .collect();
+        return refuse(format!(
+            "this is a cgroup v1 hierarchy ({}, mounted at {}): host processes are matched by \
+             their cgroup v2 cgroup only (the v2 hierarchy is mounted at {}); {how}",
+            controllers.join(","),
+            m.point.display(),
+            root.display()
+        ));
+    }
+    if written.starts_with("/sys/fs/cgroup") {
+        return refuse(format!(
+            "this is a path of the cgroup file system written out, so it is looked for at {} \
+             and never matches; {how} (the v2 hierarchy is mounted at {})",
+            dir.display(),
+            root.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Why the root cgroup is never an endpoint (the configuration refuses it first).
+const ROOT_CGROUP: &str = "the root cgroup holds every process of the host, fqdnd's own \
+                           included, so it is never an endpoint: name a cgroup below it";
 
 /// The cgroup v2 path (below the hierarchy's root, starting with `/`) of the cgroup
 /// `/proc/<pid>/cgroup` puts a process in (its `0::` line), from that file's text.
@@ -542,6 +676,93 @@ net_prio\t0\t2\t1
         for bad in ["system", "a--b.slice", "-a.slice", "a-.slice", ".slice"] {
             assert_eq!(slice_path(bad), None, "{bad}");
         }
+    }
+
+    /// [`check_endpoint_path`] on the hybrid host ([`HYBRID`]), with a fake tree under
+    /// `/sys/fs/cgroup/unified`: the cgroup `/ep` with its `cgroup.procs`.
+    fn check(below: &str) -> Result<(), Error> {
+        let root = Path::new("/sys/fs/cgroup/unified");
+        check_endpoint_path(root, below, HYBRID, |p| {
+            Ok(match p.strip_prefix(root).unwrap().to_str().unwrap() {
+                "ep" => Found::Directory,
+                "ep/cgroup.procs" => Found::File,
+                p if p.starts_with("ep/cgroup.procs/") => Found::UnderAFile,
+                _ => Found::Nothing,
+            })
+        })
+    }
+
+    fn reason(below: &str) -> String {
+        match check(below) {
+            Err(Error::CgroupPath { path, reason }) => {
+                assert_eq!(path, below);
+                reason
+            }
+            other => panic!("{below}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn endpoint_paths_that_can_never_match_are_refused_saying_what_to_write() {
+        // a cgroup, or one that does not exist yet: fine
+        assert!(check("/ep").is_ok());
+        assert!(check("/ci/runner").is_ok());
+        // the root
+        assert!(reason("/").contains("the root cgroup"), "{}", reason("/"));
+        // a file of the cgroup, and below one
+        let r = reason("/ep/cgroup.procs");
+        assert!(
+            r.contains("/sys/fs/cgroup/unified/ep/cgroup.procs is a file")
+                && r.contains("name the cgroup itself (`/ep`)"),
+            "{r}"
+        );
+        assert!(reason("/ep/cgroup.procs/x").contains("is a file"));
+        // the v2 mount written out: write what is below it
+        let r = reason("/sys/fs/cgroup/unified/x");
+        assert!(
+            r.contains("the cgroup v2 mount (/sys/fs/cgroup/unified) written out")
+                && r.ends_with("`/x`"),
+            "{r}"
+        );
+        // a v1 hierarchy
+        let r = reason("/sys/fs/cgroup/cpu/x");
+        assert!(
+            r.contains("cgroup v1 hierarchy (cpu, mounted at /sys/fs/cgroup/cpu)")
+                && r.contains("v2 hierarchy is mounted at /sys/fs/cgroup/unified"),
+            "{r}"
+        );
+        // the file system's directory itself
+        assert!(reason("/sys/fs/cgroup/x").contains("cgroup file system written out"));
+        // On a unified host (v2 at /sys/fs/cgroup): the mount written out.
+        let unified = "29 23 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate\n";
+        let r = check_endpoint_path(
+            Path::new("/sys/fs/cgroup"),
+            "/sys/fs/cgroup/a/b",
+            unified,
+            |_| Ok(Found::Nothing),
+        );
+        assert!(
+            matches!(&r, Err(Error::CgroupPath { reason, .. }) if reason.ends_with("`/a/b`")),
+            "{r:?}"
+        );
+        // The message names the path.
+        let e = check("/sys/fs/cgroup/cpu/x").unwrap_err().to_string();
+        assert!(e.starts_with("cgroup /sys/fs/cgroup/cpu/x: "), "{e}");
+    }
+
+    #[test]
+    fn what_is_found_at_a_path() {
+        let dir = std::env::temp_dir();
+        assert_eq!(found(&dir).unwrap(), Found::Directory);
+        assert_eq!(found(Path::new("/proc/self/status")).unwrap(), Found::File);
+        assert_eq!(
+            found(Path::new("/proc/self/status/x")).unwrap(),
+            Found::UnderAFile
+        );
+        assert_eq!(
+            found(&dir.join("fqdnd-no-such-dir-here")).unwrap(),
+            Found::Nothing
+        );
     }
 
     #[test]

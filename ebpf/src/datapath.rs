@@ -254,7 +254,7 @@ pub fn monotonic_ns() -> Result<u64, Error> {
     let t =
         nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_err(|e| Error::Io {
             what: "clock_gettime(CLOCK_MONOTONIC)".to_owned(),
-            source: e.into(),
+            error: e.into(),
         })?;
     Ok(u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000_000
         + u64::try_from(t.tv_nsec()).unwrap_or(0))
@@ -318,7 +318,7 @@ fn map_err(map: &'static str, operation: &'static str, e: MapError) -> DatapathE
 fn datapath_to_error(e: DatapathError) -> Error {
     Error::Io {
         what: "reading the maps".to_owned(),
-        source: std::io::Error::other(e.to_string()),
+        error: std::io::Error::other(e.to_string()),
     }
 }
 

@@ -1,32 +1,36 @@
 //! Errors of loading and opening the datapath.
+//!
+//! Each cause is printed once: an I/O error (a leaf: its text says everything) is part of its
+//! variant's message and not its `source`; an aya error (which has causes of its own, say the
+//! errno under "`bpf_link_create` failed") is the variant's `source` and not part of its
+//! message, so that a chain renderer (anyhow's `{:#}`) prints each once.
 
 /// A failure to load, pin or open the eBPF datapath.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A file-system or mount operation failed.
-    #[error("{what}: {source}")]
+    #[error("{what}: {error}")]
     Io {
         /// What was being done.
         what: String,
-        /// The underlying error.
-        #[source]
-        source: std::io::Error,
+        /// The underlying error (in the message, so not a `source`).
+        error: std::io::Error,
     },
     /// Loading the object or creating its maps failed.
-    #[error("loading the eBPF object: {0}")]
+    #[error("loading the eBPF object")]
     Ebpf(#[from] Box<aya::EbpfError>),
     /// Loading or attaching a program failed.
-    #[error("eBPF program: {0}")]
+    #[error("eBPF program")]
     Program(#[from] aya::programs::ProgramError),
     /// Opening or converting a map failed.
-    #[error("eBPF map: {0}")]
+    #[error("eBPF map")]
     Map(#[from] aya::maps::MapError),
     /// Opening, replacing or converting a (pinned) link failed.
-    #[error("eBPF link: {0}")]
+    #[error("eBPF link")]
     Link(#[from] aya::programs::links::LinkError),
     /// Pinning a link failed.
-    #[error("pinning an eBPF link: {0}")]
+    #[error("pinning an eBPF link")]
     Pin(#[from] aya::pin::PinError),
     /// An external command (`ip`) failed.
     #[error("`{command}` failed: {message}")]
@@ -107,6 +111,15 @@ pub enum Error {
         /// The unit.
         unit: String,
     },
+    /// A cgroup endpoint's path that can never match (the root cgroup, a file, a path of a
+    /// cgroup file system written out), with what to write instead.
+    #[error("cgroup {path}: {reason}")]
+    CgroupPath {
+        /// The path as configured.
+        path: String,
+        /// Why it can never match, and what to write.
+        reason: String,
+    },
     /// A cgroup v1 net_cls or net_prio hierarchy is in use: on such hosts a socket's cgroup
     /// v2 data can be overwritten by its v1 tags, and the socket programs would silently not
     /// match it.
@@ -125,4 +138,45 @@ pub enum Error {
         /// Its contents (trimmed).
         value: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The error and its causes as anyhow's `{:#}` prints them.
+    fn chain(e: &dyn std::error::Error) -> String {
+        let mut text = e.to_string();
+        let mut cause = e.source();
+        while let Some(c) = cause {
+            text.push_str(": ");
+            text.push_str(&c.to_string());
+            cause = c.source();
+        }
+        text
+    }
+
+    #[test]
+    fn each_cause_is_printed_once() {
+        // What `fqdnd endpoint add --cgroup` printed when the node could not attach:
+        // "eBPF program: `bpf_link_create` failed: `bpf_link_create` failed: …".
+        let program = Error::Program(aya::programs::ProgramError::SyscallError(
+            aya::sys::SyscallError {
+                call: "bpf_link_create",
+                io_error: std::io::Error::from_raw_os_error(1),
+            },
+        ));
+        assert_eq!(
+            chain(&program),
+            "eBPF program: `bpf_link_create` failed: Operation not permitted (os error 1)"
+        );
+        let io = Error::Io {
+            what: "reading /proc/cgroups".to_owned(),
+            error: std::io::Error::from_raw_os_error(2),
+        };
+        assert_eq!(
+            chain(&io),
+            "reading /proc/cgroups: No such file or directory (os error 2)"
+        );
+    }
 }

@@ -152,7 +152,7 @@ pub fn detach_pinned(pin_dir: &Path, iface: &str) -> Result<(), Error> {
             Err(source) => {
                 return Err(Error::Io {
                     what: format!("removing {}", pin.display()),
-                    source,
+                    error: source,
                 });
             }
         }
@@ -187,7 +187,7 @@ fn attach_pinned(
                 {
                     std::fs::remove_file(pin).map_err(|source| Error::Io {
                         what: format!("removing the stale link pin {}", pin.display()),
-                        source,
+                        error: source,
                     })?;
                 }
                 Err(e) => return Err(e.into()),
@@ -224,12 +224,12 @@ pub fn ensure_bpffs(root: &Path) -> Result<(), Error> {
     let io = |what: String| {
         move |e: nix::Error| Error::Io {
             what,
-            source: e.into(),
+            error: e.into(),
         }
     };
     std::fs::create_dir_all(root).map_err(|source| Error::Io {
         what: format!("creating {}", root.display()),
-        source,
+        error: source,
     })?;
     let fs = statfs(root).map_err(io(format!("statfs {}", root.display())))?;
     if fs.filesystem_type() == BPF_FS_MAGIC {
@@ -292,7 +292,7 @@ impl Loaded {
         ensure_bpffs(Path::new(BPFFS_ROOT))?;
         std::fs::create_dir_all(pin_dir).map_err(|source| Error::Io {
             what: format!("creating {}", pin_dir.display()),
-            source,
+            error: source,
         })?;
         let staging = migrate::staging_dir(pin_dir);
         // An interrupted migration's new maps: never in use by a link (see above).
@@ -342,7 +342,7 @@ impl Loaded {
         if !pending.is_empty() {
             std::fs::create_dir_all(&staging).map_err(|source| Error::Io {
                 what: format!("creating {}", staging.display()),
-                source,
+                error: source,
             })?;
             for p in &pending {
                 // a fresh path: aya creates the map instead of reusing the pinned one
@@ -374,7 +374,7 @@ impl Loaded {
             let to = pin_dir.join(p.spec.name);
             std::fs::rename(&from, &to).map_err(|source| Error::Io {
                 what: format!("moving the pin {} to {}", from.display(), to.display()),
-                source,
+                error: source,
             })?;
         }
         migrate::remove_staging(&staging)?;
@@ -472,7 +472,7 @@ impl Loaded {
         let dir = links_dir(&self.pin_dir);
         std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
             what: format!("creating {}", dir.display()),
-            source,
+            error: source,
         })?;
         for (name, attach_type, suffix) in DIRECTIONS {
             let pin = dir.join(format!("{iface}-{suffix}"));
@@ -507,11 +507,11 @@ impl Loaded {
         let dir = cgroup_links_dir(&self.pin_dir);
         std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
             what: format!("creating {}", dir.display()),
-            source,
+            error: source,
         })?;
         let cgroup = std::fs::File::open(root).map_err(|source| Error::Io {
             what: format!("opening the cgroup {}", root.display()),
-            source,
+            error: source,
         })?;
         for name in SOCK_ADDR_PROGRAMS {
             let prog: &mut CgroupSockAddr = self
@@ -562,7 +562,7 @@ pub fn detach_cgroup_pinned(pin_dir: &Path) -> Result<(), Error> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(source) => Err(Error::Io {
             what: format!("removing {}", dir.display()),
-            source,
+            error: source,
         }),
     }
 }
@@ -579,7 +579,7 @@ fn swap_pin(link: FdLink, dir: &Path, name: &str) -> Result<(), Error> {
         Err(source) => {
             return Err(Error::Io {
                 what: format!("removing the stale pin {}", fresh.display()),
-                source,
+                error: source,
             });
         }
     }
@@ -587,6 +587,6 @@ fn swap_pin(link: FdLink, dir: &Path, name: &str) -> Result<(), Error> {
     drop(link.pin(&fresh)?);
     std::fs::rename(&fresh, &pin).map_err(|source| Error::Io {
         what: format!("moving the pin {} to {}", fresh.display(), pin.display()),
-        source,
+        error: source,
     })
 }

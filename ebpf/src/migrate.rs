@@ -371,7 +371,7 @@ pub(crate) fn remove_staging(dir: &Path) -> Result<(), Error> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(source) => Err(Error::Io {
             what: format!("removing the migration staging directory {}", dir.display()),
-            source,
+            error: source,
         }),
     }
 }

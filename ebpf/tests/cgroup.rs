@@ -302,6 +302,29 @@ fn dns_is_redirected_to_the_proxy_and_the_resolver_shown_back() {
     assert_eq!((peer, from), (mapped, mapped));
     assert_eq!(s.origins.lookup(client, false), origin(resolver4(n)));
 
+    // The same socket unconnected (`sendto` a v4-mapped resolver, as Java's DatagramSocket
+    // and Netty's resolver do): the kernel sends it as IPv4 (sendmsg4 redirects it), and the
+    // answer still shows the resolver, v4-mapped, not the proxy.
+    let proxy = Arc::clone(&s.proxy);
+    let (from, client) = s.ns.run(move || {
+        let sock = Socket::new(Domain::IPV6, Type::DGRAM, None).unwrap();
+        sock.set_only_v6(false).unwrap();
+        sock.bind(&"[::]:0".parse::<SocketAddr>().unwrap().into())
+            .unwrap();
+        let u: UdpSocket = sock.into();
+        u.set_read_timeout(Some(WAIT)).unwrap();
+        u.send_to(b"query", mapped).unwrap();
+        let client = proxy.answer(false);
+        let mut buf = [0u8; 16];
+        let (_, from) = u.recv_from(&mut buf).unwrap();
+        (from, client)
+    });
+    assert_eq!(
+        from, mapped,
+        "the answer's source, for an unconnected dual-stack socket"
+    );
+    assert_eq!(s.origins.lookup(client, false), origin(resolver4(n)));
+
     // TCP: the connection goes to the proxy, getpeername says the resolver.
     for (to, v6) in [(resolver4(n), false), (resolver6(n), true)] {
         let proxy = Arc::clone(&s.proxy);
@@ -484,10 +507,47 @@ fn egress_of_an_enforcing_cgroup_follows_policy_and_dns_never_bypasses_the_proxy
         .unwrap();
     let reach = |ns: &Netns, timeout: Duration| ns.run(move || ping(target, timeout));
 
-    // No policy: the SYN is dropped at the socket (TCP retransmits it, to no avail), with an
-    // event naming the endpoint.
-    assert!(reach(&s.ns, Duration::from_millis(700)).is_err());
+    // No policy: the connect is refused at once (EPERM, not a SYN dropped and retried until
+    // the caller gives up), with an event naming the endpoint and the destination's identity;
+    // from a dual-stack socket to the v4-mapped address too.
+    let refused = reach(&s.ns, WAIT).unwrap_err();
+    assert_eq!(
+        refused.kind(),
+        std::io::ErrorKind::PermissionDenied,
+        "{refused}"
+    );
     expect_socket_drop(&mut events, target.port());
+    let mapped_target = SocketAddr::new(
+        match target.ip() {
+            std::net::IpAddr::V4(a) => a.to_ipv6_mapped().into(),
+            v6 => v6,
+        },
+        target.port(),
+    );
+    let dual_stack = move |to: SocketAddr| {
+        let sock = Socket::new(Domain::IPV6, Type::STREAM, None)?;
+        sock.set_only_v6(false)?;
+        sock.connect_timeout(&to.into(), WAIT)
+    };
+    let refused = s.ns.run(move || dual_stack(mapped_target)).unwrap_err();
+    assert_eq!(
+        refused.kind(),
+        std::io::ErrorKind::PermissionDenied,
+        "{refused}"
+    );
+    let e = await_event(&mut events, |e| e.dport == target.port()).expect("a drop event");
+    assert_eq!((e.family, e.identity), (4, sys::ID_WORLD_IPV4), "{e:?}");
+    // Loopback is not egress: a connect to the stand-in proxy's TCP listener goes through.
+    let local = s.proxy.tcp4.local_addr().unwrap();
+    s.ns.run(move || TcpStream::connect_timeout(&local, WAIT))
+        .expect("loopback is not refused");
+    // UDP is not refused at connect: its datagrams are, at send.
+    let udp = s.ns.run(move || {
+        let u = UdpSocket::bind("0.0.0.0:0").unwrap();
+        u.connect(target).unwrap();
+        u.send(b"ping").unwrap_err()
+    });
+    assert_eq!(udp.kind(), std::io::ErrorKind::PermissionDenied, "{udp}");
 
     // The destination gets an identity the endpoint may reach on that port: it passes, and
     // the flow is tracked in the socket zone.
@@ -502,6 +562,8 @@ fn egress_of_an_enforcing_cgroup_follows_policy_and_dns_never_bypasses_the_proxy
         false,
     );
     assert_eq!(&reach(&s.ns, WAIT).expect("allowed"), b"ping");
+    s.ns.run(move || dual_stack(mapped_target))
+        .expect("allowed, from a dual-stack socket");
     let ct = s.dp.ct_entries().unwrap();
     assert!(
         ct.iter().any(|c| c.dst == target.ip()
@@ -618,7 +680,8 @@ fn ingress_of_a_cgroup_under_ingress_policy_follows_its_ingress_entries() {
 
 /// Mean run time of the socket programs (kernel BPF stats) per call: `connect` of a host
 /// process in no endpoint's cgroup (what every host process pays once the programs are
-/// attached), of an endpoint's process to another port and to port 53 (the redirect), and
+/// attached: UDP to port 53, TCP to any port), of an endpoint's process to another port, to
+/// port 53 (the redirect) and a TCP connect its policy refuses, and
 /// per packet of the egress program (an endpoint's allowed flow, and a process of no
 /// endpoint). Prints the figures; run with `--ignored --nocapture` (it flips the global
 /// `kernel.bpf_stats_enabled` meanwhile).
@@ -673,6 +736,17 @@ fn per_connect_cost() {
             }
         });
     };
+    // TCP connects (a fresh socket each; refused by the hook, or by the peer's RST: no
+    // listener there) to a port the policy does not open.
+    let tcp_connects = move |ns: &Netns| {
+        ns.run(move || {
+            let to = SocketAddr::from((Ipv4Addr::new(10, 98, n, 1), 10));
+            for _ in 0..calls {
+                let c = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+                let _ = c.connect(&to.into());
+            }
+        });
+    };
     let port54 = SocketAddr::from((Ipv4Addr::new(10, 98, n, 53), 54));
     let cookie = s.ns.run(|| sys::netns_cookie().unwrap());
     s.dp.set_sock_settings(cookie, 0).unwrap();
@@ -695,7 +769,19 @@ fn per_connect_cost() {
         "a process of no endpoint, per packet",
         &sends,
     );
+    phase(
+        &mut s,
+        "fqdnd_connect4",
+        "a process of no endpoint, TCP to another port",
+        &tcp_connects,
+    );
     let joined = s.cgroup.join();
+    phase(
+        &mut s,
+        "fqdnd_connect4",
+        "an endpoint's process, TCP refused by its policy",
+        &tcp_connects,
+    );
     phase(
         &mut s,
         "fqdnd_connect4",

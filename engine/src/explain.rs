@@ -169,7 +169,7 @@ pub fn identity_of<D>(ipcache: &IpCache<D>, addr: IpAddr) -> Identity {
 /// Explains `flow` from what `ipcache` holds.
 pub fn explain<D>(ipcache: &IpCache<D>, flow: Flow) -> Explanation {
     let identity = identity_of(ipcache, flow.peer);
-    let labels = ipcache.labels_of(identity).unwrap_or_else(|| {
+    let labels = ipcache.canonical_labels_of(identity).unwrap_or_else(|| {
         if identity == Identity::WORLD_IPV4 {
             "reserved:world-ipv4".to_owned()
         } else if identity == Identity::WORLD_IPV6 {

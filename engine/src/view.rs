@@ -134,7 +134,7 @@ impl<D> Engine<D> {
             .collect()
     }
 
-    /// Every identity with its labels, by number.
+    /// Every identity with its labels (sorted by text, as Cilium lists them), by number.
     pub fn identity_rows(&self) -> Vec<IdentityRow> {
         let mut rows: Vec<IdentityRow> = self
             .ipcache
@@ -144,7 +144,7 @@ impl<D> Engine<D> {
                 identity: id.0,
                 labels: self
                     .ipcache
-                    .labels_of(id)
+                    .canonical_labels_of(id)
                     .unwrap_or_default()
                     .split(',')
                     .map(str::to_owned)
@@ -190,5 +190,43 @@ impl<D> Engine<D> {
                 (prefix, identity, owners)
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use fqdnd_ipcache::MemoryDatapath;
+
+    use crate::Engine;
+
+    /// `identity list` shows an identity's labels sorted by text, whatever order they were
+    /// written (and first seen) in — they came out as `k8s:team=x,k8s:app=y`.
+    #[test]
+    fn identity_rows_list_labels_sorted() {
+        let config = fqdnd_config::load_str(
+            "apiVersion: fqdnd.io/v1\nkind: Endpoint\nmetadata: {name: a}\nspec: {id: 1, addresses: [10.0.0.1], labels: {team: x, app: y}}\n",
+            Path::new("t.yaml"),
+        )
+        .unwrap();
+        let engine =
+            Engine::from_config(&config, MemoryDatapath::default(), Duration::ZERO).unwrap();
+        let rows = engine.identity_rows();
+        let labels: Vec<&Vec<String>> = rows
+            .iter()
+            .filter(|r| r.labels.iter().any(|l| l == "k8s:team=x"))
+            .map(|r| &r.labels)
+            .collect();
+        assert_eq!(
+            labels,
+            [&vec![
+                "k8s:app=y".to_owned(),
+                "k8s:io.kubernetes.pod.namespace=default".to_owned(),
+                "k8s:team=x".to_owned()
+            ]],
+            "{rows:?}"
+        );
     }
 }

@@ -470,8 +470,10 @@ fn explain_names_the_deciding_rule() {
     assert!(x.allowed && x.datapath_allowed, "{x}");
     assert_eq!(x.matches.len(), 2, "{x}");
     assert!(x.reason.starts_with("allowed by policy.yaml:"), "{x}");
+    // (a policy without `metadata.namespace` is in `default`, and so are its peers)
     assert!(
-        x.to_string().contains("endpoints role=client on TCP/80"),
+        x.to_string()
+            .contains("endpoints role=client,k8s:io.kubernetes.pod.namespace=default on TCP/80"),
         "{x}"
     );
     let x = explain(&e.ipcache, flow("10.0.0.3", 80));

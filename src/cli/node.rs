@@ -35,9 +35,10 @@ pub(crate) struct AddEndpoint {
     /// Its host-side interface (e.g. the host end of its veth pair).
     #[arg(long, required_unless_present_any = ["file", "cgroup", "unit"], conflicts_with_all = ["cgroup", "unit"])]
     pub(crate) interface: Option<String>,
-    /// Host processes instead of an interface: the cgroup v2 directory they run in (below
-    /// the hierarchy's root, e.g. `/ci/runner`); every process in it or in a cgroup below it
-    /// is the endpoint.
+    /// Host processes instead of an interface: the cgroup v2 directory they run in, below
+    /// the hierarchy's root as the `0::` line of /proc/PID/cgroup shows it (e.g.
+    /// `/ci/runner`, not `/sys/fs/cgroup/...`); every process in it or in a cgroup below it
+    /// is the endpoint. A cgroup that does not exist yet is waited for.
     #[arg(long, value_name = "PATH", conflicts_with = "unit")]
     pub(crate) cgroup: Option<String>,
     /// Host processes of a systemd unit (`name.service`, `.scope`, `.slice`): its cgroup,
@@ -71,9 +72,15 @@ impl AddEndpoint {
             labels.push((key.to_owned(), value.to_owned()));
         }
         let attachment = match (&self.cgroup, &self.unit) {
-            (Some(path), _) => Attachment::Cgroup(Cgroup::path(path).with_context(|| {
-                format!("--cgroup {path:?} is not a cgroup v2 path (`/a/b`, no `.` or `..`)")
-            })?),
+            (Some(path), _) => {
+                let cgroup = Cgroup::path(path).with_context(|| {
+                    format!("--cgroup {path:?} is not a cgroup v2 path (`/a/b`, no `.` or `..`)")
+                })?;
+                if cgroup.is_root() {
+                    bail!("--cgroup {path:?}: {}", Cgroup::ROOT_REFUSED);
+                }
+                Attachment::Cgroup(cgroup)
+            }
             (None, Some(unit)) => Attachment::Cgroup(Cgroup::unit(unit).with_context(|| {
                 format!("--unit {unit:?} is not a unit name ending in .service, .scope or .slice")
             })?),
@@ -106,23 +113,30 @@ fn attached(r: &EndpointRow) -> (String, String) {
     }
 }
 
+/// The listing: IDENTITY is the one its addresses have (`-` for host processes, which share
+/// the host's); ENFORCING is `waiting` for a cgroup endpoint whose cgroup does not exist yet.
 fn print_endpoints(rows: &[EndpointRow]) -> Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "{:<6} {:<16} {:<24} {:<8} {:<9} {:<7} {:<28} LABELS",
-        "ID", "NAME", "ATTACHED", "INDEX", "ENFORCING", "SOURCE", "ADDRESSES"
+        "{:<6} {:<16} {:<10} {:<24} {:<8} {:<9} {:<7} {:<28} LABELS",
+        "ID", "NAME", "IDENTITY", "ATTACHED", "INDEX", "ENFORCING", "SOURCE", "ADDRESSES"
     )?;
     for r in rows {
         let (what, index) = attached(r);
+        let identity = r.identity.map_or_else(|| "-".to_owned(), |i| i.to_string());
+        let enforcing = if r.waiting {
+            "waiting".to_owned()
+        } else {
+            r.enforcing.to_string()
+        };
         writeln!(
             out,
-            "{:<6} {:<16} {:<24} {:<8} {:<9} {:<7} {:<28} {}",
+            "{:<6} {:<16} {identity:<10} {:<24} {:<8} {enforcing:<9} {:<7} {:<28} {}",
             r.id,
             r.name,
             what,
             index,
-            r.enforcing,
             r.source,
             r.addresses.join(","),
             r.labels.join(",")
@@ -138,7 +152,15 @@ pub(crate) fn add(target: &Target, args: &AddEndpoint, json: bool) -> Result<Exi
     if json {
         println!("{body}");
     } else {
-        print_endpoints(&[row])?;
+        print_endpoints(std::slice::from_ref(&row))?;
+    }
+    if row.waiting {
+        eprintln!(
+            "endpoint {} waits for its cgroup: {} does not exist yet; its processes are \
+             matched once it does",
+            row.id,
+            row.cgroup_path.as_deref().unwrap_or_default()
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

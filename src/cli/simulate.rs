@@ -181,7 +181,7 @@ fn report(out: &mut String, engine: &Engine<MemoryDatapath>, answered: usize) ->
     let mut ids: Vec<(Identity, String, u32)> = ipc
         .allocator()
         .iter()
-        .map(|(id, _, refs)| (id, ipc.labels_of(id).unwrap_or_default(), refs))
+        .map(|(id, _, refs)| (id, ipc.canonical_labels_of(id).unwrap_or_default(), refs))
         .collect();
     ids.sort();
     for (id, labels, refs) in &ids {

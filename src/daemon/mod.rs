@@ -52,6 +52,14 @@ pub(crate) type SharedEngine = Arc<Mutex<Engine<AnyDatapath>>>;
 /// The kernel side, when the mode has one (node; gateway with `enforceInterfaces`).
 pub(crate) type SharedKernel = Arc<Mutex<Kernel>>;
 
+/// Logs the configuration's warnings (what `fqdnd policy check` prints: a skipped empty
+/// file, a dead `toFQDNs` selector, an allow a deny shadows…) at load and at every reload.
+pub(crate) fn log_warnings(config: &Config) {
+    for warning in &config.warnings {
+        tracing::warn!("configuration: {warning}");
+    }
+}
+
 /// Locks `m`, naming it in the error if a holder panicked.
 pub(crate) fn lock<'a, T>(m: &'a Mutex<T>, what: &str) -> Result<MutexGuard<'a, T>> {
     m.lock().map_err(|_| anyhow!("{what} lock poisoned"))

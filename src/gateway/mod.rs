@@ -43,6 +43,7 @@ fn load(paths: &[PathBuf], demo: bool) -> Result<(Config, Gateway)> {
         fqdnd_config::load(paths)
     }
     .map_err(|errors| anyhow!("{errors}"))?;
+    daemon::log_warnings(&config);
     let Some(gateway) = config.gateway.clone() else {
         bail!(
             "no `kind: Gateway` document in the configuration: `fqdnd gateway` needs one (see docs/operations.md)"

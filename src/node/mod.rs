@@ -62,7 +62,16 @@ pub(crate) struct EndpointRow {
     /// exist).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) cgroup_id: Option<u64>,
+    /// The identity its addresses have (what peers and `ipcache list` see); `None` for host
+    /// processes, which share the host's addresses (identity 1, `reserved:host`).
+    #[serde(default)]
+    pub(crate) identity: Option<u32>,
+    /// Its policy is in the kernel and applies to its traffic (false while `waiting`).
     pub(crate) enforcing: bool,
+    /// A cgroup endpoint whose cgroup does not exist (yet): nothing is enforced until it
+    /// does (the agent looks again every 500 ms).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) waiting: bool,
     /// `config` or `api`.
     pub(crate) source: String,
 }
@@ -184,6 +193,7 @@ impl std::fmt::Debug for NodeRuntime {
 /// Loads the configuration files; a missing `Node` document means the defaults.
 fn load(paths: &[PathBuf]) -> Result<(Config, Node)> {
     let config = fqdnd_config::load(paths).map_err(|errors| anyhow!("{errors}"))?;
+    daemon::log_warnings(&config);
     if config.gateway.is_some() {
         tracing::warn!("the `kind: Gateway` document is ignored by `fqdnd node`");
     }
@@ -578,21 +588,30 @@ impl NodeRuntime {
                     fqdnd_config::Cgroup::Path(p) | fqdnd_config::Cgroup::Unit(p) => p.clone(),
                 });
                 let resolved = cgroups.get(&e.id);
+                let waiting = cgroup.is_some() && resolved.and_then(|c| c.cgroup_id).is_none();
+                let mut labels: Vec<String> = e
+                    .labels
+                    .iter()
+                    .map(|l| format!("{}:{}={}", l.source, l.key, l.value))
+                    .collect();
+                labels.sort();
                 EndpointRow {
                     id: e.id.0,
                     name: e.name.clone(),
                     addresses: e.addresses.iter().map(ToString::to_string).collect(),
-                    labels: e
-                        .labels
-                        .iter()
-                        .map(|l| format!("{}:{}={}", l.source, l.key, l.value))
-                        .collect(),
+                    labels,
                     ifindex: attached.get(&interface).map(|a| a.ifindex),
                     interface,
                     cgroup,
                     cgroup_path: resolved.map(|c| c.path.display().to_string()),
                     cgroup_id: resolved.and_then(|c| c.cgroup_id),
-                    enforcing: engine.ipcache.endpoint_enforcing(e.id).unwrap_or(false),
+                    identity: e
+                        .addresses
+                        .first()
+                        .and_then(|a| engine.ipcache.identity_of(&a.trunc()))
+                        .map(|i| i.0),
+                    enforcing: !waiting && engine.ipcache.endpoint_enforcing(e.id).unwrap_or(false),
+                    waiting,
                     source: registry
                         .source(e.id)
                         .unwrap_or(Source::Config)

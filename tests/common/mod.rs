@@ -159,6 +159,22 @@ pub(crate) fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// Panics when a line of `message` (an error as a command prints it, `fqdnd: a: b: c`) shows
+/// a cause twice: a segment between `": "` separators that appears twice in the line (the
+/// mark of an error that both prints its source and returns it as its `source`).
+#[allow(dead_code, reason = "not every test binary checks error messages")]
+pub(crate) fn assert_each_cause_once(message: &str) {
+    for line in message.lines() {
+        let segments: Vec<&str> = line.split(": ").map(str::trim).collect();
+        for (i, segment) in segments.iter().enumerate() {
+            assert!(
+                segment.len() < 4 || !segments[i + 1..].contains(segment),
+                "{segment:?} is printed twice in {line:?}"
+            );
+        }
+    }
+}
+
 /// The stdout of a command that must have succeeded; panics with its output otherwise.
 pub(crate) fn stdout_of(out: &Output) -> String {
     assert!(

@@ -103,7 +103,11 @@ fn run_op(op: &str) -> Value {
             })();
             match reached {
                 Ok(echoed) => json!({ "reached": echoed }),
-                Err(e) => json!({ "reached": false, "error": e.to_string() }),
+                Err(e) => json!({
+                    "reached": false,
+                    "error": e.to_string(),
+                    "refused": e.kind() == std::io::ErrorKind::PermissionDenied,
+                }),
             }
         }
         [how, server, name, qtype] => {
@@ -439,6 +443,14 @@ fn host_processes_of_a_cgroup_are_an_endpoint() {
             "v6={v6}: another port reached"
         );
         assert!(!reaches(&t, inside, evil, DROPPED), "v6={v6}: evil reached");
+        // Refused at `connect` (EPERM), not left to time out: given all the patience an
+        // allowed connection gets, the client still reports a refusal.
+        let r = client(
+            &t,
+            inside,
+            &format!("connect {evil} {}", REACHES.as_millis()),
+        );
+        assert_eq!(r["refused"], json!(true), "v6={v6}: {r}");
 
         // A process outside the cgroup: its DNS goes straight to the resolver (which answers
         // any name), and it reaches what it likes.
@@ -458,6 +470,38 @@ fn host_processes_of_a_cgroup_are_an_endpoint() {
             t.logs()
         );
     }
+
+    // An IPv6 socket asking the resolver's v4-mapped address — connected, unconnected
+    // (`sendto`, as Java's DatagramSocket and Netty's resolver do), and TCP: the answer comes
+    // from the mapped resolver, as the socket wrote it, not from the proxy.
+    let v4_mapped = |ip: std::net::IpAddr| match ip {
+        std::net::IpAddr::V4(a) => std::net::IpAddr::V6(a.to_ipv6_mapped()),
+        v6 => v6,
+    };
+    let mapped = SocketAddr::new(v4_mapped(t.v4(9, 53)), 53);
+    for how in ["udp-connected", "udp", "tcp-dns"] {
+        let r = ask(&t, inside, how, mapped, "api.example.test.", "A");
+        assert_eq!(
+            r["rcode"],
+            rcode(ResponseCode::NoError),
+            "mapped {how}: {r}"
+        );
+        assert_eq!(
+            r["from"],
+            mapped.to_string(),
+            "mapped {how}: reply from elsewhere"
+        );
+        if how != "udp" {
+            assert_eq!(r["peer"], mapped.to_string(), "mapped {how}: getpeername");
+        }
+    }
+    let mapped_evil = SocketAddr::new(v4_mapped(t.v4(10, 3)), 8080);
+    let r = client(
+        &t,
+        inside,
+        &format!("connect {mapped_evil} {}", REACHES.as_millis()),
+    );
+    assert_eq!(r["refused"], json!(true), "mapped: {r}");
 
     // The proxy attributed the answers to the runner endpoint (learned for it; the cache
     // lists endpoints by name or id as text).
@@ -553,6 +597,9 @@ fn cgroup_endpoints_added_at_run_time_persist_and_go() {
     assert!(!refused.status.success());
     let why = text(&refused.stderr);
     assert!(why.contains("hostProcesses: true"), "{why}");
+    // Each cause once (it said "`bpf_link_create` failed: `bpf_link_create` failed").
+    assert!(why.contains("`bpf_link_create` failed"), "{why}");
+    crate::common::assert_each_cause_once(&why);
     assert!(reaches(&t, inside, evil, REACHES), "{}", t.logs());
 
     // With `hostProcesses: true` the programs are attached at start-up, doing nothing yet.
@@ -585,23 +632,95 @@ fn cgroup_endpoints_added_at_run_time_persist_and_go() {
         t.logs()
     );
 
-    // A cgroup that does not exist yet: the endpoint is added, its cgroup matched once the
-    // directory appears, and again (a new id) when it is removed and created again, as a
-    // restarted systemd unit's is.
+    // The listing: the endpoint's identity is `-` (host processes share the host's
+    // addresses), its labels sorted.
+    let list = t.admin_cli(&["endpoint", "list"]);
+    let header = list.lines().next().unwrap_or_default();
+    assert!(header.contains(" IDENTITY "), "{list}");
+    let row = list.lines().find(|l| l.contains("added")).unwrap_or("");
+    assert!(
+        row.contains("k8s:app=runner,k8s:io.kubernetes.pod.namespace=default"),
+        "{list}"
+    );
+
+    // Paths that can never match are refused, each saying what to write (exit 1); nothing is
+    // added.
+    let root = fqdnd_ebpf::cgroup::v2_root().unwrap();
+    let v1_mount = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .find(|l| l.contains(" - cgroup cgroup "))
+        .and_then(|l| l.split(' ').nth(4).map(str::to_owned));
+    let mut never = vec![
+        (
+            format!("{}/x", root.display()),
+            "the path of the cgroup v2 mount".to_owned(),
+        ),
+        (
+            format!("{}/cgroup.procs", cgroup.below),
+            "is a file, not a cgroup directory".to_owned(),
+        ),
+        ("/".to_owned(), "the root cgroup".to_owned()),
+    ];
+    if let Some(v1) = &v1_mount {
+        // (a hybrid host, as this one: v1 controllers mounted beside v2)
+        never.push((
+            format!("{v1}/x"),
+            "this is a cgroup v1 hierarchy".to_owned(),
+        ));
+    }
+    for (path, why) in &never {
+        let refused = try_cli(
+            &t,
+            &[
+                "endpoint", "add", "--id", "11", "--name", "never", "--cgroup", path,
+            ],
+        );
+        let stderr = text(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(1), "{path}: {stderr}");
+        assert!(stderr.contains(why.as_str()), "{path}: {stderr}");
+        crate::common::assert_each_cause_once(&stderr);
+    }
+    assert!(
+        !t.admin_cli(&["endpoint", "list"]).contains("never"),
+        "a refused endpoint was added"
+    );
+
+    // A cgroup that does not exist yet: the endpoint is added (the command says it waits,
+    // the listing shows `waiting`), its cgroup matched once the directory appears, and again
+    // (a new id) when it is removed and created again, as a restarted systemd unit's is.
     let later = TestCgroup::new("cgroupcli2");
     std::fs::remove_dir(&later.dir).unwrap();
-    t.admin_cli(&[
-        "endpoint",
-        "add",
-        "--id",
-        "10",
-        "--name",
-        "later",
-        "--cgroup",
-        &later.below,
-        "--label",
-        "app=runner",
-    ]);
+    let added = try_cli(
+        &t,
+        &[
+            "endpoint",
+            "add",
+            "--id",
+            "10",
+            "--name",
+            "later",
+            "--cgroup",
+            &later.below,
+            "--label",
+            "app=runner",
+        ],
+    );
+    assert!(added.status.success(), "{}", text(&added.stderr));
+    let says = text(&added.stderr);
+    assert!(
+        says.contains("endpoint 10 waits for its cgroup")
+            && says.contains(&later.dir.display().to_string()),
+        "{says}"
+    );
+    let waiting_row = |t: &Topology| {
+        t.admin_cli(&["endpoint", "list"])
+            .lines()
+            .find(|l| l.contains("later"))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert!(waiting_row(&t).contains(" waiting "), "{}", waiting_row(&t));
     let cgroup_id = |t: &Topology| {
         let rows = t.admin_json(&["endpoint", "list"]);
         rows.as_array()
@@ -611,6 +730,19 @@ fn cgroup_endpoints_added_at_run_time_persist_and_go() {
             .and_then(|r| r["cgroup_id"].as_u64())
     };
     assert_eq!(cgroup_id(&t), None);
+    let row = t
+        .admin_json(&["endpoint", "list"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == json!(10))
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        (&row["waiting"], &row["enforcing"]),
+        (&json!(true), &json!(false)),
+        "{row}"
+    );
     for round in 0..2 {
         std::fs::create_dir(&later.dir).unwrap();
         let id = fqdnd_ebpf::cgroup::cgroup_id(&later.dir).unwrap();
@@ -621,6 +753,7 @@ fn cgroup_endpoints_added_at_run_time_persist_and_go() {
                 Err(format!("{:?}", cgroup_id(&t)))
             }
         });
+        assert!(waiting_row(&t).contains(" true "), "{}", waiting_row(&t));
         assert_eq!(
             evil_rcode(&t, Some(&later.dir), "udp"),
             rcode(ResponseCode::Refused),

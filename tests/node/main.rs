@@ -291,6 +291,28 @@ fn dns_is_redirected_and_answers_open_exactly_the_allowed_ips() {
         endpoints.contains("api") && endpoints.contains("config"),
         "{endpoints}"
     );
+    // Each endpoint's identity is the one its addresses have in the ipcache (no need to
+    // cross-read `ipcache list`).
+    let ipcache_rows = t.admin_json(&["ipcache", "list"]);
+    let rows = t.admin_json(&["endpoint", "list"]);
+    for row in rows.as_array().unwrap() {
+        let address = row["addresses"][0].as_str().unwrap();
+        let held = ipcache_rows
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["prefix"] == address)
+            .map(|r| r["identity"].clone());
+        assert_eq!(Some(row["identity"].clone()), held, "{row}\n{ipcache_rows}");
+        let id = row["identity"].as_u64().unwrap();
+        assert!(
+            endpoints
+                .lines()
+                .any(|l| l.starts_with(&format!("{:<6} ", row["id"]))
+                    && l.contains(&format!(" {id} "))),
+            "{endpoints}"
+        );
+    }
     let cache = t.cli(&["cache", "list", "--admin-socket", admin]);
     assert!(cache.contains("api.example.test."), "{cache}");
     // Drops were reported to the monitor.

@@ -43,10 +43,20 @@ impl PolicyKind {
     }
 }
 
+/// The namespace of a CiliumNetworkPolicy without `metadata.namespace`, as `kubectl apply`
+/// without `-n` would put it (and of an Endpoint without `spec.namespace`).
+pub(crate) const DEFAULT_NAMESPACE: &str = "default";
+
 /// A converted policy document.
 pub(crate) struct Policy {
-    /// `namespace/name`, or `name`.
+    /// `namespace/name`, or `name` (a CiliumClusterwideNetworkPolicy, or a
+    /// CiliumNetworkPolicy without `metadata.namespace`: it is in [`DEFAULT_NAMESPACE`]).
     pub(crate) name: String,
+    /// What makes two policies the same one: kind aside, `namespace/name` (the default
+    /// namespace written out) or `name`.
+    pub(crate) key: String,
+    /// A CiliumNetworkPolicy without `metadata.namespace` (so in [`DEFAULT_NAMESPACE`]).
+    pub(crate) implicit_namespace: bool,
     /// Where `metadata.name` is written.
     pub(crate) name_at: Location,
     /// One rule per `spec` / `specs[]` entry, with where its pieces are written.
@@ -78,12 +88,23 @@ pub(crate) fn policy(
             ),
         );
     }
+    let implicit_namespace = kind == PolicyKind::Namespaced && namespace.is_none();
     let qualified = match &namespace {
         Some(ns) => format!("{ns}/{}", name.as_deref().unwrap_or_default()),
         None => name.clone().unwrap_or_default(),
     };
+    let key = if implicit_namespace {
+        format!("{DEFAULT_NAMESPACE}/{qualified}")
+    } else {
+        qualified.clone()
+    };
+    // As Kubernetes: a CiliumNetworkPolicy is always in a namespace, `default` unless it
+    // says (a warning says so; it used to apply to every namespace).
     let scope = Scope {
-        namespace: namespace.as_deref(),
+        namespace: match kind {
+            PolicyKind::Namespaced => Some(namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE)),
+            PolicyKind::Clusterwide => None,
+        },
     };
     let rules: Vec<(Rule, RuleAt)> = specs
         .into_iter()
@@ -95,6 +116,8 @@ pub(crate) fn policy(
         .collect();
     (diag.count() == before).then_some(Policy {
         name: qualified,
+        key,
+        implicit_namespace,
         name_at,
         rules,
     })

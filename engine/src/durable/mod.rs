@@ -309,7 +309,7 @@ pub fn synthesize(
         state_err(fqdnd_checkpoint::Error::Io {
             op: "creating the directory",
             path: dir.to_path_buf(),
-            source: std::sync::Arc::new(e),
+            error: std::sync::Arc::new(e),
         })
     })?;
     let meta = fqdnd_checkpoint::SnapshotMeta {
