@@ -19,9 +19,15 @@ const ZONE: &str = "$TTL 300
 @ IN SOA ns.corp.test. admin.corp.test. 1 3600 600 86400 60
 @ IN NS ns.corp.test.
 www IN A 192.0.2.10
+other IN A 192.0.2.20
 ";
 
 fn start() -> Gateway {
+    start_with(&lan_policy(DNS_ANYWHERE))
+}
+
+/// A gateway of the lan group (id 7) under `policy`, with the zone as its upstream.
+fn start_with(policy: &str) -> Gateway {
     let mut g = Gateway::setup("record");
     g.file("corp.zone", ZONE);
     let spec = "  staticZones: [{origin: corp.test, file: corp.zone}]\n";
@@ -29,8 +35,15 @@ fn start() -> Gateway {
         "gateway.yaml",
         &documents(&[&gateway_doc("127.0.0.1:0", spec), LAN_GROUP]),
     );
-    g.config("policy.yaml", &lan_policy(DNS_ANYWHERE));
+    g.config("policy.yaml", policy);
     g.start()
+}
+
+/// An egress rule: DNS for `name` only, on port 53 over `protocol`.
+fn dns_for(name: &str, protocol: &str) -> String {
+    format!(
+        "  - toPorts:\n    - ports: [{{port: \"53\", protocol: {protocol}}}]\n      rules:\n        dns: [{{matchName: {name}}}]\n"
+    )
 }
 
 fn ask(gw: &Gateway, n: usize) {
@@ -95,18 +108,33 @@ fn what_is_taken_while_on_is_written_and_read_back() {
 /// tshark (Wireshark's reader, installed by scripts/install-deps.sh) reads `file` as pcapng:
 /// `packets` DNS messages, half queries and half replies, each with fqdnd's comment.
 fn tshark_reads(file: &str, packets: usize) {
-    let out = match std::process::Command::new("tshark")
-        .args(["-r", file, "-T", "fields", "-E", "separator=|"])
-        .args([
-            "-e",
-            "dns.flags.response",
-            "-e",
-            "dns.qry.name",
-            "-e",
-            "frame.comment",
-        ])
-        .output()
-    {
+    let Some(rows) = tshark(
+        file,
+        &["dns.flags.response", "dns.qry.name", "frame.comment"],
+    ) else {
+        return;
+    };
+    assert_eq!(rows.len(), packets, "{rows:?}");
+    let replies = rows
+        .iter()
+        .filter(|r| r[0] == "1" || r[0] == "True")
+        .count();
+    assert_eq!(replies, packets / 2, "{rows:?}");
+    for r in &rows {
+        assert!(r[1].ends_with("corp.test"), "{rows:?}");
+        assert!(r[2].starts_with("fqdnd "), "{rows:?}");
+    }
+}
+
+/// The DNS messages tshark finds in `file` (its display filter `dns`), one row of `fields`
+/// each; `None` (the test skipped) if tshark cannot run, unless privileged tests are required.
+fn tshark(file: &str, fields: &[&str]) -> Option<Vec<Vec<String>>> {
+    let mut command = std::process::Command::new("tshark");
+    command.args(["-r", file, "-Y", "dns", "-T", "fields", "-E", "separator=|"]);
+    for f in fields {
+        command.args(["-e", f]);
+    }
+    let out = match command.output() {
         Ok(out) => out,
         Err(e) => {
             let msg = format!("tshark cannot run ({e}): scripts/install-deps.sh installs it");
@@ -115,25 +143,59 @@ fn tshark_reads(file: &str, packets: usize) {
                 "{msg}"
             );
             eprintln!("{msg} (skipped)");
-            return;
+            return None;
         }
     };
-    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
         "tshark -r {file}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let rows: Vec<Vec<&str>> = stdout.lines().map(|l| l.split('|').collect()).collect();
-    assert_eq!(rows.len(), packets, "{stdout}");
-    let replies = rows
-        .iter()
-        .filter(|r| r[0] == "1" || r[0] == "True")
-        .count();
-    assert_eq!(replies, packets / 2, "{stdout}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    Some(
+        stdout
+            .lines()
+            .map(|l| l.split('|').map(str::to_owned).collect())
+            .collect(),
+    )
+}
+
+/// The one file a recording into `dir` wrote.
+fn only_file(dir: &str) -> String {
+    let files: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    files[0].clone()
+}
+
+/// A refused query and its reply name the client group whose rules refused it, as an allowed
+/// one does (issue 36, item 8).
+#[test]
+fn refused_queries_name_their_client_group() {
+    let gw = start_with(&lan_policy(&dns_for("www.corp.test", "ANY")));
+    let dir = gw.join("rec");
+    let dir = dir.to_str().unwrap();
+    gw.admin(&["record", "start", "--dir", dir]);
+    assert_eq!(rcode(gw.dns, "www.corp.test."), Some(ResponseCode::NoError));
+    assert_eq!(
+        rcode(gw.dns, "other.corp.test."),
+        Some(ResponseCode::Refused)
+    );
+    gw.admin(&["record", "stop"]);
+    let Some(rows) = tshark(&only_file(dir), &["dns.qry.name", "frame.comment"]) else {
+        return;
+    };
+    assert_eq!(rows.len(), 4, "{rows:?}");
     for r in &rows {
-        assert!(r[1].ends_with("corp.test"), "{stdout}");
-        assert!(r[2].starts_with("fqdnd "), "{stdout}");
+        let verdict = if r[0] == "www.corp.test" {
+            ["verdict=allow", "verdict=answered"]
+        } else {
+            ["verdict=deny", "verdict=denied"]
+        };
+        assert!(r[1].contains(" endpoint=7 "), "{rows:?}");
+        assert!(verdict.iter().any(|v| r[1].ends_with(v)), "{rows:?}");
     }
 }
 

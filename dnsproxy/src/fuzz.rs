@@ -75,7 +75,7 @@ pub fn query_path(raw: &[u8], policy: &dyn QueryPolicy, randomize_case: bool) ->
             }
             (None, Some(sent))
         }
-        Verdict::Deny | Verdict::UnknownClient => {
+        Verdict::Deny { .. } | Verdict::UnknownClient => {
             let question = Some(parsed.question);
             let (id, opt) = (parsed.client_id, parsed.opt);
             wire::write_header_reply(&mut out, raw, id, question, rcode::REFUSED, false, opt);

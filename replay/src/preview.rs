@@ -260,9 +260,8 @@ impl Side {
                 self.report.queries_unknown_client += 1;
                 return;
             }
-            Verdict::Deny => {
+            Verdict::Deny { endpoint } => {
                 self.report.queries_refused += 1;
-                let endpoint = self.dns.endpoint_of(client).unwrap_or(ALL_CLIENTS);
                 self.verdicts.entry((endpoint, name.into())).or_default().1 += 1;
                 return;
             }

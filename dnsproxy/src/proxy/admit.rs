@@ -104,11 +104,16 @@ impl Shared {
                 .rate_limit
                 .as_ref()
                 .is_some_and(|limit| !limit.allow(client.ip(), received));
-        let (tag, said) = match verdict {
-            _ if limited => (None, "rate_limited"),
-            Verdict::Allow { tag } => (Some(tag), "allow"),
-            Verdict::Deny => (None, "deny"),
-            Verdict::UnknownClient => (None, "unknown_client"),
+        // Who asked, for the recording: the endpoint or group whose rules judged the query.
+        let tag = match verdict {
+            Verdict::Allow { tag } | Verdict::Deny { tag } => Some(tag),
+            Verdict::UnknownClient => None,
+        };
+        let said = match verdict {
+            _ if limited => "rate_limited",
+            Verdict::Allow { .. } => "allow",
+            Verdict::Deny { .. } => "deny",
+            Verdict::UnknownClient => "unknown_client",
         };
         // Before `forward` rewrites the ID: the query as the client sent it.
         self.tap(Direction::Query, client, server, transport, raw, tag, said);
@@ -159,7 +164,7 @@ impl Shared {
                     }
                     return self.forward(w, raw, question, asked, reply).await;
                 }
-                Verdict::Deny => (
+                Verdict::Deny { .. } => (
                     QueryResult::Denied,
                     match self.config.reject_code {
                         RejectCode::Refused => rcode::REFUSED,
@@ -184,7 +189,7 @@ impl Shared {
             server,
             transport,
             &w.scratch,
-            None,
+            tag,
             result.as_str(),
         );
         self.finish(

@@ -52,7 +52,7 @@ impl QueryPolicy for TestPolicy {
         if query.client.ip() == UNKNOWN_CLIENT {
             Verdict::UnknownClient
         } else if query.name.starts_with("denied.") {
-            Verdict::Deny
+            Verdict::Deny { tag: 7 }
         } else {
             Verdict::Allow { tag: 7 }
         }
