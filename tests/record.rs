@@ -11,9 +11,11 @@
 mod common;
 
 use common::{
-    DNS_ANYWHERE, Gateway, LAN_GROUP, documents, fqdnd, gateway_doc, json_of, lan_policy, rcode,
+    DNS_ANYWHERE, Gateway, LAN_GROUP, documents, fqdnd, gateway_doc, json_of, lan_policy, question,
+    rcode, tcp, udp,
 };
-use hickory_proto::op::ResponseCode;
+use hickory_proto::op::{Message, ResponseCode};
+use hickory_proto::rr::RecordType;
 
 const ZONE: &str = "$TTL 300
 @ IN SOA ns.corp.test. admin.corp.test. 1 3600 600 86400 60
@@ -90,7 +92,7 @@ fn what_is_taken_while_on_is_written_and_read_back() {
     files.sort();
     assert_eq!(files.len(), 3, "one file per recording: {files:?}");
     for f in &files {
-        tshark_reads(f, 40);
+        tshark_reads(f, gw.dns.port(), 40);
     }
     let mut args = vec!["replay"];
     args.extend(files.iter().map(String::as_str));
@@ -107,11 +109,9 @@ fn what_is_taken_while_on_is_written_and_read_back() {
 
 /// tshark (Wireshark's reader, installed by scripts/install-deps.sh) reads `file` as pcapng:
 /// `packets` DNS messages, half queries and half replies, each with fqdnd's comment.
-fn tshark_reads(file: &str, packets: usize) {
-    let Some(rows) = tshark(
-        file,
-        &["dns.flags.response", "dns.qry.name", "frame.comment"],
-    ) else {
+fn tshark_reads(file: &str, port: u16, packets: usize) {
+    let fields = ["dns.flags.response", "dns.qry.name", "frame.comment"];
+    let Some(rows) = tshark(file, port, &fields) else {
         return;
     };
     assert_eq!(rows.len(), packets, "{rows:?}");
@@ -126,11 +126,34 @@ fn tshark_reads(file: &str, packets: usize) {
     }
 }
 
-/// The DNS messages tshark finds in `file` (its display filter `dns`), one row of `fields`
-/// each; `None` (the test skipped) if tshark cannot run, unless privileged tests are required.
-fn tshark(file: &str, fields: &[&str]) -> Option<Vec<Vec<String>>> {
+/// The DNS messages tshark finds in `file`, DNS on `port` (the test gateway's, not 53), one
+/// row of `fields` each; `None` (the test skipped) if tshark cannot run, unless privileged
+/// tests are required.
+fn tshark(file: &str, port: u16, fields: &[&str]) -> Option<Vec<Vec<String>>> {
+    tshark_filtered(file, port, "dns", fields)
+}
+
+/// The packets of `file` that tshark's display `filter` keeps, one row of `fields` each.
+fn tshark_filtered(
+    file: &str,
+    port: u16,
+    filter: &str,
+    fields: &[&str],
+) -> Option<Vec<Vec<String>>> {
     let mut command = std::process::Command::new("tshark");
-    command.args(["-r", file, "-Y", "dns", "-T", "fields", "-E", "separator=|"]);
+    command.args([
+        "-r",
+        file,
+        "-Y",
+        filter,
+        "-T",
+        "fields",
+        "-E",
+        "separator=|",
+    ]);
+    for transport in ["udp", "tcp"] {
+        command.args(["-d", &format!("{transport}.port=={port},dns")]);
+    }
     for f in fields {
         command.args(["-e", f]);
     }
@@ -184,7 +207,8 @@ fn refused_queries_name_their_client_group() {
         Some(ResponseCode::Refused)
     );
     gw.admin(&["record", "stop"]);
-    let Some(rows) = tshark(&only_file(dir), &["dns.qry.name", "frame.comment"]) else {
+    let fields = ["dns.qry.name", "frame.comment"];
+    let Some(rows) = tshark(&only_file(dir), gw.dns.port(), &fields) else {
         return;
     };
     assert_eq!(rows.len(), 4, "{rows:?}");
@@ -197,6 +221,69 @@ fn refused_queries_name_their_client_group() {
         assert!(r[1].contains(" endpoint=7 "), "{rows:?}");
         assert!(verdict.iter().any(|v| r[1].ends_with(v)), "{rows:?}");
     }
+}
+
+/// A query over TCP is recorded as TCP — segments of a connection that starts with a
+/// handshake, which tshark and replay read as TCP — and the preview judges it by that
+/// transport: under a UDP-only DNS rule it is refused, as the gateway refused it (issue 36,
+/// item 9).
+#[test]
+fn tcp_queries_are_recorded_as_tcp_and_judged_by_it() {
+    let gw = start_with(&lan_policy(&dns_for("www.corp.test", "UDP")));
+    let baseline = gw.join("baseline.yaml");
+    std::fs::write(&baseline, lan_policy(DNS_ANYWHERE)).unwrap();
+    let dir = gw.join("rec");
+    let dir = dir.to_str().unwrap();
+    gw.admin(&["record", "start", "--dir", dir]);
+    let q = question(0x0909, "www.corp.test.", RecordType::A);
+    let code = |reply: Option<(Message, _)>| reply.map(|(m, _)| m.metadata.response_code);
+    assert_eq!(code(udp(gw.dns, &q)), Some(ResponseCode::NoError));
+    assert_eq!(code(tcp(gw.dns, &q)), Some(ResponseCode::Refused));
+    gw.admin(&["record", "stop"]);
+    let file = only_file(dir);
+
+    // tshark: two messages over UDP, two over TCP (their notes say so), after a handshake.
+    let port = gw.dns.port();
+    if let Some(rows) = tshark(&file, port, &["ip.proto", "frame.comment"]) {
+        let mut protos: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
+        protos.sort_unstable();
+        assert_eq!(protos, ["17", "17", "6", "6"], "{rows:?}");
+        for r in &rows {
+            let transport = if r[0] == "6" { "tcp" } else { "udp" };
+            assert!(
+                r[1].contains(&format!(" transport={transport} ")),
+                "{rows:?}"
+            );
+        }
+        let syns = tshark_filtered(&file, port, "tcp.flags.syn == 1", &["tcp.flags.ack"]).unwrap();
+        assert_eq!(syns.len(), 2, "SYN and SYN-ACK: {syns:?}");
+    }
+
+    // The preview of the UDP-only rule against one that allows DNS over both: the query over
+    // TCP is refused, as the gateway refused it; www's verdict now depends on the transport.
+    let port = port.to_string();
+    let report = json_of(&fqdnd(&[
+        "replay",
+        &file,
+        "--policy",
+        gw.join("policy.yaml").to_str().unwrap(),
+        "--baseline",
+        baseline.to_str().unwrap(),
+        "--endpoints",
+        gw.join("gateway.yaml").to_str().unwrap(),
+        "--port",
+        &port,
+        "--json",
+    ]));
+    assert_eq!(report["baseline"]["queries_allowed"], 2, "{report}");
+    assert_eq!(report["policy"]["queries_allowed"], 1, "{report}");
+    assert_eq!(report["policy"]["queries_refused"], 1, "{report}");
+    assert_eq!(report["endpoints"][0]["name"], "lan", "{report}");
+    assert_eq!(
+        report["endpoints"][0]["names_mixed"],
+        serde_json::json!(["www.corp.test."]),
+        "{report}"
+    );
 }
 
 #[test]

@@ -161,6 +161,7 @@ pub fn answer_path(client_query: &[u8], answer: &[u8], shape: AnswerShape) -> Op
                 name,
                 qtype: parsed.qtype,
                 tag: 0,
+                redirected: false,
                 udp_limit: parsed.udp_limit,
                 opt: parsed.opt,
                 cache_flags: 0,

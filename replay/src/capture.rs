@@ -55,6 +55,8 @@ pub struct Frame<'a> {
     pub data: &'a [u8],
     /// The frame's length on the wire.
     pub orig_len: u32,
+    /// The packet's comment (pcapng's `opt_comment`; the first, if several), if any.
+    pub comment: Option<&'a str>,
 }
 
 /// Why a capture could not be read (from the start) or stopped being readable.
@@ -253,6 +255,7 @@ fn frame_of<'a>(
                 linktype,
                 data: b.data,
                 orig_len: b.origlen,
+                comment: None,
             })
         }
         PcapBlockOwned::NG(Block::SectionHeader(_)) => {
@@ -287,6 +290,7 @@ fn frame_of<'a>(
                     epb.data
                 },
                 orig_len: epb.origlen,
+                comment: comment_of(&epb.options),
             })
         }
         PcapBlockOwned::NG(Block::SimplePacket(spb)) => {
@@ -300,8 +304,20 @@ fn frame_of<'a>(
                     spb.data
                 },
                 orig_len: spb.origlen,
+                comment: None,
             })
         }
         PcapBlockOwned::NG(_) => None,
     }
+}
+
+/// The first comment among a block's options, if it is text.
+fn comment_of<'a>(options: &[pcap_parser::PcapNGOption<'a>]) -> Option<&'a str> {
+    options.iter().find_map(|o| match (&o.code, &o.value) {
+        (&pcap_parser::pcapng::OptionCode::Comment, std::borrow::Cow::Borrowed(value)) => {
+            let text = value.get(..usize::from(o.len))?;
+            std::str::from_utf8(text).ok()
+        }
+        _ => None,
+    })
 }

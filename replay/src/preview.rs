@@ -184,6 +184,8 @@ type Verdicts = HashMap<(EndpointId, Box<str>), (u32, u32)>;
 /// One policy: its verdicts, its engine, what each endpoint could reach.
 struct Side {
     dns: DnsPolicy,
+    /// Endpoints were declared (`--endpoints`): a recording's socket-named endpoint counts.
+    declared: bool,
     run: EngineRun,
     verdicts: Verdicts,
     /// Per endpoint and address, the ports it could reach it on (right after an answer that
@@ -233,6 +235,7 @@ impl Side {
         let run = EngineRun::new(settings, &config.rules, clients, IdentityMode::Selector)?;
         Ok(Self {
             dns,
+            declared: matches!(clients, Clients::Declared(_)),
             run,
             verdicts: HashMap::new(),
             reachable: BTreeMap::new(),
@@ -250,12 +253,22 @@ impl Side {
         answer: Option<&Extracted>,
         now: Duration,
     ) {
-        let protocol = match p.transport {
+        // The transport the query came by, as the proxy judged it (a recording's note says it).
+        let protocol = match p.used_transport() {
             Transport::Udp => Protocol::Udp,
             Transport::Tcp => Protocol::Tcp,
         };
         let client = p.dst.ip();
-        let endpoint = match self.dns.verdict(client, p.src, protocol, name) {
+        // A host process's query is its cgroup's endpoint's, as the kernel named it (its address
+        // is the host's); with every client one endpoint, it is that one.
+        let verdict = match p.socket_endpoint() {
+            Some(id) if self.declared => {
+                self.dns
+                    .endpoint_verdict(EndpointId(id), p.src, protocol, name)
+            }
+            _ => self.dns.verdict(client, p.src, protocol, name),
+        };
+        let endpoint = match verdict {
             Verdict::UnknownClient => {
                 self.report.queries_unknown_client += 1;
                 return;
@@ -273,7 +286,7 @@ impl Side {
             return;
         };
         self.run
-            .observe(client, name, &answer.addrs, answer.ttl, now);
+            .learn(endpoint, name, &answer.addrs, answer.ttl, now);
         for addr in &answer.addrs {
             let access = self.run.access(endpoint, *addr);
             if !access.is_empty() {

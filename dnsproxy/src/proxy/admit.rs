@@ -53,7 +53,7 @@ impl Shared {
                     server,
                     transport,
                     raw,
-                    None,
+                    (None, sender.is_some()),
                     "malformed",
                 );
                 let code = not_forwarded.write_reply(&mut w.scratch, raw);
@@ -65,7 +65,7 @@ impl Shared {
                         server,
                         transport,
                         &w.scratch,
-                        None,
+                        (None, sender.is_some()),
                         result,
                     );
                 }
@@ -116,7 +116,8 @@ impl Shared {
             Verdict::UnknownClient => "unknown_client",
         };
         // Before `forward` rewrites the ID: the query as the client sent it.
-        self.tap(Direction::Query, client, server, transport, raw, tag, said);
+        let who = (tag, sender.is_some());
+        self.tap(Direction::Query, client, server, transport, raw, who, said);
         let (result, code) = if limited {
             if self.config.rate_limit_action == RateLimitAction::Drop {
                 let outcome = Outcome::local(QueryResult::RateLimited, None);
@@ -137,6 +138,7 @@ impl Shared {
                         name: std::mem::take(&mut w.name),
                         qtype,
                         tag,
+                        redirected: sender.is_some(),
                         udp_limit,
                         opt,
                         cache_flags: crate::cache::key_flags(
@@ -189,7 +191,7 @@ impl Shared {
             server,
             transport,
             &w.scratch,
-            tag,
+            who,
             result.as_str(),
         );
         self.finish(
