@@ -218,7 +218,12 @@ impl CaptureReader {
                     }
                 }
                 Err(PcapError::UnexpectedEof) => {
-                    return Err(damaged(self.frames, "the last record is cut off".into()));
+                    let reason = if self.frames == 0 {
+                        "cut off before its first packet"
+                    } else {
+                        "the last record is cut off"
+                    };
+                    return Err(damaged(self.frames, reason.into()));
                 }
                 Err(e) => {
                     let reason = match e {

@@ -533,6 +533,27 @@ fn list<T: std::fmt::Display>(out: &mut String, label: &str, items: &[T]) {
 }
 
 impl PreviewReport {
+    /// Responses a policy judged: those to a client in an endpoint (the same on both sides).
+    pub fn judged(&self) -> u64 {
+        let judged = |s: &SideReport| s.queries_allowed + s.queries_refused;
+        judged(&self.baseline).max(judged(&self.policy))
+    }
+
+    /// Why nothing was judged, if nothing was: then "nothing changes" means nothing.
+    pub fn nothing_judged(&self) -> Option<String> {
+        if self.judged() > 0 {
+            return None;
+        }
+        Some(if self.responses == 0 {
+            "the captures hold no DNS response".to_owned()
+        } else {
+            format!(
+                "none of the {} DNS responses is to a client in an endpoint",
+                self.responses
+            )
+        })
+    }
+
     /// The readable summary: totals first, then each endpoint that changes.
     pub fn summary(&self) -> String {
         let mut out = String::new();
@@ -545,6 +566,9 @@ impl PreviewReport {
             self.responses,
             self.traces.len()
         );
+        if let Some(why) = self.nothing_judged() {
+            let _ = writeln!(out, "  nothing was judged: {why}");
+        }
         let _ = writeln!(out, "  endpoints that change: {}", self.endpoints.len());
         let _ = writeln!(
             out,
