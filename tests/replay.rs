@@ -101,6 +101,13 @@ fn bad_input_is_an_error_with_the_file_named() {
         &path("replay/tests/fixtures/debsrc-dnscap/dns.pcap"),
     ]);
     assert!(!out.status.success(), "--policy is required");
+    // A capture that is not there: its name and the cause, once.
+    let out = fqdnd(&["replay", "/nonexistent.pcap", "--policy", &path(POLICY)]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        text(&out.stderr).trim_end(),
+        "fqdnd: /nonexistent.pcap: No such file or directory (os error 2)"
+    );
     let out = fqdnd(&[
         "replay",
         &path("replay/tests/fixtures/debsrc-dnscap/dns.pcap"),

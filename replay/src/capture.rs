@@ -64,7 +64,7 @@ pub struct Frame<'a> {
 #[non_exhaustive]
 pub enum CaptureError {
     /// Opening or reading the file failed.
-    #[error("{0}")]
+    #[error(transparent)]
     Io(#[from] io::Error),
     /// The bytes are neither pcap nor pcapng (after gzip layers are removed).
     #[error("not a pcap or pcapng capture (nor a gzip-compressed one)")]
