@@ -286,6 +286,63 @@ fn tcp_queries_are_recorded_as_tcp_and_judged_by_it() {
     );
 }
 
+/// A name the policy in force refused has no answer in the recording: the preview of a policy
+/// that allows it lists it as allowed now and says that what it would reach is unknown
+/// (issue 36, item 12).
+#[test]
+fn a_name_refused_when_recorded_is_flagged_as_without_addresses() {
+    let gw = start_with(&lan_policy(&dns_for("www.corp.test", "ANY")));
+    let new = gw.join("new.yaml");
+    std::fs::write(&new, lan_policy(DNS_ANYWHERE)).unwrap();
+    let dir = gw.join("rec");
+    let dir = dir.to_str().unwrap();
+    gw.admin(&["record", "start", "--dir", dir]);
+    assert_eq!(rcode(gw.dns, "www.corp.test."), Some(ResponseCode::NoError));
+    assert_eq!(
+        rcode(gw.dns, "other.corp.test."),
+        Some(ResponseCode::Refused)
+    );
+    gw.admin(&["record", "stop"]);
+    let file = only_file(dir);
+    let port = gw.dns.port().to_string();
+    let preview = |json: bool| {
+        let mut args = vec![
+            "replay".to_owned(),
+            file.clone(),
+            "--policy".to_owned(),
+            new.to_str().unwrap().to_owned(),
+            "--baseline".to_owned(),
+            gw.join("policy.yaml").to_str().unwrap().to_owned(),
+            "--port".to_owned(),
+            port.clone(),
+        ];
+        if json {
+            args.push("--json".to_owned());
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        fqdnd(&args)
+    };
+    let report = json_of(&preview(true));
+    let changes = &report["endpoints"][0];
+    let other = serde_json::json!(["other.corp.test."]);
+    assert_eq!(changes["names_now_allowed"], other, "{report}");
+    assert_eq!(changes["names_without_addresses"], other, "{report}");
+    assert_eq!(
+        changes["ips_gaining_access"],
+        serde_json::json!([]),
+        "{report}"
+    );
+    let summary = common::stdout_of(&preview(false));
+    assert!(
+        summary.contains("addresses incomplete: the capture holds no address for 1 name(s)"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("no addresses:   other.corp.test."),
+        "{summary}"
+    );
+}
+
 #[test]
 fn files_rotate_within_their_bounds() {
     let gw = start();

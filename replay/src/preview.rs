@@ -92,6 +92,11 @@ pub struct EndpointChanges {
     /// Names whose queries get different verdicts under one of the policies (another server
     /// or protocol), and whose verdicts differ between the two.
     pub names_mixed: Vec<String>,
+    /// Of `names_now_allowed` and `names_mixed`, the names the new policy allows whose
+    /// responses in the capture give no address — the baseline refused them when it was
+    /// recorded (a refused query is answered without one), or they have none — so what they
+    /// would reach is missing from `ips_gaining_access`.
+    pub names_without_addresses: Vec<String>,
     /// Addresses the baseline let the endpoint reach on ports the new policy does not.
     pub ips_losing_access: Vec<Access>,
     /// Addresses the new policy lets the endpoint reach on ports the baseline did not.
@@ -178,8 +183,17 @@ pub struct PreviewReport {
     pub endpoints: Vec<EndpointChanges>,
 }
 
-/// How often a name was allowed and refused under one policy, per endpoint.
-type Verdicts = HashMap<(EndpointId, Box<str>), (u32, u32)>;
+/// How often a name's queries were allowed and refused under one policy.
+#[derive(Debug, Clone, Copy, Default)]
+struct Tally {
+    allowed: u32,
+    refused: u32,
+    /// Of the allowed, responses that gave addresses.
+    answered: u32,
+}
+
+/// Per endpoint and name, its tally.
+type Verdicts = HashMap<(EndpointId, Box<str>), Tally>;
 
 /// One policy: its verdicts, its engine, what each endpoint could reach.
 struct Side {
@@ -275,16 +289,21 @@ impl Side {
             }
             Verdict::Deny { endpoint } => {
                 self.report.queries_refused += 1;
-                self.verdicts.entry((endpoint, name.into())).or_default().1 += 1;
+                self.verdicts
+                    .entry((endpoint, name.into()))
+                    .or_default()
+                    .refused += 1;
                 return;
             }
             Verdict::Allow { endpoint } => endpoint,
         };
         self.report.queries_allowed += 1;
-        self.verdicts.entry((endpoint, name.into())).or_default().0 += 1;
+        let tally = self.verdicts.entry((endpoint, name.into())).or_default();
+        tally.allowed += 1;
         let Some(answer) = answer.filter(|a| !a.addrs.is_empty()) else {
             return;
         };
+        tally.answered += 1;
         self.run
             .learn(endpoint, name, &answer.addrs, answer.ttl, now);
         for addr in &answer.addrs {
@@ -322,8 +341,8 @@ enum Outcome {
     Mixed,
 }
 
-fn outcome((allowed, refused): (u32, u32)) -> Outcome {
-    match (allowed > 0, refused > 0) {
+fn outcome(t: Tally) -> Outcome {
+    match (t.allowed > 0, t.refused > 0) {
         (true, false) => Outcome::Allowed,
         (false, true) => Outcome::Refused,
         _ => Outcome::Mixed,
@@ -446,6 +465,11 @@ fn changes(base: &Side, next: &Side, names: &BTreeMap<EndpointId, String>) -> Ve
             ..EndpointChanges::default()
         });
         let name = key.1.to_string();
+        // Allowed now, but no response the capture holds gave it an address (a refused query
+        // is answered without): what it would reach cannot be listed.
+        if after != Outcome::Refused && next.verdicts.get(key).is_some_and(|t| t.answered == 0) {
+            changes.names_without_addresses.push(name.clone());
+        }
         match (before, after) {
             (Outcome::Allowed, Outcome::Refused) => changes.names_now_refused.push(name),
             (Outcome::Refused, Outcome::Allowed) => changes.names_now_allowed.push(name),
@@ -512,6 +536,7 @@ fn changes(base: &Side, next: &Side, names: &BTreeMap<EndpointId, String>) -> Ve
         c.names_now_refused.sort();
         c.names_now_allowed.sort();
         c.names_mixed.sort();
+        c.names_without_addresses.sort();
     }
     out
 }
@@ -583,6 +608,13 @@ impl PreviewReport {
             sum(|c| c.ips_losing_access.len()),
             sum(|c| c.ips_gaining_access.len())
         );
+        let unknown = sum(|c| c.names_without_addresses.len());
+        if unknown > 0 {
+            let _ = writeln!(
+                out,
+                "  addresses incomplete: the capture holds no address for {unknown} name(s) allowed now (a refused query is answered without any): what they would reach is not listed"
+            );
+        }
         for (label, side) in [("baseline", &self.baseline), ("policy", &self.policy)] {
             let _ = writeln!(
                 out,
@@ -603,6 +635,7 @@ impl PreviewReport {
             list(&mut out, "refused now:", &c.names_now_refused);
             list(&mut out, "allowed now:", &c.names_now_allowed);
             list(&mut out, "mixed:", &c.names_mixed);
+            list(&mut out, "no addresses:", &c.names_without_addresses);
             list(&mut out, "lose access:", &c.ips_losing_access);
             list(&mut out, "gain access:", &c.ips_gaining_access);
         }
