@@ -54,8 +54,8 @@ pub struct DnsPayload<'a> {
 
 impl DnsPayload<'_> {
     /// How the message travelled: the transport the recording's note names, else the
-    /// capture's (recordings before 2026-11 wrote a message that came over TCP as a datagram,
-    /// with `transport=tcp` in its note).
+    /// capture's (older recordings wrote a message that came over TCP as a datagram, with
+    /// `transport=tcp` in its note).
     pub fn used_transport(&self) -> Transport {
         self.note.map_or(self.transport, |n| n.transport)
     }
