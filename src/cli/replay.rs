@@ -49,8 +49,9 @@ pub(crate) struct ReplayArgs {
     /// Policy files or directories (CiliumNetworkPolicy, fqdnd Settings). Repeatable.
     #[arg(long, value_name = "FILE", required_unless_present = "live")]
     policy: Vec<PathBuf>,
-    /// fqdnd Endpoint/ClientGroup files mapping client IPs to labels. Without: every client
-    /// is one endpoint to which every rule applies.
+    /// fqdnd Endpoint/ClientGroup files mapping client IPs to labels (in a recording of
+    /// `fqdnd record`, a host process's message is the endpoint its comment names). Without:
+    /// every client is one endpoint to which every rule applies.
     #[arg(long, value_name = "FILE")]
     endpoints: Vec<PathBuf>,
     /// DNS port (repeatable; default 53).
