@@ -22,7 +22,7 @@ fn nothing(what: &str, why: &str) -> ExitCode {
     ExitCode::from(NOTHING_TO_REPLAY)
 }
 
-/// "the captures hold no DNS `message` (on port 53; --port names others)".
+/// "the captures hold no DNS `message` on port 53 (--port names others)".
 fn no_dns(message: &str, ports: &[u16]) -> String {
     let ports: Vec<String> = ports.iter().map(ToString::to_string).collect();
     format!(
