@@ -170,10 +170,15 @@ enum Command {
     /// Every DNS response with addresses is learned as the daemon would learn it (NameManager,
     /// IpCache, in-memory datapath), with TTL expiry and GC on capture time. `--compare` runs
     /// one-identity-per-label-set and one-identity-per-IP side by side. See docs/replay.md.
+    ///
+    /// Exit codes: 0 replayed; 1 an error (a file that does not load or read); 2 a command
+    /// line that does not parse; 3 nothing to replay — no DNS response in the captures on the
+    /// DNS ports (no query, for --live), or for a preview none to a client in an endpoint.
     Replay(Box<cli::replay::ReplayArgs>),
     /// Record the running gateway's or node agent's DNS traffic (every query and reply as
-    /// the client saw it, with the endpoint and verdict in each packet's comment) into
-    /// rotating pcapng files, which `fqdnd replay` and tshark read back.
+    /// the client saw it, over the transport it came by, with the endpoint or client group
+    /// and the verdict in each packet's comment) into rotating pcapng files, which `fqdnd
+    /// replay` and tshark read back.
     #[command(subcommand)]
     Record(RecordCommand),
 }

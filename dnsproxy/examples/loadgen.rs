@@ -72,11 +72,11 @@ impl Suffixes {
 impl QueryPolicy for Suffixes {
     fn check(&self, query: &QueryInfo<'_>) -> Verdict {
         if !self.deny.is_empty() && Self::matches(&self.deny, query.name) {
-            Verdict::Deny
+            Verdict::Deny { tag: 1 }
         } else if Self::matches(&self.allow, query.name) {
             Verdict::Allow { tag: 1 }
         } else {
-            Verdict::Deny
+            Verdict::Deny { tag: 1 }
         }
     }
 }

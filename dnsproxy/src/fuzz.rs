@@ -75,7 +75,7 @@ pub fn query_path(raw: &[u8], policy: &dyn QueryPolicy, randomize_case: bool) ->
             }
             (None, Some(sent))
         }
-        Verdict::Deny | Verdict::UnknownClient => {
+        Verdict::Deny { .. } | Verdict::UnknownClient => {
             let question = Some(parsed.question);
             let (id, opt) = (parsed.client_id, parsed.opt);
             wire::write_header_reply(&mut out, raw, id, question, rcode::REFUSED, false, opt);
@@ -161,6 +161,7 @@ pub fn answer_path(client_query: &[u8], answer: &[u8], shape: AnswerShape) -> Op
                 name,
                 qtype: parsed.qtype,
                 tag: 0,
+                redirected: false,
                 udp_limit: parsed.udp_limit,
                 opt: parsed.opt,
                 cache_flags: 0,

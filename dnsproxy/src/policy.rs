@@ -74,8 +74,12 @@ pub enum Verdict {
         /// Opaque to the proxy.
         tag: u64,
     },
-    /// Answer with the configured reject code.
-    Deny,
+    /// Answer with the configured reject code. `tag` names who asked, as for
+    /// [`Verdict::Allow`] (the recording says whose rules refused the query).
+    Deny {
+        /// Opaque to the proxy.
+        tag: u64,
+    },
     /// The client is unknown: answer REFUSED whatever the reject code (never an open resolver).
     UnknownClient,
 }

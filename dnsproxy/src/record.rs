@@ -29,8 +29,12 @@ pub struct Recorded<'a> {
     pub transport: Transport,
     /// The message, without TCP's length prefix.
     pub bytes: &'a [u8],
-    /// The policy's tag for an allowed query (the endpoint), if any.
+    /// The policy's tag of the client (the endpoint or client group whose rules judged the
+    /// query, refused or allowed); `None` for an unknown client or a malformed query.
     pub tag: Option<u64>,
+    /// Whether the query was redirected at the socket level ([`crate::Redirect`]): its tag
+    /// comes from who the redirect named, not from the client's address.
+    pub redirected: bool,
     /// For a query, the verdict (`allow`, `deny`, `unknown_client`, `rate_limited`,
     /// `malformed`); for a reply, how the query ended (a `QueryResult` name).
     pub verdict: &'static str,

@@ -91,6 +91,8 @@ pub(crate) struct Asked {
     pub(crate) qtype: RecordType,
     /// From the policy's verdict.
     pub(crate) tag: u64,
+    /// Redirected at the socket level (the recording says so).
+    pub(crate) redirected: bool,
     /// The client's UDP payload size (EDNS0, at least 512).
     pub(crate) udp_limit: u16,
     /// The client's OPT record, if it sent one.

@@ -51,7 +51,7 @@ impl QueryPolicy for Rules {
         if self.matcher.is_match(query.name) {
             Verdict::Allow { tag: 1 }
         } else {
-            Verdict::Deny
+            Verdict::Deny { tag: 1 }
         }
     }
 }

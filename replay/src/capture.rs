@@ -55,6 +55,8 @@ pub struct Frame<'a> {
     pub data: &'a [u8],
     /// The frame's length on the wire.
     pub orig_len: u32,
+    /// The packet's comment (pcapng's `opt_comment`; the first, if several), if any.
+    pub comment: Option<&'a str>,
 }
 
 /// Why a capture could not be read (from the start) or stopped being readable.
@@ -216,7 +218,12 @@ impl CaptureReader {
                     }
                 }
                 Err(PcapError::UnexpectedEof) => {
-                    return Err(damaged(self.frames, "the last record is cut off".into()));
+                    let reason = if self.frames == 0 {
+                        "cut off before its first packet"
+                    } else {
+                        "the last record is cut off"
+                    };
+                    return Err(damaged(self.frames, reason.into()));
                 }
                 Err(e) => {
                     let reason = match e {
@@ -253,6 +260,7 @@ fn frame_of<'a>(
                 linktype,
                 data: b.data,
                 orig_len: b.origlen,
+                comment: None,
             })
         }
         PcapBlockOwned::NG(Block::SectionHeader(_)) => {
@@ -287,6 +295,7 @@ fn frame_of<'a>(
                     epb.data
                 },
                 orig_len: epb.origlen,
+                comment: comment_of(&epb.options),
             })
         }
         PcapBlockOwned::NG(Block::SimplePacket(spb)) => {
@@ -300,8 +309,20 @@ fn frame_of<'a>(
                     spb.data
                 },
                 orig_len: spb.origlen,
+                comment: None,
             })
         }
         PcapBlockOwned::NG(_) => None,
     }
+}
+
+/// The first comment among a block's options, if it is text.
+fn comment_of<'a>(options: &[pcap_parser::PcapNGOption<'a>]) -> Option<&'a str> {
+    options.iter().find_map(|o| match (&o.code, &o.value) {
+        (&pcap_parser::pcapng::OptionCode::Comment, std::borrow::Cow::Borrowed(value)) => {
+            let text = value.get(..usize::from(o.len))?;
+            std::str::from_utf8(text).ok()
+        }
+        _ => None,
+    })
 }

@@ -4,7 +4,8 @@
 //! Every answer is learned and committed at once, as the daemon's observer does; a GC pass
 //! runs every `gcInterval` of capture time with no connection in use (a capture says nothing
 //! about conntrack). Which endpoint an answer is learned for is the daemon's rule too: the
-//! longest declared prefix containing the client (`fqdnd_engine::dns::Clients`).
+//! longest declared prefix containing the client (`fqdnd_engine::dns::Clients`), or the
+//! endpoint the kernel named for the client's socket when a recording says so.
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -41,14 +42,20 @@ pub enum Clients {
 #[derive(Debug)]
 enum ClientMap {
     All,
-    Declared(Box<ClientPrefixes>),
+    Declared {
+        prefixes: Box<ClientPrefixes>,
+        ids: HashSet<EndpointId>,
+    },
 }
 
 impl ClientMap {
-    fn lookup(&self, client: IpAddr) -> Option<EndpointId> {
+    fn lookup(&self, client: IpAddr, by_socket: Option<EndpointId>) -> Option<EndpointId> {
         match self {
             Self::All => Some(ALL_CLIENTS),
-            Self::Declared(prefixes) => prefixes.lookup(client),
+            Self::Declared { ids, .. } if by_socket.is_some() => {
+                by_socket.filter(|id| ids.contains(id))
+            }
+            Self::Declared { prefixes, .. } => prefixes.lookup(client),
         }
     }
 }
@@ -179,7 +186,10 @@ impl EngineRun {
             Clients::Declared(endpoints) => (
                 endpoints.clone(),
                 rules.to_vec(),
-                ClientMap::Declared(Box::new(ClientPrefixes::new(endpoints))),
+                ClientMap::Declared {
+                    prefixes: Box::new(ClientPrefixes::new(endpoints)),
+                    ids: endpoints.iter().map(|e| e.id).collect(),
+                },
             ),
         };
         let mut engine = Engine::new(settings, mode, MemoryDatapath::default());
@@ -287,19 +297,36 @@ impl EngineRun {
             .collect()
     }
 
-    /// Learns one answer for `client` at `now`: `addrs` for `name` with `ttl`.
+    /// Learns one answer for `client` at `now`: `addrs` for `name` with `ttl`. The client's
+    /// endpoint is the one its address belongs to, or `by_socket`, the endpoint a recording
+    /// says the kernel named for the client's socket (host processes share the host's
+    /// addresses), when given; with declared endpoints, a response to a client in none of
+    /// them is counted and not learned.
     pub fn observe(
         &mut self,
         client: IpAddr,
+        by_socket: Option<EndpointId>,
         name: &str,
         addrs: &[IpAddr],
         ttl: u32,
         now: Duration,
     ) {
-        let Some(endpoint) = self.clients.lookup(client) else {
+        let Some(endpoint) = self.clients.lookup(client, by_socket) else {
             self.report.responses_without_endpoint += 1;
             return;
         };
+        self.learn(endpoint, name, addrs, ttl, now);
+    }
+
+    /// Learns one answer for `endpoint` (which the caller found) at `now`.
+    pub fn learn(
+        &mut self,
+        endpoint: EndpointId,
+        name: &str,
+        addrs: &[IpAddr],
+        ttl: u32,
+        now: Duration,
+    ) {
         self.report.responses_learned += 1;
         let started = WallTime::now();
         let result = self.engine.learn(endpoint, name, addrs, ttl, now);

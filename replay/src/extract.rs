@@ -21,6 +21,7 @@ use serde::Serialize;
 
 use crate::capture::{CaptureError, CaptureReader, Frame, linktype};
 use crate::defrag::{FragKey, FragPool};
+use crate::record::Note;
 use crate::tcp::{Flags, FlowKey, Reassembler};
 
 /// How a message travelled.
@@ -46,6 +47,24 @@ pub struct DnsPayload<'a> {
     pub transport: Transport,
     /// The DNS message (without the TCP length prefix).
     pub bytes: &'a [u8],
+    /// What `fqdnd record` wrote beside the message (the comment of the frame that completed
+    /// it), if the capture is one of its recordings.
+    pub note: Option<Note<'a>>,
+}
+
+impl DnsPayload<'_> {
+    /// How the message travelled: the transport the recording's note names, else the
+    /// capture's (older recordings wrote a message that came over TCP as a datagram, with
+    /// `transport=tcp` in its note).
+    pub fn used_transport(&self) -> Transport {
+        self.note.map_or(self.transport, |n| n.transport)
+    }
+
+    /// The endpoint the recording's note says the kernel named for the client's socket (node
+    /// mode's host processes, whose address is the host's), if any.
+    pub fn socket_endpoint(&self) -> Option<u16> {
+        self.note.filter(|n| n.by_socket).and_then(|n| n.endpoint)
+    }
 }
 
 /// Bounds on reassembly state. The defaults hold a few tens of MiB at most.
@@ -206,7 +225,8 @@ impl Extractor {
         let Some(ip) = link_payload(frame.linktype, frame.data, &mut self.counters) else {
             return;
         };
-        self.ip(ip, frame.ts, out);
+        let note = frame.comment.and_then(Note::parse);
+        self.ip(ip, frame.ts, note, out);
     }
 
     /// End of the capture: streams give up their holes and frame what they hold.
@@ -218,12 +238,19 @@ impl Extractor {
                 dst: key.dst,
                 transport: Transport::Tcp,
                 bytes,
+                note: None,
             });
         };
         self.tcp.finish(&mut self.counters, &mut emit);
     }
 
-    fn ip(&mut self, bytes: &[u8], ts: Duration, out: &mut dyn FnMut(&DnsPayload<'_>)) {
+    fn ip(
+        &mut self,
+        bytes: &[u8],
+        ts: Duration,
+        note: Option<Note<'_>>,
+        out: &mut dyn FnMut(&DnsPayload<'_>),
+    ) {
         let ip = match LaxIpSlice::from_slice(bytes) {
             Ok((ip, None)) => ip,
             Ok((_, Some(_))) | Err(_) => {
@@ -252,7 +279,8 @@ impl Extractor {
                 &mut self.counters,
             );
             if let Some(data) = whole {
-                self.transport(IpNumber(key.proto), src, dst, &data, false, ts, out);
+                let at = (ts, note);
+                self.transport(IpNumber(key.proto), src, dst, &data, false, at, out);
                 self.frags.recycle(data);
             }
             return;
@@ -263,7 +291,7 @@ impl Extractor {
             dst,
             payload.payload,
             payload.incomplete,
-            ts,
+            (ts, note),
             out,
         );
     }
@@ -279,7 +307,7 @@ impl Extractor {
         dst: IpAddr,
         payload: &[u8],
         incomplete: bool,
-        ts: Duration,
+        (ts, note): (Duration, Option<Note<'_>>),
         out: &mut dyn FnMut(&DnsPayload<'_>),
     ) {
         match proto {
@@ -306,6 +334,7 @@ impl Extractor {
                     dst: SocketAddr::new(dst, dport),
                     transport: Transport::Udp,
                     bytes: body,
+                    note,
                 });
             }
             IpNumber::TCP => {
@@ -331,6 +360,7 @@ impl Extractor {
                     fin: tcp.fin(),
                     rst: tcp.rst(),
                 };
+                let this = key;
                 let mut emit = |key: FlowKey, ts: Duration, bytes: &[u8]| {
                     out(&DnsPayload {
                         ts,
@@ -338,6 +368,8 @@ impl Extractor {
                         dst: key.dst,
                         transport: Transport::Tcp,
                         bytes,
+                        // The frame's note is about its own stream (others may be swept now).
+                        note: note.filter(|_| key == this),
                     });
                 };
                 self.tcp.segment(

@@ -92,6 +92,11 @@ pub struct EndpointChanges {
     /// Names whose queries get different verdicts under one of the policies (another server
     /// or protocol), and whose verdicts differ between the two.
     pub names_mixed: Vec<String>,
+    /// Of `names_now_allowed` and `names_mixed`, the names the new policy allows whose
+    /// responses in the capture give no address — the baseline refused them when it was
+    /// recorded (a refused query is answered without one), or they have none — so what they
+    /// would reach is missing from `ips_gaining_access`.
+    pub names_without_addresses: Vec<String>,
     /// Addresses the baseline let the endpoint reach on ports the new policy does not.
     pub ips_losing_access: Vec<Access>,
     /// Addresses the new policy lets the endpoint reach on ports the baseline did not.
@@ -178,12 +183,23 @@ pub struct PreviewReport {
     pub endpoints: Vec<EndpointChanges>,
 }
 
-/// How often a name was allowed and refused under one policy, per endpoint.
-type Verdicts = HashMap<(EndpointId, Box<str>), (u32, u32)>;
+/// How often a name's queries were allowed and refused under one policy.
+#[derive(Debug, Clone, Copy, Default)]
+struct Tally {
+    allowed: u32,
+    refused: u32,
+    /// Of the allowed, responses that gave addresses.
+    answered: u32,
+}
+
+/// Per endpoint and name, its tally.
+type Verdicts = HashMap<(EndpointId, Box<str>), Tally>;
 
 /// One policy: its verdicts, its engine, what each endpoint could reach.
 struct Side {
     dns: DnsPolicy,
+    /// Endpoints were declared (`--endpoints`): a recording's socket-named endpoint counts.
+    declared: bool,
     run: EngineRun,
     verdicts: Verdicts,
     /// Per endpoint and address, the ports it could reach it on (right after an answer that
@@ -233,6 +249,7 @@ impl Side {
         let run = EngineRun::new(settings, &config.rules, clients, IdentityMode::Selector)?;
         Ok(Self {
             dns,
+            declared: matches!(clients, Clients::Declared(_)),
             run,
             verdicts: HashMap::new(),
             reachable: BTreeMap::new(),
@@ -250,31 +267,45 @@ impl Side {
         answer: Option<&Extracted>,
         now: Duration,
     ) {
-        let protocol = match p.transport {
+        // The transport the query came by, as the proxy judged it (a recording's note says it).
+        let protocol = match p.used_transport() {
             Transport::Udp => Protocol::Udp,
             Transport::Tcp => Protocol::Tcp,
         };
         let client = p.dst.ip();
-        let endpoint = match self.dns.verdict(client, p.src, protocol, name) {
+        // A host process's query is its cgroup's endpoint's, as the kernel named it (its address
+        // is the host's); with every client one endpoint, it is that one.
+        let verdict = match p.socket_endpoint() {
+            Some(id) if self.declared => {
+                self.dns
+                    .endpoint_verdict(EndpointId(id), p.src, protocol, name)
+            }
+            _ => self.dns.verdict(client, p.src, protocol, name),
+        };
+        let endpoint = match verdict {
             Verdict::UnknownClient => {
                 self.report.queries_unknown_client += 1;
                 return;
             }
-            Verdict::Deny => {
+            Verdict::Deny { endpoint } => {
                 self.report.queries_refused += 1;
-                let endpoint = self.dns.endpoint_of(client).unwrap_or(ALL_CLIENTS);
-                self.verdicts.entry((endpoint, name.into())).or_default().1 += 1;
+                self.verdicts
+                    .entry((endpoint, name.into()))
+                    .or_default()
+                    .refused += 1;
                 return;
             }
             Verdict::Allow { endpoint } => endpoint,
         };
         self.report.queries_allowed += 1;
-        self.verdicts.entry((endpoint, name.into())).or_default().0 += 1;
+        let tally = self.verdicts.entry((endpoint, name.into())).or_default();
+        tally.allowed += 1;
         let Some(answer) = answer.filter(|a| !a.addrs.is_empty()) else {
             return;
         };
+        tally.answered += 1;
         self.run
-            .observe(client, name, &answer.addrs, answer.ttl, now);
+            .learn(endpoint, name, &answer.addrs, answer.ttl, now);
         for addr in &answer.addrs {
             let access = self.run.access(endpoint, *addr);
             if !access.is_empty() {
@@ -310,8 +341,8 @@ enum Outcome {
     Mixed,
 }
 
-fn outcome((allowed, refused): (u32, u32)) -> Outcome {
-    match (allowed > 0, refused > 0) {
+fn outcome(t: Tally) -> Outcome {
+    match (t.allowed > 0, t.refused > 0) {
         (true, false) => Outcome::Allowed,
         (false, true) => Outcome::Refused,
         _ => Outcome::Mixed,
@@ -434,6 +465,11 @@ fn changes(base: &Side, next: &Side, names: &BTreeMap<EndpointId, String>) -> Ve
             ..EndpointChanges::default()
         });
         let name = key.1.to_string();
+        // Allowed now, but no response the capture holds gave it an address (a refused query
+        // is answered without): what it would reach cannot be listed.
+        if after != Outcome::Refused && next.verdicts.get(key).is_some_and(|t| t.answered == 0) {
+            changes.names_without_addresses.push(name.clone());
+        }
         match (before, after) {
             (Outcome::Allowed, Outcome::Refused) => changes.names_now_refused.push(name),
             (Outcome::Refused, Outcome::Allowed) => changes.names_now_allowed.push(name),
@@ -500,6 +536,7 @@ fn changes(base: &Side, next: &Side, names: &BTreeMap<EndpointId, String>) -> Ve
         c.names_now_refused.sort();
         c.names_now_allowed.sort();
         c.names_mixed.sort();
+        c.names_without_addresses.sort();
     }
     out
 }
@@ -521,6 +558,27 @@ fn list<T: std::fmt::Display>(out: &mut String, label: &str, items: &[T]) {
 }
 
 impl PreviewReport {
+    /// Responses a policy judged: those to a client in an endpoint (the same on both sides).
+    pub fn judged(&self) -> u64 {
+        let judged = |s: &SideReport| s.queries_allowed + s.queries_refused;
+        judged(&self.baseline).max(judged(&self.policy))
+    }
+
+    /// Why nothing was judged, if nothing was: then "nothing changes" means nothing.
+    pub fn nothing_judged(&self) -> Option<String> {
+        if self.judged() > 0 {
+            return None;
+        }
+        Some(if self.responses == 0 {
+            "the captures hold no DNS response".to_owned()
+        } else {
+            format!(
+                "none of the {} DNS responses is to a client in an endpoint",
+                self.responses
+            )
+        })
+    }
+
     /// The readable summary: totals first, then each endpoint that changes.
     pub fn summary(&self) -> String {
         let mut out = String::new();
@@ -533,6 +591,9 @@ impl PreviewReport {
             self.responses,
             self.traces.len()
         );
+        if let Some(why) = self.nothing_judged() {
+            let _ = writeln!(out, "  nothing was judged: {why}");
+        }
         let _ = writeln!(out, "  endpoints that change: {}", self.endpoints.len());
         let _ = writeln!(
             out,
@@ -547,6 +608,13 @@ impl PreviewReport {
             sum(|c| c.ips_losing_access.len()),
             sum(|c| c.ips_gaining_access.len())
         );
+        let unknown = sum(|c| c.names_without_addresses.len());
+        if unknown > 0 {
+            let _ = writeln!(
+                out,
+                "  addresses incomplete: the capture holds no address for {unknown} name(s) allowed now (a refused query is answered without any): what they would reach is not listed"
+            );
+        }
         for (label, side) in [("baseline", &self.baseline), ("policy", &self.policy)] {
             let _ = writeln!(
                 out,
@@ -567,6 +635,7 @@ impl PreviewReport {
             list(&mut out, "refused now:", &c.names_now_refused);
             list(&mut out, "allowed now:", &c.names_now_allowed);
             list(&mut out, "mixed:", &c.names_mixed);
+            list(&mut out, "no addresses:", &c.names_without_addresses);
             list(&mut out, "lose access:", &c.ips_losing_access);
             list(&mut out, "gain access:", &c.ips_gaining_access);
         }

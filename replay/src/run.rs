@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use fqdnd_config::Settings;
 use fqdnd_engine::answer::{self, Extracted};
+use fqdnd_ipcache::EndpointId;
 use fqdnd_ipcache::policy::Rule;
 use serde::Serialize;
 
@@ -471,7 +472,8 @@ impl Sink {
             run.advance(now);
         }
         self.input.dns_messages += 1;
-        if p.transport == Transport::Tcp {
+        let transport = p.used_transport();
+        if transport == Transport::Tcp {
             self.input.dns_messages_tcp += 1;
         }
         let Ok(msg) = self.decoder.decode(p.bytes) else {
@@ -488,7 +490,7 @@ impl Sink {
         }
         let input = &mut self.input;
         input.responses += 1;
-        if p.transport == Transport::Tcp {
+        if transport == Transport::Tcp {
             input.responses_tcp += 1;
         }
         if msg.header.truncated {
@@ -520,9 +522,11 @@ impl Sink {
         self.input.responses_with_addresses += 1;
         self.names_with_addresses.insert(qname_hash);
         let client = p.dst.ip();
+        let by_socket = p.socket_endpoint().map(EndpointId);
         for run in &mut self.runs {
             run.observe(
                 client,
+                by_socket,
                 qname,
                 &self.extracted.addrs,
                 self.extracted.ttl,

@@ -10,6 +10,27 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use fqdnd_replay::{IdentityMode, Limits, LiveOptions, Options, PreviewOptions, SettingsOverrides};
 
+/// The exit code when the captures gave nothing to replay: no DNS response (no query for
+/// `--live`), or, for a preview, none to a client in an endpoint (docs/replay.md, "Exit
+/// codes").
+const NOTHING_TO_REPLAY: u8 = 3;
+
+/// Says why nothing was replayed (`what`: judged, replayed, sent), and gives
+/// [`NOTHING_TO_REPLAY`].
+fn nothing(what: &str, why: &str) -> ExitCode {
+    eprintln!("fqdnd: warning: nothing was {what}: {why}");
+    ExitCode::from(NOTHING_TO_REPLAY)
+}
+
+/// "the captures hold no DNS `message` on port 53 (--port names others)".
+fn no_dns(message: &str, ports: &[u16]) -> String {
+    let ports: Vec<String> = ports.iter().map(ToString::to_string).collect();
+    format!(
+        "the captures hold no DNS {message} on port {} (--port names others)",
+        ports.join(", ")
+    )
+}
+
 /// Identity allocation to replay with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum ModeArg {
@@ -28,8 +49,9 @@ pub(crate) struct ReplayArgs {
     /// Policy files or directories (CiliumNetworkPolicy, fqdnd Settings). Repeatable.
     #[arg(long, value_name = "FILE", required_unless_present = "live")]
     policy: Vec<PathBuf>,
-    /// fqdnd Endpoint/ClientGroup files mapping client IPs to labels. Without: every client
-    /// is one endpoint to which every rule applies.
+    /// fqdnd Endpoint/ClientGroup files mapping client IPs to labels (in a recording of
+    /// `fqdnd record`, a host process's message is the endpoint its comment names). Without:
+    /// every client is one endpoint to which every rule applies.
     #[arg(long, value_name = "FILE")]
     endpoints: Vec<PathBuf>,
     /// DNS port (repeatable; default 53).
@@ -149,7 +171,7 @@ pub(crate) fn run(args: ReplayArgs) -> Result<ExitCode> {
             policy: args.policy.clone(),
             baseline: args.baseline.clone(),
             endpoints: args.endpoints.clone(),
-            ports,
+            ports: ports.clone(),
             settings,
             limits: Limits::default(),
         })?;
@@ -160,6 +182,12 @@ pub(crate) fn run(args: ReplayArgs) -> Result<ExitCode> {
             println!("{}", serde_json::to_string_pretty(&report)?);
         } else {
             print!("{}", report.summary());
+        }
+        if report.responses == 0 {
+            return Ok(nothing("judged", &no_dns("response", &ports)));
+        }
+        if let Some(why) = report.nothing_judged() {
+            return Ok(nothing("judged", &why));
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -180,7 +208,7 @@ pub(crate) fn run(args: ReplayArgs) -> Result<ExitCode> {
         traces: args.traces.clone(),
         policy: args.policy.clone(),
         endpoints: args.endpoints.clone(),
-        ports,
+        ports: ports.clone(),
         modes,
         settings,
         limits: Limits::default(),
@@ -204,6 +232,9 @@ pub(crate) fn run(args: ReplayArgs) -> Result<ExitCode> {
     } else {
         print!("{}", fqdnd_replay::report::summary(&report));
     }
+    if report.input.responses == 0 {
+        return Ok(nothing("replayed", &no_dns("response", &ports)));
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -214,7 +245,7 @@ fn live(args: &ReplayArgs, server: SocketAddr, ports: Vec<u16>) -> Result<ExitCo
     let options = LiveOptions {
         server,
         traces: args.traces.clone(),
-        ports,
+        ports: ports.clone(),
         speed: args.speed,
         timeout: args.timeout,
         max_outstanding: args.max_outstanding.max(1),
@@ -225,6 +256,9 @@ fn live(args: &ReplayArgs, server: SocketAddr, ports: Vec<u16>) -> Result<ExitCo
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{}", report.summary());
+    }
+    if report.queries_in_trace == 0 {
+        return Ok(nothing("sent", &no_dns("query", &ports)));
     }
     Ok(ExitCode::SUCCESS)
 }

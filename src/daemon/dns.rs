@@ -65,9 +65,10 @@ impl DnsHandle {
 
 impl QueryPolicy for DnsHandle {
     fn check(&self, query: &QueryInfo<'_>) -> Verdict {
-        let Ok(policy) = self.current.read() else {
-            return Verdict::Deny;
-        };
+        let policy = self
+            .current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let protocol = match query.transport {
             Transport::Udp => Protocol::Udp,
             Transport::Tcp => Protocol::Tcp,
@@ -86,7 +87,9 @@ impl QueryPolicy for DnsHandle {
             dns::Verdict::Allow { endpoint } => Verdict::Allow {
                 tag: u64::from(endpoint.0),
             },
-            dns::Verdict::Deny => Verdict::Deny,
+            dns::Verdict::Deny { endpoint } => Verdict::Deny {
+                tag: u64::from(endpoint.0),
+            },
             dns::Verdict::UnknownClient => Verdict::UnknownClient,
         }
     }

@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 
 use anyhow::{Context, Result, bail};
 use fqdnd_dnsproxy::{Direction, Recorded, Recorder, Transport};
-use fqdnd_replay::record::{Bounds, Packet, Recording, Written};
+use fqdnd_replay::record::{Bounds, Note, Packet, Recording, Way, Written};
 use serde::{Deserialize, Serialize};
 
 /// Messages queued at most before new ones are dropped.
@@ -49,11 +49,11 @@ pub(crate) struct RecordStatus {
     pub(crate) taken: u64,
     /// Messages dropped because the writer fell behind.
     pub(crate) dropped: u64,
-    /// Packets written.
+    /// Messages written.
     pub(crate) packets: u64,
     /// Bytes written.
     pub(crate) bytes: u64,
-    /// Messages left out (too big for a datagram).
+    /// Messages left out (over UDP, too big for a datagram).
     pub(crate) skipped: u64,
     /// Files deleted by rotation.
     pub(crate) rotated_out: u64,
@@ -69,7 +69,7 @@ struct Owned {
     src: SocketAddr,
     dst: SocketAddr,
     bytes: Vec<u8>,
-    comment: String,
+    note: Note<'static>,
 }
 
 /// What the writer thread reports when it ends.
@@ -110,23 +110,25 @@ impl Recorder for PcapRecorder {
             return;
         };
         let (src, dst, way) = match m.direction {
-            Direction::Query => (m.client, m.server, "query"),
-            Direction::Reply => (m.server, m.client, "reply"),
+            Direction::Query => (m.client, m.server, Way::Query),
+            Direction::Reply => (m.server, m.client, Way::Reply),
         };
-        let transport = match m.transport {
-            Transport::Udp => "udp",
-            Transport::Tcp => "tcp",
-        };
-        let endpoint = m.tag.map_or_else(|| "-".to_owned(), |t| t.to_string());
         let owned = Owned {
             unix_us: m.unix_us,
             src,
             dst,
             bytes: m.bytes.to_vec(),
-            comment: format!(
-                "fqdnd {way} transport={transport} endpoint={endpoint} verdict={}",
-                m.verdict
-            ),
+            note: Note {
+                way,
+                transport: match m.transport {
+                    Transport::Udp => fqdnd_replay::Transport::Udp,
+                    Transport::Tcp => fqdnd_replay::Transport::Tcp,
+                },
+                // Endpoint and client group ids are 16-bit.
+                endpoint: m.tag.and_then(|t| u16::try_from(t).ok()),
+                by_socket: m.redirected,
+                verdict: m.verdict,
+            },
         };
         self.taken.fetch_add(1, Ordering::Relaxed);
         match active.tx.try_send(owned) {
@@ -146,7 +148,7 @@ fn write_all(rx: &Receiver<Owned>, mut recording: Recording) -> Ended {
             src: m.src,
             dst: m.dst,
             bytes: &m.bytes,
-            comment: &m.comment,
+            note: m.note,
         };
         if let Err(e) = recording.write(&packet) {
             error = Some(format!("writing the recording: {e}"));

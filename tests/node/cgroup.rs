@@ -884,3 +884,109 @@ fn ingress_policy_of_a_cgroup_endpoint_is_enforced_at_its_sockets() {
     let _ = server.kill();
     let _ = server.wait();
 }
+
+/// A node's recording of host processes' DNS: every query and reply, refused ones included,
+/// names the endpoint of the processes' cgroup as the kernel named it for their socket (they
+/// all come from the host's loopback address), so `fqdnd replay --endpoints` attributes them
+/// to it (issue 36, items 8 and 10).
+#[test]
+fn a_recording_names_host_processes_endpoint_and_replay_attributes_them() {
+    let Some((t, cgroup)) = setup("cgrouprec", |t, c| config(t, Some(&c.below), "")) else {
+        return;
+    };
+    let inside = Some(cgroup.dir.as_path());
+    let resolver = sa(t.v4(9, 53), 53);
+    let rec = t.dir.join("rec");
+    t.admin_cli(&["record", "start", "--dir", rec.to_str().unwrap()]);
+    for how in ["udp-connected", "tcp-dns"] {
+        let r = ask(&t, inside, how, resolver, "api.example.test.", "A");
+        assert_eq!(r["rcode"], rcode(ResponseCode::NoError), "{how}: {r}");
+    }
+    assert_eq!(
+        evil_rcode(&t, inside, "udp-connected"),
+        rcode(ResponseCode::Refused)
+    );
+    t.admin_cli(&["record", "stop"]);
+    let files: Vec<PathBuf> = std::fs::read_dir(&rec)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let file = files[0].to_str().unwrap();
+
+    // Each message names the runner, by socket, from the loopback address.
+    let mut seen = Vec::new();
+    let (_, error) = fqdnd_replay::extract_bytes(&std::fs::read(file).unwrap(), &[53], &mut |p| {
+        let note = p.note.unwrap();
+        let client = if note.way == fqdnd_replay::record::Way::Query {
+            p.src
+        } else {
+            p.dst
+        };
+        assert!(client.ip().is_loopback(), "{p:?}");
+        assert_eq!(
+            (note.endpoint, note.by_socket),
+            (Some(RUNNER), true),
+            "{p:?}"
+        );
+        seen.push((p.transport, note.verdict.to_owned()));
+    });
+    assert!(error.is_none(), "{error:?}");
+    let udp = fqdnd_replay::Transport::Udp;
+    let tcp = fqdnd_replay::Transport::Tcp;
+    assert_eq!(
+        seen,
+        [
+            (udp, "allow".to_owned()),
+            (udp, "answered".to_owned()),
+            (tcp, "allow".to_owned()),
+            (tcp, "answered".to_owned()),
+            (udp, "deny".to_owned()),
+            (udp, "denied".to_owned()),
+        ]
+    );
+
+    // The preview of the node's policy (api only) against one that lets the runner ask
+    // anything: evil is newly refused, for the runner.
+    let n = t.n;
+    let baseline = t.dir.join("baseline.yaml");
+    let anything = dns_to(
+        &format!("10.{n}.9.53/32, \"fd00:{n}:9::53/128\""),
+        "{matchPattern: \"*\"}",
+    );
+    std::fs::write(
+        &baseline,
+        policy_doc(
+            "CiliumNetworkPolicy",
+            "runner-egress",
+            "app: runner",
+            &anything,
+        ),
+    )
+    .unwrap();
+    let node = t.config_dir().join("node.yaml");
+    let node = node.to_str().unwrap();
+    let out = crate::common::fqdnd(&[
+        "replay",
+        file,
+        "--policy",
+        node,
+        "--baseline",
+        baseline.to_str().unwrap(),
+        "--endpoints",
+        node,
+        "--json",
+    ]);
+    let report = crate::common::json_of(&out);
+    assert_eq!(report["baseline"]["queries_unknown_client"], 0, "{report}");
+    assert_eq!(report["policy"]["queries_allowed"], 2, "{report}");
+    assert_eq!(report["policy"]["queries_refused"], 1, "{report}");
+    let runner = &report["endpoints"][0];
+    assert_eq!(runner["endpoint"], json!(RUNNER), "{report}");
+    assert_eq!(runner["name"], "runner", "{report}");
+    assert_eq!(
+        runner["names_now_refused"],
+        json!(["evil.example.test."]),
+        "{report}"
+    );
+}

@@ -329,6 +329,41 @@ fn dns_is_redirected_and_answers_open_exactly_the_allowed_ips() {
     assert!(monitor.contains("policy-denied"), "{monitor}");
 }
 
+/// A container's queries are recorded with its endpoint, found by its address — the refused
+/// one and its reply included (issue 36, item 8).
+#[test]
+fn a_containers_refused_query_is_recorded_with_its_endpoint() {
+    let Some(t) = setup("recordep") else {
+        return;
+    };
+    let rec = t.dir.join("rec");
+    t.admin_cli(&["record", "start", "--dir", rec.to_str().unwrap()]);
+    let api = resolve(&t, "api.example.test.", RecordType::A);
+    assert_eq!(api.rcode, ResponseCode::NoError);
+    let evil = resolve(&t, "evil.example.test.", RecordType::A);
+    assert_eq!(evil.rcode, ResponseCode::Refused);
+    t.admin_cli(&["record", "stop"]);
+    let files: Vec<_> = std::fs::read_dir(&rec)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let mut seen = Vec::new();
+    let bytes = std::fs::read(&files[0]).unwrap();
+    let (_, error) = fqdnd_replay::extract_bytes(&bytes, &[53], &mut |p| {
+        let note = p.note.unwrap();
+        let client = match note.way {
+            fqdnd_replay::record::Way::Query => p.src,
+            fqdnd_replay::record::Way::Reply => p.dst,
+        };
+        assert_eq!(client.ip(), t.v4(1, 2), "{p:?}");
+        assert_eq!((note.endpoint, note.by_socket), (Some(1), false), "{p:?}");
+        seen.push(note.verdict.to_owned());
+    });
+    assert!(error.is_none(), "{error:?}");
+    assert_eq!(seen, ["allow", "answered", "deny", "denied"]);
+}
+
 #[test]
 fn expired_ips_close_to_new_connections_while_established_ones_live_on() {
     let Some(t) = setup("expiry") else { return };

@@ -53,7 +53,7 @@ impl Shared {
                     server,
                     transport,
                     raw,
-                    None,
+                    (None, sender.is_some()),
                     "malformed",
                 );
                 let code = not_forwarded.write_reply(&mut w.scratch, raw);
@@ -65,7 +65,7 @@ impl Shared {
                         server,
                         transport,
                         &w.scratch,
-                        None,
+                        (None, sender.is_some()),
                         result,
                     );
                 }
@@ -104,14 +104,20 @@ impl Shared {
                 .rate_limit
                 .as_ref()
                 .is_some_and(|limit| !limit.allow(client.ip(), received));
-        let (tag, said) = match verdict {
-            _ if limited => (None, "rate_limited"),
-            Verdict::Allow { tag } => (Some(tag), "allow"),
-            Verdict::Deny => (None, "deny"),
-            Verdict::UnknownClient => (None, "unknown_client"),
+        // Who asked, for the recording: the endpoint or group whose rules judged the query.
+        let tag = match verdict {
+            Verdict::Allow { tag } | Verdict::Deny { tag } => Some(tag),
+            Verdict::UnknownClient => None,
+        };
+        let said = match verdict {
+            _ if limited => "rate_limited",
+            Verdict::Allow { .. } => "allow",
+            Verdict::Deny { .. } => "deny",
+            Verdict::UnknownClient => "unknown_client",
         };
         // Before `forward` rewrites the ID: the query as the client sent it.
-        self.tap(Direction::Query, client, server, transport, raw, tag, said);
+        let who = (tag, sender.is_some());
+        self.tap(Direction::Query, client, server, transport, raw, who, said);
         let (result, code) = if limited {
             if self.config.rate_limit_action == RateLimitAction::Drop {
                 let outcome = Outcome::local(QueryResult::RateLimited, None);
@@ -132,6 +138,7 @@ impl Shared {
                         name: std::mem::take(&mut w.name),
                         qtype,
                         tag,
+                        redirected: sender.is_some(),
                         udp_limit,
                         opt,
                         cache_flags: crate::cache::key_flags(
@@ -159,7 +166,7 @@ impl Shared {
                     }
                     return self.forward(w, raw, question, asked, reply).await;
                 }
-                Verdict::Deny => (
+                Verdict::Deny { .. } => (
                     QueryResult::Denied,
                     match self.config.reject_code {
                         RejectCode::Refused => rcode::REFUSED,
@@ -184,7 +191,7 @@ impl Shared {
             server,
             transport,
             &w.scratch,
-            None,
+            who,
             result.as_str(),
         );
         self.finish(

@@ -330,7 +330,7 @@ impl Shared {
         server: SocketAddr,
         transport: Transport,
         bytes: &[u8],
-        tag: Option<u64>,
+        (tag, redirected): (Option<u64>, bool),
         verdict: &'static str,
     ) {
         let Some(recorder) = self.recorder.as_ref().filter(|r| r.active()) else {
@@ -343,6 +343,7 @@ impl Shared {
             transport,
             bytes,
             tag,
+            redirected,
             verdict,
             unix_us: crate::record::unix_us(),
         });
@@ -356,7 +357,7 @@ impl Shared {
             asked.server,
             asked.transport,
             bytes,
-            Some(asked.tag),
+            (Some(asked.tag), asked.redirected),
             result.as_str(),
         );
     }

@@ -30,7 +30,7 @@ struct Groups {
 impl QueryPolicy for Groups {
     fn check(&self, query: &QueryInfo<'_>) -> Verdict {
         if query.name.starts_with("flip.") && self.deny_flip.load(Ordering::SeqCst) {
-            return Verdict::Deny;
+            return Verdict::Deny { tag: 1 };
         }
         Verdict::Allow {
             tag: if query.client.ip() == OTHER_GROUP {

@@ -52,7 +52,7 @@ impl QueryPolicy for TestPolicy {
         if query.client.ip() == UNKNOWN_CLIENT {
             Verdict::UnknownClient
         } else if query.name.starts_with("denied.") {
-            Verdict::Deny
+            Verdict::Deny { tag: 7 }
         } else {
             Verdict::Allow { tag: 7 }
         }
@@ -178,6 +178,7 @@ pub(crate) struct Taken {
     pub(crate) transport: Transport,
     pub(crate) bytes: Vec<u8>,
     pub(crate) tag: Option<u64>,
+    pub(crate) redirected: bool,
     pub(crate) verdict: &'static str,
 }
 
@@ -201,6 +202,7 @@ impl Recorder for TestRecorder {
             transport: m.transport,
             bytes: m.bytes.to_vec(),
             tag: m.tag,
+            redirected: m.redirected,
             verdict: m.verdict,
         });
     }

@@ -48,14 +48,16 @@ async fn queries_and_replies_are_recorded_as_the_client_saw_them_while_on() {
     );
     assert_eq!(reply.bytes, r, "the reply exactly as the client got it");
     assert_eq!(reply.client, ask.client);
+    // A refused query and its reply name who asked, as an allowed one does.
     assert_eq!(
         (t[2].verdict, t[2].tag, &t[2].bytes),
-        ("deny", None, &denied)
+        ("deny", Some(7), &denied)
     );
     assert_eq!(
-        (t[3].direction, t[3].verdict, &t[3].bytes),
-        (Direction::Reply, "denied", &refused)
+        (t[3].direction, t[3].verdict, t[3].tag, &t[3].bytes),
+        (Direction::Reply, "denied", Some(7), &refused)
     );
+    assert!(t.iter().all(|m| !m.redirected), "{t:?}");
 
     // Over TCP: the message without its length prefix.
     let mut client = TcpClient::connect(h.tcp).await;

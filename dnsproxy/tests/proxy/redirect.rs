@@ -6,13 +6,18 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 
-use fqdnd_dnsproxy::{QueryInfo, QueryPolicy, QueryResult, Redirect, Transport, Verdict};
+use std::sync::atomic::Ordering;
+
+use fqdnd_dnsproxy::{
+    Direction, QueryInfo, QueryPolicy, QueryResult, Redirect, Transport, Verdict,
+};
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
 use tokio::net::UdpSocket;
 
 use crate::harness::{
-    Harness, Mode, TcpClient, TestPolicy, ips, parse_reply, patiently, query, test_config,
+    Harness, Mode, TcpClient, TestPolicy, eventually, ips, parse_reply, patiently, query,
+    test_config,
 };
 use crate::upstream::{TestUpstream, answer};
 
@@ -132,5 +137,42 @@ async fn a_query_that_was_not_redirected_is_about_the_proxy_itself() {
         vec![(h.udp, None, Transport::Udp)]
     );
     assert!(h.upstream.queries().is_empty());
+    h.stop().await;
+}
+
+/// The recording says which messages were redirected at the socket level: their tag is the
+/// sender the redirect named, not found by the client's address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirected_query_is_recorded_as_named_by_its_socket() {
+    let (h, _) = start().await;
+    h.upstream.rule(
+        "www.example.",
+        answer("www.example.", [Ipv4Addr::new(192, 0, 2, 7)]),
+    );
+    h.recorder.on.store(true, Ordering::Relaxed);
+    for from in [Ipv4Addr::LOCALHOST, Ipv4Addr::new(127, 0, 0, 3)] {
+        let client = UdpSocket::bind((from, 0)).await.unwrap();
+        let q = query("www.example.", RecordType::A, Some((1232, false)));
+        client.send_to(&q, h.udp).await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        patiently(client.recv_from(&mut buf)).await.unwrap();
+    }
+    let taken = || h.recorder.taken.lock().unwrap().clone();
+    assert!(eventually(|| taken().len() == 4).await, "{:?}", taken());
+    let seen: Vec<_> = taken()
+        .iter()
+        .map(|m| (m.direction, m.tag, m.redirected))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (Direction::Query, Some(SENDER), true),
+            (Direction::Reply, Some(SENDER), true),
+            // The direct client's query: its tag found by its address (then refused: it asked
+            // the proxy itself, and there is no pool).
+            (Direction::Query, Some(7), false),
+            (Direction::Reply, Some(7), false),
+        ]
+    );
     h.stop().await;
 }

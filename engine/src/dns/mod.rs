@@ -50,7 +50,10 @@ pub enum Verdict {
         endpoint: EndpointId,
     },
     /// Refuse it (policy or a deny list).
-    Deny,
+    Deny {
+        /// The endpoint or client group that asked (whose rules, or the lists, refused it).
+        endpoint: EndpointId,
+    },
     /// The client is in no endpoint or client group.
     UnknownClient,
 }
@@ -313,7 +316,7 @@ impl DnsPolicy {
         name: &str,
     ) -> Verdict {
         if self.deny.contains(name) && !self.allow.contains(name) {
-            return Verdict::Deny;
+            return Verdict::Deny { endpoint };
         }
         let Some(group) = self.groups.get(&endpoint) else {
             return Verdict::UnknownClient;
@@ -323,7 +326,7 @@ impl DnsPolicy {
             .iter()
             .any(|g| g.allows(server, protocol, name))
         {
-            return Verdict::Deny;
+            return Verdict::Deny { endpoint };
         }
         let allowed = !group.enforcing
             || group
@@ -333,7 +336,7 @@ impl DnsPolicy {
         if allowed {
             Verdict::Allow { endpoint }
         } else {
-            Verdict::Deny
+            Verdict::Deny { endpoint }
         }
     }
 
@@ -434,6 +437,12 @@ spec:
         }
     }
 
+    fn deny(id: u16) -> Verdict {
+        Verdict::Deny {
+            endpoint: EndpointId(id),
+        }
+    }
+
     #[test]
     fn groups_rules_and_servers_decide() {
         let p = compiled(&Lists::default());
@@ -441,12 +450,12 @@ spec:
         let lan = |name| ask(&p, "10.1.2.3", "10.0.0.53:53", name, udp);
         assert_eq!(lan("www.example.com."), allow(10));
         assert_eq!(lan("api.github.com."), allow(10));
-        assert_eq!(lan("example.com."), Verdict::Deny);
-        assert_eq!(lan("evil.test."), Verdict::Deny);
+        assert_eq!(lan("example.com."), deny(10));
+        assert_eq!(lan("evil.test."), deny(10));
         // The rule reaches 10.0.0.53 only.
         assert_eq!(
             ask(&p, "10.1.2.3", "10.0.0.54:53", "www.example.com.", udp),
-            Verdict::Deny
+            deny(10)
         );
         // Guests: any name, UDP only.
         assert_eq!(
@@ -461,7 +470,7 @@ spec:
                 "anything.test.",
                 Protocol::Tcp
             ),
-            Verdict::Deny
+            deny(11)
         );
         // No rule selects the lab: not under policy.
         assert_eq!(
@@ -486,7 +495,7 @@ spec:
         );
         assert_eq!(
             p.endpoint_verdict(EndpointId(10), server, udp, "evil.test."),
-            Verdict::Deny
+            deny(10)
         );
         assert_eq!(
             p.endpoint_verdict(EndpointId(99), server, udp, "www.example.com."),
@@ -503,14 +512,14 @@ spec:
         };
         let p = compiled(&lists);
         let guest = |name| ask(&p, "10.2.0.9", "10.0.0.53:53", name, Protocol::Udp);
-        assert_eq!(guest("x.ads.example.com."), Verdict::Deny);
-        assert_eq!(guest("pixel.tracker.test."), Verdict::Deny);
+        assert_eq!(guest("x.ads.example.com."), deny(11));
+        assert_eq!(guest("pixel.tracker.test."), deny(11));
         assert_eq!(guest("good.ads.example.com."), allow(11));
         // An allow list grants nothing policy denies: lan may ask *.example.com only.
         let lan = |name| ask(&p, "10.1.2.3", "10.0.0.53:53", name, Protocol::Udp);
-        assert_eq!(lan("good.ads.example.com."), Verdict::Deny);
+        assert_eq!(lan("good.ads.example.com."), deny(10));
         assert_eq!(lan("www.example.com."), allow(10));
-        assert_eq!(lan("other.test."), Verdict::Deny);
+        assert_eq!(lan("other.test."), deny(10));
         assert_eq!(p.list_sizes(), (4, 2), "a subtree entry is two patterns");
     }
 
