@@ -12,8 +12,9 @@
 //! loopback address (the kernel records where each query was going, the proxy reads the
 //! record) and check their other egress against the same maps.
 //!
-//! What is the node's own: the `Node` document, the endpoint registry (files + admin API, kept
-//! in `<stateDir>/endpoints.yaml`), the attachments, the services, the drop log.
+//! What is the node's own: the `Node` document, the endpoint registry (files + admin API, the
+//! latter kept in `<stateDir>/endpoints.yaml`, or without a `stateDir` in a file named after
+//! the pin directory: [`Node::endpoints_file`]), the attachments, the services, the drop log.
 
 mod drops;
 mod services;
@@ -121,6 +122,13 @@ impl ModeHooks for NodeMode {
     fn publishes_cluster_addresses(&self) -> bool {
         true
     }
+
+    fn kept_without_state_dir(&self) -> Option<String> {
+        Some(format!(
+            "the endpoints added at run time are kept in {}",
+            self.0.added_file.display()
+        ))
+    }
 }
 
 /// How often cgroup endpoints' directories are resolved again.
@@ -164,8 +172,8 @@ pub(crate) struct NodeRuntime {
     node: Node,
     pin_dir: PathBuf,
     registry: Mutex<Registry>,
-    /// Where the endpoints added through the API are saved (`<stateDir>/endpoints.yaml`).
-    added_file: Option<PathBuf>,
+    /// Where the endpoints added through the API are saved ([`Node::endpoints_file`]).
+    added_file: PathBuf,
     /// Policy drops, for metrics and `fqdnd monitor`.
     pub(crate) drops: DropLog,
     services: Mutex<Services>,
@@ -256,15 +264,9 @@ impl NodeRuntime {
         let mut services = Services::open(&pin_dir, node.daemon.state_dir.as_deref())?;
         services.apply(&config.services, true)?;
         let lb = services.shared();
-        let added_file = node
-            .daemon
-            .state_dir
-            .as_ref()
-            .map(|d| d.join("endpoints.yaml"));
+        let added_file = node.endpoints_file(&pin_dir);
         let mut registry = Registry::new(config);
-        if let Some(path) = &added_file {
-            load_added(&mut registry, path)?;
-        }
+        load_added(&mut registry, &added_file)?;
         let config = registry.merged();
         let listen = vec![
             SocketAddr::from((Ipv4Addr::UNSPECIFIED, node.dns_proxy_port)),
@@ -284,7 +286,9 @@ impl NodeRuntime {
             node: node.clone(),
             kernel: std::sync::OnceLock::new(),
         });
-        runtime.save_added();
+        if let Err(e) = runtime.save_added() {
+            tracing::warn!(error = %format!("{e:#}"), "the endpoints restored are in force, but a restart may not find them");
+        }
         Ok(Prepared {
             config,
             daemon: node.daemon.clone(),
@@ -408,11 +412,16 @@ impl NodeRuntime {
             let previous = registry.add(new).map_err(engine_error)?;
             (previous, registry.merged())
         };
-        if let Err(e) = self.apply(shared, config) {
+        // Saved before it is enforced: an endpoint a restart would not find is refused (the
+        // restarted agent would detach its programs from it).
+        let applied = self.save_added().and_then(|()| self.apply(shared, config));
+        if let Err(e) = applied {
             lock(&self.registry, "endpoints")?.undo_add(id, previous);
+            if let Err(again) = self.save_added() {
+                tracing::warn!(error = %format!("{again:#}"), "saving the endpoints after a refused change failed");
+            }
             return Err(e);
         }
-        self.save_added();
         tracing::info!(endpoint = %id, name = %name, "endpoint added through the admin API");
         self.row(shared, id)
     }
@@ -522,7 +531,9 @@ impl NodeRuntime {
             lock(&self.registry, "endpoints")?.undo_remove(removed);
             return Err(e);
         }
-        self.save_added();
+        if let Err(e) = self.save_added() {
+            tracing::warn!(error = %format!("{e:#}"), "the endpoint is removed, but a restart may bring it back while its interface exists");
+        }
         tracing::info!(endpoint = %id, "endpoint removed through the admin API");
         Ok(())
     }
@@ -533,15 +544,35 @@ impl NodeRuntime {
         shared.apply(Desired { config, lists })
     }
 
-    /// Saves the endpoints added through the API (temp file + rename), so a restart brings
-    /// them back; a failure is logged (they stay in force until the restart).
-    fn save_added(&self) {
-        let Some(path) = &self.added_file else {
-            return;
+    /// Saves the endpoints added through the API (temp file, fsync, rename), so a restart
+    /// brings them back.
+    ///
+    /// # Errors
+    /// The file could not be written (counted in `fqdnd_checkpoint_errors_total`).
+    fn save_added(&self) -> Result<()> {
+        let path = &self.added_file;
+        let (text, none) = {
+            let registry = lock(&self.registry, "endpoints")?;
+            (registry.saved(), registry.added().next().is_none())
         };
-        let Ok(text) = lock(&self.registry, "endpoints").map(|r| r.saved()) else {
-            return;
-        };
+        if none && !path.exists() {
+            return Ok(());
+        }
+        // Without a `stateDir`, its directory is made for the first endpoint.
+        if let Some(dir) = path.parent() {
+            std::os::unix::fs::DirBuilderExt::mode(
+                std::fs::DirBuilder::new().recursive(true),
+                0o700,
+            )
+            .create(dir)
+            .with_context(|| {
+                format!(
+                    "creating {}, where the endpoints added at run time are kept (`stateDir` \
+                     says where else)",
+                    dir.display()
+                )
+            })?;
+        }
         let tmp = path.with_extension("yaml.tmp");
         let result = std::fs::OpenOptions::new()
             .write(true)
@@ -549,12 +580,18 @@ impl NodeRuntime {
             .truncate(true)
             .mode(0o600)
             .open(&tmp)
-            .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()))
+            .and_then(|mut f| {
+                std::io::Write::write_all(&mut f, text.as_bytes())?;
+                f.sync_all()
+            })
             .and_then(|()| std::fs::rename(&tmp, path));
-        if let Err(e) = result {
+        result.map_err(|e| {
             crate::metrics::count_state_file_error();
-            tracing::warn!(file = %path.display(), error = %e, "saving the endpoints added through the API failed: they will not come back after a restart");
-        }
+            anyhow!(
+                "saving the endpoints added at run time in {} failed: {e}",
+                path.display()
+            )
+        })
     }
 
     /// Every endpoint with its kernel state.
