@@ -310,11 +310,20 @@ fn labels(conf: &NetConf, cni_args: &str) -> BTreeMap<String, String> {
     out
 }
 
+/// `CNI_CONTAINERID` and `CNI_IFNAME`: the attachment (each is an endpoint of its own).
+fn attachment_env() -> Result<(String, String), CniError> {
+    let (container_id, ifname) = (env("CNI_CONTAINERID")?, env("CNI_IFNAME")?);
+    fqdnd_engine::endpoints::containers::attachment_name(&container_id, &ifname)
+        .map_err(|e| error(code::INVALID_ENVIRONMENT, fqdnd_engine::error_chain(&e), ""))?;
+    Ok((container_id, ifname))
+}
+
 fn add(conf: &NetConf, socket: &Path) -> Result<Option<String>, CniError> {
     let (raw, prev) = prev_result(conf)?;
-    let container_id = env("CNI_CONTAINERID")?;
+    let (container_id, ifname) = attachment_env()?;
     let attachment = CniAttachment {
         container_id,
+        ifname,
         interface: host_interface(&prev, link_info)?,
         addresses: addresses(&prev)?,
         labels: labels(conf, &std::env::var("CNI_ARGS").unwrap_or_default()),
@@ -345,12 +354,18 @@ fn add(conf: &NetConf, socket: &Path) -> Result<Option<String>, CniError> {
     Ok(Some(result.to_string()))
 }
 
-/// DEL never fails: what can be removed is, the rest is logged (stderr).
+/// DEL never fails: what can be removed is, the rest is logged (stderr). It removes every
+/// endpoint of the container.
 fn del(socket: &Path) {
-    let Ok(container_id) = env("CNI_CONTAINERID") else {
-        eprintln!("fqdnd-cni: DEL without CNI_CONTAINERID: nothing to remove");
+    let container_id = std::env::var("CNI_CONTAINERID").unwrap_or_default();
+    // Checked: it goes into the request's path.
+    if let Err(e) = fqdnd_engine::endpoints::containers::container_prefix(&container_id) {
+        eprintln!(
+            "fqdnd-cni: DEL: {}: nothing to remove",
+            fqdnd_engine::error_chain(&e)
+        );
         return;
-    };
+    }
     if let Err(e) = client::delete(socket, &format!("/v1/cni/{container_id}")) {
         eprintln!("fqdnd-cni: DEL of {container_id}: {e:#}");
     }
@@ -358,10 +373,10 @@ fn del(socket: &Path) {
 
 fn check(conf: &NetConf, socket: &Path) -> Result<Option<String>, CniError> {
     let (_, prev) = prev_result(conf)?;
-    let container_id = env("CNI_CONTAINERID")?;
+    let (container_id, ifname) = attachment_env()?;
     let interface = host_interface(&prev, link_info)?;
-    let (_, row): (_, EndpointRow) = client::get(socket, &format!("/v1/cni/{container_id}"))
-        .map_err(|e| {
+    let (_, row): (_, EndpointRow) =
+        client::get(socket, &format!("/v1/cni/{container_id}/{ifname}")).map_err(|e| {
             error(
                 code::TRY_AGAIN_LATER,
                 "the fqdnd node agent has no endpoint for the container",

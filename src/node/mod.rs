@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use fqdnd_config::{Config, Node};
+use fqdnd_engine::endpoints::containers::{AddPlan, ContainerAttachment};
 use fqdnd_engine::endpoints::{Added, Attachment, Registry, Source};
 use fqdnd_ipcache::EndpointId;
 use serde::{Deserialize, Serialize};
@@ -134,16 +135,14 @@ impl ModeHooks for NodeMode {
 /// How often cgroup endpoints' directories are resolved again.
 const CGROUP_REFRESH: Duration = Duration::from_millis(500);
 
-/// Endpoints added by the CNI plugin get ids from here up (those below are left to the files
-/// and to `fqdnd endpoint add`).
-pub(crate) const CNI_FIRST_ID: u16 = 32_768;
-
 /// `POST /v1/cni`: what the CNI plugin tells the agent on ADD.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct CniAttachment {
     /// `CNI_CONTAINERID`.
     pub(crate) container_id: String,
+    /// `CNI_IFNAME`: the interface inside the container (one endpoint per attachment).
+    pub(crate) ifname: String,
     /// The host-side interface (from the previous plugin's result).
     pub(crate) interface: String,
     /// The container's addresses.
@@ -151,20 +150,6 @@ pub(crate) struct CniAttachment {
     /// Its labels (`key` or `source:key` → value).
     #[serde(default)]
     pub(crate) labels: BTreeMap<String, String>,
-}
-
-/// The endpoint name of a container: `cni-` and the first 16 characters of its id, which the
-/// CNI spec restricts to letters, digits, `_`, `.` and `-`.
-fn cni_name(container_id: &str) -> Result<String> {
-    if container_id.is_empty()
-        || !container_id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
-    {
-        bail!("container id {container_id:?} is not a CNI container id");
-    }
-    let short: String = container_id.chars().take(16).collect();
-    Ok(format!("cni-{short}"))
 }
 
 /// The node's own state.
@@ -434,84 +419,67 @@ impl NodeRuntime {
             .context("the endpoint vanished while being added")
     }
 
-    /// CNI ADD: the container's endpoint, under the name `cni-<container id>` with an id the
-    /// agent picks (from [`CNI_FIRST_ID`] up). Asked again for the same container (a runtime
-    /// retrying), it changes nothing when the interface and addresses are the same.
+    /// CNI ADD: the endpoint of the container's attachment through `ifname`
+    /// ([`fqdnd_engine::endpoints::containers`]: one per attachment, its other attachments
+    /// untouched). Asked again for the same attachment (a runtime retrying), it changes
+    /// nothing.
     pub(crate) fn cni_add(
         &self,
         shared: &Shared,
         attachment: &CniAttachment,
     ) -> Result<EndpointRow> {
-        let name = cni_name(&attachment.container_id)?;
-        let mut labels: Vec<(String, String)> = attachment
-            .labels
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        labels.sort();
-        let _changes = lock(&shared.changes, "changes")?;
-        let id = {
-            let registry = lock(&self.registry, "endpoints")?;
-            match registry.added_named(&name) {
-                Some(existing) => {
-                    let mut same: Vec<_> = attachment
-                        .addresses
-                        .iter()
-                        .map(|a| ipnet::IpNet::from(*a))
-                        .collect();
-                    same.sort();
-                    let mut had = existing.endpoint.addresses.clone();
-                    had.sort();
-                    if existing.attachment == Attachment::Interface(attachment.interface.clone())
-                        && had == same
-                    {
-                        let id = existing.endpoint.id;
-                        drop(registry);
-                        return self.row(shared, id);
-                    }
-                    existing.endpoint.id
-                }
-                None => registry
-                    .free_id(CNI_FIRST_ID)
-                    .context("no endpoint id is free")?,
-            }
+        let wanted = ContainerAttachment {
+            container_id: attachment.container_id.clone(),
+            ifname: attachment.ifname.clone(),
+            interface: attachment.interface.clone(),
+            addresses: attachment.addresses.clone(),
+            labels: attachment
+                .labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
         };
-        let document = fqdnd_engine::endpoints::document(
-            &name,
-            id,
-            &Attachment::Interface(attachment.interface.clone()),
-            &attachment.addresses,
-            &labels,
-        );
-        let new = Added::parse(&document).map_err(engine_error)?;
-        self.add_locked(shared, new)
-    }
-
-    /// CNI DEL: removes the container's endpoint; nothing to remove is not an error (DEL may
-    /// come more than once, or for an ADD that failed).
-    pub(crate) fn cni_del(&self, shared: &Shared, container_id: &str) -> Result<()> {
-        let name = cni_name(container_id)?;
         let _changes = lock(&shared.changes, "changes")?;
-        let id = lock(&self.registry, "endpoints")?
-            .added_named(&name)
-            .map(|a| a.endpoint.id);
-        match id {
-            Some(id) => self.remove_locked(shared, id),
-            None => Ok(()),
+        let plan = lock(&self.registry, "endpoints")?
+            .container_add(&wanted)
+            .map_err(engine_error)?;
+        match plan {
+            AddPlan::Unchanged(id) => self.row(shared, id),
+            AddPlan::Add(new) => self.add_locked(shared, new),
         }
     }
 
-    /// CNI CHECK: the container's endpoint, if the agent has it.
+    /// CNI DEL: removes the endpoint of the container's attachment through `ifname` (`None`:
+    /// of every attachment); nothing to remove is not an error (DEL may come more than once,
+    /// or for an ADD that failed).
+    pub(crate) fn cni_del(
+        &self,
+        shared: &Shared,
+        container_id: &str,
+        ifname: Option<&str>,
+    ) -> Result<()> {
+        let _changes = lock(&shared.changes, "changes")?;
+        let ids = lock(&self.registry, "endpoints")?
+            .container_endpoints(container_id, ifname)
+            .map_err(engine_error)?;
+        for id in ids {
+            self.remove_locked(shared, id)?;
+        }
+        Ok(())
+    }
+
+    /// CNI CHECK: the endpoint of the container's attachment through `ifname`, if the agent
+    /// has it.
     pub(crate) fn cni_get(
         &self,
         shared: &Shared,
         container_id: &str,
+        ifname: &str,
     ) -> Result<Option<EndpointRow>> {
-        let name = cni_name(container_id)?;
-        let id = lock(&self.registry, "endpoints")?
-            .added_named(&name)
-            .map(|a| a.endpoint.id);
-        id.map(|id| self.row(shared, id)).transpose()
+        let ids = lock(&self.registry, "endpoints")?
+            .container_endpoints(container_id, Some(ifname))
+            .map_err(engine_error)?;
+        ids.first().map(|id| self.row(shared, *id)).transpose()
     }
 
     /// Removes an endpoint added through the admin API.
