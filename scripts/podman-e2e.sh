@@ -3,7 +3,8 @@
 # the fqdnd node agent by itself and stops being one when it goes away; its DNS goes through
 # fqdnd transparently and it reaches the IP of an allowed name and not another. Then what
 # issue 36 found, as a user meets it: every interface of a container on two networks is
-# enforced, and a restart of an agent without `stateDir` keeps every container enforced.
+# enforced; `podman network connect` and `disconnect` add and remove one attachment each; a
+# restart of an agent without `stateDir` keeps every container enforced.
 #
 #   scripts/podman-e2e.sh            # root; installs podman, runc, containernetworking-plugins
 #                                    # and busybox-static if missing
@@ -336,6 +337,19 @@ kernel_ids_known() {
             || fail "the kernel maps name endpoint $k, which the agent does not have: $(bpf_list)"
     done
 }
+
+step="network connect"
+podman network connect "${id}b" "$id"
+until_ok 30 enforced "$id" 2 || fail "not two enforcing endpoints: $(list)"
+ping_denied "$id" eth0
+ping_denied "$id" eth1
+get 203.0.113.10 | grep -q "hello from allowed" || fail "lost the allowed name's IP"
+
+step="network disconnect"
+podman network disconnect "${id}b" "$id"
+until_ok 30 enforced "$id" 1 || fail "not one enforcing endpoint: $(list)"
+dns_enforced "$id"
+ping_denied "$id" eth0
 
 step="two networks"
 podman run -d --name "${id}m" --network "$id" --network "${id}b" --dns 192.0.2.53 \

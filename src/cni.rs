@@ -354,20 +354,30 @@ fn add(conf: &NetConf, socket: &Path) -> Result<Option<String>, CniError> {
     Ok(Some(result.to_string()))
 }
 
-/// DEL never fails: what can be removed is, the rest is logged (stderr). It removes every
-/// endpoint of the container.
+/// DEL never fails: what can be removed is, the rest is logged (stderr). It removes the
+/// endpoint of the attachment `CNI_IFNAME` names, or without it every one of the container.
 fn del(socket: &Path) {
+    use fqdnd_engine::endpoints::containers::{attachment_name, container_prefix};
     let container_id = std::env::var("CNI_CONTAINERID").unwrap_or_default();
-    // Checked: it goes into the request's path.
-    if let Err(e) = fqdnd_engine::endpoints::containers::container_prefix(&container_id) {
-        eprintln!(
-            "fqdnd-cni: DEL: {}: nothing to remove",
-            fqdnd_engine::error_chain(&e)
-        );
-        return;
-    }
-    if let Err(e) = client::delete(socket, &format!("/v1/cni/{container_id}")) {
-        eprintln!("fqdnd-cni: DEL of {container_id}: {e:#}");
+    let ifname = std::env::var("CNI_IFNAME").unwrap_or_default();
+    // Checked: both go into the request's path.
+    let path = if ifname.is_empty() {
+        container_prefix(&container_id).map(|_| format!("/v1/cni/{container_id}"))
+    } else {
+        attachment_name(&container_id, &ifname).map(|_| format!("/v1/cni/{container_id}/{ifname}"))
+    };
+    let path = match path {
+        Ok(path) => path,
+        Err(e) => {
+            eprintln!(
+                "fqdnd-cni: DEL: {}: nothing to remove",
+                fqdnd_engine::error_chain(&e)
+            );
+            return;
+        }
+    };
+    if let Err(e) = client::delete(socket, &path) {
+        eprintln!("fqdnd-cni: DEL {path}: {e:#}");
     }
 }
 

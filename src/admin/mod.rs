@@ -19,7 +19,8 @@
 //! | GET | `/v1/drops?since=N` | node: `DropPage`, policy drops after sequence number N |
 //! | POST | `/v1/cni` | node: body = `CniAttachment` (container id, interface in the container, host-side interface, addresses, labels); that attachment's endpoint (`EndpointRow`), id chosen by the agent |
 //! | GET | `/v1/cni/{container}/{ifname}` | node: the `EndpointRow` of the container's attachment through `ifname`, 404 if none |
-//! | DELETE | `/v1/cni/{container}` | node: removes every endpoint of the container; none is not an error |
+//! | DELETE | `/v1/cni/{container}/{ifname}` | node: removes that attachment's endpoint; none is not an error |
+//! | DELETE | `/v1/cni/{container}` | node: removes every endpoint of the container (a DEL without `CNI_IFNAME`) |
 //! | GET | `/v1/record` | `RecordStatus`: the recording running, or the last one |
 //! | POST | `/v1/record` | body = `RecordRequest` (`dir`, `maxFileBytes`, `maxFiles`): starts recording |
 //! | DELETE | `/v1/record` | stops recording (every message taken is written first); its `RecordStatus` |

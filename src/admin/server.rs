@@ -99,7 +99,7 @@ pub(crate) async fn serve(
         .route("/v1/drops", get(drops))
         .route("/v1/cni", post(cni_add))
         .route("/v1/cni/{container}", delete(cni_del_all))
-        .route("/v1/cni/{container}/{ifname}", get(cni_get))
+        .route("/v1/cni/{container}/{ifname}", get(cni_get).delete(cni_del))
         .route(
             "/v1/record",
             get(record_status).post(record_start).delete(record_stop),
@@ -404,7 +404,19 @@ async fn cni_add(
     .map(Json)
 }
 
-/// CNI DEL: every attachment of the container.
+/// CNI DEL of one attachment.
+async fn cni_del(
+    State(shared): State<Arc<Shared>>,
+    UrlPath((container, ifname)): UrlPath<(String, String)>,
+) -> Result<Json<Reload>, ApiError> {
+    node_change(shared, move |runtime, shared| {
+        runtime.cni_del(shared, &container, Some(&ifname))
+    })
+    .await
+    .map(|()| done())
+}
+
+/// CNI DEL without `CNI_IFNAME`: every attachment of the container.
 async fn cni_del_all(
     State(shared): State<Arc<Shared>>,
     UrlPath(container): UrlPath<String>,
