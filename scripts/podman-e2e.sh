@@ -4,7 +4,8 @@
 # fqdnd transparently and it reaches the IP of an allowed name and not another. Then what
 # issue 36 found, as a user meets it: every interface of a container on two networks is
 # enforced; `podman network connect` and `disconnect` add and remove one attachment each; a
-# restart of an agent without `stateDir` keeps every container enforced.
+# restart of an agent without `stateDir` keeps every container enforced; a container removed
+# while the agent is down leaves nothing of its own in the kernel maps once the agent is back.
 #
 #   scripts/podman-e2e.sh            # root; installs podman, runc, containernetworking-plugins
 #                                    # and busybox-static if missing
@@ -373,8 +374,28 @@ ping_denied "${id}m" eth1
 dns_enforced "$id"
 dns_enforced "${id}m"
 
+step="podman rm while the agent is down"
+gone="$(podman inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}' "${id}m")"
+[ -n "${gone// /}" ] || fail "no addresses for ${id}m"
+stop_node
+podman rm -f -t 0 "${id}m" >/dev/null
+start_node
+until_ok 30 enforced "$id" 1 || fail "$id: $(list)"
+for a in $gone; do
+    if bpf_list | grep -q "source $a[ /]"; then
+        fail "the removed container's address $a is still in the kernel maps: $(bpf_list)"
+    fi
+done
+kernel_ids_known
+podman run -d --name "${id}n" --network "$id" --dns 192.0.2.53 --rootfs "$work/rootfs" \
+    /bin/busybox sleep 300 > "$work/podman-run-n.log" 2>&1 || fail "$(cat "$work/podman-run-n.log")"
+until_ok 30 enforced "${id}n" 1 || fail "${id}n: $(list)"
+ping_denied "${id}n" eth0
+dns_enforced "${id}n"
+kernel_ids_known
+
 step="podman rm"
-podman rm -f -t 0 "$id" "${id}m" >/dev/null
+podman rm -f -t 0 "$id" "${id}n" >/dev/null
 until_ok 30 sh -c "! '$bin' endpoint list --admin-socket '$work/node.sock' | grep -q 'k8s:app=podtest'" \
     || fail "the endpoints are still there: $(list)"
 kernel_ids_known

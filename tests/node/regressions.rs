@@ -253,3 +253,41 @@ fn a_restart_without_a_state_dir_keeps_every_endpoint_enforced() {
         "{log}"
     );
 }
+
+/// Guards issue 36's fourth finding: an endpoint whose interface went while the agent was down
+/// (a container removed meanwhile; here B's veth deleted) leaves nothing in the kernel maps
+/// once the agent is back — neither its endpoint entry, keyed by the gone interface's index
+/// (which a new interface may get), nor its source addresses — and a new endpoint may take
+/// its id. Before, the restarted agent dropped the saved endpoint ("its interface is gone")
+/// but kept `? source 10.N.2.2 → endpoint 2` and the entry in the maps.
+#[test]
+fn an_endpoint_gone_while_the_agent_was_down_leaves_nothing_in_the_kernel() {
+    let Some(mut t) = setup("gonedown") else {
+        return;
+    };
+    let config = t.config_dir();
+    let b_source = format!("source {} → endpoint 2", t.v4(2, 2));
+    let before = t.bpf_list("endpoint");
+    assert!(before.contains(&b_source), "{before}");
+    t.kill_node();
+    crate::topology::sh(&format!("ip -n {} link del {}", t.host, t.if_b));
+    t.start_node(&config);
+    let log = std::fs::read_to_string(t.dir.join("node.log")).unwrap();
+    assert!(log.contains("its interface is gone"), "{log}");
+    let after = t.bpf_list("endpoint");
+    let endpoint_ids: Vec<&str> = after
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.starts_with(' '))
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .collect();
+    assert_eq!(endpoint_ids, ["1"], "only A is an endpoint now:\n{after}");
+    assert!(
+        !after.contains("→ endpoint 2"),
+        "B's entries are still in the kernel:\n{after}"
+    );
+    assert!(
+        after.contains(&format!("source {} → endpoint 1", t.v4(1, 2))),
+        "A's sources went too:\n{after}"
+    );
+}
