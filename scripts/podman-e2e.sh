@@ -188,6 +188,26 @@ spec:
     toPorts:
     - ports: [{port: "80", protocol: TCP}]
   - toCIDR: ["203.0.113.30/32"]
+---
+# Labels of one container, as podman can give them (docs/operations.md): its namespace through
+# CNI_ARGS, and its name.
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: shop}
+spec:
+  endpointSelector: {matchLabels: {k8s:io.kubernetes.pod.namespace: shop}}
+  egress:
+  - toCIDR: ["203.0.113.40/32"]
+---
+apiVersion: cilium.io/v2
+kind: CiliumNetworkPolicy
+metadata: {name: by-name}
+spec:
+  endpointSelector: {matchLabels: {cni:name: ${id}n}}
+  egress:
+  - toCIDR: ["203.0.113.20/32"]
+    toPorts:
+    - ports: [{port: "80", protocol: TCP}]
 EOF
 start_node() {
     FQDND_LOG=info,fqdnd_dnsproxy=debug nsenter --net="/run/netns/$host" "$bin" node \
@@ -387,12 +407,48 @@ for a in $gone; do
     fi
 done
 kernel_ids_known
-podman run -d --name "${id}n" --network "$id" --dns 192.0.2.53 --rootfs "$work/rootfs" \
-    /bin/busybox sleep 300 > "$work/podman-run-n.log" 2>&1 || fail "$(cat "$work/podman-run-n.log")"
+# (Its namespace through podman's environment.)
+CNI_ARGS="K8S_POD_NAMESPACE=shop" podman run -d --name "${id}n" --network "$id" --dns 192.0.2.53 \
+    --rootfs "$work/rootfs" /bin/busybox sleep 300 > "$work/podman-run-n.log" 2>&1 \
+    || fail "$(cat "$work/podman-run-n.log")"
 until_ok 30 enforced "${id}n" 1 || fail "${id}n: $(list)"
-ping_denied "${id}n" eth0
 dns_enforced "${id}n"
 kernel_ids_known
+
+step="labels of one container"
+endpoints_of "${id}n" | grep -q "k8s:io.kubernetes.pod.namespace=shop" \
+    || fail "no namespace label: $(endpoints_of "${id}n")"
+endpoints_of "${id}n" | grep -q "cni:name=${id}n" || fail "no name label: $(endpoints_of "${id}n")"
+# The policies of its namespace and its name are its own: it reaches .40 and denied.test's
+# web server, the other container neither.
+podman exec "${id}n" /bin/busybox ping -c 1 -W 3 -I eth0 203.0.113.40 >/dev/null 2>&1 \
+    || fail "the namespace's policy does not apply: $(endpoints_of "${id}n")"
+podman exec "${id}n" /bin/busybox sh -c "printf 'GET / HTTP/1.0\r\n\r\n' | /bin/busybox nc -w 3 203.0.113.20 80" \
+    | grep -q "hello from denied" || fail "the name's policy does not apply: $(endpoints_of "${id}n")"
+ping_denied "$id" eth0
+if get 203.0.113.20 >/dev/null 2>&1; then
+    fail "$id reached denied.test's IP, which only ${id}n's policy allows"
+fi
+
+step="CNI CHECK"
+# The plugin's CHECK of container $1's attachment eth0 on host interface $2 (what a runtime
+# sends; the exit code is CHECK's, the error object on stdout).
+check() {
+    printf '{"cniVersion": "1.0.0", "name": "%s", "type": "fqdnd-cni", "adminSocket": "%s",
+             "prevResult": {"cniVersion": "1.0.0",
+                            "interfaces": [{"name": "%s"}, {"name": "eth0", "sandbox": "/x"}],
+                            "ips": [{"address": "198.51.100.9/25", "interface": 1}]}}' \
+        "$id" "$work/node.sock" "$2" \
+        | in_ns "$host" env CNI_COMMAND=CHECK CNI_CONTAINERID="$1" CNI_IFNAME=eth0 \
+            CNI_NETNS=/x CNI_PATH=/x "$work/plugins/fqdnd-cni"
+}
+n_full="$(podman inspect -f '{{.Id}}' "${id}n")"
+n_veth="$(endpoints_of "${id}n" | awk '{print $3}')"
+check "$n_full" "$n_veth" > "$work/check.log" || fail "CHECK of ${id}n failed: $(cat "$work/check.log")"
+if check 0123456789abcdef0123 "$n_veth" > "$work/check.log"; then
+    fail "CHECK of a container the agent never had succeeded"
+fi
+grep -q '"code":3' "$work/check.log" || fail "CHECK of an unknown container: $(cat "$work/check.log")"
 
 step="podman rm"
 podman rm -f -t 0 "$id" "${id}n" >/dev/null
