@@ -425,7 +425,7 @@ fn check(conf: &NetConf, socket: &Path) -> Result<Option<String>, CniError> {
         return Err(error(
             code::REFUSED,
             format!(
-                "the container's endpoint is on {} (attached: {}), not {interface}",
+                "the attachment's endpoint is on {} (attached: {}), not {interface}",
                 row.interface,
                 row.ifindex.is_some()
             ),
