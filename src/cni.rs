@@ -1,16 +1,18 @@
-//! `fqdnd-cni`: a chained CNI plugin (spec 1.0/1.1) that makes each container an endpoint of
-//! the running node agent. The `fqdnd` binary runs as the plugin when it is called through a
-//! link named `fqdnd-cni` (in the runtime's CNI plugin directory).
+//! `fqdnd-cni`: a chained CNI plugin (spec 0.3.0–1.1.0) that makes each attachment of a
+//! container an endpoint of the running node agent. The `fqdnd` binary runs as the plugin when
+//! it is called through a link named `fqdnd-cni` (in the runtime's CNI plugin directory).
 //!
-//! It runs after the plugin that creates the interface — the routed `ptp` plugin (a bridge's
-//! port is refused: see [`host_interface`]): on ADD it reads the host side interface and the container's addresses from the previous result, labels from its
-//! configuration (`labels`, and the conventions' `args.cni.labels`) and the runtime's
-//! `CNI_ARGS` (`K8S_POD_NAMESPACE`, `K8S_POD_NAME`), and registers the endpoint with the agent
-//! through its admin socket (`adminSocket`, default the node's). If the agent is down, ADD
-//! fails: a container never runs without enforcement. DEL removes the endpoint and succeeds
-//! whatever happens (it must be idempotent). CHECK asks the agent for the endpoint; STATUS
-//! whether the agent answers; VERSION the versions it speaks. Errors are CNI error objects on
-//! stdout with the spec's codes.
+//! It runs after the plugin that creates the interface — the routed `ptp` plugin's veth or a
+//! `bridge` plugin's port (see [`host_interface`]): on ADD it reads the host-side interface
+//! and the container's addresses from the previous result, labels from its configuration
+//! (`labels`, and the conventions' `args.cni.labels`) and the runtime's `CNI_ARGS`
+//! (`K8S_POD_NAMESPACE`, `K8S_POD_NAME`), and registers the endpoint of the attachment
+//! (`CNI_CONTAINERID`, `CNI_IFNAME`) with the agent through its admin socket (`adminSocket`,
+//! default the node's). If the agent is down, ADD fails: a container never runs without
+//! enforcement. DEL removes that attachment's endpoint and succeeds whatever happens (it must
+//! be idempotent). CHECK asks the agent for the endpoint (unknown: code 3; agent down: 11);
+//! STATUS whether the agent answers; VERSION the versions it speaks. Errors are CNI error
+//! objects on stdout with the spec's codes.
 
 use std::collections::BTreeMap;
 use std::io::Read as _;
@@ -25,12 +27,14 @@ use crate::admin::client;
 use crate::links::{LinkInfo, link_info};
 use crate::node::{CniAttachment, EndpointRow};
 
-/// The CNI versions this plugin speaks.
-const SUPPORTED: [&str; 5] = ["0.3.1", "0.4.0", "1.0.0", "1.1.0", "0.3.0"];
+/// The CNI versions this plugin speaks (0.3.0 and 0.3.1 results have one format; CHECK came
+/// with 0.4.0, STATUS with 1.1.0).
+const SUPPORTED: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 
 /// CNI error codes (spec, "Error").
 mod code {
     pub(super) const INCOMPATIBLE_VERSION: u32 = 1;
+    pub(super) const UNKNOWN_CONTAINER: u32 = 3;
     pub(super) const INVALID_ENVIRONMENT: u32 = 4;
     pub(super) const IO: u32 = 5;
     pub(super) const DECODE: u32 = 6;
@@ -119,19 +123,29 @@ struct Ip {
 /// Runs the plugin: reads the environment and stdin, prints the result or the error.
 pub(crate) fn main() -> ExitCode {
     let command = std::env::var("CNI_COMMAND").unwrap_or_default();
-    let mut stdin = String::new();
-    let read = std::io::stdin().read_to_string(&mut stdin);
-    let version = serde_json::from_str::<Value>(&stdin)
+    let mut bytes = Vec::new();
+    let read = std::io::stdin().read_to_end(&mut bytes);
+    let stdin = String::from_utf8(bytes);
+    let version = stdin
+        .as_ref()
         .ok()
+        .and_then(|text| serde_json::from_str::<Value>(text).ok())
         .and_then(|v| v.get("cniVersion")?.as_str().map(str::to_owned))
         .unwrap_or_else(|| "1.0.0".to_owned());
-    let outcome = match read {
-        Err(e) => Err(error(
+    let outcome = match (read, &stdin) {
+        (Err(e), _) => Err(error(
             code::IO,
             "reading the configuration from stdin",
             e.to_string(),
         )),
-        Ok(_) => run(&command, &stdin),
+        (Ok(_), Ok(text)) => run(&command, text),
+        // VERSION needs no configuration.
+        (Ok(_), Err(_)) if command == "VERSION" => run(&command, ""),
+        (Ok(_), Err(e)) => Err(error(
+            code::DECODE,
+            "the network configuration is not UTF-8 text (it must be JSON)",
+            e.to_string(),
+        )),
     };
     match outcome {
         Ok(Some(out)) => {
@@ -310,18 +324,27 @@ fn labels(conf: &NetConf, cni_args: &str) -> BTreeMap<String, String> {
     out
 }
 
+/// `CNI_CONTAINERID` and `CNI_IFNAME`: the attachment (each is an endpoint of its own).
+fn attachment_env() -> Result<(String, String), CniError> {
+    let (container_id, ifname) = (env("CNI_CONTAINERID")?, env("CNI_IFNAME")?);
+    fqdnd_engine::endpoints::containers::attachment_name(&container_id, &ifname)
+        .map_err(|e| error(code::INVALID_ENVIRONMENT, fqdnd_engine::error_chain(&e), ""))?;
+    Ok((container_id, ifname))
+}
+
 fn add(conf: &NetConf, socket: &Path) -> Result<Option<String>, CniError> {
     let (raw, prev) = prev_result(conf)?;
-    let container_id = env("CNI_CONTAINERID")?;
+    let (container_id, ifname) = attachment_env()?;
     let attachment = CniAttachment {
         container_id,
+        ifname,
         interface: host_interface(&prev, link_info)?,
         addresses: addresses(&prev)?,
         labels: labels(conf, &std::env::var("CNI_ARGS").unwrap_or_default()),
     };
     client::post_json::<EndpointRow>(socket, "/v1/cni", &attachment).map_err(|e| {
         let text = format!("{e:#}");
-        if text.contains("admin API answered") {
+        if e.downcast_ref::<client::Answered>().is_some() {
             error(
                 code::REFUSED,
                 "the fqdnd node agent refused the endpoint",
@@ -345,34 +368,64 @@ fn add(conf: &NetConf, socket: &Path) -> Result<Option<String>, CniError> {
     Ok(Some(result.to_string()))
 }
 
-/// DEL never fails: what can be removed is, the rest is logged (stderr).
+/// DEL never fails: what can be removed is, the rest is logged (stderr). It removes the
+/// endpoint of the attachment `CNI_IFNAME` names, or without it every one of the container.
 fn del(socket: &Path) {
-    let Ok(container_id) = env("CNI_CONTAINERID") else {
-        eprintln!("fqdnd-cni: DEL without CNI_CONTAINERID: nothing to remove");
-        return;
+    use fqdnd_engine::endpoints::containers::{attachment_name, container_prefix};
+    let container_id = std::env::var("CNI_CONTAINERID").unwrap_or_default();
+    let ifname = std::env::var("CNI_IFNAME").unwrap_or_default();
+    // Checked: both go into the request's path.
+    let path = if ifname.is_empty() {
+        container_prefix(&container_id).map(|_| format!("/v1/cni/{container_id}"))
+    } else {
+        attachment_name(&container_id, &ifname).map(|_| format!("/v1/cni/{container_id}/{ifname}"))
     };
-    if let Err(e) = client::delete(socket, &format!("/v1/cni/{container_id}")) {
-        eprintln!("fqdnd-cni: DEL of {container_id}: {e:#}");
+    let path = match path {
+        Ok(path) => path,
+        Err(e) => {
+            eprintln!(
+                "fqdnd-cni: DEL: {}: nothing to remove",
+                fqdnd_engine::error_chain(&e)
+            );
+            return;
+        }
+    };
+    if let Err(e) = client::delete(socket, &path) {
+        eprintln!("fqdnd-cni: DEL {path}: {e:#}");
     }
 }
 
 fn check(conf: &NetConf, socket: &Path) -> Result<Option<String>, CniError> {
     let (_, prev) = prev_result(conf)?;
-    let container_id = env("CNI_CONTAINERID")?;
+    let (container_id, ifname) = attachment_env()?;
     let interface = host_interface(&prev, link_info)?;
-    let (_, row): (_, EndpointRow) = client::get(socket, &format!("/v1/cni/{container_id}"))
-        .map_err(|e| {
-            error(
-                code::TRY_AGAIN_LATER,
-                "the fqdnd node agent has no endpoint for the container",
-                format!("{e:#}"),
-            )
+    let (_, row): (_, EndpointRow) =
+        client::get(socket, &format!("/v1/cni/{container_id}/{ifname}")).map_err(|e| {
+            let details = format!("{e:#}");
+            match e.downcast_ref::<client::Answered>() {
+                // It will not clear by itself: the runtime should ADD again.
+                Some(a) if a.status == hyper::StatusCode::NOT_FOUND => error(
+                    code::UNKNOWN_CONTAINER,
+                    format!("the fqdnd node agent has no endpoint for the container on {ifname}"),
+                    details,
+                ),
+                Some(_) => error(
+                    code::REFUSED,
+                    "the fqdnd node agent refused the request",
+                    details,
+                ),
+                None => error(
+                    code::TRY_AGAIN_LATER,
+                    "the fqdnd node agent does not answer",
+                    details,
+                ),
+            }
         })?;
     if row.interface != interface || row.ifindex.is_none() {
         return Err(error(
             code::REFUSED,
             format!(
-                "the container's endpoint is on {} (attached: {}), not {interface}",
+                "the attachment's endpoint is on {} (attached: {}), not {interface}",
                 row.interface,
                 row.ifindex.is_some()
             ),

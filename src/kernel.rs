@@ -257,8 +257,9 @@ impl Kernel {
     /// Makes the kernel match `wanted`: writes each endpoint's addresses (the only sources
     /// its packets may have) and its endpoint entry, attaches (or replaces in place) the
     /// programs on its interface, then removes the endpoints and links no longer wanted,
-    /// including links pinned by an earlier run. Stops at the first failure; what was applied
-    /// stays applied and the next sync retries the rest.
+    /// including what an earlier run left (its links, and the entries of endpoints this run
+    /// does not have: [`Self::remove_stale_entries`]). Stops at the first failure; what was
+    /// applied stays applied and the next sync retries the rest.
     pub(crate) fn sync(&mut self, wanted: &[Wanted]) -> Result<()> {
         for w in wanted {
             let index = ifindex(&w.interface)?;
@@ -342,6 +343,65 @@ impl Kernel {
                 let index = ifindex(&name).ok();
                 self.detach(&name, index)?;
             }
+        }
+        self.remove_stale_entries()
+    }
+
+    /// Removes the endpoint entries (and their source addresses) of interfaces that are no
+    /// endpoint or bridge of this run, and the bridged endpoints' client prefixes this run did
+    /// not write: what an earlier run left for an endpoint that went while no agent ran (a
+    /// container removed meanwhile: its interface, and its link, went with it, and the
+    /// entries were keyed by the gone interface's index, which a new interface may get).
+    /// By-source interfaces' entries and prefixes (an enforcing gateway's) are left alone.
+    fn remove_stale_entries(&mut self) -> Result<()> {
+        let ours: HashSet<u32> = self.attached.values().map(|a| a.ifindex).collect();
+        let bridges: HashSet<u32> = self.bridges.values().copied().collect();
+        let mut stale: BTreeMap<u32, Option<EndpointId>> = BTreeMap::new();
+        for entry in self.maps.endpoint_entries()? {
+            match entry {
+                fqdnd_ebpf::EndpointEntry::Endpoint { ifindex, id, .. }
+                    if !ours.contains(&ifindex) =>
+                {
+                    stale.insert(ifindex, Some(id));
+                }
+                fqdnd_ebpf::EndpointEntry::Bridge { ifindex } if !bridges.contains(&ifindex) => {
+                    stale.insert(ifindex, None);
+                }
+                _ => {}
+            }
+        }
+        for (ifindex, id, _) in self.maps.endpoint_addresses()? {
+            if !ours.contains(&ifindex) {
+                stale.entry(ifindex).or_insert(Some(id));
+            }
+        }
+        let prefixes: Vec<(IpNet, EndpointId)> = self
+            .maps
+            .client_entries()?
+            .into_iter()
+            .filter(|(prefix, _, flags)| {
+                flags.redirect_dns && !flags.enforce_egress && !self.clients.contains_key(prefix)
+            })
+            .map(|(prefix, id, _)| (prefix, id))
+            .collect();
+        for (&ifindex, id) in &stale {
+            self.maps.remove_endpoint(ifindex).with_context(|| {
+                format!("removing the stale endpoint entry of interface index {ifindex}")
+            })?;
+            match id {
+                Some(id) => {
+                    tracing::info!(endpoint = %id, ifindex, "kernel entries of an endpoint this agent does not have removed (an earlier run's: its interface is gone)");
+                }
+                None => {
+                    tracing::info!(ifindex, "an earlier run's bridge entry removed");
+                }
+            }
+        }
+        for (prefix, id) in prefixes {
+            self.maps
+                .remove_client_prefix(prefix)
+                .with_context(|| format!("removing the stale client prefix {prefix}"))?;
+            tracing::info!(endpoint = %id, prefix = %prefix, "an earlier run's bridged DNS redirect of an endpoint this agent does not have removed");
         }
         Ok(())
     }

@@ -1,7 +1,10 @@
 //! A container started by podman with CNI networking (bridge or ptp, then fqdnd-cni) becomes
 //! an endpoint of a real `fqdnd node`, resolves through it, reaches the allowed name's IP and
-//! not another, and is gone when removed. The scenario is `scripts/podman-e2e.sh` (root; it
-//! installs podman and its helpers if missing).
+//! not another, and is gone when removed; then issue 36's findings, as black-box checks: a
+//! container on two networks, `podman network connect`/`disconnect`, an agent without
+//! `stateDir` restarted, `podman rm` while the agent is down, labels of one container, CHECK.
+//! The scenario is `scripts/podman-e2e.sh` (root; it installs podman and its helpers if
+//! missing).
 
 #![allow(
     clippy::unwrap_used,

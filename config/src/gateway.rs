@@ -55,7 +55,7 @@
 //! ```
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -75,6 +75,34 @@ pub const DEFAULT_GATEWAY_ADMIN_SOCKET: &str = "/run/fqdnd/gateway.sock";
 /// Where the node agent's admin API listens unless told otherwise (not the gateway's: both
 /// may run on one host).
 pub const DEFAULT_NODE_ADMIN_SOCKET: &str = "/run/fqdnd/node.sock";
+
+/// Where node mode keeps the endpoints added at run time when its `Node` document has no
+/// `stateDir` (see [`Node::endpoints_file`]).
+pub const DEFAULT_NODE_ENDPOINTS_ROOT: &str = "/var/lib/fqdnd/pins";
+
+/// The file that keeps the endpoints added at run time to the programs pinned in `pin_dir`
+/// when there is no `stateDir`: `endpoints.yaml` in the pin directory's path below
+/// [`DEFAULT_NODE_ENDPOINTS_ROOT`] (`/sys/fs/bpf/fqdnd/v3` →
+/// `/var/lib/fqdnd/pins/sys/fs/bpf/fqdnd/v3/endpoints.yaml`): agents with other pin
+/// directories never share one, and `fqdnd bpf unload` removes it with the pins.
+pub fn default_endpoints_file(pin_dir: &Path) -> PathBuf {
+    let mut out = PathBuf::from(DEFAULT_NODE_ENDPOINTS_ROOT);
+    let mut depth = 0;
+    for part in pin_dir.components() {
+        match part {
+            Component::Normal(p) => {
+                out.push(p);
+                depth += 1;
+            }
+            Component::ParentDir if depth > 0 => {
+                out.pop();
+                depth -= 1;
+            }
+            _ => {}
+        }
+    }
+    out.join("endpoints.yaml")
+}
 
 /// Where a static zone's records come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -276,6 +304,19 @@ pub struct Node {
 
 /// The node's DNS proxy port unless told otherwise.
 pub const DEFAULT_DNS_PROXY_PORT: u16 = 10053;
+
+impl Node {
+    /// Where the endpoints added at run time (admin API, CNI plugin) are kept for restarts,
+    /// the pin directory being `pin_dir`: `<stateDir>/endpoints.yaml`, else
+    /// [`default_endpoints_file`]. Always somewhere: a restarted agent that forgot them would
+    /// detach its programs from workloads it enforced.
+    pub fn endpoints_file(&self, pin_dir: &Path) -> PathBuf {
+        match &self.daemon.state_dir {
+            Some(dir) => dir.join("endpoints.yaml"),
+            None => default_endpoints_file(pin_dir),
+        }
+    }
+}
 
 impl Default for Node {
     fn default() -> Self {

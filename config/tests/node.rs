@@ -52,6 +52,38 @@ fn node_fields_are_read_with_defaults_for_the_rest() {
 }
 
 #[test]
+fn run_time_endpoints_are_kept_in_the_state_dir_or_beside_the_pins_path() {
+    let node = |extra: &str| {
+        load_str(
+            &format!("apiVersion: fqdnd.io/v1\nkind: Node\nspec:\n{extra}"),
+            file(),
+        )
+        .unwrap()
+        .node
+        .unwrap()
+    };
+    let pins = Path::new("/sys/fs/bpf/fqdnd/v3");
+    assert_eq!(
+        node("  stateDir: /var/lib/x\n").endpoints_file(pins),
+        PathBuf::from("/var/lib/x/endpoints.yaml")
+    );
+    // No stateDir: still kept, one file per pin directory.
+    assert_eq!(
+        node("  dnsProxyPort: 5300\n").endpoints_file(pins),
+        PathBuf::from("/var/lib/fqdnd/pins/sys/fs/bpf/fqdnd/v3/endpoints.yaml")
+    );
+    assert_ne!(
+        fqdnd_config::default_endpoints_file(Path::new("/sys/fs/bpf/a")),
+        fqdnd_config::default_endpoints_file(Path::new("/sys/fs/bpf/b"))
+    );
+    assert_eq!(
+        fqdnd_config::default_endpoints_file(Path::new("/sys/fs/bpf/x/../../../../a")),
+        PathBuf::from("/var/lib/fqdnd/pins/a/endpoints.yaml"),
+        "never outside the root"
+    );
+}
+
+#[test]
 fn gateway_fields_in_a_node_and_node_fields_in_a_gateway_are_errors() {
     let err = load_str(
         "apiVersion: fqdnd.io/v1\nkind: Node\nspec:\n  upstreams: [\"192.0.2.1:53\"]\n",

@@ -10,6 +10,11 @@
 //! The files win: an id they declare cannot be added or removed through the API. An endpoint
 //! added through the API keeps the `Endpoint` document it came as, so it can be saved and
 //! read back after a restart ([`Registry::saved`], [`Registry::parse_saved`]).
+//!
+//! Containers' attachments (CNI) are endpoints of the API, one per attachment: see
+//! [`containers`].
+
+pub mod containers;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -138,6 +138,27 @@ pub enum Error {
         /// Its name.
         owner_name: String,
     },
+    /// A CNI container id that is not one.
+    #[error("container id {id:?} is not a CNI container id (letters, digits, `_`, `.`, `-`)")]
+    ContainerId {
+        /// The id given.
+        id: String,
+    },
+    /// A container's interface name (`CNI_IFNAME`) that is not one.
+    #[error(
+        "interface name {name:?} is not a container interface name (1 to 15 letters, digits, \
+         `_`, `.`, `-`)"
+    )]
+    ContainerInterface {
+        /// The name given.
+        name: String,
+    },
+    /// Every endpoint id from `from` up is taken.
+    #[error("no endpoint id from {from} up is free")]
+    NoFreeEndpointId {
+        /// Where the search started.
+        from: u16,
+    },
     /// No endpoint with this id was added at run time.
     #[error("no endpoint {id}")]
     NoEndpoint {

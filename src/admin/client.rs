@@ -79,7 +79,25 @@ impl Target {
     }
 }
 
-/// One request; returns the body of a 2xx answer, or the answer as the error.
+/// An answer of the admin API that is not a success: the error of a request that reached the
+/// daemon (callers tell it from one that did not by downcasting).
+#[derive(Debug)]
+pub(crate) struct Answered {
+    /// The HTTP status.
+    pub(crate) status: hyper::StatusCode,
+    /// What the daemon said.
+    pub(crate) body: String,
+}
+
+impl std::fmt::Display for Answered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "admin API answered {}: {}", self.status, self.body)
+    }
+}
+
+impl std::error::Error for Answered {}
+
+/// One request; returns the body of a 2xx answer, or the answer as the error ([`Answered`]).
 pub(crate) fn request(socket: &Path, method: Method, path: &str, body: &str) -> Result<String> {
     send(socket, method, path, body, None)
 }
@@ -146,7 +164,11 @@ async fn exchange(
     driver.abort();
     let text = String::from_utf8_lossy(&bytes).into_owned();
     if !status.is_success() {
-        bail!("admin API answered {status}: {}", text.trim());
+        return Err(Answered {
+            status,
+            body: text.trim().to_owned(),
+        }
+        .into());
     }
     Ok(text)
 }

@@ -17,9 +17,10 @@
 //! | POST | `/v1/services` | node: body = one `kind: Service` YAML document; sets it |
 //! | DELETE | `/v1/services/{name}` | node: removes a service added through the API |
 //! | GET | `/v1/drops?since=N` | node: `DropPage`, policy drops after sequence number N |
-//! | POST | `/v1/cni` | node: body = `CniAttachment` (container id, interface, addresses, labels); the container's endpoint (`EndpointRow`), id chosen by the agent |
-//! | GET | `/v1/cni/{container}` | node: that container's `EndpointRow`, 404 if none |
-//! | DELETE | `/v1/cni/{container}` | node: removes it; none is not an error |
+//! | POST | `/v1/cni` | node: body = `CniAttachment` (container id, interface in the container, host-side interface, addresses, labels); that attachment's endpoint (`EndpointRow`), id chosen by the agent |
+//! | GET | `/v1/cni/{container}/{ifname}` | node: the `EndpointRow` of the container's attachment through `ifname`, 404 if none |
+//! | DELETE | `/v1/cni/{container}/{ifname}` | node: removes that attachment's endpoint; none is not an error |
+//! | DELETE | `/v1/cni/{container}` | node: removes every endpoint of the container (a DEL without `CNI_IFNAME`) |
 //! | GET | `/v1/record` | `RecordStatus`: the recording running, or the last one |
 //! | POST | `/v1/record` | body = `RecordRequest` (`dir`, `maxFileBytes`, `maxFiles`): starts recording |
 //! | DELETE | `/v1/record` | stops recording (every message taken is written first); its `RecordStatus` |

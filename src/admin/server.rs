@@ -98,7 +98,8 @@ pub(crate) async fn serve(
         .route("/v1/services/{name}", delete(remove_service))
         .route("/v1/drops", get(drops))
         .route("/v1/cni", post(cni_add))
-        .route("/v1/cni/{container}", get(cni_get).delete(cni_del))
+        .route("/v1/cni/{container}", delete(cni_del_all))
+        .route("/v1/cni/{container}/{ifname}", get(cni_get).delete(cni_del))
         .route(
             "/v1/record",
             get(record_status).post(record_start).delete(record_stop),
@@ -403,12 +404,25 @@ async fn cni_add(
     .map(Json)
 }
 
+/// CNI DEL of one attachment.
 async fn cni_del(
+    State(shared): State<Arc<Shared>>,
+    UrlPath((container, ifname)): UrlPath<(String, String)>,
+) -> Result<Json<Reload>, ApiError> {
+    node_change(shared, move |runtime, shared| {
+        runtime.cni_del(shared, &container, Some(&ifname))
+    })
+    .await
+    .map(|()| done())
+}
+
+/// CNI DEL without `CNI_IFNAME`: every attachment of the container.
+async fn cni_del_all(
     State(shared): State<Arc<Shared>>,
     UrlPath(container): UrlPath<String>,
 ) -> Result<Json<Reload>, ApiError> {
     node_change(shared, move |runtime, shared| {
-        runtime.cni_del(shared, &container)
+        runtime.cni_del(shared, &container, None)
     })
     .await
     .map(|()| done())
@@ -416,14 +430,14 @@ async fn cni_del(
 
 async fn cni_get(
     State(shared): State<Arc<Shared>>,
-    UrlPath(container): UrlPath<String>,
+    UrlPath((container, ifname)): UrlPath<(String, String)>,
 ) -> Result<Json<EndpointRow>, ApiError> {
     let runtime = node_only(&shared)?;
-    match runtime.cni_get(&shared, &container) {
+    match runtime.cni_get(&shared, &container, &ifname) {
         Ok(Some(row)) => Ok(Json(row)),
         Ok(None) => Err((
             StatusCode::NOT_FOUND,
-            format!("no endpoint for container {container}"),
+            format!("no endpoint for container {container} on {ifname}"),
         )),
         Err(e) => Err((StatusCode::BAD_REQUEST, format!("{e:#}"))),
     }

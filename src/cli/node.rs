@@ -499,6 +499,22 @@ pub(crate) fn bpf_unload(pin_dir: Option<&Path>) -> Result<ExitCode> {
     if dir.exists() {
         std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
     }
+    // The endpoints kept for these programs without a `stateDir`: nothing enforces them now.
+    let kept = fqdnd_config::default_endpoints_file(
+        &std::path::absolute(&dir).unwrap_or_else(|_| dir.clone()),
+    );
+    let forgot = match std::fs::remove_file(&kept) {
+        Ok(()) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+        Err(e) => return Err(e).with_context(|| format!("removing {}", kept.display())),
+    };
+    // Its directories too, up to the root, while empty.
+    let root = Path::new(fqdnd_config::DEFAULT_NODE_ENDPOINTS_ROOT);
+    for parent in kept.ancestors().skip(1) {
+        if !parent.starts_with(root) || parent == root || std::fs::remove_dir(parent).is_err() {
+            break;
+        }
+    }
     // The routes are shared: programs of another layout version (a sibling v<N> directory,
     // say the running agent's after an upgrade) still redirect DNS through them.
     let others: Vec<String> = fqdnd_ebpf::other_abi_dirs(&dir)
@@ -510,7 +526,7 @@ pub(crate) fn bpf_unload(pin_dir: Option<&Path>) -> Result<ExitCode> {
         fqdnd_ebpf::route::remove_local_delivery().context("removing the local-delivery routes")?;
     }
     println!(
-        "detached from {} interface(s){}, removed {}{}",
+        "detached from {} interface(s){}, removed {}{}{}",
         detached,
         if cgroup {
             " and the cgroup v2 root"
@@ -518,6 +534,11 @@ pub(crate) fn bpf_unload(pin_dir: Option<&Path>) -> Result<ExitCode> {
             ""
         },
         dir.display(),
+        if forgot {
+            format!(" and {}", kept.display())
+        } else {
+            String::new()
+        },
         if others.is_empty() {
             String::new()
         } else {

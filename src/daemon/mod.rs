@@ -113,6 +113,11 @@ pub(crate) trait ModeHooks: Send + Sync + 'static {
     fn publishes_cluster_addresses(&self) -> bool {
         false
     }
+    /// What a restart keeps even without a `stateDir`, for its warning (node: the endpoints
+    /// added at run time, and where).
+    fn kept_without_state_dir(&self) -> Option<String> {
+        None
+    }
 }
 
 /// What a mode hands the skeleton at start.
@@ -534,7 +539,12 @@ pub(crate) async fn start(
     let (mut restored, persist) = if options.demo {
         (fqdnd_engine::durable::Restored::default(), None)
     } else {
-        state::open(&daemon, options.strict_restore, clock)?
+        state::open(
+            &daemon,
+            options.strict_restore,
+            clock,
+            mode.kept_without_state_dir(),
+        )?
     };
     let cluster = match &config.cluster {
         Some(doc) if !options.demo => Some(ClusterRuntime::open(

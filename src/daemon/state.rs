@@ -27,14 +27,21 @@ pub(crate) fn create_state_dir(daemon: &Daemon) -> Result<()> {
         .with_context(|| format!("creating the state directory {}", dir.display()))
 }
 
-/// Opens the state directory if there is one: what to restore, and the journal.
+/// Opens the state directory if there is one: what to restore, and the journal. Without one,
+/// the warning says what a restart loses, and what it keeps (`kept`, from the mode).
 pub(super) fn open(
     daemon: &Daemon,
     strict: bool,
     clock: Clock,
+    kept: Option<String>,
 ) -> Result<(Restored, Option<Arc<Persist>>)> {
     let Some(dir) = daemon.state_dir.as_deref() else {
-        tracing::warn!("no `stateDir`: learned names and identity numbers are lost on restart");
+        let kept = kept.map(|k| format!("; {k}")).unwrap_or_default();
+        tracing::warn!(
+            "no `stateDir`: a restart loses the learned names and their identity numbers: the \
+             IPs DNS answers opened are closed (established connections to them included) \
+             until their names are resolved again, and identities get new numbers{kept}"
+        );
         return Ok((Restored::default(), None));
     };
     let started = clock.now();

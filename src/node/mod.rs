@@ -12,8 +12,9 @@
 //! loopback address (the kernel records where each query was going, the proxy reads the
 //! record) and check their other egress against the same maps.
 //!
-//! What is the node's own: the `Node` document, the endpoint registry (files + admin API, kept
-//! in `<stateDir>/endpoints.yaml`), the attachments, the services, the drop log.
+//! What is the node's own: the `Node` document, the endpoint registry (files + admin API, the
+//! latter kept in `<stateDir>/endpoints.yaml`, or without a `stateDir` in a file named after
+//! the pin directory: [`Node::endpoints_file`]), the attachments, the services, the drop log.
 
 mod drops;
 mod services;
@@ -27,6 +28,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use fqdnd_config::{Config, Node};
+use fqdnd_engine::endpoints::containers::{AddPlan, ContainerAttachment};
 use fqdnd_engine::endpoints::{Added, Attachment, Registry, Source};
 use fqdnd_ipcache::EndpointId;
 use serde::{Deserialize, Serialize};
@@ -130,14 +132,17 @@ impl ModeHooks for NodeMode {
     fn publishes_cluster_addresses(&self) -> bool {
         true
     }
+
+    fn kept_without_state_dir(&self) -> Option<String> {
+        Some(format!(
+            "the endpoints added at run time are kept in {}",
+            self.0.added_file.display()
+        ))
+    }
 }
 
 /// How often cgroup endpoints' directories are resolved again.
 const CGROUP_REFRESH: Duration = Duration::from_millis(500);
-
-/// Endpoints added by the CNI plugin get ids from here up (those below are left to the files
-/// and to `fqdnd endpoint add`).
-pub(crate) const CNI_FIRST_ID: u16 = 32_768;
 
 /// `POST /v1/cni`: what the CNI plugin tells the agent on ADD.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -145,6 +150,8 @@ pub(crate) const CNI_FIRST_ID: u16 = 32_768;
 pub(crate) struct CniAttachment {
     /// `CNI_CONTAINERID`.
     pub(crate) container_id: String,
+    /// `CNI_IFNAME`: the interface inside the container (one endpoint per attachment).
+    pub(crate) ifname: String,
     /// The host-side interface (from the previous plugin's result).
     pub(crate) interface: String,
     /// The container's addresses.
@@ -154,27 +161,13 @@ pub(crate) struct CniAttachment {
     pub(crate) labels: BTreeMap<String, String>,
 }
 
-/// The endpoint name of a container: `cni-` and the first 16 characters of its id, which the
-/// CNI spec restricts to letters, digits, `_`, `.` and `-`.
-fn cni_name(container_id: &str) -> Result<String> {
-    if container_id.is_empty()
-        || !container_id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
-    {
-        bail!("container id {container_id:?} is not a CNI container id");
-    }
-    let short: String = container_id.chars().take(16).collect();
-    Ok(format!("cni-{short}"))
-}
-
 /// The node's own state.
 pub(crate) struct NodeRuntime {
     node: Node,
     pin_dir: PathBuf,
     registry: Mutex<Registry>,
-    /// Where the endpoints added through the API are saved (`<stateDir>/endpoints.yaml`).
-    added_file: Option<PathBuf>,
+    /// Where the endpoints added through the API are saved ([`Node::endpoints_file`]).
+    added_file: PathBuf,
     /// Policy drops, for metrics and `fqdnd monitor`.
     pub(crate) drops: DropLog,
     services: Mutex<Services>,
@@ -266,15 +259,9 @@ impl NodeRuntime {
         let mut services = Services::open(&pin_dir, node.daemon.state_dir.as_deref())?;
         services.apply(&config.services, true)?;
         let lb = services.shared();
-        let added_file = node
-            .daemon
-            .state_dir
-            .as_ref()
-            .map(|d| d.join("endpoints.yaml"));
+        let added_file = node.endpoints_file(&pin_dir);
         let mut registry = Registry::new(config);
-        if let Some(path) = &added_file {
-            load_added(&mut registry, path)?;
-        }
+        load_added(&mut registry, &added_file)?;
         let config = registry.merged();
         let listen = vec![
             SocketAddr::from((Ipv4Addr::UNSPECIFIED, node.dns_proxy_port)),
@@ -294,7 +281,9 @@ impl NodeRuntime {
             node: node.clone(),
             kernel: std::sync::OnceLock::new(),
         });
-        runtime.save_added();
+        if let Err(e) = runtime.save_added() {
+            tracing::warn!(error = %format!("{e:#}"), "the endpoints restored are in force, but a restart may not find them");
+        }
         Ok(Prepared {
             config,
             daemon: node.daemon.clone(),
@@ -418,11 +407,16 @@ impl NodeRuntime {
             let previous = registry.add(new).map_err(engine_error)?;
             (previous, registry.merged())
         };
-        if let Err(e) = self.apply(shared, config) {
+        // Saved before it is enforced: an endpoint a restart would not find is refused (the
+        // restarted agent would detach its programs from it).
+        let applied = self.save_added().and_then(|()| self.apply(shared, config));
+        if let Err(e) = applied {
             lock(&self.registry, "endpoints")?.undo_add(id, previous);
+            if let Err(again) = self.save_added() {
+                tracing::warn!(error = %format!("{again:#}"), "saving the endpoints after a refused change failed");
+            }
             return Err(e);
         }
-        self.save_added();
         tracing::info!(endpoint = %id, name = %name, "endpoint added through the admin API");
         self.row(shared, id)
     }
@@ -435,84 +429,67 @@ impl NodeRuntime {
             .context("the endpoint vanished while being added")
     }
 
-    /// CNI ADD: the container's endpoint, under the name `cni-<container id>` with an id the
-    /// agent picks (from [`CNI_FIRST_ID`] up). Asked again for the same container (a runtime
-    /// retrying), it changes nothing when the interface and addresses are the same.
+    /// CNI ADD: the endpoint of the container's attachment through `ifname`
+    /// ([`fqdnd_engine::endpoints::containers`]: one per attachment, its other attachments
+    /// untouched). Asked again for the same attachment (a runtime retrying), it changes
+    /// nothing.
     pub(crate) fn cni_add(
         &self,
         shared: &Shared,
         attachment: &CniAttachment,
     ) -> Result<EndpointRow> {
-        let name = cni_name(&attachment.container_id)?;
-        let mut labels: Vec<(String, String)> = attachment
-            .labels
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        labels.sort();
-        let _changes = lock(&shared.changes, "changes")?;
-        let id = {
-            let registry = lock(&self.registry, "endpoints")?;
-            match registry.added_named(&name) {
-                Some(existing) => {
-                    let mut same: Vec<_> = attachment
-                        .addresses
-                        .iter()
-                        .map(|a| ipnet::IpNet::from(*a))
-                        .collect();
-                    same.sort();
-                    let mut had = existing.endpoint.addresses.clone();
-                    had.sort();
-                    if existing.attachment == Attachment::Interface(attachment.interface.clone())
-                        && had == same
-                    {
-                        let id = existing.endpoint.id;
-                        drop(registry);
-                        return self.row(shared, id);
-                    }
-                    existing.endpoint.id
-                }
-                None => registry
-                    .free_id(CNI_FIRST_ID)
-                    .context("no endpoint id is free")?,
-            }
+        let wanted = ContainerAttachment {
+            container_id: attachment.container_id.clone(),
+            ifname: attachment.ifname.clone(),
+            interface: attachment.interface.clone(),
+            addresses: attachment.addresses.clone(),
+            labels: attachment
+                .labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
         };
-        let document = fqdnd_engine::endpoints::document(
-            &name,
-            id,
-            &Attachment::Interface(attachment.interface.clone()),
-            &attachment.addresses,
-            &labels,
-        );
-        let new = Added::parse(&document).map_err(engine_error)?;
-        self.add_locked(shared, new)
-    }
-
-    /// CNI DEL: removes the container's endpoint; nothing to remove is not an error (DEL may
-    /// come more than once, or for an ADD that failed).
-    pub(crate) fn cni_del(&self, shared: &Shared, container_id: &str) -> Result<()> {
-        let name = cni_name(container_id)?;
         let _changes = lock(&shared.changes, "changes")?;
-        let id = lock(&self.registry, "endpoints")?
-            .added_named(&name)
-            .map(|a| a.endpoint.id);
-        match id {
-            Some(id) => self.remove_locked(shared, id),
-            None => Ok(()),
+        let plan = lock(&self.registry, "endpoints")?
+            .container_add(&wanted)
+            .map_err(engine_error)?;
+        match plan {
+            AddPlan::Unchanged(id) => self.row(shared, id),
+            AddPlan::Add(new) => self.add_locked(shared, new),
         }
     }
 
-    /// CNI CHECK: the container's endpoint, if the agent has it.
+    /// CNI DEL: removes the endpoint of the container's attachment through `ifname` (`None`:
+    /// of every attachment); nothing to remove is not an error (DEL may come more than once,
+    /// or for an ADD that failed).
+    pub(crate) fn cni_del(
+        &self,
+        shared: &Shared,
+        container_id: &str,
+        ifname: Option<&str>,
+    ) -> Result<()> {
+        let _changes = lock(&shared.changes, "changes")?;
+        let ids = lock(&self.registry, "endpoints")?
+            .container_endpoints(container_id, ifname)
+            .map_err(engine_error)?;
+        for id in ids {
+            self.remove_locked(shared, id)?;
+        }
+        Ok(())
+    }
+
+    /// CNI CHECK: the endpoint of the container's attachment through `ifname`, if the agent
+    /// has it.
     pub(crate) fn cni_get(
         &self,
         shared: &Shared,
         container_id: &str,
+        ifname: &str,
     ) -> Result<Option<EndpointRow>> {
-        let name = cni_name(container_id)?;
-        let id = lock(&self.registry, "endpoints")?
-            .added_named(&name)
-            .map(|a| a.endpoint.id);
-        id.map(|id| self.row(shared, id)).transpose()
+        let ids = lock(&self.registry, "endpoints")?
+            .container_endpoints(container_id, Some(ifname))
+            .map_err(engine_error)?;
+        ids.first().map(|id| self.row(shared, *id)).transpose()
     }
 
     /// Removes an endpoint added through the admin API.
@@ -532,7 +509,9 @@ impl NodeRuntime {
             lock(&self.registry, "endpoints")?.undo_remove(removed);
             return Err(e);
         }
-        self.save_added();
+        if let Err(e) = self.save_added() {
+            tracing::warn!(error = %format!("{e:#}"), "the endpoint is removed, but a restart may bring it back while its interface exists");
+        }
         tracing::info!(endpoint = %id, "endpoint removed through the admin API");
         Ok(())
     }
@@ -543,15 +522,35 @@ impl NodeRuntime {
         shared.apply(Desired { config, lists })
     }
 
-    /// Saves the endpoints added through the API (temp file + rename), so a restart brings
-    /// them back; a failure is logged (they stay in force until the restart).
-    fn save_added(&self) {
-        let Some(path) = &self.added_file else {
-            return;
+    /// Saves the endpoints added through the API (temp file, fsync, rename), so a restart
+    /// brings them back.
+    ///
+    /// # Errors
+    /// The file could not be written (counted in `fqdnd_checkpoint_errors_total`).
+    fn save_added(&self) -> Result<()> {
+        let path = &self.added_file;
+        let (text, none) = {
+            let registry = lock(&self.registry, "endpoints")?;
+            (registry.saved(), registry.added().next().is_none())
         };
-        let Ok(text) = lock(&self.registry, "endpoints").map(|r| r.saved()) else {
-            return;
-        };
+        if none && !path.exists() {
+            return Ok(());
+        }
+        // Without a `stateDir`, its directory is made for the first endpoint.
+        if let Some(dir) = path.parent() {
+            std::os::unix::fs::DirBuilderExt::mode(
+                std::fs::DirBuilder::new().recursive(true),
+                0o700,
+            )
+            .create(dir)
+            .with_context(|| {
+                format!(
+                    "creating {}, where the endpoints added at run time are kept (`stateDir` \
+                     says where else)",
+                    dir.display()
+                )
+            })?;
+        }
         let tmp = path.with_extension("yaml.tmp");
         let result = std::fs::OpenOptions::new()
             .write(true)
@@ -559,12 +558,18 @@ impl NodeRuntime {
             .truncate(true)
             .mode(0o600)
             .open(&tmp)
-            .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()))
+            .and_then(|mut f| {
+                std::io::Write::write_all(&mut f, text.as_bytes())?;
+                f.sync_all()
+            })
             .and_then(|()| std::fs::rename(&tmp, path));
-        if let Err(e) = result {
+        result.map_err(|e| {
             crate::metrics::count_state_file_error();
-            tracing::warn!(file = %path.display(), error = %e, "saving the endpoints added through the API failed: they will not come back after a restart");
-        }
+            anyhow!(
+                "saving the endpoints added at run time in {} failed: {e}",
+                path.display()
+            )
+        })
     }
 
     /// Every endpoint with its kernel state.

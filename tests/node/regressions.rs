@@ -7,7 +7,8 @@ use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
 
 use crate::common::{assert_private, fqdnd_command, policy_doc, run, stdout_of, text, usual_umask};
-use crate::{A_PORTS, node_config_with, resolve, sa, setup, setup_with};
+use crate::topology::tcp_reaches;
+use crate::{A_PORTS, DROPPED, node_config_with, resolve, sa, setup, setup_with};
 
 /// Guards the privacy of the node's state directory: fqdnd creates it 0700 and every file in
 /// it without group or other bits — the lock and the journal, `endpoints.yaml` (endpoints
@@ -198,4 +199,95 @@ fn bpf_endpoint_list_names_the_agents_interfaces_from_another_namespace() {
     // And from this test's own namespace.
     let listed = stdout_of(&run(fqdnd_command().args(args)));
     assert_eq!(listed, in_agents, "from the test's namespace");
+}
+
+/// Guards issue 36's first finding: a node agent without `stateDir` restarted keeps the
+/// endpoints added at run time (here B, through the API) attached and enforcing — kept in the
+/// file named after its pin directory — and its warning says what a restart does lose. Before,
+/// the restarted agent had no record of them: it detached its programs from their interfaces,
+/// and B, whose policy allows it DNS and nothing else, reached any address.
+#[test]
+fn a_restart_without_a_state_dir_keeps_every_endpoint_enforced() {
+    let Some(mut t) = setup("nostate") else {
+        return;
+    };
+    let echo = sa(t.v4(10, 1), 8080);
+    assert!(!tcp_reaches(&t.ep_b, echo, DROPPED), "B reached {echo}");
+    let kept = fqdnd_config::default_endpoints_file(&t.pin_dir);
+    assert_private(kept.parent().unwrap(), &["endpoints.yaml"]);
+
+    let config = t.config_dir();
+    t.kill_node();
+    // While it is down, and after: B stays under its policy.
+    assert!(!tcp_reaches(&t.ep_b, echo, DROPPED), "B reached {echo}");
+    t.start_node(&config);
+    let listing = t.bpf_list("endpoint");
+    assert_eq!(
+        interfaces(&listing).get("2"),
+        Some(&t.if_b),
+        "B's interface is no longer an endpoint:\n{listing}\n{}",
+        t.logs()
+    );
+    let endpoints = t.admin_json(&["endpoint", "list"]);
+    let b = endpoints
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["id"] == 2)
+        .unwrap_or_else(|| panic!("B is gone: {endpoints}"));
+    assert_eq!(b["source"], "api", "{b}");
+    assert_eq!(b["enforcing"], true, "{b}");
+    assert!(b["ifindex"].is_u64(), "{b}");
+    assert!(
+        !tcp_reaches(&t.ep_b, echo, DROPPED),
+        "B reached {echo} after the restart\n{}",
+        t.logs()
+    );
+    let log = std::fs::read_to_string(t.dir.join("node.log")).unwrap();
+    assert!(
+        log.contains("a restart loses the learned names")
+            && log.contains(&format!(
+                "the endpoints added at run time are kept in {}",
+                kept.display()
+            )),
+        "{log}"
+    );
+}
+
+/// Guards issue 36's fourth finding: an endpoint whose interface went while the agent was down
+/// (a container removed meanwhile; here B's veth deleted) leaves nothing in the kernel maps
+/// once the agent is back — neither its endpoint entry, keyed by the gone interface's index
+/// (which a new interface may get), nor its source addresses — and a new endpoint may take
+/// its id. Before, the restarted agent dropped the saved endpoint ("its interface is gone")
+/// but kept `? source 10.N.2.2 → endpoint 2` and the entry in the maps.
+#[test]
+fn an_endpoint_gone_while_the_agent_was_down_leaves_nothing_in_the_kernel() {
+    let Some(mut t) = setup("gonedown") else {
+        return;
+    };
+    let config = t.config_dir();
+    let b_source = format!("source {} → endpoint 2", t.v4(2, 2));
+    let before = t.bpf_list("endpoint");
+    assert!(before.contains(&b_source), "{before}");
+    t.kill_node();
+    crate::topology::sh(&format!("ip -n {} link del {}", t.host, t.if_b));
+    t.start_node(&config);
+    let log = std::fs::read_to_string(t.dir.join("node.log")).unwrap();
+    assert!(log.contains("its interface is gone"), "{log}");
+    let after = t.bpf_list("endpoint");
+    let endpoint_ids: Vec<&str> = after
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.starts_with(' '))
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .collect();
+    assert_eq!(endpoint_ids, ["1"], "only A is an endpoint now:\n{after}");
+    assert!(
+        !after.contains("→ endpoint 2"),
+        "B's entries are still in the kernel:\n{after}"
+    );
+    assert!(
+        after.contains(&format!("source {} → endpoint 1", t.v4(1, 2))),
+        "A's sources went too:\n{after}"
+    );
 }

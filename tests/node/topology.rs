@@ -421,6 +421,10 @@ impl Drop for Topology {
             let _ = Command::new("ip").args(["netns", "del", ns]).status();
         }
         let _ = std::fs::remove_dir_all(&self.pin_dir);
+        // The endpoints the node kept for these pins without a `stateDir`.
+        if let Some(dir) = fqdnd_config::default_endpoints_file(&self.pin_dir).parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
         if !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.dir);
         } else {
