@@ -313,9 +313,8 @@ async fn a_deleted_key_revokes_what_only_it_carried_on_every_gateway() {
     assert_eq!((revocation.addrs, revocation.record), (vec![ip(1)], false));
     // gw-1's publisher is told: a later answer writes the key again.
     let unwritten = loop {
-        match p1_rx.recv().await.unwrap() {
-            Publish::Unwritten(keys) => break keys,
-            _ => {}
+        if let Publish::Unwritten(keys) = p1_rx.recv().await.unwrap() {
+            break keys;
         }
     };
     assert_eq!(unwritten, [config("gw-1").key("lan", "a.example.test")]);
