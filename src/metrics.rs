@@ -81,11 +81,19 @@ pub(crate) fn install(addr: SocketAddr) -> Result<ExporterFuture> {
     );
     metrics::describe_gauge!(
         "fqdnd_ha_import_lag_seconds",
-        "HA gateway group: the last import's wait from its oldest record's answer (peer's wall clock) to the import"
+        "HA gateway group: the last import of new records, from the oldest one's answer (peer's wall clock) to its import (the import at start is apart: fqdnd_ha_startup_import_seconds)"
     );
     metrics::describe_gauge!(
         "fqdnd_ha_pending",
         "HA gateway group: learned answers waiting to be written to etcd"
+    );
+    metrics::describe_gauge!(
+        "fqdnd_ha_startup_import_seconds",
+        "HA gateway group: how long the import of the group's state at start took"
+    );
+    metrics::describe_counter!(
+        "fqdnd_cluster_records_rejected_total",
+        "values under the cluster's keys refused (bad key, unparsable, fields that disagree), by key family"
     );
     Ok(exporter)
 }
@@ -263,5 +271,10 @@ pub(crate) fn record_cluster(status: &crate::cluster::ClusterStatus) {
         metrics::gauge!("fqdnd_ha_imported_total").set(h.imported as f64);
         metrics::gauge!("fqdnd_ha_import_refused_total").set(h.import_refused as f64);
         metrics::gauge!("fqdnd_ha_dropped_total").set(h.dropped as f64);
+        metrics::gauge!("fqdnd_ha_revoked_total").set(h.revoked as f64);
+        metrics::gauge!("fqdnd_ha_republished_total").set(h.republished as f64);
+        metrics::gauge!("fqdnd_ha_startup_import_seconds").set(h.startup_import_ms as f64 / 1000.0);
+        metrics::counter!("fqdnd_cluster_records_rejected_total", "kind" => "learned")
+            .absolute(h.rejected);
     }
 }
