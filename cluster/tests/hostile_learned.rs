@@ -29,30 +29,36 @@ use tracing_subscriber::layer::SubscriberExt;
 
 use support::{TestSink, TestWall, config, delete, ip, put, record, settle, spawn_importer, until};
 
-/// Warnings and errors logged, by thread.
-static LOUD: Mutex<Vec<(ThreadId, usize)>> = Mutex::new(Vec::new());
+/// Lines logged by thread: (warnings and errors, lines at info and above).
+static LOUD: Mutex<Vec<(ThreadId, usize, usize)>> = Mutex::new(Vec::new());
 
-/// Counts warnings and errors logged, by thread (a paused runtime's tasks run on its test's).
+/// Counts lines logged, by thread (a paused runtime's tasks run on its test's).
 struct Loud;
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Loud {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
         let level = *event.metadata().level();
-        if level == tracing::Level::WARN || level == tracing::Level::ERROR {
+        let warn = level == tracing::Level::WARN || level == tracing::Level::ERROR;
+        if warn || level == tracing::Level::INFO {
             let me = std::thread::current().id();
             let mut loud = LOUD.lock().unwrap();
-            match loud.iter_mut().find(|(id, _)| *id == me) {
-                Some((_, n)) => *n += 1,
-                None => loud.push((me, 1)),
-            }
+            let at = match loud.iter().position(|(id, _, _)| *id == me) {
+                Some(at) => at,
+                None => {
+                    loud.push((me, 0, 0));
+                    loud.len() - 1
+                }
+            };
+            loud[at].1 += usize::from(warn);
+            loud[at].2 += 1;
         }
     }
 }
 
-/// The warnings and errors this thread logged so far. Every test of this binary installs
-/// the counter first (a global one: a callsite first hit without any subscriber would be
-/// cached as never logging).
-fn warnings() -> usize {
+/// This thread's (warnings and errors, lines at info and above) logged so far. Every test of
+/// this binary installs the counter first (a global one: a callsite first hit without any
+/// subscriber would be cached as never logging).
+fn logged() -> (usize, usize) {
     static INSTALL: Once = Once::new();
     INSTALL.call_once(|| {
         tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Loud)).unwrap();
@@ -61,8 +67,13 @@ fn warnings() -> usize {
     LOUD.lock()
         .unwrap()
         .iter()
-        .find(|(id, _)| *id == me)
-        .map_or(0, |(_, n)| *n)
+        .find(|(id, _, _)| *id == me)
+        .map_or((0, 0), |(_, w, i)| (*w, *i))
+}
+
+/// This thread's warnings and errors logged so far.
+fn warnings() -> usize {
+    logged().0
 }
 
 fn kv(key: &str, value: &[u8], revision: i64) -> Kv {
@@ -256,7 +267,7 @@ fn held(sink: &TestSink, now_ms: u64) -> BTreeMap<(String, String), Vec<IpAddr>>
 /// garbage is still a revocation.
 #[tokio::test(start_paused = true)]
 async fn a_hostile_store_opens_nothing_the_valid_records_do_not() {
-    let logged = warnings();
+    let warned = warnings();
     let wall = TestWall::new();
     let now = wall.unix_ms();
     let (clean, dirty) = (MemoryStore::new(), MemoryStore::new());
@@ -313,7 +324,7 @@ async fn a_hostile_store_opens_nothing_the_valid_records_do_not() {
     // The forged record for a group it lacks went to the engine, which refused it.
     assert_eq!(clean_rx.borrow().import_refused, 1);
     assert_eq!(dirty_rx.borrow().import_refused, 1);
-    assert_eq!(warnings() - logged, bad_keys.len(), "one line per bad key");
+    assert_eq!(warnings() - warned, bad_keys.len(), "one line per bad key");
     // A flood: the bad values written again and again (each write a new revision).
     let before = dirty_rx.borrow().rejected;
     for _ in 0..50 {
@@ -325,7 +336,7 @@ async fn a_hostile_store_opens_nothing_the_valid_records_do_not() {
         dirty_rx.borrow().rejected == before + 150
     })
     .await;
-    assert_eq!(warnings() - logged, bad_keys.len(), "no more lines");
+    assert_eq!(warnings() - warned, bad_keys.len(), "no more lines");
     // A bad value over a valid key: the key holds nothing valid, what only it carried goes.
     let b = config("gw-x").key_of("gw-2", "lan", "b.example.test");
     put(&dirty, &b, b"{}".to_vec()).await;
@@ -346,6 +357,22 @@ async fn a_hostile_store_opens_nothing_the_valid_records_do_not() {
         "10.0.0.2: gw-2's key still has it"
     );
     assert!(dirty_sink.addrs("lan", "b.example.test", now).is_empty());
+    // A flood of valid writes and deletes: each a revocation, counted; a summary line, not a
+    // line each.
+    let lines = logged().1;
+    let flood = config("gw-x").key_of("gw-9", "lan", "flood.example.test");
+    let value = record("gw-9", "lan", "flood.example.test", &[ip(9)], 300, now);
+    for _ in 0..100 {
+        put(&dirty, &flood, value.clone()).await;
+        settle(Duration::from_millis(1)).await;
+        delete(&dirty, &flood).await;
+        settle(Duration::from_millis(1)).await;
+    }
+    until(Duration::from_secs(2), "the flood revoked", || {
+        dirty_rx.borrow().revoked == 102
+    })
+    .await;
+    assert!(logged().1 - lines <= 1, "{} lines", logged().1 - lines);
     settle(Duration::from_millis(10)).await;
     assert!(dirty_rx.borrow().importing, "still watching");
 }

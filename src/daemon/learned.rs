@@ -103,7 +103,7 @@ pub(super) fn revoke(shared: &Shared, revocations: &[Revocation]) {
         };
         match engine.forget(&forget) {
             Ok(done) => {
-                tracing::info!(client = %r.client, name = %r.name, forgotten = done.mappings, "revoked in the HA group: forgotten");
+                tracing::debug!(client = %r.client, name = %r.name, forgotten = done.mappings, "revoked in the HA group: forgotten");
             }
             Err(e) => {
                 crate::metrics::record_datapath_error(&e);

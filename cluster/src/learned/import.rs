@@ -15,8 +15,28 @@ use super::{LearnedSink, ShareConfig, ShareStatus, Wall, millis};
 use crate::error::StoreError;
 use crate::store::{Revision, Store, Watch};
 
-/// How often a summary of the records the engine refused may be logged.
-const REFUSED_LOG_EVERY: Duration = Duration::from_secs(10);
+/// How often a summary of the records the engine refused (or of the revocations applied) may
+/// be logged: a hand writing and deleting keys in a loop costs counters, not the log.
+const SUMMARY_EVERY: Duration = Duration::from_secs(10);
+
+/// Events counted since their last summary line, and when it was logged.
+#[derive(Debug, Default)]
+struct Summary {
+    count: u64,
+    logged: Option<Instant>,
+}
+
+impl Summary {
+    /// Counts `n` more; whether a summary is due (then the count restarts).
+    fn due(&mut self, n: u64) -> Option<u64> {
+        self.count += n;
+        if self.count == 0 || self.logged.is_some_and(|at| at.elapsed() < SUMMARY_EVERY) {
+            return None;
+        }
+        self.logged = Some(Instant::now());
+        Some(std::mem::take(&mut self.count))
+    }
+}
 
 /// What the importer hands on, and where.
 pub struct Importer<K, W> {
@@ -25,8 +45,9 @@ pub struct Importer<K, W> {
     sink: Arc<K>,
     wall: Arc<W>,
     status: watch::Sender<ShareStatus>,
-    /// Records refused by the engine since the last summary, and when it was logged.
-    refused: (u64, Option<Instant>),
+    /// Records the engine refused, and revocations, since their last summary line.
+    refused: Summary,
+    revoked: Summary,
 }
 
 impl<K: LearnedSink, W: Wall> Importer<K, W> {
@@ -42,7 +63,8 @@ impl<K: LearnedSink, W: Wall> Importer<K, W> {
             sink,
             wall,
             status,
-            refused: (0, None),
+            refused: Summary::default(),
+            revoked: Summary::default(),
         }
     }
 
@@ -58,12 +80,19 @@ impl<K: LearnedSink, W: Wall> Importer<K, W> {
         } = applied;
         if !revocations.is_empty() {
             for r in &revocations {
-                tracing::info!(client = %r.client, name = %r.name, addrs = ?r.addrs, record = r.record, "a learned record was revoked in the HA group: forgetting what only it carried");
+                tracing::debug!(client = %r.client, name = %r.name, addrs = ?r.addrs, record = r.record, "a learned record was revoked in the HA group: forgetting what only it carried");
             }
+            let first = revocations
+                .first()
+                .map(|r| r.name.clone())
+                .unwrap_or_default();
             let sink = Arc::clone(&self.sink);
             let count = revocations.len() as u64;
             let _ = tokio::task::spawn_blocking(move || sink.revoke(&revocations)).await;
             self.status.send_modify(|s| s.revoked += count);
+            if let Some(n) = self.revoked.due(count) {
+                tracing::info!(revocations = n, first = %first, "learned records revoked in the HA group (keys deleted or rewritten before they expired): forgotten what only they carried");
+            }
         }
         let total = imports.len() as u64;
         let imported = if imports.is_empty() {
@@ -86,18 +115,11 @@ impl<K: LearnedSink, W: Wall> Importer<K, W> {
                 s.import_lag_max_ms = s.import_lag_max_ms.max(lag);
             }
         });
-        self.refused.0 += refused;
-        if self.refused.0 > 0
-            && self
-                .refused
-                .1
-                .is_none_or(|at| at.elapsed() >= REFUSED_LOG_EVERY)
-        {
+        if let Some(n) = self.refused.due(refused) {
             tracing::info!(
-                refused = self.refused.0,
+                refused = n,
                 "records of the HA group refused here (unknown client group, a name this gateway's policy refuses, a breaker): see `fqdnd status`"
             );
-            self.refused = (0, Some(Instant::now()));
         }
         unwritten
     }
