@@ -23,9 +23,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use fqdnd_cluster::node::{self, Local, LocalEndpoint, NodeConfig, NodeStatus, Sink};
 use fqdnd_cluster::{
-    Changes, Connect, Credentials, EtcdStore, Held, Import, Label, Labels, Layout, Revocation,
-    ShareStatus,
-    TlsFiles, View,
+    Changes, Connect, Credentials, EtcdStore, Held, Import, Label, Labels, Layout, RecordKind,
+    Revocation, ShareStatus, TlsFiles, View,
 };
 use fqdnd_config::{Config, Daemon, SharedPolicySet, SharedUpdate};
 use fqdnd_engine::{ClusterUpdate, Engine, RemoteEndpoint, RemoteNode};
@@ -590,6 +589,14 @@ impl ClusterRuntime {
                 .chain(
                     (rules.refused_total > 0)
                         .then(|| ("policy_document".to_owned(), rules.refused_total)),
+                )
+                // An HA group's learned records (`cluster::learned`).
+                .chain(
+                    self.ha
+                        .as_ref()
+                        .map(|ha| ha.status().rejected)
+                        .filter(|n| *n > 0)
+                        .map(|n| (RecordKind::Learned.as_str().to_owned(), n)),
                 )
                 .collect(),
             temporary_identities: engine

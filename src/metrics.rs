@@ -91,10 +91,6 @@ pub(crate) fn install(addr: SocketAddr) -> Result<ExporterFuture> {
         "fqdnd_ha_startup_import_seconds",
         "HA gateway group: how long the import of the group's state at start took"
     );
-    metrics::describe_counter!(
-        "fqdnd_cluster_records_rejected_total",
-        "values under the cluster's keys refused (bad key, unparsable, fields that disagree), by key family"
-    );
     Ok(exporter)
 }
 
@@ -274,7 +270,5 @@ pub(crate) fn record_cluster(status: &crate::cluster::ClusterStatus) {
         metrics::gauge!("fqdnd_ha_revoked_total").set(h.revoked as f64);
         metrics::gauge!("fqdnd_ha_republished_total").set(h.republished as f64);
         metrics::gauge!("fqdnd_ha_startup_import_seconds").set(h.startup_import_ms as f64 / 1000.0);
-        metrics::counter!("fqdnd_cluster_records_rejected_total", "kind" => "learned")
-            .absolute(h.rejected);
     }
 }

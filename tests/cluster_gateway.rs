@@ -835,13 +835,17 @@ spec: {id: 2, addresses: [\"127.0.0.2/32\"], labels: {app: other}}
     assert!(forged["ttl"].as_u64().unwrap() <= 86_400, "{forged}");
     let status = stdout_of(&gw_b.cli(&["status"]));
     assert!(status.contains("10 records rejected"), "{status}");
+    assert!(status.contains("refused records: learned 10"), "{status}");
     gw_b.wait_metric(
         "fqdnd_cluster_records_rejected_total{kind=\"learned\"}",
         "the rejections counted",
         |v| v == 10.0,
     );
     let log = gw_b.log();
-    let lines = log.matches("a learned record is refused").count();
+    let lines = log
+        .lines()
+        .filter(|l| l.contains("a record in the cluster store is refused") && l.contains("learned"))
+        .count();
     assert_eq!(lines, 5, "one line per bad key:\n{log}");
     // A key deleted with etcdctl: both gateways forget what it alone carried.
     etcdctl_in(

@@ -10,11 +10,11 @@
 //! expires takes away what only it carried (fail closed).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::hash::{BuildHasher, RandomState};
 use std::net::IpAddr;
 
-use super::reject::{Rejection, Rejections, cut};
+use super::reject::{Rejection, cut};
 use super::{Answer, Held, Import, LearnedRecord, Revocation, ShareConfig};
+use crate::reject::{RecordKind, Rejections};
 use crate::store::{Event, Kv, Revision, Snapshot, WatchBatch};
 
 /// A valid record of the group.
@@ -68,10 +68,8 @@ pub struct Group {
     entries: BTreeMap<String, Entry>,
     /// Name → keys with a valid record of it.
     by_name: HashMap<String, BTreeSet<String>>,
-    /// Keys (hashed) whose value was refused, with the revision refused: a read of the
-    /// whole group does not count them again.
-    bad: HashMap<u64, Revision>,
-    hasher: RandomState,
+    /// Refusals: counted once per version of a key (a read of the whole group does not count
+    /// an unchanged one again), logged once per key.
     rejections: Rejections,
     /// The last revision applied (0: nothing read yet).
     revision: Revision,
@@ -84,8 +82,6 @@ impl Group {
             config,
             entries: BTreeMap::new(),
             by_name: HashMap::new(),
-            bad: HashMap::new(),
-            hasher: RandomState::new(),
             rejections: Rejections::default(),
             revision: 0,
         }
@@ -201,7 +197,6 @@ impl Group {
         applied: &mut Applied,
         gone: &mut Vec<Gone>,
     ) {
-        let hash = self.hasher.hash_one(key);
         let old = self.remove(key);
         let own = old
             .as_ref()
@@ -213,7 +208,6 @@ impl Group {
             until_ms: e.until_ms,
         };
         let Some(kv) = kv else {
-            self.bad.remove(&hash);
             if let Some(old) = old {
                 gone.push(gone_all(&old));
                 if own {
@@ -224,10 +218,10 @@ impl Group {
         };
         match self.validate(kv, now_ms) {
             Err(why) => {
-                if self.bad.insert(hash, kv.mod_revision) != Some(kv.mod_revision) {
-                    applied.rejected += 1;
-                    self.rejections.note(key, &why);
-                }
+                let before = self.rejections.total();
+                self.rejections
+                    .reject(RecordKind::Learned, key, kv.mod_revision, &why.to_string());
+                applied.rejected += self.rejections.total() - before;
                 // What was valid under the key is gone: the key holds nothing valid now.
                 if let Some(old) = old {
                     gone.push(gone_all(&old));
@@ -237,7 +231,6 @@ impl Group {
                 }
             }
             Ok(entry) => {
-                self.bad.remove(&hash);
                 if let Some(old) = &old
                     && old.learned_ms == entry.learned_ms
                     && old.expires_ms == entry.expires_ms
@@ -391,14 +384,6 @@ impl Group {
                 &mut gone,
             );
         }
-        // Refused keys gone since are forgotten too.
-        let hasher = &self.hasher;
-        let present: HashSet<u64> = snapshot
-            .kvs
-            .iter()
-            .map(|kv| hasher.hash_one(&kv.key))
-            .collect();
-        self.bad.retain(|hash, _| present.contains(hash));
         applied.revocations = self.revocations(gone, now_ms);
         self.revision = snapshot.revision;
         applied

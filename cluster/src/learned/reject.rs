@@ -1,9 +1,7 @@
-//! Why a value under the group's keys is refused, and the log of refusals: one line per bad
-//! key (its first refusal), not one per event — a store rewriting bad keys in a loop costs a
-//! counter, not the log.
-
-use std::collections::HashSet;
-use std::hash::{BuildHasher, RandomState};
+//! Why a value under the group's keys is refused. Refusals are counted and logged as every
+//! refused record of the cluster is ([`Rejections`](crate::Rejections), kind `learned`): once
+//! per key, counted once per version — a store rewriting bad keys in a loop costs a counter,
+//! not the log.
 
 /// Why a value under the group's keys is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -52,47 +50,6 @@ pub enum Rejection {
         /// [`ShareConfig::max_skew`](super::ShareConfig::max_skew).
         allowed_ms: u64,
     },
-}
-
-/// Distinct bad keys logged; past it refusals are counted only (with one line saying so).
-const LOGGED_KEYS: usize = 4096;
-
-/// Bytes of a key a log line shows.
-const KEY_SHOWN: usize = 200;
-
-/// Refusals logged once per key.
-#[derive(Debug, Default)]
-pub(super) struct Rejections {
-    hasher: RandomState,
-    logged: HashSet<u64>,
-    overflowed: bool,
-}
-
-/// `key`, cut to [`KEY_SHOWN`] bytes (at a character boundary).
-fn shown(key: &str) -> &str {
-    let mut end = key.len().min(KEY_SHOWN);
-    while !key.is_char_boundary(end) {
-        end -= 1;
-    }
-    key.get(..end).unwrap_or_default()
-}
-
-impl Rejections {
-    /// Logs the refusal of `key`'s value if it is the key's first.
-    pub(super) fn note(&mut self, key: &str, why: &Rejection) {
-        let hash = self.hasher.hash_one(key);
-        if self.logged.contains(&hash) {
-            tracing::debug!(key = shown(key), reason = %why, "a learned record refused again");
-        } else if self.logged.len() < LOGGED_KEYS {
-            self.logged.insert(hash);
-            tracing::warn!(key = shown(key), reason = %why, "a learned record is refused: ignored (each bad key is logged once; all are counted)");
-        } else if !self.overflowed {
-            self.overflowed = true;
-            tracing::warn!(
-                "more than {LOGGED_KEYS} bad keys in the HA group's learned records: further ones are counted, not logged"
-            );
-        }
-    }
 }
 
 /// `s` cut to 64 bytes, for an error.
