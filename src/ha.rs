@@ -79,6 +79,9 @@ pub(crate) struct GroupForget {
     pub(crate) deleted: usize,
     /// Keys rewritten without the addresses forgotten.
     pub(crate) rewritten: usize,
+    /// Other gateways' keys etcd refused to change (least-privilege roles).
+    #[serde(default)]
+    pub(crate) denied: usize,
     /// Whether etcd has not taken it yet (the publisher goes on trying).
     pub(crate) pending: bool,
 }
@@ -187,6 +190,7 @@ impl Ha {
         if let Ok(Ok(revoked)) = tokio::time::timeout(FORGET_WAIT, done).await {
             out.deleted = revoked.deleted;
             out.rewritten = revoked.rewritten;
+            out.denied = revoked.denied;
             out.pending = false;
         }
         out

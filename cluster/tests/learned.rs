@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fqdnd_cluster::learned::{self, Forget, Importer, Publish, Publisher, Revoked};
-use fqdnd_cluster::{LearnedRecord, MemoryStore, ShareStatus, Wall};
+use fqdnd_cluster::{LearnedRecord, MemoryStore, ShareStatus, StoreError, Wall};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
@@ -405,7 +405,8 @@ async fn a_rewrite_without_an_address_revokes_it_and_a_newer_answer_does_not() {
         done,
         Revoked {
             deleted: 0,
-            rewritten: 1
+            rewritten: 1,
+            denied: 0
         }
     );
     let key = config("gw-1").key("lan", "a.example.test");
@@ -477,7 +478,8 @@ async fn cache_forget_reaches_the_groups_keys_and_waits_out_an_outage() {
         done,
         Revoked {
             deleted: 2,
-            rewritten: 0
+            rewritten: 0,
+            denied: 0
         },
         "gw-1's and gw-2's keys of a.example.test for lan"
     );
@@ -636,4 +638,103 @@ async fn the_import_lag_is_that_of_new_records() {
         "{:?}",
         status.borrow()
     );
+}
+
+/// The in-memory store with etcd's permission check of least-privilege roles: writes only
+/// under `writable` (a gateway's own keys).
+#[derive(Clone)]
+struct Guarded {
+    inner: MemoryStore,
+    writable: String,
+}
+
+impl fqdnd_cluster::Store for Guarded {
+    type Watch = fqdnd_cluster::MemoryWatch;
+
+    async fn range(&self, prefix: &str) -> Result<fqdnd_cluster::Snapshot, StoreError> {
+        self.inner.range(prefix).await
+    }
+
+    async fn txn(&self, txn: fqdnd_cluster::Txn) -> Result<fqdnd_cluster::TxnOutcome, StoreError> {
+        let allowed = txn.ops.iter().all(|op| match op {
+            fqdnd_cluster::Op::Put { key, .. } | fqdnd_cluster::Op::Delete { key } => {
+                key.starts_with(&self.writable)
+            }
+        });
+        if !allowed {
+            return Err(StoreError::Denied {
+                reason: "permission denied".into(),
+            });
+        }
+        self.inner.txn(txn).await
+    }
+
+    async fn grant(&self, ttl: Duration) -> Result<i64, StoreError> {
+        self.inner.grant(ttl).await
+    }
+
+    async fn keep_alive(&self, lease: i64) -> Result<bool, StoreError> {
+        self.inner.keep_alive(lease).await
+    }
+
+    async fn revoke(&self, lease: i64) -> Result<(), StoreError> {
+        fqdnd_cluster::Store::revoke(&self.inner, lease).await
+    }
+
+    async fn watch(
+        &self,
+        prefix: &str,
+        from: i64,
+    ) -> Result<fqdnd_cluster::MemoryWatch, StoreError> {
+        self.inner.watch(prefix, from).await
+    }
+}
+
+/// With roles that let a gateway write only its own keys (docs/operations.md, "Who is
+/// trusted"), `cache forget` changes this gateway's keys, reports the others' as refused, and
+/// holds back none of the answers waiting behind it.
+#[tokio::test(start_paused = true)]
+async fn cache_forget_under_least_privilege_changes_its_own_keys_and_reports_the_others() {
+    let store = MemoryStore::new();
+    let wall = TestWall::new();
+    let mut gw2 = Publisher::new(config("gw-2"));
+    let theirs = answer(&wall, "a.example.test", 2, 300);
+    publish_now(&mut gw2, &store, &wall, vec![theirs]).await;
+    let guarded = Guarded {
+        inner: store.clone(),
+        writable: format!("{}gw-1/", config("gw-1").group_prefix()),
+    };
+    let mut gw1 = Publisher::new(config("gw-1"));
+    let mine = answer(&wall, "a.example.test", 1, 300);
+    publish_now(&mut gw1, &store, &wall, vec![mine]).await;
+    let (reply, done) = oneshot::channel();
+    let forget = Forget {
+        name: "a.example.test".into(),
+        addrs: None,
+        client: None,
+    };
+    gw1.forget(forget, Some(reply));
+    let later = answer(&wall, "later.example.test", 3, 300);
+    gw1.offer(later, Instant::now());
+    let (written, _, _) = gw1
+        .flush(&guarded, wall.unix_ms(), Instant::now())
+        .await
+        .unwrap();
+    assert_eq!(written, 1, "the answer behind the forget is written");
+    assert_eq!(
+        done.await.unwrap(),
+        Revoked {
+            deleted: 1,
+            rewritten: 0,
+            denied: 1
+        }
+    );
+    assert_eq!(
+        learned_keys(&store),
+        [
+            config("gw-1").key("lan", "later.example.test"),
+            config("gw-2").key("lan", "a.example.test"),
+        ]
+    );
+    assert_eq!(gw1.forgets_pending(), 0);
 }

@@ -258,9 +258,16 @@ pub(crate) fn forget(target: &Target, request: &ForgetRequest, json: bool) -> Re
         } else {
             writeln!(
                 out,
-                "  HA group {}: {} records deleted, {} rewritten without it: every gateway of the group forgets it",
+                "  HA group {}: {} records deleted, {} rewritten without it: every gateway of the group forgets what only they carried",
                 g.group, g.deleted, g.rewritten
             )?;
+            if g.denied > 0 {
+                writeln!(
+                    out,
+                    "  {} records of other gateways NOT changed: etcd refused (their keys are theirs to write); run `fqdnd cache forget` on those gateways too",
+                    g.denied
+                )?;
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

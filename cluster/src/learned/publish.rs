@@ -69,26 +69,38 @@ pub struct Revoked {
     pub deleted: usize,
     /// Keys rewritten without the addresses forgotten.
     pub rewritten: usize,
+    /// Other gateways' keys etcd refused to change (least-privilege roles: a gateway writes
+    /// only its own keys): forget on those gateways too, or delete them with an
+    /// administrator's credentials.
+    pub denied: usize,
 }
 
 /// Deletes the group's keys `forget` matches, or rewrites them without its addresses (the
 /// same record otherwise, under the same lease: peers take a rewrite of the same answer with
-/// fewer addresses as a revocation of those). Each change is conditional on the key being as
-/// read; a key changed meanwhile is read again (up to three times).
+/// fewer addresses as a revocation of those). This gateway's keys first, then each other
+/// gateway's in transactions of their own — so that roles letting a gateway write only its
+/// own keys refuse the others' (counted in [`Revoked::denied`]) without holding its own back.
+/// Each change is conditional on the key being as read; a key changed meanwhile is read again
+/// (up to three times).
 ///
 /// # Errors
-/// The store failed.
+/// The store failed (other than refusing another gateway's keys).
 pub async fn revoke<S: Store>(
     store: &S,
     config: &ShareConfig,
     forget: &Forget,
 ) -> Result<Revoked, StoreError> {
     let mut done = Revoked::default();
+    let mut refused: BTreeSet<String> = BTreeSet::new();
     for _ in 0..3 {
         let snapshot = store.range(&config.group_prefix()).await?;
-        let mut changes = Vec::new();
+        // Gateway (this one first) → its changes.
+        let mut changes: BTreeMap<(bool, String), Vec<(Compare, Op)>> = BTreeMap::new();
         for kv in &snapshot.kvs {
-            if config.parse_key(&kv.key).is_none() {
+            let Some((gateway, _, _)) = config.parse_key(&kv.key) else {
+                continue;
+            };
+            if refused.contains(&gateway) {
                 continue;
             }
             let Ok(record) = serde_json::from_slice::<LearnedRecord>(&kv.value) else {
@@ -113,22 +125,36 @@ pub async fn revoke<S: Store>(
                     lease: (kv.lease != 0).then_some(kv.lease),
                 }
             };
-            changes.push((Compare::modified_at(kv.key.clone(), kv.mod_revision), op));
+            let compare = Compare::modified_at(kv.key.clone(), kv.mod_revision);
+            let others = gateway != config.gateway;
+            changes
+                .entry((others, gateway))
+                .or_default()
+                .push((compare, op));
         }
         let mut raced = false;
-        for chunk in changes.chunks(MAX_TXN_OPS / 2) {
-            let (compares, ops): (Vec<Compare>, Vec<Op>) = chunk.iter().cloned().unzip();
-            let (deleted, rewritten) = ops.iter().fold((0, 0), |(d, r), op| match op {
-                Op::Delete { .. } => (d + 1, r),
-                Op::Put { .. } => (d, r + 1),
-            });
-            match store.txn(Txn { compares, ops }).await {
-                Ok(outcome) if outcome.succeeded => {
-                    done.deleted += deleted;
-                    done.rewritten += rewritten;
+        for ((others, gateway), changes) in changes {
+            let size = MAX_TXN_OPS / 2;
+            for (at, chunk) in changes.chunks(size).enumerate() {
+                let (compares, ops): (Vec<Compare>, Vec<Op>) = chunk.iter().cloned().unzip();
+                let (deleted, rewritten) = ops.iter().fold((0, 0), |(d, r), op| match op {
+                    Op::Delete { .. } => (d + 1, r),
+                    Op::Put { .. } => (d, r + 1),
+                });
+                match store.txn(Txn { compares, ops }).await {
+                    Ok(outcome) if outcome.succeeded => {
+                        done.deleted += deleted;
+                        done.rewritten += rewritten;
+                    }
+                    Ok(_) | Err(StoreError::LeaseNotFound { .. }) => raced = true,
+                    Err(StoreError::Denied { reason }) if others => {
+                        tracing::warn!(gateway = %gateway, reason, "etcd refused changing another gateway's learned records: forget on that gateway too (or delete its keys as an administrator)");
+                        done.denied += changes.len() - at * size;
+                        refused.insert(gateway.clone());
+                        break;
+                    }
+                    Err(e) => return Err(e),
                 }
-                Ok(_) | Err(StoreError::LeaseNotFound { .. }) => raced = true,
-                Err(e) => return Err(e),
             }
         }
         if !raced {
@@ -316,8 +342,18 @@ impl Publisher {
     /// The store failed (the forgets not applied stay waiting).
     async fn revoke_all<S: Store>(&mut self, store: &S) -> Result<(), StoreError> {
         while let Some((forget, _)) = self.forgets.first() {
-            let done = revoke(store, &self.config, forget).await?;
-            tracing::info!(name = %forget.name, deleted = done.deleted, rewritten = done.rewritten, "forgotten in the HA group's records");
+            let done = match revoke(store, &self.config, forget).await {
+                Ok(done) => done,
+                // Tried again with the next flush.
+                Err(e) if e.is_transient() => return Err(e),
+                Err(e) => {
+                    // Refused as such (its own keys included): trying again changes nothing,
+                    // and the answers waiting behind it must still be written.
+                    tracing::error!(name = %forget.name, error = %e, "etcd refused a cache forget's change of the HA group's records: only this gateway forgot it");
+                    Revoked::default()
+                }
+            };
+            tracing::info!(name = %forget.name, deleted = done.deleted, rewritten = done.rewritten, denied = done.denied, "forgotten in the HA group's records");
             let (_, reply) = self.forgets.remove(0);
             if let Some(reply) = reply {
                 let _ = reply.send(done);
