@@ -23,8 +23,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use fqdnd_cluster::node::{self, Local, LocalEndpoint, NodeConfig, NodeStatus, Sink};
 use fqdnd_cluster::{
-    Changes, Connect, Credentials, EtcdStore, Label, Labels, Layout, LearnedRecord, ShareStatus,
-    TlsFiles, View,
+    Changes, Connect, Credentials, EtcdStore, Held, Import, Label, Labels, Layout, RecordKind,
+    Revocation, ShareStatus, TlsFiles, View,
 };
 use fqdnd_config::{Config, Daemon, SharedPolicySet, SharedUpdate};
 use fqdnd_engine::{ClusterUpdate, Engine, RemoteEndpoint, RemoteNode};
@@ -48,7 +48,13 @@ pub(crate) trait Host: Send + Sync + 'static {
     /// An HA gateway group's records learned by peers (or by this gateway before a restart):
     /// learned as the local policy (for a query to one of `servers`, the proxy's listen
     /// addresses) and breakers allow; how many were.
-    fn import_learned(&self, records: &[LearnedRecord], servers: &[std::net::SocketAddr]) -> usize;
+    fn import_learned(&self, records: &[Import], servers: &[std::net::SocketAddr]) -> usize;
+    /// An HA gateway group's revocations: forgotten at once, out of the engine, the datapath
+    /// and the journal.
+    fn revoke_learned(&self, revocations: &[Revocation]);
+    /// The live answers the engine holds, per client group and name (for what the group
+    /// lacks).
+    fn held_answers(&self) -> Vec<Held>;
 }
 
 /// The shared policy as this node accepted it, document by document.
@@ -353,13 +359,15 @@ fn to_update(changes: &Changes) -> ClusterUpdate {
 
 impl ClusterRuntime {
     /// Cluster mode from the `Cluster` document, with the view `<stateDir>/cluster.state` held.
+    /// A gateway in an HA group checks imported answers as queries to `listen` and holds them
+    /// `max_ttl` seconds at most.
     pub(crate) fn open(
         doc: &fqdnd_config::Cluster,
         daemon: &Daemon,
         publish_addresses: bool,
         gateway: bool,
         clock: Clock,
-        listen: &[std::net::SocketAddr],
+        (listen, max_ttl): (&[std::net::SocketAddr], u32),
     ) -> Result<Arc<Self>> {
         let node = member_name(doc)?;
         let layout = Layout::new(&doc.prefix);
@@ -370,7 +378,7 @@ impl ClusterRuntime {
                 layout.clone(),
                 connect_options(doc)?,
                 clock,
-                listen,
+                (listen, max_ttl),
             )),
             Some(group) => {
                 tracing::warn!(group, "`gatewayGroup` is for `fqdnd gateway`: ignored");
@@ -581,6 +589,14 @@ impl ClusterRuntime {
                 .chain(
                     (rules.refused_total > 0)
                         .then(|| ("policy_document".to_owned(), rules.refused_total)),
+                )
+                // An HA group's learned records (`cluster::learned`).
+                .chain(
+                    self.ha
+                        .as_ref()
+                        .map(|ha| ha.status().rejected)
+                        .filter(|n| *n > 0)
+                        .map(|n| (RecordKind::Learned.as_str().to_owned(), n)),
                 )
                 .collect(),
             temporary_identities: engine

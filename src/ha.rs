@@ -7,20 +7,24 @@
 //! - Before the proxy binds, [`Ha::import_before_serving`] reads the group's records and learns
 //!   them (bounded: etcd may be down); then the publisher and the importer run as tasks.
 //! - Imported records go through [`Host::import_learned`]: the daemon's engine, its DNS policy,
-//!   its breakers and its journal.
+//!   its breakers and its journal; revocations through [`Host::revoke_learned`]; the answers the
+//!   group lacks are found in [`Host::held_answers`] and published again.
+//! - `fqdnd cache forget` on a gateway of a group also changes the group's keys
+//!   ([`Ha::forget`]: through the publisher, which retries while etcd is unreachable).
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::Result;
-use fqdnd_cluster::learned::{self, Answer};
+use fqdnd_cluster::learned::{self, Answer, Forget, Importer, Publish};
 use fqdnd_cluster::{
-    Connect, EtcdStore, Layout, LearnedRecord, LearnedSink, Revision, ShareConfig, ShareStatus,
-    Wall,
+    Connect, EtcdStore, Held, Import, Layout, LearnedSink, Revision, Revocation, ShareConfig,
+    ShareStatus, Wall,
 };
 use fqdnd_engine::Clock as _;
-use tokio::sync::{mpsc, watch};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 
 use crate::clock::Clock;
@@ -31,6 +35,10 @@ const QUEUE: usize = 16_384;
 
 /// How long a start waits for the group's records before serving without them.
 const IMPORT_AT_START: Duration = Duration::from_secs(5);
+
+/// How long `cache forget` waits for the group's keys to change before it reports them
+/// pending (the publisher goes on trying).
+const FORGET_WAIT: Duration = Duration::from_secs(5);
 
 /// The wall clock, from the daemon's clock.
 struct ClockWall(Clock);
@@ -49,9 +57,33 @@ struct HostSink {
 }
 
 impl LearnedSink for HostSink {
-    fn import(&self, records: &[LearnedRecord]) -> usize {
+    fn import(&self, records: &[Import]) -> usize {
         self.host.import_learned(records, &self.servers)
     }
+
+    fn revoke(&self, revocations: &[Revocation]) {
+        self.host.revoke_learned(revocations);
+    }
+
+    fn held(&self) -> Vec<Held> {
+        self.host.held_answers()
+    }
+}
+
+/// What `fqdnd cache forget` did to the HA group's keys.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct GroupForget {
+    /// The group.
+    pub(crate) group: String,
+    /// Keys deleted.
+    pub(crate) deleted: usize,
+    /// Keys rewritten without the addresses forgotten.
+    pub(crate) rewritten: usize,
+    /// Other gateways' keys etcd refused to change (least-privilege roles).
+    #[serde(default)]
+    pub(crate) denied: usize,
+    /// Whether etcd has not taken it yet (the publisher goes on trying).
+    pub(crate) pending: bool,
 }
 
 /// One gateway's membership of an HA group.
@@ -61,11 +93,12 @@ pub(crate) struct Ha {
     clock: Clock,
     /// The proxy's listen addresses: an imported answer is checked as a query to them.
     servers: Arc<[SocketAddr]>,
-    answers: mpsc::Sender<Answer>,
-    receiver: Mutex<Option<mpsc::Receiver<Answer>>>,
+    publisher: mpsc::Sender<Publish>,
+    receiver: Mutex<Option<mpsc::Receiver<Publish>>>,
     status: watch::Sender<ShareStatus>,
-    /// The revision the import before serving read at (the watch goes on from there).
-    revision: Mutex<Option<Revision>>,
+    /// The import before serving: what it read, and the revision it read at (the watch goes
+    /// on from there).
+    imported: Mutex<Option<(Importer<HostSink, ClockWall>, Revision)>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -73,37 +106,40 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Ha {
-    /// Membership of `group` as gateway `gateway`, whose proxy listens on `servers`.
+    /// Membership of `group` as gateway `gateway`, whose proxy listens on `servers` and holds
+    /// an imported answer `max_ttl` seconds at most.
     pub(crate) fn new(
         gateway: &str,
         group: &str,
         layout: Layout,
         connect: Connect,
         clock: Clock,
-        servers: &[SocketAddr],
+        (servers, max_ttl): (&[SocketAddr], u32),
     ) -> Arc<Self> {
-        let (answers, receiver) = mpsc::channel(QUEUE);
+        let (publisher, receiver) = mpsc::channel(QUEUE);
         tracing::info!(group, gateway, "HA gateway group: sharing learned answers");
         if servers.iter().any(|s| s.ip().is_unspecified()) {
             tracing::warn!(
                 "HA gateway group: a wildcard listen address matches only DNS rules without a destination; peers' answers are checked as queries to the listen addresses (listen on the pair's virtual address)"
             );
         }
+        let mut config = ShareConfig::new(gateway, group, layout);
+        config.max_ttl = max_ttl;
         Arc::new(Self {
-            config: ShareConfig::new(gateway, group, layout),
+            config,
             connect,
             clock,
             servers: servers.into(),
-            answers,
+            publisher,
             receiver: Mutex::new(Some(receiver)),
             status: watch::Sender::new(ShareStatus::new(group)),
-            revision: Mutex::new(None),
+            imported: Mutex::new(None),
         })
     }
 
     /// Publishes an answer the observer learned for client group `client` (asynchronously:
     /// a full queue drops it and counts it).
-    pub(crate) fn offer(&self, client: &str, name: &str, addrs: &[std::net::IpAddr], ttl: u32) {
+    pub(crate) fn offer(&self, client: &str, name: &str, addrs: &[IpAddr], ttl: u32) {
         let answer = Answer {
             client: client.to_owned(),
             name: name.to_owned(),
@@ -111,7 +147,7 @@ impl Ha {
             ttl,
             learned_ms: self.clock.unix_ms_of(self.clock.now()),
         };
-        if self.answers.try_send(answer).is_err() {
+        if self.publisher.try_send(Publish::Answer(answer)).is_err() {
             self.status.send_modify(|s| s.dropped += 1);
         }
     }
@@ -121,24 +157,61 @@ impl Ha {
         self.status.borrow().clone()
     }
 
+    /// `fqdnd cache forget` for the group: its keys of `name` (of client group `client`, if
+    /// given) lose `addrs` (every address when `None`) — deleted, or rewritten without them;
+    /// what waits to be written loses them too. Waits [`FORGET_WAIT`] for etcd at most (then
+    /// reports it pending: the publisher goes on trying).
+    pub(crate) async fn forget(
+        &self,
+        name: &str,
+        addrs: Option<&[IpAddr]>,
+        client: Option<&str>,
+    ) -> GroupForget {
+        let mut out = GroupForget {
+            group: self.config.group.clone(),
+            pending: true,
+            ..GroupForget::default()
+        };
+        let (reply, done) = oneshot::channel();
+        let forget = Forget {
+            name: name.to_owned(),
+            addrs: addrs.map(<[IpAddr]>::to_vec),
+            client: client.map(str::to_owned),
+        };
+        let sent = tokio::time::timeout(
+            FORGET_WAIT,
+            self.publisher.send(Publish::Forget(forget, Some(reply))),
+        )
+        .await;
+        if !matches!(sent, Ok(Ok(()))) {
+            tracing::warn!(name, "the HA group's publisher did not take the forget");
+            return out;
+        }
+        if let Ok(Ok(revoked)) = tokio::time::timeout(FORGET_WAIT, done).await {
+            out.deleted = revoked.deleted;
+            out.rewritten = revoked.rewritten;
+            out.denied = revoked.denied;
+            out.pending = false;
+        }
+        out
+    }
+
     /// Reads the group's records and learns them, before the proxy serves; gives up after
     /// [`IMPORT_AT_START`] (the importer task reads them once etcd answers).
     pub(crate) async fn import_before_serving(&self, host: Arc<dyn Host>) -> Result<()> {
         let store = EtcdStore::connect(&self.connect).await?;
-        let sink = Arc::new(HostSink {
-            host,
-            servers: Arc::clone(&self.servers),
-        });
-        let wall = Arc::new(ClockWall(self.clock));
-        let read = learned::import_all(&store, &self.config, &sink, &wall, &self.status);
+        let mut importer = self.importer(host);
+        let read = learned::import_all(&store, &mut importer);
         match tokio::time::timeout(IMPORT_AT_START, read).await {
             Ok(Ok(revision)) => {
-                *lock(&self.revision) = Some(revision);
+                *lock(&self.imported) = Some((importer, revision));
                 let s = self.status();
-                self.status.send_modify(|s| s.initial_import_done = true);
                 tracing::info!(
+                    records = s.startup_records,
                     imported = s.imported,
                     refused = s.import_refused,
+                    rejected = s.rejected,
+                    took_ms = s.startup_import_ms,
                     revision,
                     "HA group state imported before serving"
                 );
@@ -153,6 +226,19 @@ impl Ha {
             }
         }
         Ok(())
+    }
+
+    fn importer(&self, host: Arc<dyn Host>) -> Importer<HostSink, ClockWall> {
+        let sink = Arc::new(HostSink {
+            host,
+            servers: Arc::clone(&self.servers),
+        });
+        Importer::new(
+            self.config.clone(),
+            sink,
+            Arc::new(ClockWall(self.clock)),
+            self.status.clone(),
+        )
     }
 
     /// Starts the publisher and the importer.
@@ -178,16 +264,15 @@ impl Ha {
                 Ok(())
             });
         }
+        let (importer, revision) = match lock(&self.imported).take() {
+            Some((importer, revision)) => (importer, Some(revision)),
+            None => (self.importer(host), None),
+        };
         let importer = learned::import(
             store.clone(),
-            self.config.clone(),
-            Arc::new(HostSink {
-                host,
-                servers: Arc::clone(&self.servers),
-            }),
-            wall,
-            *lock(&self.revision),
-            self.status.clone(),
+            importer,
+            revision,
+            self.publisher.clone(),
             stopped.clone(),
         );
         tasks.spawn(async move {

@@ -136,7 +136,7 @@ enum Command {
     Bpf(BpfCommand),
     /// Show the running gateway's or node agent's state.
     Status(ListArgs),
-    /// The DNS cache (`cache list`).
+    /// The DNS cache (`cache list`, `cache forget`).
     #[command(subcommand)]
     Cache(CacheCommand),
     /// Identities (`identity list`).
@@ -328,6 +328,39 @@ enum CacheCommand {
     /// Every cached name with its IPs: endpoint, source (lookup or connection), FQDN, TTL,
     /// expiration, IPs — Cilium's `fqdn cache list` columns.
     List(ListArgs),
+    /// Forget a name, or some of its addresses, at once: out of the DNS cache and the
+    /// datapath (not kept as zombies: connections open to them are cut at their next
+    /// packet) and, with `stateDir`, out of what a restart restores. On a gateway of an HA
+    /// group (`gatewayGroup`) also out of the group's records in etcd, which revokes it on
+    /// every gateway of the group. The name comes back when a client asks it again.
+    ///
+    /// Examples:
+    ///   fqdnd cache forget evil.example.com
+    ///   fqdnd cache forget cdn.example.com --address 198.51.100.7 --address 2001:db8::7
+    ///   fqdnd cache forget api.example.com --client lab
+    #[command(verbatim_doc_comment)]
+    Forget(ForgetArgs),
+}
+
+#[derive(clap::Args)]
+struct ForgetArgs {
+    /// The name (case and the trailing dot do not matter).
+    #[arg(value_name = "NAME")]
+    name: String,
+    /// Only this address of the name (repeat for more) [default: every address].
+    #[arg(long = "address", value_name = "IP")]
+    addresses: Vec<std::net::IpAddr>,
+    /// Only for this client group (gateway) or endpoint (node), by name: its record of the
+    /// name goes, and the addresses too unless another client group still has the name (the
+    /// DNS cache is shared, as Cilium's: an address is allowed to every group whose policy
+    /// selects its name). In an HA group, only that group's records are changed.
+    #[arg(long, value_name = "GROUP")]
+    client: Option<String>,
+    /// Print JSON instead of a sentence.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    target: admin::client::Target,
 }
 
 #[derive(Subcommand)]
@@ -578,6 +611,15 @@ fn main() -> ExitCode {
         Command::Bpf(BpfCommand::Unload(p)) => cli::node::bpf_unload(p.pin_dir.as_deref()),
         Command::Status(args) => cli::list::status(&args.target, args.json),
         Command::Cache(CacheCommand::List(args)) => cli::list::cache(&args.target, args.json),
+        Command::Cache(CacheCommand::Forget(args)) => cli::list::forget(
+            &args.target,
+            &admin::ForgetRequest {
+                name: args.name,
+                addresses: args.addresses,
+                client: args.client,
+            },
+            args.json,
+        ),
         Command::Identity(IdentityCommand::List(args)) => {
             cli::list::identities(&args.target, args.json)
         }

@@ -81,11 +81,15 @@ pub(crate) fn install(addr: SocketAddr) -> Result<ExporterFuture> {
     );
     metrics::describe_gauge!(
         "fqdnd_ha_import_lag_seconds",
-        "HA gateway group: the last import's wait from its oldest record's answer (peer's wall clock) to the import"
+        "HA gateway group: the last import of new records, from the oldest one's answer (peer's wall clock) to its import (the import at start is apart: fqdnd_ha_startup_import_seconds)"
     );
     metrics::describe_gauge!(
         "fqdnd_ha_pending",
         "HA gateway group: learned answers waiting to be written to etcd"
+    );
+    metrics::describe_gauge!(
+        "fqdnd_ha_startup_import_seconds",
+        "HA gateway group: how long the import of the group's state at start took"
     );
     Ok(exporter)
 }
@@ -263,5 +267,8 @@ pub(crate) fn record_cluster(status: &crate::cluster::ClusterStatus) {
         metrics::gauge!("fqdnd_ha_imported_total").set(h.imported as f64);
         metrics::gauge!("fqdnd_ha_import_refused_total").set(h.import_refused as f64);
         metrics::gauge!("fqdnd_ha_dropped_total").set(h.dropped as f64);
+        metrics::gauge!("fqdnd_ha_revoked_total").set(h.revoked as f64);
+        metrics::gauge!("fqdnd_ha_republished_total").set(h.republished as f64);
+        metrics::gauge!("fqdnd_ha_startup_import_seconds").set(h.startup_import_ms as f64 / 1000.0);
     }
 }

@@ -645,3 +645,249 @@ fn setup_password(dir: &Path, user: &str) -> std::path::PathBuf {
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
     path
 }
+
+/// `etcdctl` against `cluster`: `args`, with `stdin` as the value if given; its stdout.
+fn etcdctl_in(cluster: &EtcdCluster, args: &[&str], stdin: Option<&[u8]>) -> String {
+    use std::io::Write as _;
+    let mut child = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg("--endpoints")
+        .arg(cluster.endpoints().join(","))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    if let Some(bytes) = stdin {
+        input.write_all(bytes).unwrap();
+    }
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "etcdctl {args:?}: {}",
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+/// Issue 35 against a real etcd (no root): what a hostile hand writes under the group's
+/// keys — a TTL of 300 with an expiry in 2100, a record under one client group's key naming
+/// another, garbage, binary, a key outside the layout — is refused, counted (`fqdnd status`,
+/// `fqdnd_cluster_records_rejected_total{kind="learned"}`) and logged once per key; a forged
+/// record with a century's TTL is held a day at most; a key deleted with `etcdctl del` is
+/// forgotten on both gateways (its writer's included); `fqdnd cache forget` on one gateway
+/// reaches the other; a restart reads the group again without reporting the records' age as
+/// import lag.
+#[test]
+#[allow(
+    clippy::disallowed_types,
+    reason = "the records forged here carry the wall clock's milliseconds, as a gateway's do"
+)]
+fn an_ha_group_checks_what_etcd_holds_and_revokes_what_is_deleted() {
+    if !etcd::available("cluster_gateway") {
+        return;
+    }
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let cluster = EtcdCluster::start("ha-hostile", 3, None, "127.0.0.1");
+    let endpoints: Vec<String> = cluster
+        .endpoints()
+        .iter()
+        .map(|e| format!("\"{e}\""))
+        .collect();
+    let gateway = |name: &str| {
+        let mut setup = Gateway::setup(&format!("hostile-{name}"));
+        let metrics = setup.metrics_port();
+        setup.config(
+            "gateway.yaml",
+            &documents(&[
+                &gateway_doc(
+                    "127.0.0.1:0",
+                    &format!(
+                        "  stateDir: state
+  metrics: 127.0.0.1:{metrics}
+  staticZones:
+  - origin: example.test
+    records: |
+      $TTL 300
+      @ IN SOA ns.example.test. admin.example.test. 1 3600 600 86400 60
+      @ IN NS ns.example.test.
+      a1 IN A 192.0.2.1
+      a2 IN A 192.0.2.2
+"
+                    ),
+                ),
+                &format!(
+                    "apiVersion: fqdnd.io/v1\nkind: Cluster\nspec:\n  endpoints: [{}]\n  prefix: /ha-hostile\n  nodeName: {name}\n  gatewayGroup: edge\n",
+                    endpoints.join(", ")
+                ),
+                "apiVersion: fqdnd.io/v1
+kind: ClientGroup
+metadata: {name: lan}
+spec: {id: 1, addresses: [\"127.0.0.1/32\"], labels: {app: lan}}
+---
+apiVersion: fqdnd.io/v1
+kind: ClientGroup
+metadata: {name: other}
+spec: {id: 2, addresses: [\"127.0.0.2/32\"], labels: {app: other}}
+",
+                &policy_doc(
+                    "CiliumClusterwideNetworkPolicy",
+                    "lan-dns",
+                    "app: lan",
+                    &dns_rule("matchPattern: \"*.example.test\""),
+                ),
+            ]),
+        );
+        setup
+    };
+    let gw_a = gateway("gw-a").start();
+    let mut gw_b = gateway("gw-b").start();
+    let ha = |gw: &Gateway| cluster_status(gw)["ha"].clone();
+    let cache = |gw: &Gateway| gw.admin(&["cache", "list"]).to_string();
+    for name in ["a1", "a2"] {
+        assert_eq!(
+            rcode(gw_a.dns, &format!("{name}.example.test")),
+            Some(ResponseCode::NoError)
+        );
+    }
+    until("gw-b to import a1 and a2", || {
+        let c = cache(&gw_b);
+        c.contains("a1.example.test") && c.contains("a2.example.test")
+    });
+    // The hostile writes.
+    let prefix = "/ha-hostile-learned/edge";
+    let now_ms = u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap();
+    let record = |gateway: &str, client: &str, name: &str, ttl: u64, expires: u64| {
+        format!(
+            "{{\"name\":\"{name}\",\"client\":\"{client}\",\"addrs\":[\"192.0.2.77\"],\"ttl\":{ttl},\"learned_ms\":{now_ms},\"expires_ms\":{expires},\"gateway\":\"{gateway}\"}}"
+        )
+    };
+    let bad: Vec<(String, Vec<u8>)> = vec![
+        (
+            format!("{prefix}/gw-x/lan/y2100.example.test."),
+            record("gw-x", "lan", "y2100.example.test.", 300, 4_102_444_800_000).into_bytes(),
+        ),
+        (
+            format!("{prefix}/gw-x/other/beta.example.test."),
+            record("gw-x", "lan", "beta.example.test.", 300, now_ms + 300_000).into_bytes(),
+        ),
+        (
+            format!("{prefix}/gw-x/lan/garbage.example.test."),
+            b"{not json".to_vec(),
+        ),
+        (
+            format!("{prefix}/gw-x/lan/binary.example.test."),
+            vec![0xff, 0xfe, 0x00, 0x80],
+        ),
+        (format!("{prefix}/gw-x/lan"), b"{}".to_vec()),
+    ];
+    for (key, value) in &bad {
+        etcdctl_in(&cluster, &["put", key], Some(value));
+    }
+    let century = u64::from(u32::MAX);
+    etcdctl_in(
+        &cluster,
+        &[
+            "put",
+            &format!("{prefix}/gw-x/lan/forged.example.test."),
+            &record(
+                "gw-x",
+                "lan",
+                "forged.example.test.",
+                century,
+                now_ms + century * 1000,
+            ),
+        ],
+        None,
+    );
+    until("gw-b to refuse the five bad values", || {
+        ha(&gw_b)["rejected"].as_u64() == Some(5)
+    });
+    until("gw-b to import the forged record", || {
+        cache(&gw_b).contains("forged.example.test")
+    });
+    // The same bad values written again: counted, not logged again.
+    for (key, value) in &bad {
+        etcdctl_in(&cluster, &["put", key], Some(value));
+    }
+    until("gw-b to count them again", || {
+        ha(&gw_b)["rejected"].as_u64() == Some(10)
+    });
+    let c = cache(&gw_b);
+    for name in ["y2100", "beta", "garbage", "binary"] {
+        assert!(!c.contains(&format!("{name}.example.test")), "{name}: {c}");
+    }
+    // The forged record: a day at most.
+    let rows = gw_b.admin(&["cache", "list"]);
+    let forged = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["fqdn"] == "forged.example.test.")
+        .unwrap();
+    assert!(forged["ttl"].as_u64().unwrap() <= 86_400, "{forged}");
+    let status = stdout_of(&gw_b.cli(&["status"]));
+    assert!(status.contains("10 records rejected"), "{status}");
+    assert!(status.contains("refused records: learned 10"), "{status}");
+    gw_b.wait_metric(
+        "fqdnd_cluster_records_rejected_total{kind=\"learned\"}",
+        "the rejections counted",
+        |v| v == 10.0,
+    );
+    let log = gw_b.log();
+    let lines = log
+        .lines()
+        .filter(|l| l.contains("a record in the cluster store is refused") && l.contains("learned"))
+        .count();
+    assert_eq!(lines, 5, "one line per bad key:\n{log}");
+    // A key deleted with etcdctl: both gateways forget what it alone carried.
+    etcdctl_in(
+        &cluster,
+        &["del", &format!("{prefix}/gw-a/lan/a1.example.test.")],
+        None,
+    );
+    until("gw-b to forget a1", || {
+        !cache(&gw_b).contains("a1.example.test")
+    });
+    until("gw-a to forget a1", || {
+        !cache(&gw_a).contains("a1.example.test")
+    });
+    // `cache forget` on gw-a: gw-b forgets it too.
+    let done = gw_a.admin(&["cache", "forget", "a2.example.test"]);
+    assert_eq!(done["group"]["deleted"], 1, "{done}");
+    until("gw-b to forget a2", || {
+        !cache(&gw_b).contains("a2.example.test")
+    });
+    assert!(ha(&gw_b)["revoked"].as_u64().unwrap() >= 2);
+    // Asked again on gw-a: learned, published, imported again.
+    assert_eq!(
+        rcode(gw_a.dns, "a2.example.test"),
+        Some(ResponseCode::NoError)
+    );
+    until("gw-b to import a2 again", || {
+        cache(&gw_b).contains("a2.example.test")
+    });
+    // A restart of gw-b: the group read again at start, reported apart; no lag from it, and
+    // a1 does not come back.
+    gw_b.kill();
+    gw_b.spawn();
+    gw_b.wait_ready();
+    let h = ha(&gw_b);
+    assert!(h["startup_records"].as_u64().unwrap() >= 2, "{h}");
+    assert_eq!(h["import_lag_ms"], 0, "{h}");
+    assert_eq!(h["rejected"], 5, "{h}");
+    let c = cache(&gw_b);
+    assert!(!c.contains("a1.example.test"), "{c}");
+    assert!(c.contains("a2.example.test"), "{c}");
+}

@@ -13,7 +13,10 @@
 //! running continues through the survivor; new connections to addresses only the dead gateway
 //! had learned are allowed without new DNS; a name the policy refuses is still refused; the
 //! dead gateway comes back, imports the group's state before it serves (an answer only the
-//! survivor learned included) and enforces it.
+//! survivor learned included; the records' age is not reported as import lag) and enforces
+//! it. Issue 35: the active gateway learns an answer while etcd is down and dies before etcd
+//! is back; restarted after, it publishes what its journal kept and the survivor enforces it;
+//! the key deleted with `etcdctl del` is revoked on both gateways (the connection is dropped).
 //!
 //! `benchmarks/gateway-failover.sh` runs this test and reports its last line:
 //! `failover: address moved in X s, transfer survived: yes|no, learned-only connections
@@ -71,6 +74,7 @@ only1 300 IN A 10.N.10.3
 only2 300 IN A 10.N.10.4
 evil 300 IN A 10.N.10.5
 late 300 IN A 10.N.10.6
+crash 300 IN A 10.N.10.7
 ";
 
 /// Names asked in a burst through the active gateway (`hNNN.bulk.example.test`), to measure
@@ -304,7 +308,7 @@ fn build(net: &Net) {
          ip -n {x} route add 10.{n}.1.0/24 via 10.{n}.2.1 && \
          ip -n {x} addr add 10.{n}.9.53/32 dev lo"
     ));
-    for i in 1..=6 {
+    for i in 1..=7 {
         sh(&format!("ip -n {x} addr add 10.{n}.10.{i}/32 dev lo"));
     }
     topology::serve_tcp_echo(&x, 8080);
@@ -392,7 +396,7 @@ impl Gw {
 fn gateway_config(net: &Net, name: &str, pin: &Path, etcd: &[String]) -> String {
     let n = net.n;
     let endpoints: Vec<String> = etcd.iter().map(|e| format!("\"{e}\"")).collect();
-    let allowed = "[{matchName: api.example.test}, {matchName: data.example.test}, {matchName: only1.example.test}, {matchName: only2.example.test}, {matchName: late.example.test}, {matchPattern: \"*.bulk.example.test\"}]";
+    let allowed = "[{matchName: api.example.test}, {matchName: data.example.test}, {matchName: only1.example.test}, {matchName: only2.example.test}, {matchName: late.example.test}, {matchName: crash.example.test}, {matchPattern: \"*.bulk.example.test\"}]";
     documents(&[
         &format!(
             "apiVersion: fqdnd.io/v1
@@ -403,8 +407,10 @@ spec:
   upstreamTimeout: 2s
   enforceInterfaces: [lan]
   pinDir: {pin}
+  stateDir: {state}
 ",
-            pin = pin.display()
+            pin = pin.display(),
+            state = net.dir.join(format!("state-{name}")).display(),
         ),
         &format!(
             "apiVersion: fqdnd.io/v1
@@ -725,8 +731,15 @@ fn a_gateway_pair_fails_over_without_forgetting_what_it_learned() {
     });
 
     let port = |host| SocketAddr::new(net.ip(10, host), 8080);
-    let (api, data, only1, only2, evil, late) =
-        (port(1), port(2), port(3), port(4), port(5), port(6));
+    let (api, data, only1, only2, evil, late, crash) = (
+        port(1),
+        port(2),
+        port(3),
+        port(4),
+        port(5),
+        port(6),
+        port(7),
+    );
     let c = net.ns("c");
     // Nothing is reachable before DNS.
     assert!(!tcp_reaches(&c, api, DROPPED), "reached before DNS");
@@ -928,6 +941,9 @@ fn a_gateway_pair_fails_over_without_forgetting_what_it_learned() {
     let ha = gws[0].ha();
     assert_eq!(ha["initial_import_done"], true, "{ha}");
     assert!(ha["imported"].as_u64().unwrap() >= 4, "{ha}");
+    // The start-up import is reported apart: the records' age is no import lag (issue 35).
+    assert!(ha["startup_records"].as_u64().unwrap() >= 4, "{ha}");
+    assert_eq!(ha["import_lag_ms"], 0, "{ha}");
     let names = gws[0].names();
     for name in ["api", "data", "only1", "only2"] {
         assert!(
@@ -952,6 +968,74 @@ fn a_gateway_pair_fails_over_without_forgetting_what_it_learned() {
         net.logs()
     );
     assert!(!tcp_reaches(&c, evil, DROPPED));
+
+    // Issue 35, item 8: gw-1 (active) learns an answer while etcd is down and dies before
+    // etcd is back; gw-2 takes over without it. gw-1 restarts after etcd is back: its journal
+    // kept the answer, the group lacks it, so gw-1 publishes it and gw-2 enforces it.
+    gws[1].start();
+    etcd.stop_all();
+    assert_eq!(
+        ask(&net, "crash.example.test."),
+        Some((ResponseCode::NoError, vec![crash.ip()]))
+    );
+    assert!(tcp_reaches(&c, crash, REACHES), "{}", net.logs());
+    gws[0].kill9();
+    poll(2 * PATIENCE, "the VIP to move to gw-2 again", || {
+        if holds_vip(&net, &net.ns("g2")) {
+            Ok(())
+        } else {
+            Err(net.logs())
+        }
+    });
+    assert!(
+        !tcp_reaches(&c, crash, DROPPED),
+        "gw-2 cannot know what gw-1 learned while etcd was down"
+    );
+    etcd.start_all();
+    gws[0].start();
+    poll(
+        2 * PATIENCE,
+        "gw-2 to import what gw-1 published again",
+        || {
+            if gws[1].names().contains("crash.example.test") {
+                Ok(())
+            } else {
+                Err(format!("{} / {}", gws[0].ha(), gws[1].ha()))
+            }
+        },
+    );
+    assert!(gws[0].counter("republished") >= 1, "{}", gws[0].ha());
+    assert!(
+        tcp_reaches(&c, crash, REACHES),
+        "gw-2 does not enforce the answer gw-1 published again\n{}",
+        net.logs()
+    );
+    // Issue 35, item 11: the key deleted in etcd revokes it on both gateways — gw-2 (active)
+    // drops the connection it allowed.
+    let out = Command::new("ip")
+        .args(["netns", "exec", &net.ns("x"), "etcdctl", "--endpoints"])
+        .arg(etcd.endpoints().join(","))
+        .args(["del", "/ha-test-learned/edge/gw-1/lan/crash.example.test."])
+        .env("ETCDCTL_API", "3")
+        .output()
+        .unwrap();
+    assert_eq!(text(&out.stdout).trim(), "1", "{}", text(&out.stderr));
+    poll(
+        PATIENCE,
+        "both gateways to forget the revoked answer",
+        || {
+            if gws
+                .iter()
+                .any(|gw| gw.names().contains("crash.example.test"))
+            {
+                Err(format!("{} / {}", gws[0].ha(), gws[1].ha()))
+            } else {
+                Ok(())
+            }
+        },
+    );
+    assert!(!tcp_reaches(&c, crash, DROPPED), "{}", net.logs());
+    assert!(gws[1].counter("revoked") >= 1);
     drop(etcd);
 }
 

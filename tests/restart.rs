@@ -390,3 +390,90 @@ fn the_first_metrics_after_a_restart_count_the_restored_cache() {
         "the first metrics page after the restart:\n{first}"
     );
 }
+
+/// `fqdnd cache forget` (issue 35): a name, one address of a name, a name for one client
+/// group — out of the DNS cache and the ipcache at once, and a SIGKILL and restart do not
+/// bring them back; a name asked again after its forget comes back as usual. Bad input is
+/// refused with its reason.
+#[test]
+fn what_cache_forget_forgets_stays_forgotten_after_a_restart() {
+    let mut gw = setup("forget", free_port(), false).start();
+    for i in 1..=4 {
+        let name = format!("h{i:04}.corp.test.");
+        poll_until(PATIENCE, &format!("an answer for {name}"), || {
+            (rcode(gw.dns, &name) == Some(ResponseCode::NoError)).then_some(())
+        });
+    }
+    let cached = |gw: &Gateway| gw.admin(&["cache", "list"]).to_string();
+    let prefix = |i| format!("{}/32", common::numbered_addr(i));
+    assert!(ipcache(&gw).contains(&prefix(1)));
+    // A whole name, typed as a person would.
+    let done = gw.admin(&["cache", "forget", "H0001.corp.test"]);
+    assert_eq!(
+        (&done["name"], &done["mappings"], &done["journaled"]),
+        (&"h0001.corp.test.".into(), &1.into(), &true.into()),
+        "{done}"
+    );
+    // One address of a name; a name for the one client group that has it.
+    let addr = common::numbered_addr(2).to_string();
+    let done = gw.admin(&["cache", "forget", "h0002.corp.test.", "--address", &addr]);
+    assert_eq!(done["mappings"], 1, "{done}");
+    let done = gw.admin(&["cache", "forget", "h0003.corp.test", "--client", "lan"]);
+    assert_eq!(
+        (&done["mappings"], &done["records"]),
+        (&1.into(), &1.into()),
+        "{done}"
+    );
+    let after = cached(&gw);
+    for i in 1..=3 {
+        assert!(
+            !after.contains(&format!("h{i:04}.corp.test")),
+            "{i}: {after}"
+        );
+        assert!(!ipcache(&gw).contains(&prefix(i)));
+    }
+    assert!(after.contains("h0004.corp.test"));
+    // The sentence, and bad input.
+    let out = gw.cli(&[
+        "cache",
+        "forget",
+        "h0004.corp.test",
+        "--address",
+        "192.0.2.99",
+    ]);
+    assert!(
+        text(&out.stdout)
+            .contains("h0004.corp.test.: 192.0.2.99 for every client group: 0 cached addresses"),
+        "{}",
+        text(&out.stdout)
+    );
+    for (args, says) in [
+        (&["cache", "forget", "bad..name"][..], "is not a DNS name"),
+        (
+            &["cache", "forget", "h0004.corp.test", "--client", "nosuch"],
+            "no client group or endpoint named \"nosuch\"",
+        ),
+    ] {
+        let out = gw.cli(args);
+        assert!(!out.status.success());
+        assert!(text(&out.stderr).contains(says), "{}", text(&out.stderr));
+    }
+    let out = gw.cli(&["cache", "forget", "x.test", "--address", "not-an-ip"]);
+    assert!(!out.status.success());
+    // Asked again after its forget: learned as usual.
+    poll_until(PATIENCE, "h0003 again", || {
+        (rcode(gw.dns, "h0003.corp.test.") == Some(ResponseCode::NoError)).then_some(())
+    });
+    gw.kill();
+    gw.spawn();
+    gw.wait_ready();
+    let restored = cached(&gw);
+    for (i, kept) in [(1, false), (2, false), (3, true), (4, true)] {
+        assert_eq!(
+            restored.contains(&format!("h{i:04}.corp.test")),
+            kept,
+            "h{i:04} after the restart: {restored}"
+        );
+        assert_eq!(ipcache(&gw).contains(&prefix(i)), kept, "{i}");
+    }
+}

@@ -49,7 +49,9 @@ pub use error::{Error, StoreError};
 pub use etcd::{Connect, Credentials, EtcdStore, EtcdWatch, TlsFiles};
 pub use keys::{CLUSTER_MAX, CLUSTER_MIN, EndpointRecord, IdentityRecord, Key, Layout, NodeRecord};
 pub use labels::{Label, Labels};
-pub use learned::{LearnedRecord, LearnedSink, ShareConfig, ShareStatus, Wall};
+pub use learned::{
+    Held, Import, LearnedRecord, LearnedSink, Revocation, ShareConfig, ShareStatus, Wall,
+};
 pub use memory::{MemoryStore, MemoryWatch};
 pub use node::{Local, LocalEndpoint, NodeConfig, NodeStatus, Sink};
 pub use operator::{OperatorConfig, OperatorStatus};

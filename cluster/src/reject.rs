@@ -31,6 +31,9 @@ pub enum RecordKind {
     Policy,
     /// `operator/leader` and `operator/next`.
     Operator,
+    /// An HA gateway group's learned answers, `<prefix>-learned/<group>/…`
+    /// ([`learned`](crate::learned)).
+    Learned,
     /// A key under the prefix that is not the layout's.
     Key,
 }
@@ -44,6 +47,7 @@ impl RecordKind {
             Self::Node => "node",
             Self::Policy => "policy",
             Self::Operator => "operator",
+            Self::Learned => "learned",
             Self::Key => "key",
         }
     }

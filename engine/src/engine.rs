@@ -15,7 +15,8 @@ use fqdnd_config::Settings;
 use fqdnd_ipcache::policy::Rule;
 use fqdnd_ipcache::{Datapath, Endpoint, EndpointId, EndpointLabel, Identity, IpCache};
 use fqdnd_namemgr::{
-    Connections, FqdnSelector, GcStats, Learned, NameManager, Restore, RestoreAnswers, RestoreStats,
+    Connections, Forget, Forgotten, FqdnSelector, GcStats, Learned, NameManager, Restore,
+    RestoreAnswers, RestoreStats,
 };
 use ipnet::IpNet;
 use serde::Serialize;
@@ -376,6 +377,40 @@ impl<D: Datapath> Engine<D> {
             .restore(answers, now, &mut self.ipcache, failed)?)
     }
 
+    /// Forgets what `forget` names (`fqdnd cache forget`, an HA group's revocation) — at
+    /// once, not as zombies — and commits: the datapath loses the addresses in one ordered
+    /// batch, as a GC pass would release them.
+    ///
+    /// # Errors
+    /// The name is invalid, the IpCache refused a removal, or the datapath refused the batch
+    /// (it stays pending and goes with the next commit). What was removed stays removed.
+    pub fn forget(&mut self, forget: &Forget<'_>) -> Result<Forgotten, Error> {
+        let forgotten = self.names.forget(forget, &mut self.ipcache);
+        self.commit()?;
+        Ok(forgotten?)
+    }
+
+    /// What `fqdnd cache forget NAME [--address A] --client GROUP` forgets: the group's
+    /// record of the name, and its mappings (`addrs`, or all) too — unless another endpoint
+    /// still has a record of the name: the cache is shared, so its mappings stay for that
+    /// endpoint. Without `endpoint`, the mappings for everyone.
+    pub fn scope_forget<'a>(
+        &self,
+        name: &'a str,
+        addrs: Option<&'a [IpAddr]>,
+        endpoint: Option<EndpointId>,
+    ) -> Forget<'a> {
+        let shared = endpoint.is_some_and(|ep| {
+            self.names
+                .asked_by_others(&fqdnd_namemgr::canonicalize(name), ep)
+        });
+        Forget {
+            name,
+            addrs: if shared { Some(&[]) } else { addrs },
+            endpoint,
+        }
+    }
+
     /// Hands the pending changes to the datapath.
     ///
     /// # Errors
@@ -413,6 +448,74 @@ mod tests {
             key: "app".into(),
             value: app.into(),
         }]
+    }
+
+    /// A forget reaches the datapath in one batch, and `--client` keeps the mappings of a
+    /// name another client group still has.
+    #[test]
+    fn a_forget_is_one_batch_and_spares_a_name_another_group_has() {
+        let config = fqdnd_config::load_str(
+            "apiVersion: fqdnd.io/v1
+kind: ClientGroup
+metadata: {name: a}
+spec: {id: 1, addresses: [\"10.1.0.0/16\"], labels: {g: a}}
+---
+apiVersion: fqdnd.io/v1
+kind: ClientGroup
+metadata: {name: b}
+spec: {id: 2, addresses: [\"10.2.0.0/16\"], labels: {g: b}}
+---
+apiVersion: cilium.io/v2
+kind: CiliumClusterwideNetworkPolicy
+metadata: {name: p}
+spec:
+  endpointSelector: {}
+  egress:
+  - toFQDNs: [{matchPattern: \"*.test\"}]
+",
+            std::path::Path::new("t.yaml"),
+        )
+        .unwrap();
+        let mut engine =
+            Engine::from_config(&config, MemoryDatapath::default(), Duration::ZERO).unwrap();
+        let ip = |last| IpAddr::from([192, 0, 2, last]);
+        let (a, b) = (EndpointId(1), EndpointId(2));
+        engine
+            .learn(a, "x.test.", &[ip(1), ip(2)], 300, Duration::ZERO)
+            .unwrap();
+        engine
+            .learn(b, "x.test.", &[ip(1)], 300, Duration::ZERO)
+            .unwrap();
+        engine
+            .learn(a, "y.test.", &[ip(3)], 300, Duration::ZERO)
+            .unwrap();
+        let unknown = engine.ipcache.datapath().identity_of(ip(200));
+        // For group a only: b still has x.test., so its mappings stay.
+        let two = [ip(2)];
+        let scoped = engine.scope_forget("x.test", Some(&two), Some(a));
+        assert_eq!(scoped.addrs, Some(&[][..]));
+        let batches = engine.ipcache.datapath().batches();
+        let f = engine.forget(&scoped).unwrap();
+        assert_eq!((f.mappings, f.endpoint_records), (0, 1));
+        assert_ne!(engine.ipcache.datapath().identity_of(ip(2)), unknown);
+        // y.test. only a has: its mapping goes, in one batch.
+        let scoped = engine.scope_forget("y.test.", None, Some(a));
+        assert_eq!(scoped.addrs, None);
+        engine.forget(&scoped).unwrap();
+        // For everyone: one address.
+        engine
+            .forget(&Forget {
+                name: "x.test.",
+                addrs: Some(&[ip(2)]),
+                endpoint: None,
+            })
+            .unwrap();
+        let dp = engine.ipcache.datapath();
+        // The record alone changed nothing the datapath holds; each other forget, one batch.
+        assert_eq!(dp.batches(), batches + 2);
+        assert_eq!(dp.identity_of(ip(3)), unknown);
+        assert_eq!(dp.identity_of(ip(2)), unknown);
+        assert_ne!(dp.identity_of(ip(1)), unknown);
     }
 
     /// A number collected from one label set and reused for another arrives as one update:

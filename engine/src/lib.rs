@@ -41,3 +41,4 @@ pub mod view;
 pub use clock::Clock;
 pub use engine::{ClusterUpdate, Engine, IdentityMode, Learning, RemoteEndpoint, RemoteNode};
 pub use error::{Error, error_chain};
+pub use fqdnd_namemgr::{Forget, Forgotten};

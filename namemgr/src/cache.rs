@@ -124,6 +124,30 @@ impl Endpoints {
         }
     }
 
+    /// Drops `endpoint`'s record; whether it had one.
+    pub(crate) fn remove(&mut self, endpoint: EndpointId) -> bool {
+        match self {
+            Self::None => false,
+            Self::One(ep, _) => {
+                let had = *ep == endpoint;
+                if had {
+                    *self = Self::None;
+                }
+                had
+            }
+            Self::Many(list) => match list.binary_search_by_key(&endpoint, |(ep, _)| *ep) {
+                Ok(at) => {
+                    list.remove(at);
+                    if let [(ep, until)] = list.as_slice() {
+                        *self = Self::One(*ep, *until);
+                    }
+                    true
+                }
+                Err(_) => false,
+            },
+        }
+    }
+
     /// Drops the records lapsed at `now`, handing each to `lapsed`.
     pub(crate) fn expire(&mut self, now: Secs, mut lapsed: impl FnMut(EndpointId)) {
         match self {

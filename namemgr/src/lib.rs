@@ -32,8 +32,8 @@ pub use cache::{IpEntry, RestoreRoom};
 pub use config::Config;
 pub use error::{Breaker, Error};
 pub use manager::{
-    BreakerTrips, CacheEntry, CachedName, Connections, GcStats, Learned, NameManager, OneByOne,
-    Restore, RestoreAnswers, RestoreStats, Sizes, Stats,
+    BreakerTrips, CacheEntry, CachedName, Connections, Forget, Forgotten, GcStats, Learned,
+    NameManager, OneByOne, Restore, RestoreAnswers, RestoreStats, Sizes, Stats,
 };
 pub use matcher::{Matcher, SelectorId};
 pub use name::{DnsName, NameError, canonicalize};

@@ -20,7 +20,9 @@ use crate::matcher::{Matcher, SelectorId};
 use crate::name::DnsName;
 use crate::pattern::FqdnSelector;
 
+mod forget;
 mod restore;
+pub use forget::{Forget, Forgotten};
 pub use restore::{OneByOne, Restore, RestoreAnswers, RestoreStats, Sizes};
 
 /// How often a tripped breaker may log a warning.

@@ -69,6 +69,11 @@ enum Op {
     },
     AddSelector(usize),
     RemoveSelector(usize),
+    /// `cache forget`: a name's addresses (all when empty), live and zombie, at once.
+    Forget {
+        name: usize,
+        ips: Vec<usize>,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -79,6 +84,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => prop::collection::vec(0..13usize, 0..6).prop_map(|in_use| Op::Gc { in_use }),
         1 => (0..SELECTORS.len()).prop_map(Op::AddSelector),
         1 => (0..SELECTORS.len()).prop_map(Op::RemoveSelector),
+        1 => (0..NAMES.len(), prop::collection::vec(0..13usize, 0..3))
+            .prop_map(|(name, ips)| Op::Forget { name, ips }),
     ]
 }
 
@@ -217,6 +224,12 @@ impl Model {
                 self.live.insert((name, *ip), expires);
             }
         }
+    }
+
+    fn forget(&mut self, name: usize, ips: Option<&[IpAddr]>) {
+        let gone = |(n, ip): &(usize, IpAddr)| *n == name && ips.is_none_or(|ips| ips.contains(ip));
+        self.live.retain(|k, _| !gone(k));
+        self.zombies.retain(|k| !gone(k));
     }
 
     fn gc(&mut self, now: u64, in_use: &HashSet<IpAddr>) {
@@ -383,6 +396,19 @@ proptest! {
                     let mut sel = engine.selectors.clone();
                     sel.remove(&s);
                     engine.set_selectors(sel);
+                }
+                Op::Forget { name, ips } => {
+                    let addrs: Vec<IpAddr> = ips.iter().map(|i| pool[*i]).collect();
+                    let addrs = (!addrs.is_empty()).then_some(addrs.as_slice());
+                    model.forget(name, addrs);
+                    engine
+                        .names
+                        .forget(
+                            &fqdnd_namemgr::Forget { name: NAMES[name], addrs, endpoint: None },
+                            &mut engine.ipcache,
+                        )
+                        .unwrap();
+                    engine.ipcache.commit().unwrap();
                 }
             }
             check(&engine, &model)?;

@@ -306,3 +306,112 @@ fn ten_thousand_addresses_for_one_name_are_capped() {
     assert_eq!(n.mapping_count(), 2000);
     assert!(n.stats().trips.ips_per_name > 0);
 }
+
+/// `fqdnd cache forget`: mappings go at once — a zombie too, whatever conntrack says — with
+/// their IpCache claims; a name left without mappings goes with its endpoint records; an
+/// endpoint's record goes alone while another endpoint still has the name.
+#[test]
+fn forgetting_removes_mappings_and_records_at_once() {
+    use fqdnd_namemgr::Forget;
+    let other = EndpointId(8);
+    let (mut n, mut c) = setup(
+        Config {
+            max_ips_per_hostname: 2,
+            ..Config::default()
+        },
+        &["*.example.com"],
+    );
+    n.observe(EP, "a.example.com", &[ip(1), ip(2)], 300, at(0), &mut c)
+        .unwrap();
+    n.observe(other, "a.example.com", &[ip(3)], 300, at(1), &mut c)
+        .unwrap();
+    // ip(1) expired early in the cap's eviction: a zombie.
+    assert_eq!(n.zombie_count(), 1);
+    n.observe(EP, "b.example.com", &[ip(9)], 300, at(0), &mut c)
+        .unwrap();
+    // One address, for everyone; named as a client would type it.
+    let f = n
+        .forget(
+            &Forget {
+                name: "A.Example.COM",
+                addrs: Some(&[ip(2)]),
+                endpoint: None,
+            },
+            &mut c,
+        )
+        .unwrap();
+    assert_eq!(
+        (f.mappings, f.endpoint_records, f.name_removed),
+        (1, 0, false)
+    );
+    assert_eq!(c.identity_of(&host_prefix(ip(2))), None);
+    assert!(c.identity_of(&host_prefix(ip(3))).is_some());
+    // The zombie goes at once, though in use.
+    let f = n
+        .forget(
+            &Forget {
+                name: "a.example.com.",
+                addrs: Some(&[ip(1)]),
+                endpoint: None,
+            },
+            &mut c,
+        )
+        .unwrap();
+    assert_eq!(f.mappings, 1);
+    assert_eq!(n.zombie_count(), 0);
+    assert_eq!(c.identity_of(&host_prefix(ip(1))), None);
+    // An endpoint's record: `other` still has the name, so only EP's record goes.
+    assert!(n.asked_by_others("a.example.com.", EP));
+    let f = n
+        .forget(
+            &Forget {
+                name: "a.example.com.",
+                addrs: Some(&[]),
+                endpoint: Some(EP),
+            },
+            &mut c,
+        )
+        .unwrap();
+    assert_eq!((f.mappings, f.endpoint_records), (0, 1));
+    assert_eq!(n.endpoints_of("a.example.com."), vec![other]);
+    assert_eq!(n.endpoint_name_count(EP), 1, "b.example.com");
+    // Every mapping: the name leaves with its records.
+    let f = n
+        .forget(
+            &Forget {
+                name: "a.example.com.",
+                addrs: None,
+                endpoint: None,
+            },
+            &mut c,
+        )
+        .unwrap();
+    assert_eq!(
+        (f.mappings, f.endpoint_records, f.name_removed),
+        (1, 1, true)
+    );
+    assert_eq!(n.endpoint_name_count(other), 0);
+    assert_eq!(c.identity_of(&host_prefix(ip(3))), None);
+    assert_eq!((n.name_count(), n.mapping_count(), n.ip_count()), (1, 1, 1));
+    // Nothing cached, nothing forgotten; an invalid name is an error.
+    let none = Forget {
+        name: "a.example.com.",
+        addrs: None,
+        endpoint: None,
+    };
+    assert!(n.forget(&none, &mut c).unwrap().is_empty());
+    let bad = Forget {
+        name: "bad..name",
+        ..none
+    };
+    assert!(n.forget(&bad, &mut c).is_err());
+    // Learned again afterwards: a new mapping.
+    let learned = n
+        .observe(EP, "a.example.com", &[ip(2)], 300, at(5), &mut c)
+        .unwrap();
+    assert_eq!(learned.new, 1);
+    // A later GC finds nothing left of what was forgotten.
+    let gc = n.gc(at(1000), &nothing_in_use, &mut c).unwrap();
+    assert_eq!(gc.released, 2);
+    assert_eq!(n.mapping_count(), 0);
+}

@@ -6,6 +6,7 @@
 //! |---|---|---|
 //! | GET | `/v1/status` | [`Status`] |
 //! | GET | `/v1/cache` | `CacheRow`s: Cilium's `fqdn cache list` columns |
+//! | POST | `/v1/cache/forget` | body = [`ForgetRequest`]; [`ForgetOutcome`]: forgotten at once, out of the engine, the datapath and the journal (and, in an HA group, the group's keys) |
 //! | GET | `/v1/identities` | `IdentityRow`s |
 //! | GET | `/v1/ipcache` | `IpcacheRow`s |
 //! | POST | `/v1/policy/reload` | [`Reload`]: the old policy stays if the new one has errors |
@@ -60,6 +61,38 @@ pub(crate) struct Status {
     /// The gateway's answer cache; `None` when it is off.
     #[serde(default)]
     pub(crate) answer_cache: Option<AnswerCacheRow>,
+}
+
+/// `POST /v1/cache/forget`: what to forget.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct ForgetRequest {
+    /// The name (canonicalised: case and the trailing dot do not matter).
+    pub(crate) name: String,
+    /// Its addresses to forget; none: every one.
+    #[serde(default)]
+    pub(crate) addresses: Vec<std::net::IpAddr>,
+    /// Only for this client group (gateway) or endpoint (node), by name.
+    #[serde(default)]
+    pub(crate) client: Option<String>,
+}
+
+/// What `POST /v1/cache/forget` did.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct ForgetOutcome {
+    /// The name, canonical.
+    pub(crate) name: String,
+    /// (name, address) mappings removed from the DNS cache (and their datapath entries).
+    pub(crate) mappings: usize,
+    /// Client groups' (endpoints') records of the name removed.
+    pub(crate) records: usize,
+    /// Whether the mappings were kept because another client group still has the name
+    /// (`client` given: the cache is shared).
+    pub(crate) kept_for_others: bool,
+    /// Whether a journal record keeps a restart from bringing it back (with `stateDir`).
+    pub(crate) journaled: bool,
+    /// An HA gateway group's keys changed.
+    #[serde(default)]
+    pub(crate) group: Option<crate::ha::GroupForget>,
 }
 
 /// The answer cache's counters (`fqdnd status`).

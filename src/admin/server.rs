@@ -18,7 +18,8 @@ use fqdnd_ipcache::policy::Direction;
 use serde::Deserialize;
 use tokio::net::UnixListener;
 
-use super::{AnswerCacheRow, Reload, Status, UpstreamRow};
+use super::{AnswerCacheRow, ForgetOutcome, ForgetRequest, Reload, Status, UpstreamRow};
+use crate::daemon::ForgetError;
 use crate::daemon::record::{RecordRequest, RecordStatus};
 use crate::daemon::{Running, Shared};
 use crate::node::{CniAttachment, DropPage, EndpointRow, NodeMode, NodeRuntime, ServiceRow};
@@ -88,6 +89,7 @@ pub(crate) async fn serve(
     let app = axum::Router::new()
         .route("/v1/status", get(status))
         .route("/v1/cache", get(cache))
+        .route("/v1/cache/forget", post(forget))
         .route("/v1/identities", get(identities))
         .route("/v1/ipcache", get(ipcache))
         .route("/v1/policy/reload", post(reload))
@@ -201,6 +203,20 @@ async fn cache(State(shared): State<Arc<Shared>>) -> Json<Vec<CacheRow>> {
         .map(|e| e.cache_rows(&shared.clock))
         .unwrap_or_default();
     Json(rows)
+}
+
+async fn forget(
+    State(shared): State<Arc<Shared>>,
+    Json(request): Json<ForgetRequest>,
+) -> Result<Json<ForgetOutcome>, ApiError> {
+    shared
+        .forget(&request)
+        .await
+        .map(Json)
+        .map_err(|e| match e {
+            ForgetError::Request(m) => (StatusCode::BAD_REQUEST, m),
+            ForgetError::Daemon(m) => (StatusCode::INTERNAL_SERVER_ERROR, m),
+        })
 }
 
 async fn identities(State(shared): State<Arc<Shared>>) -> Json<Vec<IdentityRow>> {

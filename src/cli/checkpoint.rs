@@ -54,11 +54,12 @@ pub(crate) fn inspect(dir: &Path) -> Result<ExitCode> {
         let Ok(decoded) = decode_journal_bytes(&bytes, SCHEMA, options.max_record_bytes) else {
             continue;
         };
-        let (mut learned, mut identities, mut undecodable) = (0usize, 0usize, 0usize);
+        let (mut learned, mut identities, mut forgotten, mut undecodable) = (0usize, 0, 0, 0);
         for (_, payload) in &decoded.records {
             match decode_value::<Record>(payload) {
                 Ok(Record::Learned { .. }) => learned += 1,
                 Ok(Record::Identity { .. }) => identities += 1,
+                Ok(Record::Forgotten { .. }) => forgotten += 1,
                 Err(_) => undecodable += 1,
             }
         }
@@ -67,8 +68,13 @@ pub(crate) fn inspect(dir: &Path) -> Result<ExitCode> {
         }
         writeln!(
             out,
-            "{}: {learned} answers, {identities} identity records{}",
+            "{}: {learned} answers, {identities} identity records{}{}",
             generation.file.display(),
+            if forgotten > 0 {
+                format!(", {forgotten} forgets")
+            } else {
+                String::new()
+            },
             if undecodable > 0 {
                 format!(", {undecodable} records that do not decode")
             } else {

@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use anyhow::Result;
 use fqdnd_engine::view::{CacheRow, IdentityRow, IpcacheRow};
 
-use crate::admin::client::{Target, get, post};
-use crate::admin::{Reload, Status};
+use crate::admin::client::{Target, get, post, post_json};
+use crate::admin::{ForgetOutcome, ForgetRequest, Reload, Status};
 
 /// `fqdnd status`.
 pub(crate) fn status(target: &Target, json: bool) -> Result<ExitCode> {
@@ -154,8 +154,25 @@ pub(crate) fn status(target: &Target, json: bool) -> Result<ExitCode> {
             )?;
             writeln!(
                 out,
-                "    imported:     {} records ({} refused here); lag {} ms (max {} ms)",
-                h.imported, h.import_refused, h.import_lag_ms, h.import_lag_max_ms
+                "    imported:     {} records ({} refused here); lag {} ms (max {} ms); at start {} records in {} ms",
+                h.imported,
+                h.import_refused,
+                h.import_lag_ms,
+                h.import_lag_max_ms,
+                h.startup_records,
+                h.startup_import_ms
+            )?;
+            writeln!(
+                out,
+                "    checked:      {} records rejected (bad keys or values), {} revoked, {} published again (the group lacked them){}",
+                h.rejected,
+                h.revoked,
+                h.republished,
+                if h.forgets_pending > 0 {
+                    format!(", {} forgets waiting for etcd", h.forgets_pending)
+                } else {
+                    String::new()
+                }
             )?;
             if let Some(e) = &h.last_error {
                 writeln!(out, "    last error:   {e}")?;
@@ -189,6 +206,69 @@ pub(crate) fn cache(target: &Target, json: bool) -> Result<ExitCode> {
             r.expiration_time,
             r.ips.join(",")
         )?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `fqdnd cache forget`.
+pub(crate) fn forget(target: &Target, request: &ForgetRequest, json: bool) -> Result<ExitCode> {
+    let (body, done): (_, ForgetOutcome) =
+        post_json(&target.socket()?, "/v1/cache/forget", request)?;
+    let mut out = std::io::stdout().lock();
+    if json {
+        writeln!(out, "{body}")?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let which = if request.addresses.is_empty() {
+        "every address".to_owned()
+    } else {
+        let addrs: Vec<String> = request.addresses.iter().map(ToString::to_string).collect();
+        addrs.join(", ")
+    };
+    let whom = request.client.as_ref().map_or_else(
+        || "every client group".to_owned(),
+        |c| format!("client group {c}"),
+    );
+    writeln!(
+        out,
+        "{}: {which} for {whom}: {} cached addresses and {} client records forgotten{}",
+        done.name,
+        done.mappings,
+        done.records,
+        if done.journaled {
+            " (journaled: a restart keeps them out)"
+        } else {
+            ""
+        }
+    )?;
+    if done.kept_for_others {
+        writeln!(
+            out,
+            "  its addresses stay: another client group still has {} (the cache is shared)",
+            done.name
+        )?;
+    }
+    if let Some(g) = &done.group {
+        if g.pending {
+            writeln!(
+                out,
+                "  HA group {}: etcd did not answer yet; its records are changed once it does (see `fqdnd status`)",
+                g.group
+            )?;
+        } else {
+            writeln!(
+                out,
+                "  HA group {}: {} records deleted, {} rewritten without it: every gateway of the group forgets what only they carried",
+                g.group, g.deleted, g.rewritten
+            )?;
+            if g.denied > 0 {
+                writeln!(
+                    out,
+                    "  {} records of other gateways NOT changed: etcd refused (their keys are theirs to write); run `fqdnd cache forget` on those gateways too",
+                    g.denied
+                )?;
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

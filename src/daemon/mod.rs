@@ -14,12 +14,15 @@
 //! ([`crate::cluster`]), merged here in every apply.
 
 mod dns;
+mod forget;
+mod learned;
 mod observer;
 mod querylog;
 pub(crate) mod record;
 mod state;
 mod tasks;
 
+pub(crate) use forget::ForgetError;
 pub(crate) use state::create_state_dir;
 
 use std::collections::BTreeMap;
@@ -211,69 +214,16 @@ impl Host for Shared {
         }
     }
 
-    /// Each record is learned for the client group of its name here, if this gateway's DNS
-    /// policy lets the group ask it (one of `servers`) for the name, for what is left of its TTL — through the
-    /// engine's breakers into the kernel maps, and into the journal with `stateDir`.
-    fn import_learned(
-        &self,
-        records: &[fqdnd_cluster::LearnedRecord],
-        servers: &[SocketAddr],
-    ) -> usize {
-        let policy = self.dns.current();
-        let Ok(mut engine) = lock(&self.engine, "engine") else {
-            return 0;
-        };
-        let groups: std::collections::HashMap<String, EndpointId> = engine
-            .ipcache
-            .endpoints()
-            .values()
-            .map(|e| (e.name.clone(), e.id))
-            .collect();
-        let now = self.clock.now();
-        let mut imported = 0;
-        for r in records {
-            let Some(&id) = groups.get(&r.client) else {
-                tracing::debug!(client = %r.client, name = %r.name, "an imported answer names an unknown client group: skipped");
-                continue;
-            };
-            if !policy.endpoint_may_ask(id, servers, &r.name) {
-                tracing::debug!(client = %r.client, name = %r.name, "an imported answer's name is refused here: skipped");
-                continue;
-            }
-            let ttl = self.clock.seconds_until_unix_ms(r.expires_ms);
-            if ttl == 0 {
-                continue;
-            }
-            // Learned without a commit each: the batch is committed once, below.
-            match engine.restore_answer(id, &r.name, &r.addrs, ttl, now) {
-                Ok(learned) => {
-                    let learning = fqdnd_engine::Learning {
-                        learned,
-                        total: r.addrs.len(),
-                    };
-                    if let Some(p) = &self.persist
-                        && let Err(e) = p.answer(&engine, id, &r.name, &r.addrs, ttl, &learning)
-                    {
-                        tracing::warn!(error = %fqdnd_engine::error_chain(&e), "journaling an imported answer failed");
-                    }
-                    match learning.complete() {
-                        Ok(()) => imported += 1,
-                        Err(e) => {
-                            tracing::warn!(name = %r.name, error = %fqdnd_engine::error_chain(&e), "an imported answer was not wholly learned");
-                        }
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(name = %r.name, error = %fqdnd_engine::error_chain(&e), "an imported answer was refused");
-                }
-            }
-        }
-        if let Err(e) = engine.commit() {
-            // It stays pending and goes with the next commit.
-            crate::metrics::record_datapath_error(&e);
-            tracing::warn!(error = %fqdnd_engine::error_chain(&e), "the datapath refused imported answers");
-        }
-        imported
+    fn import_learned(&self, records: &[fqdnd_cluster::Import], servers: &[SocketAddr]) -> usize {
+        learned::import(self, records, servers)
+    }
+
+    fn revoke_learned(&self, revocations: &[fqdnd_cluster::Revocation]) {
+        learned::revoke(self, revocations);
+    }
+
+    fn held_answers(&self) -> Vec<fqdnd_cluster::Held> {
+        learned::held(self)
     }
 }
 
@@ -514,6 +464,13 @@ pub(crate) struct StartOptions {
 /// serves.
 const CLUSTER_POLICY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// The longest an HA group's imported answer is held: the answer cache's `maxTTL` when the
+/// gateway has one, else its default (a day) — the bound the gateway puts on what DNS tells
+/// its own clients.
+fn max_import_ttl(cache: Option<&fqdnd_dnsproxy::CacheConfig>) -> u32 {
+    cache.copied().unwrap_or_default().max_ttl
+}
+
 /// Starts a daemon from what its mode prepared.
 pub(crate) async fn start(
     prepared: Prepared,
@@ -553,7 +510,7 @@ pub(crate) async fn start(
             mode.publishes_cluster_addresses(),
             mode.name() == "gateway",
             clock,
-            &proxy.listen_udp,
+            (&proxy.listen_udp, max_import_ttl(proxy.cache.as_ref())),
         )?),
         _ => None,
     };

@@ -18,6 +18,9 @@ use fqdnd_namemgr::{RestoreRoom, Sizes};
 use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, Deserializer, SeqAccess, Visitor};
 
+mod forgets;
+pub(crate) use forgets::Forgot;
+
 /// One restored answer, borrowed from [`Answers`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RestoredAnswer<'a> {

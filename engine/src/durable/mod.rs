@@ -67,6 +67,18 @@ pub enum Record {
         /// The number.
         id: u32,
     },
+    /// What [`Engine::forget`] removed (`fqdnd cache forget`, an HA group's revocation): a
+    /// restore leaves it out of the answers journaled before this record. (Added after the
+    /// first two variants, so journals written before it read as they did; an fqdnd that
+    /// predates it refuses a journal holding one, as an undecodable record.)
+    Forgotten {
+        /// The canonical name.
+        name: String,
+        /// The mappings removed for every endpoint; `None`: every one of the name.
+        addrs: Option<Vec<IpAddr>>,
+        /// The endpoint whose record of the name was removed.
+        endpoint: Option<u16>,
+    },
 }
 
 /// One cached name in a snapshot: its endpoints and its addresses with their expiries.
@@ -140,6 +152,7 @@ pub fn open(dir: &Path, strict: bool) -> Result<(Restored, Journal<Record>), Err
         identities.insert(id, labels);
     }
     let records = recovered.records.len();
+    let mut forgets = Vec::new();
     for record in recovered.records {
         match record {
             Record::Learned {
@@ -155,8 +168,23 @@ pub fn open(dir: &Path, strict: bool) -> Result<(Restored, Journal<Record>), Err
             Record::Identity { labels, id } => {
                 identities.insert(id, labels);
             }
+            Record::Forgotten {
+                name,
+                addrs,
+                endpoint,
+            } => forgets.push(flat::Forgot {
+                before: answers.len(),
+                name,
+                addrs,
+                endpoint,
+            }),
         }
     }
+    answers
+        .forget(&forgets)
+        .map_err(|TooLarge| Error::RestoreTooLarge {
+            dir: dir.to_path_buf(),
+        })?;
     // A label set journaled under two numbers (its first one was freed): the later wins.
     let mut by_labels: HashMap<String, u32> = HashMap::new();
     for (id, labels) in identities {
@@ -395,6 +423,92 @@ mod tests {
         let names: Vec<&str> = plain.names.iter().map(|n| &*n.name).collect();
         assert_eq!(names, ["b.test.", "c.test.", "a.test."]);
         assert_eq!(plain.names[0].endpoints, [7]);
+    }
+
+    /// A forget is journaled: a restart does not bring back what was forgotten, and an
+    /// answer learned after the forget comes back as usual.
+    #[tokio::test]
+    async fn a_restart_keeps_what_was_forgotten_out() {
+        let config = test_support::lan_config(None);
+        let clock = std::sync::Arc::new(Fixed {
+            unix_ms: 1_700_000_000_000,
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let ep = EndpointId(7);
+        let ip = |last| IpAddr::from([192, 0, 2, last]);
+        {
+            let (restored, journal) = open(dir.path(), true).unwrap();
+            let persist = Persist::new(journal, clock.clone(), &restored, 1_000);
+            let mut engine =
+                Engine::from_config(&config, MemoryDatapath::default(), clock.now()).unwrap();
+            let mut acks = Vec::new();
+            let learn = |engine: &mut Engine<MemoryDatapath>, name: &str, addrs: &[IpAddr]| {
+                let learning = engine.learn(ep, name, addrs, 300, clock.now()).unwrap();
+                persist
+                    .answer(engine, ep, name, addrs, 300, &learning)
+                    .unwrap()
+            };
+            acks.extend(learn(&mut engine, "a.test.", &[ip(1), ip(2)]));
+            acks.extend(learn(&mut engine, "b.test.", &[ip(3)]));
+            for forget in [
+                crate::Forget {
+                    name: "A.test",
+                    addrs: Some(&[ip(1)]),
+                    endpoint: None,
+                },
+                crate::Forget {
+                    name: "b.test.",
+                    addrs: None,
+                    endpoint: Some(ep),
+                },
+            ] {
+                let forgotten = engine.forget(&forget).unwrap();
+                assert_eq!(forgotten.mappings, 1);
+                acks.push(persist.forgotten(&forget).unwrap());
+            }
+            // b.test. asked again after the forget: it stays.
+            acks.extend(learn(&mut engine, "b.test.", &[ip(4)]));
+            for ack in acks {
+                ack.await.unwrap();
+            }
+            let dp = engine.ipcache.datapath();
+            assert_eq!(dp.identity_of(ip(1)), dp.identity_of(ip(200)), "unknown");
+        }
+        let (mut restored, _journal) = open(dir.path(), true).unwrap();
+        let mut engine =
+            Engine::from_config(&config, MemoryDatapath::default(), clock.now()).unwrap();
+        restored.apply(&mut engine, &*clock).unwrap();
+        let mut entries: Vec<(String, IpAddr)> = engine
+            .names
+            .entries()
+            .map(|e| (e.name.to_owned(), e.ip.addr))
+            .collect();
+        entries.sort();
+        assert_eq!(
+            entries,
+            [("a.test.".into(), ip(2)), ("b.test.".into(), ip(4))]
+        );
+        let dp = engine.ipcache.datapath();
+        assert_eq!(dp.identity_of(ip(1)), dp.identity_of(ip(200)), "unknown");
+        assert_ne!(dp.identity_of(ip(2)), dp.identity_of(ip(200)));
+    }
+
+    /// Records an fqdnd without the forget record wrote (their bytes, postcard) read as
+    /// they did.
+    #[test]
+    fn older_records_read_as_they_did() {
+        let decode = fqdnd_checkpoint::format::decode_value::<Record>;
+        let learned = decode(&[0, 7, 2, b'a', b'.', 1, 0, 10, 0, 0, 1, 1]).unwrap();
+        assert!(
+            matches!(&learned, Record::Learned { endpoint: 7, name, addrs, expires_unix_ms: 1 }
+                if name == "a." && addrs == &[IpAddr::from([10, 0, 0, 1])]),
+            "{learned:?}"
+        );
+        let identity = decode(&[1, 1, b'x', 172, 2]).unwrap();
+        assert!(
+            matches!(&identity, Record::Identity { labels, id: 300 } if labels == "x"),
+            "{identity:?}"
+        );
     }
 
     /// At a full cache, the restore keeps the live answers and leaves out the expired ones,

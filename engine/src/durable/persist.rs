@@ -197,6 +197,24 @@ impl Persist {
         Ok(acks)
     }
 
+    /// Under the engine lock, after [`Engine::forget`](crate::Engine::forget) removed
+    /// something: queues the record that keeps a restart from bringing it back; returns its
+    /// acknowledgement, to await before the forget is reported done.
+    ///
+    /// # Errors
+    /// The journal refused the record.
+    pub fn forgotten(&self, forget: &fqdnd_namemgr::Forget<'_>) -> Result<Ack<Seq>, Error> {
+        let record = Record::Forgotten {
+            name: fqdnd_namemgr::canonicalize(forget.name).into_owned(),
+            addrs: forget.addrs.map(<[IpAddr]>::to_vec),
+            endpoint: forget.endpoint.map(|ep| ep.0),
+        };
+        let mut acks = Vec::with_capacity(1);
+        self.submit(&record, &mut acks)?;
+        acks.pop()
+            .ok_or(Error::Journal(fqdnd_checkpoint::Error::Closed))
+    }
+
     /// Names whose held answers are not known durable yet (still syncing; or failed, until a
     /// snapshot covers them): their refreshes are held too.
     pub fn names_in_doubt(&self) -> usize {
