@@ -44,12 +44,21 @@ fn temporary(id: Identity) -> bool {
     (0x0101_0000..=0x0101_03FF).contains(&id.0)
 }
 
+/// The label set of an endpoint `app: value` without a namespace (so in `default`, as the
+/// configuration labels it and other nodes publish it).
 fn app(value: &str) -> Vec<EndpointLabel> {
-    vec![EndpointLabel {
-        source: "k8s".to_owned(),
-        key: "app".to_owned(),
-        value: value.to_owned(),
-    }]
+    vec![
+        EndpointLabel {
+            source: "k8s".to_owned(),
+            key: "app".to_owned(),
+            value: value.to_owned(),
+        },
+        EndpointLabel {
+            source: "k8s".to_owned(),
+            key: "io.kubernetes.pod.namespace".to_owned(),
+            value: "default".to_owned(),
+        },
+    ]
 }
 
 fn ip(s: &str) -> IpAddr {
