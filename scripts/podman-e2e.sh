@@ -173,8 +173,9 @@ spec:
   pinDir: $pins
   adminSocket: $work/node.sock
 ---
+# Every namespace's podtest containers: a clusterwide policy.
 apiVersion: cilium.io/v2
-kind: CiliumNetworkPolicy
+kind: CiliumClusterwideNetworkPolicy
 metadata: {name: podtest}
 spec:
   endpointSelector: {matchLabels: {app: podtest}}
@@ -193,7 +194,7 @@ spec:
 # CNI_ARGS, and its name.
 apiVersion: cilium.io/v2
 kind: CiliumNetworkPolicy
-metadata: {name: shop}
+metadata: {name: shop, namespace: shop}
 spec:
   endpointSelector: {matchLabels: {k8s:io.kubernetes.pod.namespace: shop}}
   egress:
@@ -201,7 +202,7 @@ spec:
 ---
 apiVersion: cilium.io/v2
 kind: CiliumNetworkPolicy
-metadata: {name: by-name}
+metadata: {name: by-name, namespace: shop}
 spec:
   endpointSelector: {matchLabels: {cni:name: ${id}n}}
   egress:

@@ -15,4 +15,4 @@ export FQDND_BPF_CHECK=1
 
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
-cargo test --workspace --locked
+cargo test --workspace --locked --no-fail-fast

@@ -473,6 +473,8 @@ mod tests {
             }
             let dp = engine.ipcache.datapath();
             assert_eq!(dp.identity_of(ip(1)), dp.identity_of(ip(200)), "unknown");
+            // The directory's lock released before it is opened again.
+            persist.close().await.unwrap();
         }
         let (mut restored, _journal) = open(dir.path(), true).unwrap();
         let mut engine =

@@ -282,6 +282,18 @@ impl Persist {
         Ok(())
     }
 
+    /// Commits what is queued, stops the writer and releases the state directory's lock.
+    ///
+    /// # Errors
+    /// The last batch failed.
+    pub async fn close(self) -> Result<(), Error> {
+        self.journal
+            .close()
+            .await
+            .map(|_| ())
+            .map_err(Error::Journal)
+    }
+
     /// The journal writer's counters.
     pub fn journal_stats(&self) -> JournalStats {
         self.journal.stats()
