@@ -5,27 +5,14 @@
 
 #![forbid(unsafe_code)]
 
-mod admin;
 mod cli;
-mod clock;
-mod cluster;
-mod cni;
-mod daemon;
-mod datapath;
-mod gateway;
-mod ha;
-mod kernel;
-mod links;
-mod metrics;
-mod node;
-mod perms;
-mod privileges;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use fqdnd_daemon::{admin, cni, gateway, node, privileges, skeleton};
 use fqdnd_engine::durable::Written;
 
 /// fqdnd lets workloads reach only the IPs that DNS answered for the names their policy
@@ -126,7 +113,7 @@ enum Command {
         #[arg(long)]
         recent: bool,
         #[command(flatten)]
-        target: admin::client::Target,
+        target: cli::Target,
     },
     /// Durable state (`stateDir`).
     #[command(subcommand)]
@@ -205,7 +192,7 @@ struct ListArgs {
     #[arg(long)]
     json: bool,
     #[command(flatten)]
-    target: admin::client::Target,
+    target: cli::Target,
 }
 
 #[derive(Subcommand)]
@@ -360,7 +347,7 @@ struct ForgetArgs {
     #[arg(long)]
     json: bool,
     #[command(flatten)]
-    target: admin::client::Target,
+    target: cli::Target,
 }
 
 #[derive(Subcommand)]
@@ -464,18 +451,6 @@ enum PolicyCommand {
     },
 }
 
-/// A started daemon in service: its admin API, then every capability dropped, then until
-/// SIGINT or SIGTERM.
-async fn serve(
-    mut running: daemon::Running,
-    mode: &str,
-    keep: &[fqdnd_privileges::Cap],
-) -> anyhow::Result<()> {
-    admin::server::spawn(&mut running)?;
-    privileges::drop_all_but(mode, keep)?;
-    running.until_signal().await
-}
-
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -520,20 +495,18 @@ fn main() -> ExitCode {
         } => runtime().and_then(|rt| {
             rt.block_on(async {
                 if demo {
-                    print!("{}", cli::demo::run().await?);
+                    print!("{}", gateway::demo::run().await?);
                 } else {
-                    let options = daemon::StartOptions {
+                    let options = skeleton::StartOptions {
                         paths: config,
                         demo: false,
                         admin_socket,
                         strict_restore,
                     };
-                    serve(
-                        gateway::start(options).await?,
-                        "gateway",
-                        privileges::GATEWAY,
-                    )
-                    .await?;
+                    gateway::start(options)
+                        .await?
+                        .serve("gateway", privileges::GATEWAY)
+                        .await?;
                 }
                 Ok(ExitCode::SUCCESS)
             })
@@ -544,13 +517,16 @@ fn main() -> ExitCode {
             strict_restore,
         } => runtime().and_then(|rt| {
             rt.block_on(async {
-                let options = daemon::StartOptions {
+                let options = skeleton::StartOptions {
                     paths: config,
                     demo: false,
                     admin_socket,
                     strict_restore,
                 };
-                serve(node::start(options).await?, "node", privileges::NODE).await?;
+                node::start(options)
+                    .await?
+                    .serve("node", privileges::NODE)
+                    .await?;
                 Ok(ExitCode::SUCCESS)
             })
         }),

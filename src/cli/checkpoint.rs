@@ -15,7 +15,7 @@ use fqdnd_engine::durable::{Record, SCHEMA, Snapshot, Written};
 /// Prints the files, the snapshot's age, record counts by kind, identities, and any tail
 /// recovery would cut off. Exit 1 when something is damaged.
 pub(crate) fn inspect(dir: &Path) -> Result<ExitCode> {
-    let clock = crate::clock::Clock::start();
+    let clock = fqdnd_daemon::clock::Clock::start();
     let now_ms = clock.unix_ms_of(clock.now());
     let inspection = fqdnd_checkpoint::inspect(dir, Some(SCHEMA), now_ms)
         .with_context(|| format!("reading {}", dir.display()))?;
@@ -96,7 +96,7 @@ pub(crate) fn synthesize(
     (names, ips): (u32, u32),
     (spread, written): (Duration, Written),
 ) -> Result<ExitCode> {
-    let clock = crate::clock::Clock::start();
+    let clock = fqdnd_daemon::clock::Clock::start();
     fqdnd_engine::durable::synthesize(dir, &clock, zone, (names, ips), (spread, written))
         .with_context(|| format!("writing a synthetic state directory in {}", dir.display()))?;
     Ok(ExitCode::SUCCESS)

@@ -14,7 +14,7 @@ use fqdnd_cluster::{Compare, EtcdStore, Key, Layout, Op, Store, Txn};
 use serde::Serialize;
 use tokio::sync::watch;
 
-use crate::cluster::{connect_options, member_name};
+use fqdnd_daemon::cluster::{connect_options, member_name};
 
 /// Transactions hold at most this many policy puts (etcd allows 128 operations).
 const PUT_BATCH: usize = 64;
@@ -59,14 +59,14 @@ pub(crate) fn operator(
         (doc.identity_gc_grace / 10).clamp(Duration::from_secs(1), Duration::from_secs(60));
     runtime()?.block_on(async move {
         let exporter = match metrics {
-            Some(addr) => Some(crate::metrics::install_operator(addr)?),
+            Some(addr) => Some(fqdnd_daemon::metrics::install_operator(addr)?),
             None => None,
         };
         let store = EtcdStore::connect(&connect_options(&doc)?)
             .await
             .context("setting up the etcd client")?;
         if let Some(exporter) = exporter {
-            crate::metrics::serve(exporter);
+            fqdnd_daemon::metrics::serve(exporter);
         }
         let (status_tx, mut status) = watch::channel(OperatorStatus::default());
         let (stop_tx, stop) = watch::channel(false);
@@ -89,7 +89,7 @@ pub(crate) fn operator(
                         continue;
                     }
                     let s = status.borrow_and_update().clone();
-                    crate::metrics::record_operator(&s);
+                    fqdnd_daemon::metrics::record_operator(&s);
                     let now = s.state();
                     // Not tried yet is not unreachable.
                     if now == state || (now == "unreachable" && s.last_error.is_none()) {
@@ -104,7 +104,7 @@ pub(crate) fn operator(
                 }
                 _ = tick.tick() => {
                     let s = status.borrow().clone();
-                    crate::metrics::record_operator(&s);
+                    fqdnd_daemon::metrics::record_operator(&s);
                     if !s.connected {
                         state = "unreachable";
                         tracing::error!(name = %name, endpoints = ?doc.endpoints, error = s.last_error.as_deref().unwrap_or("no answer yet"), "etcd is still unreachable");

@@ -6,8 +6,9 @@ use std::process::ExitCode;
 use anyhow::Result;
 use fqdnd_engine::view::{CacheRow, IdentityRow, IpcacheRow};
 
-use crate::admin::client::{Target, get, post, post_json};
-use crate::admin::{ForgetOutcome, ForgetRequest, Reload, Status};
+use crate::cli::Target;
+use fqdnd_daemon::admin::client::{get, post, post_json};
+use fqdnd_daemon::admin::{ForgetOutcome, ForgetRequest, Reload, Status};
 
 /// `fqdnd status`.
 pub(crate) fn status(target: &Target, json: bool) -> Result<ExitCode> {

@@ -13,8 +13,9 @@ use fqdnd_config::Cgroup;
 use fqdnd_ebpf::KernelDatapath;
 use fqdnd_engine::endpoints::Attachment;
 
-use crate::admin::client::{self, Target};
-use crate::node::{DropPage, EndpointRow};
+use crate::cli::Target;
+use fqdnd_daemon::admin::client;
+use fqdnd_daemon::node::{DropPage, EndpointRow};
 
 /// What `fqdnd endpoint add` is told.
 #[derive(clap::Args, Clone)]

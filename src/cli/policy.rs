@@ -11,7 +11,8 @@ use fqdnd_ipcache::{EndpointId, MemoryDatapath};
 use fqdnd_namemgr::{FqdnSelector, canonicalize};
 use serde::Serialize;
 
-use crate::admin::client::{Target, get};
+use crate::cli::Target;
+use fqdnd_daemon::admin::client::get;
 
 /// `policy check`: loads every file (or directory) and prints every error, and every warning
 /// (`file:line:column: warning: …`, on stderr; warnings do not change the exit status).

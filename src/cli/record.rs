@@ -6,8 +6,9 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 
-use crate::admin::client::{self, Target};
-use crate::daemon::record::{RecordRequest, RecordStatus};
+use crate::cli::Target;
+use fqdnd_daemon::admin::client;
+use fqdnd_daemon::skeleton::record::{RecordRequest, RecordStatus};
 
 /// What `fqdnd record start` is told.
 #[derive(clap::Args, Clone, Debug)]

@@ -10,8 +10,9 @@ use anyhow::{Context, Result};
 use fqdnd_ebpf::LbMaps;
 use fqdnd_lb::{LoadBalancer, Protocol, SlotValue};
 
-use crate::admin::client::{self, Target};
-use crate::node::ServiceRow;
+use crate::cli::Target;
+use fqdnd_daemon::admin::client;
+use fqdnd_daemon::node::ServiceRow;
 
 /// What `fqdnd service set` is told.
 #[derive(clap::Args, Clone)]
