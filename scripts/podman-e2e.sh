@@ -190,7 +190,7 @@ spec:
     - ports: [{port: "80", protocol: TCP}]
   - toCIDR: ["203.0.113.30/32"]
 ---
-# Labels of one container, as podman can give them (docs/operations.md): its namespace through
+# Labels of one container, as podman can give them (docs/manual/node.md): its namespace through
 # CNI_ARGS, and its name.
 apiVersion: cilium.io/v2
 kind: CiliumNetworkPolicy

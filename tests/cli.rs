@@ -339,10 +339,11 @@ spec:
     );
 }
 
-/// The exit codes docs/operations.md lists ("Commands"): 2 for a usage error of any command
-/// (`endpoint add` said 0/1), 0 for `--help`; 1 when the command cannot do its job (no agent
-/// at the socket, a file that cannot be read, a capture that does not exist: `replay` said 0
-/// only), each error one line that prints each cause once.
+/// The exit codes docs/manual/cli-reference.md lists ("Exit codes and what each command
+/// does"): 2 for a usage error of any command (`endpoint add` said 0/1), 0 for `--help`; 1
+/// when the command cannot do its job (no agent at the socket, a file that cannot be read, a
+/// capture that does not exist: `replay` said 0 only), each error one line that prints each
+/// cause once.
 #[test]
 fn exit_codes_are_those_the_docs_list() {
     let dir = TestDir::new("cli-exit");

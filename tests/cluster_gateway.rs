@@ -462,7 +462,7 @@ fn etcdctl(cluster: &EtcdCluster, user: Option<&str>, args: &[&str]) -> std::pro
     run(command.args(args))
 }
 
-/// etcd with authentication on and the least-privilege roles of docs/operations.md ("Who is
+/// etcd with authentication on and the least-privilege roles of docs/manual/cluster-and-ha.md ("Who is
 /// trusted"): the gateway's user may read the prefix and write only its endpoints and its
 /// registration; the operator's, identities and its own keys; the policy administrator's,
 /// policies. The cluster works with those users, and a member's credentials cannot write
@@ -477,7 +477,7 @@ fn least_privilege_etcd_users_run_the_cluster_and_cannot_write_what_they_do_not_
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let cluster = EtcdCluster::start("auth", 1, None, "127.0.0.1");
     let p = "/auth-test";
-    // The layout of docs/operations.md, as an administrator would set it up.
+    // The layout of docs/manual/cluster-and-ha.md, as an administrator would set it up.
     let setup_commands: Vec<Vec<String>> = [
         "role add fqdnd-member",
         &format!("role grant-permission fqdnd-member read {p}/ --prefix=true"),

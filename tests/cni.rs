@@ -58,7 +58,7 @@ fn config(socket: &Path, prev: bool) -> String {
     )
 }
 
-/// VERSION lists exactly the versions docs/operations.md names (issue 36, item 5: it listed
+/// VERSION lists exactly the versions docs/manual/node.md names (issue 36, item 5: it listed
 /// 0.3.0, which the documented range left out).
 #[test]
 fn version_lists_the_spec_versions_it_speaks() {
@@ -72,12 +72,12 @@ fn version_lists_the_spec_versions_it_speaks() {
         .map(|v| v.as_str().unwrap())
         .collect();
     assert_eq!(versions, ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]);
-    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/manual/node.md"))
         .unwrap();
     let range = format!("(CNI {}–{})", versions[0], versions[versions.len() - 1]);
     assert!(
         docs.contains(&range),
-        "docs/operations.md does not say {range}"
+        "docs/manual/node.md does not say {range}"
     );
 }
 

@@ -37,7 +37,7 @@ pub enum StoreError {
     /// The store refused the user: authentication failed, or the user's roles do not allow
     /// the request (etcd's `permission denied`). Retried: an administrator may fix the roles.
     #[error(
-        "etcd refused the request: {reason} (check the user and its roles: docs/operations.md, \"Who is trusted\")"
+        "etcd refused the request: {reason} (check the user and its roles: docs/manual/cluster-and-ha.md, \"Who is trusted\")"
     )]
     Denied {
         /// What etcd said.

@@ -690,7 +690,7 @@ impl fqdnd_cluster::Store for Guarded {
     }
 }
 
-/// With roles that let a gateway write only its own keys (docs/operations.md, "Who is
+/// With roles that let a gateway write only its own keys (docs/manual/cluster-and-ha.md, "Who is
 /// trusted"), `cache forget` changes this gateway's keys, reports the others' as refused, and
 /// holds back none of the answers waiting behind it.
 #[tokio::test(start_paused = true)]

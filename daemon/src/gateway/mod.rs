@@ -47,7 +47,7 @@ fn load(paths: &[PathBuf], demo: bool) -> Result<(Config, Gateway)> {
     skeleton::log_warnings(&config);
     let Some(gateway) = config.gateway.clone() else {
         bail!(
-            "no `kind: Gateway` document in the configuration: `fqdnd gateway` needs one (see docs/operations.md)"
+            "no `kind: Gateway` document in the configuration: `fqdnd gateway` needs one (see docs/manual/gateway.md)"
         );
     };
     if !config.services.is_empty() {
