@@ -9,6 +9,10 @@
 //! `FQDND_BPF_UPDATE=1` writes the fresh object over the committed one. The compile runs in
 //! the crate directory with relative paths so the object (its BTF and line info) is the same
 //! bytes from any checkout. Override the compiler with `FQDND_BPF_CLANG`.
+//!
+//! Each `bpf/<name>.c` of `PROGRAMS` is one compilation unit and one object; `policy.c`
+//! includes the programs (`bpf_tc.c`, `bpf_sock.c`) and the headers they share (`bpf/lib/`),
+//! so any change under `bpf/` rebuilds and rechecks it.
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -31,6 +35,8 @@ fn main() {
         println!("cargo:rerun-if-env-changed={var}");
     }
     println!("cargo:rerun-if-changed=include/fqdnd_maps.h");
+    // A directory: cargo rescans every file under it (the included programs and lib/).
+    println!("cargo:rerun-if-changed=bpf");
 
     abi_version(&manifest);
     layout(&manifest, &out);

@@ -7,6 +7,13 @@
 //!
 //! Map layouts come from one header, `include/fqdnd_maps.h`; [`sys`] mirrors it and its tests
 //! compare both layouts field by field.
+//!
+//! The C side is one object, `obj/policy.o`, from one compilation unit, `bpf/policy.c`, which
+//! includes the tc programs (`bpf/bpf_tc.c`), the cgroup socket programs (`bpf/bpf_sock.c`)
+//! and the headers they share in `bpf/lib/` (maps, parsing, conntrack, policy, events,
+//! endpoints, DNS redirect, load balancing, fragments, and the egress/ingress verdicts). On
+//! the Rust side, [`KernelDatapath`] is cut by concern into the modules of `src/datapath/`
+//! (policy, ipcache, batch, resync, endpoints, sockets, redirect, conntrack, events).
 #![deny(unsafe_code)]
 
 pub mod cgroup;

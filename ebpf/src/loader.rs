@@ -17,7 +17,7 @@ use crate::error::Error;
 use crate::migrate::{self, MapSizes, Migration};
 use crate::sys::ABI_VERSION;
 
-/// The compiled `bpf/policy.c` (built by build.rs into `OUT_DIR`).
+/// The compiled `bpf/policy.c`, which includes every program (built by build.rs into `OUT_DIR`).
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/policy.o"));
 
 /// Where bpffs is mounted.

@@ -121,7 +121,7 @@ fn size<T>() -> u32 {
     u32::try_from(size_of::<T>()).unwrap_or(u32::MAX)
 }
 
-/// Every map of the object, as `bpf/policy.c` declares it, with `sizes` applied. A test
+/// Every map of the object, as `bpf/lib/maps.h` declares it, with `sizes` applied. A test
 /// (`kernel::map_specs_match_the_object`) compares it with the kernel's view of a fresh load.
 pub(crate) fn specs(sizes: &MapSizes) -> [MapSpec; 19] {
     let s = |name, kind, map_type, key_size, value_size, flags, max_entries| MapSpec {
