@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde::Serialize;
 use std::sync::mpsc;
 
-use tokio::sync::oneshot;
+use futures_channel::oneshot;
 
 use crate::format::{SnapshotMeta, encode_record, encode_snapshot, encode_value};
 use crate::fsutil::{SNAPSHOT, list, sync_dir, write_atomic};
@@ -84,7 +84,7 @@ pub struct JournalStats {
     pub failed_records: u64,
     /// Records in the last committed batch (gauge).
     pub last_batch_records: u64,
-    /// Duration of the last `fdatasync` (gauge; tokio's clock).
+    /// Duration of the last `fdatasync` (gauge; the monotonic clock).
     pub last_fsync: Duration,
     /// Sum of all `fdatasync` durations: with `fsyncs`, a mean per scrape interval.
     pub fsync_total: Duration,
@@ -193,7 +193,7 @@ pub struct Journal<T: ?Sized> {
     shared: Arc<Shared>,
     options: Options,
     dir: PathBuf,
-    compacting: tokio::sync::Mutex<()>,
+    compacting: futures_util::lock::Mutex<()>,
     /// The last ticket given; held while a request is queued, so tickets follow the queue.
     tickets: Mutex<u64>,
     /// The writer thread's result, sent when it ends.
@@ -203,8 +203,8 @@ pub struct Journal<T: ?Sized> {
 
 impl<T: Serialize + ?Sized> Journal<T> {
     /// Starts the writer thread, appending at `tail` (from [`crate::open`]). If the thread
-    /// cannot be started every call fails with [`Error::Closed`]. [`Journal::compact`] runs on
-    /// tokio's blocking pool: call it inside a tokio runtime.
+    /// cannot be started every call fails with [`Error::Closed`]. [`Journal::compact`] encodes
+    /// and writes the snapshot on a thread of its own: any async runtime may await it.
     pub fn start(tail: Tail, options: &Options) -> Self {
         let shared = Arc::new(Shared::default());
         shared.generation.store(tail.generation, Relaxed);
@@ -232,7 +232,7 @@ impl<T: Serialize + ?Sized> Journal<T> {
             shared,
             options: options.clone(),
             dir,
-            compacting: tokio::sync::Mutex::new(()),
+            compacting: futures_util::lock::Mutex::new(()),
             tickets: Mutex::new(0),
             done,
             _records: PhantomData,
@@ -325,7 +325,7 @@ impl<T: Serialize + ?Sized> Journal<T> {
     /// 3. deletion of generations `< g`: a crash midway leaves journals that the snapshot
     ///    names as covered; recovery skips (and deletes) them, so nothing is applied twice.
     ///
-    /// `state` is encoded off the async runtime, on a blocking thread, with the write: a
+    /// `state` is encoded off the async runtime, on a thread of its own, with the write: a
     /// snapshot of a million names takes ~0.1 s to encode.
     pub async fn compact<S: Serialize + Send + 'static>(
         &self,
@@ -347,12 +347,17 @@ impl<T: Serialize + ?Sized> Journal<T> {
             taken_at_unix_ms,
         };
         let (schema, dir) = (self.options.schema, self.dir.clone());
-        let removed = tokio::task::spawn_blocking(move || {
-            let bytes = encode_snapshot(schema, &meta, &encode_value(&state)?);
-            install_snapshot(&dir, &meta, &bytes)
-        })
-        .await
-        .map_err(|_| Error::Closed)??;
+        let (tx, rx) = oneshot::channel();
+        std::thread::Builder::new()
+            .name("fqdnd-snapshot".to_owned())
+            .spawn(move || {
+                let installed = encode_value(&state).and_then(|value| {
+                    install_snapshot(&dir, &meta, &encode_snapshot(schema, &meta, &value))
+                });
+                let _ = tx.send(installed);
+            })
+            .map_err(|e| Error::io(&self.dir, "start the snapshot thread", e))?;
+        let removed = rx.await.map_err(|_| Error::Closed)??;
         self.shared
             .snapshot_generation
             .store(rotation.generation, Relaxed);

@@ -6,13 +6,19 @@
 //! not behind the DNS tasks of a busy runtime worker. Records queued while one `fdatasync`
 //! runs are written and synced together as soon as it returns (group commit without a timer).
 
+#![allow(
+    clippy::disallowed_types,
+    reason = "the writer thread times its own batches and lazy deadline on the monotonic clock (std's Instant): measurements and a flush timer, no policy logic"
+)]
+
+use std::time::Instant;
+
 use std::sync::Arc;
 use std::sync::atomic::Ordering::{Relaxed, Release};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::Duration;
 
-use tokio::sync::oneshot;
-use tokio::time::Instant;
+use futures_channel::oneshot;
 
 use crate::journal::{Msg, Rotation, SLOW_BATCH_BOUNDS, Shared};
 use crate::writer::Writer;

@@ -2,18 +2,23 @@
 //!
 //! Runs on the journal's writer thread, which owns it.
 
+#![allow(
+    clippy::disallowed_types,
+    reason = "the writer thread times its own batches and lazy deadline on the monotonic clock (std's Instant): measurements and a flush timer, no policy logic"
+)]
+
+use std::time::Instant;
+
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::Duration;
-
-use tokio::time::Instant;
 
 use crate::format::PREALLOCATION;
 use crate::fsutil::create_journal;
 use crate::recover::Tail;
 use crate::{Error, Seq};
 
-/// Durations of a committed batch, on tokio's clock.
+/// Durations of a committed batch, on the monotonic clock.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Timing {
     /// The `fdatasync`.

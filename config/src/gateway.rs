@@ -62,8 +62,8 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_saphyr::Spanned;
 
-use fqdnd_dnsproxy::{
-    CacheConfig, HoldFallback, RateLimitAction, TruncatedAction, UpstreamTimeoutAction,
+use crate::dns::{
+    AnswerCache, HoldFallback, RateLimitAction, TruncatedAction, UpstreamTimeoutAction,
 };
 
 use crate::cnp::ObjectMeta;
@@ -272,7 +272,7 @@ pub struct Gateway {
     /// under `/sys/fs/bpf/fqdnd`).
     pub pin_dir: Option<PathBuf>,
     /// The answer cache (`cache`); `None`: off (the default).
-    pub cache: Option<CacheConfig>,
+    pub cache: Option<AnswerCache>,
     /// What every mode shares.
     pub daemon: Daemon,
 }
@@ -550,9 +550,9 @@ pub(crate) fn gateway(doc: &Spanned<DaemonDoc>, diag: &mut Diag<'_>) -> Option<G
 }
 
 /// The `cache` block: `None` when it is off (`enabled: false`) or wrong (reported).
-fn cache(spec: &Spanned<CacheSpec>, diag: &mut Diag<'_>) -> Option<CacheConfig> {
+fn cache(spec: &Spanned<CacheSpec>, diag: &mut Diag<'_>) -> Option<AnswerCache> {
     let c = &spec.value;
-    let mut config = CacheConfig::default();
+    let mut config = AnswerCache::default();
     let before = diag.count();
     if let Some(size) = &c.size {
         match usize::try_from(size.value) {

@@ -41,6 +41,7 @@
 mod cluster;
 mod cnp;
 mod convert;
+mod dns;
 mod documents;
 mod endpoint;
 mod error;
@@ -58,6 +59,9 @@ use fqdnd_ipcache::Endpoint;
 use fqdnd_ipcache::policy::Rule;
 
 pub use cluster::{Cluster, ClusterAuth, ClusterTls, valid_node_name};
+pub use dns::{
+    AnswerCache, HoldFallback, RateLimitAction, RejectCode, TruncatedAction, UpstreamTimeoutAction,
+};
 pub use documents::{Document, Documents, documents};
 pub use endpoint::Cgroup;
 pub use error::{Duplicated, Error, Errors, Unsupported};

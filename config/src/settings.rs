@@ -23,7 +23,7 @@
 
 use std::time::Duration;
 
-use fqdnd_dnsproxy::RejectCode;
+use crate::dns::RejectCode;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_saphyr::Spanned;

@@ -10,8 +10,8 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
+use fqdnd_config::RejectCode;
 use fqdnd_config::{EXAMPLE_POLICY, Error, Settings, load, load_str};
-use fqdnd_dnsproxy::RejectCode;
 use fqdnd_ipcache::policy::{DnsRule, PeerSelector, PortProtocol, Protocol};
 use fqdnd_ipcache::{EndpointId, EndpointLabel};
 

@@ -9,8 +9,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use fqdnd_config::{HoldFallback, TruncatedAction, UpstreamTimeoutAction};
 use fqdnd_config::{ZoneSource, load_str};
-use fqdnd_dnsproxy::{HoldFallback, TruncatedAction, UpstreamTimeoutAction};
 
 fn gateway(spec: &str) -> String {
     format!("apiVersion: fqdnd.io/v1\nkind: Gateway\nspec:\n{spec}")
@@ -53,7 +53,7 @@ fn every_field_is_read_and_paths_are_relative_to_the_file() {
     let rate = g.daemon.rate_limit.unwrap();
     assert_eq!(
         (rate.qps, rate.burst, rate.action),
-        (50, 50, fqdnd_dnsproxy::RateLimitAction::Refused)
+        (50, 50, fqdnd_config::RateLimitAction::Refused)
     );
 }
 

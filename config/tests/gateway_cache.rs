@@ -8,8 +8,8 @@
 
 use std::path::Path;
 
+use fqdnd_config::AnswerCache;
 use fqdnd_config::load_str;
-use fqdnd_dnsproxy::CacheConfig;
 
 fn gateway(extra: &str) -> String {
     format!(
@@ -21,7 +21,7 @@ fn file() -> &'static Path {
     Path::new("/etc/fqdnd/gateway.yaml")
 }
 
-fn cache_of(extra: &str) -> Option<CacheConfig> {
+fn cache_of(extra: &str) -> Option<AnswerCache> {
     load_str(&gateway(extra), file())
         .unwrap()
         .gateway
@@ -32,7 +32,7 @@ fn cache_of(extra: &str) -> Option<CacheConfig> {
 #[test]
 fn the_cache_is_off_unless_given_and_bounded_as_written() {
     assert_eq!(cache_of(""), None, "off by default");
-    assert_eq!(cache_of("  cache: {}\n"), Some(CacheConfig::default()));
+    assert_eq!(cache_of("  cache: {}\n"), Some(AnswerCache::default()));
     assert_eq!(cache_of("  cache: {enabled: false, size: 5}\n"), None);
     let c = cache_of(
         "  cache:\n    size: 500\n    minTTL: 30s\n    maxTTL: 1h\n    maxNegativeTTL: 5m\n",
@@ -40,7 +40,7 @@ fn the_cache_is_off_unless_given_and_bounded_as_written() {
     .unwrap();
     assert_eq!(
         c,
-        CacheConfig {
+        AnswerCache {
             max_entries: 500,
             min_ttl: 30,
             max_ttl: 3600,

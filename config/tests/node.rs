@@ -42,7 +42,7 @@ fn node_fields_are_read_with_defaults_for_the_rest() {
     );
     assert_eq!(
         node.daemon.on_hold_timeout,
-        fqdnd_dnsproxy::HoldFallback::ServFail
+        fqdnd_config::HoldFallback::ServFail
     );
 
     let bare = load_str("apiVersion: fqdnd.io/v1\nkind: Node\n", file()).unwrap();

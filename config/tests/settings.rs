@@ -11,8 +11,8 @@ mod common;
 use std::time::Duration;
 
 use common::{find, ok, one_err, pos};
+use fqdnd_config::RejectCode;
 use fqdnd_config::Settings;
-use fqdnd_dnsproxy::RejectCode;
 
 fn settings(spec: &str) -> String {
     format!("apiVersion: fqdnd.io/v1\nkind: Settings\nspec:\n{spec}")

@@ -125,7 +125,7 @@ impl GatewayMode {
                 listen_udp: listen.clone(),
                 listen_tcp: listen,
                 upstreams,
-                cache: gateway.cache,
+                cache: skeleton::answer_cache(gateway.cache),
                 ..fqdnd_dnsproxy::Config::default()
             },
             services: None,

@@ -17,12 +17,14 @@ mod dns;
 mod forget;
 mod learned;
 mod observer;
+mod proxy;
 mod querylog;
 pub mod record;
 mod state;
 mod tasks;
 
 pub use forget::ForgetError;
+pub use proxy::{answer_cache, proxy_config};
 pub use state::create_state_dir;
 
 use std::collections::BTreeMap;
@@ -390,30 +392,6 @@ fn enforcing(
         .collect()
 }
 
-/// The proxy's settings from `Settings` and the mode's `Daemon` options, over the mode's
-/// listen addresses, upstreams and transparent mode.
-pub fn proxy_config(
-    settings: &fqdnd_config::Settings,
-    daemon: &Daemon,
-    base: fqdnd_dnsproxy::Config,
-) -> fqdnd_dnsproxy::Config {
-    fqdnd_dnsproxy::Config {
-        upstream_timeout: daemon.upstream_timeout,
-        on_upstream_timeout: daemon.on_upstream_timeout,
-        response_max_delay: settings.proxy_response_max_delay,
-        on_hold_timeout: daemon.on_hold_timeout,
-        on_truncated: daemon.on_truncated,
-        randomize_case: daemon.randomize_case,
-        reject_code: settings.reject_response_code,
-        concurrency_limit: settings.concurrency_limit,
-        rate_limit_qps: daemon.rate_limit.map_or(0, |r| r.qps),
-        rate_limit_burst: daemon.rate_limit.map_or(0, |r| r.burst),
-        rate_limit_clients: daemon.rate_limit.map_or(65_536, |r| r.clients),
-        rate_limit_action: daemon.rate_limit.map(|r| r.action).unwrap_or_default(),
-        ..base
-    }
-}
-
 /// A running daemon.
 pub struct Running {
     pub(crate) shared: Arc<Shared>,
@@ -485,7 +463,7 @@ const CLUSTER_POLICY_WAIT: std::time::Duration = std::time::Duration::from_secs(
 /// gateway has one, else its default (a day) — the bound the gateway puts on what DNS tells
 /// its own clients.
 fn max_import_ttl(cache: Option<&fqdnd_dnsproxy::CacheConfig>) -> u32 {
-    cache.copied().unwrap_or_default().max_ttl
+    cache.map_or(fqdnd_config::AnswerCache::default().max_ttl, |c| c.max_ttl)
 }
 
 /// Starts a daemon from what its mode prepared.
