@@ -82,19 +82,23 @@ pub struct Settings {
 }
 
 impl Default for Settings {
+    /// The NameManager's and the IPCache's own defaults (written once, in those crates), and
+    /// the proxy-facing ones Cilium uses.
     fn default() -> Self {
+        let names = fqdnd_namemgr::Config::default();
+        let ips = fqdnd_ipcache::Config::default();
         Self {
-            min_ttl: 0,
-            max_ips_per_hostname: 1000,
-            max_deferred_connection_deletes: 10_000,
+            min_ttl: names.min_ttl,
+            max_ips_per_hostname: names.max_ips_per_hostname,
+            max_deferred_connection_deletes: names.max_zombies,
             proxy_response_max_delay: Duration::from_millis(100),
             reject_response_code: RejectCode::Refused,
             concurrency_limit: 0,
-            preallocate_identities: true,
-            max_fqdn_identities: 2048,
-            max_ips_per_name: 2000,
-            max_names_per_endpoint: 50_000,
-            max_cache_entries: 1_000_000,
+            preallocate_identities: ips.preallocate_fqdn_identities,
+            max_fqdn_identities: ips.max_fqdn_identities,
+            max_ips_per_name: names.max_ips_per_name,
+            max_names_per_endpoint: names.max_names_per_endpoint,
+            max_cache_entries: names.max_cache_entries,
             gc_interval: Duration::from_secs(60),
         }
     }
