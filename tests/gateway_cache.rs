@@ -89,7 +89,7 @@ fn repeated_questions_come_from_the_cache_and_are_still_learned() {
     );
     let metrics = gw.metrics_text();
     assert!(
-        metrics.contains("fqdnd_dns_cache_hits_total 3"),
+        metrics.contains("fqdnd_answer_cache_hits_total 3"),
         "{metrics}"
     );
 }

@@ -54,119 +54,214 @@ pub const ORIGINAL_DESTINATION_OVERFLOW: &str = "fqdnd_dns_original_destination_
 pub const ORIGINAL_DESTINATIONS: &str = "fqdnd_dns_original_destinations";
 
 /// Allowed queries answered from the answer cache (gateway, `cache` on).
-pub const CACHE_HITS: &str = "fqdnd_dns_cache_hits_total";
+pub const CACHE_HITS: &str = "fqdnd_answer_cache_hits_total";
 /// Allowed queries the answer cache could not answer (forwarded).
-pub const CACHE_MISSES: &str = "fqdnd_dns_cache_misses_total";
+pub const CACHE_MISSES: &str = "fqdnd_answer_cache_misses_total";
 /// Answers stored in the answer cache.
-pub const CACHE_INSERTS: &str = "fqdnd_dns_cache_inserts_total";
+pub const CACHE_INSERTS: &str = "fqdnd_answer_cache_inserts_total";
 /// Entries pushed out of the answer cache to make room (`max_entries`).
-pub const CACHE_EVICTIONS: &str = "fqdnd_dns_cache_evictions_total";
+pub const CACHE_EVICTIONS: &str = "fqdnd_answer_cache_evictions_total";
 /// Entries found expired on lookup and dropped.
-pub const CACHE_EXPIRED: &str = "fqdnd_dns_cache_expired_total";
+pub const CACHE_EXPIRED: &str = "fqdnd_answer_cache_expired_total";
 /// Entries in the answer cache (sampled on insert and expiry).
-pub const CACHE_ENTRIES: &str = "fqdnd_dns_cache_entries";
+pub const CACHE_ENTRIES: &str = "fqdnd_answer_cache_entries";
 
-/// Describes every metric once; the binary calls it after installing its recorder.
-pub fn describe_metrics() {
-    metrics::describe_counter!(QUERIES, Unit::Count, "DNS queries by how they ended");
-    metrics::describe_histogram!(
+/// What a series is, as Prometheus types it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Only goes up (restarts from zero with the process).
+    Counter,
+    /// Goes up and down.
+    Gauge,
+    /// A distribution (rendered as a summary).
+    Histogram,
+}
+
+/// One series of a catalogue: its name, kind, unit and description, written once.
+#[derive(Debug, Clone, Copy)]
+pub struct Series {
+    /// The name (one of this module's constants).
+    pub name: &'static str,
+    /// Counter, gauge or histogram.
+    pub kind: Kind,
+    /// Its unit, when it has one.
+    pub unit: Option<Unit>,
+    /// What it counts.
+    pub help: &'static str,
+}
+
+const fn series(name: &'static str, kind: Kind, unit: Option<Unit>, help: &'static str) -> Series {
+    Series {
+        name,
+        kind,
+        unit,
+        help,
+    }
+}
+
+const COUNT: Option<Unit> = Some(Unit::Count);
+const SECONDS: Option<Unit> = Some(Unit::Seconds);
+
+/// The proxy's series.
+pub const SERIES: &[Series] = &[
+    series(
+        QUERIES,
+        Kind::Counter,
+        COUNT,
+        "DNS queries by how they ended",
+    ),
+    series(
         UPSTREAM_LATENCY,
-        Unit::Seconds,
-        "time from forwarding a query to its validated upstream answer"
-    );
-    metrics::describe_histogram!(
+        Kind::Histogram,
+        SECONDS,
+        "time from forwarding a query to its validated upstream answer",
+    ),
+    series(
         HOLD,
-        Unit::Seconds,
-        "time an answer was held for the observer before the reply left"
-    );
-    metrics::describe_histogram!(OBSERVER, Unit::Seconds, "time the response observer took");
-    metrics::describe_counter!(
+        Kind::Histogram,
+        SECONDS,
+        "time an answer was held for the observer before the reply left",
+    ),
+    series(
+        OBSERVER,
+        Kind::Histogram,
+        SECONDS,
+        "time the response observer took",
+    ),
+    series(
         DROPPED_QUERIES,
-        Unit::Count,
-        "client messages dropped unanswered before they count as queries (runt: shorter than a DNS header)"
-    );
-    metrics::describe_counter!(
+        Kind::Counter,
+        COUNT,
+        "client messages dropped unanswered before they count as queries (runt: shorter than a DNS header)",
+    ),
+    series(
         DROPPED_ANSWERS,
-        Unit::Count,
-        "upstream answers dropped by validation, by reason"
-    );
-    metrics::describe_counter!(
+        Kind::Counter,
+        COUNT,
+        "upstream answers dropped by validation, by reason",
+    ),
+    series(
         CONCURRENCY_LIMITED,
-        Unit::Count,
-        "queries answered SERVFAIL past the concurrency limit"
-    );
-    metrics::describe_gauge!(
+        Kind::Counter,
+        COUNT,
+        "queries answered SERVFAIL past the concurrency limit",
+    ),
+    series(
         INFLIGHT,
-        Unit::Count,
-        "queries forwarded and not yet finished"
-    );
-    metrics::describe_gauge!(UPSTREAM_UP, "1 while the upstream is considered alive");
-    metrics::describe_counter!(
+        Kind::Gauge,
+        COUNT,
+        "queries forwarded and not yet finished",
+    ),
+    series(
+        UPSTREAM_UP,
+        Kind::Gauge,
+        None,
+        "1 while the upstream is considered alive",
+    ),
+    series(
         HOLD_FALLBACKS,
-        Unit::Count,
-        "held answers whose observer timed out or failed"
-    );
-    metrics::describe_counter!(
+        Kind::Counter,
+        COUNT,
+        "held answers whose observer timed out or failed",
+    ),
+    series(
         TCP_REFUSED,
-        Unit::Count,
-        "TCP client connections closed at once: too many open, or no file descriptor left"
-    );
-    metrics::describe_counter!(
+        Kind::Counter,
+        COUNT,
+        "TCP client connections closed at once: too many open, or no file descriptor left",
+    ),
+    series(
         UPSTREAM_SOCKET_ROTATIONS,
-        Unit::Count,
-        "upstream UDP sockets replaced by one on a fresh port"
-    );
-    metrics::describe_counter!(
+        Kind::Counter,
+        COUNT,
+        "upstream UDP sockets replaced by one on a fresh port",
+    ),
+    series(
         UPSTREAM_SOCKET_ROTATION_FAILURES,
-        Unit::Count,
-        "upstream socket rotations that could not open the new socket"
-    );
-    metrics::describe_counter!(
+        Kind::Counter,
+        COUNT,
+        "upstream socket rotations that could not open the new socket",
+    ),
+    series(
         RAW_REPLIES,
-        Unit::Count,
-        "UDP replies sent from the original destination through the raw socket"
-    );
-    metrics::describe_counter!(
+        Kind::Counter,
+        COUNT,
+        "UDP replies sent from the original destination through the raw socket",
+    ),
+    series(
         RAW_REPLY_ERRORS,
-        Unit::Count,
-        "UDP replies the raw socket failed to send"
-    );
-    metrics::describe_counter!(
+        Kind::Counter,
+        COUNT,
+        "UDP replies the raw socket failed to send",
+    ),
+    series(
         ORIGINAL_DESTINATION_OVERFLOW,
-        Unit::Count,
-        "queries answered SERVFAIL because too many original destinations were open"
-    );
-    metrics::describe_gauge!(
+        Kind::Counter,
+        COUNT,
+        "queries answered SERVFAIL because too many original destinations were open",
+    ),
+    series(
         ORIGINAL_DESTINATIONS,
-        Unit::Count,
-        "original destinations with an upstream opened"
-    );
-    metrics::describe_counter!(
+        Kind::Gauge,
+        COUNT,
+        "original destinations with an upstream opened",
+    ),
+    series(
         CACHE_HITS,
-        Unit::Count,
-        "allowed queries answered from the answer cache"
-    );
-    metrics::describe_counter!(
+        Kind::Counter,
+        COUNT,
+        "allowed queries answered from the answer cache",
+    ),
+    series(
         CACHE_MISSES,
-        Unit::Count,
-        "allowed queries the answer cache could not answer"
-    );
-    metrics::describe_counter!(
+        Kind::Counter,
+        COUNT,
+        "allowed queries the answer cache could not answer",
+    ),
+    series(
         CACHE_INSERTS,
-        Unit::Count,
-        "answers stored in the answer cache"
-    );
-    metrics::describe_counter!(
+        Kind::Counter,
+        COUNT,
+        "answers stored in the answer cache",
+    ),
+    series(
         CACHE_EVICTIONS,
-        Unit::Count,
-        "answer cache entries pushed out to make room"
-    );
-    metrics::describe_counter!(
+        Kind::Counter,
+        COUNT,
+        "answer cache entries pushed out to make room",
+    ),
+    series(
         CACHE_EXPIRED,
-        Unit::Count,
-        "answer cache entries found expired and dropped"
-    );
-    metrics::describe_gauge!(CACHE_ENTRIES, Unit::Count, "entries in the answer cache");
+        Kind::Counter,
+        COUNT,
+        "answer cache entries found expired and dropped",
+    ),
+    series(
+        CACHE_ENTRIES,
+        Kind::Gauge,
+        COUNT,
+        "entries in the answer cache",
+    ),
+];
+
+/// Describes each series of `catalogue` to the installed recorder (once, after installing it).
+pub fn describe<'a>(catalogue: impl IntoIterator<Item = &'a Series>) {
+    for s in catalogue {
+        match (s.kind, s.unit) {
+            (Kind::Counter, Some(u)) => metrics::describe_counter!(s.name, u, s.help),
+            (Kind::Counter, None) => metrics::describe_counter!(s.name, s.help),
+            (Kind::Gauge, Some(u)) => metrics::describe_gauge!(s.name, u, s.help),
+            (Kind::Gauge, None) => metrics::describe_gauge!(s.name, s.help),
+            (Kind::Histogram, Some(u)) => metrics::describe_histogram!(s.name, u, s.help),
+            (Kind::Histogram, None) => metrics::describe_histogram!(s.name, s.help),
+        }
+    }
+}
+
+/// Describes the proxy's series ([`SERIES`]); the daemon calls it after installing its
+/// recorder.
+pub fn describe_metrics() {
+    describe(SERIES);
 }
 
 /// The answer cache's metric handles.

@@ -133,7 +133,8 @@ impl DropLog {
         };
         for e in events {
             let reason = reason_name(e.reason);
-            metrics::counter!("fqdnd_policy_drops_total", "reason" => reason.clone()).increment(1);
+            metrics::counter!(crate::metrics::catalogue::POLICY_DROPS, "reason" => reason.clone())
+                .increment(1);
             log.last_seq += 1;
             let (src, dst) = (addr(e.family, e.saddr), addr(e.family, e.daddr));
             // ICMP events carry the type and code where ports would be

@@ -673,10 +673,6 @@ impl NodeRuntime {
         tasks: &mut JoinSet<Result<()>>,
         stopped: &watch::Receiver<bool>,
     ) -> Result<()> {
-        metrics::describe_counter!(
-            "fqdnd_policy_drops_total",
-            "packets the datapath dropped, by reason"
-        );
         let runtime = Arc::clone(self);
         let mut events =
             fqdnd_ebpf::Events::open(&self.pin_dir).context("opening the drop events")?;

@@ -575,7 +575,6 @@ pub async fn start(prepared: Prepared, options: StartOptions, clock: Clock) -> R
         Some(path) => Some(Arc::new(querylog::JsonLines::open(path)?)),
         None => None,
     };
-    fqdnd_dnsproxy::describe_metrics();
     // An HA gateway imports its group's state before it serves.
     let ha = shared.cluster.as_ref().and_then(|c| c.ha().cloned());
     if let Some(ha) = &ha {

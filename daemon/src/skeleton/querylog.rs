@@ -55,7 +55,7 @@ impl JsonLines {
 impl QueryLog for JsonLines {
     fn record(&self, entry: QueryLogEntry) {
         if let Err(TrySendError::Full(_)) = self.tx.try_send(entry) {
-            metrics::counter!("fqdnd_querylog_dropped_total").increment(1);
+            metrics::counter!(crate::metrics::catalogue::QUERYLOG_DROPPED).increment(1);
         }
     }
 }
