@@ -444,7 +444,9 @@ check() {
             CNI_NETNS=/x CNI_PATH=/x "$work/plugins/fqdnd-cni"
 }
 n_full="$(podman inspect -f '{{.Id}}' "${id}n")"
-n_veth="$(endpoints_of "${id}n" | awk '{print $3}')"
+# (The ATTACHED column, found by its header.)
+n_veth="$(list | awk -v c=" cni-$(cid "${id}n")" \
+    'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "ATTACHED") col = i } index($0, c) { print $col }')"
 check "$n_full" "$n_veth" > "$work/check.log" || fail "CHECK of ${id}n failed: $(cat "$work/check.log")"
 if check 0123456789abcdef0123 "$n_veth" > "$work/check.log"; then
     fail "CHECK of a container the agent never had succeeded"
