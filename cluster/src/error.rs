@@ -89,15 +89,14 @@ pub enum Error {
         name: String,
     },
     /// The state file could not be read or written.
-    #[error("{op} {}: {source}", path.display())]
+    #[error("{op} {}: {error}", path.display())]
     State {
         /// What was being done.
         op: &'static str,
         /// The file.
         path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
+        /// The I/O error (in the message, so not a `source`).
+        error: std::io::Error,
     },
     /// The state file holds something else (another format version, damage).
     #[error("{} is not a cluster state file of this version: {reason}", path.display())]

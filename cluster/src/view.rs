@@ -489,11 +489,11 @@ impl View {
         let bytes = match std::fs::read(path) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => {
+            Err(error) => {
                 return Err(Error::State {
                     op: "reading",
                     path: path.to_path_buf(),
-                    source,
+                    error,
                 });
             }
         };
@@ -531,7 +531,7 @@ impl View {
         postcard::to_extend(self, MAGIC.to_vec()).map_err(|e| Error::State {
             op: "encoding",
             path: path.to_path_buf(),
-            source: std::io::Error::other(e.to_string()),
+            error: std::io::Error::other(e.to_string()),
         })
     }
 }
@@ -579,10 +579,10 @@ fn check_addresses(ips: &[IpAddr]) -> Result<(), String> {
 /// # Errors
 /// The file cannot be written.
 pub(crate) fn write_state(path: &Path, bytes: &[u8]) -> Result<(), Error> {
-    let state = |op, source| Error::State {
+    let state = |op, error| Error::State {
         op,
         path: path.to_path_buf(),
-        source,
+        error,
     };
     let tmp = path.with_extension("tmp");
     let mut file = {

@@ -17,19 +17,18 @@ pub enum Error {
         reason: String,
     },
     /// A listener could not be created or bound.
-    #[error("cannot listen for DNS over {transport} on {addr}: {source}")]
+    #[error("cannot listen for DNS over {transport} on {addr}: {error}")]
     Bind {
         /// UDP or TCP.
         transport: Transport,
         /// The address asked for.
         addr: SocketAddr,
-        /// The system's error.
-        #[source]
-        source: io::Error,
+        /// The system's error (in the message, so not a `source`).
+        error: io::Error,
     },
     /// The transparent mode needs a capability the process lacks: `IP_TRANSPARENT` needs
     /// `CAP_NET_ADMIN` or `CAP_NET_RAW`, the raw reply socket `CAP_NET_RAW`.
-    #[error("cannot {what} for DNS on {addr}: {capability} is missing ({source})")]
+    #[error("cannot {what} for DNS on {addr}: {capability} is missing ({error})")]
     MissingCapability {
         /// What could not be done, e.g. `set IP_TRANSPARENT on the UDP listener`.
         what: &'static str,
@@ -37,38 +36,34 @@ pub enum Error {
         addr: SocketAddr,
         /// The capability needed, e.g. `CAP_NET_RAW`.
         capability: &'static str,
-        /// The system's error (EPERM).
-        #[source]
-        source: io::Error,
+        /// The system's error (EPERM) (in the message, so not a `source`).
+        error: io::Error,
     },
     /// A socket towards an upstream could not be created, bound or connected.
-    #[error("cannot open a UDP socket to upstream {upstream}: {source}")]
+    #[error("cannot open a UDP socket to upstream {upstream}: {error}")]
     UpstreamSocket {
         /// The upstream.
         upstream: SocketAddr,
-        /// The system's error.
-        #[source]
-        source: io::Error,
+        /// The system's error (in the message, so not a `source`).
+        error: io::Error,
     },
     /// A listener failed while running (not a per-packet error).
-    #[error("DNS {transport} listener on {addr} failed: {source}")]
+    #[error("DNS {transport} listener on {addr} failed: {error}")]
     Listener {
         /// UDP or TCP.
         transport: Transport,
         /// Its local address.
         addr: SocketAddr,
-        /// The system's error.
-        #[source]
-        source: io::Error,
+        /// The system's error (in the message, so not a `source`).
+        error: io::Error,
     },
     /// A socket towards an upstream failed while running.
-    #[error("UDP socket to upstream {upstream} failed: {source}")]
+    #[error("UDP socket to upstream {upstream} failed: {error}")]
     Upstream {
         /// The upstream.
         upstream: SocketAddr,
-        /// The system's error.
-        #[source]
-        source: io::Error,
+        /// The system's error (in the message, so not a `source`).
+        error: io::Error,
     },
     /// One of the proxy's tasks panicked.
     #[error("DNS proxy task {task} panicked: {reason}")]

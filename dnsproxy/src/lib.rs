@@ -200,7 +200,7 @@ impl DnsProxy {
                 actual = socket.local_addr().map_err(|source| Error::Bind {
                     transport: Transport::Udp,
                     addr,
-                    source,
+                    error: source,
                 })?;
                 udp.push(UdpListener {
                     socket,
@@ -215,7 +215,7 @@ impl DnsProxy {
             let local = listener.local_addr().map_err(|source| Error::Bind {
                 transport: Transport::Tcp,
                 addr,
-                source,
+                error: source,
             })?;
             tcp.push((listener, local));
         }
@@ -453,12 +453,12 @@ fn open_raw_sender(udp: &[UdpListener]) -> Result<RawSender, Error> {
                     what: "open the raw socket for UDP replies",
                     addr: listener.local,
                     capability: "CAP_NET_RAW",
-                    source,
+                    error: source,
                 },
                 _ => Error::Bind {
                     transport: Transport::Udp,
                     addr: listener.local,
-                    source,
+                    error: source,
                 },
             })
     };

@@ -48,13 +48,13 @@ impl BindError {
                     },
                     addr,
                     capability: "CAP_NET_ADMIN or CAP_NET_RAW",
-                    source,
+                    error: source,
                 }
             }
             Self::Io(source) | Self::Transparent(source) => Error::Bind {
                 transport,
                 addr,
-                source,
+                error: source,
             },
         }
     }
@@ -108,7 +108,7 @@ pub(crate) async fn udp_loop(shared: Arc<Shared>, index: usize) -> Result<(), Er
     let fail = |source| Error::Listener {
         transport: Transport::Udp,
         addr: local,
-        source,
+        error: source,
     };
     let transparent = shared.config.transparent;
     let mut batch = RecvBatch::new(transparent);

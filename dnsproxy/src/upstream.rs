@@ -136,7 +136,7 @@ impl Upstream {
             let socket = UpstreamSocket::open(addr, rotation, now).map_err(|source| {
                 Error::UpstreamSocket {
                     upstream: addr,
-                    source,
+                    error: source,
                 }
             })?;
             slots.push(RwLock::new(Arc::new(socket)));

@@ -36,7 +36,7 @@ impl Datapath for Strict {
             {
                 return Err(DatapathError::Io {
                     operation: "test: port range too wide",
-                    source: std::io::Error::other("too wide"),
+                    error: std::io::Error::other("too wide"),
                 });
             }
         }

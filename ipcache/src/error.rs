@@ -83,12 +83,11 @@ pub enum DatapathError {
         map: &'static str,
     },
     /// A kernel or I/O error.
-    #[error("datapath {operation} failed: {source}")]
+    #[error("datapath {operation} failed: {error}")]
     Io {
         /// What was being done.
         operation: &'static str,
-        /// The underlying error.
-        #[source]
-        source: std::io::Error,
+        /// The underlying error (in the message, so not a `source`).
+        error: std::io::Error,
     },
 }

@@ -19,17 +19,16 @@ pub enum Breaker {
 #[non_exhaustive]
 pub enum Error {
     /// The answer's name is not one fqdnd stores.
-    #[error("not storing {name:?}: {source}")]
+    #[error("not storing {name:?}: {error}")]
     InvalidName {
         /// The name as received.
         name: String,
-        /// Why it is invalid.
-        #[source]
-        source: NameError,
+        /// Why it is invalid (in the message, so not a `source`).
+        error: NameError,
     },
     /// An FQDN selector is invalid.
     #[error("invalid FQDN selector: {0}")]
-    InvalidSelector(#[from] PatternError),
+    InvalidSelector(PatternError),
     /// A circuit breaker rejected the whole answer; existing state is untouched.
     #[error("circuit breaker {breaker:?} tripped at {limit} for {name}: answer not learned")]
     BreakerTripped {
@@ -43,4 +42,10 @@ pub enum Error {
     /// The IpCache failed for a reason other than a breaker.
     #[error(transparent)]
     IpCache(#[from] fqdnd_ipcache::Error),
+}
+
+impl From<PatternError> for Error {
+    fn from(e: PatternError) -> Self {
+        Self::InvalidSelector(e)
+    }
 }

@@ -311,11 +311,11 @@ impl NameManager {
             // Found canonical already.
             None if prepared.is_some() => Err(Cow::Borrowed(name)),
             None => {
-                let parsed = DnsName::canonical(name).map_err(|source| {
+                let parsed = DnsName::canonical(name).map_err(|error| {
                     self.stats.invalid_names += 1;
                     Error::InvalidName {
                         name: name.to_owned(),
-                        source,
+                        error,
                     }
                 })?;
                 // Looked up again only if canonicalisation changed it.

@@ -148,22 +148,20 @@ impl fmt::Display for CapSet {
 #[non_exhaustive]
 pub enum Error {
     /// A system call failed.
-    #[error("{call} failed: {source}")]
+    #[error("{call} failed: {error}")]
     Sys {
         /// The call.
         call: &'static str,
-        /// The error.
-        #[source]
-        source: std::io::Error,
+        /// The error (in the message, so not a `source`).
+        error: std::io::Error,
     },
     /// `/proc` could not be read.
-    #[error("reading {path}: {source}")]
+    #[error("reading {path}: {error}")]
     Proc {
         /// The file.
         path: String,
-        /// The error.
-        #[source]
-        source: std::io::Error,
+        /// The error (in the message, so not a `source`).
+        error: std::io::Error,
     },
     /// Some threads still hold other capabilities after every round.
     #[error("threads {threads:?} still hold capabilities beyond {kept}")]
@@ -213,7 +211,10 @@ pub fn thread_caps(tid: u32) -> Result<ThreadCaps, Error> {
     let path = format!("/proc/self/task/{tid}/status");
     std::fs::read_to_string(&path)
         .map(|t| parse_status(&t))
-        .map_err(|source| Error::Proc { path, source })
+        .map_err(|source| Error::Proc {
+            path,
+            error: source,
+        })
 }
 
 /// Every thread of this process.
@@ -221,7 +222,7 @@ pub fn threads() -> Result<Vec<u32>, Error> {
     let path = "/proc/self/task";
     let dir = std::fs::read_dir(path).map_err(|source| Error::Proc {
         path: path.to_owned(),
-        source,
+        error: source,
     })?;
     Ok(dir
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
@@ -338,7 +339,7 @@ fn install_handler() -> Result<(), Error> {
         if libc::sigaction(signal(), &raw const action, std::ptr::null_mut()) != 0 {
             return Err(Error::Sys {
                 call: "sigaction",
-                source: std::io::Error::last_os_error(),
+                error: std::io::Error::last_os_error(),
             });
         }
     }
@@ -384,7 +385,7 @@ pub fn restrict(keep: CapSet, pause: impl Fn(Duration)) -> Result<CapSet, Error>
     if !apply_here(keep.0, LAST_CAP.load(Ordering::SeqCst)) {
         return Err(Error::Sys {
             call: "capset",
-            source: std::io::Error::last_os_error(),
+            error: std::io::Error::last_os_error(),
         });
     }
     let mut left = Vec::new();

@@ -40,7 +40,7 @@ impl Shared {
                 ready = socket.socket.readable() => {
                     ready.map_err(|source| crate::Error::Upstream {
                         upstream: upstream.addr,
-                        source,
+                        error: source,
                     })?;
                 }
                 () = socket.drained.notified() => {}

@@ -38,12 +38,12 @@ fn refused(e: DatapathError, change: usize, len: usize, undone: usize) -> Datapa
     match e {
         // The engine counts these per map; the batch is whole-or-nothing by contract.
         DatapathError::MapFull { map } => DatapathError::MapFull { map },
-        DatapathError::Io { operation, source } => DatapathError::Io {
+        DatapathError::Io { operation, error } => DatapathError::Io {
             operation,
-            source: std::io::Error::new(
-                source.kind(),
+            error: std::io::Error::new(
+                error.kind(),
                 format!(
-                    "{source} (change {} of {len} in the batch; the {undone} kernel writes \
+                    "{error} (change {} of {len} in the batch; the {undone} kernel writes \
                      before it were undone: the maps hold what they held before the batch)",
                     change + 1
                 ),
@@ -133,7 +133,7 @@ impl Datapath for KernelDatapath {
                 if let Err(r) = self.rollback(undo) {
                     return Err(DatapathError::Io {
                         operation: "rolling back a refused batch",
-                        source: std::io::Error::other(format!(
+                        error: std::io::Error::other(format!(
                             "change {} of {} failed ({e}) and undoing the writes before it \
                              failed too ({r}): the maps hold part of the batch until the next \
                              restart's resync",

@@ -19,9 +19,9 @@ pub(super) fn ipc_key_error(prefix: &IpNet, operation: &'static str, e: MapError
         "fqdnd_ipc6"
     };
     match map_err(map, operation, e) {
-        DatapathError::Io { operation, source } => DatapathError::Io {
+        DatapathError::Io { operation, error } => DatapathError::Io {
             operation,
-            source: std::io::Error::new(source.kind(), format!("{prefix}: {source}")),
+            error: std::io::Error::new(error.kind(), format!("{prefix}: {error}")),
         },
         other => other,
     }

@@ -110,7 +110,7 @@ fn map_err(map: &'static str, operation: &'static str, e: MapError) -> DatapathE
     }
     DatapathError::Io {
         operation,
-        source: std::io::Error::other(e.to_string()),
+        error: std::io::Error::other(e.to_string()),
     }
 }
 

@@ -115,12 +115,12 @@ fn expand(endpoint: EndpointId, key: &fqdnd_ipcache::PolicyKey) -> Vec<PolicyKey
 
 fn policy_key_error(k: &PolicyKey, operation: &'static str, e: MapError) -> DatapathError {
     match map_err("fqdnd_policy", operation, e) {
-        DatapathError::Io { operation, source } => DatapathError::Io {
+        DatapathError::Io { operation, error } => DatapathError::Io {
             operation,
-            source: std::io::Error::new(
-                source.kind(),
+            error: std::io::Error::new(
+                error.kind(),
                 format!(
-                    "endpoint {} identity {} proto {:?} ports {:?}: {source}",
+                    "endpoint {} identity {} proto {:?} ports {:?}: {error}",
                     k.endpoint,
                     k.identity,
                     k.protocol(),

@@ -60,9 +60,9 @@ impl NameManager {
             Some(idx) => Some(idx),
             None => {
                 let canonical =
-                    DnsName::canonical(forget.name).map_err(|source| Error::InvalidName {
+                    DnsName::canonical(forget.name).map_err(|error| Error::InvalidName {
                         name: forget.name.to_owned(),
-                        source,
+                        error,
                     })?;
                 self.cache.names.find(&canonical)
             }
