@@ -530,25 +530,15 @@ impl Kernel {
         Ok(())
     }
 
-    /// Destination addresses of the flows alive in conntrack (not past the lifetime of their
-    /// state): what keeps zombies alive.
-    pub fn live_destinations(&self) -> Result<HashSet<IpAddr>> {
-        Ok(self.maps.live_destinations()?)
-    }
-
-    /// Removes the dead conntrack entries; returns how many.
-    pub fn gc_conntrack(&mut self) -> Result<usize> {
-        Ok(self.maps.gc_conntrack()?)
+    /// A handle of its own on the conntrack map, for walks that must not hold the kernel's
+    /// lock (GC, occupancy sampling).
+    pub fn conntrack(&self) -> Result<fqdnd_ebpf::Conntrack> {
+        fqdnd_ebpf::Conntrack::open(&self.pin_dir).context("opening the conntrack map")
     }
 
     /// The map sizes loaded with.
     pub fn sizes(&self) -> &fqdnd_ebpf::MapSizes {
         &self.sizes
-    }
-
-    /// Conntrack entries now (a walk of the map: sample it, don't poll it).
-    pub fn conntrack_entries(&self) -> Result<usize> {
-        Ok(self.maps.ct_entries()?.len())
     }
 
     /// The interfaces attached, with their endpoints.

@@ -26,8 +26,8 @@ pub mod route;
 pub mod sys;
 
 pub use datapath::{
-    CtEntry, CtLifetimes, CtState, DnsOrigin, DnsOrigins, EndpointEntry, EndpointFlags, Events,
-    KernelDatapath, ResyncStats, monotonic_ns, port_prefixes,
+    Conntrack, CtEntry, CtLifetimes, CtState, DnsOrigin, DnsOrigins, EndpointEntry, EndpointFlags,
+    Events, KernelDatapath, ResyncStats, monotonic_ns, port_prefixes,
 };
 pub use error::Error;
 pub use lb::{LbMaps, LbSyncStats};

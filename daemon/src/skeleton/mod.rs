@@ -628,8 +628,8 @@ pub async fn start(prepared: Prepared, options: StartOptions, clock: Clock) -> R
             Ok(())
         });
     }
-    tasks::spawn_gc(&mut tasks, &stopped, &shared, config.settings.gc_interval);
-    tasks::spawn_metrics(&mut tasks, &stopped, &shared);
+    tasks::spawn_gc(&mut tasks, &stopped, &shared, config.settings.gc_interval)?;
+    tasks::spawn_metrics(&mut tasks, &stopped, &shared)?;
     tasks::spawn_host_addresses(&mut tasks, &stopped, &shared);
     shared.mode.spawn_tasks(&mut tasks, &stopped)?;
     Ok(Running {

@@ -1,5 +1,10 @@
 //! The daemon's periodic tasks: DNS GC (with conntrack when there is a kernel side), the
-//! node's addresses (the host identity) and metrics sampling. Each stops when the stop channel fires.
+//! node's addresses (the host identity) and metrics sampling. Each stops when the stop channel
+//! fires.
+//!
+//! Walks of the conntrack map (up to millions of entries) run on tokio's blocking pool, on a
+//! handle of their own ([`fqdnd_ebpf::Conntrack`]): never on a runtime thread, never under the
+//! kernel's lock that endpoint changes take.
 
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -7,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::Result;
+use fqdnd_ebpf::Conntrack;
 use fqdnd_engine::Clock as _;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -23,15 +29,16 @@ pub(super) fn spawn_gc(
     stopped: &watch::Receiver<bool>,
     shared: &Arc<Shared>,
     interval: Duration,
-) {
+) -> Result<()> {
     let shared = Arc::clone(shared);
+    let mut conntrack = own_conntrack(&shared)?;
     let mut stopped = stopped.clone();
     tasks.spawn(async move {
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
         loop {
             tokio::select! {
                 _ = tick.tick() => {
-                    gc(&shared);
+                    conntrack = gc(&shared, conntrack).await;
                     if let Some(p) = &shared.persist {
                         p.tick(&shared.engine).await;
                     }
@@ -40,20 +47,46 @@ pub(super) fn spawn_gc(
             }
         }
     });
+    Ok(())
+}
+
+/// The conntrack map on a handle of the task's own, when there is a kernel side.
+fn own_conntrack(shared: &Shared) -> Result<Option<Conntrack>> {
+    match &shared.kernel {
+        None => Ok(None),
+        Some(k) => Ok(Some(lock(k, "kernel")?.conntrack()?)),
+    }
+}
+
+/// `walk` on the blocking pool; the handle comes back with its result.
+async fn off_runtime<T: Send + 'static>(
+    mut conntrack: Conntrack,
+    walk: impl FnOnce(&mut Conntrack) -> std::result::Result<T, fqdnd_ebpf::Error> + Send + 'static,
+) -> Result<(Conntrack, std::result::Result<T, fqdnd_ebpf::Error>)> {
+    let back = tokio::task::spawn_blocking(move || {
+        let result = walk(&mut conntrack);
+        (conntrack, result)
+    })
+    .await?;
+    Ok(back)
 }
 
 /// One GC pass. With a kernel, conntrack says which destinations are still in use — a flow
 /// to them is alive (not past the lifetime of its state) — and zombies stay for them; the
 /// dead conntrack entries go afterwards. Without a kernel nothing is in use.
-fn gc(shared: &Shared) {
-    let live = match &shared.kernel {
-        None => HashSet::new(),
-        Some(k) => match lock(k, "kernel").and_then(|k| k.live_destinations()) {
-            Ok(live) => live,
-            Err(e) => {
+async fn gc(shared: &Shared, conntrack: Option<Conntrack>) -> Option<Conntrack> {
+    let (conntrack, live) = match conntrack {
+        None => (None, HashSet::new()),
+        Some(ct) => match off_runtime(ct, |ct| ct.live_destinations()).await {
+            Ok((ct, Ok(live))) => (Some(ct), live),
+            Ok((ct, Err(e))) => {
                 // Without conntrack every expired IP would look unused: keep them this round.
                 tracing::warn!(error = %crate::chain(&e), "reading conntrack failed; GC skipped");
-                return;
+                return Some(ct);
+            }
+            Err(e) => {
+                tracing::error!(error = %crate::chain(&e), "the conntrack walk panicked; conntrack GC stops");
+                return None;
             }
         },
     };
@@ -72,11 +105,19 @@ fn gc(shared: &Shared) {
             Err(e) => tracing::warn!(error = %fqdnd_engine::error_chain(&e), "dns gc failed"),
         }
     }
-    if let Some(k) = &shared.kernel {
-        match lock(k, "kernel").and_then(|mut k| k.gc_conntrack()) {
-            Ok(0) => {}
-            Ok(n) => tracing::debug!(removed = n, "conntrack gc"),
-            Err(e) => tracing::warn!(error = %crate::chain(&e), "conntrack gc failed"),
+    let ct = conntrack?;
+    match off_runtime(ct, Conntrack::gc).await {
+        Ok((ct, removed)) => {
+            match removed {
+                Ok(0) => {}
+                Ok(n) => tracing::debug!(removed = n, "conntrack gc"),
+                Err(e) => tracing::warn!(error = %crate::chain(&e), "conntrack gc failed"),
+            }
+            Some(ct)
+        }
+        Err(e) => {
+            tracing::error!(error = %crate::chain(&e), "the conntrack walk panicked; conntrack GC stops");
+            None
         }
     }
 }
@@ -117,8 +158,13 @@ pub(super) fn spawn_metrics(
     tasks: &mut JoinSet<Result<()>>,
     stopped: &watch::Receiver<bool>,
     shared: &Arc<Shared>,
-) {
+) -> Result<()> {
     let shared = Arc::clone(shared);
+    let mut conntrack = own_conntrack(&shared)?;
+    let capacity = match &shared.kernel {
+        Some(k) => lock(k, "kernel")?.sizes().conntrack,
+        None => 0,
+    };
     let mut stopped = stopped.clone();
     tasks.spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -137,14 +183,18 @@ pub(super) fn spawn_metrics(
                     {
                         crate::metrics::record_cluster(&cluster.status(&engine));
                     }
-                    if let Some(kernel) = &shared.kernel
-                        && ticks.is_multiple_of(CONNTRACK_SAMPLE_TICKS)
+                    if ticks.is_multiple_of(CONNTRACK_SAMPLE_TICKS)
+                        && let Some(ct) = conntrack.take()
                     {
-                        let occupancy = lock(kernel, "kernel")
-                            .and_then(|k| Ok((k.conntrack_entries()?, k.sizes().conntrack)));
-                        match occupancy {
-                            Ok((entries, capacity)) => crate::metrics::record_conntrack(entries, capacity),
-                            Err(e) => tracing::debug!(error = %crate::chain(&e), "reading conntrack occupancy failed"),
+                        match off_runtime(ct, |ct| ct.entries().map(|e| e.len())).await {
+                            Ok((ct, occupancy)) => {
+                                match occupancy {
+                                    Ok(entries) => crate::metrics::record_conntrack(entries, capacity),
+                                    Err(e) => tracing::debug!(error = %crate::chain(&e), "reading conntrack occupancy failed"),
+                                }
+                                conntrack = Some(ct);
+                            }
+                            Err(e) => tracing::error!(error = %crate::chain(&e), "the conntrack walk panicked; its sampling stops"),
                         }
                     }
                     ticks += 1;
@@ -153,4 +203,5 @@ pub(super) fn spawn_metrics(
             }
         }
     });
+    Ok(())
 }

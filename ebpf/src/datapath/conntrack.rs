@@ -168,63 +168,121 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// The conntrack map.
+type CtMap = aya::maps::HashMap<aya::maps::MapData, CtKey, CtValue>;
+
+/// The conntrack map on a handle of its own: what the daemon's GC and occupancy sampling walk
+/// (a walk of a large map takes a while), apart from the datapath's other maps and any lock
+/// on them.
+pub struct Conntrack {
+    ct: CtMap,
+}
+
+impl Conntrack {
+    /// Opens the pinned conntrack map under `pin_dir`.
+    ///
+    /// # Errors
+    /// The map is not pinned there, or is not the conntrack map.
+    pub fn open(pin_dir: &std::path::Path) -> Result<Self, Error> {
+        Ok(Self {
+            ct: super::open_map(pin_dir, "fqdnd_ct")?.try_into()?,
+        })
+    }
+
+    /// Every conntrack entry (unordered).
+    ///
+    /// # Errors
+    /// Reading the map failed.
+    pub fn entries(&self) -> Result<Vec<CtEntry>, Error> {
+        entries(&self.ct)
+    }
+
+    /// Destination addresses of the live flows endpoints opened (see
+    /// [`KernelDatapath::live_destinations`]).
+    ///
+    /// # Errors
+    /// Reading the map or the clock failed.
+    pub fn live_destinations(&self) -> Result<HashSet<IpAddr>, Error> {
+        live_destinations(&self.ct)
+    }
+
+    /// Deletes the dead entries; returns how many (see [`KernelDatapath::gc_conntrack`]).
+    ///
+    /// # Errors
+    /// Reading or writing the map failed.
+    pub fn gc(&mut self) -> Result<usize, Error> {
+        gc(&mut self.ct)
+    }
+}
+
+fn entries(ct: &CtMap) -> Result<Vec<CtEntry>, Error> {
+    let mut out = Vec::new();
+    for r in ct.iter() {
+        match r {
+            Ok((k, v)) => out.extend(CtEntry::new(&k, &v)),
+            // an entry deleted (LRU eviction, GC) between the key walk and the lookup
+            Err(MapError::KeyNotFound) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(out)
+}
+
+fn live_destinations(ct: &CtMap) -> Result<HashSet<IpAddr>, Error> {
+    let now = monotonic_ns()?;
+    Ok(entries(ct)?
+        .into_iter()
+        .filter(|e| e.flags & sys::CT_EGRESS != 0 && e.alive(now))
+        .map(|e| e.dst)
+        .collect())
+}
+
+fn gc(ct: &mut CtMap) -> Result<usize, Error> {
+    let now = monotonic_ns()?;
+    let mut dead = Vec::new();
+    for r in ct.iter() {
+        match r {
+            Ok((k, v)) if v.expires_ns <= now => dead.push(k),
+            Ok(_) | Err(MapError::KeyNotFound) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let mut n = 0;
+    for k in &dead {
+        // a packet may have revived it since the walk: delete only what is still dead
+        match ct.get(k, 0) {
+            Ok(v) if v.expires_ns > now => continue,
+            Ok(_) => {}
+            Err(e) if not_found(&e) => continue,
+            Err(e) => return Err(e.into()),
+        }
+        match ct.remove(k) {
+            Ok(()) => n += 1,
+            Err(e) if not_found(&e) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(n)
+}
+
 impl KernelDatapath {
     /// Every conntrack entry (unordered).
     pub fn ct_entries(&self) -> Result<Vec<CtEntry>, Error> {
-        let mut out = Vec::new();
-        for r in self.ct.iter() {
-            match r {
-                Ok((k, v)) => out.extend(CtEntry::new(&k, &v)),
-                // an entry deleted (LRU eviction, GC) between the key walk and the lookup
-                Err(MapError::KeyNotFound) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Ok(out)
+        entries(&self.ct)
     }
 
     /// Destination addresses of the live flows endpoints opened (`CT_EGRESS`): entries not past
     /// their lifetime (which depends on their state: [`CtLifetimes`]). The "connections still
     /// use this IP" input of the name manager's GC: a zombie stays while such a flow lives.
     pub fn live_destinations(&self) -> Result<HashSet<IpAddr>, Error> {
-        let now = monotonic_ns()?;
-        Ok(self
-            .ct_entries()?
-            .into_iter()
-            .filter(|e| e.flags & sys::CT_EGRESS != 0 && e.alive(now))
-            .map(|e| e.dst)
-            .collect())
+        live_destinations(&self.ct)
     }
 
     /// Deletes the dead conntrack entries (past their lifetime; the programs already treat
     /// them as absent); returns how many. (The map is also LRU: when full, the kernel evicts
     /// the least recently used.)
     pub fn gc_conntrack(&mut self) -> Result<usize, Error> {
-        let now = monotonic_ns()?;
-        let mut dead = Vec::new();
-        for r in self.ct.iter() {
-            match r {
-                Ok((k, v)) if v.expires_ns <= now => dead.push(k),
-                Ok(_) | Err(MapError::KeyNotFound) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        let mut n = 0;
-        for k in &dead {
-            // a packet may have revived it since the walk: delete only what is still dead
-            match self.ct.get(k, 0) {
-                Ok(v) if v.expires_ns > now => continue,
-                Ok(_) => {}
-                Err(e) if not_found(&e) => continue,
-                Err(e) => return Err(e.into()),
-            }
-            match self.ct.remove(k) {
-                Ok(()) => n += 1,
-                Err(e) if not_found(&e) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Ok(n)
+        gc(&mut self.ct)
     }
 
     /// Sets the conntrack lifetimes the programs use from their next packet on (entries keep

@@ -28,7 +28,7 @@ use aya::maps::lpm_trie::Key;
 use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, MapError};
 use fqdnd_ipcache::DatapathError;
 
-pub use conntrack::{CtEntry, CtLifetimes, CtState, monotonic_ns};
+pub use conntrack::{Conntrack, CtEntry, CtLifetimes, CtState, monotonic_ns};
 pub use endpoints::{EndpointEntry, EndpointFlags};
 pub use events::Events;
 pub use policy::port_prefixes;
