@@ -23,8 +23,8 @@ use std::time::Duration;
 use crate::{Context, Result, bail};
 use fqdnd_cluster::node::{self, Local, LocalEndpoint, NodeConfig, NodeStatus, Sink};
 use fqdnd_cluster::{
-    Changes, Connect, Credentials, EtcdStore, Held, Import, Label, Labels, Layout, RecordKind,
-    Revocation, ShareStatus, TlsFiles, View,
+    Changes, Connect, Credentials, EtcdStore, Label, Labels, Layout, RecordKind, ShareStatus,
+    TlsFiles, View,
 };
 use fqdnd_config::{Config, Daemon, SharedPolicySet, SharedUpdate};
 use fqdnd_engine::{ClusterUpdate, Engine, RemoteEndpoint, RemoteNode};
@@ -37,25 +37,7 @@ use tokio::task::JoinSet;
 use crate::clock::Clock;
 use crate::datapath::AnyDatapath;
 use crate::ha::Ha;
-
-/// What the cluster glue needs from the running daemon.
-pub trait Host: Send + Sync + 'static {
-    /// The engine.
-    fn engine(&self) -> &Mutex<Engine<AnyDatapath>>;
-    /// Re-reads the configuration and applies it (files + the shared policy now accepted),
-    /// whole or not at all; the errors if it was refused.
-    fn reload_all(&self) -> std::result::Result<(), Vec<String>>;
-    /// An HA gateway group's records learned by peers (or by this gateway before a restart):
-    /// learned as the local policy (for a query to one of `servers`, the proxy's listen
-    /// addresses) and breakers allow; how many were.
-    fn import_learned(&self, records: &[Import], servers: &[std::net::SocketAddr]) -> usize;
-    /// An HA gateway group's revocations: forgotten at once, out of the engine, the datapath
-    /// and the journal.
-    fn revoke_learned(&self, revocations: &[Revocation]);
-    /// The live answers the engine holds, per client group and name (for what the group
-    /// lacks).
-    fn held_answers(&self) -> Vec<Held>;
-}
+pub use crate::host::Host;
 
 /// The shared policy as this node accepted it, document by document.
 #[derive(Debug, Default, Clone)]

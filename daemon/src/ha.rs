@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 
 use crate::clock::Clock;
-use crate::cluster::Host;
+use crate::host::Host;
 
 /// How many answers may wait for the publisher; beyond, they are dropped and counted.
 const QUEUE: usize = 16_384;

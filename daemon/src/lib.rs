@@ -24,6 +24,7 @@ mod datapath;
 mod error;
 pub mod gateway;
 pub mod ha;
+mod host;
 pub mod kernel;
 mod links;
 pub mod metrics;

@@ -1,4 +1,4 @@
-//! An HA gateway group's side of the engine ([`crate::cluster::Host`]): peers' records learned
+//! An HA gateway group's side of the engine ([`crate::host::Host`]): peers' records learned
 //! as the local policy and breakers allow, revocations forgotten, and the live answers held
 //! (for what the group lacks).
 
