@@ -409,6 +409,12 @@ impl Running {
         self.shared.listen.get().cloned().unwrap_or_default()
     }
 
+    /// Re-reads the configuration files and applies them, as SIGHUP and `fqdnd policy
+    /// reload` do: whole or not at all.
+    pub fn reload(&self) -> Reload {
+        self.shared.reload()
+    }
+
     /// Stops every task and waits for them (the mode's own resources go with them).
     pub async fn shutdown(mut self) -> Result<()> {
         let _ = self.stop.send(true);
