@@ -502,6 +502,7 @@ fn main() -> ExitCode {
                         demo: false,
                         admin_socket,
                         strict_restore,
+                        cluster_store: None,
                     };
                     gateway::start(options)
                         .await?
@@ -522,6 +523,7 @@ fn main() -> ExitCode {
                     demo: false,
                     admin_socket,
                     strict_restore,
+                    cluster_store: None,
                 };
                 node::start(options)
                     .await?

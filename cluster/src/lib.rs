@@ -32,6 +32,7 @@
 #![forbid(unsafe_code)]
 
 mod allocator;
+mod any;
 mod error;
 mod etcd;
 pub mod keys;
@@ -45,6 +46,7 @@ mod store;
 mod view;
 
 pub use allocator::{Allocator, Plan, check_identities};
+pub use any::{AnyStore, AnyWatch};
 pub use error::{Error, StoreError};
 pub use etcd::{Connect, Credentials, EtcdStore, EtcdWatch, TlsFiles};
 pub use keys::{CLUSTER_MAX, CLUSTER_MIN, EndpointRecord, IdentityRecord, Key, Layout, NodeRecord};

@@ -23,8 +23,7 @@ use std::time::Duration;
 use crate::{Context, Result, bail};
 use fqdnd_cluster::node::{self, Local, LocalEndpoint, NodeConfig, NodeStatus, Sink};
 use fqdnd_cluster::{
-    Changes, Connect, Credentials, EtcdStore, Label, Labels, Layout, RecordKind, ShareStatus,
-    TlsFiles, View,
+    Changes, Connect, Credentials, Label, Labels, Layout, RecordKind, ShareStatus, TlsFiles, View,
 };
 use fqdnd_config::{Config, Daemon, SharedPolicySet, SharedUpdate};
 use fqdnd_engine::{ClusterUpdate, Engine, RemoteEndpoint, RemoteNode};
@@ -38,6 +37,7 @@ use crate::clock::Clock;
 use crate::datapath::AnyDatapath;
 use crate::ha::Ha;
 pub use crate::host::Host;
+use crate::store::StoreSource;
 
 /// The shared policy as this node accepted it, document by document.
 #[derive(Debug, Default, Clone)]
@@ -149,6 +149,8 @@ pub struct ClusterRuntime {
     doc: fqdnd_config::Cluster,
     node: String,
     layout: Layout,
+    /// etcd, or the in-memory store handed in at start.
+    store: StoreSource,
     state_file: Option<PathBuf>,
     /// Whether endpoints are published with their addresses (node: yes; a gateway's client
     /// groups are published without: their prefixes are not workloads).
@@ -363,15 +365,20 @@ impl ClusterRuntime {
         gateway: bool,
         clock: Clock,
         (listen, max_ttl): (&[std::net::SocketAddr], u32),
+        memory: Option<fqdnd_cluster::MemoryStore>,
     ) -> Result<Arc<Self>> {
         let node = member_name(doc)?;
         let layout = Layout::new(&doc.prefix);
+        let store = match memory {
+            Some(store) => StoreSource::Memory(store),
+            None => StoreSource::Etcd(connect_options(doc)?),
+        };
         let ha = match &doc.gateway_group {
             Some(group) if gateway => Some(Ha::new(
                 &node,
                 group,
                 layout.clone(),
-                connect_options(doc)?,
+                store.clone(),
                 clock,
                 (listen, max_ttl),
             )),
@@ -425,6 +432,7 @@ impl ClusterRuntime {
             doc: doc.clone(),
             node,
             layout,
+            store,
             state_file,
             publish_addresses,
             initial: Mutex::new(Some(view)),
@@ -525,7 +533,9 @@ impl ClusterRuntime {
         tasks: &mut JoinSet<Result<()>>,
         stopped: &watch::Receiver<bool>,
     ) -> Result<()> {
-        let store = EtcdStore::connect(&connect_options(&self.doc)?)
+        let store = self
+            .store
+            .open()
             .await
             .context("setting up the etcd client")?;
         let config = NodeConfig {

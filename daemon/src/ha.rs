@@ -19,8 +19,8 @@ use std::time::Duration;
 use crate::Result;
 use fqdnd_cluster::learned::{self, Answer, Forget, Importer, Publish};
 use fqdnd_cluster::{
-    Connect, EtcdStore, Held, Import, Layout, LearnedSink, Revision, Revocation, ShareConfig,
-    ShareStatus, Wall,
+    AnyStore, Held, Import, Layout, LearnedSink, Revision, Revocation, ShareConfig, ShareStatus,
+    Wall,
 };
 use fqdnd_engine::Clock as _;
 use serde::{Deserialize, Serialize};
@@ -29,6 +29,7 @@ use tokio::task::JoinSet;
 
 use crate::clock::Clock;
 use crate::host::Host;
+use crate::store::StoreSource;
 
 /// How many answers may wait for the publisher; beyond, they are dropped and counted.
 const QUEUE: usize = 16_384;
@@ -89,7 +90,7 @@ pub struct GroupForget {
 /// One gateway's membership of an HA group.
 pub struct Ha {
     config: ShareConfig,
-    connect: Connect,
+    store: StoreSource,
     clock: Clock,
     /// The proxy's listen addresses: an imported answer is checked as a query to them.
     servers: Arc<[SocketAddr]>,
@@ -112,7 +113,7 @@ impl Ha {
         gateway: &str,
         group: &str,
         layout: Layout,
-        connect: Connect,
+        store: StoreSource,
         clock: Clock,
         (servers, max_ttl): (&[SocketAddr], u32),
     ) -> Arc<Self> {
@@ -127,7 +128,7 @@ impl Ha {
         config.max_ttl = max_ttl;
         Arc::new(Self {
             config,
-            connect,
+            store,
             clock,
             servers: servers.into(),
             publisher,
@@ -199,7 +200,7 @@ impl Ha {
     /// Reads the group's records and learns them, before the proxy serves; gives up after
     /// [`IMPORT_AT_START`] (the importer task reads them once etcd answers).
     pub async fn import_before_serving(&self, host: Arc<dyn Host>) -> Result<()> {
-        let store = EtcdStore::connect(&self.connect).await?;
+        let store = self.store.open().await?;
         let mut importer = self.importer(host);
         let read = learned::import_all(&store, &mut importer);
         match tokio::time::timeout(IMPORT_AT_START, read).await {
@@ -244,7 +245,7 @@ impl Ha {
     /// Starts the publisher and the importer.
     pub fn spawn(
         &self,
-        store: &EtcdStore,
+        store: &AnyStore,
         host: Arc<dyn Host>,
         tasks: &mut JoinSet<Result<()>>,
         stopped: &watch::Receiver<bool>,

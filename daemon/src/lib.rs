@@ -32,5 +32,6 @@ pub mod node;
 mod perms;
 pub mod privileges;
 pub mod skeleton;
+mod store;
 
 pub use error::{Cause, Context, Error, Result, chain};

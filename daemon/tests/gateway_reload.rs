@@ -77,6 +77,7 @@ async fn reload_applies_a_change_and_refuses_a_broken_file_whole() {
         demo: false,
         admin_socket: Some(dir.path().join("admin.sock")),
         strict_restore: false,
+        cluster_store: None,
     })
     .await
     .unwrap();

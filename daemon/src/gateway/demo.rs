@@ -68,6 +68,7 @@ pub async fn run() -> Result<String> {
         demo: true,
         admin_socket: None,
         strict_restore: false,
+        cluster_store: None,
     })
     .await?;
     let server = *gateway

@@ -459,6 +459,9 @@ pub struct StartOptions {
     pub admin_socket: Option<PathBuf>,
     /// Refuse a torn journal tail.
     pub strict_restore: bool,
+    /// Cluster mode over this in-memory store instead of the `Cluster` document's etcd (the
+    /// daemon in-process in tests: the same code above the store).
+    pub cluster_store: Option<fqdnd_cluster::MemoryStore>,
 }
 
 /// How long a cluster member without a saved view waits for the shared policy before it
@@ -508,6 +511,7 @@ pub async fn start(prepared: Prepared, options: StartOptions, clock: Clock) -> R
             mode.name() == "gateway",
             clock,
             (&proxy.listen_udp, max_import_ttl(proxy.cache.as_ref())),
+            options.cluster_store.clone(),
         )?),
         _ => None,
     };
