@@ -9,54 +9,31 @@
     reason = "test code: a failed step should panic"
 )]
 
-use std::net::SocketAddr;
-use std::time::Duration;
+mod common;
 
+use common::{demo_gateway, office_dns, rcode, until};
 use fqdnd_cluster::{Layout, MemoryStore, Op, Store, Txn};
 use fqdnd_daemon::skeleton::StartOptions;
-use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
-use hickory_proto::rr::{Name, RecordType};
-use tokio::net::UdpSocket;
+use hickory_proto::op::ResponseCode;
 
-/// The demo's gateway and client group (static zones as the upstream), no local policy, and
-/// cluster mode.
+/// The demo's gateway and client group, no local policy, in cluster mode.
 fn config() -> String {
-    let demo = include_str!("../../examples/gateway-demo.yaml");
-    let (gateway, _) = demo
-        .split_once("---\napiVersion: cilium.io/v2")
-        .expect("the demo's policy follows its gateway and client group");
     format!(
-        "{gateway}---
+        "{}---
 apiVersion: fqdnd.io/v1
 kind: Cluster
 spec:
   endpoints: [\"http://127.0.0.1:2379\"]
   prefix: /test
   nodeName: gw1
-"
+",
+        demo_gateway()
     )
 }
 
-/// A shared policy letting the office resolve `name`.
+/// A shared policy letting the office resolve `allowed`.
 fn policy(name: &str, allowed: &str) -> Vec<u8> {
-    format!(
-        "apiVersion: cilium.io/v2
-kind: CiliumClusterwideNetworkPolicy
-metadata:
-  name: {name}
-spec:
-  endpointSelector:
-    matchLabels:
-      site: office
-  egress:
-  - toPorts:
-    - ports: [{{port: \"53\", protocol: ANY}}]
-      rules:
-        dns:
-        - matchName: \"{allowed}\"
-"
-    )
-    .into_bytes()
+    office_dns(name, &format!("matchName: \"{allowed}\"")).into_bytes()
 }
 
 async fn txn(store: &MemoryStore, op: Op) {
@@ -70,39 +47,12 @@ async fn txn(store: &MemoryStore, op: Op) {
     assert!(outcome.succeeded);
 }
 
-async fn rcode(server: SocketAddr, name: &str) -> ResponseCode {
-    let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    let mut query = Message::new(0x4242, MessageType::Query, OpCode::Query);
-    query.metadata.recursion_desired = true;
-    query
-        .queries
-        .push(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
-    socket
-        .send_to(&query.to_vec().unwrap(), server)
-        .await
-        .unwrap();
-    let mut buf = vec![0u8; 4096];
-    let (n, _) = tokio::time::timeout(Duration::from_secs(10), socket.recv_from(&mut buf))
-        .await
-        .expect("an answer within 10 s")
-        .unwrap();
-    Message::from_vec(&buf[..n]).unwrap().metadata.response_code
-}
-
-/// Polls until `name` gets `want` (the node side applies etcd's changes asynchronously).
-async fn until(server: SocketAddr, name: &str, want: ResponseCode) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let got = rcode(server, name).await;
-        if got == want {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{name}: {got} after 30 s, want {want}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+/// Until `name` gets `want` from `server`.
+async fn answers(server: std::net::SocketAddr, name: &str, want: ResponseCode) {
+    until(&format!("{name}: {want}"), || async move {
+        rcode(server, name).await == want
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -152,8 +102,8 @@ async fn a_broken_shared_policy_is_refused_alone_and_a_deletion_still_applies() 
     let server = gateway.udp()[0];
 
     // Both valid shared policies apply; the broken one is refused alone.
-    until(server, "api.example.net.", ResponseCode::NoError).await;
-    until(server, "www.example.test.", ResponseCode::NoError).await;
+    answers(server, "api.example.net.", ResponseCode::NoError).await;
+    answers(server, "www.example.test.", ResponseCode::NoError).await;
     assert_eq!(
         rcode(server, "other.example.net.").await,
         ResponseCode::Refused
@@ -167,7 +117,7 @@ async fn a_broken_shared_policy_is_refused_alone_and_a_deletion_still_applies() 
         },
     )
     .await;
-    until(server, "api.example.net.", ResponseCode::Refused).await;
+    answers(server, "api.example.net.", ResponseCode::Refused).await;
     assert_eq!(
         rcode(server, "www.example.test.").await,
         ResponseCode::NoError

@@ -8,42 +8,23 @@
     reason = "test code: a failed step should panic"
 )]
 
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+mod common;
 
+use std::path::{Path, PathBuf};
+
+use common::{demo_gateway, office_dns, rcode, until};
 use fqdnd_cluster::MemoryStore;
 use fqdnd_daemon::admin::{ForgetOutcome, ForgetRequest, client};
 use fqdnd_daemon::skeleton::{Running, StartOptions};
 use fqdnd_engine::view::CacheRow;
-use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
-use hickory_proto::rr::{Name, RecordType};
-use tokio::net::UdpSocket;
+use hickory_proto::op::ResponseCode;
 
-/// The demo gateway (static zones, client group `office` on 127.0.0.0/8) whose policy lets
-/// the office resolve `pattern`, in HA group `pair` as `name`.
+/// The demo gateway whose policy lets the office resolve `pattern`, in HA group `pair` as
+/// `name`.
 fn config(name: &str, pattern: &str) -> String {
-    let demo = include_str!("../../examples/gateway-demo.yaml");
-    let (gateway, _) = demo
-        .split_once("---\napiVersion: cilium.io/v2")
-        .expect("the demo's policy follows its gateway and client group");
     format!(
-        "{gateway}---
-apiVersion: cilium.io/v2
-kind: CiliumClusterwideNetworkPolicy
-metadata:
-  name: office-dns
-spec:
-  endpointSelector:
-    matchLabels:
-      site: office
-  egress:
-  - toPorts:
-    - ports: [{{port: \"53\", protocol: ANY}}]
-      rules:
-        dns:
-        - matchPattern: \"{pattern}\"
----
+        "{}---
+{}---
 apiVersion: fqdnd.io/v1
 kind: Cluster
 spec:
@@ -51,7 +32,9 @@ spec:
   prefix: /ha
   nodeName: {name}
   gatewayGroup: pair
-"
+",
+        demo_gateway(),
+        office_dns("office-dns", &format!("matchPattern: \"{pattern}\""))
     )
 }
 
@@ -72,25 +55,6 @@ async fn start(dir: &Path, name: &str, pattern: &str, store: &MemoryStore) -> (R
     (running, socket)
 }
 
-async fn rcode(server: SocketAddr, name: &str) -> ResponseCode {
-    let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    let mut query = Message::new(0x7070, MessageType::Query, OpCode::Query);
-    query.metadata.recursion_desired = true;
-    query
-        .queries
-        .push(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
-    socket
-        .send_to(&query.to_vec().unwrap(), server)
-        .await
-        .unwrap();
-    let mut buf = vec![0u8; 4096];
-    let (n, _) = tokio::time::timeout(Duration::from_secs(10), socket.recv_from(&mut buf))
-        .await
-        .expect("an answer within 10 s")
-        .unwrap();
-    Message::from_vec(&buf[..n]).unwrap().metadata.response_code
-}
-
 /// The names in a gateway's DNS cache, through its admin API (the client blocks: off the
 /// runtime).
 async fn names(socket: &Path) -> Vec<String> {
@@ -103,19 +67,9 @@ async fn names(socket: &Path) -> Vec<String> {
     .unwrap()
 }
 
-async fn until(what: &str, socket: &Path, check: impl Fn(&[String]) -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let now = names(socket).await;
-        if check(&now) {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what}: not within 30 s ({now:?})"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+/// Until the names `socket`'s gateway holds pass `check`.
+async fn holds(what: &str, socket: &Path, check: impl Fn(&[String]) -> bool) {
+    until(what, || async { check(&names(socket).await) }).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -135,7 +89,7 @@ async fn a_peer_imports_what_its_policy_allows_and_forgets_with_the_group() {
         rcode(server, "shop.example.test.").await,
         ResponseCode::NoError
     );
-    until("gw2 imports www", &admin2, |n| {
+    holds("gw2 imports www", &admin2, |n| {
         n.iter().any(|n| n == "www.example.test.")
     })
     .await;
@@ -158,11 +112,11 @@ async fn a_peer_imports_what_its_policy_allows_and_forgets_with_the_group() {
     .await
     .unwrap();
     assert!(outcome.mappings > 0, "{outcome:?}");
-    until("gw1 forgets www", &admin1, |n| {
+    holds("gw1 forgets www", &admin1, |n| {
         !n.iter().any(|n| n == "www.example.test.")
     })
     .await;
-    until("gw2 forgets www", &admin2, |n| {
+    holds("gw2 forgets www", &admin2, |n| {
         !n.iter().any(|n| n == "www.example.test.")
     })
     .await;

@@ -90,17 +90,33 @@ pub struct Series {
     pub help: &'static str,
 }
 
-const fn series(name: &'static str, kind: Kind, unit: Option<Unit>, help: &'static str) -> Series {
-    Series {
-        name,
-        kind,
-        unit,
-        help,
+impl Series {
+    /// A series of a catalogue.
+    pub const fn new(
+        name: &'static str,
+        kind: Kind,
+        unit: Option<Unit>,
+        help: &'static str,
+    ) -> Self {
+        Self {
+            name,
+            kind,
+            unit,
+            help,
+        }
     }
 }
 
-const COUNT: Option<Unit> = Some(Unit::Count);
-const SECONDS: Option<Unit> = Some(Unit::Seconds);
+/// A count of things.
+pub const COUNT: Option<Unit> = Some(Unit::Count);
+/// Seconds.
+pub const SECONDS: Option<Unit> = Some(Unit::Seconds);
+/// Bytes.
+pub const BYTES: Option<Unit> = Some(Unit::Bytes);
+
+const fn series(name: &'static str, kind: Kind, unit: Option<Unit>, help: &'static str) -> Series {
+    Series::new(name, kind, unit, help)
+}
 
 /// The proxy's series.
 pub const SERIES: &[Series] = &[

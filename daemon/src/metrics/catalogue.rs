@@ -3,7 +3,7 @@
 //! [`OPERATOR`] what `fqdnd operator --metrics` serves. docs/manual/metrics.md lists exactly
 //! these (a test checks it).
 
-use fqdnd_dnsproxy::metrics::{Kind, Series};
+use fqdnd_dnsproxy::metrics::{BYTES, COUNT, Kind, SECONDS, Series};
 use metrics::Unit;
 
 /// Identities allocated (all scopes).
@@ -94,17 +94,9 @@ pub const OPERATOR_COLLECTED: &str = "fqdnd_operator_identities_collected_total"
 pub const OPERATOR_DAMAGED: &str = "fqdnd_operator_damaged_numbers";
 
 const fn series(name: &'static str, kind: Kind, unit: Option<Unit>, help: &'static str) -> Series {
-    Series {
-        name,
-        kind,
-        unit,
-        help,
-    }
+    Series::new(name, kind, unit, help)
 }
 
-const COUNT: Option<Unit> = Some(Unit::Count);
-const SECONDS: Option<Unit> = Some(Unit::Seconds);
-const BYTES: Option<Unit> = Some(Unit::Bytes);
 use Kind::{Counter, Gauge};
 
 const REJECTED_HELP: &str = "cluster mode: records in etcd refused as read (not well formed, key and value disagreeing, out of range; policy: a shared policy that does not load; learned: an HA group's learned record), once per version of a key, by kind";

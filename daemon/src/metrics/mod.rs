@@ -14,26 +14,28 @@ use metrics_exporter_prometheus::{ExporterFuture, PrometheusBuilder};
 /// spawned (the daemon spawns it when the restore has set the gauges: a scrape during the
 /// restore waits, it never reads an empty page).
 pub fn install(addr: SocketAddr) -> Result<ExporterFuture> {
-    let (recorder, exporter) = PrometheusBuilder::new()
-        .with_http_listener(addr)
-        .build()
-        .with_context(|| format!("serving Prometheus metrics on {addr}"))?;
-    metrics::set_global_recorder(recorder)
-        .map_err(|_| crate::refused!("a metrics recorder is installed already"))?;
-    fqdnd_dnsproxy::metrics::describe(served());
-    Ok(exporter)
+    recorder(addr, served())
 }
 
 /// `fqdnd operator`'s recorder, serving `/metrics` on `addr` once spawned.
 pub fn install_operator(addr: SocketAddr) -> Result<ExporterFuture> {
+    let exporter = recorder(addr, OPERATOR)?;
+    record_operator(&fqdnd_cluster::operator::OperatorStatus::default());
+    Ok(exporter)
+}
+
+/// The process's recorder on `addr`, with `catalogue` described.
+fn recorder<'a>(
+    addr: SocketAddr,
+    catalogue: impl IntoIterator<Item = &'a fqdnd_dnsproxy::metrics::Series>,
+) -> Result<ExporterFuture> {
     let (recorder, exporter) = PrometheusBuilder::new()
         .with_http_listener(addr)
         .build()
         .with_context(|| format!("serving Prometheus metrics on {addr}"))?;
     metrics::set_global_recorder(recorder)
         .map_err(|_| crate::refused!("a metrics recorder is installed already"))?;
-    fqdnd_dnsproxy::metrics::describe(OPERATOR);
-    record_operator(&fqdnd_cluster::operator::OperatorStatus::default());
+    fqdnd_dnsproxy::metrics::describe(catalogue);
     Ok(exporter)
 }
 

@@ -1,0 +1,83 @@
+//! The daemon's in-process tests' shared harness: the demo gateway's configuration with a
+//! policy of the test's own, a DNS client, and polling with a deadline.
+
+#![allow(
+    dead_code,
+    unreachable_pub,
+    reason = "each test crate uses part of the harness"
+)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
+use hickory_proto::rr::{Name, RecordType};
+use tokio::net::UdpSocket;
+
+/// The demo's gateway and client group `office` (127.0.0.0/8, label `site: office`), static
+/// zones as the upstream, without the demo's policy.
+pub fn demo_gateway() -> &'static str {
+    let demo = include_str!("../../../examples/gateway-demo.yaml");
+    demo.split_once("---\napiVersion: cilium.io/v2")
+        .expect("the demo's policy follows its gateway and client group")
+        .0
+}
+
+/// A clusterwide policy `name` letting the office resolve what `dns` (one `matchName:` or
+/// `matchPattern:` entry) allows.
+pub fn office_dns(name: &str, dns: &str) -> String {
+    format!(
+        "apiVersion: cilium.io/v2
+kind: CiliumClusterwideNetworkPolicy
+metadata:
+  name: {name}
+spec:
+  endpointSelector:
+    matchLabels:
+      site: office
+  egress:
+  - toPorts:
+    - ports: [{{port: \"53\", protocol: ANY}}]
+      rules:
+        dns:
+        - {dns}
+"
+    )
+}
+
+/// The response code `server` gives an A query for `name` from 127.0.0.1.
+pub async fn rcode(server: SocketAddr, name: &str) -> ResponseCode {
+    let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let mut query = Message::new(0x4242, MessageType::Query, OpCode::Query);
+    query.metadata.recursion_desired = true;
+    query
+        .queries
+        .push(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
+    socket
+        .send_to(&query.to_vec().unwrap(), server)
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let (n, _) = tokio::time::timeout(Duration::from_secs(10), socket.recv_from(&mut buf))
+        .await
+        .expect("an answer within 10 s")
+        .unwrap();
+    Message::from_vec(&buf[..n]).unwrap().metadata.response_code
+}
+
+/// Polls `check` until it holds; fails after 30 s with `what` (the daemon applies changes
+/// from its store and its peers asynchronously).
+pub async fn until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
