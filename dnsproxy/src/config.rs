@@ -65,9 +65,13 @@ pub struct Config {
     /// UDP sockets per listen address, sharing the port with SO_REUSEPORT (default: one per
     /// CPU).
     pub udp_sockets_per_address: usize,
-    /// Upstream servers, tried in order of health (the gateway's pool). May be empty only with
-    /// `forward_to_original_destination`.
+    /// Upstream servers, tried in order of health (the gateway's default pool). May be empty
+    /// only with `forward_to_original_destination` or `zones` (names outside every zone are
+    /// then REFUSED).
     pub upstreams: Vec<SocketAddr>,
+    /// Per-zone upstreams: a name in one of these zones (the longest that holds it) goes to
+    /// that zone's pool instead of `upstreams`.
+    pub zones: Vec<crate::ZoneUpstreams>,
     /// Long-lived UDP sockets per upstream, each on its own random source port.
     pub upstream_sockets: usize,
     /// Queries one upstream socket carries before it is replaced by a socket on a fresh
@@ -150,6 +154,7 @@ impl Default for Config {
             listen_tcp: Vec::new(),
             udp_sockets_per_address: std::thread::available_parallelism().map_or(1, usize::from),
             upstreams: Vec::new(),
+            zones: Vec::new(),
             upstream_sockets: 4,
             upstream_socket_max_queries: 4096,
             upstream_socket_max_age: Duration::from_secs(60),

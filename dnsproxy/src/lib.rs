@@ -112,6 +112,7 @@ mod transparent;
 mod upstream;
 mod upstream_socket;
 mod wire;
+mod zones;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -133,6 +134,7 @@ pub use observer::{Observation, ObserveError, ObserveFuture, ResponseContext, Re
 pub use policy::{QueryInfo, QueryPolicy, Redirect, Transport, Verdict};
 pub use querylog::{QueryLog, QueryLogEntry, QueryResult};
 pub use record::{Direction, Recorded, Recorder};
+pub use zones::ZoneUpstreams;
 
 use crate::metrics::Metrics;
 use crate::proxy::{Shared, UdpListener};
@@ -228,8 +230,16 @@ impl DnsProxy {
             max_queries: config.upstream_socket_max_queries,
             max_age: config.upstream_socket_max_age,
         };
-        let mut upstreams = Vec::with_capacity(config.upstreams.len());
-        for &addr in &config.upstreams {
+        // The default pool first, then each zone's ([`zones::Pools`] ranges into this list).
+        let pools = zones::Pools::new(config.upstreams.len(), &config.zones)?;
+        let all: Vec<SocketAddr> = config
+            .upstreams
+            .iter()
+            .chain(config.zones.iter().flat_map(|z| &z.upstreams))
+            .copied()
+            .collect();
+        let mut upstreams = Vec::with_capacity(all.len());
+        for &addr in &all {
             upstreams.push(Arc::new(Upstream::bind(
                 addr,
                 config.upstream_sockets,
@@ -269,6 +279,7 @@ impl DnsProxy {
             recorder: taps.recorder,
             udp,
             upstreams,
+            pools,
             originals,
             raw,
             own,
@@ -477,8 +488,13 @@ fn validate(config: &Config) -> Result<(), Error> {
     if config.listen_udp.is_empty() && config.listen_tcp.is_empty() {
         return invalid("no listen address (listen_udp, listen_tcp)");
     }
-    if config.upstreams.is_empty() && !config.forward_to_original_destination {
-        return invalid("no upstream (and forward_to_original_destination is off)");
+    if config.upstreams.is_empty()
+        && config.zones.is_empty()
+        && !config.forward_to_original_destination
+    {
+        return invalid(
+            "no upstream, no zone upstreams, and forward_to_original_destination is off",
+        );
     }
     if config.forward_to_original_destination && config.max_original_destinations == 0 {
         return invalid(

@@ -58,7 +58,8 @@ impl Shared {
                     .forward_to(asked.client, asked.server, asked.transport)
             })
             .unwrap_or(asked.server);
-        let upstream: &Arc<Upstream> = match self.upstream_for(w, target) {
+        let pool = self.pools.for_name(question.name(raw));
+        let upstream: &Arc<Upstream> = match self.upstream_for(w, target, pool) {
             Ok(Target::Pool(ui)) => &self.upstreams[ui],
             Ok(Target::Original(upstream)) => {
                 original = upstream;
@@ -216,11 +217,17 @@ impl Shared {
     }
 
     /// Where a query to `server` goes: its original destination when that is not one of the
-    /// proxy's own addresses and `forward_to_original_destination` is set, the pool otherwise.
+    /// proxy's own addresses and `forward_to_original_destination` is set, `pool` (its name's
+    /// zone's, or the default) otherwise.
     /// `Err` carries the reply code when it cannot go anywhere: REFUSED for a query to the
     /// proxy itself with no pool (never a loop to ourselves), SERVFAIL when no pooled upstream
     /// is alive or no more original destinations may be opened.
-    fn upstream_for(&self, w: &mut Worker, server: SocketAddr) -> Result<Target, u8> {
+    fn upstream_for(
+        &self,
+        w: &mut Worker,
+        server: SocketAddr,
+        pool: std::ops::Range<usize>,
+    ) -> Result<Target, u8> {
         if let Some(originals) = &self.originals
             && !self.is_own(server)
         {
@@ -237,10 +244,10 @@ impl Shared {
                 }
             };
         }
-        if self.upstreams.is_empty() {
+        if pool.is_empty() {
             return Err(rcode::REFUSED);
         }
-        self.pick_upstream(w)
+        self.pick_upstream(w, pool)
             .map(Target::Pool)
             .ok_or(rcode::SERVFAIL)
     }
@@ -255,17 +262,17 @@ impl Shared {
         })
     }
 
-    /// Round robin over live upstreams, starting one further on each call (per task, so tasks
-    /// share no counter).
-    fn pick_upstream(&self, w: &mut Worker) -> Option<usize> {
-        let n = self.upstreams.len();
+    /// Round robin over the live upstreams of `pool`, starting one further on each call (per
+    /// task, so tasks share no counter).
+    fn pick_upstream(&self, w: &mut Worker, pool: std::ops::Range<usize>) -> Option<usize> {
+        let n = pool.len();
         if n == 0 {
             return None;
         }
         let start = w.next_upstream % n;
         w.next_upstream = w.next_upstream.wrapping_add(1);
         (0..n)
-            .map(|k| (start + k) % n)
+            .map(|k| pool.start + (start + k) % n)
             .find(|&i| self.upstreams[i].is_alive())
     }
 }

@@ -60,8 +60,10 @@ pub(crate) struct Shared {
     pub(crate) query_log: Option<Arc<dyn QueryLog>>,
     pub(crate) recorder: Option<Arc<dyn Recorder>>,
     pub(crate) udp: Vec<UdpListener>,
-    /// The configured pool.
+    /// Every configured upstream: the default pool's, then each zone's.
     pub(crate) upstreams: Vec<Arc<Upstream>>,
+    /// Which of `upstreams` a question goes to: the default pool or its zone's.
+    pub(crate) pools: crate::zones::Pools,
     /// Upstreams for original destinations, with `forward_to_original_destination`.
     pub(crate) originals: Option<OriginalUpstreams>,
     /// The raw sockets replies from an original destination leave through (transparent mode).

@@ -23,3 +23,4 @@ mod spoofing;
 mod tcp;
 mod transparent;
 mod truncation;
+mod zones;
