@@ -122,6 +122,16 @@ pub struct StaticZone {
     pub source: ZoneSource,
 }
 
+/// A zone whose names go to upstreams of their own (`zoneUpstreams`: conditional
+/// forwarding).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZoneUpstreams {
+    /// The zone, canonical (lowercase, trailing dot), e.g. `corp.example.`.
+    pub zone: String,
+    /// Its upstreams.
+    pub upstreams: Vec<SocketAddr>,
+}
+
 /// Allow and deny lists.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Lists {
@@ -263,7 +273,10 @@ pub struct Gateway {
     pub listen: Vec<SocketAddr>,
     /// The upstream pool.
     pub upstreams: Vec<SocketAddr>,
-    /// Zones served from memory, as an upstream of their own.
+    /// Zones whose names go to upstreams of their own (the longest zone holding a name wins;
+    /// the rest go to `upstreams`).
+    pub zone_upstreams: Vec<ZoneUpstreams>,
+    /// Zones served from memory, as the upstream of their own names.
     pub static_zones: Vec<StaticZone>,
     /// LAN interfaces whose forwarded traffic the kernel datapath enforces (client groups
     /// recognised by source address); empty: DNS filtering only.
@@ -353,6 +366,7 @@ struct DaemonSpec {
     // Gateway only.
     listen: Option<Vec<Text>>,
     upstreams: Option<Vec<Text>>,
+    zone_upstreams: Option<Vec<Spanned<ZoneUpstreamsSpec>>>,
     static_zones: Option<Vec<Spanned<ZoneSpec>>>,
     enforce_interfaces: Option<Vec<Text>>,
     cache: Option<Spanned<CacheSpec>>,
@@ -432,6 +446,13 @@ struct ZoneSpec {
 
 #[derive(Debug, Deserialize)]
 #[serde(remote = "Self", rename_all = "camelCase")]
+struct ZoneUpstreamsSpec {
+    zone: Text,
+    upstreams: Vec<Text>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(remote = "Self", rename_all = "camelCase")]
 struct ListsSpec {
     deny: Option<Vec<Text>>,
     allow: Option<Vec<Text>>,
@@ -447,6 +468,7 @@ shape!(
     RateLimitSpec,
     CacheSpec,
     ZoneSpec,
+    ZoneUpstreamsSpec,
     ListsSpec,
 );
 
@@ -495,6 +517,25 @@ pub(crate) fn gateway(doc: &Spanned<DaemonDoc>, diag: &mut Diag<'_>) -> Option<G
             g.upstreams.push(addr);
         }
     }
+    for z in spec.zone_upstreams.iter().flatten() {
+        let Some(zone) = zone_name(&z.value.zone, diag) else {
+            continue;
+        };
+        if g.zone_upstreams.iter().any(|o| o.zone == zone) {
+            diag.invalid(at(&z.value.zone), format!("zone {zone} is listed twice"));
+            continue;
+        }
+        let upstreams: Vec<SocketAddr> = z
+            .value
+            .upstreams
+            .iter()
+            .filter_map(|text| socket_addr("zoneUpstreams[].upstreams", text, diag))
+            .collect();
+        if z.value.upstreams.is_empty() {
+            diag.invalid(at(z), format!("zone {zone} needs at least one upstream"));
+        }
+        g.zone_upstreams.push(ZoneUpstreams { zone, upstreams });
+    }
     for zone in spec.static_zones.iter().flatten() {
         let z = &zone.value;
         let origin = z
@@ -539,11 +580,22 @@ pub(crate) fn gateway(doc: &Spanned<DaemonDoc>, diag: &mut Diag<'_>) -> Option<G
         if g.listen.is_empty() {
             diag.invalid(doc_at, "a `Gateway` needs at least one `listen` address");
         }
-        if g.upstreams.is_empty() && g.static_zones.is_empty() {
+        if g.upstreams.is_empty() && g.static_zones.is_empty() && g.zone_upstreams.is_empty() {
             diag.invalid(
                 doc_at,
-                "a `Gateway` needs `upstreams`, `staticZones`, or both",
+                "a `Gateway` needs `upstreams`, `zoneUpstreams` or `staticZones`",
             );
+        }
+        for z in &g.static_zones {
+            if g.zone_upstreams.iter().any(|u| u.zone == z.origin) {
+                diag.invalid(
+                    doc_at,
+                    format!(
+                        "zone {} is both a static zone and in `zoneUpstreams`: say where its names go once",
+                        z.origin
+                    ),
+                );
+            }
         }
     }
     (diag.count() == before).then_some(g)
@@ -596,6 +648,7 @@ pub(crate) fn node(doc: &Spanned<DaemonDoc>, diag: &mut Diag<'_>) -> Option<Node
     let spec = &spec.value;
     if spec.listen.is_some()
         || spec.upstreams.is_some()
+        || spec.zone_upstreams.is_some()
         || spec.static_zones.is_some()
         || spec.enforce_interfaces.is_some()
         || spec.cache.is_some()
@@ -604,7 +657,7 @@ pub(crate) fn node(doc: &Spanned<DaemonDoc>, diag: &mut Diag<'_>) -> Option<Node
             spec_at,
             "a `Node` forwards each query to the resolver the endpoint asked (its original \
              destination, no answer cache, as Cilium's proxy) and enforces every declared \
-             endpoint's interface: `listen`, `upstreams`, `staticZones`, `enforceInterfaces` \
+             endpoint's interface: `listen`, `upstreams`, `zoneUpstreams`, `staticZones`, `enforceInterfaces` \
              and `cache` belong to a `kind: Gateway`",
         );
     }
@@ -826,6 +879,28 @@ fn daemon(spec: &DaemonSpec, base: &Path, mut d: Daemon, diag: &mut Diag<'_>) ->
         lifetime("other", &c.other, &mut d.conntrack.other);
     }
     d
+}
+
+/// A zone name, canonical (lowercase, one trailing dot); `.` is the root. Reported if a label
+/// is empty or longer than 63 bytes, or the name longer than 253.
+fn zone_name(text: &Text, diag: &mut Diag<'_>) -> Option<String> {
+    let name = text.value.trim().trim_end_matches('.').to_ascii_lowercase();
+    let ok = name.len() <= 253
+        && (name.is_empty()
+            || name
+                .split('.')
+                .all(|l| (1..=63).contains(&l.len()) && l.bytes().all(|b| b.is_ascii_graphic())));
+    if !ok {
+        diag.invalid(
+            at(text),
+            format!(
+                "`{}` is not a zone name, e.g. `corp.example`",
+                text.value.trim()
+            ),
+        );
+        return None;
+    }
+    Some(format!("{name}."))
 }
 
 fn socket_addr(field: &str, text: &Text, diag: &mut Diag<'_>) -> Option<SocketAddr> {

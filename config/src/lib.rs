@@ -68,7 +68,7 @@ pub use error::{Duplicated, Error, Errors, Unsupported};
 pub use gateway::{
     Conntrack, DEFAULT_DNS_PROXY_PORT, DEFAULT_GATEWAY_ADMIN_SOCKET, DEFAULT_NODE_ADMIN_SOCKET,
     DEFAULT_NODE_ENDPOINTS_ROOT, Daemon, Gateway, Lists, MAX_CONNTRACK_LIFETIME, MapSizes, Node,
-    RateLimit, StaticZone, ZoneSource, default_endpoints_file,
+    RateLimit, StaticZone, ZoneSource, ZoneUpstreams, default_endpoints_file,
 };
 pub use load::{CILIUM_API_VERSION, FQDND_API_VERSION, load, load_str};
 pub use service::Service;

@@ -83,7 +83,7 @@ fn mistakes_are_located_errors() {
     let no_upstream = gateway("  listen: [\"127.0.0.1:53\"]\n");
     let text = load_str(&no_upstream, file()).unwrap_err().to_string();
     assert!(
-        text.contains("needs `upstreams`, `staticZones`, or both"),
+        text.contains("needs `upstreams`, `zoneUpstreams` or `staticZones`"),
         "{text}"
     );
 
@@ -107,4 +107,47 @@ fn mistakes_are_located_errors() {
     );
     let text = load_str(&twice, file()).unwrap_err().to_string();
     assert!(text.contains("at most one is allowed"), "{text}");
+}
+
+#[test]
+fn zone_upstreams_are_read_canonical_and_checked() {
+    let text = gateway(
+        "  listen: [\"127.0.0.1:5353\"]\n  zoneUpstreams:\n  - zone: Corp.Example.\n    upstreams: [\"10.0.0.53:53\", \"10.0.1.53:53\"]\n  - zone: .\n    upstreams: [\"192.0.2.53:53\"]\n",
+    );
+    let g = load_str(&text, file()).unwrap().gateway.unwrap();
+    assert!(g.upstreams.is_empty(), "zone upstreams alone are enough");
+    assert_eq!(g.zone_upstreams[0].zone, "corp.example.");
+    assert_eq!(g.zone_upstreams[0].upstreams.len(), 2);
+    assert_eq!(g.zone_upstreams[1].zone, ".");
+
+    for (spec, says) in [
+        (
+            "  zoneUpstreams:\n  - zone: a..b\n    upstreams: [\"10.0.0.53:53\"]\n",
+            "is not a zone name",
+        ),
+        (
+            "  zoneUpstreams:\n  - zone: corp.example\n    upstreams: []\n",
+            "needs at least one upstream",
+        ),
+        (
+            "  zoneUpstreams:\n  - zone: corp.example\n    upstreams: [\"10.0.0.53:53\"]\n  - zone: CORP.example.\n    upstreams: [\"10.0.0.54:53\"]\n",
+            "listed twice",
+        ),
+        (
+            "  zoneUpstreams:\n  - zone: example.test\n    upstreams: [\"10.0.0.53:53\"]\n  staticZones:\n  - origin: example.test\n    records: |\n      @ 60 IN A 192.0.2.1\n",
+            "both a static zone and in `zoneUpstreams`",
+        ),
+        (
+            "  zoneUpstreams:\n  - zone: corp.example\n    upstreams: [\"10.0.0.53\"]\n",
+            "zoneUpstreams[].upstreams",
+        ),
+    ] {
+        let text = gateway(&format!("  listen: [\"127.0.0.1:5353\"]\n{spec}"));
+        let errors = load_str(&text, file()).unwrap_err().to_string();
+        assert!(errors.contains(says), "{spec}: {errors}");
+        assert!(errors.contains("gateway.yaml:"), "located: {errors}");
+    }
+    let node = "apiVersion: fqdnd.io/v1\nkind: Node\nspec:\n  zoneUpstreams:\n  - zone: corp.example\n    upstreams: [\"10.0.0.53:53\"]\n";
+    let errors = load_str(node, file()).unwrap_err().to_string();
+    assert!(errors.contains("`zoneUpstreams`"), "{errors}");
 }

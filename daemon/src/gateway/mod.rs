@@ -91,13 +91,30 @@ impl GatewayMode {
             crate::perms::check(paths, &config, &gateway.daemon, &gateway.static_zones);
             skeleton::create_state_dir(&gateway.daemon)?;
         }
-        let mut upstreams = gateway.upstreams.clone();
+        // Each zone's names go to its own pool: the `zoneUpstreams`, and the static zones'
+        // in-process server for theirs; every other name to `upstreams`.
+        let mut zone_pools: Vec<fqdnd_dnsproxy::ZoneUpstreams> = gateway
+            .zone_upstreams
+            .iter()
+            .map(|z| fqdnd_dnsproxy::ZoneUpstreams {
+                zone: z.zone.clone(),
+                upstreams: z.upstreams.clone(),
+            })
+            .collect();
         let zones = if gateway.static_zones.is_empty() {
             None
         } else {
             let server = ZoneServer::start(&gateway.static_zones).await?;
             tracing::info!(addr = %server.addr, zones = gateway.static_zones.len(), "static zones served");
-            upstreams.push(server.addr);
+            zone_pools.extend(
+                gateway
+                    .static_zones
+                    .iter()
+                    .map(|z| fqdnd_dnsproxy::ZoneUpstreams {
+                        zone: z.origin.clone(),
+                        upstreams: vec![server.addr],
+                    }),
+            );
             Some(server)
         };
         let kernel = if gateway.enforce_interfaces.is_empty() {
@@ -124,7 +141,8 @@ impl GatewayMode {
             proxy: fqdnd_dnsproxy::Config {
                 listen_udp: listen.clone(),
                 listen_tcp: listen,
-                upstreams,
+                upstreams: gateway.upstreams.clone(),
+                zones: zone_pools,
                 cache: skeleton::answer_cache(gateway.cache),
                 ..fqdnd_dnsproxy::Config::default()
             },
@@ -172,11 +190,12 @@ impl ModeHooks for GatewayMode {
         let current = &self.gateway;
         if gateway.listen != current.listen
             || gateway.upstreams != current.upstreams
+            || gateway.zone_upstreams != current.zone_upstreams
             || gateway.static_zones != current.static_zones
             || gateway.enforce_interfaces != current.enforce_interfaces
         {
             tracing::warn!(
-                "listen addresses, upstreams, static zones and enforced interfaces change only on restart"
+                "listen addresses, upstreams, zone upstreams, static zones and enforced interfaces change only on restart"
             );
         }
         Ok(Loaded {

@@ -7,11 +7,12 @@
     reason = "each test crate uses part of the harness"
 )]
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
-use hickory_proto::rr::{Name, RecordType};
+use hickory_proto::rr::rdata::A;
+use hickory_proto::rr::{Name, RData, Record, RecordType};
 use tokio::net::UdpSocket;
 
 /// The demo's gateway and client group `office` (127.0.0.0/8, label `site: office`), static
@@ -45,8 +46,8 @@ spec:
     )
 }
 
-/// The response code `server` gives an A query for `name` from 127.0.0.1.
-pub async fn rcode(server: SocketAddr, name: &str) -> ResponseCode {
+/// The answer `server` gives an A query for `name` from 127.0.0.1.
+pub async fn ask(server: SocketAddr, name: &str) -> Message {
     let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
     let mut query = Message::new(0x4242, MessageType::Query, OpCode::Query);
     query.metadata.recursion_desired = true;
@@ -62,7 +63,56 @@ pub async fn rcode(server: SocketAddr, name: &str) -> ResponseCode {
         .await
         .expect("an answer within 10 s")
         .unwrap();
-    Message::from_vec(&buf[..n]).unwrap().metadata.response_code
+    Message::from_vec(&buf[..n]).unwrap()
+}
+
+/// The response code `server` gives an A query for `name` from 127.0.0.1.
+pub async fn rcode(server: SocketAddr, name: &str) -> ResponseCode {
+    ask(server, name).await.metadata.response_code
+}
+
+/// The IPv4 addresses of `answer`.
+pub fn addresses(answer: &Message) -> Vec<Ipv4Addr> {
+    answer
+        .answers
+        .iter()
+        .filter_map(|r| match &r.data {
+            RData::A(a) => Some(a.0),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A resolver on loopback that answers every A question with `address` (TTL 60): what a
+/// real upstream does for the test's names. It runs until the test's runtime stops.
+pub async fn upstream_answering(address: Ipv4Addr) -> SocketAddr {
+    let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = socket.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 4096];
+        while let Ok((n, from)) = socket.recv_from(&mut buf).await {
+            let Ok(query) = Message::from_vec(&buf[..n]) else {
+                continue;
+            };
+            let mut reply = Message::new(query.metadata.id, MessageType::Response, OpCode::Query);
+            reply.metadata.recursion_desired = query.metadata.recursion_desired;
+            reply.metadata.recursion_available = true;
+            for q in &query.queries {
+                reply.queries.push(q.clone());
+                if q.query_type() == RecordType::A {
+                    reply.answers.push(Record::from_rdata(
+                        q.name().clone(),
+                        60,
+                        RData::A(A(address)),
+                    ));
+                }
+            }
+            if let Ok(bytes) = reply.to_vec() {
+                let _ = socket.send_to(&bytes, from).await;
+            }
+        }
+    });
+    addr
 }
 
 /// Polls `check` until it holds; fails after 30 s with `what` (the daemon applies changes

@@ -63,7 +63,11 @@ async fn without_a_default_pool_a_name_outside_every_zone_is_refused() {
     }];
     let h = Harness::with(unused, config, Mode::Done).await;
     let inside = ask_udp(h.udp, "a.corp.test.", RecordType::A).await;
-    assert_eq!(inside.metadata.response_code, ResponseCode::NXDomain, "forwarded");
+    assert_eq!(
+        inside.metadata.response_code,
+        ResponseCode::NXDomain,
+        "forwarded"
+    );
     let outside = ask_udp(h.udp, "www.example.", RecordType::A).await;
     assert_eq!(outside.metadata.response_code, ResponseCode::Refused);
     assert_eq!(corp.queries().len(), 1);
