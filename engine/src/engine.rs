@@ -135,17 +135,38 @@ pub struct Engine<D> {
     pub ipcache: IpCache<D>,
 }
 
+/// What the engine is built with: its two parts' own settings. The configuration's
+/// `Settings` converts into it (`From<&Settings>`), so the engine needs nothing else of it.
+#[derive(Debug, Clone, Default)]
+pub struct Tunables {
+    /// The NameManager's (TTL floor, breakers, cache bound).
+    pub names: fqdnd_namemgr::Config,
+    /// The IpCache's (FQDN identity breaker, pre-allocation).
+    pub ipcache: fqdnd_ipcache::Config,
+}
+
+impl From<&Settings> for Tunables {
+    fn from(settings: &Settings) -> Self {
+        Self {
+            names: settings.namemgr(),
+            ipcache: settings.ipcache(),
+        }
+    }
+}
+
 impl<D: Datapath> Engine<D> {
-    /// An engine with no endpoints and no policy, configured from `settings`.
-    pub fn new(settings: &Settings, mode: IdentityMode, datapath: D) -> Self {
+    /// An engine with no endpoints and no policy, built with `tunables` (or the
+    /// configuration's `Settings`, which convert).
+    pub fn new(tunables: impl Into<Tunables>, mode: IdentityMode, datapath: D) -> Self {
+        let Tunables { names, ipcache } = tunables.into();
         let per_ip = mode == IdentityMode::PerIp;
         let ipcache = fqdnd_ipcache::Config {
             identity_per_prefix: per_ip,
-            preallocate_fqdn_identities: !per_ip && settings.ipcache().preallocate_fqdn_identities,
-            ..settings.ipcache()
+            preallocate_fqdn_identities: !per_ip && ipcache.preallocate_fqdn_identities,
+            ..ipcache
         };
         Self {
-            names: NameManager::new(settings.namemgr()),
+            names: NameManager::new(names),
             ipcache: IpCache::new(ipcache, datapath),
         }
     }

@@ -39,6 +39,8 @@ pub mod explain;
 pub mod view;
 
 pub use clock::Clock;
-pub use engine::{ClusterUpdate, Engine, IdentityMode, Learning, RemoteEndpoint, RemoteNode};
+pub use engine::{
+    ClusterUpdate, Engine, IdentityMode, Learning, RemoteEndpoint, RemoteNode, Tunables,
+};
 pub use error::{Error, error_chain};
 pub use fqdnd_namemgr::{Forget, Forgotten};
