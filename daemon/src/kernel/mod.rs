@@ -15,7 +15,7 @@
 //! one). Stopping the daemon therefore leaves enforcement in place; `fqdnd bpf unload` removes
 //! it.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
 use std::path::{Path, PathBuf};
 
@@ -25,6 +25,11 @@ use fqdnd_ebpf::{EndpointFlags, KernelDatapath, Loaded};
 use fqdnd_ipcache::EndpointId;
 
 use ipnet::IpNet;
+
+mod interfaces;
+
+pub use interfaces::Interfaces;
+use interfaces::Real;
 
 /// Whether an endpoint is under policy in each direction: the kernel's enforce flags (default
 /// deny there, or a deny to apply).
@@ -93,14 +98,8 @@ pub struct Kernel {
     /// A handle on the maps for endpoints, conntrack and listings (the engine owns another
     /// one for ipcache and policy batches).
     maps: KernelDatapath,
-    /// Interface name → what is attached there.
-    attached: BTreeMap<String, Attached>,
-    /// Gateway LAN interfaces (by source) attached, name → index.
-    lan: BTreeMap<String, u32>,
-    /// Node: bridges whose ports are endpoints, attached, name → index.
-    bridges: BTreeMap<String, u32>,
-    /// Client prefixes written, with what they were written with.
-    clients: BTreeMap<IpNet, (EndpointId, EndpointFlags)>,
+    /// The interfaces the programs are attached to and the entries written for them.
+    interfaces: Interfaces,
     pin_dir: PathBuf,
     /// The map sizes loaded with.
     sizes: fqdnd_ebpf::MapSizes,
@@ -116,7 +115,7 @@ impl std::fmt::Debug for Kernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Kernel")
             .field("pin_dir", &self.pin_dir)
-            .field("attached", &self.attached)
+            .field("attached", self.interfaces.attached())
             .finish_non_exhaustive()
     }
 }
@@ -232,10 +231,7 @@ impl Kernel {
         Ok(Self {
             loaded,
             maps,
-            attached: BTreeMap::new(),
-            lan: BTreeMap::new(),
-            bridges: BTreeMap::new(),
-            clients: BTreeMap::new(),
+            interfaces: Interfaces::default(),
             pin_dir: pin_dir.to_path_buf(),
             sizes,
             cgroups: BTreeMap::new(),
@@ -254,280 +250,29 @@ impl Kernel {
             .context("writing the DNS proxy's address into the redirect map")
     }
 
-    /// Makes the kernel match `wanted`: writes each endpoint's addresses (the only sources
-    /// its packets may have) and its endpoint entry, attaches (or replaces in place) the
-    /// programs on its interface, then removes the endpoints and links no longer wanted,
-    /// including what an earlier run left (its links, and the entries of endpoints this run
-    /// does not have: [`Self::remove_stale_entries`]). Stops at the first failure; what was
-    /// applied stays applied and the next sync retries the rest.
+    /// Makes the kernel match `wanted` (see [`Interfaces::sync`]).
     pub fn sync(&mut self, wanted: &[Wanted]) -> Result<()> {
-        for w in wanted {
-            let index = ifindex(&w.interface)?;
-            let mut addresses = w.addresses.clone();
-            addresses.sort();
-            addresses.dedup();
-            let bridge = match self.attached.get(&w.interface) {
-                Some(old) if old.ifindex == index => old.bridge.clone(),
-                _ => crate::links::link_info(&w.interface)
-                    .bridge()
-                    .map(str::to_owned),
-            };
-            let entry = Attached {
-                id: w.id,
-                ifindex: index,
-                enforcing: w.enforcing,
-                addresses,
-                bridge,
-            };
-            if self.attached.get(&w.interface) == Some(&entry) {
-                continue;
-            }
-            if let Some(old) = self.attached.get(&w.interface)
-                && old.ifindex != index
-            {
-                // The interface was recreated under the same name.
-                let _ = self.maps.remove_endpoint(old.ifindex);
-            }
-            let flags = EndpointFlags {
-                enforce_egress: w.enforcing.egress,
-                redirect_dns: true,
-                check_source: true,
-                enforce_ingress: w.enforcing.ingress,
-            };
-            if entry.addresses.is_empty() {
-                tracing::warn!(endpoint = %w.id, interface = %w.interface, "endpoint has no `addresses`: every packet from it is dropped as spoofed");
-            }
-            // Addresses first (new ones in before old ones out), then the endpoint entry: the
-            // program passes traffic of unknown interfaces, so the entry must be there when
-            // it starts seeing packets, and drops sources it does not know.
-            self.maps
-                .set_endpoint_addresses(index, w.id, &entry.addresses)
-                .with_context(|| {
-                    format!(
-                        "writing the addresses of endpoint {} on {}",
-                        w.id, w.interface
-                    )
-                })?;
-            self.maps
-                .set_endpoint(index, w.id, flags)
-                .with_context(|| format!("registering endpoint {} on {}", w.id, w.interface))?;
-            if !self.attached.contains_key(&w.interface) {
-                self.loaded
-                    .attach(&w.interface)
-                    .with_context(|| format!("attaching the programs to {}", w.interface))?;
-                tracing::info!(endpoint = %w.id, interface = %w.interface, ifindex = index, egress = w.enforcing.egress, ingress = w.enforcing.ingress, "endpoint attached");
-            } else {
-                tracing::info!(endpoint = %w.id, interface = %w.interface, egress = w.enforcing.egress, ingress = w.enforcing.ingress, "endpoint updated");
-            }
-            self.attached.insert(w.interface.clone(), entry);
-        }
-        let keep: HashSet<&str> = wanted.iter().map(|w| w.interface.as_str()).collect();
-        let gone: Vec<String> = self
-            .attached
-            .keys()
-            .filter(|name| !keep.contains(name.as_str()))
-            .cloned()
-            .collect();
-        for name in gone {
-            if let Some(old) = self.attached.remove(&name) {
-                self.detach(&name, Some(old.ifindex))?;
-            }
-        }
-        self.sync_bridges()?;
-        // Links pinned by an earlier run for interfaces no longer configured.
-        for name in fqdnd_ebpf::attached_interfaces(&self.pin_dir) {
-            if !keep.contains(name.as_str())
-                && !self.lan.contains_key(&name)
-                && !self.bridges.contains_key(&name)
-            {
-                let index = ifindex(&name).ok();
-                self.detach(&name, index)?;
-            }
-        }
-        self.remove_stale_entries()
+        let mut ops = Real {
+            loaded: &mut self.loaded,
+            maps: &mut self.maps,
+            pin_dir: &self.pin_dir,
+        };
+        self.interfaces.sync(&mut ops, wanted)
     }
 
-    /// Removes the endpoint entries (and their source addresses) of interfaces that are no
-    /// endpoint or bridge of this run, and the bridged endpoints' client prefixes this run did
-    /// not write: what an earlier run left for an endpoint that went while no agent ran (a
-    /// container removed meanwhile: its interface, and its link, went with it, and the
-    /// entries were keyed by the gone interface's index, which a new interface may get).
-    /// By-source interfaces' entries and prefixes (an enforcing gateway's) are left alone.
-    fn remove_stale_entries(&mut self) -> Result<()> {
-        let ours: HashSet<u32> = self.attached.values().map(|a| a.ifindex).collect();
-        let bridges: HashSet<u32> = self.bridges.values().copied().collect();
-        let mut stale: BTreeMap<u32, Option<EndpointId>> = BTreeMap::new();
-        for entry in self.maps.endpoint_entries()? {
-            match entry {
-                fqdnd_ebpf::EndpointEntry::Endpoint { ifindex, id, .. }
-                    if !ours.contains(&ifindex) =>
-                {
-                    stale.insert(ifindex, Some(id));
-                }
-                fqdnd_ebpf::EndpointEntry::Bridge { ifindex } if !bridges.contains(&ifindex) => {
-                    stale.insert(ifindex, None);
-                }
-                _ => {}
-            }
-        }
-        for (ifindex, id, _) in self.maps.endpoint_addresses()? {
-            if !ours.contains(&ifindex) {
-                stale.entry(ifindex).or_insert(Some(id));
-            }
-        }
-        let prefixes: Vec<(IpNet, EndpointId)> = self
-            .maps
-            .client_entries()?
-            .into_iter()
-            .filter(|(prefix, _, flags)| {
-                flags.redirect_dns && !flags.enforce_egress && !self.clients.contains_key(prefix)
-            })
-            .map(|(prefix, id, _)| (prefix, id))
-            .collect();
-        for (&ifindex, id) in &stale {
-            self.maps.remove_endpoint(ifindex).with_context(|| {
-                format!("removing the stale endpoint entry of interface index {ifindex}")
-            })?;
-            match id {
-                Some(id) => {
-                    tracing::info!(endpoint = %id, ifindex, "kernel entries of an endpoint this agent does not have removed (an earlier run's: its interface is gone)");
-                }
-                None => {
-                    tracing::info!(ifindex, "an earlier run's bridge entry removed");
-                }
-            }
-        }
-        for (prefix, id) in prefixes {
-            self.maps
-                .remove_client_prefix(prefix)
-                .with_context(|| format!("removing the stale client prefix {prefix}"))?;
-            tracing::info!(endpoint = %id, prefix = %prefix, "an earlier run's bridged DNS redirect of an endpoint this agent does not have removed");
-        }
-        Ok(())
-    }
-
-    /// The bridges whose ports are endpoints. A DNS query's socket assignment made at the
-    /// port does not survive the bridge (it passes the frame up to the IP layer as a packet of
-    /// the bridge device), so the bridge's ingress assigns it again, for the bridged
-    /// endpoints' addresses (client prefixes with `redirect_dns`; the port checked the source
-    /// against them). Prefixes first, then the bridge's entry and programs.
-    fn sync_bridges(&mut self) -> Result<()> {
-        let mut prefixes = BTreeMap::new();
-        let mut bridges = BTreeSet::new();
-        for a in self.attached.values() {
-            let Some(bridge) = &a.bridge else { continue };
-            bridges.insert(bridge.clone());
-            let flags = EndpointFlags {
-                enforce_egress: false,
-                redirect_dns: true,
-                check_source: false,
-                enforce_ingress: false,
-            };
-            for addr in &a.addresses {
-                prefixes.insert(IpNet::from(*addr), (a.id, flags));
-            }
-        }
-        self.sync_clients(prefixes)?;
-        for name in &bridges {
-            if self.bridges.contains_key(name) {
-                continue;
-            }
-            let index = ifindex(name)?;
-            self.maps
-                .set_bridge(index)
-                .with_context(|| format!("registering bridge {name}"))?;
-            self.loaded
-                .attach(name)
-                .with_context(|| format!("attaching the programs to bridge {name}"))?;
-            tracing::info!(bridge = %name, ifindex = index, "DNS of the bridge's endpoint ports redirected at the bridge");
-            self.bridges.insert(name.clone(), index);
-        }
-        let gone: Vec<(String, u32)> = self
-            .bridges
-            .iter()
-            .filter(|(name, _)| !bridges.contains(*name))
-            .map(|(name, index)| (name.clone(), *index))
-            .collect();
-        for (name, index) in gone {
-            self.detach(&name, Some(index))?;
-            self.bridges.remove(&name);
-        }
-        Ok(())
-    }
-
-    /// Makes the client prefixes (by-source endpoints) exactly `wanted`.
-    fn sync_clients(&mut self, wanted: BTreeMap<IpNet, (EndpointId, EndpointFlags)>) -> Result<()> {
-        for (prefix, entry) in &wanted {
-            if self.clients.get(prefix) != Some(entry) {
-                self.maps
-                    .set_client_prefix(*prefix, entry.0, entry.1)
-                    .with_context(|| format!("writing client prefix {prefix}"))?;
-                self.clients.insert(*prefix, *entry);
-            }
-        }
-        let stale: Vec<IpNet> = self
-            .clients
-            .keys()
-            .filter(|p| !wanted.contains_key(p))
-            .copied()
-            .collect();
-        for prefix in stale {
-            self.maps
-                .remove_client_prefix(prefix)
-                .with_context(|| format!("removing client prefix {prefix}"))?;
-            self.clients.remove(&prefix);
-        }
-        Ok(())
-    }
-
-    fn detach(&mut self, name: &str, index: Option<u32>) -> Result<()> {
-        if let Some(index) = index {
-            self.maps
-                .remove_endpoint(index)
-                .with_context(|| format!("removing the endpoint entry of {name}"))?;
-        }
-        self.loaded
-            .detach(name)
-            .with_context(|| format!("detaching the programs from {name}"))?;
-        tracing::info!(interface = %name, "endpoint detached");
-        Ok(())
-    }
-
-    /// Gateway: attaches the programs to each LAN interface, where endpoints are client
-    /// groups found by source prefix (a source in no group is dropped), and writes every
-    /// client prefix. Prefixes first, then the interface entry, then the programs: a packet
-    /// is never judged before its group is known.
+    /// Gateway: the LAN interfaces and their client prefixes (see
+    /// [`Interfaces::sync_gateway`]).
     pub fn sync_gateway(
         &mut self,
         interfaces: &[String],
         clients: &[(IpNet, EndpointId, Enforcing)],
     ) -> Result<()> {
-        let mut wanted = BTreeMap::new();
-        for &(prefix, id, enforcing) in clients {
-            let flags = EndpointFlags {
-                enforce_egress: enforcing.egress,
-                redirect_dns: false,
-                check_source: false,
-                enforce_ingress: enforcing.ingress,
-            };
-            wanted.insert(prefix.trunc(), (id, flags));
-        }
-        self.sync_clients(wanted)?;
-        for name in interfaces {
-            if self.lan.contains_key(name) {
-                continue;
-            }
-            let index = ifindex(name)?;
-            self.maps
-                .set_interface_by_source(index, true)
-                .with_context(|| format!("registering LAN interface {name}"))?;
-            self.loaded
-                .attach(name)
-                .with_context(|| format!("attaching the programs to {name}"))?;
-            tracing::info!(interface = %name, ifindex = index, "LAN interface enforced");
-            self.lan.insert(name.clone(), index);
-        }
-        Ok(())
+        let mut ops = Real {
+            loaded: &mut self.loaded,
+            maps: &mut self.maps,
+            pin_dir: &self.pin_dir,
+        };
+        self.interfaces.sync_gateway(&mut ops, interfaces, clients)
     }
 
     /// A handle of its own on the conntrack map, for walks that must not hold the kernel's
@@ -543,7 +288,7 @@ impl Kernel {
 
     /// The interfaces attached, with their endpoints.
     pub fn attached(&self) -> &BTreeMap<String, Attached> {
-        &self.attached
+        self.interfaces.attached()
     }
 
     /// The cgroup endpoints, with their directories and ids.
