@@ -15,19 +15,22 @@
 //! one). Stopping the daemon therefore leaves enforcement in place; `fqdnd bpf unload` removes
 //! it.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
 use std::path::{Path, PathBuf};
 
-use crate::{Context, Result, bail};
+use crate::{Context, Result};
 use fqdnd_config::Cgroup;
-use fqdnd_ebpf::{EndpointFlags, KernelDatapath, Loaded};
+use fqdnd_ebpf::{KernelDatapath, Loaded};
 use fqdnd_ipcache::EndpointId;
 
 use ipnet::IpNet;
 
+mod cgroups;
 mod interfaces;
 
+pub use cgroups::Cgroups;
+use cgroups::RealCgroups;
 pub use interfaces::Interfaces;
 use interfaces::Real;
 
@@ -103,12 +106,8 @@ pub struct Kernel {
     pin_dir: PathBuf,
     /// The map sizes loaded with.
     sizes: fqdnd_ebpf::MapSizes,
-    /// Cgroup endpoints, by endpoint.
-    cgroups: BTreeMap<EndpointId, CgroupAttached>,
-    /// The cgroup v2 mount the socket programs are attached at (by this run), once they are.
-    cgroup_root: Option<PathBuf>,
-    /// This process's network namespace cookie (the proxy's), once read.
-    netns_cookie: Option<u64>,
+    /// Cgroup endpoints and the socket programs.
+    cgroups: Cgroups,
 }
 
 impl std::fmt::Debug for Kernel {
@@ -234,9 +233,7 @@ impl Kernel {
             interfaces: Interfaces::default(),
             pin_dir: pin_dir.to_path_buf(),
             sizes,
-            cgroups: BTreeMap::new(),
-            cgroup_root: None,
-            netns_cookie: None,
+            cgroups: Cgroups::default(),
         })
     }
 
@@ -293,220 +290,26 @@ impl Kernel {
 
     /// The cgroup endpoints, with their directories and ids.
     pub fn cgroups(&self) -> &BTreeMap<EndpointId, CgroupAttached> {
-        &self.cgroups
+        self.cgroups.endpoints()
     }
 
-    /// Makes the endpoints-by-cgroup map hold `wanted`. The cgroup socket programs are
-    /// attached (after the start-up checks) when the first cgroup endpoint comes, or at the
-    /// first sync with `host_processes`; once attached by this run they stay (attaching a
-    /// cgroup skb program needs CAP_NET_ADMIN, which the node drops after start-up), doing
-    /// nothing but a lookup while no cgroup endpoint is left. Programs an earlier run left
-    /// attached are replaced, or detached when this run wants none. Entries are written
-    /// before the programs run with them; entries no endpoint wants (removed endpoints, an
-    /// earlier run's) are removed. A cgroup whose directory does not exist yet gets its entry
-    /// once it does ([`Self::refresh_cgroups`]).
+    /// Makes the endpoints-by-cgroup map hold `wanted` (see [`Cgroups::sync`]).
     pub fn sync_cgroups(&mut self, wanted: &[WantedCgroup], host_processes: bool) -> Result<()> {
-        if wanted.is_empty() && !host_processes && self.cgroup_root.is_none() {
-            self.cgroups.clear();
-            self.remove_unwanted_cgroup_entries()?;
-            if fqdnd_ebpf::cgroup_attached(&self.pin_dir) {
-                self.loaded
-                    .detach_cgroup()
-                    .context("detaching the cgroup socket programs an earlier run attached")?;
-                tracing::info!("cgroup socket programs detached: no cgroup endpoint");
-            }
-            return Ok(());
-        }
-        let root = match &self.cgroup_root {
-            Some(root) => root.clone(),
-            None => cgroup_checks()?,
+        let mut ops = RealCgroups {
+            loaded: &mut self.loaded,
+            maps: &mut self.maps,
+            pin_dir: &self.pin_dir,
         };
-        let mut next = BTreeMap::new();
-        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
-            .context("reading /proc/self/mountinfo")?;
-        for w in wanted {
-            let path = cgroup_dir(&root, &w.cgroup)?;
-            if let Cgroup::Path(below) = &w.cgroup {
-                // a path that can never match is refused (saying what to write); one that
-                // does not exist yet is matched once it does
-                fqdnd_ebpf::cgroup::check_endpoint_path(
-                    &root,
-                    below,
-                    &mountinfo,
-                    fqdnd_ebpf::cgroup::found,
-                )
-                .with_context(|| format!("endpoint {}", w.id))?;
-            }
-            if let Some(own) = own_cgroup(&root)
-                && own.starts_with(&path)
-            {
-                bail!(
-                    "endpoint {} ({}): fqdnd itself runs in {}, inside that cgroup: its own \
-                     upstream queries would be redirected to itself; run fqdnd outside the \
-                     endpoint's cgroup",
-                    w.id,
-                    w.cgroup,
-                    own.display()
-                );
-            }
-            let kept = self
-                .cgroups
-                .get(&w.id)
-                .filter(|old| old.wanted == *w && old.path == path)
-                .and_then(|old| old.cgroup_id);
-            next.insert(
-                w.id,
-                CgroupAttached {
-                    wanted: w.clone(),
-                    path,
-                    cgroup_id: kept,
-                },
-            );
-        }
-        // The entries of endpoints gone or changed go first, so an id is never claimed twice.
-        for (id, old) in &self.cgroups {
-            let stays = next.get(id).and_then(|n| n.cgroup_id);
-            if let Some(cgroup_id) = old.cgroup_id
-                && stays != Some(cgroup_id)
-            {
-                self.maps
-                    .remove_cgroup_endpoint(cgroup_id)
-                    .with_context(|| format!("removing the cgroup entry of endpoint {id}"))?;
-                tracing::info!(endpoint = %id, cgroup_id, "cgroup endpoint entry removed");
-            }
-        }
-        self.cgroups = next;
-        self.refresh_cgroups()?;
-        for (id, entry) in &self.cgroups {
-            if entry.cgroup_id.is_none() {
-                tracing::warn!(endpoint = %id, cgroup = %entry.path.display(), "the endpoint's cgroup does not exist (yet): its processes are matched once it does");
-            }
-        }
-        self.remove_unwanted_cgroup_entries()?;
-        self.write_sock_settings()?;
-        if self.cgroup_root.is_none() {
-            self.loaded.attach_cgroup(&root).with_context(|| {
-                format!(
-                    "attaching the cgroup socket programs at {} (a node that has dropped its \
-                     capabilities cannot: with `hostProcesses: true` in the Node document, or a \
-                     cgroup Endpoint in the files, they are attached at start-up)",
-                    root.display()
-                )
-            })?;
-            tracing::info!(root = %root.display(), "cgroup socket programs attached");
-            self.cgroup_root = Some(root);
-        }
-        Ok(())
+        self.cgroups.sync(&mut ops, wanted, host_processes)
     }
 
-    /// The socket programs' settings: the proxy's network namespace and how many cgroup
-    /// endpoint entries there are (none: the programs return at once).
-    fn write_sock_settings(&mut self) -> Result<()> {
-        let cookie = match self.netns_cookie {
-            Some(c) => c,
-            None => *self.netns_cookie.insert(
-                fqdnd_ebpf::sys::netns_cookie()
-                    .context("reading the proxy's network namespace cookie")?,
-            ),
-        };
-        let entries = self
-            .cgroups
-            .values()
-            .filter(|c| c.cgroup_id.is_some())
-            .count();
-        self.maps
-            .set_sock_settings(cookie, u32::try_from(entries).unwrap_or(u32::MAX))
-            .context("writing the socket programs' settings")
-    }
-
-    /// Removes the map's entries of cgroups no endpoint has now.
-    fn remove_unwanted_cgroup_entries(&mut self) -> Result<()> {
-        let ours: HashSet<u64> = self.cgroups.values().filter_map(|c| c.cgroup_id).collect();
-        let entries = self
-            .maps
-            .cgroup_entries()
-            .context("reading the cgroup endpoint map")?;
-        for (cgroup_id, id, _) in entries {
-            if !ours.contains(&cgroup_id) {
-                self.maps
-                    .remove_cgroup_endpoint(cgroup_id)
-                    .with_context(|| format!("removing the cgroup entry of endpoint {id}"))?;
-                tracing::info!(endpoint = %id, cgroup_id, "cgroup entry no endpoint has removed");
-            }
-        }
-        Ok(())
-    }
-
-    /// Resolves each cgroup endpoint's directory to its id again and writes what changed: a
-    /// directory created since, or removed and created again (a new id), or gone (its entry
-    /// removed). Returns how many entries changed.
+    /// Resolves each cgroup endpoint's directory again (see [`Cgroups::refresh`]).
     pub fn refresh_cgroups(&mut self) -> Result<usize> {
-        let mut changed = 0;
-        for (id, entry) in &mut self.cgroups {
-            let now = fqdnd_ebpf::cgroup::cgroup_id(&entry.path).ok();
-            if now == entry.cgroup_id {
-                continue;
-            }
-            if let Some(old) = entry.cgroup_id {
-                self.maps
-                    .remove_cgroup_endpoint(old)
-                    .with_context(|| format!("removing the cgroup entry of endpoint {id}"))?;
-            }
-            match now {
-                Some(cgroup_id) => {
-                    let flags = EndpointFlags {
-                        enforce_egress: entry.wanted.enforcing.egress,
-                        redirect_dns: true,
-                        check_source: false,
-                        enforce_ingress: entry.wanted.enforcing.ingress,
-                    };
-                    self.maps
-                        .set_cgroup_endpoint(cgroup_id, *id, flags)
-                        .with_context(|| format!("writing the cgroup entry of endpoint {id}"))?;
-                    tracing::info!(endpoint = %id, cgroup = %entry.path.display(), cgroup_id, egress = entry.wanted.enforcing.egress, ingress = entry.wanted.enforcing.ingress, "cgroup endpoint in force");
-                }
-                None => {
-                    tracing::warn!(endpoint = %id, cgroup = %entry.path.display(), "the endpoint's cgroup does not exist (yet): its processes are matched once it does");
-                }
-            }
-            entry.cgroup_id = now;
-            changed += 1;
-        }
-        if changed > 0 {
-            self.write_sock_settings()?;
-        }
-        Ok(changed)
+        let mut ops = RealCgroups {
+            loaded: &mut self.loaded,
+            maps: &mut self.maps,
+            pin_dir: &self.pin_dir,
+        };
+        self.cgroups.refresh(&mut ops)
     }
-}
-
-/// The start-up checks of cgroup endpoints: the cgroup v2 mount of the whole hierarchy, and
-/// no cgroup v1 net_cls / net_prio in use. Returns the mount.
-fn cgroup_checks() -> Result<PathBuf> {
-    let root = fqdnd_ebpf::cgroup::v2_root().context("finding the cgroup v2 hierarchy")?;
-    let unseen = fqdnd_ebpf::cgroup::check_v1_net()
-        .context("checking the cgroup v1 net_cls / net_prio controllers")?;
-    for controller in unseen {
-        tracing::warn!(
-            controller,
-            "cgroup v1 {controller} is bound to a hierarchy this mount namespace does not show:              fqdnd cannot check that it is unused (if it is used, cgroup endpoints may not match              their sockets)"
-        );
-    }
-    Ok(root)
-}
-
-/// The directory of `cgroup` under the v2 mount `root`.
-fn cgroup_dir(root: &Path, cgroup: &Cgroup) -> Result<PathBuf> {
-    let below = match cgroup {
-        Cgroup::Path(p) => p.clone(),
-        Cgroup::Unit(u) => fqdnd_ebpf::cgroup::unit_path(u)
-            .with_context(|| format!("finding the cgroup of {u}"))?,
-    };
-    Ok(root.join(below.trim_start_matches('/')))
-}
-
-/// This process's cgroup v2 directory under `root`, if `/proc/self/cgroup` says.
-fn own_cgroup(root: &Path) -> Option<PathBuf> {
-    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let below = fqdnd_ebpf::cgroup::v2_path_of(&text)?;
-    Some(root.join(below.trim_start_matches('/')))
 }
