@@ -94,13 +94,31 @@ fn burst_zone(n: u32) -> String {
         .collect()
 }
 
-/// Asks the burst's names from the client namespace, all sent before the replies are read
-/// (one socket); how many were answered with an address.
+/// Asks the burst's names from the client namespace, all at once from one socket, a thread
+/// reading the replies as they come (a reader that waited for the last send would lose
+/// replies to a full receive buffer on a busy machine); how many were answered with an
+/// address.
 fn burst(net: &Net) -> usize {
     let server = SocketAddr::new(net.ip(1, 1), 53);
     in_netns(&net.ns("c"), move || {
         let socket = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
         socket.set_read_timeout(Some(common::ANSWER_WAIT)).unwrap();
+        let reader = socket.try_clone().unwrap();
+        let replies = std::thread::spawn(move || {
+            let mut answered = std::collections::BTreeSet::new();
+            let mut buf = [0u8; 4096];
+            while answered.len() < BURST {
+                let Ok((len, _)) = reader.recv_from(&mut buf) else {
+                    break;
+                };
+                if let Ok(m) = hickory_proto::op::Message::from_vec(&buf[..len])
+                    && common::addrs(&m).len() == 1
+                {
+                    answered.insert(m.metadata.id);
+                }
+            }
+            answered.len()
+        });
         for i in 0..BURST {
             let q = question(
                 u16::try_from(i).unwrap(),
@@ -109,19 +127,7 @@ fn burst(net: &Net) -> usize {
             );
             socket.send_to(&q.to_vec().unwrap(), server).unwrap();
         }
-        let mut answered = std::collections::BTreeSet::new();
-        let mut buf = [0u8; 4096];
-        while answered.len() < BURST {
-            let Ok((len, _)) = socket.recv_from(&mut buf) else {
-                break;
-            };
-            if let Ok(m) = hickory_proto::op::Message::from_vec(&buf[..len])
-                && common::addrs(&m).len() == 1
-            {
-                answered.insert(m.metadata.id);
-            }
-        }
-        answered.len()
+        replies.join().unwrap()
     })
 }
 
