@@ -41,6 +41,7 @@
 mod cluster;
 mod cnp;
 mod convert;
+mod dashboard;
 mod dns;
 mod documents;
 mod endpoint;
@@ -58,6 +59,7 @@ use std::path::PathBuf;
 use fqdnd_ipcache::Endpoint;
 use fqdnd_ipcache::policy::Rule;
 
+pub use dashboard::{DEFAULT_DASHBOARD_ADDRESS, Dashboard};
 pub use cluster::{Cluster, ClusterAuth, ClusterTls, valid_node_name};
 pub use dns::{
     AnswerCache, HoldFallback, RateLimitAction, RejectCode, TruncatedAction, UpstreamTimeoutAction,
