@@ -59,8 +59,8 @@ use std::path::PathBuf;
 use fqdnd_ipcache::Endpoint;
 use fqdnd_ipcache::policy::Rule;
 
-pub use dashboard::{DEFAULT_DASHBOARD_ADDRESS, Dashboard};
 pub use cluster::{Cluster, ClusterAuth, ClusterTls, valid_node_name};
+pub use dashboard::{DEFAULT_DASHBOARD_ADDRESS, Dashboard};
 pub use dns::{
     AnswerCache, HoldFallback, RateLimitAction, RejectCode, TruncatedAction, UpstreamTimeoutAction,
 };

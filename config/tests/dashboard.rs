@@ -86,8 +86,16 @@ fn dashboard_mistakes_are_located_errors() {
             "set `dashboard.tokenFile`",
             7,
         ),
-        ("  dashboard: {address: localhost}\n", "not an address with a port", 6),
-        ("  dashboard: {tokenFile: \" \"}\n", "`dashboard.tokenFile` is empty", 6),
+        (
+            "  dashboard: {address: localhost}\n",
+            "not an address with a port",
+            6,
+        ),
+        (
+            "  dashboard: {tokenFile: \" \"}\n",
+            "`dashboard.tokenFile` is empty",
+            6,
+        ),
         ("  dashboard: {port: 80}\n", "unknown field `port`", 6),
     ] {
         let error = load_str(&gateway(extra), file()).unwrap_err().to_string();
