@@ -186,6 +186,11 @@ def main():
         }
         for css, value in want.items():
             wait(f"{css} = {value}", lambda css=css, value=value: browser.text(css) == value)
+        c = status["answer_cache"]
+        assert c and c["hits"] > 0, c
+        rate = f"{100 * c['hits'] / (c['hits'] + c['misses']):.1f} %"
+        wait(f"hit rate {rate}", lambda: browser.text("#ov-hit-rate") == rate)
+        want["#ov-hit-rate"] = rate
         answered = dict(status["queries"]).get("answered", 0)
         assert total > 0 and answered > 0, status["queries"]
         # The hour's graph has the answered queries in its legend; hold percentiles are shown.
@@ -243,9 +248,15 @@ def main():
             rows = browser.js("return [...document.querySelectorAll('#names-rows tr')].map(r => [r.cells[2].textContent, r.cells[5].textContent])")
             return sorted(tuple(r) for r in rows) == want_names
         wait("the cache listing", names_rows)
+        idents = sorted((str(r["identity"]), ", ".join(r["labels"])) for r in cli("identity", "list", "--json"))
+
+        def ident_rows():
+            rows = browser.js("return [...document.querySelectorAll('#ident-rows tr')].map(r => [r.cells[0].textContent, r.cells[1].textContent])")
+            return sorted(tuple(r) for r in rows) == idents
+        wait("the identities", ident_rows)
         browser.screenshot(os.path.join(a.shots, "names.png"))
         console_errors("names")
-        print(f"names: {len(want_names)} rows match `fqdnd cache list --json`")
+        print(f"names: {len(want_names)} rows match `fqdnd cache list --json`, {len(idents)} `fqdnd identity list --json`")
 
         # 5. Policy: the explain form agrees with `fqdnd policy explain` (allowed and denied).
         browser.go(base + "/#policy")

@@ -51,14 +51,15 @@ dash_port="$(free_port)"
 token="$(python3 -c 'import secrets; print(secrets.token_urlsafe(24))')"
 printf '%s\n' "$token" > "$work/token"
 chmod 600 "$work/token"
-# The demo's documents, with an admin socket and the dashboard in the Gateway document.
+# The demo's documents, with an admin socket, the answer cache and the dashboard in the Gateway
+# document.
 python3 - "$repo/examples/gateway-demo.yaml" "$work/gateway.yaml" "$work/admin.sock" "$dash_port" <<'PY'
 import sys
 src, dst, sock, port = sys.argv[1:]
 text = open(src).read()
 marker = "  upstreamTimeout: 2s\n"
 assert marker in text, "examples/gateway-demo.yaml changed: no upstreamTimeout line"
-text = text.replace(marker, marker + f"  adminSocket: {sock}\n  dashboard:\n    address: 127.0.0.1:{port}\n    tokenFile: token\n", 1)
+text = text.replace(marker, marker + f"  adminSocket: {sock}\n  cache: {{}}\n  dashboard:\n    address: 127.0.0.1:{port}\n    tokenFile: token\n", 1)
 open(dst, "w").write(text)
 PY
 
