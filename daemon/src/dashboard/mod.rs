@@ -23,7 +23,7 @@ pub mod guard;
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{FromRef, Query, State};
@@ -72,11 +72,15 @@ pub fn read_token(path: &std::path::Path) -> Result<Token> {
     }
 }
 
-/// Serves the dashboard of `running` when its document has a `dashboard` block.
-pub fn spawn(running: &mut Running) -> Result<()> {
+/// Serves the dashboard of `running` when its document has a `dashboard` block; the address
+/// it listens on.
+///
+/// # Errors
+/// The token file cannot be read or is empty, or the address cannot be bound.
+pub fn spawn(running: &mut Running) -> Result<Option<std::net::SocketAddr>> {
     let (Some(config), Some(feed)) = (running.dashboard.clone(), running.shared.feed.clone())
     else {
-        return Ok(());
+        return Ok(None);
     };
     let token = config.token_file.as_deref().map(read_token).transpose()?;
     let listener = std::net::TcpListener::bind(config.address)
@@ -86,7 +90,8 @@ pub fn spawn(running: &mut Running) -> Result<()> {
         .context("making the dashboard's socket non-blocking")?;
     let listener =
         tokio::net::TcpListener::from_std(listener).context("serving the dashboard's socket")?;
-    tracing::info!(address = %config.address, token = token.is_some(), "dashboard");
+    let address = listener.local_addr().unwrap_or(config.address);
+    tracing::info!(%address, token = token.is_some(), "dashboard");
     let app = router(
         Dash {
             shared: Arc::clone(&running.shared),
@@ -104,7 +109,7 @@ pub fn spawn(running: &mut Running) -> Result<()> {
             .await
             .context("dashboard")
     });
-    Ok(())
+    Ok(Some(address))
 }
 
 fn router(state: Dash, token: Option<Token>) -> axum::Router {
@@ -166,10 +171,10 @@ fn assets(needs_token: bool) -> axum::Router {
         )
 }
 
-fn now() -> Duration {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
+/// Unix milliseconds now, by the daemon's clock (the query records' time base).
+fn unix_ms(shared: &Shared) -> u64 {
+    use fqdnd_engine::Clock as _;
+    shared.clock.unix_ms_of(shared.clock.now())
 }
 
 async fn policy(State(d): State<Dash>) -> Json<Vec<fqdnd_engine::explain::EndpointPolicy>> {
@@ -193,12 +198,11 @@ const fn ten() -> u64 {
 }
 
 async fn series(State(d): State<Dash>, Query(q): Query<Step>) -> Json<feed::Series> {
-    Json(d.feed.series(now().as_secs(), q.step))
+    Json(d.feed.series(unix_ms(&d.shared) / 1000, q.step))
 }
 
 async fn holds(State(d): State<Dash>) -> Json<feed::Holds> {
-    let ms = u64::try_from(now().as_millis()).unwrap_or(u64::MAX);
-    Json(d.feed.holds(ms))
+    Json(d.feed.holds(unix_ms(&d.shared)))
 }
 
 fn json_event(name: &str, value: &impl serde::Serialize) -> Event {
