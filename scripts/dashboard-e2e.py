@@ -212,7 +212,9 @@ def main():
              lambda: browser.js("return [...document.querySelectorAll('#q-rows td.name')].some(t => t.textContent.startsWith(arguments[0]))", fresh),
              timeout=2.0, step=0.05)
         shown_after = time.monotonic() - sent
-        print(f"queries: {fresh} shown {shown_after:.2f} s after dig sent it (at most 2 s)")
+        group = browser.js("return [...document.querySelectorAll('#q-rows tr')].find(r => r.dataset.name.startsWith(arguments[0])).cells[1].textContent", fresh)
+        assert group == "office", f"the client group of {fresh}: {group!r}"
+        print(f"queries: {fresh} (client group {group}) shown {shown_after:.2f} s after dig sent it (at most 2 s)")
         for name in ("<script>.example.test", "<b>e2e</b>.example.test", "<img src=x onerror=alert(1)>.example.test"):
             dig(name)
         names = wait("the markup names in the tail", lambda: (lambda t: t if sum(1 for n in t if "<" in n) >= 3 else None)(

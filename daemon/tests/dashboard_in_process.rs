@@ -151,7 +151,9 @@ async fn the_dashboard_serves_the_gateways_figures_and_its_live_tail() {
             return json(data);
         }
     };
-    assert_eq!(next_query().await["name"], "api.example.net.");
+    let first = next_query().await;
+    assert_eq!(first["name"], "api.example.net.");
+    assert_eq!(first["group"], "office", "the client group of 127.0.0.1");
     let denied = next_query().await;
     assert_eq!(
         (denied["name"].as_str(), denied["result"].as_str()),

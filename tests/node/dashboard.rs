@@ -93,7 +93,10 @@ fn the_nodes_dashboard_streams_its_drops() {
         "the kept drop first: {seen:?}"
     );
     let live = seen.last().unwrap();
-    assert!(live["seq"].as_u64().unwrap() > last_seq, "a new drop, live: {seen:?}");
+    assert!(
+        live["seq"].as_u64().unwrap() > last_seq,
+        "a new drop, live: {seen:?}"
+    );
     assert_eq!(live["reason"], "policy-denied", "{live}");
     assert!(
         live["dst"]

@@ -20,6 +20,7 @@
 
 pub mod feed;
 pub mod guard;
+mod tail;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -225,22 +226,38 @@ async fn until_stopped(stopped: &mut watch::Receiver<bool>) {
 async fn query_events(State(d): State<Dash>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let backlog: std::collections::VecDeque<_> = d.feed.recent().into();
     let rx = d.feed.subscribe();
-    let state = (backlog, rx, d.stopped.clone());
+    let state = (backlog, rx, d.stopped.clone(), tail::Groups::default());
+    let shared = Arc::clone(&d.shared);
     let stream = futures_util::stream::unfold(
         state,
-        |(mut backlog, mut rx, mut stopped)| async move {
-            if let Some(entry) = backlog.pop_front() {
-                return Some((Ok(json_event("query", &entry)), (backlog, rx, stopped)));
+        move |(mut backlog, mut rx, mut stopped, mut groups)| {
+            let shared = Arc::clone(&shared);
+            async move {
+                let entry = match backlog.pop_front() {
+                    Some(entry) => entry,
+                    None => tokio::select! {
+                        received = rx.recv() => match received {
+                            Ok(entry) => entry,
+                            Err(broadcast::error::RecvError::Lagged(n)) => {
+                                let missed = Event::default().event("missed").data(n.to_string());
+                                return Some((Ok(missed), (backlog, rx, stopped, groups)));
+                            }
+                            Err(broadcast::error::RecvError::Closed) => return None,
+                        },
+                        () = until_stopped(&mut stopped) => return None,
+                    },
+                };
+                {
+                    use fqdnd_engine::Clock as _;
+                    groups.refresh(&shared, shared.clock.now());
+                }
+                let shown = tail::TailEntry {
+                    entry: &entry,
+                    group: groups.of(entry.client.ip()),
+                };
+                let event = json_event("query", &shown);
+                Some((Ok(event), (backlog, rx, stopped, groups)))
             }
-            let event = tokio::select! {
-                received = rx.recv() => match received {
-                    Ok(entry) => json_event("query", &entry),
-                    Err(broadcast::error::RecvError::Lagged(n)) => Event::default().event("missed").data(n.to_string()),
-                    Err(broadcast::error::RecvError::Closed) => return None,
-                },
-                () = until_stopped(&mut stopped) => return None,
-            };
-            Some((Ok(event), (backlog, rx, stopped)))
         },
     );
     Sse::new(stream).keep_alive(KeepAlive::default())

@@ -199,15 +199,16 @@ function queryMatches(q) {
   const client = $('q-client').value.trim();
   const name = $('q-name').value.trim().toLowerCase();
   const verdict = $('q-verdict').value;
-  return (!client || q.client.includes(client)) && (!name || q.name.toLowerCase().includes(name))
+  return (!client || q.client.includes(client) || (q.group || '').includes(client)) && (!name || q.name.toLowerCase().includes(name))
     && (!verdict || q.result === verdict);
 }
 
 function queryRow(q) {
-  const tr = row([clock(q.time_ms), q.client, el('span', q.name || '(unparsable)'), q.qtype,
+  const tr = row([clock(q.time_ms), q.group || '–', q.client, el('span', q.name || '(unparsable)'), q.qtype,
     el('span', q.result, 'result-' + q.result), q.rcode, q.answers, ms(q.hold_us), ms(q.total_us)]);
-  tr.cells[2].className = 'name';
+  tr.cells[3].className = 'name';
   tr.dataset.client = q.client;
+  tr.dataset.group = q.group || '';
   tr.dataset.name = q.name;
   tr.dataset.result = q.result;
   tr.hidden = !queryMatches(q);
@@ -216,7 +217,7 @@ function queryRow(q) {
 
 function refilter() {
   for (const tr of $('q-rows').rows) {
-    tr.hidden = !queryMatches({ client: tr.dataset.client, name: tr.dataset.name, result: tr.dataset.result });
+    tr.hidden = !queryMatches({ client: tr.dataset.client, group: tr.dataset.group, name: tr.dataset.name, result: tr.dataset.result });
   }
 }
 
