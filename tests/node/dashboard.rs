@@ -4,7 +4,7 @@
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::{A_PORTS, DROPPED, node_config_with, setup_with, tcp_reaches};
 use crate::topology::in_netns;
@@ -79,14 +79,13 @@ fn the_nodes_dashboard_streams_its_drops() {
         })
     });
     // New drops until the stream has one (bounded).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while rx.try_recv().is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "no live drop on the stream within 60 s"
-        );
+    crate::common::poll_until(Duration::from_secs(60), "a live drop on the stream", || {
+        if rx.try_recv().is_ok() {
+            return Some(());
+        }
         assert!(!tcp_reaches(&t.ep_a, nowhere, DROPPED), "{nowhere} reached");
-    }
+        None
+    });
     let seen = reader.join().unwrap();
     assert!(
         seen.iter().any(|d| d["seq"].as_u64() == Some(last_seq)),

@@ -17,24 +17,24 @@ const REFRESH: Duration = Duration::from_secs(5);
 
 /// One query as the tail shows it.
 #[derive(Debug, Serialize)]
-pub struct TailEntry<'a> {
+pub(super) struct TailEntry<'a> {
     /// The query log's record.
     #[serde(flatten)]
-    pub entry: &'a QueryLogEntry,
+    pub(super) entry: &'a QueryLogEntry,
     /// The client group or endpoint of its client address; `None` when none holds it.
-    pub group: Option<&'a str>,
+    pub(super) group: Option<&'a str>,
 }
 
 /// The endpoints' prefixes, as of `at` (the daemon's clock).
 #[derive(Debug, Default)]
-pub struct Groups {
+pub(super) struct Groups {
     at: Option<Duration>,
     prefixes: Vec<(IpNet, String)>,
 }
 
 impl Groups {
     /// Builds the table from `(prefix, name)` pairs taken at `at`.
-    pub fn new(at: Duration, prefixes: Vec<(IpNet, String)>) -> Self {
+    pub(super) fn new(at: Duration, prefixes: Vec<(IpNet, String)>) -> Self {
         Self {
             at: Some(at),
             prefixes,
@@ -42,7 +42,7 @@ impl Groups {
     }
 
     /// Takes the table again from the engine if it is older than [`REFRESH`] at `now`.
-    pub fn refresh(&mut self, shared: &Shared, now: Duration) {
+    pub(super) fn refresh(&mut self, shared: &Shared, now: Duration) {
         if self.at.is_some_and(|at| now.saturating_sub(at) < REFRESH) {
             return;
         }
@@ -61,7 +61,7 @@ impl Groups {
     }
 
     /// The name of the longest prefix holding `addr`.
-    pub fn of(&self, addr: IpAddr) -> Option<&str> {
+    pub(super) fn of(&self, addr: IpAddr) -> Option<&str> {
         self.prefixes
             .iter()
             .filter(|(net, _)| net.contains(&addr))
