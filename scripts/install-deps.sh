@@ -7,7 +7,9 @@
 # openssl (the etcd TLS test makes its certificates),
 # tshark (tests/record.rs reads the recordings with Wireshark's reader),
 # keepalived + nsd (tests/gateway_ha.rs and benchmarks/gateway-failover.sh: a VRRP pair moving
-# the gateways' virtual addresses, an authoritative server behind them).
+# the gateways' virtual addresses, an authoritative server behind them),
+# chromium + chromium-driver + dnsutils (scripts/dashboard-e2e.sh: Debian's headless Chromium,
+# driven over WebDriver from Python's standard library, looks at the dashboard; dig makes traffic).
 # Needs root and the Debian package mirror; does nothing when everything is there.
 set -euo pipefail
 missing=()
@@ -22,6 +24,9 @@ command -v openssl >/dev/null || missing+=(openssl)
 command -v tshark >/dev/null || missing+=(tshark)
 command -v keepalived >/dev/null || missing+=(keepalived)
 command -v nsd >/dev/null || missing+=(nsd)
+command -v chromium >/dev/null || missing+=(chromium)
+command -v chromedriver >/dev/null || missing+=(chromium-driver)
+command -v dig >/dev/null || missing+=(dnsutils)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi

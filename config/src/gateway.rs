@@ -18,6 +18,8 @@
 //!   adminSocket: /run/fqdnd/admin.sock        # HTTP API, mode 0600
 //!   metrics: 127.0.0.1:9967                   # Prometheus /metrics
 //!   queryLog: /var/log/fqdnd/queries.jsonl    # one JSON line per query
+//!   dashboard: {address: 127.0.0.1:9968}      # read-only web view; off unless given
+//!                                             # (`tokenFile` required off loopback)
 //!   stateDir: /var/lib/fqdnd                  # journal + snapshots: restarts keep the state
 //!   stateCompactAfter: 100000                 # journal records between snapshots
 //!   upstreamTimeout: 5s
@@ -51,7 +53,7 @@
 //!   mapSizes: {conntrack: 524288, ipcache: 1000000}   # changed sizes migrate the maps
 //!                           # (also policy, endpoints, clients, lbServices, lbBackends,
 //!                           # endpointAddresses)
-//!   # and lists, adminSocket, metrics, queryLog, upstreamTimeout, on*, rateLimit as above
+//!   # and lists, adminSocket, metrics, queryLog, dashboard, upstreamTimeout, on*, rateLimit as above
 //! ```
 
 use std::net::SocketAddr;
@@ -221,6 +223,8 @@ pub struct Daemon {
     pub metrics: Option<SocketAddr>,
     /// The JSON-lines query log, if any.
     pub query_log: Option<PathBuf>,
+    /// The read-only web dashboard, if any.
+    pub dashboard: Option<crate::Dashboard>,
     /// How long an upstream may take.
     pub upstream_timeout: Duration,
     /// What to do when it takes longer.
@@ -252,6 +256,7 @@ impl Default for Daemon {
             admin_socket: PathBuf::from(DEFAULT_GATEWAY_ADMIN_SOCKET),
             metrics: None,
             query_log: None,
+            dashboard: None,
             upstream_timeout: Duration::from_secs(5),
             on_upstream_timeout: UpstreamTimeoutAction::default(),
             on_hold_timeout: HoldFallback::default(),
@@ -380,6 +385,7 @@ struct DaemonSpec {
     admin_socket: Option<Text>,
     metrics: Option<Text>,
     query_log: Option<Text>,
+    dashboard: Option<Spanned<crate::dashboard::DashboardSpec>>,
     upstream_timeout: Option<Text>,
     on_upstream_timeout: Option<Text>,
     on_hold_timeout: Option<Text>,
@@ -736,6 +742,9 @@ fn daemon(spec: &DaemonSpec, base: &Path, mut d: Daemon, diag: &mut Diag<'_>) ->
     }
     if let Some(text) = &spec.query_log {
         d.query_log = Some(relative(text));
+    }
+    if let Some(dashboard) = &spec.dashboard {
+        d.dashboard = crate::dashboard::dashboard(dashboard, base, diag);
     }
     if let Some(text) = &spec.state_dir {
         d.state_dir = Some(relative(text));

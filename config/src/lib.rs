@@ -41,6 +41,7 @@
 mod cluster;
 mod cnp;
 mod convert;
+mod dashboard;
 mod dns;
 mod documents;
 mod endpoint;
@@ -59,6 +60,7 @@ use fqdnd_ipcache::Endpoint;
 use fqdnd_ipcache::policy::Rule;
 
 pub use cluster::{Cluster, ClusterAuth, ClusterTls, valid_node_name};
+pub use dashboard::{DEFAULT_DASHBOARD_ADDRESS, Dashboard};
 pub use dns::{
     AnswerCache, HoldFallback, RateLimitAction, RejectCode, TruncatedAction, UpstreamTimeoutAction,
 };

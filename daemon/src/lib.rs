@@ -20,6 +20,7 @@ pub mod admin;
 pub mod clock;
 pub mod cluster;
 pub mod cni;
+pub mod dashboard;
 mod datapath;
 mod error;
 pub mod gateway;

@@ -157,6 +157,102 @@ fn ports_matching(section: &EgressRule, protocol: Protocol, port: u16) -> Option
     (!held.is_empty()).then(|| held.join(", "))
 }
 
+/// One endpoint (or client group) and the rules selecting it, for listings (the dashboard's
+/// Policy page).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndpointPolicy {
+    /// Its id.
+    pub endpoint: u16,
+    /// Its name.
+    pub name: String,
+    /// Its labels, `source:key=value`.
+    pub labels: Vec<String>,
+    /// Every section of every rule selecting it, in rule order.
+    pub sections: Vec<Section>,
+}
+
+/// One section of a rule, rendered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Section {
+    /// Where the rule came from.
+    pub origin: String,
+    /// `egress[0]`, `ingressDeny[1]`…
+    pub section: String,
+    /// Whether it denies.
+    pub deny: bool,
+    /// Its peers as written (`any` without peers).
+    pub peers: Vec<String>,
+    /// Its ports (`any` without ports).
+    pub ports: String,
+}
+
+/// Every endpoint of `ipcache` with the sections of the rules selecting it.
+pub fn policies<D>(ipcache: &IpCache<D>) -> Vec<EndpointPolicy> {
+    ipcache
+        .endpoints()
+        .values()
+        .map(|ep| {
+            let mut sections = Vec::new();
+            for rule in ipcache
+                .rules()
+                .iter()
+                .filter(|r| r.endpoint_selector.matches(ep.labels.iter()))
+            {
+                let parts = [
+                    ("egress", false, &rule.egress),
+                    ("egressDeny", true, &rule.egress_deny),
+                    ("ingress", false, &rule.ingress),
+                    ("ingressDeny", true, &rule.ingress_deny),
+                ];
+                for (name, deny, list) in parts {
+                    for (i, section) in list.iter().enumerate() {
+                        sections.push(Section {
+                            origin: rule.origin.clone(),
+                            section: format!("{name}[{i}]"),
+                            deny,
+                            peers: if section.peers.is_empty() {
+                                vec!["any".to_owned()]
+                            } else {
+                                section.peers.iter().map(peer_text).collect()
+                            },
+                            ports: ports_text(section),
+                        });
+                    }
+                }
+            }
+            EndpointPolicy {
+                endpoint: ep.id.0,
+                name: ep.name.clone(),
+                labels: ep
+                    .labels
+                    .iter()
+                    .map(|l| format!("{}:{}={}", l.source, l.key, l.value))
+                    .collect(),
+                sections,
+            }
+        })
+        .collect()
+}
+
+/// Every port of `section`, rendered (`any` without ports).
+fn ports_text(section: &EgressRule) -> String {
+    if section.ports.is_empty() {
+        return "any".to_owned();
+    }
+    let all: Vec<String> = section
+        .ports
+        .iter()
+        .flat_map(|p| &p.ports)
+        .map(|p| match (p.protocol.is_icmp(), p.port, p.end_port) {
+            (true, t, _) => format!("{} type {t}", p.protocol.name()),
+            (false, 0, _) => format!("{}/*", p.protocol.name()),
+            (false, a, b) if a == b || b == 0 => format!("{}/{a}", p.protocol.name()),
+            (false, a, b) => format!("{}/{a}-{b}", p.protocol.name()),
+        })
+        .collect();
+    all.join(", ")
+}
+
 /// The identity the datapath gives `addr`: the longest prefix of the IpCache holding it.
 pub fn identity_of<D>(ipcache: &IpCache<D>, addr: IpAddr) -> Identity {
     ipcache

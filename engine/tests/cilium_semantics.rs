@@ -443,6 +443,66 @@ fn the_host_entity_is_the_nodes_own_addresses() {
     }
 }
 
+/// The dashboard's Policy page: each endpoint with every section of the rules selecting it,
+/// in rule order, peers and ports rendered; an endpoint no rule selects has none.
+#[test]
+fn policies_list_the_sections_selecting_each_endpoint() {
+    use fqdnd_engine::explain::{Section, policies};
+    let e = engine(&format!(
+        "{}{}",
+        cnp(
+            "allow",
+            "  endpointSelector: {matchLabels: {role: server}}\n  ingress:\n  - fromEndpoints: [{matchLabels: {role: client}}]\n    toPorts: [{ports: [{port: \"80\", endPort: 82, protocol: TCP}, {port: \"53\", protocol: UDP}]}]\n  egress:\n  - toCIDR: [192.0.2.0/24]\n",
+        ),
+        cnp(
+            "deny",
+            "  endpointSelector: {matchLabels: {role: server}}\n  ingressDeny:\n  - fromEntities: [world]\n",
+        ),
+    ));
+    let listed = policies(&e.ipcache);
+    let ids: Vec<u16> = listed.iter().map(|p| p.endpoint).collect();
+    assert_eq!(ids, [1, 2, 3]);
+    let server = &listed[0];
+    assert_eq!(server.name, "server");
+    assert!(
+        server.labels.iter().any(|l| l.ends_with(":role=server")),
+        "{:?}",
+        server.labels
+    );
+    let shown: Vec<(&str, bool, Vec<&str>, &str)> = server
+        .sections
+        .iter()
+        .map(|s: &Section| {
+            (
+                s.section.as_str(),
+                s.deny,
+                s.peers.iter().map(String::as_str).collect(),
+                s.ports.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("egress[0]", false, vec!["CIDR 192.0.2.0/24"], "any"),
+            (
+                "ingress[0]",
+                false,
+                vec!["endpoints role=client,k8s:io.kubernetes.pod.namespace=default"],
+                "TCP/80-82, UDP/53",
+            ),
+            ("ingressDeny[0]", true, vec!["entity world"], "any"),
+        ]
+    );
+    assert!(
+        server.sections[0].origin.contains("allow"),
+        "{}",
+        server.sections[0].origin
+    );
+    assert!(server.sections[2].origin.contains("deny"));
+    assert!(listed[1].sections.is_empty() && listed[2].sections.is_empty());
+}
+
 /// `fqdnd policy explain`: the deny that wins and the allows it shadows, the allow that
 /// decides, and default deny, in both directions.
 #[test]

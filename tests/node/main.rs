@@ -14,6 +14,7 @@ mod bridge;
 mod cgroup;
 #[path = "../common/mod.rs"]
 mod common;
+mod dashboard;
 mod dns;
 mod enforcement;
 mod ingress;

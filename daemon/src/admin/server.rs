@@ -113,13 +113,13 @@ pub async fn serve(
         .context("admin API")
 }
 
-type ApiError = (StatusCode, String);
+pub(crate) type ApiError = (StatusCode, String);
 
 fn internal(e: &crate::Error) -> ApiError {
     (StatusCode::INTERNAL_SERVER_ERROR, crate::chain(e))
 }
 
-async fn status(State(shared): State<Arc<Shared>>) -> Json<Status> {
+pub(crate) async fn status(State(shared): State<Arc<Shared>>) -> Json<Status> {
     Json(status_of(&shared))
 }
 
@@ -196,7 +196,7 @@ pub fn status_of(shared: &Shared) -> Status {
     }
 }
 
-async fn cache(State(shared): State<Arc<Shared>>) -> Json<Vec<CacheRow>> {
+pub(crate) async fn cache(State(shared): State<Arc<Shared>>) -> Json<Vec<CacheRow>> {
     let rows = shared
         .engine
         .lock()
@@ -219,7 +219,7 @@ async fn forget(
         })
 }
 
-async fn identities(State(shared): State<Arc<Shared>>) -> Json<Vec<IdentityRow>> {
+pub(crate) async fn identities(State(shared): State<Arc<Shared>>) -> Json<Vec<IdentityRow>> {
     Json(
         shared
             .engine
@@ -229,7 +229,7 @@ async fn identities(State(shared): State<Arc<Shared>>) -> Json<Vec<IdentityRow>>
     )
 }
 
-async fn ipcache(State(shared): State<Arc<Shared>>) -> Json<Vec<IpcacheRow>> {
+pub(crate) async fn ipcache(State(shared): State<Arc<Shared>>) -> Json<Vec<IpcacheRow>> {
     Json(
         shared
             .engine
@@ -249,7 +249,7 @@ async fn reload(State(shared): State<Arc<Shared>>) -> Result<Json<Reload>, ApiEr
 
 /// `GET /v1/policy/explain?endpoint=ID&direction=egress|ingress&peer=ADDR&protocol=P&port=N`.
 #[derive(Debug, Deserialize)]
-struct ExplainQuery {
+pub(crate) struct ExplainQuery {
     endpoint: u16,
     #[serde(default)]
     direction: Option<String>,
@@ -260,7 +260,7 @@ struct ExplainQuery {
     port: u16,
 }
 
-async fn explain(
+pub(crate) async fn explain(
     State(shared): State<Arc<Shared>>,
     Query(q): Query<ExplainQuery>,
 ) -> Result<Json<Explanation>, ApiError> {
@@ -289,7 +289,7 @@ async fn explain(
     Ok(Json(fqdnd_engine::explain::explain(&engine.ipcache, flow)))
 }
 
-fn node_only(shared: &Shared) -> Result<&Arc<NodeRuntime>, ApiError> {
+pub(crate) fn node_only(shared: &Shared) -> Result<&Arc<NodeRuntime>, ApiError> {
     match shared.mode.as_any().downcast_ref::<NodeMode>() {
         Some(NodeMode(runtime)) => Ok(runtime),
         None => Err((
@@ -373,12 +373,12 @@ async fn remove_service(
 
 /// `?since=N`.
 #[derive(Debug, Deserialize)]
-struct Since {
+pub(crate) struct Since {
     #[serde(default)]
     since: u64,
 }
 
-async fn drops(
+pub(crate) async fn drops(
     State(shared): State<Arc<Shared>>,
     Query(q): Query<Since>,
 ) -> Result<Json<DropPage>, ApiError> {

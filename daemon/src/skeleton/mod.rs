@@ -198,6 +198,8 @@ pub struct Shared {
     pub cluster: Option<Arc<ClusterRuntime>>,
     /// The shared policy's rules in force (what the last successful apply merged).
     cluster_rules: Mutex<Vec<Rule>>,
+    /// What the dashboard learns from finished queries, when it is on.
+    pub(crate) feed: Option<Arc<crate::dashboard::Feed>>,
 }
 
 /// `config` with the shared policy's rules after its own.
@@ -401,6 +403,8 @@ pub struct Running {
     pub(crate) tasks: JoinSet<Result<()>>,
     /// Where the admin API is to listen (`None` for the demo).
     pub admin_socket: Option<PathBuf>,
+    /// The dashboard's settings, when the document has them.
+    pub dashboard: Option<fqdnd_config::Dashboard>,
 }
 
 impl Running {
@@ -433,6 +437,7 @@ impl Running {
     /// The admin socket cannot be bound, privileges cannot be dropped, or stopping failed.
     pub async fn serve(mut self, mode: &str, keep: &[fqdnd_privileges::Cap]) -> Result<()> {
         crate::admin::server::spawn(&mut self)?;
+        crate::dashboard::spawn(&mut self)?;
         crate::privileges::drop_all_but(mode, keep)?;
         self.until_signal().await
     }
@@ -570,6 +575,10 @@ pub async fn start(prepared: Prepared, options: StartOptions, clock: Clock) -> R
         recorder: Arc::default(),
         cluster,
         cluster_rules: Mutex::new(Vec::new()),
+        feed: daemon
+            .dashboard
+            .is_some()
+            .then(|| Arc::new(crate::dashboard::Feed::default())),
     });
     shared.apply(Desired {
         config: config.clone(),
@@ -581,9 +590,18 @@ pub async fn start(prepared: Prepared, options: StartOptions, clock: Clock) -> R
             .await
             .context("journaling the identities at start")?;
     }
-    let query_log: Option<Arc<dyn QueryLog>> = match &daemon.query_log {
-        Some(path) => Some(Arc::new(querylog::JsonLines::open(path)?)),
-        None => None,
+    // The query log file and the dashboard both tap finished queries.
+    let mut taps: Vec<Arc<dyn QueryLog>> = Vec::new();
+    if let Some(path) = &daemon.query_log {
+        taps.push(Arc::new(querylog::JsonLines::open(path)?));
+    }
+    if let Some(feed) = &shared.feed {
+        taps.push(Arc::clone(feed) as Arc<dyn QueryLog>);
+    }
+    let query_log: Option<Arc<dyn QueryLog>> = match taps.len() {
+        0 => None,
+        1 => taps.pop(),
+        _ => Some(Arc::new(crate::dashboard::feed::Tee(taps))),
     };
     // An HA gateway imports its group's state before it serves.
     let ha = shared.cluster.as_ref().and_then(|c| c.ha().cloned());
@@ -648,5 +666,6 @@ pub async fn start(prepared: Prepared, options: StartOptions, clock: Clock) -> R
         stopped,
         tasks,
         admin_socket: (!options.demo).then(|| options.admin_socket.unwrap_or(admin_socket)),
+        dashboard: daemon.dashboard.clone(),
     })
 }
