@@ -7,7 +7,9 @@
 # openssl (the etcd TLS test makes its certificates),
 # tshark (tests/record.rs reads the recordings with Wireshark's reader),
 # keepalived + nsd (tests/gateway_ha.rs and benchmarks/gateway-failover.sh: a VRRP pair moving
-# the gateways' virtual addresses, an authoritative server behind them).
+# the gateways' virtual addresses, an authoritative server behind them),
+# mmdebstrap + podman + runc + lintian (scripts/package-e2e.sh: a booted Debian in a container
+# installs the package; lintian checks it).
 # Needs root and the Debian package mirror; does nothing when everything is there.
 set -euo pipefail
 missing=()
@@ -22,6 +24,10 @@ command -v openssl >/dev/null || missing+=(openssl)
 command -v tshark >/dev/null || missing+=(tshark)
 command -v keepalived >/dev/null || missing+=(keepalived)
 command -v nsd >/dev/null || missing+=(nsd)
+command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
+command -v podman >/dev/null || missing+=(podman)
+command -v runc >/dev/null || missing+=(runc)
+command -v lintian >/dev/null || missing+=(lintian)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
