@@ -330,7 +330,11 @@ step="a restarted unit stays enforced"
 in_ct systemctl restart web
 inv2="$(in_ct systemctl show -p InvocationID --value web)"
 until_ok 30 enforced "$inv2" || fail "web.service is not enforced after its restart: $(probe)"
-in_ct fqdnd endpoint list | grep -q 'web' || fail "endpoint list does not show web"
+step="a restarted agent keeps the endpoint"
+in_ct systemctl restart fqdnd-node
+in_ct fqdnd endpoint list | grep -q 'cgroup:web.service' || fail "the agent lost the endpoint: $(in_ct fqdnd endpoint list)"
+sleep 2
+until_ok 30 enforced "$inv2" || fail "web.service is not enforced after the agent restarted: $(probe)"
 
 # --- systemd-analyze security. --------------------------------------------------------------
 step="systemd-analyze security"
