@@ -141,9 +141,9 @@ step="root file system"
 include="systemd,systemd-sysv,dbus,iproute2,bind9-dnsutils,etcd-server,etcd-client,socat,procps"
 rootfs="$cache/bookworm-$(echo "$include" | sha256sum | cut -c1-12).tar"
 if [ ! -f "$rootfs" ]; then
-    mmdebstrap --quiet --variant=minbase --include="$include" bookworm "$rootfs.tmp" \
-        http://deb.debian.org/debian >&2
-    mv "$rootfs.tmp" "$rootfs"
+    mmdebstrap --quiet --variant=minbase --format=tar --include="$include" bookworm \
+        "$rootfs.part" http://deb.debian.org/debian >&2
+    mv "$rootfs.part" "$rootfs"
 fi
 
 step="boot"
