@@ -189,7 +189,7 @@ in_ct env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq /root/new.deb >/
 sleep 1
 in_ct touch /root/stop
 wait "$asker" || true
-asked="$(in_ct wc -l < /root/during-upgrade)"
+asked="$(in_ct sh -c 'wc -l < /root/during-upgrade')"
 lost="$(in_ct grep -c lost /root/during-upgrade || true)"
 pid_after="$(in_ct systemctl show -p MainPID --value fqdnd-gateway)"
 [ "$pid_before" != "$pid_after" ] || fail "the gateway was not restarted by the upgrade"
