@@ -38,6 +38,8 @@ step="start"
 t0=$SECONDS
 
 in_ct() { podman exec "$name" "$@"; }
+# The same with stdin (a here-document to write a file).
+in_ct_i() { podman exec -i "$name" "$@"; }
 
 fail() {
     set +e
@@ -254,7 +256,7 @@ in_ct grep -q '^CapEff:[[:space:]]*0000000000000000' "/proc/$opid/status" || fai
 
 # --- 5. The node agent and a systemd unit as an endpoint. ---------------------------------
 step="node agent"
-in_ct sh -c 'cat > /etc/fqdnd/node.yaml' <<'EOF'
+in_ct_i sh -c 'cat > /etc/fqdnd/node.yaml' <<'EOF'
 apiVersion: fqdnd.io/v1
 kind: Node
 spec:
@@ -300,7 +302,7 @@ in_ct sh -e -c '
 in_ct systemd-run --unit=listen-www ip netns exec ext socat TCP-LISTEN:443,bind=192.0.2.10,fork,reuseaddr SYSTEM:true >/dev/null
 in_ct systemd-run --unit=listen-api ip netns exec ext socat TCP-LISTEN:443,bind=203.0.113.7,fork,reuseaddr SYSTEM:true >/dev/null
 # The workload: a service that resolves and connects once a second and writes what it got.
-in_ct sh -c 'cat > /usr/local/bin/web-probe' <<'EOF'
+in_ct_i sh -c 'cat > /usr/local/bin/web-probe' <<'EOF'
 #!/bin/bash
 while true; do
     www=$(dig +tries=1 +timeout=1 +short @127.0.0.1 www.example.test A | sort | head -1)
@@ -315,7 +317,7 @@ in_ct chmod 0755 /usr/local/bin/web-probe
 in_ct sh -c 'printf "[Service]\nExecStart=/usr/local/bin/web-probe\n" > /etc/systemd/system/web.service'
 in_ct systemctl daemon-reload
 in_ct systemctl start web
-probe() { in_ct cat /run/web-probe 2>/dev/null | cut -d' ' -f2-; }
+probe() { { in_ct cat /run/web-probe 2>/dev/null || true; } | cut -d' ' -f2-; }
 until_ok 30 sh -c "[ \"\$(podman exec $name cat /run/web-probe 2>/dev/null | cut -d' ' -f2-)\" = 'www=192.0.2.10 api=NOERROR www443=open api443=open' ]" \
     || fail "before it is an endpoint the workload should reach both: $(probe)"
 in_ct fqdnd endpoint add --id 7 --name web --unit web.service --label app=web >/dev/null
