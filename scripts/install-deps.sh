@@ -10,6 +10,8 @@
 # the gateways' virtual addresses, an authoritative server behind them),
 # chromium + chromium-driver + dnsutils (scripts/dashboard-e2e.sh: Debian's headless Chromium,
 # driven over WebDriver from Python's standard library, looks at the dashboard; dig makes traffic).
+# mmdebstrap + podman + runc + lintian (scripts/package-e2e.sh: a booted Debian in a container
+# installs the package; lintian checks it).
 # Needs root and the Debian package mirror; does nothing when everything is there.
 set -euo pipefail
 missing=()
@@ -27,6 +29,10 @@ command -v nsd >/dev/null || missing+=(nsd)
 command -v chromium >/dev/null || missing+=(chromium)
 command -v chromedriver >/dev/null || missing+=(chromium-driver)
 command -v dig >/dev/null || missing+=(dnsutils)
+command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
+command -v podman >/dev/null || missing+=(podman)
+command -v runc >/dev/null || missing+=(runc)
+command -v lintian >/dev/null || missing+=(lintian)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi

@@ -11,14 +11,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use fqdnd_daemon::{admin, cni, gateway, node, privileges, skeleton};
 use fqdnd_engine::durable::Written;
 
 /// fqdnd lets workloads reach only the IPs that DNS answered for the names their policy
 /// allows. Policies are CiliumNetworkPolicy YAML (cilium.io/v2), taken as they are.
 #[derive(Parser)]
-#[command(name = "fqdnd", version, about, long_about = None, propagate_version = true)]
+#[command(name = "fqdnd", version = env!("FQDND_VERSION"), about, long_about = None, propagate_version = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -168,6 +168,14 @@ enum Command {
     /// replay` and tshark read back.
     #[command(subcommand)]
     Record(RecordCommand),
+    /// Write the man pages or the bash, zsh and fish completions into DIR (for packagers).
+    #[command(hide = true)]
+    Generate {
+        /// `man` or `completions`.
+        what: cli::generate::What,
+        /// The directory (created if missing).
+        dir: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -649,6 +657,7 @@ fn main() -> ExitCode {
             cli::record::start(&list.target, &args, list.json)
         }
         Command::Record(RecordCommand::Stop(list)) => cli::record::stop(&list.target, list.json),
+        Command::Generate { what, dir } => cli::generate::run(Cli::command(), what, &dir),
         Command::Record(RecordCommand::Status(list)) => {
             cli::record::status(&list.target, list.json)
         }

@@ -9,6 +9,7 @@
 mod common;
 
 use std::path::Path;
+use std::process::Command;
 
 use common::{TestDir, fqdnd, json_of, stdout_of, text};
 
@@ -425,4 +426,67 @@ fn exit_codes_are_those_the_docs_list() {
         assert!(stderr.starts_with("fqdnd: "), "{args:?}: {stderr}");
         common::assert_each_cause_once(&stderr);
     }
+}
+
+#[test]
+fn version_names_the_commit_it_was_built_from() {
+    let out = fqdnd(&["--version"]);
+    assert!(out.status.success());
+    let version = stdout_of(&out);
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success());
+    match head {
+        // Built from a git checkout: the commit is named (a tarball build names none).
+        Some(head) => assert_eq!(
+            version.trim(),
+            format!(
+                "fqdnd {} (git {})",
+                env!("CARGO_PKG_VERSION"),
+                text(&head.stdout).trim()
+            )
+        ),
+        None => assert_eq!(
+            version.trim(),
+            format!("fqdnd {}", env!("CARGO_PKG_VERSION"))
+        ),
+    }
+}
+
+#[test]
+fn generate_writes_man_pages_and_completions_from_the_cli_definition() {
+    let dir = TestDir::new("generate");
+    let man = dir.join("man");
+    let out = fqdnd(&["generate", "man", man.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // One page per command and subcommand, with its options.
+    let gateway = std::fs::read_to_string(man.join("fqdnd-gateway.1")).unwrap();
+    assert!(gateway.starts_with(".ie"), "{gateway}");
+    assert!(gateway.contains("strict\\-restore"), "{gateway}");
+    for page in [
+        "fqdnd.1",
+        "fqdnd-node.1",
+        "fqdnd-operator.1",
+        "fqdnd-cache-forget.1",
+    ] {
+        assert!(man.join(page).is_file(), "no {page}");
+    }
+    let completions = dir.join("completions");
+    let out = fqdnd(&["generate", "completions", completions.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for file in ["fqdnd.bash", "_fqdnd", "fqdnd.fish"] {
+        let script = std::fs::read_to_string(completions.join(file)).unwrap();
+        assert!(
+            // fish writes a long option as `-l strict-restore`.
+            script.contains("gateway") && script.contains("strict-restore"),
+            "{file}: {script}"
+        );
+    }
+    // A bad kind is refused with the choices.
+    let out = fqdnd(&["generate", "pdf", dir.join("x").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("possible values: man, completions"));
 }

@@ -7,7 +7,8 @@
 //! ([`kernel`]: the endpoints' programs and cgroup attachments brought to what the
 //! configuration wants), the cluster and HA glue ([`cluster`], [`ha`]), the admin API
 //! (server and client, [`admin`]), the metrics catalogue ([`metrics`]), the CNI plugin's
-//! protocol ([`cni`]), and dropping privileges ([`privileges`]).
+//! protocol ([`cni`]), dropping privileges ([`privileges`]) and telling systemd the daemon's
+//! state ([`notify`]).
 //!
 //! It must never parse command lines or print for a user (that is the binary's), never
 //! decide policy (the engine does) and never touch the kernel but through `fqdnd-ebpf` and
@@ -30,6 +31,7 @@ pub mod kernel;
 mod links;
 pub mod metrics;
 pub mod node;
+pub mod notify;
 mod perms;
 pub mod privileges;
 pub mod skeleton;

@@ -73,6 +73,7 @@ pub(crate) fn operator(
         tracing::info!(name = %name, endpoints = ?doc.endpoints, prefix = %doc.prefix, "identity allocator starting");
         let mut run = tokio::spawn(operator::run(store, config, status_tx, stop));
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        fqdnd_daemon::notify::ready("the identity allocator runs (etcd not answered yet)");
         // The state last logged; etcd's silence is reported from the start, then every
         // UNREACHABLE_LOG while it lasts.
         let mut state = "starting";
@@ -100,6 +101,7 @@ pub(crate) fn operator(
                         "follower" => tracing::warn!(name = %name, leader = ?s.leader, "this allocator follows (another leads)"),
                         _ => tracing::error!(name = %name, endpoints = ?doc.endpoints, error = s.last_error.as_deref().unwrap_or("-"), "etcd is unreachable: no identity is created or collected until it answers"),
                     }
+                    fqdnd_daemon::notify::status(&format!("{now} (etcd {:?})", doc.endpoints));
                     state = now;
                 }
                 _ = tick.tick() => {
@@ -115,6 +117,7 @@ pub(crate) fn operator(
             }
         }
         tracing::info!("stopping: resigning the leadership");
+        fqdnd_daemon::notify::stopping();
         let _ = stop_tx.send(true);
         run.await.context("the allocator panicked")??;
         Ok(ExitCode::SUCCESS)

@@ -6,6 +6,7 @@
 
 pub(crate) mod checkpoint;
 pub(crate) mod cluster;
+pub(crate) mod generate;
 pub(crate) mod list;
 pub(crate) mod node;
 pub(crate) mod policy;

@@ -507,6 +507,14 @@ impl Setup {
 
     /// Starts the gateway and waits until its admin socket answers `fqdnd status`.
     pub(crate) fn start(self) -> Gateway {
+        let mut gw = self.launch();
+        gw.wait_ready();
+        gw
+    }
+
+    /// Starts the gateway and does not wait (its [`Gateway::dns`] is unknown until
+    /// [`Gateway::wait_ready`]).
+    pub(crate) fn launch(self) -> Gateway {
         let mut gw = Gateway {
             child: None,
             socket: self.socket(),
@@ -516,7 +524,7 @@ impl Setup {
                 .map(|port| SocketAddr::from((Ipv4Addr::LOCALHOST, port))),
             setup: self,
         };
-        gw.restart();
+        gw.spawn();
         gw
     }
 }

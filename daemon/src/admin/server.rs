@@ -62,16 +62,23 @@ pub fn spawn(running: &mut Running) -> Result<()> {
     }
     let shared = Arc::clone(&running.shared);
     let mut stopped = running.stopped.clone();
+    // Installed before the daemon says it is ready: a SIGHUP (`systemctl reload`) right after
+    // start reloads, it does not kill the daemon with the signal's default action.
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .context("installing the SIGHUP handler")?;
     running.tasks.spawn(async move {
-        let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-            .context("installing the SIGHUP handler")?;
         loop {
             tokio::select! {
                 _ = hangup.recv() => {
                     tracing::info!("SIGHUP: reloading policy");
+                    crate::notify::reloading();
                     let shared = Arc::clone(&shared);
                     // A reload writes kernel maps and reads files: off the async threads.
-                    let _ = tokio::task::spawn_blocking(move || shared.reload()).await;
+                    let outcome = tokio::task::spawn_blocking(move || shared.reload()).await;
+                    crate::notify::reloaded(match &outcome {
+                        Ok(r) if r.ok => "policy reloaded",
+                        _ => "policy reload refused: the policy in force stays (see the log)",
+                    });
                 }
                 _ = stopped.changed() => return Ok(()),
             }

@@ -430,8 +430,9 @@ impl Running {
     }
 
     /// In service: the admin API started, then every capability dropped but `keep` (the
-    /// mode's, [`crate::privileges::GATEWAY`] or [`crate::privileges::NODE`]), then until
-    /// SIGINT or SIGTERM.
+    /// mode's, [`crate::privileges::GATEWAY`] or [`crate::privileges::NODE`]), then ready
+    /// (systemd is told: the proxy answers, the state is restored, the admin API listens),
+    /// then until SIGINT or SIGTERM.
     ///
     /// # Errors
     /// The admin socket cannot be bound, privileges cannot be dropped, or stopping failed.
@@ -439,6 +440,7 @@ impl Running {
         crate::admin::server::spawn(&mut self)?;
         crate::dashboard::spawn(&mut self)?;
         crate::privileges::drop_all_but(mode, keep)?;
+        crate::notify::ready(&format!("{mode}: answering DNS on {:?}", self.udp()));
         self.until_signal().await
     }
 
@@ -450,6 +452,7 @@ impl Running {
             _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping{leaves}"),
             _ = term.recv() => tracing::info!("SIGTERM: stopping{leaves}"),
         }
+        crate::notify::stopping();
         self.shutdown().await
     }
 }
