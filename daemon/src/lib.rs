@@ -6,7 +6,8 @@
 //! gateway's and the node's own parts ([`gateway`], [`node`]), the kernel reconcilers
 //! ([`kernel`]: the endpoints' programs and cgroup attachments brought to what the
 //! configuration wants), the cluster and HA glue ([`cluster`], [`ha`]), the admin API
-//! (server and client, [`admin`]), the metrics catalogue ([`metrics`]), the CNI plugin's
+//! (server and client, [`admin`]), the read-only web dashboard ([`dashboard`]), the metrics
+//! catalogue ([`metrics`]), the CNI plugin's
 //! protocol ([`cni`]), dropping privileges ([`privileges`]) and telling systemd the daemon's
 //! state ([`notify`]).
 //!
