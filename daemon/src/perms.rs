@@ -6,9 +6,11 @@
 //!   Checked for every configuration file read, every list and zone file, and the
 //!   directories holding them (a writable directory lets the file be replaced; the sticky bit,
 //!   as on `/tmp`, prevents that).
-//! - **Readable by others**, only where something sensitive is: no configuration field holds a
-//!   secret today (no keys, passwords or tokens — policies and lists are not secret), so the
-//!   configuration files are not checked for it. What fqdnd *writes* is sensitive: the query
+//! - **Readable by others**, only where something sensitive is. Policies and lists are not
+//!   secret, so the configuration files are not checked for it; the two secrets a
+//!   configuration names — the etcd password file (`auth.passwordFile`) and the dashboard's
+//!   token file (`dashboard.tokenFile`) — are checked where they are read (cluster glue,
+//!   dashboard). What fqdnd *writes* is sensitive too: the query
 //!   log and the state directory's journal say which client asked for which name. The query
 //!   log is created 0600; an existing one, or a state directory, that others can read is
 //!   warned about.
