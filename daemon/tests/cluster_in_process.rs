@@ -13,7 +13,6 @@ mod common;
 
 use common::{demo_gateway, office_dns, rcode, until};
 use fqdnd_cluster::{Layout, MemoryStore, Op, Store, Txn};
-use fqdnd_daemon::skeleton::StartOptions;
 use hickory_proto::op::ResponseCode;
 
 /// The demo's gateway and client group, no local policy, in cluster mode.
@@ -88,17 +87,7 @@ async fn a_broken_shared_policy_is_refused_alone_and_a_deletion_still_applies() 
     .await;
 
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("gateway.yaml");
-    std::fs::write(&file, config()).unwrap();
-    let gateway = fqdnd_daemon::gateway::start(StartOptions {
-        paths: vec![file],
-        demo: false,
-        admin_socket: Some(dir.path().join("admin.sock")),
-        strict_restore: false,
-        cluster_store: Some(store.clone()),
-    })
-    .await
-    .unwrap();
+    let (gateway, _) = common::gateway(dir.path(), "gateway", &config(), Some(store.clone())).await;
     let server = gateway.udp()[0];
 
     // Both valid shared policies apply; the broken one is refused alone.

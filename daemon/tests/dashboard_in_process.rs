@@ -14,7 +14,6 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::{demo_gateway, office_dns, rcode, until};
-use fqdnd_daemon::skeleton::StartOptions;
 use hickory_proto::op::ResponseCode;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -55,24 +54,11 @@ async fn the_dashboard_serves_the_gateways_figures_and_its_live_tail() {
         gateway_doc.contains("dashboard:"),
         "the demo has upstreamTimeout"
     );
-    let file = dir.path().join("gateway.yaml");
-    std::fs::write(
-        &file,
-        format!(
-            "{gateway_doc}---\n{}",
-            office_dns("office-egress", "matchName: \"api.example.net\"")
-        ),
-    )
-    .unwrap();
-    let mut gateway = fqdnd_daemon::gateway::start(StartOptions {
-        paths: vec![file],
-        demo: false,
-        admin_socket: Some(dir.path().join("admin.sock")),
-        strict_restore: false,
-        cluster_store: None,
-    })
-    .await
-    .unwrap();
+    let config = format!(
+        "{gateway_doc}---\n{}",
+        office_dns("office-egress", "matchName: \"api.example.net\"")
+    );
+    let (mut gateway, _) = common::gateway(dir.path(), "gateway", &config, None).await;
     let dash = fqdnd_daemon::dashboard::spawn(&mut gateway)
         .unwrap()
         .expect("the document has a dashboard");

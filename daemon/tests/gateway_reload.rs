@@ -11,7 +11,6 @@
 mod common;
 
 use common::{demo_gateway, office_dns, rcode};
-use fqdnd_daemon::skeleton::StartOptions;
 use hickory_proto::op::ResponseCode;
 
 /// The demo gateway with `allowed` as the one name the office may resolve.
@@ -26,17 +25,8 @@ fn config(allowed: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_applies_a_change_and_refuses_a_broken_file_whole() {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("gateway.yaml");
-    std::fs::write(&file, config("api.example.net")).unwrap();
-    let gateway = fqdnd_daemon::gateway::start(StartOptions {
-        paths: vec![file.clone()],
-        demo: false,
-        admin_socket: Some(dir.path().join("admin.sock")),
-        strict_restore: false,
-        cluster_store: None,
-    })
-    .await
-    .unwrap();
+    let (gateway, file) =
+        common::gateway(dir.path(), "gateway", &config("api.example.net"), None).await;
     let server = gateway.udp()[0];
     assert_eq!(
         rcode(server, "api.example.net.").await,

@@ -14,7 +14,6 @@ mod common;
 use std::net::Ipv4Addr;
 
 use common::{addresses, ask, demo_gateway, office_dns, upstream_answering};
-use fqdnd_daemon::skeleton::StartOptions;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_name_goes_to_its_zones_upstream_every_time() {
@@ -36,17 +35,7 @@ async fn each_name_goes_to_its_zones_upstream_every_time() {
     );
     let config = format!("{gateway}---\n{}", office_dns("all", "matchPattern: \"*\""));
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("gateway.yaml");
-    std::fs::write(&file, config).unwrap();
-    let running = fqdnd_daemon::gateway::start(StartOptions {
-        paths: vec![file],
-        demo: false,
-        admin_socket: Some(dir.path().join("admin.sock")),
-        strict_restore: false,
-        cluster_store: None,
-    })
-    .await
-    .unwrap();
+    let (running, _) = common::gateway(dir.path(), "gateway", &config, None).await;
     let server = running.udp()[0];
     // Enough rounds that a round robin over the pools would have mixed them.
     for round in 0..8 {

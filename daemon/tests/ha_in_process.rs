@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use common::{demo_gateway, office_dns, rcode, until};
 use fqdnd_cluster::MemoryStore;
 use fqdnd_daemon::admin::{ForgetOutcome, ForgetRequest, client};
-use fqdnd_daemon::skeleton::{Running, StartOptions};
+use fqdnd_daemon::skeleton::Running;
 use fqdnd_engine::view::CacheRow;
 use hickory_proto::op::ResponseCode;
 
@@ -39,18 +39,9 @@ spec:
 }
 
 async fn start(dir: &Path, name: &str, pattern: &str, store: &MemoryStore) -> (Running, PathBuf) {
-    let file = dir.join(format!("{name}.yaml"));
-    std::fs::write(&file, config(name, pattern)).unwrap();
+    let (mut running, _) =
+        common::gateway(dir, name, &config(name, pattern), Some(store.clone())).await;
     let socket = dir.join(format!("{name}.sock"));
-    let mut running = fqdnd_daemon::gateway::start(StartOptions {
-        paths: vec![file],
-        demo: false,
-        admin_socket: Some(socket.clone()),
-        strict_restore: false,
-        cluster_store: Some(store.clone()),
-    })
-    .await
-    .unwrap();
     fqdnd_daemon::admin::server::spawn(&mut running).unwrap();
     (running, socket)
 }

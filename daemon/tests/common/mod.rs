@@ -8,8 +8,10 @@
 )]
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use fqdnd_daemon::skeleton::{Running, StartOptions};
 use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::rdata::A;
 use hickory_proto::rr::{Name, RData, Record, RecordType};
@@ -22,6 +24,28 @@ pub fn demo_gateway() -> &'static str {
     demo.split_once("---\napiVersion: cilium.io/v2")
         .expect("the demo's policy follows its gateway and client group")
         .0
+}
+
+/// A gateway started in-process from `config`, written to `dir/<name>.yaml` (returned, for a
+/// test that changes it), its admin socket `dir/<name>.sock`; cluster mode over `store`.
+pub async fn gateway(
+    dir: &Path,
+    name: &str,
+    config: &str,
+    store: Option<fqdnd_cluster::MemoryStore>,
+) -> (Running, PathBuf) {
+    let file = dir.join(format!("{name}.yaml"));
+    std::fs::write(&file, config).unwrap();
+    let running = fqdnd_daemon::gateway::start(StartOptions {
+        paths: vec![file.clone()],
+        demo: false,
+        admin_socket: Some(dir.join(format!("{name}.sock"))),
+        strict_restore: false,
+        cluster_store: store,
+    })
+    .await
+    .unwrap();
+    (running, file)
 }
 
 /// A clusterwide policy `name` letting the office resolve what `dns` (one `matchName:` or
