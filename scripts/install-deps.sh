@@ -12,6 +12,8 @@
 # driven over WebDriver from Python's standard library, looks at the dashboard; dig makes traffic).
 # mmdebstrap + podman + runc + lintian (scripts/package-e2e.sh: a booted Debian in a container
 # installs the package; lintian checks it).
+# knot-dnsutils + dnsperf + unbound + dnsdist (tests/encrypted_dns.rs: kdig +tls/+https and
+# dnsperf -m dot/doh are real DoT/DoH clients; Unbound serves DoT and dnsdist DoH as upstreams).
 # Needs root and the Debian package mirror; does nothing when everything is there.
 set -euo pipefail
 missing=()
@@ -33,6 +35,10 @@ command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
 command -v podman >/dev/null || missing+=(podman)
 command -v runc >/dev/null || missing+=(runc)
 command -v lintian >/dev/null || missing+=(lintian)
+command -v kdig >/dev/null || missing+=(knot-dnsutils)
+command -v dnsperf >/dev/null || missing+=(dnsperf)
+command -v unbound >/dev/null || missing+=(unbound)
+command -v dnsdist >/dev/null || missing+=(dnsdist)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi

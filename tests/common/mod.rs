@@ -15,6 +15,8 @@
     reason = "test code: real processes, clocks and polling; a failed step should panic"
 )]
 
+pub(crate) mod tls;
+
 use std::fmt::Display;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
