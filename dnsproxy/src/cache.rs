@@ -116,7 +116,7 @@ pub(crate) fn key_flags(
         flags |= flag::CD;
     }
     let size: u8 = match transport {
-        Transport::Tcp => 3,
+        Transport::Tcp | Transport::Dot | Transport::Doh => 3,
         Transport::Udp if udp_limit <= 512 => 0,
         Transport::Udp if udp_limit <= 1232 => 1,
         Transport::Udp => 2,

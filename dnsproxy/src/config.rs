@@ -145,6 +145,9 @@ pub struct Config {
     /// The answer cache (see [`crate::CacheConfig`]); `None` (the default) caches nothing.
     /// Not with `forward_to_original_destination`.
     pub cache: Option<crate::CacheConfig>,
+    /// DoT and DoH listeners with their certificate (see [`crate::EncryptedConfig`]); `None`
+    /// (the default): none.
+    pub encrypted: Option<crate::EncryptedConfig>,
 }
 
 impl Default for Config {
@@ -178,6 +181,7 @@ impl Default for Config {
             forward_to_original_destination: false,
             max_original_destinations: 64,
             cache: None,
+            encrypted: None,
         }
     }
 }

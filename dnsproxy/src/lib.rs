@@ -93,6 +93,7 @@ mod batch;
 mod cache;
 mod case;
 mod config;
+mod encrypted;
 mod error;
 mod framing;
 #[doc(hidden)]
@@ -129,6 +130,7 @@ pub use crate::metrics::{DropReason, ProxyStats, UpstreamHealth, describe_metric
 pub use config::{
     Config, HoldFallback, RateLimitAction, RejectCode, TruncatedAction, UpstreamTimeoutAction,
 };
+pub use encrypted::{EncryptedConfig, EncryptedError, TlsCertificates};
 pub use error::Error;
 pub use observer::{Observation, ObserveError, ObserveFuture, ResponseContext, ResponseObserver};
 pub use policy::{QueryInfo, QueryPolicy, Redirect, Transport, Verdict};
@@ -166,6 +168,8 @@ impl std::fmt::Debug for Taps {
 pub struct DnsProxy {
     shared: Arc<Shared>,
     tcp: Vec<(TcpListener, SocketAddr)>,
+    /// DoT and DoH listeners.
+    encrypted: Vec<encrypted::Listener>,
     /// Upstream sockets opened after bind (rotations, original destinations), whose receivers
     /// `run` starts.
     new_sockets: mpsc::UnboundedReceiver<NewSocket>,
@@ -221,6 +225,29 @@ impl DnsProxy {
             })?;
             tcp.push((listener, local));
         }
+        let mut encrypted = Vec::new();
+        if let Some(e) = &config.encrypted {
+            let listeners = e
+                .listen_dot
+                .iter()
+                .map(|a| (*a, Transport::Dot))
+                .chain(e.listen_doh.iter().map(|a| (*a, Transport::Doh)));
+            for (addr, transport) in listeners {
+                let socket =
+                    listen::bind_tcp(addr, false).map_err(|err| err.into_error(transport, addr))?;
+                let local = socket.local_addr().map_err(|source| Error::Bind {
+                    transport,
+                    addr,
+                    error: source,
+                })?;
+                encrypted.push(encrypted::Listener {
+                    socket,
+                    local,
+                    transport,
+                    acceptor: encrypted::acceptor(&e.certificates, transport)?,
+                });
+            }
+        }
         let raw = if transparent {
             Some(open_raw_sender(&udp)?)
         } else {
@@ -260,6 +287,7 @@ impl DnsProxy {
         });
         let mut own: Vec<SocketAddr> = udp.iter().map(|l| l.local).collect();
         own.extend(tcp.iter().map(|(_, local)| *local));
+        own.extend(encrypted.iter().map(|l| l.local));
         own.sort_unstable();
         own.dedup();
         let rate_limit = RateLimiter::new(
@@ -297,6 +325,7 @@ impl DnsProxy {
         Ok(Self {
             shared,
             tcp,
+            encrypted,
             new_sockets,
         })
     }
@@ -315,6 +344,24 @@ impl DnsProxy {
     /// The TCP addresses actually bound.
     pub fn tcp_addrs(&self) -> Vec<SocketAddr> {
         self.tcp.iter().map(|(_, addr)| *addr).collect()
+    }
+
+    /// The DoT addresses actually bound.
+    pub fn dot_addrs(&self) -> Vec<SocketAddr> {
+        self.encrypted_addrs(Transport::Dot)
+    }
+
+    /// The DoH addresses actually bound.
+    pub fn doh_addrs(&self) -> Vec<SocketAddr> {
+        self.encrypted_addrs(Transport::Doh)
+    }
+
+    fn encrypted_addrs(&self, transport: Transport) -> Vec<SocketAddr> {
+        self.encrypted
+            .iter()
+            .filter(|l| l.transport == transport)
+            .map(|l| l.local)
+            .collect()
     }
 
     /// A cheap snapshot of the counters and of each upstream's health.
@@ -340,6 +387,7 @@ impl DnsProxy {
         let Self {
             shared,
             tcp,
+            encrypted,
             mut new_sockets,
         } = self;
         let mut tasks: JoinSet<Result<(), Error>> = JoinSet::new();
@@ -351,6 +399,17 @@ impl DnsProxy {
         for (listener, local) in tcp {
             let h = tasks.spawn(listen::tcp_accept_loop(shared.clone(), listener, local));
             names.insert(h.id(), "tcp listener");
+        }
+        if let Some(e) = &shared.config.encrypted {
+            let slots = encrypted::Slots::new(e.max_connections, e.max_connections_per_client);
+            for listener in encrypted {
+                let h = tasks.spawn(encrypted::accept_loop(
+                    shared.clone(),
+                    listener,
+                    slots.clone(),
+                ));
+                names.insert(h.id(), "encrypted listener");
+            }
         }
         for upstream in &shared.upstreams {
             for si in 0..upstream.slots() {
@@ -448,6 +507,12 @@ fn stats(shared: &Shared) -> ProxyStats {
         original_destination_overflow: m.original_destination_overflow.get(),
         original_destinations: shared.originals.as_ref().map_or(0, OriginalUpstreams::len),
         cache: shared.cache.as_ref().map(cache::AnswerCache::stats),
+        transports: Transport::ALL
+            .iter()
+            .map(|t| (*t, m.transports[*t as usize].get()))
+            .collect(),
+        encrypted_connections: m.encrypted_open_now.load(Ordering::Relaxed),
+        encrypted_errors: m.encrypted_error_counts(),
     }
 }
 
@@ -500,6 +565,9 @@ fn validate(config: &Config) -> Result<(), Error> {
         return invalid(
             "max_original_destinations must be at least 1 with forward_to_original_destination",
         );
+    }
+    if let Some(reason) = config.encrypted.as_ref().and_then(encrypted::invalid) {
+        return invalid(reason);
     }
     if config.udp_sockets_per_address == 0 {
         return invalid("udp_sockets_per_address must be at least 1");

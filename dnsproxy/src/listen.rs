@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
@@ -44,7 +44,9 @@ impl BindError {
                 Error::MissingCapability {
                     what: match transport {
                         Transport::Udp => "set IP_TRANSPARENT on the UDP listener",
-                        Transport::Tcp => "set IP_TRANSPARENT on the TCP listener",
+                        Transport::Tcp | Transport::Dot | Transport::Doh => {
+                            "set IP_TRANSPARENT on the TCP listener"
+                        }
                     },
                     addr,
                     capability: "CAP_NET_ADMIN or CAP_NET_RAW",
@@ -207,12 +209,12 @@ pub(crate) async fn tcp_accept_loop(
 
 /// A file descriptor held in reserve for [`shed_one`] (`/dev/null`, read-only); `None` if even
 /// that cannot be opened.
-fn reserve_fd() -> Option<std::fs::File> {
+pub(crate) fn reserve_fd() -> Option<std::fs::File> {
     std::fs::File::open("/dev/null").ok()
 }
 
 /// Whether accept failed for want of a file descriptor (the process's or the system's).
-fn is_fd_exhausted(e: &io::Error) -> bool {
+pub(crate) fn is_fd_exhausted(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
         Some(code) if code == nix::errno::Errno::EMFILE as i32 || code == nix::errno::Errno::ENFILE as i32
@@ -225,7 +227,7 @@ fn is_fd_exhausted(e: &io::Error) -> bool {
 /// fails again at once and the loop spins). Then the reserve is taken back. Counted as
 /// `fd_exhausted`, logged at most every [`crate::proxy::WARN_EVERY`]. UDP needs no new
 /// descriptor and goes on being served.
-async fn shed_one(
+pub(crate) async fn shed_one(
     shared: &Shared,
     listener: &TcpListener,
     local: SocketAddr,
@@ -261,9 +263,7 @@ async fn shed_one(
     *spare = reserve_fd();
 }
 
-/// Serves one TCP client: queries are read and handled as they come (up to
-/// [`TCP_PIPELINE`] at once), replies written as they finish, in any order (RFC 7766 §6.2.1.1).
-/// The connection closes after `tcp_idle_timeout` without a query while nothing is in flight.
+/// Serves one TCP client (see [`serve_stream`]), counted in `tcp_open`.
 async fn tcp_connection(
     shared: Arc<Shared>,
     stream: TcpStream,
@@ -275,10 +275,28 @@ async fn tcp_connection(
     // For a redirected connection the local address is the resolver the client dialled.
     let server = stream.local_addr().unwrap_or(listen);
     let _ = stream.set_nodelay(true);
-    let (mut rd, mut wr) = stream.into_split();
+    let idle = shared.config.tcp_idle_timeout;
+    serve_stream(&shared, stream, client, server, Transport::Tcp, idle).await;
+    shared.tcp_open.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// Serves one stream client (TCP, or DoT once the TLS handshake is done): queries are read
+/// and handled as they come (up to [`TCP_PIPELINE`] at once), replies written as they finish,
+/// in any order (RFC 7766 §6.2.1.1, RFC 7858 §3.3). The connection closes after `idle`
+/// without a query while nothing is in flight.
+pub(crate) async fn serve_stream<S>(
+    shared: &Arc<Shared>,
+    stream: S,
+    client: SocketAddr,
+    server: SocketAddr,
+    transport: Transport,
+    idle: std::time::Duration,
+) where
+    S: AsyncRead + AsyncWrite + Send + Unpin,
+{
+    let (mut rd, mut wr) = tokio::io::split(stream);
     let (tx, mut rx) = mpsc::unbounded_channel::<TcpOut>();
     let pipeline = Semaphore::new(TCP_PIPELINE);
-    let idle = shared.config.tcp_idle_timeout;
 
     let reader = {
         let (shared, pipeline) = (&shared, &pipeline);
@@ -299,7 +317,7 @@ async fn tcp_connection(
                     slot.forget();
                     let raw = frames.message(len);
                     let handled = shared
-                        .handle_query(&mut worker, raw, client, server, Transport::Tcp, || {
+                        .handle_query(&mut worker, raw, client, server, transport, || {
                             ReplyTo::Tcp(TcpReply::new(tx.clone()))
                         })
                         .await;
@@ -364,5 +382,4 @@ async fn tcp_connection(
     };
 
     tokio::join!(reader, writer);
-    shared.tcp_open.fetch_sub(1, Ordering::Relaxed);
 }

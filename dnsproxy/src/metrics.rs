@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram, Unit};
 
+use crate::encrypted::EncryptedError;
+use crate::policy::Transport;
 use crate::querylog::QueryResult;
 
 /// Queries by how they ended (`result` label: [`QueryResult::as_str`]).
@@ -52,6 +54,16 @@ pub const RAW_REPLY_ERRORS: &str = "fqdnd_dns_raw_reply_errors_total";
 pub const ORIGINAL_DESTINATION_OVERFLOW: &str = "fqdnd_dns_original_destination_overflow_total";
 /// Original destinations forwarded to (upstreams opened on first use).
 pub const ORIGINAL_DESTINATIONS: &str = "fqdnd_dns_original_destinations";
+
+/// Queries by the transport they came by (`transport` label: `udp`, `tcp`, `dot`, `doh`).
+pub const TRANSPORT_QUERIES: &str = "fqdnd_dns_queries_by_transport_total";
+/// Encrypted client connections whose TLS handshake succeeded (`transport`: `dot`, `doh`).
+pub const ENCRYPTED_CONNECTIONS: &str = "fqdnd_dns_encrypted_connections_total";
+/// Encrypted client connections open now (`transport`).
+pub const ENCRYPTED_OPEN: &str = "fqdnd_dns_encrypted_connections_open";
+/// Encrypted connections or DoH requests turned away or cut short (`transport`, `reason`:
+/// [`crate::EncryptedError::as_str`]).
+pub const ENCRYPTED_ERRORS: &str = "fqdnd_dns_encrypted_errors_total";
 
 /// Allowed queries answered from the answer cache (gateway, `cache` on).
 pub const CACHE_HITS: &str = "fqdnd_answer_cache_hits_total";
@@ -221,6 +233,30 @@ pub const SERIES: &[Series] = &[
         Kind::Gauge,
         COUNT,
         "original destinations with an upstream opened",
+    ),
+    series(
+        TRANSPORT_QUERIES,
+        Kind::Counter,
+        COUNT,
+        "DNS queries by the transport they came by",
+    ),
+    series(
+        ENCRYPTED_CONNECTIONS,
+        Kind::Counter,
+        COUNT,
+        "DoT and DoH client connections whose TLS handshake succeeded",
+    ),
+    series(
+        ENCRYPTED_OPEN,
+        Kind::Gauge,
+        COUNT,
+        "DoT and DoH client connections open",
+    ),
+    series(
+        ENCRYPTED_ERRORS,
+        Kind::Counter,
+        COUNT,
+        "DoT and DoH connections or requests turned away or cut short, by reason",
     ),
     series(
         CACHE_HITS,
@@ -404,6 +440,13 @@ pub struct ProxyStats {
     pub original_destinations: usize,
     /// The answer cache's counters, when it is on.
     pub cache: Option<crate::cache::CacheStats>,
+    /// Queries per transport they came by, in [`Transport::ALL`] order.
+    pub transports: Vec<(Transport, u64)>,
+    /// DoT and DoH connections open.
+    pub encrypted_connections: u64,
+    /// DoT and DoH connections or requests turned away, per transport and reason (only the
+    /// reasons that happened).
+    pub encrypted_errors: Vec<(Transport, EncryptedError, u64)>,
 }
 
 impl ProxyStats {
@@ -426,6 +469,22 @@ impl ProxyStats {
     /// Answers dropped for any reason.
     pub fn dropped_total(&self) -> u64 {
         self.dropped_answers.iter().map(|(_, n)| n).sum()
+    }
+
+    /// Queries that came by `transport`.
+    pub fn transport(&self, transport: Transport) -> u64 {
+        self.transports
+            .iter()
+            .find(|(t, _)| *t == transport)
+            .map_or(0, |(_, n)| *n)
+    }
+
+    /// Encrypted connections or requests of `transport` turned away for `reason`.
+    pub fn encrypted_errors(&self, transport: Transport, reason: EncryptedError) -> u64 {
+        self.encrypted_errors
+            .iter()
+            .find(|(t, r, _)| *t == transport && *r == reason)
+            .map_or(0, |(_, _, n)| *n)
     }
 }
 
@@ -453,6 +512,24 @@ impl Count {
     }
 }
 
+/// The encrypted transports, in the order of [`Metrics`]'s per-transport arrays.
+const ENCRYPTED: [Transport; 2] = [Transport::Dot, Transport::Doh];
+
+/// An encrypted connection counted open.
+pub(crate) struct OpenConnection<'a> {
+    metrics: &'a Metrics,
+    t: usize,
+}
+
+impl Drop for OpenConnection<'_> {
+    fn drop(&mut self) {
+        self.metrics.encrypted_open[self.t].decrement(1.0);
+        self.metrics
+            .encrypted_open_now
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Every handle the proxy uses, registered once.
 pub(crate) struct Metrics {
     pub(crate) queries: [Count; 10],
@@ -473,6 +550,12 @@ pub(crate) struct Metrics {
     pub(crate) hold: Histogram,
     pub(crate) observer: Histogram,
     pub(crate) inflight: Gauge,
+    pub(crate) transports: [Count; 4],
+    /// Per encrypted transport (DoT, DoH), per [`EncryptedError::ALL`].
+    pub(crate) encrypted_errors: [[Count; 7]; 2],
+    pub(crate) encrypted_accepted: [Counter; 2],
+    pub(crate) encrypted_open: [Gauge; 2],
+    pub(crate) encrypted_open_now: AtomicU64,
 }
 
 impl Metrics {
@@ -506,7 +589,54 @@ impl Metrics {
             hold: metrics::histogram!(HOLD),
             observer: metrics::histogram!(OBSERVER),
             inflight: metrics::gauge!(INFLIGHT),
+            transports: Transport::ALL.map(|t| {
+                Count::new(metrics::counter!(TRANSPORT_QUERIES, "transport" => t.as_str()))
+            }),
+            encrypted_errors: ENCRYPTED.map(|t| {
+                EncryptedError::ALL.map(|r| {
+                    Count::new(metrics::counter!(
+                        ENCRYPTED_ERRORS, "transport" => t.as_str(), "reason" => r.as_str()
+                    ))
+                })
+            }),
+            encrypted_accepted: ENCRYPTED
+                .map(|t| metrics::counter!(ENCRYPTED_CONNECTIONS, "transport" => t.as_str())),
+            encrypted_open: ENCRYPTED
+                .map(|t| metrics::gauge!(ENCRYPTED_OPEN, "transport" => t.as_str())),
+            encrypted_open_now: AtomicU64::new(0),
         }
+    }
+
+    pub(crate) fn transport_query(&self, transport: Transport) {
+        self.transports[transport as usize].inc();
+    }
+
+    pub(crate) fn encrypted_error(&self, transport: Transport, reason: EncryptedError) {
+        let t = usize::from(transport == Transport::Doh);
+        self.encrypted_errors[t][reason as usize].inc();
+    }
+
+    /// Counts an encrypted connection accepted and open until the guard is dropped.
+    pub(crate) fn encrypted_open(&self, transport: Transport) -> OpenConnection<'_> {
+        let t = usize::from(transport == Transport::Doh);
+        self.encrypted_accepted[t].increment(1);
+        self.encrypted_open[t].increment(1.0);
+        self.encrypted_open_now.fetch_add(1, Ordering::Relaxed);
+        OpenConnection { metrics: self, t }
+    }
+
+    /// The encrypted error counts that are not zero.
+    pub(crate) fn encrypted_error_counts(&self) -> Vec<(Transport, EncryptedError, u64)> {
+        let mut out = Vec::new();
+        for (t, counts) in ENCRYPTED.iter().zip(&self.encrypted_errors) {
+            for (r, count) in EncryptedError::ALL.iter().zip(counts) {
+                let n = count.get();
+                if n > 0 {
+                    out.push((*t, *r, n));
+                }
+            }
+        }
+        out
     }
 
     pub(crate) fn query(&self, result: QueryResult) {

@@ -15,16 +15,31 @@ pub enum Transport {
     Udp,
     /// DNS over TCP.
     Tcp,
+    /// DNS over TLS (RFC 7858): TCP framing inside TLS.
+    Dot,
+    /// DNS over HTTPS (RFC 8484): one message per HTTP request, over TLS.
+    Doh,
 }
 
 impl Transport {
-    /// `udp` or `tcp`.
+    /// `udp`, `tcp`, `dot` or `doh`.
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Udp => "udp",
             Self::Tcp => "tcp",
+            Self::Dot => "dot",
+            Self::Doh => "doh",
         }
     }
+
+    /// Whether the client's transport is a stream (TCP, TLS, HTTPS): no size limit on the
+    /// reply but the 64 KiB of a DNS message, nothing to truncate.
+    pub const fn is_stream(self) -> bool {
+        !matches!(self, Self::Udp)
+    }
+
+    /// Every transport, in declaration order.
+    pub const ALL: [Self; 4] = [Self::Udp, Self::Tcp, Self::Dot, Self::Doh];
 }
 
 impl std::fmt::Display for Transport {
@@ -48,7 +63,7 @@ pub struct QueryInfo<'a> {
     pub name: &'a str,
     /// The question's type.
     pub qtype: RecordType,
-    /// UDP or TCP.
+    /// UDP, TCP, DoT or DoH (the port the client asked is `server`'s).
     pub transport: Transport,
 }
 

@@ -26,7 +26,7 @@ use pcap_parser::{Linktype, ToVec};
 use crate::extract::Transport;
 
 mod note;
-pub use note::{Note, Way};
+pub use note::{Encryption, Note, Way};
 
 /// The largest UDP payload an IP datagram carries.
 const MAX_PAYLOAD: usize = 65_507;
@@ -481,6 +481,7 @@ mod tests {
         Note {
             way,
             transport,
+            encrypted: None,
             endpoint: Some(7),
             by_socket: false,
             verdict: "allow",

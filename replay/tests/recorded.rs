@@ -96,6 +96,7 @@ fn record(dir: &Path, exchanges: &[Exchange]) -> PathBuf {
         let note = |way, verdict| Note {
             way,
             transport: e.transport,
+            encrypted: None,
             endpoint: e.endpoint.map(|(id, _)| id),
             by_socket: e.endpoint.is_some_and(|(_, by_socket)| by_socket),
             verdict,

@@ -69,9 +69,10 @@ impl QueryPolicy for DnsHandle {
             .current
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // DoT and DoH are TCP to the port the client asked (853, 443): `toPorts` sees that.
         let protocol = match query.transport {
             Transport::Udp => Protocol::Udp,
-            Transport::Tcp => Protocol::Tcp,
+            Transport::Tcp | Transport::Dot | Transport::Doh => Protocol::Tcp,
         };
         let verdict = match query.sender {
             // A host process's query: its endpoint is its cgroup's, as the kernel recorded.
@@ -102,7 +103,7 @@ impl QueryPolicy for DnsHandle {
     ) -> Option<SocketAddr> {
         let proto = match transport {
             Transport::Udp => fqdnd_lb::Protocol::Udp,
-            Transport::Tcp => fqdnd_lb::Protocol::Tcp,
+            Transport::Tcp | Transport::Dot | Transport::Doh => fqdnd_lb::Protocol::Tcp,
         };
         let lb = self.services.as_ref()?.read().ok()?;
         lb.backend_for_flow(server, proto, client)
@@ -119,7 +120,7 @@ impl QueryPolicy for DnsHandle {
         if local.port() != r.port || !local.ip().to_canonical().is_loopback() {
             return None;
         }
-        let origin = r.origins.lookup(client, transport == Transport::Tcp)?;
+        let origin = r.origins.lookup(client, transport.is_stream())?;
         Some(Redirect {
             server: origin.server,
             sender: u64::from(origin.endpoint.0),

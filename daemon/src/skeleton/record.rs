@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 
 use crate::{Context, Result, bail};
 use fqdnd_dnsproxy::{Direction, Recorded, Recorder, Transport};
-use fqdnd_replay::record::{Bounds, Note, Packet, Recording, Way, Written};
+use fqdnd_replay::record::{Bounds, Encryption, Note, Packet, Recording, Way, Written};
 use serde::{Deserialize, Serialize};
 
 /// Messages queued at most before new ones are dropped.
@@ -124,7 +124,14 @@ impl Recorder for PcapRecorder {
                 way,
                 transport: match m.transport {
                     Transport::Udp => fqdnd_replay::Transport::Udp,
-                    Transport::Tcp => fqdnd_replay::Transport::Tcp,
+                    Transport::Tcp | Transport::Dot | Transport::Doh => {
+                        fqdnd_replay::Transport::Tcp
+                    }
+                },
+                encrypted: match m.transport {
+                    Transport::Dot => Some(Encryption::Dot),
+                    Transport::Doh => Some(Encryption::Doh),
+                    Transport::Udp | Transport::Tcp => None,
                 },
                 // Endpoint and client group ids are 16-bit.
                 endpoint: m.tag.and_then(|t| u16::try_from(t).ok()),

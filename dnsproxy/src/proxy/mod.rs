@@ -389,6 +389,7 @@ impl Shared {
         outcome: Outcome,
     ) {
         self.metrics.query(outcome.result);
+        self.metrics.transport_query(transport);
         let Some(log) = &self.query_log else { return };
         let total = received.elapsed();
         let answers = outcome.addresses.unwrap_or(0);

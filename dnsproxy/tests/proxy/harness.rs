@@ -231,6 +231,9 @@ pub(crate) fn test_config(upstreams: Vec<SocketAddr>) -> Config {
 pub(crate) struct Harness {
     pub(crate) udp: SocketAddr,
     pub(crate) tcp: SocketAddr,
+    /// The first DoT and DoH listeners, when the config has them.
+    pub(crate) dot: Option<SocketAddr>,
+    pub(crate) doh: Option<SocketAddr>,
     pub(crate) upstream: TestUpstream,
     pub(crate) observer: Arc<TestObserver>,
     pub(crate) log: Arc<TestLog>,
@@ -272,6 +275,8 @@ impl Harness {
             .unwrap();
         let udp = proxy.udp_addrs()[0];
         let tcp = proxy.tcp_addrs()[0];
+        let dot = proxy.dot_addrs().first().copied();
+        let doh = proxy.doh_addrs().first().copied();
         let stats = proxy.stats_handle();
         let (tx, rx) = oneshot::channel();
         let run = tokio::spawn(proxy.run(async move {
@@ -280,6 +285,8 @@ impl Harness {
         Self {
             udp,
             tcp,
+            dot,
+            doh,
             upstream,
             observer,
             log,

@@ -8,6 +8,7 @@ mod upstream;
 
 mod answers;
 mod cache;
+mod encrypted;
 mod exported_metrics;
 mod faults;
 mod health;

@@ -14,8 +14,19 @@ pub enum Way {
     Reply,
 }
 
+/// The encryption a stream message came in, when the client used DoT or DoH: the recording
+/// holds the DNS message itself, as a TCP segment to the listener's port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encryption {
+    /// DNS over TLS (RFC 7858).
+    Dot,
+    /// DNS over HTTPS (RFC 8484).
+    Doh,
+}
+
 /// What a recording says of a message besides its bytes: the packet's comment,
-/// `fqdnd query transport=tcp endpoint=7 by=socket verdict=deny`. `endpoint` is the endpoint
+/// `fqdnd query transport=tcp endpoint=7 by=socket verdict=deny` (and `encrypted=dot` or
+/// `encrypted=doh` for a query that came over TLS or HTTPS). `endpoint` is the endpoint
 /// or client group whose rules judged the query (`-`: none, an unknown client or a malformed
 /// query); `by=socket` (node mode, host processes) says the kernel named the endpoint for the
 /// client's socket — the client's address (loopback) says nothing of it.
@@ -25,6 +36,8 @@ pub struct Note<'a> {
     pub way: Way,
     /// How the message travelled.
     pub transport: Transport,
+    /// DoT or DoH, when the stream was encrypted.
+    pub encrypted: Option<Encryption>,
     /// The endpoint or client group that asked, if known.
     pub endpoint: Option<u16>,
     /// Whether the endpoint was named by the client's socket (not found by its address).
@@ -43,7 +56,13 @@ impl fmt::Display for Note<'_> {
             Transport::Udp => "udp",
             Transport::Tcp => "tcp",
         };
-        write!(f, "fqdnd {way} transport={transport} endpoint=")?;
+        write!(f, "fqdnd {way} transport={transport}")?;
+        match self.encrypted {
+            Some(Encryption::Dot) => f.write_str(" encrypted=dot")?,
+            Some(Encryption::Doh) => f.write_str(" encrypted=doh")?,
+            None => {}
+        }
+        f.write_str(" endpoint=")?;
         match self.endpoint {
             Some(id) => write!(f, "{id}")?,
             None => f.write_str("-")?,
@@ -71,6 +90,7 @@ impl<'a> Note<'a> {
         let mut note = Note {
             way,
             transport: Transport::Udp,
+            encrypted: None,
             endpoint: None,
             by_socket: false,
             verdict: "",
@@ -80,6 +100,8 @@ impl<'a> Note<'a> {
             match word.split_once('=') {
                 Some(("transport", "udp")) => transport = Some(Transport::Udp),
                 Some(("transport", "tcp")) => transport = Some(Transport::Tcp),
+                Some(("encrypted", "dot")) => note.encrypted = Some(Encryption::Dot),
+                Some(("encrypted", "doh")) => note.encrypted = Some(Encryption::Doh),
                 Some(("endpoint", id)) => note.endpoint = id.parse().ok(),
                 Some(("by", by)) => note.by_socket = by == "socket",
                 Some(("verdict", verdict)) => note.verdict = verdict,
@@ -100,6 +122,7 @@ mod tests {
         let n = Note {
             way: Way::Reply,
             transport: Transport::Tcp,
+            encrypted: None,
             endpoint: Some(42),
             by_socket: true,
             verdict: "denied",
@@ -116,6 +139,15 @@ mod tests {
             (old.way, old.transport, old.endpoint, old.by_socket),
             (Way::Query, Transport::Udp, None, false)
         );
+        let doh = Note {
+            encrypted: Some(Encryption::Doh),
+            ..n
+        };
+        assert_eq!(
+            doh.to_string(),
+            "fqdnd reply transport=tcp encrypted=doh endpoint=42 by=socket verdict=denied"
+        );
+        assert_eq!(Note::parse(&doh.to_string()), Some(doh));
         assert_eq!(Note::parse("a comment of someone else"), None);
         assert_eq!(Note::parse("fqdnd query endpoint=7"), None, "no transport");
     }
