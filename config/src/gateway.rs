@@ -18,6 +18,11 @@
 //!   adminSocket: /run/fqdnd/admin.sock        # HTTP API, mode 0600
 //!   metrics: 127.0.0.1:9967                   # Prometheus /metrics
 //!   queryLog: /var/log/fqdnd/queries.jsonl    # one JSON line per query
+//!   tls:                                      # DoT/DoH for clients; off unless given
+//!     certificate: tls/gateway.pem            # (see the `encrypted` module for every field)
+//!     key: tls/gateway.key
+//!     dot: ["0.0.0.0:853"]
+//!     doh: ["0.0.0.0:443"]
 //!   dashboard: {address: 127.0.0.1:9968}      # read-only web view; off unless given
 //!                                             # (`tokenFile` required off loopback)
 //!   stateDir: /var/lib/fqdnd                  # journal + snapshots: restarts keep the state
@@ -291,6 +296,8 @@ pub struct Gateway {
     pub pin_dir: Option<PathBuf>,
     /// The answer cache (`cache`); `None`: off (the default).
     pub cache: Option<AnswerCache>,
+    /// DoT and DoH for clients (`tls`); `None`: off (the default).
+    pub tls: Option<crate::EncryptedDns>,
     /// What every mode shares.
     pub daemon: Daemon,
 }
@@ -375,6 +382,7 @@ struct DaemonSpec {
     static_zones: Option<Vec<Spanned<ZoneSpec>>>,
     enforce_interfaces: Option<Vec<Text>>,
     cache: Option<Spanned<CacheSpec>>,
+    tls: Option<Spanned<crate::encrypted::TlsSpec>>,
     // Node only.
     dns_proxy_port: Option<Spanned<u16>>,
     conntrack_idle_timeout: Option<Text>,
@@ -581,6 +589,10 @@ pub(crate) fn gateway(doc: &Spanned<DaemonDoc>, diag: &mut Diag<'_>) -> Option<G
     }
     g.pin_dir = spec.pin_dir.as_ref().map(relative);
     g.cache = spec.cache.as_ref().and_then(|c| cache(c, diag));
+    g.tls = spec
+        .tls
+        .as_ref()
+        .and_then(|t| crate::encrypted::encrypted(t, &base, diag));
     g.daemon = daemon(spec, &base, Daemon::default(), diag);
     if diag.count() == before {
         if g.listen.is_empty() {
@@ -658,13 +670,14 @@ pub(crate) fn node(doc: &Spanned<DaemonDoc>, diag: &mut Diag<'_>) -> Option<Node
         || spec.static_zones.is_some()
         || spec.enforce_interfaces.is_some()
         || spec.cache.is_some()
+        || spec.tls.is_some()
     {
         diag.invalid(
             spec_at,
             "a `Node` forwards each query to the resolver the endpoint asked (its original \
              destination, no answer cache, as Cilium's proxy) and enforces every declared \
-             endpoint's interface: `listen`, `upstreams`, `zoneUpstreams`, `staticZones`, `enforceInterfaces` \
-             and `cache` belong to a `kind: Gateway`",
+             endpoint's interface: `listen`, `upstreams`, `zoneUpstreams`, `staticZones`, `enforceInterfaces`, \
+             `cache` and `tls` belong to a `kind: Gateway`",
         );
     }
     if let Some(port) = &spec.dns_proxy_port {

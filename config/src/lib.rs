@@ -44,6 +44,7 @@ mod convert;
 mod dashboard;
 mod dns;
 mod documents;
+mod encrypted;
 mod endpoint;
 mod error;
 mod gateway;
@@ -65,6 +66,7 @@ pub use dns::{
     AnswerCache, HoldFallback, RateLimitAction, RejectCode, TruncatedAction, UpstreamTimeoutAction,
 };
 pub use documents::{Document, Documents, documents};
+pub use encrypted::EncryptedDns;
 pub use endpoint::Cgroup;
 pub use error::{Duplicated, Error, Errors, Unsupported};
 pub use gateway::{

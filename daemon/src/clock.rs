@@ -50,3 +50,10 @@ impl fqdnd_engine::Clock for Clock {
 pub fn pause(d: Duration) {
     std::thread::sleep(d);
 }
+
+/// Wall-clock time since the Unix epoch (certificate validity is written in it).
+pub fn unix_now() -> Duration {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+}

@@ -7,7 +7,7 @@
 //! ([`kernel`]: the endpoints' programs and cgroup attachments brought to what the
 //! configuration wants), the cluster and HA glue ([`cluster`], [`ha`]), the admin API
 //! (server and client, [`admin`]), the read-only web dashboard ([`dashboard`]), the metrics
-//! catalogue ([`metrics`]), the CNI plugin's
+//! catalogue ([`metrics`]), the gateway's DoT/DoH certificate ([`tls`]), the CNI plugin's
 //! protocol ([`cni`]), dropping privileges ([`privileges`]) and telling systemd the daemon's
 //! state ([`notify`]).
 //!
@@ -37,5 +37,6 @@ mod perms;
 pub mod privileges;
 pub mod skeleton;
 mod store;
+pub mod tls;
 
 pub use error::{Cause, Context, Error, Result, chain};

@@ -60,6 +60,11 @@ impl DnsPayload<'_> {
         self.note.map_or(self.transport, |n| n.transport)
     }
 
+    /// DoT or DoH, when the recording's note says the query came encrypted.
+    pub fn encryption(&self) -> Option<crate::record::Encryption> {
+        self.note.and_then(|n| n.encrypted)
+    }
+
     /// The endpoint the recording's note says the kernel named for the client's socket (node
     /// mode's host processes, whose address is the host's), if any.
     pub fn socket_endpoint(&self) -> Option<u16> {

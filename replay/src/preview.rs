@@ -22,7 +22,7 @@ use std::time::Duration;
 use fqdnd_config::{Config, Lists, Settings};
 use fqdnd_engine::IdentityMode;
 use fqdnd_engine::answer::Extracted;
-use fqdnd_engine::dns::{DnsPolicy, Verdict};
+use fqdnd_engine::dns::{DnsPolicy, DnsService, Verdict};
 use fqdnd_ipcache::policy::{LabelSelector, Protocol};
 use fqdnd_ipcache::{Endpoint, EndpointId, PolicyKey};
 use serde::Serialize;
@@ -32,6 +32,7 @@ use crate::capture::CaptureReader;
 use crate::dns::Decoder;
 use crate::engine::{ALL_CLIENTS, Clients, EngineRun};
 use crate::extract::{DnsPayload, Extractor, Limits, Transport};
+use crate::record::Encryption;
 use crate::run::SettingsOverrides;
 
 /// The JSON schema version of [`PreviewReport`].
@@ -267,10 +268,13 @@ impl Side {
         answer: Option<&Extracted>,
         now: Duration,
     ) {
-        // The transport the query came by, as the proxy judged it (a recording's note says it).
-        let protocol = match p.used_transport() {
-            Transport::Udp => Protocol::Udp,
-            Transport::Tcp => Protocol::Tcp,
+        // The transport the query came by, as the proxy judged it (a recording's note says it,
+        // DoT and DoH included).
+        let protocol = match (p.used_transport(), p.encryption()) {
+            (_, Some(Encryption::Dot)) => DnsService::Tls,
+            (_, Some(Encryption::Doh)) => DnsService::Https,
+            (Transport::Udp, None) => DnsService::Plain(Protocol::Udp),
+            (Transport::Tcp, None) => DnsService::Plain(Protocol::Tcp),
         };
         let client = p.dst.ip();
         // A host process's query is its cgroup's endpoint's, as the kernel named it (its address

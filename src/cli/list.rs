@@ -23,6 +23,9 @@ pub(crate) fn status(target: &Target, json: bool) -> Result<ExitCode> {
     writeln!(out, "uptime:           {}s", s.uptime_seconds)?;
     writeln!(out, "config:           {}", s.config.join(", "))?;
     writeln!(out, "listening on:     {}", s.listen.join(", "))?;
+    if !s.encrypted.is_empty() {
+        writeln!(out, "encrypted DNS:    {}", s.encrypted.join(", "))?;
+    }
     for u in &s.upstreams {
         let rtt = u
             .rtt_us

@@ -47,6 +47,9 @@ pub struct Status {
     pub config: Vec<String>,
     /// The DNS listeners' addresses.
     pub listen: Vec<String>,
+    /// The DoT and DoH listeners: `dot ADDRESS`, `doh ADDRESS`.
+    #[serde(default)]
+    pub encrypted: Vec<String>,
     /// Queries by outcome, as the proxy counts them.
     pub queries: Vec<(String, u64)>,
     /// The upstream resolvers' health.

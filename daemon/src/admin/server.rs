@@ -160,6 +160,7 @@ pub fn status_of(shared: &Shared) -> Status {
             .flatten()
             .map(ToString::to_string)
             .collect(),
+        encrypted: shared.encrypted.get().cloned().unwrap_or_default(),
         queries: proxy
             .iter()
             .flat_map(|p| &p.queries)

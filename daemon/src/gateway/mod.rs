@@ -13,9 +13,11 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::{Context, Result, bail, refused};
 use fqdnd_config::{Config, Gateway};
+use fqdnd_dnsproxy::TlsCertificates;
 use fqdnd_ipcache::EndpointId;
 
 use crate::clock::Clock;
@@ -34,6 +36,8 @@ pub struct GatewayMode {
     /// interfaces change only on restart).
     gateway: Gateway,
     zones: tokio::sync::Mutex<Option<ZoneServer>>,
+    /// The certificate the DoT/DoH listeners present, re-read on reload.
+    certificates: Option<Arc<TlsCertificates>>,
 }
 
 /// Loads the configuration; a gateway needs a `Gateway` document.
@@ -135,6 +139,15 @@ impl GatewayMode {
             ))
         };
         let listen = concrete_listen(&gateway.listen)?;
+        let (certificates, encrypted) = match &gateway.tls {
+            Some(tls) => {
+                let pair = crate::tls::load_pair(tls, crate::clock::unix_now())?;
+                let certificates = TlsCertificates::new(pair);
+                let listeners = crate::tls::listeners(tls, certificates.clone());
+                (Some(certificates), Some(listeners))
+            }
+            None => (None, None),
+        };
         Ok(Prepared {
             daemon: gateway.daemon.clone(),
             kernel,
@@ -144,6 +157,7 @@ impl GatewayMode {
                 upstreams: gateway.upstreams.clone(),
                 zones: zone_pools,
                 cache: skeleton::answer_cache(gateway.cache),
+                encrypted,
                 ..fqdnd_dnsproxy::Config::default()
             },
             services: None,
@@ -152,9 +166,19 @@ impl GatewayMode {
             mode: Box::new(Self {
                 gateway,
                 zones: tokio::sync::Mutex::new(zones),
+                certificates,
             }),
             config,
         })
+    }
+}
+
+/// What of the `tls` block only a restart changes: everything but the files.
+fn listen_of(tls: &fqdnd_config::EncryptedDns) -> fqdnd_config::EncryptedDns {
+    fqdnd_config::EncryptedDns {
+        certificate: PathBuf::new(),
+        key: PathBuf::new(),
+        ..tls.clone()
     }
 }
 
@@ -193,17 +217,32 @@ impl ModeHooks for GatewayMode {
             || gateway.zone_upstreams != current.zone_upstreams
             || gateway.static_zones != current.static_zones
             || gateway.enforce_interfaces != current.enforce_interfaces
+            || gateway.tls.as_ref().map(listen_of) != current.tls.as_ref().map(listen_of)
         {
             tracing::warn!(
-                "listen addresses, upstreams, zone upstreams, static zones and enforced interfaces change only on restart"
+                "listen addresses (also DoT/DoH and their limits), upstreams, zone upstreams, static zones and enforced interfaces change only on restart"
             );
         }
+        // The certificate and key are read again: a renewed pair is presented from the next
+        // handshake; one that cannot serve refuses the reload (the pair in use stays).
+        let renewed = match (&gateway.tls, &self.certificates) {
+            (Some(tls), Some(certificates)) => Some((
+                crate::tls::load_pair(tls, crate::clock::unix_now())?,
+                certificates.clone(),
+            )),
+            _ => None,
+        };
         Ok(Loaded {
             desired: Desired {
                 config,
                 lists: gateway.daemon.lists,
             },
-            commit: Box::new(|| {}),
+            commit: Box::new(move || {
+                if let Some((pair, certificates)) = renewed {
+                    certificates.replace(pair);
+                    tracing::info!("DoT/DoH certificate read again");
+                }
+            }),
         })
     }
 

@@ -374,7 +374,7 @@ mod tests {
     fn documented(text: &str) -> BTreeSet<String> {
         text.lines()
             .filter(|l| l.starts_with("| `fqdnd_"))
-            .flat_map(|l| l.split('|').nth(1).unwrap_or_default().split(','))
+            .flat_map(|l| l.split('|').nth(1).unwrap_or_default().split("`,"))
             .map(|cell| {
                 let name = cell.trim().trim_matches('`');
                 name.split('{').next().unwrap_or(name).to_owned()

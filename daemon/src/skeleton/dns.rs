@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 
 use fqdnd_dnsproxy::{QueryInfo, QueryPolicy, Redirect, Transport, Verdict};
-use fqdnd_engine::dns::{self, DnsPolicy};
+use fqdnd_engine::dns::{self, DnsPolicy, DnsService};
 use fqdnd_ipcache::EndpointId;
 use fqdnd_ipcache::policy::Protocol;
 use fqdnd_lb::LoadBalancer;
@@ -69,10 +69,13 @@ impl QueryPolicy for DnsHandle {
             .current
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        // DoT and DoH are TCP to the port the client asked (853, 443): `toPorts` sees that.
+        // DoT and DoH are the services on TCP 853 and 443 for `toPorts`, whatever port the
+        // gateway listens on (as plain DNS is port 53).
         let protocol = match query.transport {
-            Transport::Udp => Protocol::Udp,
-            Transport::Tcp | Transport::Dot | Transport::Doh => Protocol::Tcp,
+            Transport::Udp => DnsService::Plain(Protocol::Udp),
+            Transport::Tcp => DnsService::Plain(Protocol::Tcp),
+            Transport::Dot => DnsService::Tls,
+            Transport::Doh => DnsService::Https,
         };
         let verdict = match query.sender {
             // A host process's query: its endpoint is its cgroup's, as the kernel recorded.

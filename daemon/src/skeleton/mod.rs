@@ -191,6 +191,8 @@ pub struct Shared {
     /// Set once the proxy is bound.
     pub proxy: OnceLock<fqdnd_dnsproxy::StatsHandle>,
     pub(crate) listen: OnceLock<Vec<SocketAddr>>,
+    /// The DoT and DoH listeners bound, as `dot ADDRESS` / `doh ADDRESS`.
+    pub(crate) encrypted: OnceLock<Vec<String>>,
     pub(crate) persist: Option<Arc<fqdnd_engine::durable::Persist>>,
     /// `fqdnd record`.
     pub recorder: record::SharedRecorder,
@@ -574,6 +576,7 @@ pub async fn start(prepared: Prepared, options: StartOptions, clock: Clock) -> R
         changes: Mutex::new(()),
         proxy: OnceLock::new(),
         listen: OnceLock::new(),
+        encrypted: OnceLock::new(),
         persist: persist.clone(),
         recorder: Arc::default(),
         cluster,
@@ -646,9 +649,13 @@ pub async fn start(prepared: Prepared, options: StartOptions, clock: Clock) -> R
     .context("starting the DNS proxy")?;
     shared.mode.proxy_bound(shared.kernel.as_ref())?;
     let udp = proxy.udp_addrs();
-    tracing::info!(mode = shared.mode.name(), udp = ?udp, tcp = ?proxy.tcp_addrs(), "listening");
+    let encrypted: Vec<String> = (proxy.dot_addrs().iter().map(|a| format!("dot {a}")))
+        .chain(proxy.doh_addrs().iter().map(|a| format!("doh {a}")))
+        .collect();
+    tracing::info!(mode = shared.mode.name(), udp = ?udp, tcp = ?proxy.tcp_addrs(), encrypted = ?encrypted, "listening");
     let _ = shared.proxy.set(proxy.stats_handle());
     let _ = shared.listen.set(udp);
+    let _ = shared.encrypted.set(encrypted);
 
     {
         let mut stopped = stopped.clone();

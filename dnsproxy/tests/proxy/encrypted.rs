@@ -436,3 +436,43 @@ async fn a_replaced_certificate_is_presented_to_the_next_connections() {
     assert!(refused.is_err());
     h.stop().await;
 }
+
+/// dnsperf -m doh keeps up to 100 streams open on a connection: every one is answered.
+#[tokio::test]
+async fn doh_answers_many_concurrent_streams_on_one_connection() {
+    let (h, cert) = encrypted_proxy(|_| {}).await;
+    let io = TokioIo::new(tls(h.doh.unwrap(), &cert, &[b"h2"]).await);
+    let (sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let mut requests = tokio::task::JoinSet::new();
+    for i in 0..1000u32 {
+        let mut sender = sender.clone();
+        let name = if i % 2 == 0 {
+            "www.example."
+        } else {
+            "denied.example."
+        };
+        let q = query(name, RecordType::A, None);
+        requests.spawn(async move {
+            sender.ready().await.unwrap();
+            let response = sender
+                .send_request(post("/dns-query", "application/dns-message", q))
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            (status, body.len())
+        });
+    }
+    let mut answered = 0;
+    while let Some(done) = patiently(requests.join_next()).await {
+        let (status, len) = done.unwrap();
+        assert_eq!(status, 200);
+        assert!(len > 12);
+        answered += 1;
+    }
+    assert_eq!(answered, 1000);
+    h.stop().await;
+}

@@ -41,6 +41,39 @@ const V6_ALL: IpNet = IpNet::V6(ipnet::Ipv6Net::new_assert(
 /// on.
 const DNS_PORT: u16 = 53;
 
+/// The DNS service a query asked for, as `toPorts` sees it: plain DNS is port 53 over UDP or
+/// TCP whatever port the proxy listens on; DNS over TLS is TCP 853, DNS over HTTPS TCP 443
+/// (RFC 7858, RFC 8484), so a rule may allow plain DNS and not the encrypted kinds, or the
+/// reverse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DnsService {
+    /// DNS over UDP or TCP (port 53).
+    Plain(Protocol),
+    /// DNS over TLS (TCP port 853).
+    Tls,
+    /// DNS over HTTPS (TCP port 443).
+    Https,
+}
+
+impl DnsService {
+    /// Every service, for checks that must find any way a client could have asked.
+    pub const ALL: [Self; 4] = [
+        Self::Plain(Protocol::Udp),
+        Self::Plain(Protocol::Tcp),
+        Self::Tls,
+        Self::Https,
+    ];
+
+    /// The protocol and port `toPorts` rules are matched against.
+    pub const fn port(self) -> (Protocol, u16) {
+        match self {
+            Self::Plain(protocol) => (protocol, DNS_PORT),
+            Self::Tls => (Protocol::Tcp, 853),
+            Self::Https => (Protocol::Tcp, 443),
+        }
+    }
+}
+
 /// What policy says of one query.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -113,11 +146,12 @@ struct Grant {
 }
 
 impl Grant {
-    fn allows(&self, server: SocketAddr, protocol: Protocol, name: &str) -> bool {
+    fn allows(&self, server: SocketAddr, service: DnsService, name: &str) -> bool {
+        let (protocol, port) = service.port();
         let port_ok = self.ports.is_empty()
             || self.ports.iter().any(|p| {
                 let proto_ok = p.protocol == Protocol::Any || p.protocol == protocol;
-                proto_ok && (p.port == 0 || (p.port..=p.end_port.max(p.port)).contains(&DNS_PORT))
+                proto_ok && (p.port == 0 || (p.port..=p.end_port.max(p.port)).contains(&port))
             });
         port_ok
             && self.servers.contains(server.ip())
@@ -290,18 +324,18 @@ impl DnsPolicy {
         (!nets.is_empty()).then_some(Servers::Prefixes(nets))
     }
 
-    /// May `client` ask `server` for the canonical `name` over `protocol` (TCP or UDP)?
+    /// May `client` ask `server` for the canonical `name` over `service`?
     pub fn verdict(
         &self,
         client: IpAddr,
         server: SocketAddr,
-        protocol: Protocol,
+        service: DnsService,
         name: &str,
     ) -> Verdict {
         let Some(endpoint) = self.clients.lookup(client) else {
             return Verdict::UnknownClient;
         };
-        self.endpoint_verdict(endpoint, server, protocol, name)
+        self.endpoint_verdict(endpoint, server, service, name)
     }
 
     /// May `endpoint` ask `server` for the canonical `name` over `protocol`? For a query whose
@@ -312,7 +346,7 @@ impl DnsPolicy {
         &self,
         endpoint: EndpointId,
         server: SocketAddr,
-        protocol: Protocol,
+        service: DnsService,
         name: &str,
     ) -> Verdict {
         if self.deny.contains(name) && !self.allow.contains(name) {
@@ -321,18 +355,11 @@ impl DnsPolicy {
         let Some(group) = self.groups.get(&endpoint) else {
             return Verdict::UnknownClient;
         };
-        if group
-            .denies
-            .iter()
-            .any(|g| g.allows(server, protocol, name))
-        {
+        if group.denies.iter().any(|g| g.allows(server, service, name)) {
             return Verdict::Deny { endpoint };
         }
-        let allowed = !group.enforcing
-            || group
-                .grants
-                .iter()
-                .any(|g| g.allows(server, protocol, name));
+        let allowed =
+            !group.enforcing || group.grants.iter().any(|g| g.allows(server, service, name));
         if allowed {
             Verdict::Allow { endpoint }
         } else {
@@ -341,7 +368,7 @@ impl DnsPolicy {
     }
 
     /// May `endpoint` ask one of `servers` (this gateway's listen addresses) for the canonical
-    /// `name`, over UDP or TCP? For an answer learned elsewhere (a peer of an HA gateway group,
+    /// `name`, by any DNS service (UDP, TCP, DoT, DoH)? For an answer learned elsewhere (a peer of an HA gateway group,
     /// docs/ha-gateway.md): it is taken in only if this policy would have let the endpoint ask
     /// this gateway for the name — lists, deny sections and grants alike.
     pub fn endpoint_may_ask(
@@ -351,9 +378,9 @@ impl DnsPolicy {
         name: &str,
     ) -> bool {
         servers.iter().any(|server| {
-            [Protocol::Udp, Protocol::Tcp].into_iter().any(|protocol| {
+            DnsService::ALL.into_iter().any(|service| {
                 matches!(
-                    self.endpoint_verdict(endpoint, *server, protocol, name),
+                    self.endpoint_verdict(endpoint, *server, service, name),
                     Verdict::Allow { .. }
                 )
             })
@@ -422,11 +449,11 @@ spec:
         DnsPolicy::compile(&config, lists).unwrap()
     }
 
-    fn ask(p: &DnsPolicy, client: &str, server: &str, name: &str, protocol: Protocol) -> Verdict {
+    fn ask(p: &DnsPolicy, client: &str, server: &str, name: &str, service: DnsService) -> Verdict {
         p.verdict(
             client.parse().unwrap(),
             server.parse().unwrap(),
-            protocol,
+            service,
             name,
         )
     }
@@ -446,7 +473,7 @@ spec:
     #[test]
     fn groups_rules_and_servers_decide() {
         let p = compiled(&Lists::default());
-        let udp = Protocol::Udp;
+        let udp = DnsService::Plain(Protocol::Udp);
         let lan = |name| ask(&p, "10.1.2.3", "10.0.0.53:53", name, udp);
         assert_eq!(lan("www.example.com."), allow(10));
         assert_eq!(lan("api.github.com."), allow(10));
@@ -468,10 +495,18 @@ spec:
                 "10.2.0.9",
                 "10.0.0.53:53",
                 "anything.test.",
-                Protocol::Tcp
+                DnsService::Plain(Protocol::Tcp)
             ),
             deny(11)
         );
+        // DoT and DoH are TCP 853 and 443: the guests' rule (UDP 53) does not cover them, the
+        // lab's (no rule: not under policy) lets them through.
+        for service in [DnsService::Tls, DnsService::Https] {
+            assert_eq!(
+                ask(&p, "10.2.0.9", "10.0.0.53:853", "anything.test.", service),
+                deny(11)
+            );
+        }
         // No rule selects the lab: not under policy.
         assert_eq!(
             ask(&p, "10.3.0.9", "10.0.0.53:53", "anything.test.", udp),
@@ -511,12 +546,28 @@ spec:
             ..Lists::default()
         };
         let p = compiled(&lists);
-        let guest = |name| ask(&p, "10.2.0.9", "10.0.0.53:53", name, Protocol::Udp);
+        let guest = |name| {
+            ask(
+                &p,
+                "10.2.0.9",
+                "10.0.0.53:53",
+                name,
+                DnsService::Plain(Protocol::Udp),
+            )
+        };
         assert_eq!(guest("x.ads.example.com."), deny(11));
         assert_eq!(guest("pixel.tracker.test."), deny(11));
         assert_eq!(guest("good.ads.example.com."), allow(11));
         // An allow list grants nothing policy denies: lan may ask *.example.com only.
-        let lan = |name| ask(&p, "10.1.2.3", "10.0.0.53:53", name, Protocol::Udp);
+        let lan = |name| {
+            ask(
+                &p,
+                "10.1.2.3",
+                "10.0.0.53:53",
+                name,
+                DnsService::Plain(Protocol::Udp),
+            )
+        };
         assert_eq!(lan("good.ads.example.com."), deny(10));
         assert_eq!(lan("www.example.com."), allow(10));
         assert_eq!(lan("other.test."), deny(10));
