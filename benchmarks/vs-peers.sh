@@ -15,6 +15,17 @@
 #   fqdnd gateway (the same, cache on: 100k entries)    127.0.0.1:5306
 #   with BARE=1: bare_forwarder (no policy; 2 threads,  127.0.0.1:5307
 #                one with PIN=1)
+#   modes dot/doh: dnsdist 1.7 DoT / DoH frontends      127.0.0.1:5311 / 5312
+#                  fqdnd gateway `tls` DoT / DoH         127.0.0.1:5315 / 5316
+#                  (cache off on both, a test certificate made with openssl)
+#
+# Modes `dot` and `doh` (MODES="dot doh"): the same upstream and policy over DNS over TLS and
+# DNS over HTTPS. DoT is driven by `dnsperf -m dot`; DoH by nghttp2's `h2load` (HTTP/2 GET
+# `?dns=` requests cycling through the 10k names), because dnsperf 2.10's DoH client handles one
+# response per TLS read and stalls when two arrive together (against dnsdist too). Their lines:
+#   ratio fqdnd/dnsdist dot qps: X.XX
+#   ratio fqdnd/dnsdist doh qps: X.XX
+# and each server's CPU µs per answered query in the table. No fixed-rate latency runs for them.
 #
 # Policy on both: allowed suffixes = example.test + 1000 others; denied = 500 suffixes inside
 # example.test + 500 elsewhere. fqdnd additionally learns every answer (NameManager → IpCache)
@@ -51,6 +62,7 @@ PIN="${PIN:-0}"
 SRV=() GEN=() BARE_THREADS=2
 if [[ $PIN == 1 ]]; then SRV=(taskset -c 0) GEN=(taskset -c 1) BARE_THREADS=1; fi
 AUTH=5300 DNSDIST=5301 DNSDIST_CACHED=5302 FQDND=5305 FQDND_CACHED=5306 BARE_PORT=5307
+DNSDIST_DOT=5311 DNSDIST_DOH=5312 FQDND_TLS=5314 FQDND_DOT=5315 FQDND_DOH=5316
 
 log() { printf '[vs-peers] %s\n' "$*" >&2; }
 
@@ -60,6 +72,9 @@ need() {
   command -v dnsdist >/dev/null || missing+=(dnsdist)
   command -v dnsperf >/dev/null || missing+=(dnsperf)
   command -v dig >/dev/null || missing+=(bind9-dnsutils)
+  command -v h2load >/dev/null || missing+=(nghttp2-client)
+  command -v kdig >/dev/null || missing+=(knot-dnsutils)
+  command -v openssl >/dev/null || missing+=(openssl)
   if ((${#missing[@]})); then
     log "installing ${missing[*]}"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
@@ -168,6 +183,37 @@ GW
 GW
     } >"$file"
   done
+
+  # DoT/DoH: a test certificate, dnsdist's TLS frontends and a gateway with `tls`, the same
+  # rules and upstream as above; the 10k questions as DoH GET URIs for h2load.
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+    -subj /CN=bench.test -addext subjectAltName=DNS:bench.test,IP:127.0.0.1 \
+    -keyout "$RUN/tls.key" -out "$RUN/tls.pem" 2>/dev/null
+  chmod 600 "$RUN/tls.key"
+  sed -e "s/^setLocal(.*/setLocal(\"127.0.0.1:5310\")/" -e '/^addLocal(/d' "$RUN/dnsdist.conf" >"$RUN/dnsdist-tls.conf"
+  cat >>"$RUN/dnsdist-tls.conf" <<DD
+addTLSLocal("127.0.0.1:$DNSDIST_DOT", "$RUN/tls.pem", "$RUN/tls.key", {reusePort=true})
+addDOHLocal("127.0.0.1:$DNSDIST_DOH", "$RUN/tls.pem", "$RUN/tls.key", "/dns-query", {reusePort=true})
+DD
+  # The DNS rule allows the DoT and DoH services too (TCP 853 and 443 for `toPorts`).
+  sed -e "s/127.0.0.1:$FQDND\"/127.0.0.1:$FQDND_TLS\"/" -e "s|fqdnd.sock|fqdnd-tls.sock|" \
+    -e 's/ports: \[{port: "53", protocol: ANY}\]/ports: [{port: "53", protocol: ANY}, {port: "853", protocol: TCP}, {port: "443", protocol: TCP}]/' \
+    "$RUN/fqdnd.yaml" |
+    awk -v tls="  tls: {certificate: $RUN/tls.pem, key: $RUN/tls.key, dot: [\"127.0.0.1:$FQDND_DOT\"], doh: [\"127.0.0.1:$FQDND_DOH\"]}" \
+      '{print} /^  adminSocket:/ {print tls}' >"$RUN/fqdnd-tls.yaml"
+  python3 - "$RUN/queries.txt" "$RUN" "$DNSDIST_DOH" "$FQDND_DOH" <<'PY'
+import base64, struct, sys
+names = [l.split()[0] for l in open(sys.argv[1]) if l.strip()]
+def query(name):
+    msg = struct.pack(">HHHHHH", 0, 0x0100, 1, 0, 0, 0)
+    for label in name.rstrip(".").split("."):
+        msg += bytes([len(label)]) + label.encode()
+    return base64.urlsafe_b64encode(msg + b"\0" + struct.pack(">HH", 1, 1)).rstrip(b"=").decode()
+for port in sys.argv[3:]:
+    with open(f"{sys.argv[2]}/uris-{port}.txt", "w") as f:
+        for n in names:
+            f.write(f"https://127.0.0.1:{port}/dns-query?dns={query(n)}\n")
+PY
 }
 
 field() { awk -F': *' -v k="$1" '$0 ~ k {print $2; exit}' "$2"; }
@@ -176,14 +222,25 @@ cpu_ticks() { # pid -> utime+stime of the whole process (every thread), in clock
   awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0
 }
 
-saturate() { # name port pid -> "qps cpu_us_per_query"
-  local out="$RUN/sat-$1.txt" t0 t1
+saturate() { # name port pid -> "qps cpu_us_per_query" (DoT: dnsperf -m dot; DoH: h2load)
+  local out="$RUN/sat-$1.txt" t0 t1 qps done
   t0=$(cpu_ticks "$3")
-  timeout $((DURATION + 30)) "${GEN[@]}" dnsperf -s 127.0.0.1 -p "$2" -d "$RUN/queries.txt" -l "$DURATION" -c "$CLIENTS" -q "$OUTSTANDING" -t 2 >"$out" 2>&1 || true
-  t1=$(cpu_ticks "$3")
-  local qps done
-  qps=$(field 'Queries per second' "$out" | awk '{printf "%.0f", $1}')
-  done=$(field 'Queries completed' "$out" | awk '{print $1}')
+  case $1 in
+    *-doh)
+      timeout $((DURATION + 30)) "${GEN[@]}" h2load -i "$RUN/uris-$2.txt" -D "$DURATION" -c "$CLIENTS" -m $((OUTSTANDING / CLIENTS)) -t 1 >"$out" 2>&1 || true
+      t1=$(cpu_ticks "$3")
+      qps=$(awk '/^finished in/ {gsub(",", "", $4); printf "%.0f", $4}' "$out")
+      done=$(awk '/^status codes:/ {print $3}' "$out")
+      ;;
+    *)
+      local mode=()
+      [[ $1 == *-dot ]] && mode=(-m dot)
+      timeout $((DURATION + 30)) "${GEN[@]}" dnsperf "${mode[@]}" -s 127.0.0.1 -p "$2" -d "$RUN/queries.txt" -l "$DURATION" -c "$CLIENTS" -q "$OUTSTANDING" -t 2 >"$out" 2>&1 || true
+      t1=$(cpu_ticks "$3")
+      qps=$(field 'Queries per second' "$out" | awk '{printf "%.0f", $1}')
+      done=$(field 'Queries completed' "$out" | awk '{print $1}')
+      ;;
+  esac
   awk -v q="${qps:-0}" -v n="${done:-0}" -v t=$((t1 - t0)) -v hz="$(getconf CLK_TCK)" \
     'BEGIN{ if (n>0) printf "%s %.1f\n", q, t * 1e6 / hz / n; else printf "%s NA\n", q }'
 }
@@ -223,8 +280,19 @@ main() {
   wait_port $AUTH
   declare -A PID PORT
   local mode s
+  local tls_started=0
   for mode in $MODES; do
-    if [[ $mode == cached ]]; then
+    if [[ $mode == dot || $mode == doh ]]; then
+      if ((!tls_started)); then
+        tls_started=1
+        "${SRV[@]}" dnsdist --supervised --disable-syslog -C "$RUN/dnsdist-tls.conf" >"$RUN/dnsdist-tls.out" 2>&1 & PIDS+=($!)
+        PID[dnsdist-tls]=$!
+        "${SRV[@]}" "$bin" gateway --config "$RUN/fqdnd-tls.yaml" 2>"$RUN/fqdnd-tls.err" & PIDS+=($!)
+        PID[fqdnd-tls]=$!
+      fi
+      PID[dnsdist-$mode]=${PID[dnsdist-tls]} PID[fqdnd-$mode]=${PID[fqdnd-tls]}
+      if [[ $mode == dot ]]; then PORT[dnsdist-dot]=$DNSDIST_DOT PORT[fqdnd-dot]=$FQDND_DOT; else PORT[dnsdist-doh]=$DNSDIST_DOH PORT[fqdnd-doh]=$FQDND_DOH; fi
+    elif [[ $mode == cached ]]; then
       "${SRV[@]}" dnsdist --supervised --disable-syslog -C "$RUN/dnsdist-cached.conf" >"$RUN/dnsdist-cached.out" 2>&1 & PIDS+=($!)
       PID[dnsdist-cached]=$! PORT[dnsdist-cached]=$DNSDIST_CACHED
       "${SRV[@]}" "$bin" gateway --config "$RUN/fqdnd-cached.yaml" 2>"$RUN/fqdnd-cached.err" & PIDS+=($!)
@@ -242,11 +310,32 @@ main() {
   done
   local servers=()
   for mode in $MODES; do
-    if [[ $mode == cached ]]; then servers+=(dnsdist-cached fqdnd-cached); else servers+=(dnsdist fqdnd); fi
+    case $mode in
+      cached) servers+=(dnsdist-cached fqdnd-cached) ;;
+      dot | doh) servers+=(dnsdist-$mode fqdnd-$mode) ;;
+      *) servers+=(dnsdist fqdnd) ;;
+    esac
     if [[ $mode == nocache && $BARE == 1 ]]; then servers+=(bare); fi
   done
-  for s in "${servers[@]}"; do wait_port "${PORT[$s]}"; done
+  local plain=()
   for s in "${servers[@]}"; do
+    case $s in *-dot | *-doh) ;; *) plain+=("$s") ;; esac
+  done
+  if ((tls_started)); then
+    # The TLS servers' plain listeners answer the readiness probe and take the warm-up.
+    PORT[dnsdist-tls]=5310 PORT[fqdnd-tls]=$FQDND_TLS
+    plain+=(dnsdist-tls fqdnd-tls)
+  fi
+  for s in "${plain[@]}"; do wait_port "${PORT[$s]}"; done
+  for s in "${servers[@]}"; do
+    # Each encrypted server must answer an allowed name with its address before it is measured.
+    local how=()
+    case $s in *-dot) how=(+tls) ;; *-doh) how=(+https=/dns-query) ;; *) continue ;; esac
+    local got
+    got=$(kdig -p "${PORT[$s]}" @127.0.0.1 "${how[@]}" +tls-ca="$RUN/tls.pem" +tls-hostname=bench.test +time=5 +retry=2 +short h00001.example.test A 2>&1 || true)
+    if [[ $got != *198.18.0.2* ]]; then log "$s does not answer h00001.example.test: $got"; return 1; fi
+  done
+  for s in "${plain[@]}"; do
     # Warm-up: every name once (the engine knows every name; the caches hold every answer).
     log "warm-up: every name once through $s"
     timeout 60 dnsperf -s 127.0.0.1 -p "${PORT[$s]}" -d "$RUN/queries.txt" -n 1 -c 1 -q 100 >/dev/null 2>&1 || true
@@ -270,11 +359,13 @@ main() {
     for s in "${servers[@]}"; do rm -f "$RUN/lat-$s-$rate.txt"; done
     for ((round = 1; round <= LAT_ROUNDS; round++)); do
       for s in "${servers[@]}"; do
+        [[ $s == *-dot || $s == *-doh ]] && continue
         log "$s: ${rate} qps for ${round_s}s (round $round of $LAT_ROUNDS)"
         fixed_rate "$s" "${PORT[$s]}" "$rate" "$round_s"
       done
     done
     for s in "${servers[@]}"; do
+      [[ $s == *-dot || $s == *-doh ]] && continue
       read -r p50 p99 < <(percentiles "$s" "$rate")
       if [[ $rate == 5000 ]]; then P50_5[$s]=$p50; P99_5[$s]=$p99; else P50_20[$s]=$p50; P99_20[$s]=$p99; fi
     done
@@ -296,6 +387,8 @@ main() {
   [[ -n $direct ]] && printf 'ceiling nsd direct qps: %s\n' "$direct"
   [[ -n ${QPS[bare]:-} ]] && ratio "ratio bare/dnsdist qps" bare dnsdist
   [[ -n ${QPS[fqdnd-cached]:-} ]] && ratio "ratio fqdnd/dnsdist cached qps" fqdnd-cached dnsdist-cached
+  [[ -n ${QPS[fqdnd-dot]:-} ]] && ratio "ratio fqdnd/dnsdist dot qps" fqdnd-dot dnsdist-dot
+  [[ -n ${QPS[fqdnd-doh]:-} ]] && ratio "ratio fqdnd/dnsdist doh qps" fqdnd-doh dnsdist-doh
   [[ -n ${QPS[fqdnd]:-} ]] && ratio "ratio fqdnd/dnsdist qps" fqdnd dnsdist
   return 0
 }

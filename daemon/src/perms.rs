@@ -7,10 +7,10 @@
 //!   directories holding them (a writable directory lets the file be replaced; the sticky bit,
 //!   as on `/tmp`, prevents that).
 //! - **Readable by others**, only where something sensitive is. Policies and lists are not
-//!   secret, so the configuration files are not checked for it; the two secrets a
-//!   configuration names — the etcd password file (`auth.passwordFile`) and the dashboard's
-//!   token file (`dashboard.tokenFile`) — are checked where they are read (cluster glue,
-//!   dashboard). What fqdnd *writes* is sensitive too: the query
+//!   secret, so the configuration files are not checked for it; the three secrets a
+//!   configuration names — the etcd password file (`auth.passwordFile`), the dashboard's
+//!   token file (`dashboard.tokenFile`) and the DoT/DoH private key (`tls.key`) — are checked
+//!   where they are read (cluster glue, dashboard, [`crate::tls`]). What fqdnd *writes* is sensitive too: the query
 //!   log and the state directory's journal say which client asked for which name. The query
 //!   log is created 0600; an existing one, or a state directory, that others can read is
 //!   warned about.

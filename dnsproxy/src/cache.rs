@@ -432,7 +432,7 @@ fn plan(answer: &[u8], config: &CacheConfig) -> Option<Plan> {
     let mut negative_ttl: Option<u32> = None;
     for i in 0..u32::from(an) + u32::from(ns) + u32::from(ar) {
         let in_authority = i >= u32::from(an) && i < u32::from(an) + u32::from(ns);
-        pos = skip_name(answer, pos)?;
+        pos = wire::skip_name(answer, pos)?;
         let fixed = answer.get(pos..pos + 10)?;
         let rtype = u16::from_be_bytes([fixed[0], fixed[1]]);
         let ttl = u32::from_be_bytes([fixed[4], fixed[5], fixed[6], fixed[7]]);
@@ -475,22 +475,6 @@ fn plan(answer: &[u8], config: &CacheConfig) -> Option<Plan> {
         ttls,
         lifetime,
     })
-}
-
-/// The offset after the (possibly compressed) name at `pos`.
-fn skip_name(msg: &[u8], mut pos: usize) -> Option<usize> {
-    loop {
-        let len = *msg.get(pos)?;
-        match len {
-            0 => return Some(pos + 1),
-            l if l & 0xc0 == 0xc0 => {
-                msg.get(pos + 1)?;
-                return Some(pos + 2);
-            }
-            l if l & 0xc0 != 0 => return None,
-            l => pos += 1 + usize::from(l),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -66,6 +66,47 @@ pub(crate) struct Opt {
 /// UDP payload size the proxy advertises in the OPT records it writes (RFC 9715's 1232).
 const OPT_PAYLOAD: u16 = 1232;
 
+/// The offset after the (possibly compressed) name at `pos`.
+pub(crate) fn skip_name(msg: &[u8], mut pos: usize) -> Option<usize> {
+    loop {
+        let len = *msg.get(pos)?;
+        match len {
+            0 => return Some(pos + 1),
+            l if l & 0xc0 == 0xc0 => {
+                msg.get(pos + 1)?;
+                return Some(pos + 2);
+            }
+            l if l & 0xc0 != 0 => return None,
+            l => pos += 1 + usize::from(l),
+        }
+    }
+}
+
+/// The smallest TTL of the answer and authority records of a one-question message (OPT
+/// aside), without decoding the records: how long a DoH response may be cached (RFC 8484
+/// §5.1). `None` for a message that does not parse that far; 0 when it has no such record.
+pub(crate) fn min_ttl(msg: &[u8]) -> Option<u32> {
+    let header = msg.get(..HEADER_LEN)?;
+    if qdcount(msg) != 1 {
+        return None;
+    }
+    let count = |i: usize| u32::from(u16::from_be_bytes([header[i], header[i + 1]]));
+    let records = count(6) + count(8);
+    let mut pos = skip_name(msg, HEADER_LEN)? + 4;
+    let mut min: Option<u32> = None;
+    for _ in 0..records {
+        pos = skip_name(msg, pos)?;
+        let fixed = msg.get(pos..pos + 10)?;
+        let rtype = u16::from_be_bytes([fixed[0], fixed[1]]);
+        let ttl = u32::from_be_bytes([fixed[4], fixed[5], fixed[6], fixed[7]]) & 0x7fff_ffff;
+        if rtype != 41 {
+            min = Some(min.map_or(ttl, |m| m.min(ttl)));
+        }
+        pos += 10 + usize::from(u16::from_be_bytes([fixed[8], fixed[9]]));
+    }
+    Some(min.unwrap_or(0))
+}
+
 /// Writes a reply made of `src`'s header and question only: the ID `id`, QR=1, `src`'s opcode,
 /// RD and CD bits, RA=1, TC as given, and `rcode`; `src`'s question is copied when given; an
 /// OPT record is added when `opt` is given. `src` is the query (for replies the
@@ -162,6 +203,32 @@ mod tests {
         q.extend_from_slice(&qtype.to_be_bytes());
         q.extend_from_slice(&1u16.to_be_bytes());
         q
+    }
+
+    #[test]
+    fn min_ttl_is_the_smallest_of_answers_and_authority_but_opt() {
+        use hickory_proto::op::{Edns, Message};
+        use hickory_proto::rr::{Name, RData, Record, rdata::A};
+        let name = Name::from_ascii("www.example.").unwrap();
+        let mut m = Message::response(7, hickory_proto::op::OpCode::Query);
+        m.add_query(hickory_proto::op::Query::query(
+            name.clone(),
+            hickory_proto::rr::RecordType::A,
+        ));
+        for ttl in [300, 60, 3600] {
+            m.add_answer(Record::from_rdata(
+                name.clone(),
+                ttl,
+                RData::A(A::new(192, 0, 2, 1)),
+            ));
+        }
+        m.set_edns(Edns::new());
+        let bytes = m.to_vec().unwrap();
+        assert_eq!(min_ttl(&bytes), Some(60));
+        // No record: nothing to keep it for.
+        assert_eq!(min_ttl(&query(b"\x01a\x00", 1)), Some(0));
+        // Cut in a record: not a message.
+        assert_eq!(min_ttl(&bytes[..bytes.len() - 20]), None);
     }
 
     #[test]

@@ -32,6 +32,7 @@ use super::{EncryptedConfig, EncryptedError};
 use crate::policy::Transport;
 use crate::proxy::{Handled, Shared, Worker};
 use crate::upstream::{ReplyTo, TcpOut, TcpReply};
+use crate::wire;
 
 /// The media type of a DNS message (RFC 8484 §6).
 const DNS_MESSAGE: &str = "application/dns-message";
@@ -44,8 +45,9 @@ const MAX_HEADERS: usize = 16 * 1024;
 const MAX_PENDING_RESETS: usize = 20;
 /// HTTP/2 streams the server reset for protocol errors, at most, before GOAWAY.
 const MAX_ERROR_RESETS: usize = 1024;
-/// Idle per-connection workers kept for the next requests.
-const SPARE_WORKERS: usize = 8;
+/// Idle per-connection workers kept for the next requests (a worker's buffers are reused, not
+/// made again per request).
+const SPARE_WORKERS: usize = 128;
 
 /// Serves DoH on an established TLS connection until the client goes, the idle timeout
 /// passes with nothing in flight, or an HTTP error ends it (counted).
@@ -198,8 +200,8 @@ struct Connection {
     server: SocketAddr,
     path: String,
     activity: Arc<Activity>,
-    /// Workers (and answer decoders) of finished requests, for the next ones.
-    spare: Mutex<Vec<(Worker, fqdnd_dnswire::Decoder)>>,
+    /// Workers of finished requests, for the next ones.
+    spare: Mutex<Vec<Worker>>,
 }
 
 impl Connection {
@@ -213,12 +215,12 @@ impl Connection {
                 return plain(status);
             }
         };
-        let (mut worker, mut decoder) = self
+        let mut worker = self
             .spare
             .lock()
             .ok()
             .and_then(|mut spare| spare.pop())
-            .unwrap_or_else(|| (Worker::new(0), fqdnd_dnswire::Decoder::new()));
+            .unwrap_or_else(|| Worker::new(0));
         let (tx, mut rx) = mpsc::unbounded_channel::<TcpOut>();
         let handled = self
             .shared
@@ -245,11 +247,7 @@ impl Connection {
         };
         let response = match reply {
             Some(reply) => {
-                let max_age = decoder
-                    .decode(&reply)
-                    .ok()
-                    .and_then(|d| d.answers.iter().map(|rr| rr.ttl).min())
-                    .unwrap_or(0);
+                let max_age = wire::min_ttl(&reply).unwrap_or(0);
                 dns_message(reply, max_age)
             }
             // Dropped (rate limit) or no answer in time (`onUpstreamTimeout: noReply`).
@@ -258,7 +256,7 @@ impl Connection {
         if let Ok(mut spare) = self.spare.lock()
             && spare.len() < SPARE_WORKERS
         {
-            spare.push((worker, decoder));
+            spare.push(worker);
         }
         response
     }
@@ -320,7 +318,7 @@ fn dns_parameter(query: &str) -> Option<Vec<u8>> {
 }
 
 /// A 200 carrying a DNS message, fresh for `max_age` seconds (the smallest TTL of its
-/// answers, RFC 8484 §5.1).
+/// records, RFC 8484 §5.1).
 fn dns_message(reply: Vec<u8>, max_age: u32) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(reply)));
     let headers = response.headers_mut();

@@ -476,3 +476,50 @@ async fn doh_answers_many_concurrent_streams_on_one_connection() {
     assert_eq!(answered, 1000);
     h.stop().await;
 }
+
+/// Headers over 16 KiB: refused (HTTP/1.1: 431 and the connection closed, counted; HTTP/2: the
+/// stream refused), and the next client is served.
+#[tokio::test]
+async fn oversized_headers_are_refused_and_others_are_served() {
+    let (h, cert) = encrypted_proxy(|_| {}).await;
+    let doh = h.doh.unwrap();
+    let q = query("www.example.", RecordType::A, None);
+    for h2 in [false, true] {
+        let mut request = post("/dns-query", "application/dns-message", q.clone());
+        request.headers_mut().insert(
+            "x-padding",
+            hyper::header::HeaderValue::from_str(&"a".repeat(40_000)).unwrap(),
+        );
+        let alpn: &[u8] = if h2 { b"h2" } else { b"http/1.1" };
+        let io = TokioIo::new(tls(doh, &cert, &[alpn]).await);
+        let status = if h2 {
+            let (mut sender, conn) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+                    .await
+                    .unwrap();
+            tokio::spawn(conn);
+            patiently(sender.send_request(request))
+                .await
+                .map(|r| r.status().as_u16())
+        } else {
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+            tokio::spawn(conn);
+            patiently(sender.send_request(request))
+                .await
+                .map(|r| r.status().as_u16())
+        };
+        assert!(
+            status.as_ref().is_err() || status.as_ref().is_ok_and(|s| *s == 431),
+            "h2 {h2}: {status:?}"
+        );
+        let (status, ..) = doh_request(
+            doh,
+            &cert,
+            h2,
+            post("/dns-query", "application/dns-message", q.clone()),
+        )
+        .await;
+        assert_eq!(status, 200);
+    }
+    h.stop().await;
+}
