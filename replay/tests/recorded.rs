@@ -11,7 +11,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
-use fqdnd_replay::record::{Bounds, Note, Packet, Recording, Way};
+use fqdnd_replay::record::{Bounds, Encryption, Note, Packet, Recording, Way};
 use fqdnd_replay::{
     IdentityMode, Limits, Options, PreviewOptions, PreviewReport, SettingsOverrides, Transport,
     preview, replay,
@@ -58,6 +58,8 @@ struct Exchange {
     transport: Transport,
     /// The endpoint the note names, and whether the kernel named it by socket.
     endpoint: Option<(u16, bool)>,
+    /// DoT or DoH, when the query came encrypted (a gateway's `tls` listeners).
+    encrypted: Option<Encryption>,
     /// The answer's address; `None`: REFUSED (the policy in force refused the query).
     answer: Option<Ipv4Addr>,
 }
@@ -96,7 +98,7 @@ fn record(dir: &Path, exchanges: &[Exchange]) -> PathBuf {
         let note = |way, verdict| Note {
             way,
             transport: e.transport,
-            encrypted: None,
+            encrypted: e.encrypted,
             endpoint: e.endpoint.map(|(id, _)| id),
             by_socket: e.endpoint.is_some_and(|(_, by_socket)| by_socket),
             verdict,
@@ -158,6 +160,7 @@ fn exchanges() -> Vec<Exchange> {
             name: "api.example.test.",
             transport: Transport::Udp,
             endpoint: runner,
+            encrypted: None,
             answer: api,
         },
         Exchange {
@@ -165,6 +168,7 @@ fn exchanges() -> Vec<Exchange> {
             name: "api.example.test.",
             transport: Transport::Tcp,
             endpoint: runner,
+            encrypted: None,
             answer: api,
         },
         Exchange {
@@ -172,6 +176,7 @@ fn exchanges() -> Vec<Exchange> {
             name: "evil.example.test.",
             transport: Transport::Udp,
             endpoint: runner,
+            encrypted: None,
             answer: evil,
         },
         Exchange {
@@ -179,6 +184,7 @@ fn exchanges() -> Vec<Exchange> {
             name: "evil.example.test.",
             transport: Transport::Udp,
             endpoint: Some((3, false)),
+            encrypted: None,
             answer: evil,
         },
     ]
@@ -224,6 +230,51 @@ fn the_preview_judges_each_query_for_its_socket_named_endpoint_by_its_transport(
         ],
         "{report:?}"
     );
+}
+
+/// A gateway's recording of DoT and DoH queries (`encrypted=dot|doh` in the note): the preview
+/// judges them as the services on TCP 853 and 443, as the gateway does (issue 40).
+#[test]
+fn the_preview_judges_dot_and_doh_queries_as_tcp_853_and_443() {
+    let dir = tempfile::tempdir().unwrap();
+    let web = |encrypted| Exchange {
+        client: "10.1.0.5:40002",
+        name: "api.example.test.",
+        transport: Transport::Tcp,
+        endpoint: Some((3, false)),
+        encrypted,
+        answer: Some(Ipv4Addr::new(192, 0, 2, 1)),
+    };
+    let trace = record(
+        dir.path(),
+        &[
+            web(None),
+            web(Some(Encryption::Dot)),
+            web(Some(Encryption::Doh)),
+        ],
+    );
+    let endpoints = dir.path().join("endpoints.yaml");
+    std::fs::write(&endpoints, ENDPOINTS).unwrap();
+    let baseline = policy(dir.path(), "baseline", "ANY", "{matchPattern: \"*\"}");
+    // Port 53 only: plain TCP allowed, DoT and DoH refused.
+    let plain = policy(dir.path(), "plain", "ANY", "{matchName: api.example.test}");
+    let report = run_preview(trace.clone(), plain, baseline.clone(), &endpoints);
+    assert_eq!(report.baseline.queries_allowed, 1, "{report:?}");
+    assert_eq!(report.policy.queries_allowed, 1, "{report:?}");
+    assert_eq!(report.policy.queries_refused, 2, "{report:?}");
+    // DoT's port too: plain and DoT allowed, DoH refused.
+    let dot = dir.path().join("dot.yaml");
+    std::fs::write(
+        &dot,
+        "apiVersion: cilium.io/v2\nkind: CiliumClusterwideNetworkPolicy\nmetadata: {name: dot}\n\
+         spec:\n  endpointSelector: {}\n  egress:\n  - toCIDR: [10.0.0.53/32]\n    toPorts:\n    \
+         - ports: [{port: \"53\", protocol: ANY}, {port: \"853\", protocol: TCP}]\n      rules:\n        \
+         dns: [{matchName: api.example.test}]\n",
+    )
+    .unwrap();
+    let report = run_preview(trace, dot, baseline, &endpoints);
+    assert_eq!(report.policy.queries_allowed, 2, "{report:?}");
+    assert_eq!(report.policy.queries_refused, 1, "{report:?}");
 }
 
 /// Recordings made before TCP was written as TCP hold a query that came over TCP as a
@@ -288,6 +339,7 @@ fn replay_learns_for_the_socket_named_endpoint() {
         name: "api.example.test.",
         transport: Transport::Udp,
         endpoint: Some((99, true)),
+        encrypted: None,
         answer: Some(Ipv4Addr::new(192, 0, 2, 1)),
     });
     let trace = record(dir.path(), &all);
