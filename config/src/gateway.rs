@@ -7,7 +7,11 @@
 //! kind: Gateway
 //! spec:
 //!   listen: ["127.0.0.1:53", "[::1]:53"]    # UDP and TCP
-//!   upstreams: ["192.0.2.53:53"]             # a health-checked pool
+//!   upstreams: ["192.0.2.53:53"]             # a health-checked pool; also encrypted:
+//!                                             # tls://192.0.2.53#dns.example (DoT, port 853),
+//!                                             # https://192.0.2.53/dns-query#dns.example (DoH)
+//!   upstreamCA: /etc/fqdnd/upstream-ca.pem    # trust for tls:// and https:// upstreams
+//!                                             # (default: /etc/ssl/certs/ca-certificates.crt)
 //!   staticZones:                              # zones served from memory (tests, air-gapped)
 //!   - origin: example.test
 //!     file: zones/example.test.zone           # or `records: |` with the zone text inline
@@ -74,10 +78,15 @@ use crate::dns::{
 };
 
 use crate::cnp::ObjectMeta;
+use crate::upstream::Upstream;
 use crate::yaml::{Diag, Text, at, duration, sanitize, shape};
 
 /// Where the gateway's admin API listens unless told otherwise.
 pub const DEFAULT_GATEWAY_ADMIN_SOCKET: &str = "/run/fqdnd/gateway.sock";
+
+/// The trust store of encrypted upstreams unless `upstreamCA` names another: Debian's system
+/// bundle (package `ca-certificates`).
+pub const DEFAULT_UPSTREAM_CA: &str = "/etc/ssl/certs/ca-certificates.crt";
 
 /// Where the node agent's admin API listens unless told otherwise (not the gateway's: both
 /// may run on one host).
@@ -136,7 +145,7 @@ pub struct ZoneUpstreams {
     /// The zone, canonical (lowercase, trailing dot), e.g. `corp.example.`.
     pub zone: String,
     /// Its upstreams.
-    pub upstreams: Vec<SocketAddr>,
+    pub upstreams: Vec<Upstream>,
 }
 
 /// Allow and deny lists.
@@ -282,7 +291,10 @@ pub struct Gateway {
     /// Addresses served over UDP and TCP.
     pub listen: Vec<SocketAddr>,
     /// The upstream pool.
-    pub upstreams: Vec<SocketAddr>,
+    pub upstreams: Vec<Upstream>,
+    /// The PEM bundle the certificates of `tls://` and `https://` upstreams are checked
+    /// against (`upstreamCA`); `None`: the system's, [`DEFAULT_UPSTREAM_CA`].
+    pub upstream_ca: Option<PathBuf>,
     /// Zones whose names go to upstreams of their own (the longest zone holding a name wins;
     /// the rest go to `upstreams`).
     pub zone_upstreams: Vec<ZoneUpstreams>,
@@ -378,6 +390,8 @@ struct DaemonSpec {
     // Gateway only.
     listen: Option<Vec<Text>>,
     upstreams: Option<Vec<Text>>,
+    #[serde(rename = "upstreamCA")]
+    upstream_ca: Option<Text>,
     zone_upstreams: Option<Vec<Spanned<ZoneUpstreamsSpec>>>,
     static_zones: Option<Vec<Spanned<ZoneSpec>>>,
     enforce_interfaces: Option<Vec<Text>>,
@@ -527,10 +541,11 @@ pub(crate) fn gateway(doc: &Spanned<DaemonDoc>, diag: &mut Diag<'_>) -> Option<G
         }
     }
     for text in spec.upstreams.iter().flatten() {
-        if let Some(addr) = socket_addr("upstreams", text, diag) {
-            g.upstreams.push(addr);
+        if let Some(upstream) = upstream("upstreams", text, diag) {
+            g.upstreams.push(upstream);
         }
     }
+    g.upstream_ca = spec.upstream_ca.as_ref().map(relative);
     for z in spec.zone_upstreams.iter().flatten() {
         let Some(zone) = zone_name(&z.value.zone, diag) else {
             continue;
@@ -539,11 +554,11 @@ pub(crate) fn gateway(doc: &Spanned<DaemonDoc>, diag: &mut Diag<'_>) -> Option<G
             diag.invalid(at(&z.value.zone), format!("zone {zone} is listed twice"));
             continue;
         }
-        let upstreams: Vec<SocketAddr> = z
+        let upstreams: Vec<Upstream> = z
             .value
             .upstreams
             .iter()
-            .filter_map(|text| socket_addr("zoneUpstreams[].upstreams", text, diag))
+            .filter_map(|text| upstream("zoneUpstreams[].upstreams", text, diag))
             .collect();
         if z.value.upstreams.is_empty() {
             diag.invalid(at(z), format!("zone {zone} needs at least one upstream"));
@@ -666,6 +681,7 @@ pub(crate) fn node(doc: &Spanned<DaemonDoc>, diag: &mut Diag<'_>) -> Option<Node
     let spec = &spec.value;
     if spec.listen.is_some()
         || spec.upstreams.is_some()
+        || spec.upstream_ca.is_some()
         || spec.zone_upstreams.is_some()
         || spec.static_zones.is_some()
         || spec.enforce_interfaces.is_some()
@@ -676,8 +692,8 @@ pub(crate) fn node(doc: &Spanned<DaemonDoc>, diag: &mut Diag<'_>) -> Option<Node
             spec_at,
             "a `Node` forwards each query to the resolver the endpoint asked (its original \
              destination, no answer cache, as Cilium's proxy) and enforces every declared \
-             endpoint's interface: `listen`, `upstreams`, `zoneUpstreams`, `staticZones`, `enforceInterfaces`, \
-             `cache` and `tls` belong to a `kind: Gateway`",
+             endpoint's interface: `listen`, `upstreams`, `upstreamCA`, `zoneUpstreams`, `staticZones`, \
+             `enforceInterfaces`, `cache` and `tls` belong to a `kind: Gateway`",
         );
     }
     if let Some(port) = &spec.dns_proxy_port {
@@ -936,6 +952,17 @@ fn socket_addr(field: &str, text: &Text, diag: &mut Diag<'_>) -> Option<SocketAd
                     sanitize(&text.value)
                 ),
             );
+            None
+        }
+    }
+}
+
+/// One upstream entry (see [`crate::upstream`]).
+fn upstream(field: &str, text: &Text, diag: &mut Diag<'_>) -> Option<Upstream> {
+    match crate::upstream::parse(&text.value) {
+        Ok(upstream) => Some(upstream),
+        Err(reason) => {
+            diag.invalid(at(text), format!("`{field}` {}", sanitize(&reason)));
             None
         }
     }

@@ -52,6 +52,7 @@ mod load;
 mod service;
 mod settings;
 mod shared;
+mod upstream;
 mod warnings;
 mod yaml;
 
@@ -71,13 +72,14 @@ pub use endpoint::Cgroup;
 pub use error::{Duplicated, Error, Errors, Unsupported};
 pub use gateway::{
     Conntrack, DEFAULT_DNS_PROXY_PORT, DEFAULT_GATEWAY_ADMIN_SOCKET, DEFAULT_NODE_ADMIN_SOCKET,
-    DEFAULT_NODE_ENDPOINTS_ROOT, Daemon, Gateway, Lists, MAX_CONNTRACK_LIFETIME, MapSizes, Node,
+    DEFAULT_NODE_ENDPOINTS_ROOT, DEFAULT_UPSTREAM_CA, Daemon, Gateway, Lists, MAX_CONNTRACK_LIFETIME, MapSizes, Node,
     RateLimit, StaticZone, ZoneSource, ZoneUpstreams, default_endpoints_file,
 };
 pub use load::{CILIUM_API_VERSION, FQDND_API_VERSION, load, load_str};
 pub use service::Service;
 pub use settings::{MAX_PROXY_RESPONSE_DELAY, MIN_GC_INTERVAL, Settings};
 pub use shared::{SharedPolicy, SharedPolicySet, SharedUpdate, shared_policies};
+pub use upstream::{DOH_PATH, DOH_PORT, DOT_PORT, Upstream, UpstreamProtocol};
 pub use warnings::{DeadReason, Warning};
 
 /// A realistic policy file: Settings, two Endpoints and CiliumNetworkPolicies for DNS

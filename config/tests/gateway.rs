@@ -151,3 +151,38 @@ fn zone_upstreams_are_read_canonical_and_checked() {
     let errors = load_str(node, file()).unwrap_err().to_string();
     assert!(errors.contains("`zoneUpstreams`"), "{errors}");
 }
+
+#[test]
+fn encrypted_upstreams_and_their_trust_store_are_read_and_located() {
+    let text = gateway(
+        "  listen: [\"127.0.0.1:5353\"]\n  upstreams: [\"tls://192.0.2.53#dns.example\", \"https://192.0.2.54:8443/q\", \"192.0.2.55:53\"]\n  upstreamCA: certs/ca.pem\n  zoneUpstreams:\n  - zone: corp.example\n    upstreams: [\"tls://[2001:db8::53]:8853\"]\n",
+    );
+    let g = load_str(&text, file()).unwrap().gateway.unwrap();
+    let shown: Vec<String> = g.upstreams.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        shown,
+        [
+            "tls://192.0.2.53:853#dns.example",
+            "https://192.0.2.54:8443/q",
+            "192.0.2.55:53"
+        ]
+    );
+    assert_eq!(
+        g.zone_upstreams[0].upstreams[0].to_string(),
+        "tls://[2001:db8::53]:8853"
+    );
+    let ca = g.upstream_ca.unwrap();
+    assert!(ca.ends_with("certs/ca.pem") && ca.is_absolute(), "{ca:?}");
+
+    let bad = gateway(
+        "  listen: [\"127.0.0.1:5353\"]\n  upstreams:\n  - tls://dns.example:853\n  zoneUpstreams:\n  - zone: corp.example\n    upstreams: [\"https://192.0.2.1/q#not a name\"]\n",
+    );
+    let errors = load_str(&bad, file()).unwrap_err().to_string();
+    assert!(errors.contains("must be an IP address"), "{errors}");
+    assert!(errors.contains("gateway.yaml:6:5"), "located: {errors}");
+    assert!(errors.contains("is not a server name"), "{errors}");
+
+    let node = "apiVersion: fqdnd.io/v1\nkind: Node\nspec:\n  upstreamCA: ca.pem\n";
+    let errors = load_str(node, file()).unwrap_err().to_string();
+    assert!(errors.contains("`upstreamCA`"), "{errors}");
+}
