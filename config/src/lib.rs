@@ -72,8 +72,9 @@ pub use endpoint::Cgroup;
 pub use error::{Duplicated, Error, Errors, Unsupported};
 pub use gateway::{
     Conntrack, DEFAULT_DNS_PROXY_PORT, DEFAULT_GATEWAY_ADMIN_SOCKET, DEFAULT_NODE_ADMIN_SOCKET,
-    DEFAULT_NODE_ENDPOINTS_ROOT, DEFAULT_UPSTREAM_CA, Daemon, Gateway, Lists, MAX_CONNTRACK_LIFETIME, MapSizes, Node,
-    RateLimit, StaticZone, ZoneSource, ZoneUpstreams, default_endpoints_file,
+    DEFAULT_NODE_ENDPOINTS_ROOT, DEFAULT_UPSTREAM_CA, Daemon, Gateway, Lists,
+    MAX_CONNTRACK_LIFETIME, MapSizes, Node, RateLimit, StaticZone, ZoneSource, ZoneUpstreams,
+    default_endpoints_file,
 };
 pub use load::{CILIUM_API_VERSION, FQDND_API_VERSION, load, load_str};
 pub use service::Service;

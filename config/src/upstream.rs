@@ -178,7 +178,9 @@ fn address(text: &str, authority: &str, default_port: u16) -> Result<SocketAddr,
              e.g. `tls://192.0.2.1#{host}`"
         ));
     }
-    Err(format!("{text:?}: {authority:?} is not an IP address with an optional port: {FORMS}"))
+    Err(format!(
+        "{text:?}: {authority:?} is not an IP address with an optional port: {FORMS}"
+    ))
 }
 
 /// A DNS host name: labels of letters, digits, `-` and `_`, 1 to 63 bytes, at most 253 in all,
@@ -285,7 +287,10 @@ mod tests {
             ("tls://192.0.2.1#bad name", "is not a server name"),
             ("tls://192.0.2.1#10.0.0.1", "is not a server name"),
             ("tls://192.0.2.1:0", "port 0"),
-            ("tls://192.0.2.1:99999", "is not an IP address with an optional port"),
+            (
+                "tls://192.0.2.1:99999",
+                "is not an IP address with an optional port",
+            ),
             ("https://192.0.2.1/q?dns=1", "query string"),
             ("https://dns.example/dns-query", "must be an IP address"),
         ] {

@@ -280,7 +280,7 @@ fn main() {
         listen_udp: vec![a.listen],
         listen_tcp: if a.serve { vec![a.listen] } else { vec![] },
         udp_sockets_per_address: a.udp_sockets,
-        upstreams: vec![upstream],
+        upstreams: vec![upstream.into()],
         upstream_sockets: a.upstream_sockets,
         ..Config::default()
     };

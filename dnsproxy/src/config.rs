@@ -68,7 +68,11 @@ pub struct Config {
     /// Upstream servers, tried in order of health (the gateway's default pool). May be empty
     /// only with `forward_to_original_destination` or `zones` (names outside every zone are
     /// then REFUSED).
-    pub upstreams: Vec<SocketAddr>,
+    /// Each plain (`192.0.2.1:53`), DNS over TLS or DNS over HTTPS ([`crate::UpstreamAddr`]).
+    pub upstreams: Vec<crate::UpstreamAddr>,
+    /// The PEM bundle the certificates of encrypted upstreams are verified against; `None`:
+    /// the system's ([`crate::SYSTEM_CA`]). Read at bind, only if an upstream is encrypted.
+    pub upstream_ca: Option<std::path::PathBuf>,
     /// Per-zone upstreams: a name in one of these zones (the longest that holds it) goes to
     /// that zone's pool instead of `upstreams`.
     pub zones: Vec<crate::ZoneUpstreams>,
@@ -157,6 +161,7 @@ impl Default for Config {
             listen_tcp: Vec::new(),
             udp_sockets_per_address: std::thread::available_parallelism().map_or(1, usize::from),
             upstreams: Vec::new(),
+            upstream_ca: None,
             zones: Vec::new(),
             upstream_sockets: 4,
             upstream_socket_max_queries: 4096,

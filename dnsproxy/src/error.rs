@@ -47,6 +47,14 @@ pub enum Error {
         /// The system's error (in the message, so not a `source`).
         error: io::Error,
     },
+    /// The trust store of the encrypted upstreams cannot be read.
+    #[error("cannot read the CA bundle for encrypted DNS upstreams {}: {reason}", path.display())]
+    UpstreamCa {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong with it, and which setting names it.
+        reason: String,
+    },
     /// A listener failed while running (not a per-packet error).
     #[error("DNS {transport} listener on {addr} failed: {error}")]
     Listener {

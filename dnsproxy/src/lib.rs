@@ -111,7 +111,10 @@ mod ratelimit;
 mod record;
 mod transparent;
 mod upstream;
+mod upstream_encrypted;
+mod upstream_https;
 mod upstream_socket;
+mod upstream_tls;
 mod wire;
 mod zones;
 
@@ -136,6 +139,7 @@ pub use observer::{Observation, ObserveError, ObserveFuture, ResponseContext, Re
 pub use policy::{QueryInfo, QueryPolicy, Redirect, Transport, Verdict};
 pub use querylog::{QueryLog, QueryLogEntry, QueryResult};
 pub use record::{Direction, Recorded, Recorder};
+pub use upstream_encrypted::{SYSTEM_CA, UpstreamAddr, UpstreamProtocol};
 pub use zones::ZoneUpstreams;
 
 use crate::metrics::Metrics;
@@ -259,20 +263,30 @@ impl DnsProxy {
         };
         // The default pool first, then each zone's ([`zones::Pools`] ranges into this list).
         let pools = zones::Pools::new(config.upstreams.len(), &config.zones)?;
-        let all: Vec<SocketAddr> = config
+        let all: Vec<&UpstreamAddr> = config
             .upstreams
             .iter()
             .chain(config.zones.iter().flat_map(|z| &z.upstreams))
-            .copied()
             .collect();
+        // The trust store is read only when an upstream needs it.
+        let tls = if all.iter().any(|u| u.is_encrypted()) {
+            Some(upstream_encrypted::TlsConfigs::load(
+                config.upstream_ca.as_deref(),
+            )?)
+        } else {
+            None
+        };
         let mut upstreams = Vec::with_capacity(all.len());
-        for &addr in &all {
-            upstreams.push(Arc::new(Upstream::bind(
-                addr,
-                config.upstream_sockets,
-                rotation,
-                Metrics::upstream_up(addr),
-            )?));
+        for upstream in all {
+            let up = Metrics::upstream_up(upstream);
+            upstreams.push(Arc::new(match &tls {
+                Some(tls) if upstream.is_encrypted() => Upstream::encrypted(
+                    upstream,
+                    tls.encrypted(upstream, config.upstream_timeout)?,
+                    up,
+                ),
+                _ => Upstream::bind(upstream.addr, config.upstream_sockets, rotation, up)?,
+            }));
         }
         let metrics = Metrics::new();
         let (new_sockets_tx, new_sockets) = mpsc::unbounded_channel();
@@ -412,6 +426,18 @@ impl DnsProxy {
             }
         }
         for upstream in &shared.upstreams {
+            // An encrypted upstream: its transport, and the receiver of what it hands over.
+            if let Some(transport) = upstream.encrypted.as_ref().and_then(|e| e.take_transport()) {
+                let (answers, received) = mpsc::unbounded_channel();
+                let h = tasks.spawn(async move {
+                    transport.run(answers).await;
+                    Ok(())
+                });
+                names.insert(h.id(), UPSTREAM_RECEIVER);
+                let h = tasks.spawn(shared.clone().stream_loop(upstream.clone(), received));
+                names.insert(h.id(), UPSTREAM_RECEIVER);
+                continue;
+            }
             for si in 0..upstream.slots() {
                 let socket = upstream.socket(si);
                 let h = tasks.spawn(shared.clone().upstream_loop(upstream.clone(), socket));

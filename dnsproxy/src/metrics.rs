@@ -34,6 +34,10 @@ pub const CONCURRENCY_LIMITED: &str = "fqdnd_dns_concurrency_limited_total";
 pub const INFLIGHT: &str = "fqdnd_dns_inflight";
 /// 1 while an upstream is considered alive (`upstream` label: its address).
 pub const UPSTREAM_UP: &str = "fqdnd_dns_upstream_up";
+/// Connections opened to an encrypted (DoT, DoH) upstream (`upstream` label: as configured,
+/// e.g. `tls://192.0.2.1:853#dns.example`; `result` label: `ok`, or `failed` when the TCP
+/// connection, the TLS handshake (a certificate that does not verify) or HTTP/2 failed).
+pub const UPSTREAM_CONNECTIONS: &str = "fqdnd_dns_upstream_connections_total";
 /// Held answers whose observer did not finish in time or failed (`reason` label: `timeout`,
 /// `observer_error`), whatever the fallback.
 pub const HOLD_FALLBACKS: &str = "fqdnd_dns_hold_fallbacks_total";
@@ -185,6 +189,12 @@ pub const SERIES: &[Series] = &[
         Kind::Gauge,
         None,
         "1 while the upstream is considered alive",
+    ),
+    series(
+        UPSTREAM_CONNECTIONS,
+        Kind::Counter,
+        COUNT,
+        "connections opened to an encrypted (DoT, DoH) upstream, by result",
     ),
     series(
         HOLD_FALLBACKS,
@@ -389,6 +399,8 @@ pub(crate) enum HoldFailure {
 pub struct UpstreamHealth {
     /// The upstream's address.
     pub addr: SocketAddr,
+    /// The upstream as configured: its address, or its `tls://` / `https://` URL.
+    pub label: String,
     /// Whether queries are sent to it.
     pub alive: bool,
     /// Timeout sweeps that found its queries or probe expired since its last good answer (at
@@ -655,7 +667,17 @@ impl Metrics {
     }
 
     /// The `fqdnd_dns_upstream_up` gauge of one upstream.
-    pub(crate) fn upstream_up(addr: SocketAddr) -> Gauge {
-        metrics::gauge!(UPSTREAM_UP, "upstream" => addr.to_string())
+    pub(crate) fn upstream_up(upstream: &crate::UpstreamAddr) -> Gauge {
+        metrics::gauge!(UPSTREAM_UP, "upstream" => upstream.to_string())
+    }
+
+    /// The `fqdnd_dns_upstream_connections_total` counters of one encrypted upstream: `ok`,
+    /// `failed`.
+    pub(crate) fn upstream_connections(upstream: &crate::UpstreamAddr) -> (Counter, Counter) {
+        let label = upstream.to_string();
+        (
+            metrics::counter!(UPSTREAM_CONNECTIONS, "upstream" => label.clone(), "result" => "ok"),
+            metrics::counter!(UPSTREAM_CONNECTIONS, "upstream" => label, "result" => "failed"),
+        )
     }
 }

@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use crate::error::Error;
 use crate::metrics::UpstreamHealth;
 use crate::policy::Transport;
+use crate::upstream_encrypted::Encrypted;
 use crate::upstream_socket::{Rotation, UpstreamSocket};
 use crate::wire::Opt;
 
@@ -106,6 +107,11 @@ pub(crate) struct Asked {
 /// One upstream server.
 pub(crate) struct Upstream {
     pub(crate) addr: SocketAddr,
+    /// As configured (`192.0.2.1:53`, `tls://…`), for logs.
+    pub(crate) label: String,
+    /// DoT or DoH: queries leave through this transport, not through UDP sockets (its single
+    /// slot holds the in-flight table only; see [`crate::upstream_encrypted`]).
+    pub(crate) encrypted: Option<Encrypted>,
     /// The sockets queries leave on; each slot's socket is replaced by rotation.
     slots: Vec<RwLock<Arc<UpstreamSocket>>>,
     /// Retired sockets whose queries are still in flight (their receivers run until drained).
@@ -144,6 +150,8 @@ impl Upstream {
         up_gauge.set(1.0);
         Ok(Self {
             addr,
+            label: addr.to_string(),
+            encrypted: None,
             slots,
             draining: Mutex::new(Vec::new()),
             rotation,
@@ -154,6 +162,35 @@ impl Upstream {
             probing: AtomicBool::new(false),
             up_gauge,
         })
+    }
+
+    /// An encrypted upstream: one slot (never rotated) whose table has no UDP socket; its
+    /// queries go to `encrypted`.
+    pub(crate) fn encrypted(
+        upstream: &crate::UpstreamAddr,
+        encrypted: Encrypted,
+        up_gauge: Gauge,
+    ) -> Self {
+        up_gauge.set(1.0);
+        let never = Rotation {
+            max_queries: 0,
+            max_age: Duration::ZERO,
+        };
+        let socket = UpstreamSocket::without_socket(never, Instant::now());
+        Self {
+            addr: upstream.addr,
+            label: upstream.to_string(),
+            encrypted: Some(encrypted),
+            slots: vec![RwLock::new(Arc::new(socket))],
+            draining: Mutex::new(Vec::new()),
+            rotation: never,
+            alive: AtomicBool::new(true),
+            failures: AtomicU32::new(0),
+            last_rtt_us: AtomicU64::new(u64::MAX),
+            last_answer_ms: AtomicU64::new(0),
+            probing: AtomicBool::new(false),
+            up_gauge,
+        }
     }
 
     /// Number of socket slots.
@@ -224,7 +261,7 @@ impl Upstream {
             self.failures.store(0, Ordering::Relaxed);
         }
         if !self.alive.load(Ordering::Relaxed) && !self.alive.swap(true, Ordering::Relaxed) {
-            tracing::info!(upstream = %self.addr, "DNS upstream is back");
+            tracing::info!(upstream = %self.label, "DNS upstream is back");
             self.up_gauge.set(1.0);
         }
         let rtt_us = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX - 1);
@@ -242,7 +279,7 @@ impl Upstream {
             .fetch_add(1, Ordering::Relaxed)
             .saturating_add(1);
         if n >= threshold && self.alive.swap(false, Ordering::Relaxed) {
-            tracing::warn!(upstream = %self.addr, failures = n, "DNS upstream marked dead");
+            tracing::warn!(upstream = %self.label, failures = n, "DNS upstream marked dead");
             self.up_gauge.set(0.0);
         }
     }
@@ -255,6 +292,7 @@ impl Upstream {
         let rtt = self.last_rtt_us.load(Ordering::Relaxed);
         UpstreamHealth {
             addr: self.addr,
+            label: self.label.clone(),
             alive: self.is_alive(),
             consecutive_failures: self.failures.load(Ordering::Relaxed),
             last_rtt: (rtt != u64::MAX).then(|| Duration::from_micros(rtt)),

@@ -247,7 +247,8 @@ impl VacantId<'_> {
 
 /// One connected UDP socket towards an upstream, with its in-flight table.
 pub(crate) struct UpstreamSocket {
-    pub(crate) socket: UdpSocket,
+    /// `None` for an encrypted upstream's table (its queries leave on its connections).
+    pub(crate) socket: Option<UdpSocket>,
     /// Its local port (for logs and tests).
     pub(crate) port: u16,
     table: Mutex<Table>,
@@ -273,8 +274,17 @@ impl UpstreamSocket {
     ) -> std::io::Result<Self> {
         let socket = connect_udp(upstream)?;
         let port = socket.local_addr()?.port();
+        Ok(Self::with(Some(socket), port, rotation, now))
+    }
+
+    /// The in-flight table of an encrypted upstream, without a UDP socket.
+    pub(crate) fn without_socket(rotation: Rotation, now: Instant) -> Self {
+        Self::with(None, 0, rotation, now)
+    }
+
+    fn with(socket: Option<UdpSocket>, port: u16, rotation: Rotation, now: Instant) -> Self {
         let age_ms = u64::try_from(rotation.max_age.as_millis()).unwrap_or(u64::MAX);
-        Ok(Self {
+        Self {
             socket,
             port,
             table: Mutex::new(Table::new()),
@@ -288,7 +298,7 @@ impl UpstreamSocket {
             due_age_ms: AtomicU64::new(if age_ms == 0 { u64::MAX } else { age_ms }),
             retired: AtomicBool::new(false),
             drained: Notify::new(),
-        })
+        }
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, Table> {

@@ -14,7 +14,7 @@ pub struct ZoneUpstreams {
     /// The zone, e.g. `corp.example` (a trailing dot and the case do not matter).
     pub zone: String,
     /// Its upstreams, used round robin among the live ones as the default pool's are.
-    pub upstreams: Vec<std::net::SocketAddr>,
+    pub upstreams: Vec<crate::UpstreamAddr>,
 }
 
 /// The pools, as ranges of the proxy's upstream list.
@@ -105,7 +105,7 @@ mod tests {
         ZoneUpstreams {
             zone: zone.into(),
             upstreams: (0..n)
-                .map(|i| std::net::SocketAddr::from(([192, 0, 2, i as u8 + 1], 53)))
+                .map(|i| std::net::SocketAddr::from(([192, 0, 2, i as u8 + 1], 53)).into())
                 .collect(),
         }
     }

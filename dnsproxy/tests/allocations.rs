@@ -139,7 +139,7 @@ fn allocations_per_run(tweak: impl FnOnce(&mut Config)) -> u64 {
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut config = Config {
         listen_udp: vec!["127.0.0.1:0".parse().unwrap()],
-        upstreams: vec![upstream()],
+        upstreams: vec![upstream().into()],
         udp_sockets_per_address: 2,
         upstream_sockets: 2,
         ..Config::default()

@@ -136,7 +136,7 @@ pub struct AnswerCacheRow {
 /// One upstream's health.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct UpstreamRow {
-    /// Its address.
+    /// Its address, or its `tls://` / `https://` URL.
     pub addr: String,
     /// Whether it answers.
     pub alive: bool,

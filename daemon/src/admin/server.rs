@@ -170,7 +170,7 @@ pub fn status_of(shared: &Shared) -> Status {
             .iter()
             .flat_map(|p| &p.upstreams)
             .map(|u| UpstreamRow {
-                addr: u.addr.to_string(),
+                addr: u.label.clone(),
                 alive: u.alive,
                 failures: u.consecutive_failures,
                 rtt_us: u

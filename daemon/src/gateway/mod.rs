@@ -86,6 +86,26 @@ fn concrete_listen(addrs: &[SocketAddr]) -> Result<Vec<SocketAddr>> {
         .collect()
 }
 
+/// A configured upstream as the proxy takes it.
+fn upstream_addr(upstream: &fqdnd_config::Upstream) -> fqdnd_dnsproxy::UpstreamAddr {
+    use fqdnd_config::UpstreamProtocol as From;
+    use fqdnd_dnsproxy::UpstreamProtocol as To;
+    let protocol = match &upstream.protocol {
+        From::Plain => To::Plain,
+        From::Tls { server_name } => To::Tls {
+            server_name: server_name.clone(),
+        },
+        From::Https { server_name, path } => To::Https {
+            server_name: server_name.clone(),
+            path: path.clone(),
+        },
+    };
+    fqdnd_dnsproxy::UpstreamAddr {
+        addr: upstream.addr,
+        protocol,
+    }
+}
+
 impl GatewayMode {
     /// Everything the gateway needs before the engine: its document, static zones, the
     /// kernel programs when it enforces LAN interfaces.
@@ -102,7 +122,7 @@ impl GatewayMode {
             .iter()
             .map(|z| fqdnd_dnsproxy::ZoneUpstreams {
                 zone: z.zone.clone(),
-                upstreams: z.upstreams.clone(),
+                upstreams: z.upstreams.iter().map(upstream_addr).collect(),
             })
             .collect();
         let zones = if gateway.static_zones.is_empty() {
@@ -116,7 +136,7 @@ impl GatewayMode {
                     .iter()
                     .map(|z| fqdnd_dnsproxy::ZoneUpstreams {
                         zone: z.origin.clone(),
-                        upstreams: vec![server.addr],
+                        upstreams: vec![server.addr.into()],
                     }),
             );
             Some(server)
@@ -154,7 +174,8 @@ impl GatewayMode {
             proxy: fqdnd_dnsproxy::Config {
                 listen_udp: listen.clone(),
                 listen_tcp: listen,
-                upstreams: gateway.upstreams.clone(),
+                upstreams: gateway.upstreams.iter().map(upstream_addr).collect(),
+                upstream_ca: gateway.upstream_ca.clone(),
                 zones: zone_pools,
                 cache: skeleton::answer_cache(gateway.cache),
                 encrypted,

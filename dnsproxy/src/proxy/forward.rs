@@ -107,11 +107,18 @@ impl Shared {
                 rcode::SERVFAIL,
             );
         };
+        if let Some(encrypted) = &upstream.encrypted {
+            encrypted.send(raw.to_vec());
+            return Handled::Forwarded;
+        }
         if w.batching {
             w.queue_query(&socket, raw);
             return Handled::Forwarded;
         }
-        let socket = &socket.socket;
+        // Every socket but an encrypted upstream's (sent above) has its UDP socket.
+        let Some(socket) = &socket.socket else {
+            return Handled::Forwarded;
+        };
         match socket.try_send(raw) {
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {

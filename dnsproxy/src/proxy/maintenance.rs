@@ -152,7 +152,13 @@ impl Shared {
                 }
                 tracing::debug!(upstream = %upstream.addr, alive = upstream.is_alive(), "probing DNS upstream");
                 // A probe that is not sent times out and counts as a failure.
-                let _ = socket.socket.try_send(&probe);
+                match (&upstream.encrypted, &socket.socket) {
+                    (Some(encrypted), _) => encrypted.send(probe.clone()),
+                    (None, Some(udp)) => {
+                        let _ = udp.try_send(&probe);
+                    }
+                    (None, None) => {}
+                }
             }
         }
     }

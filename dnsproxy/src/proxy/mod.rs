@@ -272,8 +272,12 @@ impl Shared {
                     continue;
                 }
                 let port = socket.port;
+                // Only UDP sockets have queries queued (see `forward`).
+                let Some(udp) = &socket.socket else {
+                    continue;
+                };
                 queue
-                    .flush(&socket.socket, |_, e| {
+                    .flush(udp, |_, e| {
                         tracing::debug!(local_port = port, error = %e, "query not sent; it will time out");
                     })
                     .await;

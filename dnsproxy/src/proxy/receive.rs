@@ -28,6 +28,10 @@ impl Shared {
         upstream: Arc<Upstream>,
         socket: Arc<UpstreamSocket>,
     ) -> Result<(), crate::Error> {
+        // An encrypted upstream's answers come through `stream_loop`.
+        let Some(udp) = socket.socket.as_ref() else {
+            return Ok(());
+        };
         let mut batch = RecvBatch::new(false);
         let mut replies = Replies::new(self.udp.len());
         let mut decoder = Decoder::new();
@@ -37,7 +41,7 @@ impl Shared {
         let mut spare = Spare::default();
         loop {
             tokio::select! {
-                ready = socket.socket.readable() => {
+                ready = udp.readable() => {
                     ready.map_err(|source| crate::Error::Upstream {
                         upstream: upstream.addr,
                         error: source,
@@ -47,7 +51,7 @@ impl Shared {
             }
             let mut handled = 0;
             loop {
-                let n = match batch.try_recv(&socket.socket) {
+                let n = match batch.try_recv(udp) {
                     Ok(n) => n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     // ICMP port unreachable and the like: the sweep counts the timeouts.
@@ -147,7 +151,8 @@ impl Shared {
         let pass_through = origin.asked.transport == Transport::Udp
             && self.config.on_truncated == TruncatedAction::PassThrough;
         let decoded = decoder.decoded();
-        if decoded.header.truncated && !pass_through {
+        // Over TLS or HTTPS nothing is cut to fit: TC=1 there is the server's own answer.
+        if decoded.header.truncated && !pass_through && upstream.encrypted.is_none() {
             return Some(Box::pin(self.clone().retry_tcp(
                 upstream.clone(),
                 origin,
@@ -175,6 +180,56 @@ impl Shared {
             }
             Held::Pending(task) => Some(task),
         }
+    }
+
+    /// Receives the answers an encrypted upstream's transport hands over (each a whole DNS
+    /// message) and treats each as `upstream_loop` treats a datagram: validated against the
+    /// upstream's in-flight table, then held and replied.
+    pub(crate) async fn stream_loop(
+        self: Arc<Self>,
+        upstream: Arc<Upstream>,
+        mut answers: tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
+    ) -> Result<(), crate::Error> {
+        let socket = upstream.socket(0);
+        let mut replies = Replies::new(self.udp.len());
+        let mut decoder = Decoder::new();
+        let mut pending = JoinSet::new();
+        let mut spare = Spare::default();
+        while let Some(mut raw) = answers.recv().await {
+            let mut handled = 0;
+            loop {
+                if let Some(task) = self
+                    .on_answer(
+                        &upstream,
+                        &socket,
+                        &mut raw,
+                        upstream.addr,
+                        &mut decoder,
+                        &mut replies,
+                        &mut spare,
+                    )
+                    .await
+                {
+                    pending.spawn(task);
+                }
+                handled += 1;
+                // Answers that arrived together leave together.
+                match answers.try_recv() {
+                    Ok(next) if handled < BATCH => raw = next,
+                    Ok(next) => {
+                        self.flush_replies(&mut replies).await;
+                        tokio::task::yield_now().await;
+                        handled = 0;
+                        raw = next;
+                    }
+                    Err(_) => break,
+                }
+            }
+            self.flush_replies(&mut replies).await;
+            while pending.try_join_next().is_some() {}
+        }
+        // The transport stopped (only when the proxy does).
+        Ok(())
     }
 
     pub(super) fn dropped(&self, reason: DropReason, upstream: SocketAddr) {

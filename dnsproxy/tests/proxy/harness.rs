@@ -216,7 +216,7 @@ pub(crate) fn test_config(upstreams: Vec<SocketAddr>) -> Config {
         listen_udp: vec!["127.0.0.1:0".parse().unwrap()],
         listen_tcp: vec!["127.0.0.1:0".parse().unwrap()],
         udp_sockets_per_address: 2,
-        upstreams,
+        upstreams: upstreams.into_iter().map(Into::into).collect(),
         upstream_sockets: 2,
         upstream_timeout: Duration::from_secs(2),
         health_check_interval: Duration::from_millis(200),

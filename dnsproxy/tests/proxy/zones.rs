@@ -17,11 +17,11 @@ async fn a_zone_goes_to_its_pool_the_longest_wins_and_the_rest_to_the_default() 
     config.zones = vec![
         ZoneUpstreams {
             zone: "corp.test".into(),
-            upstreams: vec![corp.addr],
+            upstreams: vec![corp.addr.into()],
         },
         ZoneUpstreams {
             zone: "Lab.Corp.Test.".into(),
-            upstreams: vec![lab.addr],
+            upstreams: vec![lab.addr.into()],
         },
     ];
     let h = Harness::with(default, config, Mode::Done).await;
@@ -59,7 +59,7 @@ async fn without_a_default_pool_a_name_outside_every_zone_is_refused() {
     let mut config = test_config(Vec::new());
     config.zones = vec![ZoneUpstreams {
         zone: "corp.test".into(),
-        upstreams: vec![corp.addr],
+        upstreams: vec![corp.addr.into()],
     }];
     let h = Harness::with(unused, config, Mode::Done).await;
     let inside = ask_udp(h.udp, "a.corp.test.", RecordType::A).await;
