@@ -116,8 +116,8 @@ impl Drop for Server {
 }
 
 /// Unbound answering its local data over plain DNS on `plain` and over TLS on `dot`, with
-/// the certificate `cert`.
-fn unbound(dir: &Path, plain: u16, dot: u16, cert: &Issued) -> Server {
+/// the certificate `cert`; `extra` holds more `server:` lines.
+fn unbound(dir: &Path, plain: u16, dot: u16, cert: &Issued, extra: &str) -> Server {
     let local: String = LOCAL_DATA
         .iter()
         .map(|rr| format!("    local-data: \"{rr}\"\n"))
@@ -141,7 +141,7 @@ fn unbound(dir: &Path, plain: u16, dot: u16, cert: &Issued) -> Server {
     verbosity: 1
     access-control: 127.0.0.0/8 allow
     local-zone: \".\" static
-{local}remote-control:
+{extra}{local}remote-control:
     control-enable: no
 ",
             key = cert.key.display(),
@@ -162,15 +162,15 @@ fn unbound(dir: &Path, plain: u16, dot: u16, cert: &Issued) -> Server {
 
 /// dnsdist with a DoH frontend on `doh` (path `/dns-query`, certificate `cert`) forwarding to
 /// the plain server on `backend`; `local` is its plain listener (unused, but it must not take
-/// 127.0.0.1:53, its default).
-fn dnsdist(dir: &Path, doh: u16, local: u16, backend: u16, cert: &Issued) -> Server {
+/// 127.0.0.1:53, its default); `options` is the Lua table of `addDOHLocal`'s options.
+fn dnsdist(dir: &Path, doh: u16, local: u16, backend: u16, cert: &Issued, options: &str) -> Server {
     let conf = dir.join("dnsdist.conf");
     std::fs::write(
         &conf,
         format!(
             "setSecurityPollSuffix(\"\")
 setLocal(\"127.0.0.1:{local}\")
-addDOHLocal(\"127.0.0.1:{doh}\", \"{pem}\", \"{key}\", \"/dns-query\")
+addDOHLocal(\"127.0.0.1:{doh}\", \"{pem}\", \"{key}\", \"/dns-query\", {options})
 newServer({{address=\"127.0.0.1:{backend}\"}})
 ",
             pem = cert.cert.display(),
@@ -208,8 +208,11 @@ fn policy() -> String {
 /// `doh_upstream`, trusting the test CA.
 fn gateway(test: &str, ca: &Path, upstream: &str, doh_upstream: &str) -> Gateway {
     let mut g = Gateway::setup(test);
-    // The recoveries are logged at info.
-    g.env("FQDND_LOG", "info");
+    // The recoveries are logged at info, connections closing at debug.
+    g.env(
+        "FQDND_LOG",
+        "info,fqdnd_dnsproxy::upstream_encrypted=debug,fqdnd_dnsproxy::upstream_https=debug",
+    );
     let metrics = g.metrics_port();
     let spec = format!(
         "  upstreams: [\"{upstream}\"]
@@ -282,8 +285,8 @@ fn dot_and_doh_upstreams_answer_refuse_and_teach_over_reused_connections() {
     let ca = TestCa::new(dir.path());
     let cert = ca.issue(dir.path(), "server", &["dns.test", "doh.test"], &[]);
     let (plain, dot, doh, local) = (free_port(), free_port(), free_port(), free_port());
-    let _unbound = unbound(dir.path(), plain, dot, &cert);
-    let _dnsdist = dnsdist(dir.path(), doh, local, plain, &cert);
+    let _unbound = unbound(dir.path(), plain, dot, &cert, "");
+    let _dnsdist = dnsdist(dir.path(), doh, local, plain, &cert, "{}");
     let dot_upstream = format!("tls://127.0.0.1:{dot}#dns.test");
     let doh_upstream = format!("https://127.0.0.1:{doh}/dns-query#doh.test");
     let gw = gateway("enc-up-gw", &ca.cert, &dot_upstream, &doh_upstream);
@@ -375,8 +378,8 @@ fn a_server_name_the_certificate_lacks_kills_the_upstream_until_a_right_one_answ
     // Certificates for other names than the gateway expects.
     let wrong = ca.issue(dir.path(), "wrong", &["dns.test"], &[]);
     let (plain, dot, doh, local) = (free_port(), free_port(), free_port(), free_port());
-    let mut unbound_server = unbound(dir.path(), plain, dot, &wrong);
-    let _dnsdist = dnsdist(dir.path(), doh, local, plain, &wrong);
+    let mut unbound_server = unbound(dir.path(), plain, dot, &wrong, "");
+    let _dnsdist = dnsdist(dir.path(), doh, local, plain, &wrong, "{}");
     let dot_upstream = format!("tls://127.0.0.1:{dot}#resolver.test");
     let doh_upstream = format!("https://127.0.0.1:{doh}/dns-query#doh.test");
     let gw = gateway("enc-up-name-gw", &ca.cert, &dot_upstream, &doh_upstream);
@@ -429,7 +432,7 @@ fn a_server_name_the_certificate_lacks_kills_the_upstream_until_a_right_one_answ
     // and queries are answered again.
     unbound_server.stop();
     let right = ca.issue(dir.path(), "right", &["resolver.test"], &[]);
-    let _unbound = unbound(dir.path(), plain, dot, &right);
+    let _unbound = unbound(dir.path(), plain, dot, &right, "");
     poll(PATIENCE, "the DoT upstream answering again", || {
         match ask(&gw, "www.corp.test.") {
             (ResponseCode::NoError, a) if a == ips(&["192.0.2.10", "192.0.2.11"]) => Ok(()),
@@ -444,6 +447,80 @@ fn a_server_name_the_certificate_lacks_kills_the_upstream_until_a_right_one_answ
     );
     assert!(log.contains("DNS upstream is back"), "{log}");
     assert_eq!(connections(&gw, &dot_upstream, "ok"), 1.0);
+}
+
+#[test]
+fn connections_the_servers_close_when_idle_are_opened_again() {
+    if !runnable("connections_the_servers_close_when_idle_are_opened_again") {
+        return;
+    }
+    let dir = TestDir::new("enc-up-idle");
+    let ca = TestCa::new(dir.path());
+    let cert = ca.issue(dir.path(), "server", &["dns.test", "doh.test"], &[]);
+    let (plain, dot, doh, local) = (free_port(), free_port(), free_port(), free_port());
+    // Unbound closes a connection idle for 300 ms, dnsdist one idle for a second.
+    let _unbound = unbound(
+        dir.path(),
+        plain,
+        dot,
+        &cert,
+        "    tcp-idle-timeout: 300\n    edns-tcp-keepalive: no\n",
+    );
+    let _dnsdist = dnsdist(dir.path(), doh, local, plain, &cert, "{idleTimeout=1}");
+    let dot_upstream = format!("tls://127.0.0.1:{dot}#dns.test");
+    let doh_upstream = format!("https://127.0.0.1:{doh}/dns-query#doh.test");
+    let gw = gateway("enc-up-idle-gw", &ca.cert, &dot_upstream, &doh_upstream);
+    let www = (ResponseCode::NoError, ips(&["192.0.2.10", "192.0.2.11"]));
+    let app = (ResponseCode::NoError, ips(&["198.51.100.7"]));
+    assert_eq!(ask(&gw, "www.corp.test."), www);
+    poll(PATIENCE, "an answer over DoH", || {
+        match ask(&gw, "app.doh.test.") {
+            got if got == app => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    // Each server closes its idle connection (the gateway logs it); the next query opens a
+    // new one and is answered.
+    let closed = |upstream: &str| {
+        gw.log()
+            .lines()
+            .filter(|l| {
+                l.contains("encrypted DNS upstream connection closed") && l.contains(upstream)
+            })
+            .count()
+    };
+    for round in 1..=2 {
+        poll(
+            PATIENCE,
+            "both idle connections closed by the servers",
+            || {
+                let seen = (closed(&dot_upstream), closed(&doh_upstream));
+                if seen.0 >= round && seen.1 >= round {
+                    Ok(())
+                } else {
+                    Err(format!("{seen:?}"))
+                }
+            },
+        );
+        assert_eq!(ask(&gw, "www.corp.test."), www);
+        assert_eq!(ask(&gw, "app.doh.test."), app);
+        let opened = f64::from(u32::try_from(round).unwrap() + 1);
+        assert_eq!(connections(&gw, &dot_upstream, "ok"), opened);
+        assert_eq!(connections(&gw, &doh_upstream, "ok"), opened);
+    }
+    assert!(upstream_alive(&gw, &dot_upstream));
+    assert!(upstream_alive(&gw, &doh_upstream));
+    assert_eq!(connections(&gw, &dot_upstream, "failed"), 0.0);
+    let page = gw.metrics_text();
+    assert_eq!(
+        metric(
+            &page,
+            "fqdnd_dns_queries_total{result=\"upstream_timeout\"}"
+        )
+        .unwrap_or(0.0),
+        0.0,
+        "no query was lost to a closed connection: {page}"
+    );
 }
 
 #[test]

@@ -123,9 +123,11 @@ async fn connect(
         .map_err(|e| format!("HTTP/2 handshake failed: {e}"))?;
     let label = t.report.label().to_owned();
     tasks.spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!(upstream = %label, error = %e, "DoH connection ended");
-        }
+        let reason = match connection.await {
+            Ok(()) => "closed".to_owned(),
+            Err(e) => e.to_string(),
+        };
+        tracing::debug!(upstream = %label, %reason, "encrypted DNS upstream connection closed");
     });
     Ok(sender)
 }
