@@ -235,13 +235,14 @@ impl ModeHooks for GatewayMode {
         let current = &self.gateway;
         if gateway.listen != current.listen
             || gateway.upstreams != current.upstreams
+            || gateway.upstream_ca != current.upstream_ca
             || gateway.zone_upstreams != current.zone_upstreams
             || gateway.static_zones != current.static_zones
             || gateway.enforce_interfaces != current.enforce_interfaces
             || gateway.tls.as_ref().map(listen_of) != current.tls.as_ref().map(listen_of)
         {
             tracing::warn!(
-                "listen addresses (also DoT/DoH and their limits), upstreams, zone upstreams, static zones and enforced interfaces change only on restart"
+                "listen addresses (also DoT/DoH and their limits), upstreams (and upstreamCA), zone upstreams, static zones and enforced interfaces change only on restart"
             );
         }
         // The certificate and key are read again: a renewed pair is presented from the next
