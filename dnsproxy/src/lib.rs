@@ -15,6 +15,11 @@
 //!   keyed by a random query ID. Only the two ID bytes of a query or answer are rewritten
 //!   (and, with `randomize_case`, the case of the question name's letters); everything else
 //!   (EDNS0, the DO bit, …) passes through untouched;
+//! - encrypted upstreams ([`UpstreamAddr`]): DNS over TLS (one long-lived connection per
+//!   upstream, queries pipelined on it) and DNS over HTTPS (one HTTP/2 connection, a stream
+//!   per query), certificates verified against [`Config::upstream_ca`]; their queries take an
+//!   ID in the upstream's in-flight table and their answers are validated, held, timed out and
+//!   counted against the upstream's health exactly as UDP answers are;
 //! - answer validation: the ID must be outstanding on the socket the answer came in on and the
 //!   question must match (with 0x20, in the case it was sent); anything else is dropped and
 //!   counted. A TC=1 answer cut mid-record is kept as its header and question;
@@ -24,8 +29,9 @@
 //!
 //! It never knows about NameManager, IpCache or endpoints (the binary implements
 //! [`QueryPolicy`] and [`ResponseObserver`]), never opens a socket per UDP query (a TCP
-//! connection is opened only to retry a truncated answer), and never releases a reply before
-//! the observer finished or the maximum delay passed.
+//! connection is opened only to retry a truncated answer; an encrypted upstream's connection
+//! is kept and reused), and never releases a reply before the observer finished or the
+//! maximum delay passed.
 //!
 //! Choices where the protocol leaves room:
 //! - upstreams are used round robin among the live ones (per receiving task, so tasks share no

@@ -1,6 +1,7 @@
 //! Upstreams: their slots of long-lived UDP sockets (each rotated onto a fresh port now and
 //! then, see [`crate::upstream_socket`]), health, and the upstreams opened for original
-//! destinations.
+//! destinations. An encrypted upstream has one slot whose table has no UDP socket: its queries
+//! leave through its transport ([`crate::upstream_encrypted`]).
 //!
 //! Each upstream has `upstream_sockets` slots, each holding one connected UDP socket on a
 //! kernel-chosen ephemeral port. A forwarded query gets a random ID that is free on the socket

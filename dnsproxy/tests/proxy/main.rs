@@ -24,4 +24,5 @@ mod spoofing;
 mod tcp;
 mod transparent;
 mod truncation;
+mod upstream_tls;
 mod zones;
