@@ -434,7 +434,7 @@ impl DnsProxy {
         for upstream in &shared.upstreams {
             // An encrypted upstream: its transport, and the receiver of what it hands over.
             if let Some(transport) = upstream.encrypted.as_ref().and_then(|e| e.take_transport()) {
-                let (answers, received) = mpsc::unbounded_channel();
+                let (answers, received) = mpsc::channel(upstream_encrypted::ANSWERS_QUEUED);
                 let h = tasks.spawn(async move {
                     transport.run(answers).await;
                     Ok(())

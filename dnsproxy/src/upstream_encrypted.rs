@@ -144,6 +144,11 @@ impl Encrypted {
     }
 }
 
+/// Answers an encrypted upstream's transport may have handed over and the proxy not yet
+/// taken: past it the transport stops reading (TCP pushes back on the server), so a server
+/// that floods answers costs bounded memory.
+pub(crate) const ANSWERS_QUEUED: usize = 1024;
+
 /// What an encrypted upstream's transport task needs.
 pub(crate) struct Transport {
     pub(crate) upstream: UpstreamAddr,
@@ -158,7 +163,7 @@ pub(crate) struct Transport {
 
 impl Transport {
     /// Runs until the proxy stops, handing each answer's bytes to `answers`.
-    pub(crate) async fn run(self, answers: mpsc::UnboundedSender<Vec<u8>>) {
+    pub(crate) async fn run(self, answers: mpsc::Sender<Vec<u8>>) {
         match &self.upstream.protocol {
             UpstreamProtocol::Https { .. } => crate::upstream_https::run(self, answers).await,
             _ => crate::upstream_tls::run(self, answers).await,

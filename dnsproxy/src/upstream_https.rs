@@ -27,7 +27,7 @@ const DNS_MESSAGE: &str = "application/dns-message";
 const MAX_ANSWER: usize = 65_535;
 
 /// Runs the upstream's connection until the proxy stops.
-pub(crate) async fn run(mut t: Transport, answers: mpsc::UnboundedSender<Vec<u8>>) {
+pub(crate) async fn run(mut t: Transport, answers: mpsc::Sender<Vec<u8>>) {
     let uri = match uri(&t.upstream) {
         Ok(uri) => uri,
         Err(error) => {
@@ -98,7 +98,7 @@ pub(crate) async fn run(mut t: Transport, answers: mpsc::UnboundedSender<Vec<u8>
             };
             match result {
                 Ok(bytes) => {
-                    let _ = answers.send(bytes);
+                    let _ = answers.send(bytes).await;
                 }
                 Err(error) => {
                     tracing::debug!(upstream = %label, %error, "DoH exchange failed; the query will time out");

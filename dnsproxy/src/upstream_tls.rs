@@ -23,7 +23,7 @@ use crate::wire;
 const WRITE_BATCH: usize = 64;
 
 /// Runs the upstream's connection until the proxy stops.
-pub(crate) async fn run(mut t: Transport, answers: mpsc::UnboundedSender<Vec<u8>>) {
+pub(crate) async fn run(mut t: Transport, answers: mpsc::Sender<Vec<u8>>) {
     let mut waiting: Vec<Query> = Vec::new();
     loop {
         if waiting.is_empty() {
@@ -73,7 +73,7 @@ async fn serve(
     stream: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
     waiting: &mut Vec<Query>,
     sent: &mut Sent,
-    answers: &mpsc::UnboundedSender<Vec<u8>>,
+    answers: &mpsc::Sender<Vec<u8>>,
 ) -> String {
     let (mut rd, mut wr) = tokio::io::split(stream);
     let mut frames = FrameReader::default();
@@ -122,7 +122,7 @@ async fn serve(
                         if let Some(id) = wire::id(&answer) {
                             sent().answered(id);
                         }
-                        if answers.send(answer).is_err() {
+                        if answers.send(answer).await.is_err() {
                             return STOPPED.to_owned();
                         }
                         frames.consume(len);

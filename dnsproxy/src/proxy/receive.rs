@@ -188,7 +188,7 @@ impl Shared {
     pub(crate) async fn stream_loop(
         self: Arc<Self>,
         upstream: Arc<Upstream>,
-        mut answers: tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
+        mut answers: tokio::sync::mpsc::Receiver<Vec<u8>>,
     ) -> Result<(), crate::Error> {
         let socket = upstream.socket(0);
         let mut replies = Replies::new(self.udp.len());
