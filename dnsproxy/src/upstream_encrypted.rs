@@ -16,7 +16,7 @@
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -256,7 +256,12 @@ pub(crate) struct TlsConfigs {
 impl TlsConfigs {
     /// Reads the trust store: `ca`, or [`SYSTEM_CA`].
     pub(crate) fn load(ca: Option<&Path>) -> Result<Self, Error> {
-        let path = ca.map_or_else(|| PathBuf::from(SYSTEM_CA), Path::to_path_buf);
+        Self::load_or(ca, Path::new(SYSTEM_CA))
+    }
+
+    /// [`TlsConfigs::load`] with `system` as the default store.
+    fn load_or(ca: Option<&Path>, system: &Path) -> Result<Self, Error> {
+        let path = ca.unwrap_or(system).to_path_buf();
         let what = if ca.is_some() {
             "upstreamCA"
         } else {
@@ -376,5 +381,17 @@ mod tests {
             .to_string();
         assert!(missing.contains("/nonexistent/ca.pem"), "{missing}");
         assert!(missing.contains("upstreamCA"), "{missing}");
+        // Without `upstreamCA`, a missing system store says it is the default and what to do.
+        let no_system = TlsConfigs::load_or(None, Path::new("/nonexistent/system.crt"))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(no_system.contains("/nonexistent/system.crt"), "{no_system}");
+        assert!(no_system.contains("the system's CA bundle"), "{no_system}");
+        assert!(no_system.contains("ca-certificates"), "{no_system}");
+        // The system store of this machine (Debian's) loads.
+        if Path::new(SYSTEM_CA).exists() {
+            assert!(TlsConfigs::load(None).is_ok());
+        }
     }
 }
