@@ -7,10 +7,6 @@
 
 mod cli;
 
-/// mimalloc for every allocation of the process (see the dependency's note in Cargo.toml).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
