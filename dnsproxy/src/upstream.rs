@@ -148,21 +148,14 @@ impl Upstream {
             })?;
             slots.push(RwLock::new(Arc::new(socket)));
         }
-        up_gauge.set(1.0);
-        Ok(Self {
+        Ok(Self::with_slots(
             addr,
-            label: addr.to_string(),
-            encrypted: None,
+            addr.to_string(),
+            None,
             slots,
-            draining: Mutex::new(Vec::new()),
             rotation,
-            alive: AtomicBool::new(true),
-            failures: AtomicU32::new(0),
-            last_rtt_us: AtomicU64::new(u64::MAX),
-            last_answer_ms: AtomicU64::new(0),
-            probing: AtomicBool::new(false),
             up_gauge,
-        })
+        ))
     }
 
     /// An encrypted upstream: one slot (never rotated) whose table has no UDP socket; its
@@ -172,19 +165,38 @@ impl Upstream {
         encrypted: Encrypted,
         up_gauge: Gauge,
     ) -> Self {
-        up_gauge.set(1.0);
         let never = Rotation {
             max_queries: 0,
             max_age: Duration::ZERO,
         };
         let socket = UpstreamSocket::without_socket(never, Instant::now());
+        Self::with_slots(
+            upstream.addr,
+            upstream.to_string(),
+            Some(encrypted),
+            vec![RwLock::new(Arc::new(socket))],
+            never,
+            up_gauge,
+        )
+    }
+
+    /// An upstream over `slots`, alive until its health checks say otherwise.
+    fn with_slots(
+        addr: SocketAddr,
+        label: String,
+        encrypted: Option<Encrypted>,
+        slots: Vec<RwLock<Arc<UpstreamSocket>>>,
+        rotation: Rotation,
+        up_gauge: Gauge,
+    ) -> Self {
+        up_gauge.set(1.0);
         Self {
-            addr: upstream.addr,
-            label: upstream.to_string(),
-            encrypted: Some(encrypted),
-            slots: vec![RwLock::new(Arc::new(socket))],
+            addr,
+            label,
+            encrypted,
+            slots,
             draining: Mutex::new(Vec::new()),
-            rotation: never,
+            rotation,
             alive: AtomicBool::new(true),
             failures: AtomicU32::new(0),
             last_rtt_us: AtomicU64::new(u64::MAX),
