@@ -3,8 +3,9 @@
 # run: cache off (mode `nocache`) and both answer caches on (mode `cached`: dnsdist's packet
 # cache against fqdnd's gateway cache). Prints per mode and server the QPS at saturation, the
 # server's CPU µs per answered query (utime+stime from /proc/PID/stat over the saturation run:
-# the machine is shared, so this is the figure to compare) and p50/p99 at fixed rates; the
-# last lines are
+# the machine is shared, so this is the figure to compare), p50/p99 at fixed rates and the CPU
+# µs per answered query over the runs at the higher fixed rate (`cpu us/q @20k`: every server
+# under the same load, less noisy than at saturation); the last lines are
 #   ratio fqdnd/dnsdist cached qps: X.XX
 #   ratio fqdnd/dnsdist qps: X.XX
 #
@@ -25,7 +26,9 @@
 # response per TLS read and stalls when two arrive together (against dnsdist too). Their lines:
 #   ratio fqdnd/dnsdist dot qps: X.XX
 #   ratio fqdnd/dnsdist doh qps: X.XX
-# and each server's CPU µs per answered query in the table. No fixed-rate latency runs for them.
+# and each server's CPU µs per answered query in the table, then `ratio fqdnd/dnsdist dot|doh
+# cpu per query: X.XX`. With BARE=1 also `ratio fqdnd/bare cpu per query: X.XX`
+# (issue 39's figure). No fixed-rate latency runs for them.
 #
 # Policy on both: allowed suffixes = example.test + 1000 others; denied = 500 suffixes inside
 # example.test + 500 elsewhere. fqdnd additionally learns every answer (NameManager → IpCache)
@@ -245,8 +248,18 @@ saturate() { # name port pid -> "qps cpu_us_per_query" (DoT: dnsperf -m dot; DoH
     'BEGIN{ if (n>0) printf "%s %.1f\n", q, t * 1e6 / hz / n; else printf "%s NA\n", q }'
 }
 
-fixed_rate() { # name port rate seconds -> appends dnsperf's per-query lines to lat-NAME-RATE.txt
-  timeout $(($4 + 30)) "${GEN[@]}" dnsperf -s 127.0.0.1 -p "$2" -d "$RUN/queries.txt" -l "$4" -c "$CLIENTS" -q "$OUTSTANDING" -Q "$3" -t 2 -v >>"$RUN/lat-$1-$3.txt" 2>&1 || true
+fixed_rate() { # name port rate seconds pid -> appends dnsperf's per-query lines to
+  # lat-NAME-RATE.txt, and "cpu_ticks completed" of the run to cpu-NAME-RATE.txt
+  local out="$RUN/lat-run.txt" t0 t1
+  t0=$(cpu_ticks "$5")
+  timeout $(($4 + 30)) "${GEN[@]}" dnsperf -s 127.0.0.1 -p "$2" -d "$RUN/queries.txt" -l "$4" -c "$CLIENTS" -q "$OUTSTANDING" -Q "$3" -t 2 -v >"$out" 2>&1 || true
+  t1=$(cpu_ticks "$5")
+  cat "$out" >>"$RUN/lat-$1-$3.txt"
+  printf '%s %s\n' $((t1 - t0)) "$(field 'Queries completed' "$out" | awk '{print $1}')" >>"$RUN/cpu-$1-$3.txt"
+}
+
+fixed_cpu() { # name rate -> the server's CPU µs per answered query over its fixed-rate runs
+  awk -v hz="$(getconf CLK_TCK)" '{t += $1; n += $2} END{ if (n>0) printf "%.1f\n", t * 1e6 / hz / n; else print "NA" }' "$RUN/cpu-$1-$2.txt" 2>/dev/null || echo NA
 }
 
 percentiles() { # name rate -> "p50 p99" in ms over every fixed-rate run of that server and rate
@@ -341,7 +354,7 @@ main() {
     timeout 60 dnsperf -s 127.0.0.1 -p "${PORT[$s]}" -d "$RUN/queries.txt" -n 1 -c 1 -q 100 >/dev/null 2>&1 || true
   done
 
-  declare -A QPS CPU P50_5 P99_5 P50_20 P99_20
+  declare -A QPS CPU P50_5 P99_5 P50_20 P99_20 CPU_20
   local direct=""
   if [[ $PIN == 1 ]]; then
     log "nsd direct: saturation ${DURATION}s"
@@ -356,18 +369,18 @@ main() {
   local round_s=$((LAT_DURATION / LAT_ROUNDS)) round
   ((round_s >= 1)) || round_s=1
   for rate in $LAT_QPS; do
-    for s in "${servers[@]}"; do rm -f "$RUN/lat-$s-$rate.txt"; done
+    for s in "${servers[@]}"; do rm -f "$RUN/lat-$s-$rate.txt" "$RUN/cpu-$s-$rate.txt"; done
     for ((round = 1; round <= LAT_ROUNDS; round++)); do
       for s in "${servers[@]}"; do
         [[ $s == *-dot || $s == *-doh ]] && continue
         log "$s: ${rate} qps for ${round_s}s (round $round of $LAT_ROUNDS)"
-        fixed_rate "$s" "${PORT[$s]}" "$rate" "$round_s"
+        fixed_rate "$s" "${PORT[$s]}" "$rate" "$round_s" "${PID[$s]}"
       done
     done
     for s in "${servers[@]}"; do
       [[ $s == *-dot || $s == *-doh ]] && continue
       read -r p50 p99 < <(percentiles "$s" "$rate")
-      if [[ $rate == 5000 ]]; then P50_5[$s]=$p50; P99_5[$s]=$p99; else P50_20[$s]=$p50; P99_20[$s]=$p99; fi
+      if [[ $rate == 5000 ]]; then P50_5[$s]=$p50; P99_5[$s]=$p99; else P50_20[$s]=$p50; P99_20[$s]=$p99; CPU_20[$s]=$(fixed_cpu "$s" "$rate"); fi
     done
   done
   for s in fqdnd fqdnd-cached; do
@@ -375,9 +388,9 @@ main() {
     local sock="$RUN/$s.sock"
     "$bin" status --admin-socket "$sock" >"$RUN/$s-status.txt" 2>&1 || true
   done
-  printf '\n%-15s %10s %10s %18s %18s\n' server qps "cpu us/q" "p50/p99 ms @5k" "p50/p99 ms @20k"
+  printf '\n%-15s %10s %10s %18s %18s %14s\n' server qps "cpu us/q" "p50/p99 ms @5k" "p50/p99 ms @20k" "cpu us/q @20k"
   for s in "${servers[@]}"; do
-    printf '%-15s %10s %10s %18s %18s\n' "$s" "${QPS[$s]:-NA}" "${CPU[$s]:-NA}" "${P50_5[$s]:-NA}/${P99_5[$s]:-NA}" "${P50_20[$s]:-NA}/${P99_20[$s]:-NA}"
+    printf '%-15s %10s %10s %18s %18s %14s\n' "$s" "${QPS[$s]:-NA}" "${CPU[$s]:-NA}" "${P50_5[$s]:-NA}/${P99_5[$s]:-NA}" "${P50_20[$s]:-NA}/${P99_20[$s]:-NA}" "${CPU_20[$s]:-NA}"
   done
   for s in fqdnd fqdnd-cached; do
     [[ -f "$RUN/$s-status.txt" ]] || continue
@@ -390,6 +403,15 @@ main() {
   [[ -n ${QPS[fqdnd-dot]:-} ]] && ratio "ratio fqdnd/dnsdist dot qps" fqdnd-dot dnsdist-dot
   [[ -n ${QPS[fqdnd-doh]:-} ]] && ratio "ratio fqdnd/dnsdist doh qps" fqdnd-doh dnsdist-doh
   [[ -n ${QPS[fqdnd]:-} ]] && ratio "ratio fqdnd/dnsdist qps" fqdnd dnsdist
+  # CPU per answered query against the bare forwarder (issue 39's figure) and against dnsdist.
+  cpu_ratio() { awk -v a="${CPU[$2]:-0}" -v b="${CPU[$3]:-0}" -v l="$1" 'BEGIN{ if (a>0 && b>0) printf "%s: %.2f\n", l, a/b; else printf "%s: NA\n", l }'; }
+  [[ -n ${CPU[bare]:-} ]] && cpu_ratio "ratio fqdnd/bare cpu per query" fqdnd bare
+  if [[ -n ${CPU_20[bare]:-} ]]; then
+    CPU[fqdnd-20k]=${CPU_20[fqdnd]} CPU[bare-20k]=${CPU_20[bare]}
+    cpu_ratio "ratio fqdnd/bare cpu per query at 20000 qps" fqdnd-20k bare-20k
+  fi
+  [[ -n ${CPU[fqdnd-dot]:-} ]] && cpu_ratio "ratio fqdnd/dnsdist dot cpu per query" fqdnd-dot dnsdist-dot
+  [[ -n ${CPU[fqdnd-doh]:-} ]] && cpu_ratio "ratio fqdnd/dnsdist doh cpu per query" fqdnd-doh dnsdist-doh
   return 0
 }
 
