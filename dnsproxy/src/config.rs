@@ -65,6 +65,11 @@ pub struct Config {
     /// UDP sockets per listen address, sharing the port with SO_REUSEPORT (default: one per
     /// CPU).
     pub udp_sockets_per_address: usize,
+    /// Threads that serve the UDP path (default: one per CPU). Each runs its own
+    /// current-thread runtime and owns a share of the UDP listener sockets and upstream
+    /// sockets, so a query and its answer are handled on one thread without waking another.
+    /// 0: the caller's runtime serves them (what tests with tokio's paused clock need).
+    pub udp_threads: usize,
     /// Upstream servers, tried in order of health (the gateway's default pool). May be empty
     /// only with `forward_to_original_destination` or `zones` (names outside every zone are
     /// then REFUSED).
@@ -160,6 +165,7 @@ impl Default for Config {
             listen_udp: Vec::new(),
             listen_tcp: Vec::new(),
             udp_sockets_per_address: std::thread::available_parallelism().map_or(1, usize::from),
+            udp_threads: std::thread::available_parallelism().map_or(1, usize::from),
             upstreams: Vec::new(),
             upstream_ca: None,
             zones: Vec::new(),

@@ -73,6 +73,12 @@ pub enum Error {
         /// The system's error (in the message, so not a `source`).
         error: io::Error,
     },
+    /// The UDP path's threads (`udp_threads`) could not be started.
+    #[error("cannot start the DNS proxy's UDP threads: {error}")]
+    Threads {
+        /// The system's error (in the message, so not a `source`).
+        error: io::Error,
+    },
     /// One of the proxy's tasks panicked.
     #[error("DNS proxy task {task} panicked: {reason}")]
     TaskPanicked {

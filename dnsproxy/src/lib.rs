@@ -115,6 +115,7 @@ mod querylog;
 mod question;
 mod ratelimit;
 mod record;
+mod shards;
 mod transparent;
 mod upstream;
 mod upstream_encrypted;
@@ -183,6 +184,8 @@ pub struct DnsProxy {
     /// Upstream sockets opened after bind (rotations, original destinations), whose receivers
     /// `run` starts.
     new_sockets: mpsc::UnboundedReceiver<NewSocket>,
+    /// The UDP path's threads ([`Config::udp_threads`]); they stop when the proxy does.
+    shard_threads: shards::ShardThreads,
 }
 
 impl std::fmt::Debug for DnsProxy {
@@ -206,11 +209,15 @@ impl DnsProxy {
     ) -> Result<Self, Error> {
         validate(&config)?;
         let transparent = config.transparent;
+        let (shards, shard_threads) =
+            shards::start(config.udp_threads).map_err(|error| Error::Threads { error })?;
         let mut udp = Vec::new();
         for &addr in &config.listen_udp {
             let mut actual = addr;
             for _ in 0..config.udp_sockets_per_address {
-                let socket = listen::bind_udp(actual, transparent)
+                // Listener `i` is registered with (and served by) shard `i`.
+                let socket = shards
+                    .enter(udp.len(), || listen::bind_udp(actual, transparent))
                     .map_err(|e| e.into_error(Transport::Udp, addr))?;
                 // Port 0: the first socket picks the port, the others share it.
                 actual = socket.local_addr().map_err(|source| Error::Bind {
@@ -291,7 +298,13 @@ impl DnsProxy {
                     tls.encrypted(upstream, config.upstream_timeout)?,
                     up,
                 ),
-                _ => Upstream::bind(upstream.addr, config.upstream_sockets, rotation, up)?,
+                _ => Upstream::bind(
+                    upstream.addr,
+                    config.upstream_sockets,
+                    rotation,
+                    up,
+                    &shards,
+                )?,
             }));
         }
         let metrics = Metrics::new();
@@ -303,6 +316,7 @@ impl DnsProxy {
                 rotation,
                 metrics.original_destinations.clone(),
                 new_sockets_tx.clone(),
+                shards.clone(),
             )
         });
         let mut own: Vec<SocketAddr> = udp.iter().map(|l| l.local).collect();
@@ -326,6 +340,7 @@ impl DnsProxy {
             query_log: taps.query_log,
             recorder: taps.recorder,
             udp,
+            shards,
             upstreams,
             pools,
             originals,
@@ -347,6 +362,7 @@ impl DnsProxy {
             tcp,
             encrypted,
             new_sockets,
+            shard_threads,
         })
     }
 
@@ -409,11 +425,15 @@ impl DnsProxy {
             tcp,
             encrypted,
             mut new_sockets,
+            shard_threads,
         } = self;
         let mut tasks: JoinSet<Result<(), Error>> = JoinSet::new();
         let mut names = std::collections::HashMap::new();
+        // The UDP path's tasks run on the shard of their socket (or here, without shards).
+        let current = tokio::runtime::Handle::current();
+        let on = |i: usize| shared.shards.handle(i).unwrap_or(&current).clone();
         for index in 0..shared.udp.len() {
-            let h = tasks.spawn(listen::udp_loop(shared.clone(), index));
+            let h = tasks.spawn_on(listen::udp_loop(shared.clone(), index), &on(index));
             names.insert(h.id(), "udp listener");
         }
         for (listener, local) in tcp {
@@ -446,7 +466,10 @@ impl DnsProxy {
             }
             for si in 0..upstream.slots() {
                 let socket = upstream.socket(si);
-                let h = tasks.spawn(shared.clone().upstream_loop(upstream.clone(), socket));
+                let h = tasks.spawn_on(
+                    shared.clone().upstream_loop(upstream.clone(), socket),
+                    &on(si),
+                );
                 names.insert(h.id(), UPSTREAM_RECEIVER);
             }
         }
@@ -478,14 +501,16 @@ impl DnsProxy {
                 },
                 // A socket opened by a rotation or for a new original destination: its
                 // receiver joins the others (and stops with them).
-                Some((upstream, socket)) = new_sockets.recv() => {
-                    let h = tasks.spawn(shared.clone().upstream_loop(upstream, socket));
+                Some((upstream, socket, si)) = new_sockets.recv() => {
+                    let h = tasks.spawn_on(shared.clone().upstream_loop(upstream, socket), &on(si));
                     names.insert(h.id(), UPSTREAM_RECEIVER);
                 }
             }
         };
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
+        // The shard threads stop with their runtimes (and the sockets registered there).
+        let _ = tokio::task::spawn_blocking(move || shard_threads.stop_and_join()).await;
         result
     }
 }

@@ -16,19 +16,20 @@ use std::time::Duration;
 
 use hickory_proto::rr::RecordType;
 use metrics::Gauge;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::error::Error;
 use crate::metrics::UpstreamHealth;
 use crate::policy::Transport;
+use crate::shards::Shards;
 use crate::upstream_encrypted::Encrypted;
 use crate::upstream_socket::{Rotation, UpstreamSocket};
 use crate::wire::Opt;
 
-/// A socket whose receiver `DnsProxy::run` must start: opened at bind, by a rotation, or for a
-/// new original destination.
-pub(crate) type NewSocket = (Arc<Upstream>, Arc<UpstreamSocket>);
+/// A socket whose receiver `DnsProxy::run` must start (on the shard of its slot, the last
+/// field): opened at bind, by a rotation, or for a new original destination.
+pub(crate) type NewSocket = (Arc<Upstream>, Arc<UpstreamSocket>, usize);
 
 /// How a reply reaches the client.
 #[derive(Debug)]
@@ -45,30 +46,60 @@ pub(crate) enum ReplyTo {
 /// one (so the connection's pipeline slot is released either way).
 pub(crate) type TcpOut = Option<Vec<u8>>;
 
-/// The way back to a TCP client for one query. Dropping it unsent tells the writer the query
-/// ended without a reply.
+/// The way back to a stream client (TCP, DoT, DoH) for one query. Dropping it unsent tells
+/// the writer the query ended without a reply.
 #[derive(Debug)]
 pub(crate) struct TcpReply {
-    tx: mpsc::UnboundedSender<TcpOut>,
+    to: ReplySink,
     sent: bool,
+}
+
+/// Where a stream client's reply goes.
+#[derive(Debug)]
+enum ReplySink {
+    /// A connection's writer, which serves many queries (TCP and DoT pipelining).
+    Connection(mpsc::UnboundedSender<TcpOut>),
+    /// The one request waiting for it (a DoH stream); dropped unsent, the request sees the
+    /// sender gone.
+    Request(Option<oneshot::Sender<Vec<u8>>>),
 }
 
 impl TcpReply {
     pub(crate) fn new(tx: mpsc::UnboundedSender<TcpOut>) -> Self {
-        Self { tx, sent: false }
+        Self {
+            to: ReplySink::Connection(tx),
+            sent: false,
+        }
+    }
+
+    /// The way back to one request that waits for its reply on `tx`'s receiver.
+    pub(crate) fn request(tx: oneshot::Sender<Vec<u8>>) -> Self {
+        Self {
+            to: ReplySink::Request(Some(tx)),
+            sent: false,
+        }
     }
 
     /// Queues the reply (ignored if the connection is gone).
     pub(crate) fn send(mut self, reply: Vec<u8>) {
         self.sent = true;
-        let _ = self.tx.send(Some(reply));
+        match &mut self.to {
+            ReplySink::Connection(tx) => {
+                let _ = tx.send(Some(reply));
+            }
+            ReplySink::Request(tx) => {
+                if let Some(tx) = tx.take() {
+                    let _ = tx.send(reply);
+                }
+            }
+        }
     }
 }
 
 impl Drop for TcpReply {
     fn drop(&mut self) {
-        if !self.sent {
-            let _ = self.tx.send(None);
+        if let (false, ReplySink::Connection(tx)) = (self.sent, &self.to) {
+            let _ = tx.send(None);
         }
     }
 }
@@ -118,6 +149,8 @@ pub(crate) struct Upstream {
     /// Retired sockets whose queries are still in flight (their receivers run until drained).
     draining: Mutex<Vec<Arc<UpstreamSocket>>>,
     rotation: Rotation,
+    /// Slot `si`'s socket is registered with shard `si`'s runtime (and read there).
+    shards: Shards,
     alive: AtomicBool,
     failures: AtomicU32,
     /// Microseconds; `u64::MAX` until the first answer.
@@ -130,29 +163,31 @@ pub(crate) struct Upstream {
 }
 
 impl Upstream {
-    /// Opens `sockets` connected UDP sockets to `addr`, each on its own ephemeral port.
+    /// Opens `sockets` connected UDP sockets to `addr`, each on its own ephemeral port and
+    /// registered with its slot's shard.
     pub(crate) fn bind(
         addr: SocketAddr,
         sockets: usize,
         rotation: Rotation,
         up_gauge: Gauge,
+        shards: &Shards,
     ) -> Result<Self, Error> {
         let now = Instant::now();
         let mut slots = Vec::with_capacity(sockets);
-        for _ in 0..sockets {
-            let socket = UpstreamSocket::open(addr, rotation, now).map_err(|source| {
-                Error::UpstreamSocket {
+        for si in 0..sockets {
+            let socket = shards
+                .enter(si, || UpstreamSocket::open(addr, rotation, now))
+                .map_err(|source| Error::UpstreamSocket {
                     upstream: addr,
                     error: source,
-                }
-            })?;
+                })?;
             slots.push(RwLock::new(Arc::new(socket)));
         }
         Ok(Self::with_slots(
             addr,
             addr.to_string(),
             None,
-            slots,
+            (slots, shards.clone()),
             rotation,
             up_gauge,
         ))
@@ -174,18 +209,18 @@ impl Upstream {
             upstream.addr,
             upstream.to_string(),
             Some(encrypted),
-            vec![RwLock::new(Arc::new(socket))],
+            (vec![RwLock::new(Arc::new(socket))], Shards::default()),
             never,
             up_gauge,
         )
     }
 
-    /// An upstream over `slots`, alive until its health checks say otherwise.
+    /// An upstream over `slots` (on `shards`), alive until its health checks say otherwise.
     fn with_slots(
         addr: SocketAddr,
         label: String,
         encrypted: Option<Encrypted>,
-        slots: Vec<RwLock<Arc<UpstreamSocket>>>,
+        (slots, shards): (Vec<RwLock<Arc<UpstreamSocket>>>, Shards),
         rotation: Rotation,
         up_gauge: Gauge,
     ) -> Self {
@@ -197,6 +232,7 @@ impl Upstream {
             slots,
             draining: Mutex::new(Vec::new()),
             rotation,
+            shards,
             alive: AtomicBool::new(true),
             failures: AtomicU32::new(0),
             last_rtt_us: AtomicU64::new(u64::MAX),
@@ -245,7 +281,10 @@ impl Upstream {
         if !Arc::ptr_eq(&slot, current) {
             return Ok(None);
         }
-        let fresh = match UpstreamSocket::open(self.addr, self.rotation, now) {
+        let opened = self
+            .shards
+            .enter(si, || UpstreamSocket::open(self.addr, self.rotation, now));
+        let fresh = match opened {
             Ok(fresh) => Arc::new(fresh),
             Err(e) => {
                 current.postpone(self.rotation, now);
@@ -335,6 +374,7 @@ pub(crate) struct OriginalUpstreams {
     table: RwLock<HashMap<SocketAddr, Arc<Upstream>>>,
     started: mpsc::UnboundedSender<NewSocket>,
     gauge: Gauge,
+    shards: Shards,
 }
 
 impl OriginalUpstreams {
@@ -345,6 +385,7 @@ impl OriginalUpstreams {
         rotation: Rotation,
         gauge: Gauge,
         started: mpsc::UnboundedSender<NewSocket>,
+        shards: Shards,
     ) -> Self {
         Self {
             max,
@@ -353,6 +394,7 @@ impl OriginalUpstreams {
             table: RwLock::new(HashMap::new()),
             started,
             gauge,
+            shards,
         }
     }
 
@@ -374,8 +416,14 @@ impl OriginalUpstreams {
             return Err(OpenError::Full);
         }
         let upstream = Arc::new(
-            Upstream::bind(addr, self.sockets, self.rotation, Gauge::noop())
-                .map_err(OpenError::Socket)?,
+            Upstream::bind(
+                addr,
+                self.sockets,
+                self.rotation,
+                Gauge::noop(),
+                &self.shards,
+            )
+            .map_err(OpenError::Socket)?,
         );
         table.insert(addr, upstream.clone());
         #[allow(clippy::cast_precision_loss, reason = "a gauge")]
@@ -383,7 +431,9 @@ impl OriginalUpstreams {
         tracing::debug!(upstream = %addr, open = table.len(), "DNS upstream opened for an original destination");
         // Nobody listens once the proxy stopped: then nothing is received, as for the others.
         for si in 0..upstream.slots() {
-            let _ = self.started.send((upstream.clone(), upstream.socket(si)));
+            let _ = self
+                .started
+                .send((upstream.clone(), upstream.socket(si), si));
         }
         Ok(upstream)
     }
@@ -420,7 +470,7 @@ mod tests {
     #[tokio::test]
     async fn original_destinations_are_opened_once_and_bounded() {
         let (tx, mut started) = mpsc::unbounded_channel();
-        let table = OriginalUpstreams::new(2, 3, NEVER, Gauge::noop(), tx);
+        let table = OriginalUpstreams::new(2, 3, NEVER, Gauge::noop(), tx, Shards::default());
         let a: SocketAddr = "127.0.0.1:5301".parse().unwrap();
         let b: SocketAddr = "[::1]:5302".parse().unwrap();
         let c: SocketAddr = "127.0.0.1:5303".parse().unwrap();
@@ -445,7 +495,7 @@ mod tests {
     #[tokio::test]
     async fn rotation_moves_a_slot_to_a_new_port_and_drains_the_old_socket() {
         let addr: SocketAddr = "127.0.0.1:5301".parse().unwrap();
-        let upstream = Upstream::bind(addr, 1, NEVER, Gauge::noop()).unwrap();
+        let upstream = Upstream::bind(addr, 1, NEVER, Gauge::noop(), &Shards::default()).unwrap();
         let now = Instant::now();
         let old = upstream.socket(0);
         let new = upstream.rotate(0, &old, now).unwrap().unwrap();

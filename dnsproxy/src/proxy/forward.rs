@@ -77,20 +77,17 @@ impl Shared {
                 );
             }
         };
-        let n = upstream.slots();
-        let first = w.next_socket;
-        if !w.batching {
-            w.next_socket = w.next_socket.wrapping_add(1);
-        }
         let sent = asked.received;
         let mut origin = Some(Origin {
             reply: reply(),
             asked,
         });
-        let chosen = (0..n).find_map(|k| {
-            let si = (first + k) % n;
-            self.reserve(w, upstream, si, raw, question, sent, &mut origin)
-        });
+        let mut order = w.slot_order(upstream.slots());
+        if !w.batching {
+            w.next_socket = w.next_socket.wrapping_add(1);
+        }
+        let chosen =
+            order.find_map(|si| self.reserve(w, upstream, si, raw, question, sent, &mut origin));
         let Some(socket) = chosen else {
             // Every socket of the upstream holds its maximum: refuse like the concurrency limit.
             self.inflight.fetch_sub(1, Ordering::Relaxed);
@@ -209,7 +206,7 @@ impl Shared {
                 self.metrics.upstream_socket_rotations.inc();
                 tracing::debug!(upstream = %upstream.addr, old_port = socket.port, new_port = fresh.port, "DNS upstream socket rotated");
                 // Nobody listens once the proxy stopped; nothing is received then, as for the others.
-                let _ = self.new_sockets.send((upstream.clone(), fresh.clone()));
+                let _ = self.new_sockets.send((upstream.clone(), fresh.clone(), si));
                 fresh
             }
             Ok(None) => upstream.socket(si),

@@ -60,6 +60,8 @@ pub(crate) struct Shared {
     pub(crate) query_log: Option<Arc<dyn QueryLog>>,
     pub(crate) recorder: Option<Arc<dyn Recorder>>,
     pub(crate) udp: Vec<UdpListener>,
+    /// The UDP path's threads: listener `i` and upstream slot `i` belong to shard `i`.
+    pub(crate) shards: crate::shards::Shards,
     /// Every configured upstream: the default pool's, then each zone's.
     pub(crate) upstreams: Vec<Arc<Upstream>>,
     /// Which of `upstreams` a question goes to: the default pool or its zone's.
@@ -99,6 +101,9 @@ pub(crate) struct Worker {
     ids: IdSource,
     next_upstream: usize,
     next_socket: usize,
+    /// The shard this worker runs on, as `(shard, shards)`: it forwards through the upstream
+    /// sockets of its shard first, whose answers are read on its thread.
+    shard: Option<(usize, usize)>,
     /// A reply the proxy wrote itself, ready to send.
     pub(crate) scratch: Vec<u8>,
     /// The canonical name of the query being handled. A forwarded query takes it along and
@@ -127,6 +132,7 @@ impl Worker {
             ids: IdSource::new(),
             next_upstream: seed,
             next_socket: seed,
+            shard: None,
             scratch: Vec::new(),
             name: String::new(),
             batching: false,
@@ -144,13 +150,20 @@ impl Worker {
     }
 
     /// A worker that queues forwarded queries until [`Shared::flush`] (UDP listeners: one
-    /// `sendmmsg` per upstream socket per batch of queries).
-    pub(crate) fn batching(seed: usize, listeners: usize) -> Self {
+    /// `sendmmsg` per upstream socket per batch of queries), on `shard` (see
+    /// [`crate::shards::Shards::of`]).
+    pub(crate) fn batching(seed: usize, listeners: usize, shard: Option<(usize, usize)>) -> Self {
         Self {
             batching: true,
             replies: Replies::new(listeners),
+            shard,
             ..Self::new(seed)
         }
+    }
+
+    /// The upstream socket slots (of `n`) this worker offers its next query to, in order.
+    fn slot_order(&self, n: usize) -> impl Iterator<Item = usize> + use<> {
+        slot_order(n, self.next_socket, self.shard)
     }
 
     /// Queues a query for `socket`.
@@ -167,6 +180,25 @@ impl Worker {
         queue.push(bytes, None);
         self.queries.push((socket.clone(), queue));
     }
+}
+
+/// The upstream socket slots (of `n`) a query is offered to, in order: from `first` on, the
+/// slots of `shard` (slot `si` belongs to shard `si % shards`), then every slot in case those
+/// are full. Without a shard (or one with no slot): every slot from `first` on.
+fn slot_order(
+    n: usize,
+    first: usize,
+    shard: Option<(usize, usize)>,
+) -> impl Iterator<Item = usize> {
+    let (start, step, mine) = match shard {
+        Some((shard, shards)) if shard < n && shards > 1 => {
+            (shard, shards, (n - shard).div_ceil(shards))
+        }
+        _ => (0, 1, 0),
+    };
+    (0..mine)
+        .map(move |j| start + step * ((first + j) % mine))
+        .chain((0..n).map(move |k| (first + k) % n))
 }
 
 /// UDP replies waiting to leave through the listener sockets, one queue per listener socket.
@@ -438,4 +470,27 @@ fn epoch_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slot_order;
+
+    fn order(n: usize, first: usize, shard: Option<(usize, usize)>) -> Vec<usize> {
+        slot_order(n, first, shard).collect()
+    }
+
+    #[test]
+    fn a_worker_offers_its_own_shards_slots_first_then_every_slot() {
+        // 4 slots over 2 shards: shard 0 owns 0 and 2, shard 1 owns 1 and 3.
+        assert_eq!(order(4, 0, Some((0, 2))), [0, 2, 0, 1, 2, 3]);
+        assert_eq!(order(4, 1, Some((0, 2))), [2, 0, 1, 2, 3, 0]);
+        assert_eq!(order(4, 0, Some((1, 2))), [1, 3, 0, 1, 2, 3]);
+        // 3 slots over 2 shards: shard 1 owns slot 1 only.
+        assert_eq!(order(3, 5, Some((1, 2))), [1, 2, 0, 1]);
+        // A shard with no slot (an encrypted upstream's single slot) and no shard at all.
+        assert_eq!(order(1, 3, Some((1, 2))), [0]);
+        assert_eq!(order(3, 4, None), [1, 2, 0]);
+        assert_eq!(order(3, 4, Some((0, 1))), [1, 2, 0]);
+    }
 }

@@ -83,6 +83,9 @@ impl Shared {
                 }
                 // The batch's replies leave together (one `sendmmsg` per listener).
                 self.flush_replies(&mut replies).await;
+                if batch.drained() {
+                    break;
+                }
                 handled += n;
                 if handled >= BATCH {
                     handled = 0;

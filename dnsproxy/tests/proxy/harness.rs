@@ -211,11 +211,18 @@ impl Recorder for TestRecorder {
 /// Test defaults: loopback, port 0, short health checks. The upstream timeout is long enough
 /// that a loaded machine does not turn an answer into a timeout on the real clock; a test about
 /// timeouts sets its own (and runs on the paused clock where it asserts durations).
+///
+/// On a multi-thread test runtime the UDP path runs on two shard threads of its own, as in the
+/// daemon; on a current-thread one (the paused clock) on the test's runtime (`udp_threads: 0`),
+/// whose clock the test moves.
 pub(crate) fn test_config(upstreams: Vec<SocketAddr>) -> Config {
+    let current_thread =
+        Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::CurrentThread);
     Config {
         listen_udp: vec!["127.0.0.1:0".parse().unwrap()],
         listen_tcp: vec!["127.0.0.1:0".parse().unwrap()],
         udp_sockets_per_address: 2,
+        udp_threads: if current_thread { 0 } else { 2 },
         upstreams: upstreams.into_iter().map(Into::into).collect(),
         upstream_sockets: 2,
         upstream_timeout: Duration::from_secs(2),

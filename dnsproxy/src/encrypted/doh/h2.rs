@@ -100,7 +100,7 @@ async fn stream(
         },
         Err(answer) => answer,
     };
-    let head = head(&answer);
+    let head = head(conn, &answer);
     match answer {
         Answer::Dns { message, .. } => {
             if let Ok(mut send) = respond.send_response(head, false) {

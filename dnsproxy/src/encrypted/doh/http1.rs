@@ -68,7 +68,7 @@ async fn respond(conn: &Connection, request: Request<Incoming>) -> hyper::Respon
         },
         Err(answer) => answer,
     };
-    let (parts, ()) = head(&answer).into_parts();
+    let (parts, ()) = head(conn, &answer).into_parts();
     let body = match answer {
         Answer::Dns { message, .. } => Bytes::from(message),
         Answer::Status(_) => Bytes::new(),

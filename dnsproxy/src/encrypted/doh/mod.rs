@@ -23,14 +23,14 @@ use base64::Engine as _;
 use hyper::header::{self, HeaderValue};
 use hyper::{Method, Response, StatusCode};
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_rustls::server::TlsStream;
 
 use super::{EncryptedConfig, EncryptedError};
 use crate::policy::Transport;
 use crate::proxy::{Handled, Shared, Worker};
-use crate::upstream::{ReplyTo, TcpOut, TcpReply};
+use crate::upstream::{ReplyTo, TcpReply};
 use crate::wire;
 
 /// The media type of a DNS message (RFC 8484 §6).
@@ -65,6 +65,7 @@ pub(super) async fn serve(
         path: config.doh_path.clone(),
         activity: Activity::new(),
         spare: Mutex::new(Vec::new()),
+        cache_control: Mutex::new(None),
     });
     if h2 {
         h2::serve(conn, tls, config).await;
@@ -149,6 +150,8 @@ pub(super) struct Connection {
         reason = "the box moves between this list and a request's future"
     )]
     spare: Mutex<Vec<Box<Worker>>>,
+    /// The last `Cache-Control` value made, by its max-age.
+    cache_control: Mutex<Option<(u32, HeaderValue)>>,
 }
 
 /// What a request asks, once its head is read.
@@ -200,6 +203,20 @@ impl Connection {
         }
     }
 
+    /// `Cache-Control: max-age=N`: the last one made is kept (a cheap clone), as the answers
+    /// of one connection often have the same TTL.
+    fn cache_control(&self, max_age: u32) -> Option<HeaderValue> {
+        let mut last = self.cache_control.lock().ok()?;
+        match &*last {
+            Some((age, value)) if *age == max_age => Some(value.clone()),
+            _ => {
+                let value = HeaderValue::from_str(&format!("max-age={max_age}")).ok()?;
+                *last = Some((max_age, value.clone()));
+                Some(value)
+            }
+        }
+    }
+
     /// Counts a refused request; its answer.
     pub(super) fn refuse(&self, status: StatusCode, reason: EncryptedError) -> Answer {
         self.shared.metrics.encrypted_error(Transport::Doh, reason);
@@ -214,7 +231,8 @@ impl Connection {
             .ok()
             .and_then(|mut spare| spare.pop())
             .unwrap_or_else(|| Box::new(Worker::new(0)));
-        let (tx, mut rx) = mpsc::unbounded_channel::<TcpOut>();
+        // One reply at most: a oneshot, not a connection's queue.
+        let (tx, rx) = oneshot::channel();
         let handled = self
             .shared
             .handle_query(
@@ -223,13 +241,12 @@ impl Connection {
                 self.client,
                 self.server,
                 Transport::Doh,
-                || ReplyTo::Tcp(TcpReply::new(tx.clone())),
+                || ReplyTo::Tcp(TcpReply::request(tx)),
             )
             .await;
-        drop(tx);
         let reply = match handled {
             Handled::Reply => Some(std::mem::take(&mut worker.scratch)),
-            Handled::Forwarded => rx.recv().await.flatten(),
+            Handled::Forwarded => rx.await.ok(),
             Handled::Dropped => None,
             Handled::Runt => None,
         };
@@ -251,13 +268,13 @@ impl Connection {
 }
 
 /// The head of a response to `answer` (its body is the message, if any).
-pub(super) fn head(answer: &Answer) -> Response<()> {
+pub(super) fn head(conn: &Connection, answer: &Answer) -> Response<()> {
     let mut response = Response::new(());
     let headers = response.headers_mut();
     match answer {
         Answer::Dns { max_age, .. } => {
             headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(DNS_MESSAGE));
-            if let Ok(value) = HeaderValue::from_str(&format!("max-age={max_age}")) {
+            if let Some(value) = conn.cache_control(*max_age) {
                 headers.insert(header::CACHE_CONTROL, value);
             }
         }
