@@ -114,7 +114,7 @@ pub(crate) async fn udp_loop(shared: Arc<Shared>, index: usize) -> Result<(), Er
     };
     let transparent = shared.config.transparent;
     let mut batch = RecvBatch::new(transparent);
-    let mut worker = Worker::batching(index, shared.udp.len(), shared.shards.of(index));
+    let mut worker = Worker::batching(index, shared.udp.len());
     loop {
         listener.socket.readable().await.map_err(fail)?;
         let mut handled = 0;

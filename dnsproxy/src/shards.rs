@@ -11,6 +11,7 @@
 //! With no shard (`udp_threads = 0`) everything runs on the caller's runtime, as tests with a
 //! paused clock need.
 
+use std::cell::Cell;
 use std::io;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -32,14 +33,17 @@ impl std::fmt::Debug for Shards {
     }
 }
 
-impl Shards {
-    /// The shard of socket `i` (listener or upstream slot), as `(shard, shards)`; `None`
-    /// without shards.
-    pub(crate) fn of(&self, i: usize) -> Option<(usize, usize)> {
-        let n = self.handles.len();
-        (n > 0).then(|| (i % n, n))
-    }
+thread_local! {
+    /// On a shard thread: `(shard, shards)`.
+    static CURRENT: Cell<Option<(usize, usize)>> = const { Cell::new(None) };
+}
 
+/// The shard this thread runs, as `(shard, shards)`; `None` off the shard threads.
+pub(crate) fn current() -> Option<(usize, usize)> {
+    CURRENT.with(Cell::get)
+}
+
+impl Shards {
     /// The runtime of shard `i % len`; `None` without shards (the caller's runtime).
     pub(crate) fn handle(&self, i: usize) -> Option<&Handle> {
         let n = self.handles.len();
@@ -100,6 +104,7 @@ pub(crate) fn start(threads: usize) -> io::Result<(Shards, ShardThreads)> {
         let thread = std::thread::Builder::new()
             .name(format!("fqdnd-dns-{n}"))
             .spawn(move || {
+                CURRENT.with(|c| c.set(Some((n, threads))));
                 // Returns when the sender is dropped; the runtime, its tasks and the sockets
                 // registered with it go with it.
                 let _ = runtime.block_on(stopped);
@@ -122,18 +127,17 @@ mod tests {
     #[test]
     fn sockets_spread_over_the_shards_and_run_on_their_threads() {
         let (shards, threads) = start(2).unwrap();
-        assert_eq!(shards.of(0), Some((0, 2)));
-        assert_eq!(shards.of(3), Some((1, 2)));
-        let name = |i: usize| {
+        let on = |i: usize| {
             let (tx, rx) = std::sync::mpsc::channel();
             shards.handle(i).unwrap().spawn(async move {
-                tx.send(std::thread::current().name().map(str::to_owned))
-                    .unwrap();
+                let name = std::thread::current().name().map(str::to_owned);
+                tx.send((name, current())).unwrap();
             });
             rx.recv().unwrap()
         };
-        assert_eq!(name(0).as_deref(), Some("fqdnd-dns-0"));
-        assert_eq!(name(5).as_deref(), Some("fqdnd-dns-1"));
+        assert_eq!(on(0), (Some("fqdnd-dns-0".to_owned()), Some((0, 2))));
+        assert_eq!(on(5), (Some("fqdnd-dns-1".to_owned()), Some((1, 2))));
+        assert_eq!(current(), None, "not a shard thread");
         // A socket made inside a shard is registered with its reactor.
         let socket = shards.enter(1, || {
             let std = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -147,7 +151,6 @@ mod tests {
     #[test]
     fn without_shards_everything_stays_on_the_caller() {
         let shards = Shards::default();
-        assert_eq!(shards.of(7), None);
         assert!(shards.handle(0).is_none());
         assert_eq!(shards.enter(3, || 5), 5);
     }

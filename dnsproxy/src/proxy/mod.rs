@@ -101,8 +101,9 @@ pub(crate) struct Worker {
     ids: IdSource,
     next_upstream: usize,
     next_socket: usize,
-    /// The shard this worker runs on, as `(shard, shards)`: it forwards through the upstream
-    /// sockets of its shard first, whose answers are read on its thread.
+    /// The shard whose thread made this worker (a worker stays on its task's thread), as
+    /// `(shard, shards)`: it forwards through the upstream sockets of its shard first, whose
+    /// answers are read on its thread.
     shard: Option<(usize, usize)>,
     /// A reply the proxy wrote itself, ready to send.
     pub(crate) scratch: Vec<u8>,
@@ -132,7 +133,7 @@ impl Worker {
             ids: IdSource::new(),
             next_upstream: seed,
             next_socket: seed,
-            shard: None,
+            shard: crate::shards::current(),
             scratch: Vec::new(),
             name: String::new(),
             batching: false,
@@ -150,13 +151,11 @@ impl Worker {
     }
 
     /// A worker that queues forwarded queries until [`Shared::flush`] (UDP listeners: one
-    /// `sendmmsg` per upstream socket per batch of queries), on `shard` (see
-    /// [`crate::shards::Shards::of`]).
-    pub(crate) fn batching(seed: usize, listeners: usize, shard: Option<(usize, usize)>) -> Self {
+    /// `sendmmsg` per upstream socket per batch of queries).
+    pub(crate) fn batching(seed: usize, listeners: usize) -> Self {
         Self {
             batching: true,
             replies: Replies::new(listeners),
-            shard,
             ..Self::new(seed)
         }
     }
