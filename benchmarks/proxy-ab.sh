@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
 # proxy-ab.sh — two fqdnd builds side by side on vs-peers.sh's set-up (same NSD upstream, same
 # 2k-suffix policy, full FQDN engine): each build's gateway in turn, alternated ROUNDS times,
-# saturated by dnsperf for DURATION seconds. Prints per run the QPS and the gateway's CPU µs
-# per answered query (utime+stime from /proc: the figure to compare on a shared machine).
+# saturated by dnsperf for DURATION seconds (or held at RATE queries/s). Prints per run the QPS
+# and the gateway's CPU µs per answered query (utime+stime from /proc: the figure to compare on
+# a shared machine).
 #
 #   benchmarks/proxy-ab.sh BEFORE_BIN AFTER_BIN
 #
-# Knobs (env): ROUNDS=3, DURATION=8, MODES="nocache cached", RUN=/tmp/fqdnd-proxy-ab.
-# Last lines: `proxy-ab <mode> <before|after>: median qps Q, median cpu us/q C`.
+# Knobs (env): ROUNDS=3, DURATION=8, MODES="nocache cached", RUN=/tmp/fqdnd-proxy-ab,
+# RATE (queries/s: a fixed rate instead of saturation, so every run has the same load and the
+# CPU per query compares the work done, not how well a busy machine let it batch), BARE=1
+# (mode nocache: `benchmarks/src/bin/bare_forwarder.rs` too, as the third side `bare`).
+# Last lines: `proxy-ab <mode> <before|after|bare>: median qps Q, median cpu us/q C`.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+AB_ROOT="$(cd "$HERE/.." && pwd)"
 [ $# -eq 2 ] || { echo "usage: $0 BEFORE_BIN AFTER_BIN" >&2; exit 2; }
 BEFORE="$1" AFTER="$2"
 ROUNDS="${ROUNDS:-3}" DURATION_AB="${DURATION:-8}" MODES_AB="${MODES:-nocache cached}"
+RATE_AB="${RATE:-}" BARE_AB="${BARE:-0}"
 export RUN="${RUN:-/tmp/fqdnd-proxy-ab}"
 # vs-peers.sh's functions (setup, need, wait_port, field), without running its main.
 # shellcheck source=/dev/null
@@ -22,15 +28,27 @@ setup
 nsd -c "$RUN/nsd.conf" -d >"$RUN/nsd.out" 2>&1 & PIDS+=($!)
 wait_port "$AUTH"
 
-one() { # bin mode -> "qps cpu_us_per_query"
-  local conf="$RUN/fqdnd.yaml" port=$FQDND pid t0 t1 out="$RUN/ab.txt"
+BARE_BIN=""
+if [[ $BARE_AB == 1 ]]; then
+  (cd "$AB_ROOT" && cargo build --release --locked --quiet -p fqdnd-benchmarks --bin bare_forwarder)
+  BARE_BIN="$AB_ROOT/target/release/bare_forwarder"
+fi
+
+one() { # bin mode -> "qps cpu_us_per_query" (bin `bare`: the bare forwarder)
+  local conf="$RUN/fqdnd.yaml" port=$FQDND pid t0 t1 out="$RUN/ab.txt" rate=()
   if [[ $2 == cached ]]; then conf="$RUN/fqdnd-cached.yaml" port=$FQDND_CACHED; fi
-  "$1" gateway --config "$conf" 2>"$RUN/gateway.err" & pid=$!
+  if [[ $1 == bare ]]; then
+    port=$BARE_PORT
+    "$BARE_BIN" "127.0.0.1:$port" "127.0.0.1:$AUTH" 2>"$RUN/bare.err" & pid=$!
+  else
+    "$1" gateway --config "$conf" 2>"$RUN/gateway.err" & pid=$!
+  fi
   wait_port "$port"
   timeout 60 dnsperf -s 127.0.0.1 -p "$port" -d "$RUN/queries.txt" -n 1 -c 1 -q 100 >/dev/null 2>&1 || true
+  [[ -n $RATE_AB ]] && rate=(-Q "$RATE_AB")
   t0=$(awk '{print $14 + $15}' "/proc/$pid/stat")
   timeout $((DURATION_AB + 30)) dnsperf -s 127.0.0.1 -p "$port" -d "$RUN/queries.txt" -l "$DURATION_AB" \
-    -c "$CLIENTS" -q "$OUTSTANDING" -t 2 >"$out" 2>&1 || true
+    -c "$CLIENTS" -q "$OUTSTANDING" "${rate[@]}" -t 2 >"$out" 2>&1 || true
   t1=$(awk '{print $14 + $15}' "/proc/$pid/stat")
   kill "$pid"; wait "$pid" 2>/dev/null || true
   awk -v q="$(field 'Queries per second' "$out")" -v n="$(field 'Queries completed' "$out" | awk '{print $1}')" \
@@ -38,11 +56,14 @@ one() { # bin mode -> "qps cpu_us_per_query"
 }
 
 median() { sort -g | awk '{v[NR]=$1} END{print v[int((NR+1)/2)]}'; }
+sides() { # mode -> the sides measured in it
+  if [[ $1 == nocache && $BARE_AB == 1 ]]; then echo before after bare; else echo before after; fi
+}
 for mode in $MODES_AB; do
-  : >"$RUN/$mode-before" && : >"$RUN/$mode-after"
+  for side in $(sides "$mode"); do : >"$RUN/$mode-$side"; done
   for _ in $(seq "$ROUNDS"); do
-    for side in before after; do
-      bin=$BEFORE; [[ $side == after ]] && bin=$AFTER
+    for side in $(sides "$mode"); do
+      bin=$BEFORE; [[ $side == after ]] && bin=$AFTER; [[ $side == bare ]] && bin=bare
       read -r q c < <(one "$bin" "$mode")
       echo "$mode $side: $q qps, $c us/q"
       echo "$q $c" >>"$RUN/$mode-$side"
@@ -50,7 +71,7 @@ for mode in $MODES_AB; do
   done
 done
 for mode in $MODES_AB; do
-  for side in before after; do
+  for side in $(sides "$mode"); do
     echo "proxy-ab $mode $side: median qps $(cut -d' ' -f1 "$RUN/$mode-$side" | median), median cpu us/q $(cut -d' ' -f2 "$RUN/$mode-$side" | median)"
   done
 done
