@@ -9,7 +9,7 @@
 //! ```
 //!
 //! Options: `--queries N` (default 300000), `--outstanding N` (200), `--clients N` (client
-//! sockets/threads, 2), `--proxy-threads N` (1), `--udp-sockets N` (listener sockets, 1),
+//! sockets/threads, 2), `--proxy-threads N` (the proxy's runtime workers and UDP shard threads, 1), `--udp-sockets N` (listener sockets, 1),
 //! `--upstream-sockets N` (2), `--seconds S` (hard stop, 30), `--upstream ADDR` (use a real
 //! server instead of the built-in one), `--listen ADDR` (serve mode), `--allow FILE` /
 //! `--deny FILE` (suffix lists, one per line; default: allow `example.test`).
@@ -282,6 +282,8 @@ fn main() {
         udp_sockets_per_address: a.udp_sockets,
         upstreams: vec![upstream.into()],
         upstream_sockets: a.upstream_sockets,
+        // The UDP path's shard threads (`fqdnd-dns-N`), as many as the runtime's workers.
+        udp_threads: a.proxy_threads,
         ..Config::default()
     };
     let policy = Arc::new(Suffixes {
@@ -339,11 +341,16 @@ fn main() {
     }
     let elapsed = start.elapsed();
     let after = cpu_by_thread();
-    let (proxy_ns, proxy_ticks) = {
-        let (a, b) = (
-            cpu_of("proxy-worker", &after),
-            cpu_of("proxy-worker", &before),
+    // The proxy's runtime and its UDP path's shard threads.
+    let proxy_cpu = |snapshot: &[(String, u64, u64)]| {
+        let (runtime, shards) = (
+            cpu_of("proxy-worker", snapshot),
+            cpu_of("fqdnd-dns-", snapshot),
         );
+        (runtime.0 + shards.0, runtime.1 + shards.1)
+    };
+    let (proxy_ns, proxy_ticks) = {
+        let (a, b) = (proxy_cpu(&after), proxy_cpu(&before));
         (a.0 - b.0, a.1 - b.1)
     };
     let upstream_ns = cpu_of("upstream", &after).0 - cpu_of("upstream", &before).0;
