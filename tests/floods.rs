@@ -24,14 +24,14 @@ mod common;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{
     DNS_ANYWHERE, Gateway, LAN_GROUP, documents, fqdns_on_443, gateway_doc, lan_policy, question,
-    rcode, settings_doc, tcp, udp_from,
+    rcode, settings_doc, tcp, udp_and_tcp_on_one_port, udp_from,
 };
 use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
 use hickory_proto::rr::rdata::A;
@@ -95,9 +95,8 @@ fn answer(query: &Message, tcp: bool, big: &AtomicU32) -> Message {
 }
 
 fn start_upstream() -> Upstream {
-    let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let (udp, tcp) = udp_and_tcp_on_one_port();
     let addr = udp.local_addr().unwrap();
-    let tcp = TcpListener::bind(addr).unwrap();
     udp.set_read_timeout(Some(Duration::from_millis(200)))
         .unwrap();
     let stop = Arc::new(AtomicBool::new(false));

@@ -308,6 +308,17 @@ pub(crate) fn free_port() -> u16 {
     })
 }
 
+/// A UDP socket and a TCP listener bound to the same fresh port of 127.0.0.1, for a test's
+/// own DNS server. The UDP port the kernel picks may be taken for TCP (by another test's
+/// connection), so it tries again until both bind.
+pub(crate) fn udp_and_tcp_on_one_port() -> (UdpSocket, TcpListener) {
+    poll_until(PATIENCE, "a port free for both UDP and TCP", || {
+        let udp = UdpSocket::bind("127.0.0.1:0").ok()?;
+        let tcp = TcpListener::bind(udp.local_addr().ok()?).ok()?;
+        Some((udp, tcp))
+    })
+}
+
 /// A scratch directory of its own, removed when dropped — kept (and named on stderr) when the
 /// test failed. Mounts made with [`TestDir::mount_tmpfs`] or [`TestDir::mount_ext4`] are
 /// unmounted first.
