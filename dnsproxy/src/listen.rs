@@ -129,6 +129,8 @@ pub(crate) async fn udp_loop(shared: Arc<Shared>, index: usize) -> Result<(), Er
                     break;
                 }
             };
+            // The batch's queries arrived by now: one clock read for them all.
+            worker.batch_received = Some(tokio::time::Instant::now());
             for i in 0..n {
                 let Some((got, raw)) = batch.get(i) else {
                     break;

@@ -145,8 +145,16 @@ const ID_ANSWERED: u8 = 1;
 const ID_EXPIRED: u8 = 2;
 
 /// The in-flight table of one upstream socket.
+///
+/// The entries live in a slab whose freed slots are reused last-freed-first, so a new query
+/// lands in memory still in cache, and the ID map moves a 4-byte index, not an [`Inflight`].
 pub(crate) struct Table {
-    entries: HashMap<u16, Inflight, BuildIdHasher>,
+    /// ID → index of its entry in `slots`.
+    index: HashMap<u16, u32, BuildIdHasher>,
+    /// The entries; `None` for a free slot (listed in `free`).
+    slots: Vec<Option<Inflight>>,
+    /// Free slots of `slots`, the last freed last.
+    free: Vec<u32>,
     /// Per ID, what became of its last query (until the ID is reused).
     history: Box<[u8]>,
     /// The socket's receiver has stopped: nothing may be added.
@@ -158,7 +166,9 @@ pub(crate) struct Table {
 impl Table {
     pub(crate) fn new() -> Self {
         Self {
-            entries: HashMap::with_capacity_and_hasher(256, BuildIdHasher::default()),
+            index: HashMap::with_capacity_and_hasher(256, BuildIdHasher::default()),
+            slots: Vec::with_capacity(256),
+            free: Vec::with_capacity(256),
             history: vec![ID_FREE; 1 << 16].into_boxed_slice(),
             closed: false,
             spare: Spare::default(),
@@ -167,12 +177,12 @@ impl Table {
 
     /// Reserves a random ID free on this socket; `None` if the socket is full or closed.
     pub(crate) fn insert(&mut self, ids: &mut IdSource) -> Option<VacantId<'_>> {
-        if self.closed || self.entries.len() >= MAX_INFLIGHT_PER_SOCKET {
+        if self.closed || self.index.len() >= MAX_INFLIGHT_PER_SOCKET {
             return None;
         }
         for _ in 0..ID_DRAWS {
             let id = ids.next_id();
-            if !self.entries.contains_key(&id) {
+            if !self.index.contains_key(&id) {
                 return Some(VacantId { table: self, id });
             }
         }
@@ -186,36 +196,59 @@ impl Table {
         id: u16,
         check: impl FnOnce(&Inflight) -> Result<(), DropReason>,
     ) -> Result<Inflight, DropReason> {
-        let Entry::Occupied(entry) = self.entries.entry(id) else {
+        let Entry::Occupied(entry) = self.index.entry(id) else {
             return Err(match self.history[usize::from(id)] {
                 ID_ANSWERED => DropReason::Duplicate,
                 ID_EXPIRED => DropReason::Late,
                 _ => DropReason::UnknownId,
             });
         };
-        check(entry.get())?;
+        let slot = *entry.get();
+        // An indexed slot always holds its entry; were it not so, the answer is unknown.
+        let Some(held) = self.slots.get_mut(slot as usize) else {
+            return Err(DropReason::UnknownId);
+        };
+        check(held.as_ref().ok_or(DropReason::UnknownId)?)?;
+        let inflight = held.take().ok_or(DropReason::UnknownId)?;
+        entry.remove();
         self.history[usize::from(id)] = ID_ANSWERED;
-        Ok(entry.remove())
+        self.free.push(slot);
+        Ok(inflight)
     }
 
     /// The client's own ID of the query `id`, if it is outstanding and not a probe.
     pub(crate) fn client_id(&self, id: u16) -> Option<u16> {
-        let origin = self.entries.get(&id)?.origin.as_ref()?;
+        let slot = *self.index.get(&id)?;
+        let origin = self.slots.get(slot as usize)?.as_ref()?.origin.as_ref()?;
         Some(origin.asked.client_id)
     }
 
     /// Moves every query sent at or before `cutoff` into `out`.
     pub(crate) fn expire(&mut self, cutoff: Instant, out: &mut Vec<(u16, Inflight)>) {
-        let start = out.len();
-        out.extend(self.entries.extract_if(|_, e| e.sent <= cutoff));
-        for (id, _) in &out[start..] {
-            self.history[usize::from(*id)] = ID_EXPIRED;
-        }
+        let Self {
+            index,
+            slots,
+            free,
+            history,
+            ..
+        } = self;
+        index.retain(|&id, &mut slot| {
+            let Some(held) = slots.get_mut(slot as usize) else {
+                return false;
+            };
+            let due = held.as_ref().is_some_and(|e| e.sent <= cutoff);
+            if due && let Some(entry) = held.take() {
+                history[usize::from(id)] = ID_EXPIRED;
+                free.push(slot);
+                out.push((id, entry));
+            }
+            !due
+        });
     }
 
     /// Queries outstanding.
     pub(crate) fn len(&self) -> usize {
-        self.entries.len()
+        self.index.len()
     }
 
     pub(crate) fn is_closed(&self) -> bool {
@@ -240,8 +273,21 @@ impl VacantId<'_> {
     }
 
     pub(crate) fn fill(self, entry: Inflight) {
-        self.table.history[usize::from(self.id)] = ID_FREE;
-        self.table.entries.insert(self.id, entry);
+        let table = self.table;
+        table.history[usize::from(self.id)] = ID_FREE;
+        let slot = match table.free.pop() {
+            Some(slot) => {
+                table.slots[slot as usize] = Some(entry);
+                slot
+            }
+            None => {
+                // At most MAX_INFLIGHT_PER_SOCKET slots: the index fits a u32.
+                let slot = u32::try_from(table.slots.len()).unwrap_or(u32::MAX);
+                table.slots.push(Some(entry));
+                slot
+            }
+        };
+        table.index.insert(self.id, slot);
     }
 }
 
@@ -450,6 +496,35 @@ mod tests {
             table.take(unknown, |_| Ok(())),
             Err(DropReason::UnknownId)
         ));
+    }
+
+    #[test]
+    fn freed_slots_are_reused_last_freed_first() {
+        let mut table = Table::new();
+        let mut ids = IdSource::new();
+        let t0 = Instant::now();
+        let mut fill = |table: &mut Table| {
+            let slot = table.insert(&mut ids).unwrap();
+            let id = slot.id();
+            slot.fill(inflight(t0));
+            id
+        };
+        let (a, b, c) = (fill(&mut table), fill(&mut table), fill(&mut table));
+        assert_eq!((table.index[&a], table.index[&b], table.index[&c]), (0, 1, 2));
+        table.take(a, |_| Ok(())).unwrap();
+        table.take(c, |_| Ok(())).unwrap();
+        let d = fill(&mut table);
+        assert_eq!(table.index[&d], 2, "the slot freed last is taken first");
+        let e = fill(&mut table);
+        assert_eq!(table.index[&e], 0);
+        assert_eq!(table.slots.len(), 3, "no slot added while one was free");
+        assert_eq!(table.client_id(b), None, "a probe has no client ID");
+        let mut out = Vec::new();
+        table.expire(t0, &mut out);
+        assert_eq!(out.len(), 3);
+        assert_eq!(table.len(), 0);
+        assert_eq!(table.free.len(), 3, "every slot free after expiry");
+        assert!(matches!(table.take(d, |_| Ok(())), Err(DropReason::Late)));
     }
 
     #[tokio::test]

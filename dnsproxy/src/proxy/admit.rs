@@ -33,7 +33,7 @@ impl Shared {
         transport: Transport,
         reply: impl FnOnce() -> ReplyTo,
     ) -> Handled {
-        let received = Instant::now();
+        let received = w.batch_received.unwrap_or_else(Instant::now);
         // A socket-level redirect: the query is about where the client was going.
         let (server, sender) = match self.policy.redirected(client, local, transport) {
             Some(r) => (r.server, Some(r.sender)),

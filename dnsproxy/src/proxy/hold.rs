@@ -62,11 +62,16 @@ impl Shared {
         let started = Instant::now();
         match self.observer.observe(&context) {
             Observation::Done(result) => {
+                // One clock read ends the observation and the hold.
+                let observed = Instant::now();
                 self.metrics
                     .observer
-                    .record(started.elapsed().as_secs_f64());
+                    .record((observed - started).as_secs_f64());
                 Held::Done(match result {
-                    Ok(()) => self.release(answer, raw, QueryResult::Answered, out).await,
+                    Ok(()) => {
+                        self.release(answer, raw, QueryResult::Answered, out, observed)
+                            .await
+                    }
                     Err(e) => {
                         self.fallback(answer, raw, HoldFailure::ObserverError, Some(&e), out)
                             .await
@@ -96,9 +101,10 @@ impl Shared {
         tokio::select! {
             biased;
             result = &mut future => {
-                self.metrics.observer.record(started.elapsed().as_secs_f64());
+                let observed = Instant::now();
+                self.metrics.observer.record((observed - started).as_secs_f64());
                 match result {
-                    Ok(()) => self.release(answer, &mut raw, QueryResult::Answered, None).await,
+                    Ok(()) => self.release(answer, &mut raw, QueryResult::Answered, None, observed).await,
                     Err(e) => {
                         self.fallback(answer, &mut raw, HoldFailure::ObserverError, Some(&e), None).await
                     }
@@ -128,6 +134,7 @@ impl Shared {
         raw: &mut [u8],
         result: QueryResult,
         queue: Option<&mut Replies>,
+        released: Instant,
     ) -> String {
         let Answer {
             origin: Origin { reply, asked },
@@ -175,7 +182,7 @@ impl Shared {
                 tcp.send(out);
             }
         }
-        let hold = answered.elapsed();
+        let hold = released.saturating_duration_since(answered);
         self.metrics.hold.record(hold.as_secs_f64());
         let outcome = Outcome {
             result,
@@ -207,7 +214,9 @@ impl Shared {
             HoldFailure::ObserverError => QueryResult::ObserverFailed,
         };
         if release {
-            return self.release(answer, raw, result, queue).await;
+            return self
+                .release(answer, raw, result, queue, Instant::now())
+                .await;
         }
         let Answer {
             origin: Origin { reply, asked },

@@ -124,6 +124,9 @@ pub(crate) struct Worker {
     cached: Vec<u8>,
     /// Decodes the cached answers served, for the observer.
     decoder: fqdnd_dnswire::Decoder,
+    /// When the batch of queries being handled was read (a UDP listener's task sets it per
+    /// `recvmmsg`, one clock read for the batch); `None`: each query reads the clock.
+    pub(crate) batch_received: Option<Instant>,
 }
 
 impl Worker {
@@ -142,6 +145,7 @@ impl Worker {
             pending: tokio::task::JoinSet::new(),
             cached: Vec::new(),
             decoder: fqdnd_dnswire::Decoder::new(),
+            batch_received: None,
         }
     }
 

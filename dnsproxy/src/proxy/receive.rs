@@ -62,6 +62,8 @@ impl Shared {
                         break;
                     }
                 };
+                // The batch's answers arrived by now: one clock read for them all.
+                let answered = Instant::now();
                 for i in 0..n {
                     let Some((got, raw)) = batch.get(i) else {
                         break;
@@ -72,6 +74,7 @@ impl Shared {
                             &socket,
                             raw,
                             got.from,
+                            answered,
                             &mut decoder,
                             &mut replies,
                             &mut spare,
@@ -101,9 +104,9 @@ impl Shared {
         }
     }
 
-    /// Validates one datagram from an upstream socket and replies, or returns the task that
-    /// will (a pending observation or a TCP retry). The buffers of a query that ends here go
-    /// to `spare`.
+    /// Validates one datagram from an upstream socket, which arrived by `answered`, and
+    /// replies, or returns the task that will (a pending observation or a TCP retry). The
+    /// buffers of a query that ends here go to `spare`.
     #[allow(
         clippy::too_many_arguments,
         reason = "the receiver's state, passed through once"
@@ -114,6 +117,7 @@ impl Shared {
         socket: &UpstreamSocket,
         raw: &mut [u8],
         from: SocketAddr,
+        answered: Instant,
         decoder: &mut Decoder,
         replies: &mut Replies,
         spare: &mut Spare,
@@ -122,7 +126,6 @@ impl Shared {
             self.dropped(DropReason::WrongSource, upstream.addr);
             return None;
         }
-        let answered = Instant::now();
         let validated = answer::validate(raw, socket, decoder, spare);
         let Validated {
             entry,
@@ -207,6 +210,7 @@ impl Shared {
                         &socket,
                         &mut raw,
                         upstream.addr,
+                        Instant::now(),
                         &mut decoder,
                         &mut replies,
                         &mut spare,
