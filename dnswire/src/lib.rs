@@ -153,7 +153,8 @@ pub struct Decoded {
     pub qclass: u16,
     /// The answer section.
     pub answers: Vec<Rr>,
-    /// Every decoded name, back to back.
+    /// Every decoded name, back to back; a name that is only a pointer to an earlier one
+    /// shares its text.
     pub text: String,
     /// The RCODE: with [`Decoder::decode_whole`] including the upper 8 bits an OPT record
     /// carries (RFC 6891 §6.1.3), otherwise the header's 4 bits.
@@ -220,7 +221,7 @@ impl Decoder {
         let rest = u32::from(out.header.nscount) + u32::from(out.header.arcount);
         let mut opt = None;
         for _ in 0..rest {
-            let rr = read_rr(msg, &mut pos, &mut out.text)?;
+            let rr = read_rr(msg, &mut pos, &mut out.text, None)?;
             out.text.truncate(answers_text);
             if rr.rtype == TYPE_OPT {
                 if opt.is_some() {
@@ -248,9 +249,14 @@ impl Decoder {
         out.qtype = 0;
         out.qclass = 0;
         let mut pos = 12;
+        let mut seen = Seen::default();
         for i in 0..out.header.qdcount {
             let start = out.text.len();
-            let name = read_name(msg, &mut pos, &mut out.text)?;
+            let name = if i == 0 {
+                seen.read_name(msg, &mut pos, &mut out.text)?
+            } else {
+                read_name(msg, &mut pos, &mut out.text)?
+            };
             let q = msg.get(pos..pos + 4).ok_or(DnsError::Truncated)?;
             pos += 4;
             if i == 0 {
@@ -262,7 +268,7 @@ impl Decoder {
             }
         }
         for _ in 0..out.header.ancount {
-            let rr = read_rr(msg, &mut pos, &mut out.text)?;
+            let rr = read_rr(msg, &mut pos, &mut out.text, Some(&mut seen))?;
             out.answers.push(rr.rr);
         }
         Ok(pos)
@@ -276,8 +282,18 @@ struct ReadRr {
     ttl_raw: u32,
 }
 
-fn read_rr(msg: &[u8], pos: &mut usize, text: &mut String) -> Result<ReadRr, DnsError> {
-    let owner = read_name(msg, pos, text)?;
+/// Reads one record; its names through `seen` when given (names that stay in `text`).
+fn read_rr(
+    msg: &[u8],
+    pos: &mut usize,
+    text: &mut String,
+    mut seen: Option<&mut Seen>,
+) -> Result<ReadRr, DnsError> {
+    let mut name = |p: &mut usize, text: &mut String| match seen.as_deref_mut() {
+        Some(seen) => seen.read_name(msg, p, text),
+        None => read_name(msg, p, text),
+    };
+    let owner = name(pos, text)?;
     let f = msg.get(*pos..*pos + 10).ok_or(DnsError::Truncated)?;
     let rtype = u16::from_be_bytes([f[0], f[1]]);
     let class = u16::from_be_bytes([f[2], f[3]]);
@@ -298,11 +314,11 @@ fn read_rr(msg: &[u8], pos: &mut usize, text: &mut String) -> Result<ReadRr, Dns
         }
         (CLASS_IN, TYPE_CNAME | TYPE_DNAME | TYPE_NS | TYPE_PTR) => {
             let mut p = start;
-            let name = read_name(msg, &mut p, text)?;
+            let target = name(&mut p, text)?;
             if p != end {
                 return Err(DnsError::BadRdata);
             }
-            Data::Name(name)
+            Data::Name(target)
         }
         _ => Data::Raw(start..end),
     };
@@ -321,7 +337,64 @@ fn read_rr(msg: &[u8], pos: &mut usize, text: &mut String) -> Result<ReadRr, Dns
 }
 
 /// Reads the name at `*pos` into `text` (canonical form) and moves `*pos` past it.
+/// Names decoded so far from the question and answer sections, by the offset where each
+/// starts: a name that is nothing but a pointer to one of them is the same text, taken again
+/// instead of decoded again (most owner names point at the question, or at a CNAME's target).
+/// A few, on the stack.
+#[derive(Default)]
+struct Seen {
+    /// `(offset, text start, text end, pointers followed)`.
+    names: [(usize, usize, usize, usize); SEEN],
+    len: usize,
+}
+
+/// Names remembered per message by [`Seen`].
+const SEEN: usize = 8;
+
+impl Seen {
+    /// [`read_name`], taking a name decoded before when the name at `pos` is a lone pointer
+    /// to it — with the same checks: the pointer goes backwards and the pointers followed stay
+    /// within [`MAX_POINTERS`] (the wire length is the earlier name's, already checked).
+    fn read_name(
+        &mut self,
+        msg: &[u8],
+        pos: &mut usize,
+        text: &mut String,
+    ) -> Result<Range<usize>, DnsError> {
+        let at = *pos;
+        if let Some(&[high, low]) = msg.get(at..at + 2)
+            && high & 0xc0 == 0xc0
+        {
+            let target = (usize::from(high & 0x3f) << 8) | usize::from(low);
+            let earlier = self.names[..self.len].iter().find(|n| n.0 == target);
+            if let Some(&(_, start, end, pointers)) = earlier
+                && target < at
+                && pointers < MAX_POINTERS
+            {
+                *pos = at + 2;
+                return Ok(start..end);
+            }
+        }
+        let (range, pointers) = read_name_counted(msg, pos, text)?;
+        if let Some(slot) = self.names.get_mut(self.len) {
+            *slot = (at, range.start, range.end, pointers);
+            self.len += 1;
+        }
+        Ok(range)
+    }
+}
+
 fn read_name(msg: &[u8], pos: &mut usize, text: &mut String) -> Result<Range<usize>, DnsError> {
+    read_name_counted(msg, pos, text).map(|(range, _)| range)
+}
+
+/// Decodes the name at `pos` into `text`, moving `pos` past it; also says how many pointers
+/// it followed.
+fn read_name_counted(
+    msg: &[u8],
+    pos: &mut usize,
+    text: &mut String,
+) -> Result<(Range<usize>, usize), DnsError> {
     let start = text.len();
     let mut at = *pos;
     let mut end_of_name = None;
@@ -366,7 +439,7 @@ fn read_name(msg: &[u8], pos: &mut usize, text: &mut String) -> Result<Range<usi
         text.push('.');
     }
     *pos = end_of_name.unwrap_or(at + 1);
-    Ok(start..text.len())
+    Ok((start..text.len(), pointers))
 }
 
 /// Appends one label (its bytes, without the length) to `text` in canonical form, then a dot:
@@ -374,19 +447,19 @@ fn read_name(msg: &[u8], pos: &mut usize, text: &mut String) -> Result<Range<usi
 /// printable ASCII as `\DDD`, so that distinct names stay distinct. How every name this crate
 /// decodes is written, and how the proxy writes a query's name.
 pub fn push_label(text: &mut String, label: &[u8]) {
-    // The common label: printable ASCII with nothing to escape, lowercased and copied in one
-    // pass; at the first byte that needs escaping, undone and written by the escaping path.
-    let start = text.len();
-    text.reserve(label.len() + 1);
-    for &b in label {
-        if !matches!(b, 0x21..=0x7e) || b == b'.' || b == b'\\' {
-            text.truncate(start);
-            push_label_escaped(text, label);
-            return;
-        }
-        text.push(char::from(b.to_ascii_lowercase()));
+    // The common label: printable ASCII with nothing to escape, copied whole and lowercased
+    // in place; anything else is written by the escaping path.
+    let plain = label
+        .iter()
+        .all(|&b| matches!(b, 0x21..=0x7e) && b != b'.' && b != b'\\');
+    if plain && let Ok(ascii) = std::str::from_utf8(label) {
+        let start = text.len();
+        text.push_str(ascii);
+        text[start..].make_ascii_lowercase();
+        text.push('.');
+        return;
     }
-    text.push('.');
+    push_label_escaped(text, label);
 }
 
 /// [`push_label`] byte by byte, escaping what presentation form cannot hold as it is.
@@ -533,6 +606,58 @@ mod tests {
         assert!(!is_whole_message(&m[..m.len() - 1]));
     }
 
+    /// A record of `rtype` whose owner points at `owner` and whose RDATA is `rdata`.
+    fn rr_ptr(owner: u16, rtype: u16, rdata: &[u8]) -> Vec<u8> {
+        let mut r = vec![0xc0 | (owner >> 8) as u8, owner as u8];
+        r.extend_from_slice(&rtype.to_be_bytes());
+        r.extend_from_slice(&[0, 1, 0, 0, 0, 60]);
+        r.extend_from_slice(&(rdata.len() as u16).to_be_bytes());
+        r.extend_from_slice(rdata);
+        r
+    }
+
+    #[test]
+    fn a_name_taken_again_keeps_the_pointer_bound() {
+        // Question "a.test." at 12 (8 bytes + 4): the first record starts at 24. Its RDATA
+        // (type 99: raw, not decoded) is a chain of lone pointers: the one at `chain + 2j`
+        // points at the previous (the first at the question), so a name starting there follows
+        // j + 1 pointers.
+        let q = name(&[b"a", b"test"]);
+        let chain = 24 + 12;
+        let mut raw = Vec::new();
+        for j in 0..70u16 {
+            let to = if j == 0 { 12 } else { chain + 2 * (j - 1) };
+            raw.extend_from_slice(&[0xc0 | (to >> 8) as u8, to as u8]);
+        }
+        let first = rr_ptr(12, 99, &raw);
+        let cname_at = 24 + first.len() as u16 + 12;
+        for (j, ok) in [(61u16, true), (62, false)] {
+            // The CNAME's target follows j + 2 pointers (63 or 64); the next owner, a lone
+            // pointer to that target, one more: 64 is the most allowed.
+            let to = chain + 2 * j;
+            let cname = rr_ptr(12, TYPE_CNAME, &[0xc0 | (to >> 8) as u8, to as u8]);
+            let m = response(
+                &q,
+                &[first.clone(), cname, a_rr_ptr(cname_at, 60, [192, 0, 2, 1])],
+            );
+            let mut d = Decoder::new();
+            match d.decode(&m) {
+                Ok(out) => {
+                    assert!(ok, "a name of 65 pointers was taken");
+                    let Data::Name(target) = &out.answers[1].data else {
+                        panic!("a CNAME's target is a name");
+                    };
+                    assert_eq!(out.name(target), "a.test.");
+                    assert_eq!(&out.answers[2].owner, target, "taken again, not decoded again");
+                }
+                Err(e) => {
+                    assert!(!ok, "refused: {e}");
+                    assert_eq!(e, DnsError::BadName);
+                }
+            }
+        }
+    }
+
     #[test]
     fn pointer_loops_and_forward_pointers_are_rejected() {
         let mut m = vec![0, 0, 0x81, 0x80, 0, 1, 0, 0, 0, 0, 0, 0];
@@ -599,12 +724,14 @@ mod tests {
             d.decode_whole(&m[..m.len() - 3]).unwrap_err(),
             DnsError::Truncated
         );
-        // Trailing bytes are ignored; the answers' names are all that is in `text`.
+        // Trailing bytes are ignored; the answers' names are all that is in `text` (the
+        // owner, a pointer to the question, shares its text).
         let mut m = with_additional(good, &[opt(0)]);
         m.extend_from_slice(&[1, 2, 3]);
         let out = d.decode_whole(&m).unwrap();
-        assert_eq!(out.text, "a.test.a.test.");
+        assert_eq!(out.text, "a.test.");
         assert_eq!(out.answers.len(), 1);
+        assert_eq!(out.answers[0].owner, out.qname);
     }
 
     #[test]
