@@ -510,7 +510,10 @@ mod tests {
             id
         };
         let (a, b, c) = (fill(&mut table), fill(&mut table), fill(&mut table));
-        assert_eq!((table.index[&a], table.index[&b], table.index[&c]), (0, 1, 2));
+        assert_eq!(
+            (table.index[&a], table.index[&b], table.index[&c]),
+            (0, 1, 2)
+        );
         table.take(a, |_| Ok(())).unwrap();
         table.take(c, |_| Ok(())).unwrap();
         let d = fill(&mut table);

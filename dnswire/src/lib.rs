@@ -217,12 +217,10 @@ impl Decoder {
     pub fn decode_whole(&mut self, msg: &[u8]) -> Result<&Decoded, DnsError> {
         let mut pos = self.decode_sections(msg)?;
         let out = &mut self.out;
-        let answers_text = out.text.len();
         let rest = u32::from(out.header.nscount) + u32::from(out.header.arcount);
         let mut opt = None;
         for _ in 0..rest {
-            let rr = read_rr(msg, &mut pos, &mut out.text, None)?;
-            out.text.truncate(answers_text);
+            let rr = read_rr(msg, &mut pos, Sink::Check)?;
             if rr.rtype == TYPE_OPT {
                 if opt.is_some() {
                     return Err(DnsError::DuplicateOpt);
@@ -268,7 +266,7 @@ impl Decoder {
             }
         }
         for _ in 0..out.header.ancount {
-            let rr = read_rr(msg, &mut pos, &mut out.text, Some(&mut seen))?;
+            let rr = read_rr(msg, &mut pos, Sink::Text(&mut out.text, &mut seen))?;
             out.answers.push(rr.rr);
         }
         Ok(pos)
@@ -282,18 +280,22 @@ struct ReadRr {
     ttl_raw: u32,
 }
 
-/// Reads one record; its names through `seen` when given (names that stay in `text`).
-fn read_rr(
-    msg: &[u8],
-    pos: &mut usize,
-    text: &mut String,
-    mut seen: Option<&mut Seen>,
-) -> Result<ReadRr, DnsError> {
-    let mut name = |p: &mut usize, text: &mut String| match seen.as_deref_mut() {
-        Some(seen) => seen.read_name(msg, p, text),
-        None => read_name(msg, p, text),
+/// Where the names of the records read go.
+enum Sink<'a> {
+    /// Decoded into the text, through the names seen so far.
+    Text(&'a mut String, &'a mut Seen),
+    /// Only checked: nothing of the record is kept but its type and TTL field (the sections
+    /// past the answers); its names' ranges are empty.
+    Check,
+}
+
+/// Reads one record.
+fn read_rr(msg: &[u8], pos: &mut usize, mut sink: Sink<'_>) -> Result<ReadRr, DnsError> {
+    let mut name = |p: &mut usize| match &mut sink {
+        Sink::Text(text, seen) => seen.read_name(msg, p, text),
+        Sink::Check => read_name_counted(msg, p, None).map(|(range, _)| range),
     };
-    let owner = name(pos, text)?;
+    let owner = name(pos)?;
     let f = msg.get(*pos..*pos + 10).ok_or(DnsError::Truncated)?;
     let rtype = u16::from_be_bytes([f[0], f[1]]);
     let class = u16::from_be_bytes([f[2], f[3]]);
@@ -314,7 +316,7 @@ fn read_rr(
         }
         (CLASS_IN, TYPE_CNAME | TYPE_DNAME | TYPE_NS | TYPE_PTR) => {
             let mut p = start;
-            let target = name(&mut p, text)?;
+            let target = name(&mut p)?;
             if p != end {
                 return Err(DnsError::BadRdata);
             }
@@ -375,7 +377,7 @@ impl Seen {
                 return Ok(start..end);
             }
         }
-        let (range, pointers) = read_name_counted(msg, pos, text)?;
+        let (range, pointers) = read_name_counted(msg, pos, Some(text))?;
         if let Some(slot) = self.names.get_mut(self.len) {
             *slot = (at, range.start, range.end, pointers);
             self.len += 1;
@@ -385,17 +387,17 @@ impl Seen {
 }
 
 fn read_name(msg: &[u8], pos: &mut usize, text: &mut String) -> Result<Range<usize>, DnsError> {
-    read_name_counted(msg, pos, text).map(|(range, _)| range)
+    read_name_counted(msg, pos, Some(text)).map(|(range, _)| range)
 }
 
-/// Decodes the name at `pos` into `text`, moving `pos` past it; also says how many pointers
-/// it followed.
+/// Decodes the name at `pos` into `text` (only checks it without), moving `pos` past it;
+/// also says how many pointers it followed.
 fn read_name_counted(
     msg: &[u8],
     pos: &mut usize,
-    text: &mut String,
+    mut text: Option<&mut String>,
 ) -> Result<(Range<usize>, usize), DnsError> {
-    let start = text.len();
+    let start = text.as_ref().map_or(0, |t| t.len());
     let mut at = *pos;
     let mut end_of_name = None;
     let mut pointers = 0;
@@ -416,7 +418,9 @@ fn read_name_counted(
                     break;
                 }
                 let label = msg.get(at + 1..at + 1 + len).ok_or(DnsError::Truncated)?;
-                push_label(text, label);
+                if let Some(text) = text.as_deref_mut() {
+                    push_label(text, label);
+                }
                 at += 1 + len;
             }
             0xc0 => {
@@ -435,10 +439,13 @@ fn read_name_counted(
             _ => return Err(DnsError::BadName),
         }
     }
+    *pos = end_of_name.unwrap_or(at + 1);
+    let Some(text) = text else {
+        return Ok((0..0, pointers));
+    };
     if text.len() == start {
         text.push('.');
     }
-    *pos = end_of_name.unwrap_or(at + 1);
     Ok((start..text.len(), pointers))
 }
 
@@ -489,11 +496,9 @@ pub fn is_whole_message(msg: &[u8]) -> bool {
     let Ok(header) = Header::parse(msg) else {
         return false;
     };
-    let mut text = String::new();
     let mut pos = 12;
     for _ in 0..header.qdcount {
-        text.clear();
-        if read_name(msg, &mut pos, &mut text).is_err() {
+        if read_name_counted(msg, &mut pos, None).is_err() {
             return false;
         }
         pos += 4;
@@ -503,8 +508,7 @@ pub fn is_whole_message(msg: &[u8]) -> bool {
     }
     let records = u32::from(header.ancount) + u32::from(header.nscount) + u32::from(header.arcount);
     for _ in 0..records {
-        text.clear();
-        if read_name(msg, &mut pos, &mut text).is_err() {
+        if read_name_counted(msg, &mut pos, None).is_err() {
             return false;
         }
         let Some(f) = msg.get(pos..pos + 10) else {
@@ -648,7 +652,10 @@ mod tests {
                         panic!("a CNAME's target is a name");
                     };
                     assert_eq!(out.name(target), "a.test.");
-                    assert_eq!(&out.answers[2].owner, target, "taken again, not decoded again");
+                    assert_eq!(
+                        &out.answers[2].owner, target,
+                        "taken again, not decoded again"
+                    );
                 }
                 Err(e) => {
                     assert!(!ok, "refused: {e}");
@@ -718,6 +725,10 @@ mod tests {
         let m = with_additional(good.clone(), &[bad]);
         assert!(d.decode(&m).is_ok(), "decode reads the answers only");
         assert_eq!(d.decode_whole(&m).unwrap_err(), DnsError::BadRdata);
+        // An additional record whose owner points forwards: checked, though not kept.
+        let m = with_additional(good.clone(), &[a_rr_ptr(0x3fff, 60, [192, 0, 2, 1])]);
+        assert_eq!(d.decode_whole(&m).unwrap_err(), DnsError::BadName);
+        assert!(!is_whole_message(&m));
         // Cut inside the additional section.
         let m = with_additional(good.clone(), &[opt(0)]);
         assert_eq!(
