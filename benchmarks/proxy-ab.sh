@@ -10,7 +10,9 @@
 # Knobs (env): ROUNDS=3, DURATION=8, MODES="nocache cached", RUN=/tmp/fqdnd-proxy-ab,
 # RATE (queries/s: a fixed rate instead of saturation, so every run has the same load and the
 # CPU per query compares the work done, not how well a busy machine let it batch), BARE=1
-# (mode nocache: `benchmarks/src/bin/bare_forwarder.rs` too, as the third side `bare`).
+# (mode nocache: `benchmarks/src/bin/bare_forwarder.rs` too, as the third side `bare`),
+# BEFORE_THREADS / AFTER_THREADS (that side's `dns.threads`, through a Settings document added to
+# its config: the same build twice compares two thread counts).
 # Last lines: `proxy-ab <mode> <before|after|bare>: median qps Q, median cpu us/q C`.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -19,6 +21,7 @@ AB_ROOT="$(cd "$HERE/.." && pwd)"
 BEFORE="$1" AFTER="$2"
 ROUNDS="${ROUNDS:-3}" DURATION_AB="${DURATION:-8}" MODES_AB="${MODES:-nocache cached}"
 RATE_AB="${RATE:-}" BARE_AB="${BARE:-0}"
+BEFORE_THREADS="${BEFORE_THREADS:-}" AFTER_THREADS="${AFTER_THREADS:-}"
 export RUN="${RUN:-/tmp/fqdnd-proxy-ab}"
 # vs-peers.sh's functions (setup, need, wait_port, field), without running its main.
 # shellcheck source=/dev/null
@@ -34,9 +37,14 @@ if [[ $BARE_AB == 1 ]]; then
   BARE_BIN="$AB_ROOT/target/release/bare_forwarder"
 fi
 
-one() { # bin mode -> "qps cpu_us_per_query" (bin `bare`: the bare forwarder)
+one() { # bin mode [threads] -> "qps cpu_us_per_query" (bin `bare`: the bare forwarder)
   local conf="$RUN/fqdnd.yaml" port=$FQDND pid t0 t1 out="$RUN/ab.txt" rate=()
   if [[ $2 == cached ]]; then conf="$RUN/fqdnd-cached.yaml" port=$FQDND_CACHED; fi
+  if [[ -n ${3:-} ]]; then
+    { cat "$conf"; printf -- '---\napiVersion: fqdnd.io/v1\nkind: Settings\nspec:\n  dns:\n    threads: %s\n' "$3"; } \
+      >"$RUN/ab-threads.yaml"
+    conf="$RUN/ab-threads.yaml"
+  fi
   if [[ $1 == bare ]]; then
     port=$BARE_PORT
     "$BARE_BIN" "127.0.0.1:$port" "127.0.0.1:$AUTH" 2>"$RUN/bare.err" & pid=$!
@@ -63,8 +71,10 @@ for mode in $MODES_AB; do
   for side in $(sides "$mode"); do : >"$RUN/$mode-$side"; done
   for _ in $(seq "$ROUNDS"); do
     for side in $(sides "$mode"); do
-      bin=$BEFORE; [[ $side == after ]] && bin=$AFTER; [[ $side == bare ]] && bin=bare
-      read -r q c < <(one "$bin" "$mode")
+      bin=$BEFORE threads=$BEFORE_THREADS
+      [[ $side == after ]] && bin=$AFTER threads=$AFTER_THREADS
+      [[ $side == bare ]] && bin=bare threads=
+      read -r q c < <(one "$bin" "$mode" "$threads")
       echo "$mode $side: $q qps, $c us/q"
       echo "$q $c" >>"$RUN/$mode-$side"
     done

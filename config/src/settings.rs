@@ -59,6 +59,11 @@ pub struct Settings {
     /// `dns.concurrencyLimit`: DNS messages in flight at once in the proxy; past it, SERVFAIL.
     /// Mirrors Cilium's `dnsproxy-concurrency-limit` (default 0: unlimited).
     pub concurrency_limit: usize,
+    /// `dns.threads`: the DNS path's threads, each with its own UDP listener socket per
+    /// listen address (`SO_REUSEPORT`) and share of the upstream sockets, DoT and DoH
+    /// connections; read at start. `None`: the proxy's default, half the CPUs (at least one),
+    /// leaving the rest to the kernel's packet processing, the upstreams and the workloads.
+    pub dns_threads: Option<usize>,
     /// `dns.preallocateIdentities`: allocate `{fqdn:<selector>, world}` identities as soon as a
     /// selector appears. Mirrors Cilium's `tofqdns-preallocate-identities` (default true).
     pub preallocate_identities: bool,
@@ -94,6 +99,7 @@ impl Default for Settings {
             proxy_response_max_delay: Duration::from_millis(100),
             reject_response_code: RejectCode::Refused,
             concurrency_limit: 0,
+            dns_threads: None,
             preallocate_identities: ips.preallocate_fqdn_identities,
             max_fqdn_identities: ips.max_fqdn_identities,
             max_ips_per_name: names.max_ips_per_name,
@@ -163,6 +169,7 @@ struct DnsSpec {
     proxy_response_max_delay: Option<Text>,
     reject_response_code: Option<Text>,
     concurrency_limit: Option<Spanned<Scalar>>,
+    threads: Option<Spanned<Scalar>>,
     preallocate_identities: Option<bool>,
 }
 
@@ -247,6 +254,9 @@ pub(crate) fn settings(doc: &SettingsDoc, diag: &mut Diag<'_>) -> Option<Setting
         }
         if let Some(n) = count("concurrencyLimit", &dns.concurrency_limit, 0, diag) {
             s.concurrency_limit = n;
+        }
+        if let Some(n) = count("threads", &dns.threads, 1, diag) {
+            s.dns_threads = Some(n);
         }
         if let Some(b) = dns.preallocate_identities {
             s.preallocate_identities = b;

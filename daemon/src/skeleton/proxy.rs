@@ -32,6 +32,8 @@ pub fn proxy_config(
             config::RejectCode::NxDomain => proxy::RejectCode::NxDomain,
         },
         concurrency_limit: settings.concurrency_limit,
+        udp_threads: settings.dns_threads.unwrap_or(base.udp_threads),
+        udp_sockets_per_address: settings.dns_threads.unwrap_or(base.udp_sockets_per_address),
         rate_limit_qps: daemon.rate_limit.map_or(0, |r| r.qps),
         rate_limit_burst: daemon.rate_limit.map_or(0, |r| r.burst),
         rate_limit_clients: daemon.rate_limit.map_or(65_536, |r| r.clients),
@@ -76,6 +78,7 @@ kind: Settings
 spec:
   dns:
     rejectResponseCode: nameError
+    threads: 3
 ",
             "gw.yaml".as_ref(),
         )
@@ -88,6 +91,7 @@ spec:
         assert_eq!(p.reject_code, proxy::RejectCode::NxDomain);
         assert_eq!(p.rate_limit_action, proxy::RateLimitAction::Refused);
         assert_eq!(p.rate_limit_qps, 5);
+        assert_eq!((p.udp_threads, p.udp_sockets_per_address), (3, 3));
         let cache = answer_cache(gateway.cache).unwrap();
         assert_eq!((cache.max_entries, cache.max_ttl), (7, 60));
         assert_eq!(
@@ -110,5 +114,7 @@ spec:
         assert_eq!(p.on_truncated, base.on_truncated);
         assert_eq!(p.reject_code, base.reject_code);
         assert_eq!(p.rate_limit_action, base.rate_limit_action);
+        assert_eq!(p.udp_threads, base.udp_threads);
+        assert_eq!(p.udp_sockets_per_address, base.udp_sockets_per_address);
     }
 }
