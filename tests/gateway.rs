@@ -276,6 +276,38 @@ fn a_gateway_needs_a_gateway_document() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("no `kind: Gateway` document"));
 }
 
+/// The DNS path's threads (`fqdnd-dns-N`) are `dns.threads` of the Settings document, and
+/// every one of them answers: a UDP listener socket per thread shares the port, and whichever
+/// the kernel picks for a client serves it.
+#[test]
+fn dns_threads_sets_the_threads_of_the_dns_path() {
+    let mut g = setup("{matchPattern: \"*.corp.test\"}");
+    g.config(
+        "settings.yaml",
+        &common::settings_doc("  dns:\n    threads: 3\n"),
+    );
+    let gw = g.start();
+    let names = || -> Vec<String> {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", gw.pid())).unwrap();
+        let mut names: Vec<String> = tasks
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .map(|n| n.trim().to_owned())
+            .filter(|n| n.starts_with("fqdnd-dns-"))
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(names(), ["fqdnd-dns-0", "fqdnd-dns-1", "fqdnd-dns-2"]);
+    // Clients on many source ports: the kernel spreads them over the three sockets.
+    for i in 0..30 {
+        assert_eq!(
+            ask(&gw, "www.corp.test."),
+            ResponseCode::NoError,
+            "query {i}"
+        );
+    }
+}
+
 #[test]
 fn the_demo_runs_with_no_network() {
     let text = stdout_of(&fqdnd(&["gateway", "--demo"]));
