@@ -10,7 +10,8 @@
 # Knobs (env): ROUNDS=3, DURATION=8, MODES="nocache cached", RUN=/tmp/fqdnd-proxy-ab,
 # RATE (queries/s: a fixed rate instead of saturation, so every run has the same load and the
 # CPU per query compares the work done, not how well a busy machine let it batch), BARE=1
-# (mode nocache: `benchmarks/src/bin/bare_forwarder.rs` too, as the third side `bare`),
+# (mode nocache: `benchmarks/src/bin/bare_forwarder.rs` too, as the third side `bare`, with
+# BARE_THREADS=2 threads as in vs-peers.sh),
 # BEFORE_THREADS / AFTER_THREADS (that side's `dns.threads`, through a Settings document added to
 # its config: the same build twice compares two thread counts).
 # Last lines: `proxy-ab <mode> <before|after|bare>: median qps Q, median cpu us/q C`.
@@ -21,7 +22,7 @@ AB_ROOT="$(cd "$HERE/.." && pwd)"
 BEFORE="$1" AFTER="$2"
 ROUNDS="${ROUNDS:-3}" DURATION_AB="${DURATION:-8}" MODES_AB="${MODES:-nocache cached}"
 RATE_AB="${RATE:-}" BARE_AB="${BARE:-0}"
-BEFORE_THREADS="${BEFORE_THREADS:-}" AFTER_THREADS="${AFTER_THREADS:-}"
+BEFORE_THREADS="${BEFORE_THREADS:-}" AFTER_THREADS="${AFTER_THREADS:-}" BARE_THREADS_AB="${BARE_THREADS:-2}"
 export RUN="${RUN:-/tmp/fqdnd-proxy-ab}"
 # vs-peers.sh's functions (setup, need, wait_port, field), without running its main.
 # shellcheck source=/dev/null
@@ -47,7 +48,7 @@ one() { # bin mode [threads] -> "qps cpu_us_per_query" (bin `bare`: the bare for
   fi
   if [[ $1 == bare ]]; then
     port=$BARE_PORT
-    "$BARE_BIN" "127.0.0.1:$port" "127.0.0.1:$AUTH" 2>"$RUN/bare.err" & pid=$!
+    "$BARE_BIN" "127.0.0.1:$port" "127.0.0.1:$AUTH" "$BARE_THREADS_AB" 2>"$RUN/bare.err" & pid=$!
   else
     "$1" gateway --config "$conf" 2>"$RUN/gateway.err" & pid=$!
   fi

@@ -56,7 +56,7 @@ fn absent_settings_and_empty_settings_give_the_defaults() {
 #[test]
 fn every_field() {
     let text = settings(
-        "  dns:\n    minTTL: 3600\n    maxIPsPerHostname: 50\n    maxDeferredConnectionDeletes: 0\n    proxyResponseMaxDelay: 1s 500ms\n    rejectResponseCode: nameError\n    concurrencyLimit: 64\n    preallocateIdentities: false\n  breakers:\n    maxFQDNIdentities: 10\n    maxIPsPerName: 20\n    maxNamesPerEndpoint: 30\n    maxCacheEntries: 40\n  gcInterval: 2m30s\n",
+        "  dns:\n    minTTL: 3600\n    maxIPsPerHostname: 50\n    maxDeferredConnectionDeletes: 0\n    proxyResponseMaxDelay: 1s 500ms\n    rejectResponseCode: nameError\n    concurrencyLimit: 64\n    threads: 4\n    preallocateIdentities: false\n  breakers:\n    maxFQDNIdentities: 10\n    maxIPsPerName: 20\n    maxNamesPerEndpoint: 30\n    maxCacheEntries: 40\n  gcInterval: 2m30s\n",
     );
     let s = ok(&text).settings;
     assert_eq!(
@@ -68,6 +68,7 @@ fn every_field() {
             proxy_response_max_delay: Duration::from_millis(1500),
             reject_response_code: RejectCode::NxDomain,
             concurrency_limit: 64,
+            dns_threads: Some(4),
             preallocate_identities: false,
             max_fqdn_identities: 10,
             max_ips_per_name: 20,
@@ -125,6 +126,11 @@ fn out_of_range_and_malformed_values_are_located() {
             "  dns: {maxDeferredConnectionDeletes: -5}\n",
             "-5",
             "maxDeferredConnectionDeletes",
+        ),
+        (
+            "  dns: {threads: 0}\n",
+            "0}",
+            "`threads` must be a whole number from 1",
         ),
         (
             "  dns: {concurrencyLimit: 2.5}\n",

@@ -5,7 +5,7 @@
 //! - the client-facing listeners: UDP (several SO_REUSEPORT sockets per address, each drained
 //!   by its own task) and TCP (RFC 7766 framing and pipelining, idle timeout, a connection
 //!   limit);
-//! - the threads of the UDP path ([`Config::udp_threads`], one per CPU by default): each runs
+//! - the threads of the UDP path ([`Config::udp_threads`], half the CPUs by default): each runs
 //!   its own current-thread runtime and owns a share of the UDP listener and upstream sockets,
 //!   so a query and its answer are handled on one thread; DoT and DoH connections are handed
 //!   to them in turn;
