@@ -10,7 +10,7 @@
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use fqdnd_benchmarks::{mixed_selectors, probe_names};
-use fqdnd_namemgr::{FqdnSelector, Matcher, SelectorId};
+use fqdnd_namemgr::{FqdnSelector, Matcher, NameLabels, SelectorId};
 use std::hint::black_box;
 
 fn bench(c: &mut Criterion) {
@@ -56,5 +56,37 @@ fn bench(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, bench);
+/// The DNS rules of `benchmarks/vs-peers.sh`'s client group (a `matchName` and a `**.` pattern
+/// for each of 1,000 zones, and `**.example.test`): is a query's name allowed?
+fn dns_rules(c: &mut Criterion) {
+    let mut matcher = Matcher::new();
+    let mut id = 0;
+    let mut add = |pattern: &str| {
+        let selector = FqdnSelector::match_pattern(pattern).expect("a valid pattern");
+        matcher.insert(&selector, SelectorId(id));
+        id += 1;
+    };
+    add("example.test");
+    add("**.example.test");
+    for i in 0..1_000 {
+        add(&format!("allow{i:04}.corp.test"));
+        add(&format!("**.allow{i:04}.corp.test"));
+    }
+    let mut group = c.benchmark_group("is-match/2002-dns-rules");
+    for (kind, name) in [
+        ("hit", "h03596.example.test."),
+        ("miss", "h03596.example.org."),
+    ] {
+        assert_eq!(matcher.is_match(name), kind == "hit");
+        group.bench_function(kind, |b| b.iter(|| matcher.is_match(black_box(name))));
+        // What a second matcher costs once the name is split (the deny list, then the rules).
+        let labels = NameLabels::new(name).expect("a canonical name");
+        group.bench_function(format!("{kind}/split-once"), |b| {
+            b.iter(|| matcher.is_match_labels(black_box(&labels)))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench, dns_rules);
 criterion_main!(benches);

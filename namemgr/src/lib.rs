@@ -35,6 +35,6 @@ pub use manager::{
     BreakerTrips, CacheEntry, CachedName, Connections, Forget, Forgotten, GcStats, Learned,
     NameManager, OneByOne, Restore, RestoreAnswers, RestoreStats, Sizes, Stats,
 };
-pub use matcher::{Matcher, SelectorId};
+pub use matcher::{Matcher, NameLabels, SelectorId};
 pub use name::{DnsName, NameError, canonicalize};
 pub use pattern::{FqdnSelector, PatternError, SelectorKind};

@@ -28,6 +28,18 @@ use crate::pattern::{
     Compiled, FqdnSelector, Glob, GlobBucket, LabelPattern, SplitName, is_class_label,
 };
 
+/// A name split into its labels once, to be matched against several [`Matcher`]s.
+pub struct NameLabels<'a>(SplitName<'a>);
+
+impl<'a> NameLabels<'a> {
+    /// Splits a canonical name (see [`crate::name::canonicalize`]). `None` when it does not
+    /// end with a dot: no selector matches such a name.
+    #[must_use]
+    pub fn new(canonical_name: &'a str) -> Option<Self> {
+        SplitName::new(canonical_name).map(Self)
+    }
+}
+
 /// Caller-chosen identifier of a registered selector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SelectorId(pub u32);
@@ -159,6 +171,30 @@ impl Node {
                 }
             }
         }
+    }
+
+    /// Whether [`Node::walk`] would report anything: the same walk, ended at the first id
+    /// (lists of placed ids are never left empty, see [`remove_slot`]).
+    fn any(&self, name: &SplitName<'_>, depth: usize) -> bool {
+        let remaining = name.labels.len() - depth;
+        if remaining == 0 {
+            return !self.terminals.is_empty();
+        }
+        if !self.multi.is_empty() && name.multi_covers(remaining) {
+            return true;
+        }
+        let label = name.labels[remaining - 1];
+        if let Some(child) = self.literals.get(label)
+            && child.any(name, depth + 1)
+        {
+            return true;
+        }
+        !self.globs.is_empty()
+            && is_class_label(label)
+            && self
+                .globs
+                .candidates(label)
+                .any(|(glob, child)| glob.is_match_class_label(label) && child.any(name, depth + 1))
     }
 }
 
@@ -337,12 +373,24 @@ impl Matcher {
         self.root.walk(name, 0, f);
     }
 
-    /// Does any registered selector match `canonical_name`?
+    /// Does any registered selector match `canonical_name`? Stops at the first that does.
     #[must_use]
     pub fn is_match(&self, canonical_name: &str) -> bool {
-        let mut any = false;
-        self.for_each_match(canonical_name, |_| any = true);
-        any
+        let Some(name) = SplitName::new(canonical_name) else {
+            return false;
+        };
+        self.any(&name)
+    }
+
+    /// [`Matcher::is_match`] for a name split once for several matchers (a query checked
+    /// against a deny list and its client's DNS rules).
+    #[must_use]
+    pub fn is_match_labels(&self, name: &NameLabels<'_>) -> bool {
+        self.any(&name.0)
+    }
+
+    fn any(&self, name: &SplitName<'_>) -> bool {
+        (!self.all.is_empty() && name.matches_all()) || self.root.any(name, 0)
     }
 
     /// Ids matching `canonical_name`, sorted, each once.
@@ -612,6 +660,8 @@ mod tests {
                     let want: BTreeSet<u32> =
                         model.values().filter(|r| r.re.is_match(&name)).map(|r| r.id).collect();
                     prop_assert_eq!(&got_set, &want, "name {:?}", name);
+                    // The short-circuiting walk answers as the full one.
+                    prop_assert_eq!(m.is_match(&name), !want.is_empty(), "is_match {:?}", name);
                 }
             }
             // Remove everything left: the trie is pruned to nothing.

@@ -14,7 +14,7 @@
 use std::net::IpAddr;
 use std::path::Path;
 
-use fqdnd_namemgr::{FqdnSelector, Matcher, SelectorId};
+use fqdnd_namemgr::{FqdnSelector, Matcher, NameLabels, SelectorId};
 
 use crate::Error;
 
@@ -123,7 +123,13 @@ impl NameList {
 
     /// Whether the canonical `name` is on the list.
     pub fn contains(&self, name: &str) -> bool {
-        self.matcher.is_match(name)
+        self.contains_labels(NameLabels::new(name).as_ref())
+    }
+
+    /// [`NameList::contains`] for a name already split (`None`, a name without its final
+    /// dot, never is on a list).
+    pub fn contains_labels(&self, name: Option<&NameLabels<'_>>) -> bool {
+        name.is_some_and(|name| self.matcher.is_match_labels(name))
     }
 
     /// Patterns compiled (a subtree entry counts twice).

@@ -21,7 +21,7 @@ use std::net::{IpAddr, SocketAddr};
 use fqdnd_config::{Config, Lists};
 use fqdnd_ipcache::policy::{DnsRule, Entity, PeerSelector, PortProtocol, Protocol};
 use fqdnd_ipcache::{Endpoint, EndpointId};
-use fqdnd_namemgr::{FqdnSelector, Matcher, SelectorId};
+use fqdnd_namemgr::{FqdnSelector, Matcher, NameLabels, SelectorId};
 use ipnet::IpNet;
 use prefix_trie::joint::map::JointPrefixMap;
 
@@ -146,7 +146,12 @@ struct Grant {
 }
 
 impl Grant {
-    fn allows(&self, server: SocketAddr, service: DnsService, name: &str) -> bool {
+    fn allows(
+        &self,
+        server: SocketAddr,
+        service: DnsService,
+        name: Option<&NameLabels<'_>>,
+    ) -> bool {
         let (protocol, port) = service.port();
         let port_ok = self.ports.is_empty()
             || self.ports.iter().any(|p| {
@@ -155,7 +160,10 @@ impl Grant {
             });
         port_ok
             && self.servers.contains(server.ip())
-            && self.names.as_ref().is_none_or(|m| m.is_match(name))
+            && self
+                .names
+                .as_ref()
+                .is_none_or(|m| name.is_some_and(|name| m.is_match_labels(name)))
     }
 }
 
@@ -349,17 +357,27 @@ impl DnsPolicy {
         service: DnsService,
         name: &str,
     ) -> Verdict {
-        if self.deny.contains(name) && !self.allow.contains(name) {
+        // Split once for the lists and every matcher below (`None`: no selector matches it).
+        let labels = NameLabels::new(name);
+        let labels = labels.as_ref();
+        if self.deny.contains_labels(labels) && !self.allow.contains_labels(labels) {
             return Verdict::Deny { endpoint };
         }
         let Some(group) = self.groups.get(&endpoint) else {
             return Verdict::UnknownClient;
         };
-        if group.denies.iter().any(|g| g.allows(server, service, name)) {
+        if group
+            .denies
+            .iter()
+            .any(|g| g.allows(server, service, labels))
+        {
             return Verdict::Deny { endpoint };
         }
-        let allowed =
-            !group.enforcing || group.grants.iter().any(|g| g.allows(server, service, name));
+        let allowed = !group.enforcing
+            || group
+                .grants
+                .iter()
+                .any(|g| g.allows(server, service, labels));
         if allowed {
             Verdict::Allow { endpoint }
         } else {
