@@ -79,6 +79,9 @@ fn dns_rules(c: &mut Criterion) {
     ] {
         assert_eq!(matcher.is_match(name), kind == "hit");
         group.bench_function(kind, |b| b.iter(|| matcher.is_match(black_box(name))));
+        group.bench_function(format!("{kind}/split"), |b| {
+            b.iter(|| NameLabels::new(black_box(name)).is_some())
+        });
         // What a second matcher costs once the name is split (the deny list, then the rules).
         let labels = NameLabels::new(name).expect("a canonical name");
         group.bench_function(format!("{kind}/split-once"), |b| {
