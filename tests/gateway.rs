@@ -276,9 +276,9 @@ fn a_gateway_needs_a_gateway_document() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("no `kind: Gateway` document"));
 }
 
-/// The DNS path's threads (`fqdnd-dns-N`) are `dns.threads` of the Settings document, and
-/// every one of them answers: a UDP listener socket per thread shares the port, and whichever
-/// the kernel picks for a client serves it.
+/// The DNS path's threads (`fqdnd-dns-N`) are `dns.threads` of the Settings document, and the
+/// port answers clients on many source ports (the kernel spreads them over one UDP listener
+/// socket per thread; which socket took a query is not observed here).
 #[test]
 fn dns_threads_sets_the_threads_of_the_dns_path() {
     let mut g = setup("{matchPattern: \"*.corp.test\"}");

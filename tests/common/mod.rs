@@ -301,11 +301,8 @@ pub(crate) fn fqdns_on_443(selectors: &[&str]) -> String {
 /// A port of 127.0.0.1 that is free for both UDP and TCP right now (a DNS listener binds
 /// both).
 pub(crate) fn free_port() -> u16 {
-    poll_until(PATIENCE, "a port free for both UDP and TCP", || {
-        let udp = UdpSocket::bind("127.0.0.1:0").ok()?;
-        let port = udp.local_addr().ok()?.port();
-        TcpListener::bind(("127.0.0.1", port)).ok().map(|_| port)
-    })
+    let (udp, _tcp) = udp_and_tcp_on_one_port();
+    udp.local_addr().unwrap().port()
 }
 
 /// A UDP socket and a TCP listener bound to the same fresh port of 127.0.0.1, for a test's
