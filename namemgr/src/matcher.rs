@@ -151,7 +151,7 @@ impl Node {
     /// Reports the selectors matching `name`, of which `depth` labels (from the right) have
     /// been consumed to reach this node.
     fn walk(&self, name: &SplitName<'_>, depth: usize, f: &mut impl FnMut(SelectorId)) {
-        let n = name.labels.len();
+        let n = name.len();
         let remaining = n - depth;
         if remaining == 0 {
             self.terminals.iter().for_each(|s| f(s.id));
@@ -160,7 +160,7 @@ impl Node {
         if !self.multi.is_empty() && name.multi_covers(remaining) {
             self.multi.iter().for_each(|s| f(s.id));
         }
-        let label = name.labels[remaining - 1];
+        let label = name.label(remaining - 1);
         if let Some(child) = self.literals.get(label) {
             child.walk(name, depth + 1, f);
         }
@@ -176,14 +176,14 @@ impl Node {
     /// Whether [`Node::walk`] would report anything: the same walk, ended at the first id
     /// (lists of placed ids are never left empty, see [`remove_slot`]).
     fn any(&self, name: &SplitName<'_>, depth: usize) -> bool {
-        let remaining = name.labels.len() - depth;
+        let remaining = name.len() - depth;
         if remaining == 0 {
             return !self.terminals.is_empty();
         }
         if !self.multi.is_empty() && name.multi_covers(remaining) {
             return true;
         }
-        let label = name.labels[remaining - 1];
+        let label = name.label(remaining - 1);
         if let Some(child) = self.literals.get(label)
             && child.any(name, depth + 1)
         {

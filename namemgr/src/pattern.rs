@@ -234,9 +234,12 @@ pub(crate) fn is_class_byte(b: u8) -> bool {
 /// `None` from [`SplitName::new`] means the name does not end with a dot, which no selector
 /// matches (every compiled regex ends in `[.]$`).
 pub(crate) struct SplitName<'a> {
-    /// Labels from the left, without the empty text after the final dot. The root `.` is
-    /// one empty label.
-    pub(crate) labels: SmallVec<[&'a str; 16]>,
+    /// The name without its final dot.
+    body: &'a str,
+    /// Where each label ends in `body` (at a dot, or at the end), from the left; the root `.`
+    /// is one empty label. Offsets, not slices: the split is a quarter of the size to build
+    /// and move.
+    ends: SmallVec<[u32; 16]>,
     /// How many labels from the left are non-empty and all `[-a-zA-Z0-9_]`.
     pub(crate) valid_prefix: usize,
 }
@@ -245,41 +248,58 @@ impl<'a> SplitName<'a> {
     pub(crate) fn new(name: &'a str) -> Option<Self> {
         let body = name.strip_suffix('.')?;
         // One pass over the bytes: the labels, and how many from the left are valid.
-        let mut labels: SmallVec<[&'a str; 16]> = SmallVec::new();
+        let mut ends: SmallVec<[u32; 16]> = SmallVec::new();
         let mut valid_prefix = 0;
         let mut all_valid = true;
         let mut label_valid = true;
         let mut start = 0;
-        let mut end_label = |start: usize, end: usize, label_valid: bool| {
-            // A dot is ASCII: both ends are on character boundaries.
-            labels.push(body.get(start..end).unwrap_or_default());
-            all_valid &= label_valid && start < end;
-            valid_prefix += usize::from(all_valid);
-        };
         for (i, &b) in body.as_bytes().iter().enumerate() {
             if b == b'.' {
-                end_label(start, i, label_valid);
+                all_valid &= label_valid && start < i;
+                valid_prefix += usize::from(all_valid);
+                ends.push(u32::try_from(i).ok()?);
                 start = i + 1;
                 label_valid = true;
             } else {
                 label_valid &= is_class_byte(b);
             }
         }
-        end_label(start, body.len(), label_valid);
+        all_valid &= label_valid && start < body.len();
+        valid_prefix += usize::from(all_valid);
+        ends.push(u32::try_from(body.len()).ok()?);
         Some(Self {
-            labels,
+            body,
+            ends,
             valid_prefix,
         })
     }
 
+    /// Number of labels.
+    pub(crate) fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// Label `i` from the left (empty past the last).
+    pub(crate) fn label(&self, i: usize) -> &'a str {
+        let start = match i.checked_sub(1) {
+            Some(before) => self
+                .ends
+                .get(before)
+                .map_or(usize::MAX, |&e| e as usize + 1),
+            None => 0,
+        };
+        let end = self.ends.get(i).map_or(0, |&e| e as usize);
+        self.body.get(start..end).unwrap_or_default()
+    }
+
     /// Is this the root name `.`?
     pub(crate) fn is_root(&self) -> bool {
-        self.labels.len() == 1 && self.labels[0].is_empty()
+        self.len() == 1 && self.body.is_empty()
     }
 
     /// Does a pure wildcard match this name?
     pub(crate) fn matches_all(&self) -> bool {
-        self.is_root() || self.valid_prefix == self.labels.len()
+        self.is_root() || self.valid_prefix == self.len()
     }
 
     /// Can the `remaining` leftmost labels be covered by a leading `**.`?
@@ -369,7 +389,7 @@ impl FqdnSelector {
         match &self.0.compiled {
             Compiled::All => name.matches_all(),
             Compiled::Labels { labels, multi } => {
-                let n = name.labels.len();
+                let n = name.len();
                 let m = labels.len();
                 if *multi {
                     if n <= m || !name.multi_covers(n - m) {
@@ -380,8 +400,8 @@ impl FqdnSelector {
                 }
                 labels
                     .iter()
-                    .zip(name.labels.iter().rev())
-                    .all(|(pat, label)| pat.is_match(label))
+                    .zip((0..n).rev())
+                    .all(|(pat, i)| pat.is_match(name.label(i)))
             }
         }
     }
