@@ -21,6 +21,7 @@
 //! The answers are exactly those of [`FqdnSelector::matches`] for every input string.
 
 use std::collections::{HashMap, HashSet};
+use std::ops::ControlFlow;
 
 use smallvec::SmallVec;
 
@@ -149,52 +150,32 @@ impl Node {
     }
 
     /// Reports the selectors matching `name`, of which `depth` labels (from the right) have
-    /// been consumed to reach this node.
-    fn walk(&self, name: &SplitName<'_>, depth: usize, f: &mut impl FnMut(SelectorId)) {
-        let n = name.len();
-        let remaining = n - depth;
+    /// been consumed to reach this node, until `f` breaks.
+    fn walk(
+        &self,
+        name: &SplitName<'_>,
+        depth: usize,
+        f: &mut impl FnMut(SelectorId) -> ControlFlow<()>,
+    ) -> ControlFlow<()> {
+        let remaining = name.len() - depth;
         if remaining == 0 {
-            self.terminals.iter().for_each(|s| f(s.id));
-            return;
+            return self.terminals.iter().try_for_each(|s| f(s.id));
         }
         if !self.multi.is_empty() && name.multi_covers(remaining) {
-            self.multi.iter().for_each(|s| f(s.id));
+            self.multi.iter().try_for_each(|s| f(s.id))?;
         }
         let label = name.label(remaining - 1);
         if let Some(child) = self.literals.get(label) {
-            child.walk(name, depth + 1, f);
+            child.walk(name, depth + 1, f)?;
         }
         if !self.globs.is_empty() && is_class_label(label) {
             for (glob, child) in self.globs.candidates(label) {
                 if glob.is_match_class_label(label) {
-                    child.walk(name, depth + 1, f);
+                    child.walk(name, depth + 1, f)?;
                 }
             }
         }
-    }
-
-    /// Whether [`Node::walk`] would report anything: the same walk, ended at the first id
-    /// (lists of placed ids are never left empty, see [`remove_slot`]).
-    fn any(&self, name: &SplitName<'_>, depth: usize) -> bool {
-        let remaining = name.len() - depth;
-        if remaining == 0 {
-            return !self.terminals.is_empty();
-        }
-        if !self.multi.is_empty() && name.multi_covers(remaining) {
-            return true;
-        }
-        let label = name.label(remaining - 1);
-        if let Some(child) = self.literals.get(label)
-            && child.any(name, depth + 1)
-        {
-            return true;
-        }
-        !self.globs.is_empty()
-            && is_class_label(label)
-            && self
-                .globs
-                .candidates(label)
-                .any(|(glob, child)| glob.is_match_class_label(label) && child.any(name, depth + 1))
+        ControlFlow::Continue(())
     }
 }
 
@@ -353,24 +334,34 @@ impl Matcher {
         let Some(name) = SplitName::new(canonical_name) else {
             return;
         };
+        // Neither closure breaks: the whole report runs.
         if self.shared_ids == 0 {
-            self.report(&name, &mut f);
+            let _ = self.report(&name, &mut |id| {
+                f(id);
+                ControlFlow::Continue(())
+            });
         } else {
             let mut seen: SmallVec<[SelectorId; 16]> = SmallVec::new();
-            self.report(&name, &mut |id| {
+            let _ = self.report(&name, &mut |id| {
                 if !seen.contains(&id) {
                     seen.push(id);
                     f(id);
                 }
+                ControlFlow::Continue(())
             });
         }
     }
 
-    fn report(&self, name: &SplitName<'_>, f: &mut impl FnMut(SelectorId)) {
+    /// Reports the ids matching `name` (pure wildcards first, then the trie) until `f` breaks.
+    fn report(
+        &self,
+        name: &SplitName<'_>,
+        f: &mut impl FnMut(SelectorId) -> ControlFlow<()>,
+    ) -> ControlFlow<()> {
         if !self.all.is_empty() && name.matches_all() {
-            self.all.iter().for_each(|s| f(s.id));
+            self.all.iter().try_for_each(|s| f(s.id))?;
         }
-        self.root.walk(name, 0, f);
+        self.root.walk(name, 0, f)
     }
 
     /// Does any registered selector match `canonical_name`? Stops at the first that does.
@@ -389,8 +380,10 @@ impl Matcher {
         self.any(&name.0)
     }
 
+    /// Whether some id matches: the report, broken at the first.
     fn any(&self, name: &SplitName<'_>) -> bool {
-        (!self.all.is_empty() && name.matches_all()) || self.root.any(name, 0)
+        self.report(name, &mut |_| ControlFlow::Break(()))
+            .is_break()
     }
 
     /// Ids matching `canonical_name`, sorted, each once.

@@ -253,20 +253,22 @@ impl<'a> SplitName<'a> {
         let mut all_valid = true;
         let mut label_valid = true;
         let mut start = 0;
+        let mut end_label = |start: usize, end: usize, label_valid: bool| {
+            all_valid &= label_valid && start < end;
+            valid_prefix += usize::from(all_valid);
+            ends.push(u32::try_from(end).ok()?);
+            Some(())
+        };
         for (i, &b) in body.as_bytes().iter().enumerate() {
             if b == b'.' {
-                all_valid &= label_valid && start < i;
-                valid_prefix += usize::from(all_valid);
-                ends.push(u32::try_from(i).ok()?);
+                end_label(start, i, label_valid)?;
                 start = i + 1;
                 label_valid = true;
             } else {
                 label_valid &= is_class_byte(b);
             }
         }
-        all_valid &= label_valid && start < body.len();
-        valid_prefix += usize::from(all_valid);
-        ends.push(u32::try_from(body.len()).ok()?);
+        end_label(start, body.len(), label_valid)?;
         Some(Self {
             body,
             ends,
