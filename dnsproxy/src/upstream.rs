@@ -24,7 +24,7 @@ use crate::metrics::UpstreamHealth;
 use crate::policy::Transport;
 use crate::shards::Shards;
 use crate::upstream_encrypted::Encrypted;
-use crate::upstream_socket::{Rotation, UpstreamSocket};
+use crate::upstream_socket::{Rotation, Table, UpstreamSocket};
 use crate::wire::Opt;
 
 /// A socket whose receiver `DnsProxy::run` must start (on the shard of its slot, the last
@@ -148,6 +148,9 @@ pub(crate) struct Upstream {
     slots: Vec<RwLock<Arc<UpstreamSocket>>>,
     /// Retired sockets whose queries are still in flight (their receivers run until drained).
     draining: Mutex<Vec<Arc<UpstreamSocket>>>,
+    /// The in-flight tables of closed sockets, emptied, for the next rotations (at most one
+    /// per slot).
+    recycled: Mutex<Vec<Table>>,
     rotation: Rotation,
     /// Slot `si`'s socket is registered with shard `si`'s runtime (and read there).
     shards: Shards,
@@ -176,7 +179,9 @@ impl Upstream {
         let mut slots = Vec::with_capacity(sockets);
         for si in 0..sockets {
             let socket = shards
-                .enter(si, || UpstreamSocket::open(addr, rotation, now))
+                .enter(si, || {
+                    UpstreamSocket::open(addr, rotation, now, Table::new())
+                })
                 .map_err(|source| Error::UpstreamSocket {
                     upstream: addr,
                     error: source,
@@ -231,6 +236,7 @@ impl Upstream {
             encrypted,
             slots,
             draining: Mutex::new(Vec::new()),
+            recycled: Mutex::new(Vec::new()),
             rotation,
             shards,
             alive: AtomicBool::new(true),
@@ -281,9 +287,15 @@ impl Upstream {
         if !Arc::ptr_eq(&slot, current) {
             return Ok(None);
         }
-        let opened = self
-            .shards
-            .enter(si, || UpstreamSocket::open(self.addr, self.rotation, now));
+        let table = self
+            .recycled
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop()
+            .unwrap_or_else(Table::new);
+        let opened = self.shards.enter(si, || {
+            UpstreamSocket::open(self.addr, self.rotation, now, table)
+        });
         let fresh = match opened {
             Ok(fresh) => Arc::new(fresh),
             Err(e) => {
@@ -301,6 +313,15 @@ impl Upstream {
             .unwrap_or_else(PoisonError::into_inner)
             .push(old);
         Ok(Some(fresh))
+    }
+
+    /// Keeps the in-flight table of a socket that closed (`close_if_drained`) for a later
+    /// rotation, emptied; dropped past one per slot.
+    pub(crate) fn recycle(&self, table: Table) {
+        let mut recycled = self.recycled.lock().unwrap_or_else(PoisonError::into_inner);
+        if recycled.len() < self.slots.len() {
+            recycled.push(table.recycle());
+        }
     }
 
     pub(crate) fn is_alive(&self) -> bool {
@@ -507,9 +528,19 @@ mod tests {
         let mut all = Vec::new();
         upstream.all_sockets(&mut all);
         assert_eq!(all.len(), 2, "the old socket drains");
-        assert!(old.close_if_drained());
+        upstream.recycle(old.close_if_drained().expect("nothing in flight"));
         all.clear();
         upstream.all_sockets(&mut all);
         assert_eq!(all.len(), 1, "closed sockets are forgotten");
+        // The next rotation takes the closed socket's table; none is kept past one per slot.
+        assert_eq!(upstream.recycled.lock().unwrap().len(), 1);
+        let newer = upstream.rotate(0, &new, now).unwrap().unwrap();
+        assert!(upstream.recycled.lock().unwrap().is_empty());
+        assert!(!newer.lock().is_closed() && newer.lock().len() == 0);
+        for socket in [&new, &newer] {
+            socket.retire();
+            upstream.recycle(socket.close_if_drained().expect("nothing in flight"));
+        }
+        assert_eq!(upstream.recycled.lock().unwrap().len(), 1);
     }
 }

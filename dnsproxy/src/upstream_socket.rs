@@ -139,10 +139,54 @@ impl Spare {
     }
 }
 
-/// What became of an ID on a socket; tells late and duplicate answers from unknown ones.
-const ID_FREE: u8 = 0;
+/// What became of an ID's last query on a socket; tells late and duplicate answers from
+/// unknown ones.
+const ID_UNUSED: u8 = 0;
 const ID_ANSWERED: u8 = 1;
 const ID_EXPIRED: u8 = 2;
+
+/// Per ID of a socket, what became of its last query: two bits each, 16 KiB in all, so that
+/// the notes of a socket's queries stay in the CPU's first-level cache (64 KiB of one byte
+/// each cost a cache miss per answer). While an ID is in flight its note is stale and unread:
+/// the table's index answers first.
+struct IdHistory(Box<[u8]>);
+
+impl IdHistory {
+    const BYTES: usize = (1 << 16) / 4;
+
+    fn new() -> Self {
+        Self(vec![0; Self::BYTES].into_boxed_slice())
+    }
+
+    /// What a closed table keeps: nothing (every ID reads as unused).
+    fn none() -> Self {
+        Self(Box::default())
+    }
+
+    fn clear(&mut self) {
+        if self.0.len() == Self::BYTES {
+            self.0.fill(0);
+        } else {
+            *self = Self::new();
+        }
+    }
+
+    fn get(&self, id: u16) -> u8 {
+        let (at, shift) = Self::place(id);
+        self.0.get(at).map_or(ID_UNUSED, |byte| (byte >> shift) & 3)
+    }
+
+    fn set(&mut self, id: u16, state: u8) {
+        let (at, shift) = Self::place(id);
+        if let Some(byte) = self.0.get_mut(at) {
+            *byte = (*byte & !(3 << shift)) | ((state & 3) << shift);
+        }
+    }
+
+    fn place(id: u16) -> (usize, u32) {
+        (usize::from(id >> 2), u32::from(id & 3) * 2)
+    }
+}
 
 /// The in-flight table of one upstream socket.
 ///
@@ -155,8 +199,8 @@ pub(crate) struct Table {
     slots: Vec<Option<Inflight>>,
     /// Free slots of `slots`, the last freed last.
     free: Vec<u32>,
-    /// Per ID, what became of its last query (until the ID is reused).
-    history: Box<[u8]>,
+    /// Per ID, what became of its last query.
+    history: IdHistory,
     /// The socket's receiver has stopped: nothing may be added.
     closed: bool,
     /// Buffers for the next queries in flight.
@@ -169,10 +213,37 @@ impl Table {
             index: HashMap::with_capacity_and_hasher(256, BuildIdHasher::default()),
             slots: Vec::with_capacity(256),
             free: Vec::with_capacity(256),
-            history: vec![ID_FREE; 1 << 16].into_boxed_slice(),
+            history: IdHistory::new(),
             closed: false,
             spare: Spare::default(),
         }
+    }
+
+    /// What a closed socket keeps once its memory went to [`Table::recycle`]: nothing, and
+    /// nothing may be added.
+    fn closed() -> Self {
+        Self {
+            index: HashMap::default(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            history: IdHistory::none(),
+            closed: true,
+            spare: Spare::default(),
+        }
+    }
+
+    /// The memory of a closed socket's table as a new, empty table (its ID history cleared;
+    /// its index, slab and spare buffers kept at the size they grew to). A rotation at tens
+    /// of thousands of queries per second opens a socket every few hundred milliseconds: a
+    /// fresh ID history each time cost ~1 % of the proxy's CPU, mostly first touches of new
+    /// pages (docs/benchmarks/dns-proxy.md).
+    pub(crate) fn recycle(mut self) -> Self {
+        self.index.clear();
+        self.slots.clear();
+        self.free.clear();
+        self.history.clear();
+        self.closed = false;
+        self
     }
 
     /// Reserves a random ID free on this socket; `None` if the socket is full or closed.
@@ -197,7 +268,7 @@ impl Table {
         check: impl FnOnce(&Inflight) -> Result<(), DropReason>,
     ) -> Result<Inflight, DropReason> {
         let Entry::Occupied(entry) = self.index.entry(id) else {
-            return Err(match self.history[usize::from(id)] {
+            return Err(match self.history.get(id) {
                 ID_ANSWERED => DropReason::Duplicate,
                 ID_EXPIRED => DropReason::Late,
                 _ => DropReason::UnknownId,
@@ -211,7 +282,7 @@ impl Table {
         check(held.as_ref().ok_or(DropReason::UnknownId)?)?;
         let inflight = held.take().ok_or(DropReason::UnknownId)?;
         entry.remove();
-        self.history[usize::from(id)] = ID_ANSWERED;
+        self.history.set(id, ID_ANSWERED);
         self.free.push(slot);
         Ok(inflight)
     }
@@ -238,7 +309,7 @@ impl Table {
             };
             let due = held.as_ref().is_some_and(|e| e.sent <= cutoff);
             if due && let Some(entry) = held.take() {
-                history[usize::from(id)] = ID_EXPIRED;
+                history.set(id, ID_EXPIRED);
                 free.push(slot);
                 out.push((id, entry));
             }
@@ -274,7 +345,6 @@ impl VacantId<'_> {
 
     pub(crate) fn fill(self, entry: Inflight) {
         let table = self.table;
-        table.history[usize::from(self.id)] = ID_FREE;
         let slot = match table.free.pop() {
             Some(slot) => {
                 table.slots[slot as usize] = Some(entry);
@@ -312,28 +382,36 @@ pub(crate) struct UpstreamSocket {
 }
 
 impl UpstreamSocket {
-    /// Opens a socket on a fresh ephemeral port, connected to `upstream`.
+    /// Opens a socket on a fresh ephemeral port, connected to `upstream`, with `table` (new,
+    /// or [recycled](Table::recycle)) as its in-flight table.
     pub(crate) fn open(
         upstream: SocketAddr,
         rotation: Rotation,
         now: Instant,
+        table: Table,
     ) -> std::io::Result<Self> {
         let socket = connect_udp(upstream)?;
         let port = socket.local_addr()?.port();
-        Ok(Self::with(Some(socket), port, rotation, now))
+        Ok(Self::with(Some(socket), port, rotation, now, table))
     }
 
     /// The in-flight table of an encrypted upstream, without a UDP socket.
     pub(crate) fn without_socket(rotation: Rotation, now: Instant) -> Self {
-        Self::with(None, 0, rotation, now)
+        Self::with(None, 0, rotation, now, Table::new())
     }
 
-    fn with(socket: Option<UdpSocket>, port: u16, rotation: Rotation, now: Instant) -> Self {
+    fn with(
+        socket: Option<UdpSocket>,
+        port: u16,
+        rotation: Rotation,
+        now: Instant,
+        table: Table,
+    ) -> Self {
         let age_ms = u64::try_from(rotation.max_age.as_millis()).unwrap_or(u64::MAX);
         Self {
             socket,
             port,
-            table: Mutex::new(Table::new()),
+            table: Mutex::new(table),
             opened: now,
             queries: AtomicU64::new(0),
             due_queries: AtomicU64::new(if rotation.max_queries == 0 {
@@ -391,18 +469,18 @@ impl UpstreamSocket {
         self.retired.load(Ordering::Acquire)
     }
 
-    /// For the receiver: if the socket is retired and nothing is in flight, marks the table
-    /// closed (so no query can be added any more) and returns true: the socket can go.
-    pub(crate) fn close_if_drained(&self) -> bool {
+    /// For the receiver: if the socket is retired and nothing is in flight, closes its table
+    /// (no query can be added any more) and returns the table's memory, for a later socket
+    /// ([`Table::recycle`]): the socket can go.
+    pub(crate) fn close_if_drained(&self) -> Option<Table> {
         if !self.is_retired() {
-            return false;
+            return None;
         }
         let mut table = self.lock();
         if table.len() == 0 {
-            table.closed = true;
-            return true;
+            return Some(std::mem::replace(&mut *table, Table::closed()));
         }
-        false
+        None
     }
 }
 
@@ -499,6 +577,27 @@ mod tests {
     }
 
     #[test]
+    fn id_history_keeps_each_ids_note_apart() {
+        let mut history = IdHistory::new();
+        let state = |id: u16| [ID_UNUSED, ID_ANSWERED, ID_EXPIRED][usize::from(id % 3)];
+        for id in 0..=u16::MAX {
+            history.set(id, state(id));
+        }
+        assert!((0..=u16::MAX).all(|id| history.get(id) == state(id)));
+        // Rewriting one ID leaves its neighbours in the same byte as they were.
+        history.set(4, ID_EXPIRED);
+        history.set(6, ID_UNUSED);
+        let got: Vec<u8> = (4..8).map(|id| history.get(id)).collect();
+        assert_eq!(got, [ID_EXPIRED, state(5), ID_UNUSED, state(7)]);
+        history.clear();
+        assert!((0..=u16::MAX).all(|id| history.get(id) == ID_UNUSED));
+        // A closed table's history notes nothing and reads as unused.
+        let mut none = IdHistory::none();
+        none.set(7, ID_ANSWERED);
+        assert_eq!(none.get(7), ID_UNUSED);
+    }
+
+    #[test]
     fn freed_slots_are_reused_last_freed_first() {
         let mut table = Table::new();
         let mut ids = IdSource::new();
@@ -538,7 +637,7 @@ mod tests {
             max_age: Duration::from_secs(30),
         };
         let t0 = Instant::now();
-        let s = UpstreamSocket::open(upstream, rotation, t0).unwrap();
+        let s = UpstreamSocket::open(upstream, rotation, t0, Table::new()).unwrap();
         assert_ne!(s.port, 0);
         for _ in 0..3 {
             assert!(!s.is_due(t0));
@@ -553,7 +652,7 @@ mod tests {
             max_queries: 0,
             max_age: Duration::ZERO,
         };
-        let s = UpstreamSocket::open(upstream, never, t0).unwrap();
+        let s = UpstreamSocket::open(upstream, never, t0, Table::new()).unwrap();
         for _ in 0..10 {
             s.count_query();
         }
@@ -568,7 +667,7 @@ mod tests {
             max_age: Duration::ZERO,
         };
         let t0 = Instant::now();
-        let s = UpstreamSocket::open(upstream, rotation, t0).unwrap();
+        let s = UpstreamSocket::open(upstream, rotation, t0, Table::new()).unwrap();
         let mut ids = IdSource::new();
         let id = {
             let mut table = s.lock();
@@ -577,12 +676,34 @@ mod tests {
             slot.fill(inflight(t0));
             id
         };
-        assert!(!s.close_if_drained(), "not retired");
+        assert!(s.close_if_drained().is_none(), "not retired");
         s.retire();
-        assert!(!s.close_if_drained(), "a query is in flight");
+        assert!(s.close_if_drained().is_none(), "a query is in flight");
         s.lock().take(id, |_| Ok(())).unwrap();
-        assert!(s.close_if_drained());
+        let memory = s.close_if_drained().expect("drained");
         assert!(s.lock().insert(&mut ids).is_none(), "closed: nothing added");
         assert!(s.lock().is_closed());
+        assert!(
+            matches!(s.lock().take(id, |_| Ok(())), Err(DropReason::UnknownId)),
+            "a closed table knows no ID"
+        );
+
+        // Its memory serves the next socket as a new table: empty, open, no history.
+        let history = memory.history.0.as_ptr();
+        let mut table = memory.recycle();
+        assert_eq!(table.history.0.as_ptr(), history, "the same memory");
+        assert!(!table.is_closed() && table.len() == 0);
+        assert!(matches!(
+            table.take(id, |_| Ok(())),
+            Err(DropReason::UnknownId)
+        ));
+        let slot = table.insert(&mut ids).unwrap();
+        let fresh = slot.id();
+        slot.fill(inflight(t0));
+        assert!(table.take(fresh, |_| Ok(())).is_ok());
+        assert!(matches!(
+            table.take(fresh, |_| Ok(())),
+            Err(DropReason::Duplicate)
+        ));
     }
 }

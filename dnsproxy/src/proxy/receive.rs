@@ -96,7 +96,8 @@ impl Shared {
                 }
             }
             while pending.try_join_next().is_some() {}
-            if socket.close_if_drained() {
+            if let Some(table) = socket.close_if_drained() {
+                upstream.recycle(table);
                 while pending.join_next().await.is_some() {}
                 tracing::debug!(upstream = %upstream.addr, port = socket.port, "retired DNS upstream socket drained and closed");
                 return Ok(());
