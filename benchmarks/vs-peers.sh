@@ -35,8 +35,10 @@
 # under a `toFQDNs: *.example.test` selector; a warm-up pass makes the names known first
 # (steady state). Queries: the 10k names of the zone, shuffled.
 #
-# Knobs (env): DURATION=15 (s per saturation run), LAT_QPS="5000 20000", LAT_DURATION=10 (s per
-# server and rate, in LAT_ROUNDS=1 rounds that take the servers in turn),
+# Knobs (env): DURATION=15 (s per saturation run), SAT_ROUNDS=1 (saturation runs per server,
+# in rounds that take the servers in turn; QPS is their mean, CPU per query pooled over them),
+# LAT_QPS="5000 20000", LAT_DURATION=10 (s per server and rate, in LAT_ROUNDS=1 rounds that
+# take the servers in turn),
 # CLIENTS=4, OUTSTANDING=200, RUN=/tmp/fqdnd-vs-peers, MODES="nocache cached",
 # FQDND_BIN (a built fqdnd to measure instead of building this tree's), BARE=1 (also measure
 # `benchmarks/src/bin/bare_forwarder.rs` in mode nocache: the same I/O as a forwarder with
@@ -56,6 +58,7 @@ DURATION="${DURATION:-15}"
 LAT_QPS="${LAT_QPS:-5000 20000}"
 LAT_DURATION="${LAT_DURATION:-10}"
 LAT_ROUNDS="${LAT_ROUNDS:-1}"
+SAT_ROUNDS="${SAT_ROUNDS:-1}"
 CLIENTS="${CLIENTS:-4}"
 OUTSTANDING="${OUTSTANDING:-200}"
 MODES="${MODES:-nocache cached}"
@@ -225,7 +228,8 @@ cpu_ticks() { # pid -> utime+stime of the whole process (every thread), in clock
   awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0
 }
 
-saturate() { # name port pid -> "qps cpu_us_per_query" (DoT: dnsperf -m dot; DoH: h2load)
+saturate() { # name port pid -> "qps cpu_us_per_query cpu_ticks answered" (DoT: dnsperf -m dot;
+  # DoH: h2load)
   local out="$RUN/sat-$1.txt" t0 t1 qps done
   t0=$(cpu_ticks "$3")
   case $1 in
@@ -245,7 +249,7 @@ saturate() { # name port pid -> "qps cpu_us_per_query" (DoT: dnsperf -m dot; DoH
       ;;
   esac
   awk -v q="${qps:-0}" -v n="${done:-0}" -v t=$((t1 - t0)) -v hz="$(getconf CLK_TCK)" \
-    'BEGIN{ if (n>0) printf "%s %.1f\n", q, t * 1e6 / hz / n; else printf "%s NA\n", q }'
+    'BEGIN{ if (n>0) printf "%s %.1f %d %d\n", q, t * 1e6 / hz / n, t, n; else printf "%s NA %d 0\n", q, t }'
 }
 
 fixed_rate() { # name port rate seconds pid -> appends dnsperf's per-query lines to
@@ -360,13 +364,24 @@ main() {
     log "nsd direct: saturation ${DURATION}s"
     read -r direct _ < <(saturate nsd-direct "$AUTH" "${PIDS[0]}")
   fi
+  # Saturation: SAT_ROUNDS rounds, each server in turn (a slow spell of the shared machine then
+  # falls on every server alike); per server the mean QPS and the CPU per query pooled.
+  local round
+  for s in "${servers[@]}"; do rm -f "$RUN/sat-rounds-$s.txt"; done
+  for ((round = 1; round <= SAT_ROUNDS; round++)); do
+    for s in "${servers[@]}"; do
+      log "$s: saturation ${DURATION}s (round $round of $SAT_ROUNDS)"
+      saturate "$s" "${PORT[$s]}" "${PID[$s]}" >>"$RUN/sat-rounds-$s.txt"
+    done
+  done
   for s in "${servers[@]}"; do
-    log "$s: saturation ${DURATION}s"
-    read -r QPS[$s] CPU[$s] < <(saturate "$s" "${PORT[$s]}" "${PID[$s]}")
+    read -r QPS[$s] CPU[$s] < <(awk -v hz="$(getconf CLK_TCK)" \
+      '{ q += $1; t += $3; n += $4 } END{ printf "%.0f ", q / NR; if (n > 0) printf "%.1f\n", t * 1e6 / hz / n; else print "NA" }' \
+      "$RUN/sat-rounds-$s.txt")
   done
   # Fixed rates: LAT_ROUNDS rounds, each server in turn, so that a noisy spell of the shared
   # machine falls on every server alike; each server's latencies are pooled over its rounds.
-  local round_s=$((LAT_DURATION / LAT_ROUNDS)) round
+  local round_s=$((LAT_DURATION / LAT_ROUNDS))
   ((round_s >= 1)) || round_s=1
   for rate in $LAT_QPS; do
     for s in "${servers[@]}"; do rm -f "$RUN/lat-$s-$rate.txt" "$RUN/cpu-$s-$rate.txt"; done
