@@ -422,7 +422,7 @@ impl Loaded {
                 .program_mut(name)
                 .ok_or(Error::Missing("program"))?
                 .try_into()?;
-            prog.load()?;
+            load_program(|| prog.load())?;
         }
         // Loaded (verified) now, while the daemon still holds its capabilities: a cgroup
         // endpoint added at run time only needs the links.
@@ -431,14 +431,14 @@ impl Loaded {
                 .program_mut(name)
                 .ok_or(Error::Missing("program"))?
                 .try_into()?;
-            prog.load()?;
+            load_program(|| prog.load())?;
         }
         for (name, _) in SOCK_SKB_PROGRAMS {
             let prog: &mut CgroupSkb = ebpf
                 .program_mut(name)
                 .ok_or(Error::Missing("program"))?
                 .try_into()?;
-            prog.load()?;
+            load_program(|| prog.load())?;
         }
         Ok(Loaded {
             ebpf,
@@ -589,4 +589,72 @@ fn swap_pin(link: FdLink, dir: &Path, name: &str) -> Result<(), Error> {
         what: format!("moving the pin {} to {}", fresh.display(), pin.display()),
         error: source,
     })
+}
+
+/// How many times a program is offered to the verifier (libbpf's number).
+const LOAD_ATTEMPTS: usize = 5;
+
+/// Loads a program, again if the verifier gave up because a signal was pending for the loading
+/// thread: it then answers `EAGAIN` (a child process of the daemon or of a test harness exiting
+/// is enough). libbpf tries five times too.
+fn load_program(load: impl FnMut() -> Result<(), ProgramError>) -> Result<(), ProgramError> {
+    retry_interrupted(load, |e| {
+        matches!(e, ProgramError::LoadError { io_error, .. }
+            if io_error.kind() == std::io::ErrorKind::WouldBlock)
+    })
+}
+
+/// `op` until it succeeds, fails other than `interrupted`, or has run [`LOAD_ATTEMPTS`] times.
+fn retry_interrupted<E>(
+    mut op: impl FnMut() -> Result<(), E>,
+    interrupted: impl Fn(&E) -> bool,
+) -> Result<(), E> {
+    let mut attempts = 1;
+    loop {
+        match op() {
+            Err(e) if interrupted(&e) && attempts < LOAD_ATTEMPTS => attempts += 1,
+            done => return done,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Error, ErrorKind};
+
+    use super::{LOAD_ATTEMPTS, retry_interrupted};
+
+    /// Runs `retry_interrupted` over `results` (then successes); what it returned and how
+    /// many times it ran the operation.
+    fn run(results: Vec<Result<(), ErrorKind>>) -> (Result<(), ErrorKind>, usize) {
+        let mut calls = 0;
+        let mut results = results.into_iter();
+        let got = retry_interrupted(
+            || {
+                calls += 1;
+                results.next().unwrap_or(Ok(())).map_err(Error::from)
+            },
+            |e| e.kind() == ErrorKind::WouldBlock,
+        );
+        (got.map_err(|e| e.kind()), calls)
+    }
+
+    #[test]
+    fn an_interrupted_load_is_tried_again() {
+        let eagain = Err(ErrorKind::WouldBlock);
+        assert_eq!(run(vec![]), (Ok(()), 1));
+        assert_eq!(run(vec![eagain, eagain]), (Ok(()), 3));
+        // Interrupted every time: the last error, after LOAD_ATTEMPTS tries.
+        assert_eq!(
+            run(vec![eagain; 2 * LOAD_ATTEMPTS]),
+            (eagain, LOAD_ATTEMPTS)
+        );
+    }
+
+    #[test]
+    fn a_refused_load_is_not_tried_again() {
+        let denied = Err(ErrorKind::PermissionDenied);
+        assert_eq!(run(vec![denied]), (denied, 1));
+        assert_eq!(run(vec![Err(ErrorKind::WouldBlock), denied]), (denied, 2));
+    }
 }
