@@ -103,15 +103,19 @@ struct Burst {
 }
 
 /// Asks the burst's names from the client namespace, all at once from one socket, a thread
-/// reading the replies as they come (a reader that waited for the last send would lose
-/// replies to a full receive buffer on a busy machine). Like a stub resolver, it asks again
-/// what has no answer once replies stop coming for [`RETRY_AFTER`] (a datagram lost to a full
-/// buffer on a loaded machine is not what this test is about), at most twice.
+/// reading the replies as they come into a 4 MiB receive buffer (with the default ~200 KiB a
+/// busy machine that left the reader unscheduled dropped replies: `RcvbufErrors` in `c`).
+/// Like a stub resolver, it asks again what has no answer once replies stop coming for
+/// [`RETRY_AFTER`] (a datagram lost to a full buffer on a loaded machine is not what this test
+/// is about), at most twice.
 fn burst(net: &Net) -> Burst {
     const RETRY_AFTER: Duration = Duration::from_secs(3);
     let server = SocketAddr::new(net.ip(1, 1), 53);
     in_netns(&net.ns("c"), move || {
         let socket = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        // Past net.core.rmem_max: the test runs as root.
+        nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::RcvBufForce, &(4 << 20))
+            .unwrap();
         socket
             .set_read_timeout(Some(Duration::from_millis(100)))
             .unwrap();
@@ -300,11 +304,7 @@ impl Net {
     fn udp_errors(&self) -> String {
         let mut out = String::from("UDP receive errors:");
         for which in ["c", "g1", "g2", "x"] {
-            let snmp = Command::new("ip")
-                .args(["netns", "exec", &self.ns(which), "cat", "/proc/net/snmp"])
-                .output()
-                .map(|o| text(&o.stdout))
-                .unwrap_or_default();
+            let snmp = ip(&["netns", "exec", &self.ns(which), "cat", "/proc/net/snmp"]);
             let udp: Vec<&str> = snmp.lines().filter(|l| l.starts_with("Udp:")).collect();
             let [names, values] = udp[..] else {
                 out += &format!(" {which}: unreadable;");

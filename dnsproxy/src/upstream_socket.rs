@@ -627,7 +627,7 @@ mod tests {
         history.set(9, ID_ANSWERED);
         history.set(9, ID_EXPIRED);
         history.set(10, ID_ANSWERED);
-        assert!(history.queued.len() == 3);
+        assert_eq!(history.queued.len(), 3);
         assert_eq!((history.get(9), history.get(10)), (ID_EXPIRED, ID_ANSWERED));
         history.set(11, ID_ANSWERED);
         history.clear();
