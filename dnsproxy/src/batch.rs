@@ -27,12 +27,11 @@ use std::io::{self, IoSlice, IoSliceMut};
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 
+use crate::udp::UdpSocket;
 use nix::sys::socket::{
     ControlMessageOwned, MsgFlags, MultiHeaders, SockaddrIn, SockaddrIn6, SockaddrStorage,
     recvmmsg, sendmmsg,
 };
-use tokio::io::Interest;
-use tokio::net::UdpSocket;
 
 /// Datagrams read by one `recvmmsg`.
 pub(crate) const RECV_BATCH: usize = 32;
@@ -129,7 +128,7 @@ impl RecvBatch {
         // say `EAGAIN`. Safe: tokio clears it only if no readiness event came since, and a
         // datagram that arrives later raises a new edge-triggered event.
         let mut read = 0;
-        let result = socket.try_io(Interest::READABLE, || {
+        let result = socket.try_read(|| {
             read = recv_into(socket.as_raw_fd(), bufs, got, kind)?;
             if read < RECV_BATCH {
                 Err(io::ErrorKind::WouldBlock.into())
@@ -293,9 +292,8 @@ impl SendBatch {
         let mut next = 0;
         let mut retried = false;
         while next < self.msgs.len() {
-            let sent = socket.try_io(Interest::WRITABLE, || {
-                send_from(socket.as_raw_fd(), &self.data, &self.msgs, next)
-            });
+            // Not through the reactor: the socket is registered for reads only (crate::udp).
+            let sent = send_from(socket.as_raw_fd(), &self.data, &self.msgs, next);
             match sent {
                 Ok(n) if n > 0 => {
                     next += n.min(self.msgs.len() - next);
@@ -385,8 +383,8 @@ mod tests {
     #[tokio::test]
     async fn a_short_batch_marks_the_socket_drained_and_the_next_datagram_wakes_it() {
         use futures_util::FutureExt as _;
-        let to = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-        let from = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let to = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let from = UdpSocket::bind("127.0.0.1:0").unwrap();
         let addr = to.local_addr().unwrap();
         let mut batch = RecvBatch::new(false);
         for i in 0..RECV_BATCH + 2 {
@@ -425,8 +423,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_batch_goes_out_in_order_and_comes_in_in_one_receive() {
-        let a = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-        let b = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let a = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let b = UdpSocket::bind("127.0.0.1:0").unwrap();
         let b_addr = b.local_addr().unwrap();
         let mut out = SendBatch::default();
         for i in 0..100u8 {
@@ -463,10 +461,10 @@ mod tests {
     /// the IPv4 length the kernel left in it).
     #[tokio::test]
     async fn headers_reused_across_families_read_every_source_whole() {
-        let v4 = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-        let v6 = UdpSocket::bind("[::1]:0").await.unwrap();
-        let from4 = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-        let from6 = UdpSocket::bind("[::1]:0").await.unwrap();
+        let v4 = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let v6 = UdpSocket::bind("[::1]:0").unwrap();
+        let from4 = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let from6 = UdpSocket::bind("[::1]:0").unwrap();
         let (mut b4, mut b6) = (RecvBatch::new(false), RecvBatch::new(false));
         for round in 0..3u8 {
             for (to, from, batch) in [(&v4, &from4, &mut b4), (&v6, &from6, &mut b6)] {
@@ -496,8 +494,8 @@ mod tests {
     async fn a_missing_original_destination_remakes_the_headers() {
         use nix::sys::socket::{setsockopt, sockopt};
         for bind in ["127.0.0.1:0", "[::1]:0"] {
-            let to = UdpSocket::bind(bind).await.unwrap();
-            let from = UdpSocket::bind(bind).await.unwrap();
+            let to = UdpSocket::bind(bind).unwrap();
+            let from = UdpSocket::bind(bind).unwrap();
             let to_addr = to.local_addr().unwrap();
             let kind = HeaderKind {
                 v6: to_addr.is_ipv6(),

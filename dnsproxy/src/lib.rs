@@ -121,6 +121,7 @@ mod ratelimit;
 mod record;
 mod shards;
 mod transparent;
+mod udp;
 mod upstream;
 mod upstream_encrypted;
 mod upstream_https;

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
@@ -18,6 +18,7 @@ use crate::framing::{FrameReader, Next};
 use crate::policy::Transport;
 use crate::proxy::{BATCH, ERROR_PAUSE, Handled, Shared, Worker, is_transient};
 use crate::transparent;
+use crate::udp::UdpSocket;
 use crate::upstream::{ReplyTo, TcpOut, TcpReply};
 
 /// Queries one TCP connection may have in flight at once; reading pauses past it.

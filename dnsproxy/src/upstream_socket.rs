@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tokio::net::UdpSocket;
+use crate::udp::UdpSocket;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 

@@ -7,8 +7,8 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use crate::udp::UdpSocket;
 use fqdnd_dnswire::Decoded;
-use tokio::net::UdpSocket;
 use tokio::time::Instant;
 
 use super::{Answer, Held, Outcome, Replies, Shared};

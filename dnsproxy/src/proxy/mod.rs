@@ -20,9 +20,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use crate::udp::UdpSocket;
 use fqdnd_dnswire::{Decoded, TYPE_A, TYPE_AAAA};
 use hickory_proto::rr::RecordType;
-use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 

@@ -1,0 +1,175 @@
+//! A UDP socket as the proxy drives it: registered with the reactor for reads only.
+//!
+//! tokio's `UdpSocket` registers for reads and writes. A socket registered for writes hears
+//! of every datagram the kernel frees from its send buffer (`sock_wfree` raises `EPOLLOUT`):
+//! on loopback during the send itself, so each send batch costs one more `epoll_wait` round
+//! and a pass through the reactor; on a NIC at the transmit completion, which can wake a
+//! sleeping thread for nothing. The proxy's sends do not wait on the common path (a UDP send
+//! buffer is rarely full), so these sockets are registered for reads only, and a send that
+//! does find the buffer full waits through a second registration, of a duplicate of the
+//! descriptor for writes only, made for that wait and dropped after it.
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+
+/// A non-blocking UDP socket registered with the current runtime for reads.
+#[derive(Debug)]
+pub(crate) struct UdpSocket {
+    io: AsyncFd<std::net::UdpSocket>,
+}
+
+/// Registers `socket` with the current runtime's reactor for `interest` only.
+fn register(
+    socket: std::net::UdpSocket,
+    interest: Interest,
+) -> io::Result<AsyncFd<std::net::UdpSocket>> {
+    #[allow(
+        deprecated,
+        reason = "the I/O-safety concern is a wrapper that does not own its descriptor; \
+                  std's UdpSocket owns it, and the replacement is unsafe, which this crate forbids"
+    )]
+    AsyncFd::with_interest(socket, interest)
+}
+
+impl UdpSocket {
+    /// Takes `socket` (made non-blocking here) and registers it for reads. Must be called
+    /// within the runtime that will drive it.
+    pub(crate) fn from_std(socket: std::net::UdpSocket) -> io::Result<Self> {
+        socket.set_nonblocking(true)?;
+        Ok(Self {
+            io: register(socket, Interest::READABLE)?,
+        })
+    }
+
+    /// Binds a socket to `addr` (tests).
+    #[cfg(test)]
+    pub(crate) fn bind(addr: &str) -> io::Result<Self> {
+        Self::from_std(std::net::UdpSocket::bind(addr)?)
+    }
+
+    /// Waits until the reactor says the socket may be read. The readiness stays until a read
+    /// through [`UdpSocket::try_read`] finds nothing.
+    pub(crate) async fn readable(&self) -> io::Result<()> {
+        // Dropping the guard keeps the readiness for the reads that follow.
+        self.io.readable().await.map(drop)
+    }
+
+    /// Runs `read` if the reactor says the socket may be read; its `WouldBlock` clears that
+    /// readiness (a read must return it only when the socket had nothing more).
+    pub(crate) fn try_read<R>(&self, read: impl FnOnce() -> io::Result<R>) -> io::Result<R> {
+        self.io.try_io(Interest::READABLE, |_| read())
+    }
+
+    /// Waits until the send buffer has room: through a registration for writes, of a
+    /// duplicate of the descriptor, made now (the kernel reports a socket that is writable
+    /// already at once) and dropped after.
+    pub(crate) async fn writable(&self) -> io::Result<()> {
+        let dup = register(self.io.get_ref().try_clone()?, Interest::WRITABLE)?;
+        dup.writable().await.map(drop)
+    }
+
+    /// Sends one datagram without waiting (`WouldBlock` when the send buffer is full).
+    pub(crate) fn try_send_to(&self, bytes: &[u8], to: SocketAddr) -> io::Result<usize> {
+        self.io.get_ref().send_to(bytes, to)
+    }
+
+    /// Sends one datagram, waiting for room in the send buffer if there is none.
+    pub(crate) async fn send_to(&self, bytes: &[u8], to: SocketAddr) -> io::Result<usize> {
+        loop {
+            match self.try_send_to(bytes, to) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.writable().await?,
+                sent => return sent,
+            }
+        }
+    }
+
+    /// Sends one datagram to the connected peer without waiting (`WouldBlock` when the send
+    /// buffer is full).
+    pub(crate) fn try_send(&self, bytes: &[u8]) -> io::Result<usize> {
+        self.io.get_ref().send(bytes)
+    }
+
+    /// Sends one datagram to the connected peer, waiting for room if there is none.
+    pub(crate) async fn send(&self, bytes: &[u8]) -> io::Result<usize> {
+        loop {
+            match self.try_send(bytes) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.writable().await?,
+                sent => return sent,
+            }
+        }
+    }
+
+    /// The address the socket is bound to.
+    pub(crate) fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.io.get_ref().local_addr()
+    }
+}
+
+impl AsRawFd for UdpSocket {
+    fn as_raw_fd(&self) -> RawFd {
+        self.io.as_raw_fd()
+    }
+}
+
+impl AsFd for UdpSocket {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.io.get_ref().as_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn reads_wait_for_a_datagram_and_sends_go_out() {
+        let a = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let b = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let to = b.local_addr().unwrap();
+        let mut buf = [0u8; 16];
+        // Nothing yet: the read says so (and clears the readiness, if any).
+        let empty = b.try_read(|| b.io.get_ref().recv_from(&mut buf));
+        assert_eq!(
+            empty.unwrap_err().kind(),
+            io::ErrorKind::WouldBlock,
+            "nothing was sent yet"
+        );
+        assert_eq!(a.send_to(b"hello", to).await.unwrap(), 5);
+        tokio::time::timeout(Duration::from_secs(10), b.readable())
+            .await
+            .expect("a sent datagram makes the socket readable")
+            .unwrap();
+        let (n, from) = b.try_read(|| b.io.get_ref().recv_from(&mut buf)).unwrap();
+        assert_eq!((&buf[..n], from), (&b"hello"[..], a.local_addr().unwrap()));
+    }
+
+    #[tokio::test]
+    async fn a_wait_for_room_ends_when_there_is_room_and_sends_raise_no_read_readiness() {
+        let a = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let b = UdpSocket::bind("127.0.0.1:0").unwrap();
+        // A writable socket: the wait ends at once, and leaves no registration behind.
+        tokio::time::timeout(Duration::from_secs(10), b.writable())
+            .await
+            .expect("an empty send buffer has room")
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(10), b.writable())
+            .await
+            .expect("the first wait's registration is gone")
+            .unwrap();
+        // A read-only registration is not woken by sends: the readiness for reads is not
+        // raised by a datagram going out.
+        b.send_to(b"x", a.local_addr().unwrap()).await.unwrap();
+        let mut buf = [0u8; 4];
+        assert_eq!(
+            b.try_read(|| b.io.get_ref().recv_from(&mut buf))
+                .unwrap_err()
+                .kind(),
+            io::ErrorKind::WouldBlock
+        );
+    }
+}
