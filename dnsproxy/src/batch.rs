@@ -27,11 +27,12 @@ use std::io::{self, IoSlice, IoSliceMut};
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 
-use crate::udp::UdpSocket;
 use nix::sys::socket::{
     ControlMessageOwned, MsgFlags, MultiHeaders, SockaddrIn, SockaddrIn6, SockaddrStorage,
     recvmmsg, sendmmsg,
 };
+
+use crate::udp::UdpSocket;
 
 /// Datagrams read by one `recvmmsg`.
 pub(crate) const RECV_BATCH: usize = 32;

@@ -15,13 +15,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use crate::udp::UdpSocket;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::ids::{BuildIdHasher, IdSource};
 use crate::metrics::DropReason;
 use crate::question::Question;
+use crate::udp::UdpSocket;
 use crate::upstream::Origin;
 
 /// At most this many queries in flight on one upstream socket; past it the next socket is

@@ -7,7 +7,6 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use crate::udp::UdpSocket;
 use fqdnd_dnswire::Decoded;
 use tokio::time::Instant;
 
@@ -19,6 +18,7 @@ use crate::observer::{Observation, ObserveError, ObserveFuture, ResponseContext}
 use crate::querylog::QueryResult;
 use crate::question::Question;
 use crate::transparent;
+use crate::udp::UdpSocket;
 use crate::upstream::{Asked, Origin, ReplyTo};
 use crate::wire::{self, rcode};
 

@@ -20,7 +20,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::udp::UdpSocket;
 use fqdnd_dnswire::{Decoded, TYPE_A, TYPE_AAAA};
 use hickory_proto::rr::RecordType;
 use tokio::sync::mpsc;
@@ -37,6 +36,7 @@ use crate::question::Question;
 use crate::ratelimit::RateLimiter;
 use crate::record::{Direction, Recorded, Recorder};
 use crate::transparent::RawSender;
+use crate::udp::UdpSocket;
 use crate::upstream::{Asked, NewSocket, Origin, OriginalUpstreams, Upstream};
 use crate::upstream_socket::UpstreamSocket;
 use crate::wire;
