@@ -28,6 +28,7 @@ SPREAD="${SPREAD:-0}"
 cd "$ROOT"
 BIN="${FQDND_BIN:-}"
 if [[ -z $BIN ]]; then
+  command -v protoc >/dev/null || { echo "restore-time.sh: protoc is missing, the build needs it (scripts/install-deps.sh)" >&2; exit 1; }
   cargo build --release --locked --quiet
   BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/fqdnd"
 fi

@@ -33,6 +33,9 @@ say() { echo "[soak] $*" >&2; }
 need=()
 command -v dnsperf >/dev/null || need+=(dnsperf)
 command -v dig >/dev/null || need+=(bind9-dnsutils)
+# The build: etcd-client compiles etcd's protos (`protoc` and the well-known .proto files).
+command -v protoc >/dev/null || need+=(protobuf-compiler)
+[ -e /usr/include/google/protobuf/descriptor.proto ] || need+=(libprotobuf-dev)
 if ((${#need[@]})); then
   say "installing ${need[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null

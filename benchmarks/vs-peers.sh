@@ -81,6 +81,9 @@ need() {
   command -v h2load >/dev/null || missing+=(nghttp2-client)
   command -v kdig >/dev/null || missing+=(knot-dnsutils)
   command -v openssl >/dev/null || missing+=(openssl)
+  # The build: etcd-client compiles etcd's protos (`protoc` and the well-known .proto files).
+  command -v protoc >/dev/null || missing+=(protobuf-compiler)
+  [ -e /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
   if ((${#missing[@]})); then
     log "installing ${missing[*]}"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
