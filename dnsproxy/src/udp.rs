@@ -149,7 +149,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_wait_for_room_ends_when_there_is_room_and_sends_raise_no_read_readiness() {
+    async fn a_wait_for_room_ends_when_there_is_room_and_the_socket_hears_no_write_readiness() {
         let a = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let b = UdpSocket::bind("127.0.0.1:0").unwrap();
         // A writable socket: the wait ends at once, and leaves no registration behind.
@@ -161,15 +161,19 @@ mod tests {
             .await
             .expect("the first wait's registration is gone")
             .unwrap();
-        // A read-only registration is not woken by sends: the readiness for reads is not
-        // raised by a datagram going out.
+        // The socket's own registration has no interest in writes: a send frees buffer
+        // space (the kernel raises `EPOLLOUT`), yet no write readiness ever reaches it. With
+        // a registration for writes too, the wait below would end at once: epoll reports a
+        // writable socket as soon as it is registered.
         b.send_to(b"x", a.local_addr().unwrap()).await.unwrap();
         let mut buf = [0u8; 4];
-        assert_eq!(
-            b.try_read(|| b.io.get_ref().recv_from(&mut buf))
-                .unwrap_err()
-                .kind(),
-            io::ErrorKind::WouldBlock
+        let got = a.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..got], b"x");
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), b.io.writable())
+                .await
+                .is_err(),
+            "a read-only registration reported write readiness"
         );
     }
 }
