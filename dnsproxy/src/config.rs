@@ -65,10 +65,11 @@ pub struct Config {
     /// UDP sockets per listen address, sharing the port with SO_REUSEPORT (default: half the
     /// CPUs, at least one).
     pub udp_sockets_per_address: usize,
-    /// Threads that serve the UDP path (default: half the CPUs, at least one). Each runs its own
-    /// current-thread runtime and owns a share of the UDP listener sockets and upstream
-    /// sockets, so a query and its answer are handled on one thread without waking another.
-    /// 0: the caller's runtime serves them (what tests with tokio's paused clock need).
+    /// Threads that serve the UDP path (default: half the CPUs, at least one). Each waits on a
+    /// share of the UDP listener sockets and upstream sockets in its own `epoll` set and runs
+    /// what arrives to completion, so a query and its answer are handled on one thread without
+    /// waking another. 0: the caller's runtime serves them (what tests with tokio's paused
+    /// clock need).
     pub udp_threads: usize,
     /// Upstream servers, tried in order of health (the gateway's default pool). May be empty
     /// only with `forward_to_original_destination` or `zones` (names outside every zone are

@@ -79,6 +79,14 @@ pub enum Error {
         /// The system's error (in the message, so not a `source`).
         error: io::Error,
     },
+    /// A thread of the UDP path could no longer wait for its sockets.
+    #[error("DNS proxy UDP thread {thread} failed: {error}")]
+    Thread {
+        /// Which thread (`fqdnd-dns-N`).
+        thread: usize,
+        /// The system's error (in the message, so not a `source`).
+        error: io::Error,
+    },
     /// One of the proxy's tasks panicked.
     #[error("DNS proxy task {task} panicked: {reason}")]
     TaskPanicked {

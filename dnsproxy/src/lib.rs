@@ -5,10 +5,11 @@
 //! - the client-facing listeners: UDP (several SO_REUSEPORT sockets per address, each drained
 //!   by its own task) and TCP (RFC 7766 framing and pipelining, idle timeout, a connection
 //!   limit);
-//! - the threads of the UDP path ([`Config::udp_threads`], half the CPUs by default): each runs
-//!   its own current-thread runtime and owns a share of the UDP listener and upstream sockets,
-//!   so a query and its answer are handled on one thread; DoT and DoH connections are handed
-//!   to them in turn;
+//! - the threads of the UDP path ([`Config::udp_threads`], half the CPUs by default): each
+//!   waits in `epoll_wait` on its share of the UDP listener and upstream sockets and runs what
+//!   arrives to completion, so a query and its answer are handled on one thread without a
+//!   task wake; what must wait longer (a pending observation, a TCP retry) goes to the
+//!   caller's runtime, as do TCP, DoT and DoH;
 //! - the per-query policy check: the question is parsed with hickory-proto, its name made
 //!   canonical, and a [`QueryPolicy`] decides (allow, deny → REFUSED/NXDOMAIN, unknown client
 //!   → REFUSED);
@@ -157,6 +158,7 @@ pub use zones::ZoneUpstreams;
 use crate::metrics::Metrics;
 use crate::proxy::{Shared, UdpListener};
 use crate::ratelimit::RateLimiter;
+use crate::shards::Job;
 use crate::transparent::RawSender;
 use crate::upstream::{NewSocket, OriginalUpstreams, Upstream};
 use crate::upstream_socket::Rotation;
@@ -215,14 +217,14 @@ impl DnsProxy {
         validate(&config)?;
         let transparent = config.transparent;
         let (shards, shard_threads) =
-            shards::start(config.udp_threads).map_err(|error| Error::Threads { error })?;
+            shards::start(config.udp_threads, &tokio::runtime::Handle::current())
+                .map_err(|error| Error::Threads { error })?;
         let mut udp = Vec::new();
         for &addr in &config.listen_udp {
             let mut actual = addr;
             for _ in 0..config.udp_sockets_per_address {
-                // Listener `i` is registered with (and served by) shard `i`.
-                let socket = shards
-                    .enter(udp.len(), || listen::bind_udp(actual, transparent))
+                // Listener `i` is served by shard `i` (or by this runtime's reactor).
+                let socket = listen::bind_udp(actual, transparent, shards.watcher())
                     .map_err(|e| e.into_error(Transport::Udp, addr))?;
                 // Port 0: the first socket picks the port, the others share it.
                 actual = socket.local_addr().map_err(|source| Error::Bind {
@@ -430,17 +432,22 @@ impl DnsProxy {
             tcp,
             encrypted,
             mut new_sockets,
-            shard_threads,
+            mut shard_threads,
         } = self;
         let mut tasks: JoinSet<Result<(), Error>> = JoinSet::new();
         let mut names = std::collections::HashMap::new();
-        // The UDP path's tasks run on the shard of their socket (or here, without shards).
-        let current = tokio::runtime::Handle::current();
-        let on = |i: usize| shared.shards.handle(i).unwrap_or(&current).clone();
+        // The UDP path's sockets are served by the shard threads (or here, without shards).
+        let mut shard_failures = shard_threads.failures();
         for index in 0..shared.udp.len() {
-            let h = tasks.spawn_on(listen::udp_loop(shared.clone(), index), &on(index));
-            names.insert(h.id(), "udp listener");
+            if let Err(Job::Listener(shared, index)) = shared
+                .shards
+                .submit(index, Job::Listener(shared.clone(), index))
+            {
+                let h = tasks.spawn(listen::udp_loop(shared, index));
+                names.insert(h.id(), "udp listener");
+            }
         }
+
         for (listener, local) in tcp {
             let h = tasks.spawn(listen::tcp_accept_loop(shared.clone(), listener, local));
             names.insert(h.id(), "tcp listener");
@@ -470,12 +477,8 @@ impl DnsProxy {
                 continue;
             }
             for si in 0..upstream.slots() {
-                let socket = upstream.socket(si);
-                let h = tasks.spawn_on(
-                    shared.clone().upstream_loop(upstream.clone(), socket),
-                    &on(si),
-                );
-                names.insert(h.id(), UPSTREAM_RECEIVER);
+                let job = Job::Upstream(shared.clone(), upstream.clone(), upstream.socket(si));
+                serve_upstream(&shared, job, si, &mut tasks, &mut names);
             }
         }
         let sweep = shared.clone().sweep_loop();
@@ -507,14 +510,16 @@ impl DnsProxy {
                 // A socket opened by a rotation or for a new original destination: its
                 // receiver joins the others (and stops with them).
                 Some((upstream, socket, si)) = new_sockets.recv() => {
-                    let h = tasks.spawn_on(shared.clone().upstream_loop(upstream, socket), &on(si));
-                    names.insert(h.id(), UPSTREAM_RECEIVER);
+                    let job = Job::Upstream(shared.clone(), upstream, socket);
+                    serve_upstream(&shared, job, si, &mut tasks, &mut names);
                 }
+                // A shard thread stops on its own only when it fails.
+                Some(failed) = recv_failure(&mut shard_failures) => break Err(failed),
             }
         };
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
-        // The shard threads stop with their runtimes (and the sockets registered there).
+        // The shard threads stop and drop what they served.
         let _ = tokio::task::spawn_blocking(move || shard_threads.stop_and_join()).await;
         result
     }
@@ -522,6 +527,29 @@ impl DnsProxy {
 
 /// The task name of every upstream socket's receiver.
 const UPSTREAM_RECEIVER: &str = "upstream receiver";
+
+/// Serves an upstream socket's answers (`job`): on the shard thread of its slot `si`, or as a
+/// task here without shards.
+fn serve_upstream(
+    shared: &Shared,
+    job: Job,
+    si: usize,
+    tasks: &mut JoinSet<Result<(), Error>>,
+    names: &mut std::collections::HashMap<tokio::task::Id, &'static str>,
+) {
+    if let Err(Job::Upstream(shared, upstream, socket)) = shared.shards.submit(si, job) {
+        let h = tasks.spawn(shared.upstream_loop(upstream, socket));
+        names.insert(h.id(), UPSTREAM_RECEIVER);
+    }
+}
+
+/// The next failure of a shard thread (never, without shards).
+async fn recv_failure(failures: &mut Option<mpsc::UnboundedReceiver<Error>>) -> Option<Error> {
+    match failures {
+        Some(failures) => failures.recv().await,
+        None => std::future::pending().await,
+    }
+}
 
 /// Reads the proxy's counters from anywhere; see [`DnsProxy::stats_handle`].
 #[derive(Clone)]

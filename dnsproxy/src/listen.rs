@@ -16,9 +16,9 @@ use crate::batch::RecvBatch;
 use crate::error::Error;
 use crate::framing::{FrameReader, Next};
 use crate::policy::Transport;
-use crate::proxy::{BATCH, ERROR_PAUSE, Handled, Shared, Worker, is_transient};
+use crate::proxy::{BATCH, ERROR_PAUSE, Handled, Round, Shared, Worker, is_transient};
 use crate::transparent;
-use crate::udp::UdpSocket;
+use crate::udp::{UdpSocket, Watcher};
 use crate::upstream::{ReplyTo, TcpOut, TcpReply};
 
 /// Queries one TCP connection may have in flight at once; reading pauses past it.
@@ -66,7 +66,11 @@ impl BindError {
 /// Binds one UDP socket with SO_REUSEPORT (IPv6 sockets are v6-only, so `0.0.0.0` and `[::]`
 /// can both be listed). Transparent: with `IP_TRANSPARENT`, reporting each datagram's original
 /// destination.
-pub(crate) fn bind_udp(addr: SocketAddr, transparent: bool) -> Result<UdpSocket, BindError> {
+pub(crate) fn bind_udp(
+    addr: SocketAddr,
+    transparent: bool,
+    watcher: Watcher,
+) -> Result<UdpSocket, BindError> {
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
     if addr.is_ipv6() {
         socket.set_only_v6(true)?;
@@ -80,7 +84,7 @@ pub(crate) fn bind_udp(addr: SocketAddr, transparent: bool) -> Result<UdpSocket,
     let _ = socket.set_recv_buffer_size(4 << 20);
     socket.bind(&SockAddr::from(addr))?;
     socket.set_nonblocking(true)?;
-    Ok(UdpSocket::from_std(socket.into())?)
+    Ok(UdpSocket::new(socket.into(), watcher)?)
 }
 
 /// Binds one TCP listener (with `IP_TRANSPARENT` when `transparent`: an accepted connection's
@@ -106,28 +110,83 @@ pub(crate) fn bind_tcp(addr: SocketAddr, transparent: bool) -> Result<TcpListene
 /// transparent mode each datagram's original destination is the query's server (the
 /// listener's address if the kernel reported none).
 pub(crate) async fn udp_loop(shared: Arc<Shared>, index: usize) -> Result<(), Error> {
-    let listener = &shared.udp[index];
-    let local = listener.local;
-    let fail = |source| Error::Listener {
-        transport: Transport::Udp,
-        addr: local,
-        error: source,
-    };
-    let transparent = shared.config.transparent;
-    let mut batch = RecvBatch::new(transparent);
-    let mut worker = Worker::batching(index, shared.udp.len());
+    let mut server = UdpServer::new(shared, index);
     loop {
-        listener.socket.readable().await.map_err(fail)?;
+        server.readable().await?;
+        loop {
+            match server.round().await {
+                Round::Drained => break,
+                Round::More => tokio::task::yield_now().await,
+                Round::Failed => {
+                    tokio::time::sleep(ERROR_PAUSE).await;
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// One UDP listener socket's reader: its receive batch and its worker.
+pub(crate) struct UdpServer {
+    shared: Arc<Shared>,
+    index: usize,
+    batch: RecvBatch,
+    worker: Worker,
+}
+
+impl UdpServer {
+    pub(crate) fn new(shared: Arc<Shared>, index: usize) -> Self {
+        let batch = RecvBatch::new(shared.config.transparent);
+        let worker = Worker::batching(index, shared.udp.len());
+        Self {
+            shared,
+            index,
+            batch,
+            worker,
+        }
+    }
+
+    /// The listener socket.
+    pub(crate) fn socket(&self) -> &UdpSocket {
+        &self.shared.udp[self.index].socket
+    }
+
+    /// Waits until the reactor says the socket has datagrams.
+    async fn readable(&self) -> Result<(), Error> {
+        let listener = &self.shared.udp[self.index];
+        listener
+            .socket
+            .readable()
+            .await
+            .map_err(|source| Error::Listener {
+                transport: Transport::Udp,
+                addr: listener.local,
+                error: source,
+            })
+    }
+
+    /// Reads and handles batches of queries until the socket is empty or [`BATCH`] were
+    /// handled. Awaits only a send that finds its socket's buffer full.
+    pub(crate) async fn round(&mut self) -> Round {
+        let Self {
+            shared,
+            index,
+            batch,
+            worker,
+        } = self;
+        let index = *index;
+        let listener = &shared.udp[index];
+        let local = listener.local;
+        let transparent = shared.config.transparent;
         let mut handled = 0;
         loop {
             let n = match batch.try_recv(&listener.socket) {
                 Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Round::Drained,
                 Err(e) if is_transient(&e) => continue,
                 Err(e) => {
                     tracing::warn!(addr = %local, error = %e, "DNS UDP listener error");
-                    tokio::time::sleep(ERROR_PAUSE).await;
-                    break;
+                    return Round::Failed;
                 }
             };
             // The batch's queries arrived by now: one clock read for them all.
@@ -143,7 +202,7 @@ pub(crate) async fn udp_loop(shared: Arc<Shared>, index: usize) -> Result<(), Er
                     local
                 };
                 let outcome = shared
-                    .handle_query(&mut worker, raw, client, server, Transport::Udp, || {
+                    .handle_query(worker, raw, client, server, Transport::Udp, || {
                         ReplyTo::Udp {
                             listener: index,
                             server,
@@ -160,14 +219,13 @@ pub(crate) async fn udp_loop(shared: Arc<Shared>, index: usize) -> Result<(), Er
                     }
                 }
             }
-            shared.flush(&mut worker).await;
+            shared.flush(worker).await;
             if batch.drained() {
-                break;
+                return Round::Drained;
             }
             handled += n;
             if handled >= BATCH {
-                handled = 0;
-                tokio::task::yield_now().await;
+                return Round::More;
             }
         }
     }

@@ -1,34 +1,69 @@
-//! Run to completion per core: the UDP path's sockets and tasks split over threads that each
-//! run their own current-thread runtime ([`Config::udp_threads`](crate::Config)).
+//! Run to completion per core: the UDP path's sockets split over threads
+//! ([`Config::udp_threads`](crate::Config)) that each wait on their own sockets and handle what
+//! arrives without a task wake.
 //!
-//! UDP listener socket `i` and upstream socket slot `i` belong to shard `i % threads`: the
-//! socket is registered with that shard's reactor, and the task that reads it runs there. A
-//! listener's task forwards through its own shard's upstream sockets first, so a query and its
-//! answer are handled on one thread: no wake of another thread (`futex`) and no work stolen
-//! between threads on the common path. A shard thread sleeps in `epoll_wait` when it has
-//! nothing to do, as a thread blocked in `recvmmsg` would.
+//! UDP listener socket `i` and upstream socket slot `i` belong to shard `i % threads`. A shard
+//! thread sleeps in `epoll_wait` on its sockets (level-triggered), and when one is readable
+//! runs a round of it to completion on the thread: `recvmmsg`, each query or answer handled,
+//! `sendmmsg`. A listener's queries go out through its own shard's upstream sockets first, so
+//! a query and its answer are handled on one thread, as the bare forwarder of
+//! `benchmarks/` handles them: no reactor turn, no task scheduled, no other thread woken.
 //!
-//! With no shard (`udp_threads = 0`) everything runs on the caller's runtime, as tests with a
-//! paused clock need.
+//! A round is the same `async` code the reactor-driven loops run (tests with a paused clock,
+//! `udp_threads = 0`); on the common path it never waits, and it is polled to completion here
+//! by a minimal executor that parks the thread when it does wait (a send that finds the
+//! socket's buffer full, as a blocking `sendmmsg` would). Everything that waits longer (an
+//! observation still pending, a TCP retry, the fallback after `proxyResponseMaxDelay`) is
+//! spawned on the proxy's runtime, which each shard thread enters; so are the timers, TCP and
+//! the encrypted transports.
+//!
+//! With no shard (`udp_threads = 0`) everything runs on the caller's runtime.
 
 use std::cell::Cell;
 use std::io;
+use std::os::fd::AsFd;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
+use nix::errno::Errno;
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+use nix::sys::eventfd::{EfdFlags, EventFd};
 use tokio::runtime::Handle;
-use tokio::sync::oneshot;
 
-/// Where the UDP path's sockets live: a handle per shard thread (none: the caller's runtime).
+use crate::error::Error;
+use crate::listen::UdpServer;
+use crate::proxy::{ERROR_PAUSE, Round, Shared, UpstreamReceiver};
+use crate::udp::Watcher;
+use crate::upstream::Upstream;
+use crate::upstream_socket::UpstreamSocket;
+
+/// What a shard thread is given to serve.
+pub(crate) enum Job {
+    /// UDP listener socket `index`.
+    Listener(Arc<Shared>, usize),
+    /// An upstream socket (at start, or opened by a rotation).
+    Upstream(Arc<Shared>, Arc<Upstream>, Arc<UpstreamSocket>),
+}
+
+/// How a job reaches its shard thread: a queue, and an `eventfd` in the thread's `epoll` set.
+struct Inbox {
+    jobs: mpsc::Sender<Job>,
+    wake: Arc<EventFd>,
+}
+
+/// The UDP path's threads, as the proxy addresses them (none: the caller's runtime).
 #[derive(Clone, Default)]
 pub(crate) struct Shards {
-    handles: Arc<[Handle]>,
+    inboxes: Arc<[Inbox]>,
 }
 
 impl std::fmt::Debug for Shards {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Shards")
-            .field("threads", &self.handles.len())
+            .field("threads", &self.inboxes.len())
             .finish()
     }
 }
@@ -44,30 +79,47 @@ pub(crate) fn current() -> Option<(usize, usize)> {
 }
 
 impl Shards {
-    /// The runtime of shard `i % len`; `None` without shards (the caller's runtime).
-    pub(crate) fn handle(&self, i: usize) -> Option<&Handle> {
-        let n = self.handles.len();
-        (n > 0).then(|| &self.handles[i % n])
+    /// No shard threads: the UDP path runs on the caller's runtime.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.inboxes.is_empty()
     }
 
-    /// Runs `f` inside the runtime of socket `i`'s shard, so a socket made there is registered
-    /// with that shard's reactor (with no shard: in the caller's runtime).
-    pub(crate) fn enter<T>(&self, i: usize, f: impl FnOnce() -> T) -> T {
-        match self.handle(i) {
-            Some(handle) => {
-                let _entered = handle.enter();
-                f()
-            }
-            None => f(),
+    /// Who watches the UDP path's sockets: the shard threads, or the caller's reactor.
+    pub(crate) fn watcher(&self) -> Watcher {
+        if self.is_empty() {
+            Watcher::Reactor
+        } else {
+            Watcher::Shard
         }
+    }
+
+    /// Hands `job` to shard `i % threads`; gives it back if there is no shard, or if that
+    /// shard's thread has stopped.
+    pub(crate) fn submit(&self, i: usize, job: Job) -> Result<(), Job> {
+        let n = self.inboxes.len();
+        if n == 0 {
+            return Err(job);
+        }
+        let inbox = &self.inboxes[i % n];
+        inbox.jobs.send(job).map_err(|e| e.0)?;
+        wake(&inbox.wake);
+        Ok(())
     }
 }
 
-/// The shard threads: dropping this stops them (their tasks are dropped with their runtime).
+/// Wakes a shard thread (an `eventfd` counter cannot overflow from these few writes).
+fn wake(fd: &EventFd) {
+    let _ = fd.write(1);
+}
+
+/// The shard threads: stopping them (or dropping this) ends their loops and drops what they
+/// served, with the observations those still had pending.
 #[derive(Default)]
 pub(crate) struct ShardThreads {
-    stop: Vec<oneshot::Sender<()>>,
+    stop: Arc<AtomicBool>,
+    wakes: Vec<Arc<EventFd>>,
     threads: Vec<JoinHandle<()>>,
+    failures: Option<tokio::sync::mpsc::UnboundedReceiver<Error>>,
 }
 
 impl std::fmt::Debug for ShardThreads {
@@ -79,10 +131,22 @@ impl std::fmt::Debug for ShardThreads {
 }
 
 impl ShardThreads {
-    /// Stops the threads and waits until each has dropped its runtime (and so closed the
+    /// Why a shard thread stopped on its own (it does only when it fails or panics).
+    pub(crate) fn failures(&mut self) -> Option<tokio::sync::mpsc::UnboundedReceiver<Error>> {
+        self.failures.take()
+    }
+
+    fn signal_stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        for fd in &self.wakes {
+            wake(fd);
+        }
+    }
+
+    /// Stops the threads and waits until each has dropped what it served (and so closed the
     /// sockets only it still held). Blocks: call it off the async threads.
     pub(crate) fn stop_and_join(mut self) {
-        self.stop.clear();
+        self.signal_stop();
         for thread in self.threads.drain(..) {
             // A shard thread that panicked has nothing left to stop.
             let _ = thread.join();
@@ -90,34 +154,237 @@ impl ShardThreads {
     }
 }
 
-/// Starts `threads` shard threads (`fqdnd-dns-N`), each running a current-thread runtime with
-/// I/O and timers until the returned [`ShardThreads`] is dropped.
-pub(crate) fn start(threads: usize) -> io::Result<(Shards, ShardThreads)> {
-    let mut handles = Vec::with_capacity(threads);
+impl Drop for ShardThreads {
+    fn drop(&mut self) {
+        self.signal_stop();
+    }
+}
+
+/// Starts `threads` shard threads (`fqdnd-dns-N`); each enters `runtime` (where what waits is
+/// spawned) and serves the jobs it is given until the returned [`ShardThreads`] stops them.
+pub(crate) fn start(threads: usize, runtime: &Handle) -> io::Result<(Shards, ShardThreads)> {
+    let mut inboxes = Vec::with_capacity(threads);
     let mut owned = ShardThreads::default();
+    let (failed, failures) = tokio::sync::mpsc::unbounded_channel();
+    owned.failures = Some(failures);
     for n in 0..threads {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        handles.push(runtime.handle().clone());
-        let (stop, stopped) = oneshot::channel::<()>();
+        let wake = Arc::new(EventFd::from_flags(
+            EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK,
+        )?);
+        let (jobs, inbox) = mpsc::channel();
+        let mut shard = Shard::new(inbox, wake.clone(), owned.stop.clone())?;
+        let runtime = runtime.clone();
+        let failed = failed.clone();
         let thread = std::thread::Builder::new()
             .name(format!("fqdnd-dns-{n}"))
             .spawn(move || {
                 CURRENT.with(|c| c.set(Some((n, threads))));
-                // Returns when the sender is dropped; the runtime, its tasks and the sockets
-                // registered with it go with it.
-                let _ = runtime.block_on(stopped);
+                let _entered = runtime.enter();
+                let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| shard.run()));
+                let error = match run {
+                    Ok(Ok(())) => return,
+                    Ok(Err(error)) => Error::Thread { thread: n, error },
+                    Err(panic) => Error::TaskPanicked {
+                        task: "udp thread",
+                        reason: panic
+                            .downcast_ref::<&str>()
+                            .map(|s| (*s).to_owned())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_default(),
+                    },
+                };
+                let _ = failed.send(error);
             })?;
-        owned.stop.push(stop);
+        inboxes.push(Inbox {
+            jobs,
+            wake: wake.clone(),
+        });
+        owned.wakes.push(wake);
         owned.threads.push(thread);
     }
     Ok((
         Shards {
-            handles: handles.into(),
+            inboxes: inboxes.into(),
         },
         owned,
     ))
+}
+
+/// The `epoll` token of the inbox's `eventfd`.
+const WAKE: u64 = u64::MAX;
+/// Tokens from here on are upstream receivers (below: listeners).
+const RECEIVERS: u64 = 1 << 32;
+/// How often a shard looks at its retired upstream sockets (whose last queries the sweep
+/// expires) while it has any.
+const RETIRED_CHECK: Duration = Duration::from_millis(100);
+
+/// One shard thread's state: its `epoll` set and what it serves.
+struct Shard {
+    epoll: Epoll,
+    wake: Arc<EventFd>,
+    jobs: mpsc::Receiver<Job>,
+    stop: Arc<AtomicBool>,
+    listeners: Vec<UdpServer>,
+    /// By token (minus [`RECEIVERS`]); a closed receiver's place is reused.
+    receivers: Vec<Option<UpstreamReceiver>>,
+    /// Receivers of closed sockets whose observations still wait (dropping would abort them).
+    closing: Vec<UpstreamReceiver>,
+}
+
+impl Shard {
+    fn new(
+        jobs: mpsc::Receiver<Job>,
+        wake: Arc<EventFd>,
+        stop: Arc<AtomicBool>,
+    ) -> io::Result<Self> {
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
+        epoll.add(wake.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, WAKE))?;
+        Ok(Self {
+            epoll,
+            wake,
+            jobs,
+            stop,
+            listeners: Vec::new(),
+            receivers: Vec::new(),
+            closing: Vec::new(),
+        })
+    }
+
+    fn run(&mut self) -> io::Result<()> {
+        let mut events = [EpollEvent::empty(); 64];
+        loop {
+            if self.stop.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            let waiting = !self.closing.is_empty()
+                || self
+                    .receivers
+                    .iter()
+                    .flatten()
+                    .any(|r| r.upstream_socket().is_retired());
+            let timeout = if waiting {
+                EpollTimeout::try_from(RETIRED_CHECK).unwrap_or(EpollTimeout::ZERO)
+            } else {
+                EpollTimeout::NONE
+            };
+            let n = match self.epoll.wait(&mut events, timeout) {
+                Ok(n) => n,
+                Err(Errno::EINTR) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            for event in &events[..n] {
+                match event.data() {
+                    WAKE => self.take_jobs()?,
+                    token if token >= RECEIVERS => {
+                        self.read_receiver((token - RECEIVERS) as usize)?
+                    }
+                    token => self.read_listener(token as usize),
+                }
+            }
+            if waiting {
+                self.close_drained()?;
+            }
+        }
+    }
+
+    /// Takes the jobs queued for this thread and adds their sockets to the `epoll` set.
+    fn take_jobs(&mut self) -> io::Result<()> {
+        let _ = self.wake.read();
+        while let Ok(job) = self.jobs.try_recv() {
+            match job {
+                Job::Listener(shared, index) => {
+                    let server = UdpServer::new(shared, index);
+                    let token = self.listeners.len() as u64;
+                    self.epoll.add(
+                        server.socket().as_fd(),
+                        EpollEvent::new(EpollFlags::EPOLLIN, token),
+                    )?;
+                    self.listeners.push(server);
+                }
+                Job::Upstream(shared, upstream, socket) => {
+                    let receiver = UpstreamReceiver::new(shared, upstream, socket);
+                    // An encrypted upstream's answers do not come through a UDP socket.
+                    let Some(udp) = receiver.udp() else {
+                        continue;
+                    };
+                    let at = match self.receivers.iter().position(Option::is_none) {
+                        Some(at) => at,
+                        None => {
+                            self.receivers.push(None);
+                            self.receivers.len() - 1
+                        }
+                    };
+                    self.epoll.add(
+                        udp.as_fd(),
+                        EpollEvent::new(EpollFlags::EPOLLIN, RECEIVERS + at as u64),
+                    )?;
+                    self.receivers[at] = Some(receiver);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn read_listener(&mut self, at: usize) {
+        let Some(server) = self.listeners.get_mut(at) else {
+            return;
+        };
+        // Level-triggered: a socket left with datagrams (`Round::More`) is reported again.
+        complete(server.round());
+    }
+
+    fn read_receiver(&mut self, at: usize) -> io::Result<()> {
+        let Some(Some(receiver)) = self.receivers.get_mut(at) else {
+            return Ok(());
+        };
+        complete(receiver.round());
+        if receiver.close_if_drained() {
+            self.close(at)?;
+        }
+        Ok(())
+    }
+
+    /// Closes the retired sockets whose last query was answered or expired, and drops the
+    /// receivers of closed sockets once their observations are done.
+    fn close_drained(&mut self) -> io::Result<()> {
+        for at in 0..self.receivers.len() {
+            let drained = match &mut self.receivers[at] {
+                Some(r) if r.upstream_socket().is_retired() => r.close_if_drained(),
+                _ => false,
+            };
+            if drained {
+                self.close(at)?;
+            }
+        }
+        self.closing.retain_mut(|r| !r.is_idle());
+        Ok(())
+    }
+
+    /// Takes receiver `at` out of the `epoll` set; it is dropped (closing its socket) once its
+    /// observations are done.
+    fn close(&mut self, at: usize) -> io::Result<()> {
+        let Some(mut receiver) = self.receivers[at].take() else {
+            return Ok(());
+        };
+        if let Some(udp) = receiver.udp() {
+            self.epoll.delete(udp.as_fd())?;
+        }
+        if !receiver.is_idle() {
+            self.closing.push(receiver);
+        }
+        Ok(())
+    }
+}
+
+/// Runs a round to completion on this thread (parked if it waits for room in a send buffer);
+/// after a failed read the socket rests for [`ERROR_PAUSE`], and the thread with it, as a
+/// blocking reader would.
+fn complete(round: impl Future<Output = Round>) {
+    futures_executor::block_on(async {
+        if round.await == Round::Failed {
+            tokio::time::sleep(ERROR_PAUSE).await;
+        }
+    });
 }
 
 #[cfg(test)]
@@ -125,33 +392,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sockets_spread_over_the_shards_and_run_on_their_threads() {
-        let (shards, threads) = start(2).unwrap();
-        let on = |i: usize| {
-            let (tx, rx) = std::sync::mpsc::channel();
-            shards.handle(i).unwrap().spawn(async move {
-                let name = std::thread::current().name().map(str::to_owned);
-                tx.send((name, current())).unwrap();
-            });
-            rx.recv().unwrap()
-        };
-        assert_eq!(on(0), (Some("fqdnd-dns-0".to_owned()), Some((0, 2))));
-        assert_eq!(on(5), (Some("fqdnd-dns-1".to_owned()), Some((1, 2))));
-        assert_eq!(current(), None, "not a shard thread");
-        // A socket made inside a shard is registered with its reactor.
-        let socket = shards.enter(1, || {
-            let std = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-            std.set_nonblocking(true).unwrap();
-            tokio::net::UdpSocket::from_std(std).unwrap()
-        });
-        drop(socket);
-        threads.stop_and_join();
-    }
-
-    #[test]
     fn without_shards_everything_stays_on_the_caller() {
         let shards = Shards::default();
-        assert!(shards.handle(0).is_none());
-        assert_eq!(shards.enter(3, || 5), 5);
+        assert!(shards.is_empty());
+        assert_eq!(shards.watcher(), Watcher::Reactor);
+    }
+
+    #[tokio::test]
+    async fn threads_are_named_and_stop_when_asked() {
+        let (shards, mut threads) = start(2, &Handle::current()).unwrap();
+        assert_eq!(shards.watcher(), Watcher::Shard);
+        let names: Vec<_> = threads
+            .threads
+            .iter()
+            .map(|t| t.thread().name().map(str::to_owned))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                Some("fqdnd-dns-0".to_owned()),
+                Some("fqdnd-dns-1".to_owned())
+            ]
+        );
+        let mut failures = threads.failures().unwrap();
+        tokio::task::spawn_blocking(move || threads.stop_and_join())
+            .await
+            .unwrap();
+        assert!(failures.try_recv().is_err(), "a stop is not a failure");
     }
 }

@@ -8,6 +8,9 @@
 //! buffer is rarely full), so these sockets are registered for reads only, and a send that
 //! does find the buffer full waits through a second registration, of a duplicate of the
 //! descriptor for writes only, made for that wait and dropped after it.
+//!
+//! On a shard thread ([`crate::shards`]) no reactor watches the socket at all: the shard's own
+//! `epoll` set says when it has datagrams, and a read is just the system call.
 
 use std::io;
 use std::net::SocketAddr;
@@ -16,10 +19,28 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 
-/// A non-blocking UDP socket registered with the current runtime for reads.
+/// A non-blocking UDP socket, watched for reads by the current runtime's reactor or by a shard
+/// thread.
 #[derive(Debug)]
 pub(crate) struct UdpSocket {
-    io: AsyncFd<std::net::UdpSocket>,
+    io: Watched,
+}
+
+#[derive(Debug)]
+enum Watched {
+    /// Registered with a runtime's reactor for reads.
+    Reactor(AsyncFd<std::net::UdpSocket>),
+    /// Watched by a shard thread's `epoll` set: no registration here.
+    Shard(std::net::UdpSocket),
+}
+
+/// Who tells the proxy that a socket has datagrams to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Watcher {
+    /// The reactor of the runtime the socket is made in.
+    Reactor,
+    /// A shard thread's `epoll` set ([`crate::shards`]).
+    Shard,
 }
 
 /// Registers `socket` with the current runtime's reactor for `interest` only.
@@ -36,45 +57,66 @@ fn register(
 }
 
 impl UdpSocket {
-    /// Takes `socket` (made non-blocking here) and registers it for reads. Must be called
-    /// within the runtime that will drive it.
-    pub(crate) fn from_std(socket: std::net::UdpSocket) -> io::Result<Self> {
+    /// Takes `socket` (made non-blocking here), to be watched by `watcher`: with
+    /// [`Watcher::Reactor`] it is registered for reads now, so this must be called within the
+    /// runtime that will drive it.
+    pub(crate) fn new(socket: std::net::UdpSocket, watcher: Watcher) -> io::Result<Self> {
         socket.set_nonblocking(true)?;
-        Ok(Self {
-            io: register(socket, Interest::READABLE)?,
-        })
+        let io = match watcher {
+            Watcher::Reactor => Watched::Reactor(register(socket, Interest::READABLE)?),
+            Watcher::Shard => Watched::Shard(socket),
+        };
+        Ok(Self { io })
+    }
+
+    fn std(&self) -> &std::net::UdpSocket {
+        match &self.io {
+            Watched::Reactor(io) => io.get_ref(),
+            Watched::Shard(socket) => socket,
+        }
     }
 
     /// Binds a socket to `addr` (tests).
     #[cfg(test)]
     pub(crate) fn bind(addr: &str) -> io::Result<Self> {
-        Self::from_std(std::net::UdpSocket::bind(addr)?)
+        Self::new(std::net::UdpSocket::bind(addr)?, Watcher::Reactor)
     }
 
     /// Waits until the reactor says the socket may be read. The readiness stays until a read
     /// through [`UdpSocket::try_read`] finds nothing.
+    /// A socket a shard thread watches has no reactor to wait on: the wait fails at once.
     pub(crate) async fn readable(&self) -> io::Result<()> {
-        // Dropping the guard keeps the readiness for the reads that follow.
-        self.io.readable().await.map(drop)
+        match &self.io {
+            // Dropping the guard keeps the readiness for the reads that follow.
+            Watched::Reactor(io) => io.readable().await.map(drop),
+            Watched::Shard(_) => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "the socket is watched by a shard thread, not by a reactor",
+            )),
+        }
     }
 
     /// Runs `read` if the reactor says the socket may be read; its `WouldBlock` clears that
-    /// readiness (a read must return it only when the socket had nothing more).
+    /// readiness (a read must return it only when the socket had nothing more). On a shard
+    /// thread's socket: runs `read`.
     pub(crate) fn try_read<R>(&self, read: impl FnOnce() -> io::Result<R>) -> io::Result<R> {
-        self.io.try_io(Interest::READABLE, |_| read())
+        match &self.io {
+            Watched::Reactor(io) => io.try_io(Interest::READABLE, |_| read()),
+            Watched::Shard(_) => read(),
+        }
     }
 
     /// Waits until the send buffer has room: through a registration for writes, of a
     /// duplicate of the descriptor, made now (the kernel reports a socket that is writable
     /// already at once) and dropped after.
     pub(crate) async fn writable(&self) -> io::Result<()> {
-        let dup = register(self.io.get_ref().try_clone()?, Interest::WRITABLE)?;
+        let dup = register(self.std().try_clone()?, Interest::WRITABLE)?;
         dup.writable().await.map(drop)
     }
 
     /// Sends one datagram without waiting (`WouldBlock` when the send buffer is full).
     pub(crate) fn try_send_to(&self, bytes: &[u8], to: SocketAddr) -> io::Result<usize> {
-        self.io.get_ref().send_to(bytes, to)
+        self.std().send_to(bytes, to)
     }
 
     /// Sends one datagram, waiting for room in the send buffer if there is none.
@@ -90,7 +132,7 @@ impl UdpSocket {
     /// Sends one datagram to the connected peer without waiting (`WouldBlock` when the send
     /// buffer is full).
     pub(crate) fn try_send(&self, bytes: &[u8]) -> io::Result<usize> {
-        self.io.get_ref().send(bytes)
+        self.std().send(bytes)
     }
 
     /// Sends one datagram to the connected peer, waiting for room if there is none.
@@ -105,19 +147,19 @@ impl UdpSocket {
 
     /// The address the socket is bound to.
     pub(crate) fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.io.get_ref().local_addr()
+        self.std().local_addr()
     }
 }
 
 impl AsRawFd for UdpSocket {
     fn as_raw_fd(&self) -> RawFd {
-        self.io.as_raw_fd()
+        self.std().as_raw_fd()
     }
 }
 
 impl AsFd for UdpSocket {
     fn as_fd(&self) -> BorrowedFd<'_> {
-        self.io.get_ref().as_fd()
+        self.std().as_fd()
     }
 }
 
@@ -126,6 +168,15 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    impl UdpSocket {
+        fn reactor(&self) -> &AsyncFd<std::net::UdpSocket> {
+            let Watched::Reactor(io) = &self.io else {
+                panic!("not registered")
+            };
+            io
+        }
+    }
+
     #[tokio::test]
     async fn reads_wait_for_a_datagram_and_sends_go_out() {
         let a = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -133,7 +184,7 @@ mod tests {
         let to = b.local_addr().unwrap();
         let mut buf = [0u8; 16];
         // Nothing yet: the read says so (and clears the readiness, if any).
-        let empty = b.try_read(|| b.io.get_ref().recv_from(&mut buf));
+        let empty = b.try_read(|| b.std().recv_from(&mut buf));
         assert_eq!(
             empty.unwrap_err().kind(),
             io::ErrorKind::WouldBlock,
@@ -144,7 +195,7 @@ mod tests {
             .await
             .expect("a sent datagram makes the socket readable")
             .unwrap();
-        let (n, from) = b.try_read(|| b.io.get_ref().recv_from(&mut buf)).unwrap();
+        let (n, from) = b.try_read(|| b.std().recv_from(&mut buf)).unwrap();
         assert_eq!((&buf[..n], from), (&b"hello"[..], a.local_addr().unwrap()));
     }
 
@@ -170,7 +221,7 @@ mod tests {
         let got = a.recv(&mut buf).unwrap();
         assert_eq!(&buf[..got], b"x");
         assert!(
-            tokio::time::timeout(Duration::from_millis(200), b.io.writable())
+            tokio::time::timeout(Duration::from_millis(200), b.reactor().writable())
                 .await
                 .is_err(),
             "a read-only registration reported write readiness"

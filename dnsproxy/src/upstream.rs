@@ -152,7 +152,7 @@ pub(crate) struct Upstream {
     /// per slot).
     recycled: Mutex<Vec<Table>>,
     rotation: Rotation,
-    /// Slot `si`'s socket is registered with shard `si`'s runtime (and read there).
+    /// Slot `si`'s socket is read by shard `si`'s thread (or by the caller's reactor).
     shards: Shards,
     alive: AtomicBool,
     failures: AtomicU32,
@@ -177,11 +177,8 @@ impl Upstream {
     ) -> Result<Self, Error> {
         let now = Instant::now();
         let mut slots = Vec::with_capacity(sockets);
-        for si in 0..sockets {
-            let socket = shards
-                .enter(si, || {
-                    UpstreamSocket::open(addr, rotation, now, Table::new())
-                })
+        for _ in 0..sockets {
+            let socket = UpstreamSocket::open(addr, rotation, now, Table::new(), shards.watcher())
                 .map_err(|source| Error::UpstreamSocket {
                     upstream: addr,
                     error: source,
@@ -293,9 +290,8 @@ impl Upstream {
             .unwrap_or_else(PoisonError::into_inner)
             .pop()
             .unwrap_or_else(Table::new);
-        let opened = self.shards.enter(si, || {
-            UpstreamSocket::open(self.addr, self.rotation, now, table)
-        });
+        let opened =
+            UpstreamSocket::open(self.addr, self.rotation, now, table, self.shards.watcher());
         let fresh = match opened {
             Ok(fresh) => Arc::new(fresh),
             Err(e) => {

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use crate::ids::{BuildIdHasher, IdSource};
 use crate::metrics::DropReason;
 use crate::question::Question;
-use crate::udp::UdpSocket;
+use crate::udp::{UdpSocket, Watcher};
 use crate::upstream::Origin;
 
 /// At most this many queries in flight on one upstream socket; past it the next socket is
@@ -420,8 +420,9 @@ impl UpstreamSocket {
         rotation: Rotation,
         now: Instant,
         table: Table,
+        watcher: Watcher,
     ) -> std::io::Result<Self> {
-        let socket = connect_udp(upstream)?;
+        let socket = connect_udp(upstream, watcher)?;
         let port = socket.local_addr()?.port();
         Ok(Self::with(Some(socket), port, rotation, now, table))
     }
@@ -517,7 +518,7 @@ impl UpstreamSocket {
 
 /// A UDP socket bound to an ephemeral port of the upstream's family and connected to it, so
 /// the kernel drops datagrams from any other source.
-fn connect_udp(upstream: SocketAddr) -> std::io::Result<UdpSocket> {
+fn connect_udp(upstream: SocketAddr, watcher: Watcher) -> std::io::Result<UdpSocket> {
     use socket2::{Domain, Protocol, SockAddr, Socket, Type};
     let socket = Socket::new(
         Domain::for_address(upstream),
@@ -534,7 +535,7 @@ fn connect_udp(upstream: SocketAddr) -> std::io::Result<UdpSocket> {
     socket.bind(&SockAddr::from(local))?;
     socket.connect(&SockAddr::from(upstream))?;
     socket.set_nonblocking(true)?;
-    UdpSocket::from_std(socket.into())
+    UdpSocket::new(socket.into(), watcher)
 }
 
 /// Access to one socket's in-flight table, for answer validation: through the socket's lock in
@@ -678,7 +679,8 @@ mod tests {
             max_age: Duration::from_secs(30),
         };
         let t0 = Instant::now();
-        let s = UpstreamSocket::open(upstream, rotation, t0, Table::new()).unwrap();
+        let s =
+            UpstreamSocket::open(upstream, rotation, t0, Table::new(), Watcher::Reactor).unwrap();
         assert_ne!(s.port, 0);
         for _ in 0..3 {
             assert!(!s.is_due(t0));
@@ -693,7 +695,7 @@ mod tests {
             max_queries: 0,
             max_age: Duration::ZERO,
         };
-        let s = UpstreamSocket::open(upstream, never, t0, Table::new()).unwrap();
+        let s = UpstreamSocket::open(upstream, never, t0, Table::new(), Watcher::Reactor).unwrap();
         for _ in 0..10 {
             s.count_query();
         }
@@ -708,7 +710,8 @@ mod tests {
             max_age: Duration::ZERO,
         };
         let t0 = Instant::now();
-        let s = UpstreamSocket::open(upstream, rotation, t0, Table::new()).unwrap();
+        let s =
+            UpstreamSocket::open(upstream, rotation, t0, Table::new(), Watcher::Reactor).unwrap();
         let mut ids = IdSource::new();
         let id = {
             let mut table = s.lock();

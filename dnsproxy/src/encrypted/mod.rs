@@ -244,7 +244,6 @@ pub(crate) async fn accept_loop(
     } = listener;
     let mut connections = JoinSet::new();
     let mut spare = reserve_fd();
-    let mut next_shard = 0usize;
     loop {
         let (stream, peer) = match socket.accept().await {
             Ok(accepted) => accepted,
@@ -272,46 +271,12 @@ pub(crate) async fn accept_loop(
             }
         };
         let acceptor = acceptor.clone();
-        // With shard threads the connection is served on one of them, in turn: its queries
-        // go out through that shard's upstream sockets, whose answers are read on the same
-        // thread (no wake of another thread per query). The stream is registered there.
-        let on_shard = shared.shards.handle(next_shard).cloned();
-        next_shard = next_shard.wrapping_add(1);
-        let (stream, on_shard) = match on_shard {
-            None => (Accepted::Here(stream), None),
-            Some(handle) => match stream.into_std() {
-                Ok(stream) => (Accepted::Moving(stream), Some(handle)),
-                Err(e) => {
-                    tracing::debug!(client = %peer, %transport, error = %e, "encrypted DNS connection lost before it was served");
-                    continue;
-                }
-            },
-        };
         let shared = shared.clone();
-        let task = async move {
-            let stream = match stream {
-                Accepted::Here(stream) => Ok(stream),
-                Accepted::Moving(stream) => TcpStream::from_std(stream),
-            };
-            match stream {
-                Ok(stream) => connection(&shared, stream, peer, local, transport, &acceptor).await,
-                Err(e) => {
-                    tracing::debug!(client = %peer, %transport, error = %e, "encrypted DNS connection not served");
-                }
-            }
+        connections.spawn(async move {
+            connection(&shared, stream, peer, local, transport, &acceptor).await;
             drop(slot);
-        };
-        match on_shard {
-            Some(handle) => connections.spawn_on(task, &handle),
-            None => connections.spawn(task),
-        };
+        });
     }
-}
-
-/// An accepted connection: registered with this runtime, or on its way to a shard's.
-enum Accepted {
-    Here(TcpStream),
-    Moving(std::net::TcpStream),
 }
 
 /// One encrypted client: the handshake (bounded in time), then DoT or DoH.

@@ -10,6 +10,8 @@ mod forward;
 mod hold;
 mod maintenance;
 mod receive;
+
+pub(crate) use receive::UpstreamReceiver;
 mod tcp_retry;
 
 use std::future::Future;
@@ -43,6 +45,16 @@ use crate::wire;
 
 /// Packets handled per readiness wake before the task yields to others on its thread.
 pub(crate) const BATCH: usize = 64;
+
+/// What one round of reading a socket left: the socket is empty, it may have more (a round
+/// reads at most [`BATCH`] datagrams, so one socket cannot starve the others on its thread), or
+/// reading failed (logged) and the socket should rest for [`ERROR_PAUSE`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Round {
+    Drained,
+    More,
+    Failed,
+}
 
 /// One UDP listener socket (several may share an address through SO_REUSEPORT).
 pub(crate) struct UdpListener {
@@ -113,8 +125,12 @@ pub(crate) struct Worker {
     /// Batching (a UDP listener's task): forwarded queries wait in `queries` until
     /// [`Shared::flush`]; otherwise each is sent at once.
     pub(crate) batching: bool,
-    /// Per upstream socket, the queries forwarded since the last flush.
+    /// Per upstream socket, the queries forwarded since the last flush. Emptied by the flush,
+    /// so a worker holds no socket between batches (a socket a rotation retired closes once
+    /// its receiver drains it, not when this worker next forwards a batch).
     queries: Vec<(Arc<UpstreamSocket>, SendBatch)>,
+    /// The send batches of earlier flushes, for their buffers.
+    spare_queues: Vec<SendBatch>,
     /// Batching: the UDP replies of the batch (per listener socket).
     pub(crate) replies: Replies,
     /// Answers from the cache waiting for their observer (a listener task's pending holds:
@@ -141,6 +157,7 @@ impl Worker {
             name: String::new(),
             batching: false,
             queries: Vec::new(),
+            spare_queues: Vec::new(),
             replies: Replies::new(0),
             pending: tokio::task::JoinSet::new(),
             cached: Vec::new(),
@@ -179,7 +196,7 @@ impl Worker {
             queue.push(bytes, None);
             return;
         }
-        let mut queue = SendBatch::default();
+        let mut queue = self.spare_queues.pop().unwrap_or_default();
         queue.push(bytes, None);
         self.queries.push((socket.clone(), queue));
     }
@@ -317,8 +334,8 @@ impl Shared {
                     })
                     .await;
             }
-            // A retired socket gets no more queries: let it go.
-            w.queries.retain(|(socket, _)| !socket.is_retired());
+            w.spare_queues
+                .extend(w.queries.drain(..).map(|(_, queue)| queue));
             w.next_socket = w.next_socket.wrapping_add(1);
         }
         self.flush_replies(&mut w.replies).await;

@@ -10,7 +10,9 @@ use fqdnd_dnswire::Decoder;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::{Answer, BATCH, ERROR_PAUSE, Held, Replies, Shared, Slow, addresses, is_transient};
+use super::{
+    Answer, BATCH, ERROR_PAUSE, Held, Replies, Round, Shared, Slow, addresses, is_transient,
+};
 use crate::answer::{self, Validated};
 use crate::batch::RecvBatch;
 use crate::config::TruncatedAction;
@@ -18,6 +20,129 @@ use crate::metrics::DropReason;
 use crate::policy::Transport;
 use crate::upstream::Upstream;
 use crate::upstream_socket::{Inflight, Spare, UpstreamSocket};
+
+/// One upstream socket's reader: its receive batch, the replies of a batch, and the
+/// observations it started that still wait.
+pub(crate) struct UpstreamReceiver {
+    shared: Arc<Shared>,
+    upstream: Arc<Upstream>,
+    socket: Arc<UpstreamSocket>,
+    batch: RecvBatch,
+    replies: Replies,
+    decoder: Decoder,
+    /// Pending observations and TCP retries, spawned on the current runtime (a shard thread's
+    /// is the proxy's); dropping the receiver drops them.
+    pending: JoinSet<()>,
+    /// Buffers of the queries that ended here, given back to the socket's table with the
+    /// next answer (under the lock its validation takes anyway), for the next queries.
+    spare: Spare,
+}
+
+impl UpstreamReceiver {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        upstream: Arc<Upstream>,
+        socket: Arc<UpstreamSocket>,
+    ) -> Self {
+        let replies = Replies::new(shared.udp.len());
+        Self {
+            shared,
+            upstream,
+            socket,
+            batch: RecvBatch::new(false),
+            replies,
+            decoder: Decoder::new(),
+            pending: JoinSet::new(),
+            spare: Spare::default(),
+        }
+    }
+
+    /// The upstream socket (`None` for an encrypted upstream, whose answers come through
+    /// [`Shared::stream_loop`]).
+    pub(crate) fn udp(&self) -> Option<&crate::udp::UdpSocket> {
+        self.socket.socket.as_ref()
+    }
+
+    /// The socket read, to wake its receiver when its table may have emptied.
+    pub(crate) fn upstream_socket(&self) -> &UpstreamSocket {
+        &self.socket
+    }
+
+    /// Reads and handles batches of answers until the socket is empty or [`BATCH`] were
+    /// handled. Awaits only a send that finds its socket's buffer full.
+    pub(crate) async fn round(&mut self) -> Round {
+        let Self {
+            shared,
+            upstream,
+            socket,
+            batch,
+            replies,
+            decoder,
+            pending,
+            spare,
+        } = self;
+        let Some(udp) = socket.socket.as_ref() else {
+            return Round::Drained;
+        };
+        let mut handled = 0;
+        loop {
+            let n = match batch.try_recv(udp) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Round::Drained,
+                // ICMP port unreachable and the like: the sweep counts the timeouts.
+                Err(e) if is_transient(&e) => continue,
+                Err(e) => {
+                    tracing::warn!(upstream = %upstream.addr, error = %e, "DNS upstream socket error");
+                    return Round::Failed;
+                }
+            };
+            // The batch's answers arrived by now: one clock read for them all.
+            let answered = Instant::now();
+            for i in 0..n {
+                let Some((got, raw)) = batch.get(i) else {
+                    break;
+                };
+                if let Some(task) = shared
+                    .on_answer(
+                        upstream, socket, raw, got.from, answered, decoder, replies, spare,
+                    )
+                    .await
+                {
+                    pending.spawn(task);
+                }
+            }
+            // The batch's replies leave together (one `sendmmsg` per listener).
+            shared.flush_replies(replies).await;
+            if batch.drained() {
+                return Round::Drained;
+            }
+            handled += n;
+            if handled >= BATCH {
+                return Round::More;
+            }
+        }
+    }
+
+    /// After a round, or a wake by the sweep: forgets the observations that finished; if the
+    /// socket was retired by a rotation and its last query in flight was answered or expired,
+    /// gives its table back to the upstream and returns `true`: the socket closes once the
+    /// receiver is dropped (after [`UpstreamReceiver::is_idle`]).
+    pub(crate) fn close_if_drained(&mut self) -> bool {
+        while self.pending.try_join_next().is_some() {}
+        let Some(table) = self.socket.close_if_drained() else {
+            return false;
+        };
+        self.upstream.recycle(table);
+        tracing::debug!(upstream = %self.upstream.addr, port = self.socket.port, "retired DNS upstream socket drained and closed");
+        true
+    }
+
+    /// Whether every observation it started has finished.
+    pub(crate) fn is_idle(&mut self) -> bool {
+        while self.pending.try_join_next().is_some() {}
+        self.pending.is_empty()
+    }
+}
 
 impl Shared {
     /// Receives answers on one upstream socket until it fails, or until it was retired by a
@@ -28,17 +153,11 @@ impl Shared {
         upstream: Arc<Upstream>,
         socket: Arc<UpstreamSocket>,
     ) -> Result<(), crate::Error> {
+        let mut receiver = UpstreamReceiver::new(self, upstream.clone(), socket.clone());
         // An encrypted upstream's answers come through `stream_loop`.
         let Some(udp) = socket.socket.as_ref() else {
             return Ok(());
         };
-        let mut batch = RecvBatch::new(false);
-        let mut replies = Replies::new(self.udp.len());
-        let mut decoder = Decoder::new();
-        let mut pending = JoinSet::new();
-        // Buffers of the queries that ended here, given back to the socket's table with the
-        // next answer (under the lock its validation takes anyway), for the next queries.
-        let mut spare = Spare::default();
         loop {
             tokio::select! {
                 ready = udp.readable() => {
@@ -49,57 +168,18 @@ impl Shared {
                 }
                 () = socket.drained.notified() => {}
             }
-            let mut handled = 0;
             loop {
-                let n = match batch.try_recv(udp) {
-                    Ok(n) => n,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    // ICMP port unreachable and the like: the sweep counts the timeouts.
-                    Err(e) if is_transient(&e) => continue,
-                    Err(e) => {
-                        tracing::warn!(upstream = %upstream.addr, error = %e, "DNS upstream socket error");
+                match receiver.round().await {
+                    Round::Drained => break,
+                    Round::More => tokio::task::yield_now().await,
+                    Round::Failed => {
                         tokio::time::sleep(ERROR_PAUSE).await;
                         break;
                     }
-                };
-                // The batch's answers arrived by now: one clock read for them all.
-                let answered = Instant::now();
-                for i in 0..n {
-                    let Some((got, raw)) = batch.get(i) else {
-                        break;
-                    };
-                    if let Some(task) = self
-                        .on_answer(
-                            &upstream,
-                            &socket,
-                            raw,
-                            got.from,
-                            answered,
-                            &mut decoder,
-                            &mut replies,
-                            &mut spare,
-                        )
-                        .await
-                    {
-                        pending.spawn(task);
-                    }
-                }
-                // The batch's replies leave together (one `sendmmsg` per listener).
-                self.flush_replies(&mut replies).await;
-                if batch.drained() {
-                    break;
-                }
-                handled += n;
-                if handled >= BATCH {
-                    handled = 0;
-                    tokio::task::yield_now().await;
                 }
             }
-            while pending.try_join_next().is_some() {}
-            if let Some(table) = socket.close_if_drained() {
-                upstream.recycle(table);
-                while pending.join_next().await.is_some() {}
-                tracing::debug!(upstream = %upstream.addr, port = socket.port, "retired DNS upstream socket drained and closed");
+            if receiver.close_if_drained() {
+                while receiver.pending.join_next().await.is_some() {}
                 return Ok(());
             }
         }

@@ -285,3 +285,51 @@ async fn without_0x20_an_answer_in_another_case_is_accepted_in_the_clients_spell
     assert_eq!(name_bytes(&r), name_bytes(&q), "the client's spelling");
     assert_eq!(h.settled().await.dropped_total(), 0);
 }
+
+/// With shard threads (a multi-thread runtime: `udp_threads: 2`), a socket rotated out is
+/// closed once its last query was answered, or once the sweep expired it: its port can be
+/// bound again. The socket in use stays open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_shard_threads_retired_sockets_close_once_drained() {
+    let h = Harness::start(Mode::Done, |c| {
+        c.upstream_sockets = 1;
+        c.upstream_socket_max_queries = 1;
+        c.upstream_socket_max_age = Duration::ZERO;
+        c.upstream_timeout = Duration::from_millis(300);
+    })
+    .await;
+    h.upstream.rule(
+        "quiet.example.",
+        Rule {
+            silent: true,
+            ..Rule::default()
+        },
+    );
+    let server = h.udp;
+    // A query that is never answered: its socket closes only once the sweep expires it.
+    let quiet = tokio::spawn(async move { ask_udp(server, "quiet.example.", RecordType::A).await });
+    assert!(eventually(|| !ports(&h, "quiet.example.").is_empty()).await);
+    let mut used = ports(&h, "quiet.example.");
+    for i in 0..3 {
+        let name = format!("q{i}.example.");
+        h.upstream.rule(&name, answer(&name, [REAL]));
+        let msg = ask_udp(h.udp, &name, RecordType::A).await;
+        assert_eq!(ips(&msg), HashSet::from([REAL]));
+        used.extend(ports(&h, &name));
+    }
+    assert_eq!(h.stats().upstream_socket_rotations, 3);
+    let msg = patiently(quiet).await.unwrap();
+    assert_eq!(msg.metadata.response_code, ResponseCode::ServFail);
+    let (last, retired) = used.split_last().unwrap();
+    assert_eq!(retired.len(), 3, "one port per query: {used:?}");
+    for &port in retired {
+        assert!(
+            eventually(|| std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, port)).is_ok()).await,
+            "retired socket on port {port} still open"
+        );
+    }
+    assert!(
+        std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, *last)).is_err(),
+        "the socket in use was closed"
+    );
+}
