@@ -13,6 +13,7 @@ use super::{Handled, Shared, Worker};
 use crate::case;
 use crate::querylog::QueryResult;
 use crate::question::Question;
+use crate::shards::Job;
 use crate::upstream::{Asked, OpenError, Origin, ReplyTo, Upstream};
 use crate::upstream_socket::{Inflight, UpstreamSocket};
 use crate::wire::{self, rcode};
@@ -28,7 +29,7 @@ enum Target {
 impl Shared {
     /// Admits an allowed query and sends it to an upstream.
     pub(super) async fn forward(
-        &self,
+        self: &Arc<Self>,
         w: &mut Worker,
         raw: &mut [u8],
         question: Question,
@@ -142,7 +143,7 @@ impl Shared {
         reason = "the query's parts, passed through once"
     )]
     fn reserve(
-        &self,
+        self: &Arc<Self>,
         w: &mut Worker,
         upstream: &Arc<Upstream>,
         si: usize,
@@ -192,7 +193,7 @@ impl Shared {
     /// socket cannot be opened (no file descriptor left, …) the old one goes on serving: the
     /// failure is counted and logged at most every [`WARN_EVERY`].
     fn current_socket(
-        &self,
+        self: &Arc<Self>,
         upstream: &Arc<Upstream>,
         si: usize,
         now: Instant,
@@ -205,8 +206,14 @@ impl Shared {
             Ok(Some(fresh)) => {
                 self.metrics.upstream_socket_rotations.inc();
                 tracing::debug!(upstream = %upstream.addr, old_port = socket.port, new_port = fresh.port, "DNS upstream socket rotated");
-                // Nobody listens once the proxy stopped; nothing is received then, as for the others.
-                let _ = self.new_sockets.send((upstream.clone(), fresh.clone(), si));
+                // Straight to the shard thread that reads slot `si` (this one, often), so
+                // the answers to the next queries are read at once; without shards, to
+                // `run`. Nobody listens once the proxy stopped; nothing is received then,
+                // as for the others.
+                let job = Job::Upstream(self.clone(), upstream.clone(), fresh.clone());
+                if let Err(Job::Upstream(_, upstream, socket)) = self.shards.submit(si, job) {
+                    let _ = self.new_sockets.send((upstream, socket, si));
+                }
                 fresh
             }
             Ok(None) => upstream.socket(si),
