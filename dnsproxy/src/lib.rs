@@ -447,7 +447,6 @@ impl DnsProxy {
                 names.insert(h.id(), "udp listener");
             }
         }
-
         for (listener, local) in tcp {
             let h = tasks.spawn(listen::tcp_accept_loop(shared.clone(), listener, local));
             names.insert(h.id(), "tcp listener");

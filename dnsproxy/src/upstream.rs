@@ -27,8 +27,8 @@ use crate::upstream_encrypted::Encrypted;
 use crate::upstream_socket::{Rotation, Table, UpstreamSocket};
 use crate::wire::Opt;
 
-/// A socket whose receiver `DnsProxy::run` must start (on the shard of its slot, the last
-/// field): opened at bind, by a rotation, or for a new original destination.
+/// A socket whose receiver `DnsProxy::run` must start (on the shard thread of its slot, the
+/// last field): opened for a new original destination, or by a rotation without shards.
 pub(crate) type NewSocket = (Arc<Upstream>, Arc<UpstreamSocket>, usize);
 
 /// How a reply reaches the client.

@@ -10,9 +10,9 @@ mod forward;
 mod hold;
 mod maintenance;
 mod receive;
+mod tcp_retry;
 
 pub(crate) use receive::UpstreamReceiver;
-mod tcp_retry;
 
 use std::future::Future;
 use std::io;
@@ -92,7 +92,9 @@ pub(crate) struct Shared {
     pub(crate) start: Instant,
     /// Per-client token buckets, when a rate limit is configured.
     pub(crate) rate_limit: Option<RateLimiter>,
-    /// Upstream sockets opened while running (rotations), whose receivers `run` starts.
+    /// Upstream sockets opened while running whose receivers `run` starts: a new original
+    /// destination's, and without shard threads a rotation's (with them, a rotation hands
+    /// its socket to its shard directly).
     pub(crate) new_sockets: mpsc::UnboundedSender<NewSocket>,
     /// When a failed socket rotation was last logged (ms since `start`), to rate-limit it.
     pub(crate) rotation_warned_ms: AtomicU64,
