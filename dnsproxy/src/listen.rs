@@ -113,16 +113,7 @@ pub(crate) async fn udp_loop(shared: Arc<Shared>, index: usize) -> Result<(), Er
     let mut server = UdpServer::new(shared, index);
     loop {
         server.readable().await?;
-        loop {
-            match server.round().await {
-                Round::Drained => break,
-                Round::More => tokio::task::yield_now().await,
-                Round::Failed => {
-                    tokio::time::sleep(ERROR_PAUSE).await;
-                    break;
-                }
-            }
-        }
+        while server.round().await.again().await {}
     }
 }
 

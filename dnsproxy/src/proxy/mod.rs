@@ -56,6 +56,25 @@ pub(crate) enum Round {
     Failed,
 }
 
+impl Round {
+    /// Paces a reader driven by the reactor after a round: `true` (after a yield to the other
+    /// tasks) when the socket may have more; `false` when the reader should wait for
+    /// readiness again, after resting for [`ERROR_PAUSE`] if the round failed.
+    pub(crate) async fn again(self) -> bool {
+        match self {
+            Round::Drained => false,
+            Round::More => {
+                tokio::task::yield_now().await;
+                true
+            }
+            Round::Failed => {
+                tokio::time::sleep(ERROR_PAUSE).await;
+                false
+            }
+        }
+    }
+}
+
 /// One UDP listener socket (several may share an address through SO_REUSEPORT).
 pub(crate) struct UdpListener {
     pub(crate) socket: UdpSocket,

@@ -10,9 +10,7 @@ use fqdnd_dnswire::Decoder;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::{
-    Answer, BATCH, ERROR_PAUSE, Held, Replies, Round, Shared, Slow, addresses, is_transient,
-};
+use super::{Answer, BATCH, Held, Replies, Round, Shared, Slow, addresses, is_transient};
 use crate::answer::{self, Validated};
 use crate::batch::RecvBatch;
 use crate::config::TruncatedAction;
@@ -168,16 +166,7 @@ impl Shared {
                 }
                 () = socket.drained.notified() => {}
             }
-            loop {
-                match receiver.round().await {
-                    Round::Drained => break,
-                    Round::More => tokio::task::yield_now().await,
-                    Round::Failed => {
-                        tokio::time::sleep(ERROR_PAUSE).await;
-                        break;
-                    }
-                }
-            }
+            while receiver.round().await.again().await {}
             if receiver.close_if_drained() {
                 while receiver.pending.join_next().await.is_some() {}
                 return Ok(());
