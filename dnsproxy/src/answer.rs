@@ -47,15 +47,20 @@ pub(crate) fn validate(
     };
     let question = Question::parse(raw);
     // A compression pointer to offset 0 or 1 makes a name out of the ID bytes: the records
-    // would read differently with the upstream's ID and with the client's. The observer must
-    // see what the client gets, so such a message is parsed with the client's ID in place.
-    if may_point_into_id(raw)
-        && let Some(client_id) = table.with_table(|t| t.client_id(id))
-    {
-        wire::set_id(raw, client_id);
-    }
+    // read differently with the upstream's ID and with the client's. The observer must see
+    // what the client gets, so such a message is decoded again with the client's ID in place.
     // Decoded before the table is touched: garbage with a guessed ID must not end the query.
-    let len = match decoder.decode_whole(raw) {
+    let mut decoded = decoder.decode_whole(raw).map(|d| d.points_into_id);
+    // After an error the decoder may have stopped short of the pointer: the bytes say.
+    let may_point = match decoded {
+        Ok(points) => points,
+        Err(_) => may_point_into_id(raw),
+    };
+    if may_point && let Some(client_id) = table.with_table(|t| t.client_id(id)) {
+        wire::set_id(raw, client_id);
+        decoded = decoder.decode_whole(raw).map(|_| false);
+    }
+    let len = match decoded {
         Ok(_) => raw.len(),
         Err(_) => match question {
             Some(question) if wire::is_truncated(raw) => {
@@ -93,9 +98,9 @@ pub(crate) fn validate(
     })
 }
 
-/// Whether a name of `raw` may be a compression pointer to offset 0 or 1 (the ID): the bytes
-/// `C0 00` or `C0 01` after the header (also found in RDATA, e.g. an address 192.0.x.x: then
-/// the answer is merely parsed with the client's ID, which changes nothing).
+/// Whether a name of `raw`, which did not decode, may be a compression pointer to offset 0 or 1
+/// (the ID): the bytes `C0 00` or `C0 01` after the header (also found in RDATA, e.g. an
+/// address 192.0.x.x: then the answer is merely decoded again with the client's ID).
 fn may_point_into_id(raw: &[u8]) -> bool {
     raw.get(wire::HEADER_LEN..)
         .is_some_and(|rest| rest.windows(2).any(|w| w[0] == 0xc0 && w[1] < 2))

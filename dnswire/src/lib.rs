@@ -159,6 +159,11 @@ pub struct Decoded {
     /// The RCODE: with [`Decoder::decode_whole`] including the upper 8 bits an OPT record
     /// carries (RFC 6891 §6.1.3), otherwise the header's 4 bits.
     pub rcode: u16,
+    /// Whether a name followed a compression pointer to offset 0 or 1, making labels of the
+    /// header's ID: the message then reads differently under another ID (a proxy that
+    /// rewrites the ID decodes it again with the ID its client gets). After an error: whether
+    /// such a pointer was followed before it.
+    pub points_into_id: bool,
 }
 
 impl Decoded {
@@ -220,7 +225,7 @@ impl Decoder {
         let rest = u32::from(out.header.nscount) + u32::from(out.header.arcount);
         let mut opt = None;
         for _ in 0..rest {
-            let rr = read_rr(msg, &mut pos, Sink::Check)?;
+            let rr = read_rr(msg, &mut pos, Sink::Check(&mut out.points_into_id))?;
             if rr.rtype == TYPE_OPT {
                 if opt.is_some() {
                     return Err(DnsError::DuplicateOpt);
@@ -246,6 +251,7 @@ impl Decoder {
         out.qname = 0..0;
         out.qtype = 0;
         out.qclass = 0;
+        out.points_into_id = false;
         let mut pos = 12;
         let mut seen = Seen::default();
         for i in 0..out.header.qdcount {
@@ -253,7 +259,9 @@ impl Decoder {
             let name = if i == 0 {
                 seen.read_name(msg, &mut pos, &mut out.text)?
             } else {
-                read_name(msg, &mut pos, &mut out.text)?
+                let walked = read_name_counted(msg, &mut pos, Some(&mut out.text))?;
+                seen.into_id |= walked.into_id;
+                walked.range
             };
             let q = msg.get(pos..pos + 4).ok_or(DnsError::Truncated)?;
             pos += 4;
@@ -269,6 +277,7 @@ impl Decoder {
             let rr = read_rr(msg, &mut pos, Sink::Text(&mut out.text, &mut seen))?;
             out.answers.push(rr.rr);
         }
+        out.points_into_id = seen.into_id;
         Ok(pos)
     }
 }
@@ -285,15 +294,18 @@ enum Sink<'a> {
     /// Decoded into the text, through the names seen so far.
     Text(&'a mut String, &'a mut Seen),
     /// Only checked: nothing of the record is kept but its type and TTL field (the sections
-    /// past the answers); its names' ranges are empty.
-    Check,
+    /// past the answers); its names' ranges are empty. Set when a name points into the ID.
+    Check(&'a mut bool),
 }
 
 /// Reads one record.
 fn read_rr(msg: &[u8], pos: &mut usize, mut sink: Sink<'_>) -> Result<ReadRr, DnsError> {
     let mut name = |p: &mut usize| match &mut sink {
         Sink::Text(text, seen) => seen.read_name(msg, p, text),
-        Sink::Check => read_name_counted(msg, p, None).map(|(range, _)| range),
+        Sink::Check(into_id) => read_name_counted(msg, p, None).map(|walked| {
+            **into_id |= walked.into_id;
+            walked.range
+        }),
     };
     let owner = name(pos)?;
     let f = msg.get(*pos..*pos + 10).ok_or(DnsError::Truncated)?;
@@ -348,6 +360,8 @@ struct Seen {
     /// `(offset, text start, text end, pointers followed)`.
     names: [(usize, usize, usize, usize); SEEN],
     len: usize,
+    /// Whether a name read pointed into the header's ID ([`Decoded::points_into_id`]).
+    into_id: bool,
 }
 
 /// Names remembered per message by [`Seen`].
@@ -377,7 +391,12 @@ impl Seen {
                 return Ok(start..end);
             }
         }
-        let (range, pointers) = read_name_counted(msg, pos, Some(text))?;
+        let Walked {
+            range,
+            pointers,
+            into_id,
+        } = read_name_counted(msg, pos, Some(text))?;
+        self.into_id |= into_id;
         if let Some(slot) = self.names.get_mut(self.len) {
             *slot = (at, range.start, range.end, pointers);
             self.len += 1;
@@ -386,21 +405,25 @@ impl Seen {
     }
 }
 
-fn read_name(msg: &[u8], pos: &mut usize, text: &mut String) -> Result<Range<usize>, DnsError> {
-    read_name_counted(msg, pos, Some(text)).map(|(range, _)| range)
+/// A name read: its text (a range of the text it was decoded into; empty when only checked),
+/// the pointers followed, and whether one of them led into the header's ID (offset 0 or 1).
+struct Walked {
+    range: Range<usize>,
+    pointers: usize,
+    into_id: bool,
 }
 
-/// Decodes the name at `pos` into `text` (only checks it without), moving `pos` past it;
-/// also says how many pointers it followed.
+/// Decodes the name at `pos` into `text` (only checks it without), moving `pos` past it.
 fn read_name_counted(
     msg: &[u8],
     pos: &mut usize,
     mut text: Option<&mut String>,
-) -> Result<(Range<usize>, usize), DnsError> {
+) -> Result<Walked, DnsError> {
     let start = text.as_ref().map_or(0, |t| t.len());
     let mut at = *pos;
     let mut end_of_name = None;
     let mut pointers = 0;
+    let mut lowest = usize::MAX;
     let mut wire = 0usize;
     loop {
         let len = *msg.get(at).ok_or(DnsError::Truncated)?;
@@ -434,19 +457,29 @@ fn read_name_counted(
                 if target >= at || pointers > MAX_POINTERS {
                     return Err(DnsError::BadName);
                 }
+                lowest = lowest.min(target);
                 at = target;
             }
             _ => return Err(DnsError::BadName),
         }
     }
     *pos = end_of_name.unwrap_or(at + 1);
+    let into_id = lowest < 2;
     let Some(text) = text else {
-        return Ok((0..0, pointers));
+        return Ok(Walked {
+            range: 0..0,
+            pointers,
+            into_id,
+        });
     };
     if text.len() == start {
         text.push('.');
     }
-    Ok((start..text.len(), pointers))
+    Ok(Walked {
+        range: start..text.len(),
+        pointers,
+        into_id,
+    })
 }
 
 /// Appends one label (its bytes, without the length) to `text` in canonical form, then a dot:
@@ -712,6 +745,33 @@ mod tests {
         assert_eq!(d.decode(&m).unwrap().rcode, 0);
         let two = with_additional(response(&q, &[]), &[opt(0), opt(0)]);
         assert_eq!(d.decode_whole(&two).unwrap_err(), DnsError::DuplicateOpt);
+    }
+
+    #[test]
+    fn says_when_a_name_points_into_the_id() {
+        let q = name(&[b"a", b"test"]);
+        let mut d = Decoder::new();
+        // Owners pointing at the question: nothing in the ID.
+        let plain = response(&q, &[a_rr_ptr(12, 60, [192, 0, 2, 1])]);
+        assert!(!d.decode_whole(&plain).unwrap().points_into_id);
+        // ID 0x0000: offset 0 reads as the root name; offset 1 as well.
+        for to in [0, 1] {
+            let mut m = response(&q, &[a_rr_ptr(to, 60, [192, 0, 2, 1])]);
+            m[..2].copy_from_slice(&[0, 0]);
+            let out = d.decode_whole(&m).unwrap();
+            assert!(out.points_into_id, "pointer to {to}");
+            assert_eq!(out.name(&out.answers[0].owner), ".");
+            // Decoding the next message starts afresh.
+            assert!(!d.decode_whole(&plain).unwrap().points_into_id);
+        }
+        // Offset 2 (the flags) is not the ID.
+        let mut m = response(&q, &[a_rr_ptr(2, 60, [192, 0, 2, 1])]);
+        m[2] = 0; // a flags byte read as the root label
+        assert!(!d.decode_whole(&m).unwrap().points_into_id);
+        // In a section only checked (the additional records).
+        let mut m = with_additional(plain.clone(), &[a_rr_ptr(0, 60, [192, 0, 2, 1])]);
+        m[..2].copy_from_slice(&[0, 0]);
+        assert!(d.decode_whole(&m).unwrap().points_into_id);
     }
 
     #[test]
