@@ -161,8 +161,8 @@ pub struct Decoded {
     pub rcode: u16,
     /// Whether a name followed a compression pointer to offset 0 or 1, making labels of the
     /// header's ID: the message then reads differently under another ID (a proxy that
-    /// rewrites the ID decodes it again with the ID its client gets). After an error: whether
-    /// such a pointer was followed before it.
+    /// rewrites the ID decodes it again with the ID its client gets). Meaningful after a
+    /// successful decode only: an error may come before such a pointer is reached.
     pub points_into_id: bool,
 }
 
