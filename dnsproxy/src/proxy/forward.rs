@@ -119,8 +119,9 @@ impl Shared {
         };
         match socket.try_send(raw) {
             Ok(_) => {}
+            // Boxed: a rare wait kept out of the future every query's way goes through.
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                if let Err(e) = socket.send(raw).await {
+                if let Err(e) = Box::pin(socket.send(raw)).await {
                     tracing::debug!(upstream = %upstream.addr, error = %e, "query not sent; it will time out");
                 }
             }

@@ -48,35 +48,44 @@ impl Shared {
         decoded: &Decoded,
         out: Option<&mut Replies>,
     ) -> Held {
-        let asked = &answer.origin.asked;
-        let context = ResponseContext {
-            client: asked.client,
-            server: asked.server,
-            upstream: answer.upstream,
-            tag: asked.tag,
-            name: &asked.name,
-            response: decoded,
-            bytes: raw,
-            transport: asked.transport,
+        // Shown to the observer in a block of its own: what the future holds across its
+        // awaits is then the answer and the awaited step only (see `release`).
+        let (observation, started) = {
+            let asked = &answer.origin.asked;
+            let context = ResponseContext {
+                client: asked.client,
+                server: asked.server,
+                upstream: answer.upstream,
+                tag: asked.tag,
+                name: &asked.name,
+                response: decoded,
+                bytes: raw,
+                transport: asked.transport,
+            };
+            let started = Instant::now();
+            (self.observer.observe(&context), started)
         };
-        let started = Instant::now();
-        match self.observer.observe(&context) {
-            Observation::Done(result) => {
+        match observation {
+            Observation::Done(Ok(())) => {
                 // One clock read ends the observation and the hold.
                 let observed = Instant::now();
                 self.metrics
                     .observer
                     .record((observed - started).as_secs_f64());
-                Held::Done(match result {
-                    Ok(()) => {
-                        self.release(answer, raw, QueryResult::Answered, out, observed)
-                            .await
-                    }
-                    Err(e) => {
-                        self.fallback(answer, raw, HoldFailure::ObserverError, Some(&e), out)
-                            .await
-                    }
-                })
+                Held::Done(
+                    self.release(answer, raw, QueryResult::Answered, out, observed)
+                        .await,
+                )
+            }
+            // Boxed: a rare path kept out of the common path's future (see `release`).
+            Observation::Done(Err(e)) => {
+                self.metrics
+                    .observer
+                    .record(started.elapsed().as_secs_f64());
+                Held::Done(
+                    Box::pin(self.fallback(answer, raw, HoldFailure::ObserverError, Some(&e), out))
+                        .await,
+                )
             }
             Observation::Pending(future) => {
                 let raw = raw.to_vec();
@@ -169,9 +178,10 @@ impl Shared {
                     Some(queue) if !self.needs_raw(listener, server) => {
                         queue.push(listener, reply, asked.client);
                     }
+                    // Boxed, as the fallback is: each answer's future holds the common
+                    // path inline, and what is inline is copied at every step of it.
                     _ => {
-                        self.send_udp_reply(listener, server, reply, asked.client)
-                            .await;
+                        Box::pin(self.send_udp_reply(listener, server, reply, asked.client)).await;
                     }
                 }
             }

@@ -19,6 +19,20 @@ use crate::policy::Transport;
 use crate::upstream::Upstream;
 use crate::upstream_socket::{Inflight, Spare, UpstreamSocket};
 
+/// What became of an upstream's datagram before the hold ([`Shared::accept`]).
+#[allow(
+    clippy::large_enum_variant,
+    reason = "`Hold` is the common case: boxed, it would cost an allocation per answer"
+)]
+enum Accepted {
+    /// An answer to hold, and the length of the datagram to reply with.
+    Hold(Answer, usize),
+    /// Dropped, or a health probe's answer: nothing more to do.
+    Ended,
+    /// Truncated: the query goes to TCP.
+    Retry(Slow),
+}
+
 /// One upstream socket's reader: its receive batch, the replies of a batch, and the
 /// observations it started that still wait.
 pub(crate) struct UpstreamReceiver {
@@ -192,9 +206,47 @@ impl Shared {
         replies: &mut Replies,
         spare: &mut Spare,
     ) -> Option<Slow> {
+        // Everything up to the hold is synchronous, in `accept`: its locals then stay on the
+        // stack instead of in this future, which is copied at each step of an answer's way.
+        let (answer, len) = match self.accept(upstream, socket, raw, from, answered, decoder, spare)
+        {
+            Accepted::Hold(answer, len) => (answer, len),
+            Accepted::Ended => return None,
+            Accepted::Retry(task) => return Some(task),
+        };
+        match self
+            .observe_and_reply(answer, &mut raw[..len], decoder.decoded(), Some(replies))
+            .await
+        {
+            Held::Done(name) => {
+                spare.keep_name(name);
+                None
+            }
+            Held::Pending(task) => Some(task),
+        }
+    }
+
+    /// [`Shared::on_answer`] up to the hold: the datagram validated and its query taken out of
+    /// the socket's table; what the answer is for (`Hold`, with the length of `raw` to
+    /// reply with), or that it ended here (dropped, or a health probe's answer), or the TCP
+    /// retry that a truncated answer starts.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the receiver's state, passed through once"
+    )]
+    fn accept(
+        self: &Arc<Self>,
+        upstream: &Arc<Upstream>,
+        socket: &UpstreamSocket,
+        raw: &mut [u8],
+        from: SocketAddr,
+        answered: Instant,
+        decoder: &mut Decoder,
+        spare: &mut Spare,
+    ) -> Accepted {
         if from != upstream.addr {
             self.dropped(DropReason::WrongSource, upstream.addr);
-            return None;
+            return Accepted::Ended;
         }
         let validated = answer::validate(raw, socket, decoder, spare);
         let Validated {
@@ -205,10 +257,9 @@ impl Shared {
             Ok(validated) => validated,
             Err(reason) => {
                 self.dropped(reason, upstream.addr);
-                return None;
+                return Accepted::Ended;
             }
         };
-        let raw = &mut raw[..len];
         let rtt = answered.saturating_duration_since(entry.sent);
         upstream.on_success(rtt, self.elapsed_ms(answered));
         let Inflight {
@@ -221,7 +272,7 @@ impl Shared {
         spare.keep_bytes(sent_name);
         let (Some(origin), Some(question)) = (origin, answer_question) else {
             upstream.probing.store(false, Ordering::Relaxed);
-            return None;
+            return Accepted::Ended;
         };
         self.metrics.upstream_latency.record(rtt.as_secs_f64());
         let pass_through = origin.asked.transport == Transport::Udp
@@ -229,7 +280,7 @@ impl Shared {
         let decoded = decoder.decoded();
         // Over TLS or HTTPS nothing is cut to fit: TC=1 there is the server's own answer.
         if decoded.header.truncated && !pass_through && upstream.encrypted.is_none() {
-            return Some(Box::pin(self.clone().retry_tcp(
+            return Accepted::Retry(Box::pin(self.clone().retry_tcp(
                 upstream.clone(),
                 origin,
                 query,
@@ -246,16 +297,7 @@ impl Shared {
             answered,
             cached: false,
         };
-        match self
-            .observe_and_reply(answer, raw, decoded, Some(replies))
-            .await
-        {
-            Held::Done(name) => {
-                spare.keep_name(name);
-                None
-            }
-            Held::Pending(task) => Some(task),
-        }
+        Accepted::Hold(answer, len)
     }
 
     /// Receives the answers an encrypted upstream's transport hands over (each a whole DNS
