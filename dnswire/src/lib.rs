@@ -423,7 +423,7 @@ fn read_name_counted(
     let mut at = *pos;
     let mut end_of_name = None;
     let mut pointers = 0;
-    let mut lowest = usize::MAX;
+    let mut into_id = false;
     let mut wire = 0usize;
     loop {
         let len = *msg.get(at).ok_or(DnsError::Truncated)?;
@@ -457,14 +457,14 @@ fn read_name_counted(
                 if target >= at || pointers > MAX_POINTERS {
                     return Err(DnsError::BadName);
                 }
-                lowest = lowest.min(target);
+                // Offsets 0 and 1 are the ID: such a name reads the ID's bytes as labels.
+                into_id |= target < 2;
                 at = target;
             }
             _ => return Err(DnsError::BadName),
         }
     }
     *pos = end_of_name.unwrap_or(at + 1);
-    let into_id = lowest < 2;
     let Some(text) = text else {
         return Ok(Walked {
             range: 0..0,
