@@ -140,7 +140,7 @@ impl UpstreamReceiver {
     /// gives its table back to the upstream and returns `true`: the socket closes once the
     /// receiver is dropped (after [`UpstreamReceiver::is_idle`]).
     pub(crate) fn close_if_drained(&mut self) -> bool {
-        while self.pending.try_join_next().is_some() {}
+        super::forget_finished(&mut self.pending);
         let Some(table) = self.socket.close_if_drained() else {
             return false;
         };
@@ -151,7 +151,7 @@ impl UpstreamReceiver {
 
     /// Whether every observation it started has finished.
     pub(crate) fn is_idle(&mut self) -> bool {
-        while self.pending.try_join_next().is_some() {}
+        super::forget_finished(&mut self.pending);
         self.pending.is_empty()
     }
 }
@@ -345,7 +345,7 @@ impl Shared {
                 }
             }
             self.flush_replies(&mut replies).await;
-            while pending.try_join_next().is_some() {}
+            super::forget_finished(&mut pending);
         }
         // The transport stopped (only when the proxy does).
         Ok(())
