@@ -13,7 +13,9 @@
 # (mode nocache: `benchmarks/src/bin/bare_forwarder.rs` too, as the third side `bare`, with
 # BARE_THREADS=2 threads as in vs-peers.sh),
 # BEFORE_THREADS / AFTER_THREADS (that side's `dns.threads`, through a Settings document added to
-# its config: the same build twice compares two thread counts).
+# its config: the same build twice compares two thread counts),
+# BEFORE_METRICS / AFTER_METRICS (an address: that side's gateway serves Prometheus `/metrics`
+# there, so the same build twice measures what the metrics cost).
 # Last lines: `proxy-ab <mode> <before|after|bare>: median qps Q, median cpu us/q C`.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -23,6 +25,7 @@ BEFORE="$1" AFTER="$2"
 ROUNDS="${ROUNDS:-3}" DURATION_AB="${DURATION:-8}" MODES_AB="${MODES:-nocache cached}"
 RATE_AB="${RATE:-}" BARE_AB="${BARE:-0}"
 BEFORE_THREADS="${BEFORE_THREADS:-}" AFTER_THREADS="${AFTER_THREADS:-}" BARE_THREADS_AB="${BARE_THREADS:-2}"
+BEFORE_METRICS="${BEFORE_METRICS:-}" AFTER_METRICS="${AFTER_METRICS:-}"
 export RUN="${RUN:-/tmp/fqdnd-proxy-ab}"
 # vs-peers.sh's functions (setup, need, wait_port, field), without running its main.
 # shellcheck source=/dev/null
@@ -38,9 +41,15 @@ if [[ $BARE_AB == 1 ]]; then
   BARE_BIN="$AB_ROOT/target/release/bare_forwarder"
 fi
 
-one() { # bin mode [threads] -> "qps cpu_us_per_query" (bin `bare`: the bare forwarder)
+one() { # bin mode [threads] [metrics address] -> "qps cpu_us_per_query" (bin `bare`: the bare
+  # forwarder)
   local conf="$RUN/fqdnd.yaml" port=$FQDND pid t0 t1 out="$RUN/ab.txt" rate=()
   if [[ $2 == cached ]]; then conf="$RUN/fqdnd-cached.yaml" port=$FQDND_CACHED; fi
+  if [[ -n ${4:-} ]]; then
+    sed "s|^  listen: |  metrics: $4\n  listen: |" "$conf" >"$RUN/ab-metrics.yaml"
+    grep -q "^  metrics: $4\$" "$RUN/ab-metrics.yaml" || { echo "no metrics line added to $conf" >&2; exit 1; }
+    conf="$RUN/ab-metrics.yaml"
+  fi
   if [[ -n ${3:-} ]]; then
     { cat "$conf"; printf -- '---\napiVersion: fqdnd.io/v1\nkind: Settings\nspec:\n  dns:\n    threads: %s\n' "$3"; } \
       >"$RUN/ab-threads.yaml"
@@ -72,10 +81,10 @@ for mode in $MODES_AB; do
   for side in $(sides "$mode"); do : >"$RUN/$mode-$side"; done
   for _ in $(seq "$ROUNDS"); do
     for side in $(sides "$mode"); do
-      bin=$BEFORE threads=$BEFORE_THREADS
-      [[ $side == after ]] && bin=$AFTER threads=$AFTER_THREADS
-      [[ $side == bare ]] && bin=bare threads=
-      read -r q c < <(one "$bin" "$mode" "$threads")
+      bin=$BEFORE threads=$BEFORE_THREADS metrics=$BEFORE_METRICS
+      [[ $side == after ]] && bin=$AFTER threads=$AFTER_THREADS metrics=$AFTER_METRICS
+      [[ $side == bare ]] && bin=bare threads= metrics=
+      read -r q c < <(one "$bin" "$mode" "$threads" "$metrics")
       echo "$mode $side: $q qps, $c us/q"
       echo "$q $c" >>"$RUN/$mode-$side"
     done
