@@ -15,17 +15,25 @@
 # BEFORE_THREADS / AFTER_THREADS (that side's `dns.threads`, through a Settings document added to
 # its config: the same build twice compares two thread counts),
 # BEFORE_METRICS / AFTER_METRICS (an address: that side's gateway serves Prometheus `/metrics`
-# there, so the same build twice measures what the metrics cost).
-# Last lines: `proxy-ab <mode> <before|after|bare>: median qps Q, median cpu us/q C`.
+# there, so the same build twice measures what the metrics cost),
+# LATENCY=1 (with RATE: also each run's p50/p99 latency in ms, from dnsperf's per-query times,
+# and how many rounds' p99 was lower after than before; take DURATION=2 and ROUNDS of 10 or
+# more, as a 2-s run's p99 moves with the host's slow spells by more than builds differ).
+# Last lines: `proxy-ab <mode> <before|after|bare>: median qps Q, median cpu us/q C` (with
+# LATENCY=1 also `, median p99 ms P`, and `proxy-ab <mode>: p99 lower after in N of ROUNDS`).
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 AB_ROOT="$(cd "$HERE/.." && pwd)"
 [ $# -eq 2 ] || { echo "usage: $0 BEFORE_BIN AFTER_BIN" >&2; exit 2; }
 BEFORE="$1" AFTER="$2"
 ROUNDS="${ROUNDS:-3}" DURATION_AB="${DURATION:-8}" MODES_AB="${MODES:-nocache cached}"
-RATE_AB="${RATE:-}" BARE_AB="${BARE:-0}"
+RATE_AB="${RATE:-}" BARE_AB="${BARE:-0}" LATENCY_AB="${LATENCY:-0}"
 BEFORE_THREADS="${BEFORE_THREADS:-}" AFTER_THREADS="${AFTER_THREADS:-}" BARE_THREADS_AB="${BARE_THREADS:-2}"
 BEFORE_METRICS="${BEFORE_METRICS:-}" AFTER_METRICS="${AFTER_METRICS:-}"
+if [[ $LATENCY_AB == 1 && -z $RATE_AB ]]; then
+  echo "LATENCY=1 needs RATE: latency at saturation is the queue's length, not the server's" >&2
+  exit 2
+fi
 export RUN="${RUN:-/tmp/fqdnd-proxy-ab}"
 # vs-peers.sh's functions (setup, need, wait_port, field), without running its main.
 # shellcheck source=/dev/null
@@ -41,9 +49,9 @@ if [[ $BARE_AB == 1 ]]; then
   BARE_BIN="$AB_ROOT/target/release/bare_forwarder"
 fi
 
-one() { # bin mode [threads] [metrics address] -> "qps cpu_us_per_query" (bin `bare`: the bare
-  # forwarder)
-  local conf="$RUN/fqdnd.yaml" port=$FQDND pid t0 t1 out="$RUN/ab.txt" rate=()
+one() { # bin mode [threads] [metrics address] -> "qps cpu_us_per_query[ p50_ms p99_ms]" (bin
+  # `bare`: the bare forwarder)
+  local conf="$RUN/fqdnd.yaml" port=$FQDND pid t0 t1 out="$RUN/ab.txt" rate=() verbose=()
   if [[ $2 == cached ]]; then conf="$RUN/fqdnd-cached.yaml" port=$FQDND_CACHED; fi
   if [[ -n ${4:-} ]]; then
     sed "s|^  listen: |  metrics: $4\n  listen: |" "$conf" >"$RUN/ab-metrics.yaml"
@@ -64,13 +72,20 @@ one() { # bin mode [threads] [metrics address] -> "qps cpu_us_per_query" (bin `b
   wait_port "$port"
   timeout 60 dnsperf -s 127.0.0.1 -p "$port" -d "$RUN/queries.txt" -n 1 -c 1 -q 100 >/dev/null 2>&1 || true
   [[ -n $RATE_AB ]] && rate=(-Q "$RATE_AB")
+  [[ $LATENCY_AB == 1 ]] && verbose=(-v)
   t0=$(awk '{print $14 + $15}' "/proc/$pid/stat")
   timeout $((DURATION_AB + 30)) dnsperf -s 127.0.0.1 -p "$port" -d "$RUN/queries.txt" -l "$DURATION_AB" \
-    -c "$CLIENTS" -q "$OUTSTANDING" "${rate[@]}" -t 2 >"$out" 2>&1 || true
+    -c "$CLIENTS" -q "$OUTSTANDING" "${rate[@]}" "${verbose[@]}" -t 2 >"$out" 2>&1 || true
   t1=$(awk '{print $14 + $15}' "/proc/$pid/stat")
   kill "$pid"; wait "$pid" 2>/dev/null || true
   awk -v q="$(field 'Queries per second' "$out")" -v n="$(field 'Queries completed' "$out" | awk '{print $1}')" \
-    -v t=$((t1 - t0)) -v hz="$(getconf CLK_TCK)" 'BEGIN{ printf "%.0f %.2f\n", q, (n > 0 ? t * 1e6 / hz / n : 0) }'
+    -v t=$((t1 - t0)) -v hz="$(getconf CLK_TCK)" 'BEGIN{ printf "%.0f %.2f", q, (n > 0 ? t * 1e6 / hz / n : 0) }'
+  if [[ $LATENCY_AB == 1 ]]; then
+    # dnsperf -v: one line per answered query, its latency in seconds last.
+    awk '$1==">" && $2!="T" {print $NF}' "$out" | sort -g | awk '{v[NR]=$1} END{ if(NR==0){print " NA NA"; exit}
+      i50=int(NR*0.50); i99=int(NR*0.99); if(i50<1)i50=1; if(i99<1)i99=1; printf " %.3f %.3f", v[i50]*1000, v[i99]*1000 }'
+  fi
+  echo
 }
 
 median() { sort -g | awk '{v[NR]=$1} END{print v[int((NR+1)/2)]}'; }
@@ -84,14 +99,23 @@ for mode in $MODES_AB; do
       bin=$BEFORE threads=$BEFORE_THREADS metrics=$BEFORE_METRICS
       [[ $side == after ]] && bin=$AFTER threads=$AFTER_THREADS metrics=$AFTER_METRICS
       [[ $side == bare ]] && bin=bare threads= metrics=
-      read -r q c < <(one "$bin" "$mode" "$threads" "$metrics")
-      echo "$mode $side: $q qps, $c us/q"
-      echo "$q $c" >>"$RUN/$mode-$side"
+      read -r q c p50 p99 < <(one "$bin" "$mode" "$threads" "$metrics")
+      if [[ $LATENCY_AB == 1 ]]; then
+        echo "$mode $side: $q qps, $c us/q, p50/p99 $p50/$p99 ms"
+      else
+        echo "$mode $side: $q qps, $c us/q"
+      fi
+      echo "$q $c ${p99:-}" >>"$RUN/$mode-$side"
     done
   done
 done
 for mode in $MODES_AB; do
   for side in $(sides "$mode"); do
-    echo "proxy-ab $mode $side: median qps $(cut -d' ' -f1 "$RUN/$mode-$side" | median), median cpu us/q $(cut -d' ' -f2 "$RUN/$mode-$side" | median)"
+    line="proxy-ab $mode $side: median qps $(cut -d' ' -f1 "$RUN/$mode-$side" | median), median cpu us/q $(cut -d' ' -f2 "$RUN/$mode-$side" | median)"
+    [[ $LATENCY_AB == 1 ]] && line+=", median p99 ms $(cut -d' ' -f3 "$RUN/$mode-$side" | median)"
+    echo "$line"
   done
+  if [[ $LATENCY_AB == 1 ]]; then
+    echo "proxy-ab $mode: p99 lower after in $(paste -d' ' "$RUN/$mode-before" "$RUN/$mode-after" | awk '$6 < $3 {n++} END{print n + 0}') of $ROUNDS"
+  fi
 done
