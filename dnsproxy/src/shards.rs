@@ -5,9 +5,10 @@
 //! UDP listener socket `i` and upstream socket slot `i` belong to shard `i % threads`. A shard
 //! thread sleeps in `epoll_wait` on its sockets (level-triggered), and when one is readable
 //! runs a round of it to completion on the thread: `recvmmsg`, each query or answer handled,
-//! `sendmmsg`. A listener's queries go out through its own shard's upstream sockets first, so
-//! a query and its answer are handled on one thread, as the bare forwarder of
-//! `benchmarks/` handles them: no reactor turn, no task scheduled, no other thread woken.
+//! `sendmmsg` (a wake's answers before its queries). A listener's queries go out through its
+//! own shard's upstream sockets first, so a query and its answer are handled on one thread, as
+//! the bare forwarder of `benchmarks/` handles them: no reactor turn, no task scheduled, no
+//! other thread woken.
 //!
 //! A round is the same `async` code the reactor-driven loops run (tests with a paused clock,
 //! `udp_threads = 0`); on the common path it never waits, and it is polled to completion here
@@ -273,12 +274,20 @@ impl Shard {
                 Err(Errno::EINTR) => continue,
                 Err(e) => return Err(e.into()),
             };
+            // Answers first: a reply leaves before the next queries are forwarded, so an
+            // answer that came in with new queries does not wait for their round (and for
+            // their `sendmmsg`, whose loopback delivery runs on this thread).
+            for event in &events[..n] {
+                if let Some(at) = event.data().checked_sub(RECEIVERS)
+                    && event.data() != WAKE
+                {
+                    self.read_receiver(at as usize)?;
+                }
+            }
             for event in &events[..n] {
                 match event.data() {
                     WAKE => self.take_jobs()?,
-                    token if token >= RECEIVERS => {
-                        self.read_receiver((token - RECEIVERS) as usize)?
-                    }
+                    token if token >= RECEIVERS => {}
                     token => self.read_listener(token as usize),
                 }
             }
