@@ -72,7 +72,7 @@ one() { # bin mode [threads] [metrics address] -> "qps cpu_us_per_query[ p50_ms 
   wait_port "$port"
   timeout 60 dnsperf -s 127.0.0.1 -p "$port" -d "$RUN/queries.txt" -n 1 -c 1 -q 100 >/dev/null 2>&1 || true
   [[ -n $RATE_AB ]] && rate=(-Q "$RATE_AB")
-  [[ $LATENCY_AB == 1 ]] && verbose=(-v)
+  [[ $LATENCY_AB == 1 ]] && verbose=(-v) out="$RUN/lat-ab-$RATE_AB.txt"
   t0=$(awk '{print $14 + $15}' "/proc/$pid/stat")
   timeout $((DURATION_AB + 30)) dnsperf -s 127.0.0.1 -p "$port" -d "$RUN/queries.txt" -l "$DURATION_AB" \
     -c "$CLIENTS" -q "$OUTSTANDING" "${rate[@]}" "${verbose[@]}" -t 2 >"$out" 2>&1 || true
@@ -80,11 +80,8 @@ one() { # bin mode [threads] [metrics address] -> "qps cpu_us_per_query[ p50_ms 
   kill "$pid"; wait "$pid" 2>/dev/null || true
   awk -v q="$(field 'Queries per second' "$out")" -v n="$(field 'Queries completed' "$out" | awk '{print $1}')" \
     -v t=$((t1 - t0)) -v hz="$(getconf CLK_TCK)" 'BEGIN{ printf "%.0f %.2f", q, (n > 0 ? t * 1e6 / hz / n : 0) }'
-  if [[ $LATENCY_AB == 1 ]]; then
-    # dnsperf -v: one line per answered query, its latency in seconds last.
-    awk '$1==">" && $2!="T" {print $NF}' "$out" | sort -g | awk '{v[NR]=$1} END{ if(NR==0){print " NA NA"; exit}
-      i50=int(NR*0.50); i99=int(NR*0.99); if(i50<1)i50=1; if(i99<1)i99=1; printf " %.3f %.3f", v[i50]*1000, v[i99]*1000 }'
-  fi
+  # dnsperf -v's per-query times, through vs-peers.sh's `percentiles` (it reads lat-NAME-RATE.txt).
+  [[ $LATENCY_AB == 1 ]] && printf ' %s %s' $(percentiles ab "$RATE_AB")
   echo
 }
 

@@ -216,6 +216,11 @@ pub(crate) fn start(threads: usize, runtime: &Handle) -> io::Result<(Shards, Sha
 const WAKE: u64 = u64::MAX;
 /// Tokens from here on are upstream receivers (below: listeners).
 const RECEIVERS: u64 = 1 << 32;
+/// The upstream receiver an `epoll` token stands for, if it stands for one.
+fn receiver(token: u64) -> Option<usize> {
+    (token != WAKE && token >= RECEIVERS).then(|| (token - RECEIVERS) as usize)
+}
+
 /// How often a shard looks at its retired upstream sockets (whose last queries the sweep
 /// expires) while it has any.
 const RETIRED_CHECK: Duration = Duration::from_millis(100);
@@ -278,17 +283,15 @@ impl Shard {
             // answer that came in with new queries does not wait for their round (and for
             // their `sendmmsg`, whose loopback delivery runs on this thread).
             for event in &events[..n] {
-                if let Some(at) = event.data().checked_sub(RECEIVERS)
-                    && event.data() != WAKE
-                {
-                    self.read_receiver(at as usize)?;
+                if let Some(at) = receiver(event.data()) {
+                    self.read_receiver(at)?;
                 }
             }
             for event in &events[..n] {
                 match event.data() {
                     WAKE => self.take_jobs()?,
-                    token if token >= RECEIVERS => {}
-                    token => self.read_listener(token as usize),
+                    token if receiver(token).is_none() => self.read_listener(token as usize),
+                    _ => {}
                 }
             }
             if waiting {
@@ -402,6 +405,15 @@ fn complete<F: Future<Output = Round>>(round: Pin<&mut F>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tokens_tell_receivers_from_listeners_and_the_inbox() {
+        assert_eq!(receiver(RECEIVERS + 3), Some(3));
+        assert_eq!(receiver(RECEIVERS), Some(0));
+        assert_eq!(receiver(0), None, "listener 0");
+        assert_eq!(receiver(RECEIVERS - 1), None, "the last listener token");
+        assert_eq!(receiver(WAKE), None, "the inbox");
+    }
 
     #[test]
     fn without_shards_everything_stays_on_the_caller() {
