@@ -308,22 +308,13 @@ fn acknowledged_answers_and_identity_numbers_survive_kill_9() {
 
     // A torn tail (a crash mid-write): inspect reports it; --strict-restore refuses to start
     // and names the file and offset; a normal start cuts it off and serves the known names.
-    // The last segment by number: `journal.10` comes after `journal.9`.
-    let journal = std::fs::read_dir(&state)
+    // The last segment, as the checkpoint crate orders them (`journal.10` after `journal.9`).
+    let journal = fqdnd_checkpoint::inspect(&state, None, 0)
         .unwrap()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter_map(|p| {
-            let n = p
-                .file_name()?
-                .to_str()?
-                .strip_prefix("journal.")?
-                .parse::<u64>()
-                .ok()?;
-            Some((n, p))
-        })
-        .max()
-        .unwrap()
-        .1;
+        .generations
+        .pop()
+        .expect("a journal segment")
+        .file;
     let mut file = std::fs::OpenOptions::new()
         .append(true)
         .open(&journal)
