@@ -21,6 +21,14 @@ impl Clock {
     }
 }
 
+impl Clock {
+    /// `at` as this clock's time (zero if before its start): an instant read elsewhere,
+    /// such as an answer's arrival, without another read of the clock.
+    pub fn at(&self, at: tokio::time::Instant) -> Duration {
+        at.into_std().saturating_duration_since(self.start)
+    }
+}
+
 impl fqdnd_engine::Clock for Clock {
     fn now(&self) -> Duration {
         self.start.elapsed()
@@ -56,4 +64,20 @@ pub fn unix_now() -> Duration {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_instant_read_elsewhere_is_this_clocks_time() {
+        let before = tokio::time::Instant::now();
+        let clock = Clock::start();
+        assert_eq!(clock.at(before), Duration::ZERO, "before the start: zero");
+        let later = tokio::time::Instant::now() + Duration::from_secs(5);
+        let at = clock.at(later);
+        assert!(at >= Duration::from_secs(5), "{at:?}");
+        assert!(at < Duration::from_secs(6), "{at:?}");
+    }
 }

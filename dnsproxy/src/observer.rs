@@ -29,6 +29,9 @@ pub struct ResponseContext<'a> {
     pub bytes: &'a [u8],
     /// How the client asked.
     pub transport: Transport,
+    /// When the answer arrived (the receive batch's one clock read): an observer that
+    /// timestamps what it learns needs no clock read of its own.
+    pub answered: tokio::time::Instant,
 }
 
 /// Why the observer could not record an answer. The reply then gets the configured

@@ -102,8 +102,9 @@ impl Question {
         }
         let (a, b) = (self.bytes(raw), other.bytes(other_raw));
         let split = a.len() - 4;
-        // Label length bytes are below 64, so case folding never changes them.
-        a[..split].eq_ignore_ascii_case(&b[..split]) && a[split..] == b[split..]
+        // The same bytes, the common case (one `memcmp`); else the name's case folded (label
+        // length bytes are below 64, so folding never changes them).
+        a == b || (a[..split].eq_ignore_ascii_case(&b[..split]) && a[split..] == b[split..])
     }
 
     /// Appends the name in canonical form: lowercase, labels joined by dots, with a trailing
@@ -186,6 +187,7 @@ mod tests {
         let c = query(b"\x03www\x00", 0x61);
         let d = query(b"\x04wwww\x00", 0x41);
         let [qa, qb, qc, qd] = [&a, &b, &c, &d].map(|m| Question::parse(m).unwrap());
+        assert!(qa.same(&a, qa, &a), "the very bytes");
         assert!(qa.same(&a, qb, &b));
         assert!(!qa.same(&a, qc, &c));
         assert!(!qb.same(&b, qd, &d), "another length");

@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use fqdnd_checkpoint::{Ack, Seq};
 use fqdnd_dnsproxy::{Observation, ObserveError, ResponseContext, ResponseObserver};
-use fqdnd_engine::Clock as _;
 use fqdnd_engine::answer::{self, Extracted};
 use fqdnd_engine::durable::Persist;
 use fqdnd_ipcache::EndpointId;
@@ -74,7 +73,8 @@ impl ResponseObserver for EngineObserver {
             ctx.name,
             &extracted.addrs,
             extracted.ttl,
-            self.clock.now(),
+            // Learned as of the answer's arrival (no clock read per answer).
+            self.clock.at(ctx.answered),
         ) {
             Ok(learning) => learning,
             Err(e) => return failed(&e),

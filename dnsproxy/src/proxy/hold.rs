@@ -61,6 +61,7 @@ impl Shared {
                 response: decoded,
                 bytes: raw,
                 transport: asked.transport,
+                answered: answer.answered,
             };
             let started = Instant::now();
             (self.observer.observe(&context), started)

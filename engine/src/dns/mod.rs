@@ -15,7 +15,6 @@
 
 pub mod lists;
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 
 use fqdnd_config::{Config, Lists};
@@ -181,7 +180,8 @@ struct Group {
 #[derive(Debug, Default)]
 pub struct DnsPolicy {
     clients: Clients,
-    groups: HashMap<EndpointId, Group>,
+    /// Looked up on every query: foldhash (hashbrown's default), not std's SipHash.
+    groups: hashbrown::HashMap<EndpointId, Group>,
     deny: NameList,
     allow: NameList,
 }
