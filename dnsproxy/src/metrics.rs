@@ -515,8 +515,12 @@ impl Count {
     }
 
     pub(crate) fn inc(&self) {
-        self.handle.increment(1);
-        self.value.fetch_add(1, Ordering::Relaxed);
+        self.add(1);
+    }
+
+    pub(crate) fn add(&self, n: u64) {
+        self.handle.increment(n);
+        self.value.fetch_add(n, Ordering::Relaxed);
     }
 
     pub(crate) fn get(&self) -> u64 {
@@ -653,6 +657,21 @@ impl Metrics {
 
     pub(crate) fn query(&self, result: QueryResult) {
         self.queries[result.index()].inc();
+    }
+
+    /// Queries that ended together: how many per result (in [`QueryResult::ALL`]'s order) and
+    /// per transport (in [`Transport::ALL`]'s).
+    pub(crate) fn queries_ended(&self, results: &[u32], transports: &[u32]) {
+        for (count, &n) in self.queries.iter().zip(results) {
+            if n > 0 {
+                count.add(u64::from(n));
+            }
+        }
+        for (count, &n) in self.transports.iter().zip(transports) {
+            if n > 0 {
+                count.add(u64::from(n));
+            }
+        }
     }
 
     pub(crate) fn drop_answer(&self, reason: DropReason) {

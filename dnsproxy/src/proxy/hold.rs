@@ -143,7 +143,7 @@ impl Shared {
         answer: Answer,
         raw: &mut [u8],
         result: QueryResult,
-        queue: Option<&mut Replies>,
+        mut queue: Option<&mut Replies>,
         released: Instant,
     ) -> String {
         let Answer {
@@ -175,7 +175,7 @@ impl Shared {
                     code,
                 );
                 self.tap_reply(&asked, reply, result);
-                match queue {
+                match queue.as_deref_mut() {
                     Some(queue) if !self.needs_raw(listener, server) => {
                         queue.push(listener, reply, asked.client);
                     }
@@ -202,7 +202,7 @@ impl Shared {
             hold,
             addresses: Some(addresses),
         };
-        self.finish_admitted(&asked, outcome);
+        self.finish_admitted(&asked, outcome, queue.map(|q| &mut q.ended));
         asked.name
     }
 
@@ -248,7 +248,7 @@ impl Shared {
             hold,
             addresses: None,
         };
-        self.finish_admitted(&asked, outcome);
+        self.finish_admitted(&asked, outcome, None);
         asked.name
     }
 

@@ -105,7 +105,7 @@ impl Shared {
             hold: Duration::ZERO,
             addresses: None,
         };
-        self.finish_admitted(&asked, outcome);
+        self.finish_admitted(&asked, outcome, None);
     }
 
     /// Every `health_check_interval`, probes each dead upstream, and each live one that has

@@ -242,19 +242,46 @@ fn slot_order(
         .chain((0..n).map(move |k| (first + k) % n))
 }
 
-/// UDP replies waiting to leave through the listener sockets, one queue per listener socket.
-pub(crate) struct Replies(Vec<SendBatch>);
+/// UDP replies waiting to leave through the listener sockets, one queue per listener socket,
+/// and the forwarded queries that the batch ended, counted when its replies leave
+/// ([`Shared::flush_replies`]).
+pub(crate) struct Replies {
+    queues: Vec<SendBatch>,
+    pub(crate) ended: Ended,
+}
 
 impl Replies {
     pub(crate) fn new(listeners: usize) -> Self {
-        Self((0..listeners).map(|_| SendBatch::default()).collect())
+        Self {
+            queues: (0..listeners).map(|_| SendBatch::default()).collect(),
+            ended: Ended::default(),
+        }
     }
 
     /// Queues a reply to `client` through listener `listener`.
     pub(crate) fn push(&mut self, listener: usize, bytes: &[u8], client: SocketAddr) {
-        if let Some(queue) = self.0.get_mut(listener) {
+        if let Some(queue) = self.queues.get_mut(listener) {
             queue.push(bytes, Some(client));
         }
+    }
+}
+
+/// Forwarded queries that ended in a batch, by result and transport: added to the shared
+/// counters, and taken off the in-flight count, once per batch instead of once per query.
+/// Each of those is a locked instruction, which waits for the CPU's pending stores (a reply
+/// was just copied): three per query were 0.7 % of the CPU at saturation (issue 39).
+#[derive(Debug, Default)]
+pub(crate) struct Ended {
+    results: [u32; QueryResult::ALL.len()],
+    transports: [u32; Transport::ALL.len()],
+    queries: usize,
+}
+
+impl Ended {
+    fn add(&mut self, result: QueryResult, transport: Transport) {
+        self.results[result.index()] += 1;
+        self.transports[transport as usize] += 1;
+        self.queries += 1;
     }
 }
 
@@ -372,9 +399,10 @@ impl Shared {
         forget_finished(&mut w.pending);
     }
 
-    /// Sends the queued replies, one `sendmmsg` per listener socket.
+    /// Sends the queued replies, one `sendmmsg` per listener socket, then counts the queries
+    /// they ended.
     pub(crate) async fn flush_replies(&self, replies: &mut Replies) {
-        for (listener, queue) in replies.0.iter_mut().enumerate() {
+        for (listener, queue) in replies.queues.iter_mut().enumerate() {
             if queue.is_empty() {
                 continue;
             }
@@ -386,6 +414,13 @@ impl Shared {
                     tracing::debug!(?client, error = %e, "DNS reply not sent");
                 })
                 .await;
+        }
+        let ended = std::mem::take(&mut replies.ended);
+        if ended.queries > 0 {
+            self.metrics
+                .queries_ended(&ended.results, &ended.transports);
+            // Last, as in `finish_admitted`.
+            self.inflight.fetch_sub(ended.queries, Ordering::Release);
         }
     }
 
@@ -450,8 +485,21 @@ impl Shared {
         );
     }
 
-    /// A forwarded query ended.
-    fn finish_admitted(&self, asked: &Asked, outcome: Outcome) {
+    /// A forwarded query ended: counted now, or with `ended`'s batch when its reply was queued
+    /// in one (logged now either way).
+    fn finish_admitted(&self, asked: &Asked, outcome: Outcome, ended: Option<&mut Ended>) {
+        if let Some(ended) = ended {
+            ended.add(outcome.result, asked.transport);
+            self.log_query(
+                asked.client,
+                asked.transport,
+                &asked.name,
+                Some(asked.qtype),
+                asked.received,
+                outcome,
+            );
+            return;
+        }
         self.finish(
             asked.client,
             asked.transport,
@@ -476,6 +524,19 @@ impl Shared {
     ) {
         self.metrics.query(outcome.result);
         self.metrics.transport_query(transport);
+        self.log_query(client, transport, name, qtype, received, outcome);
+    }
+
+    /// Writes a finished query's log entry (with a query log).
+    fn log_query(
+        &self,
+        client: SocketAddr,
+        transport: Transport,
+        name: &str,
+        qtype: Option<RecordType>,
+        received: Instant,
+        outcome: Outcome,
+    ) {
         let Some(log) = &self.query_log else { return };
         let total = received.elapsed();
         let answers = outcome.addresses.unwrap_or(0);

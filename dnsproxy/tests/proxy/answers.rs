@@ -48,6 +48,7 @@ async fn allowed_answer_is_byte_identical_but_for_the_id() {
     assert_eq!(observed[0].upstream, h.upstream.addr);
     let stats = h.settled().await;
     assert_eq!(stats.queries(QueryResult::Answered), 1);
+    assert_eq!(stats.transport(Transport::Udp), 1, "counted with its batch");
     assert_eq!(stats.inflight, 0);
     assert_eq!(stats.dropped_total(), 0);
     assert!(stats.upstreams[0].last_rtt.is_some());
