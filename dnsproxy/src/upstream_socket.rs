@@ -461,9 +461,12 @@ impl UpstreamSocket {
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Counts one forwarded query.
-    pub(crate) fn count_query(&self) {
-        self.queries.fetch_add(1, Ordering::Relaxed);
+    /// Counts one forwarded query. `_table` is this socket's table, locked: the caller is then
+    /// the count's only writer, so a plain store does, not a locked add (each of which waits
+    /// for the CPU's pending stores, on every query).
+    pub(crate) fn count_query(&self, _table: &Table) {
+        let n = self.queries.load(Ordering::Relaxed);
+        self.queries.store(n.saturating_add(1), Ordering::Relaxed);
     }
 
     /// Whether this socket should be replaced before the next query leaves on it.
@@ -684,7 +687,7 @@ mod tests {
         assert_ne!(s.port, 0);
         for _ in 0..3 {
             assert!(!s.is_due(t0));
-            s.count_query();
+            s.count_query(&s.lock());
         }
         assert!(s.is_due(t0), "after 3 queries");
         s.postpone(rotation, t0);
@@ -697,7 +700,7 @@ mod tests {
         };
         let s = UpstreamSocket::open(upstream, never, t0, Table::new(), Watcher::Reactor).unwrap();
         for _ in 0..10 {
-            s.count_query();
+            s.count_query(&s.lock());
         }
         assert!(!s.is_due(t0 + Duration::from_secs(86_400)));
     }

@@ -182,8 +182,8 @@ impl Shared {
                     sent,
                     origin: origin.take(),
                 });
+                socket.count_query(&table);
             }
-            socket.count_query();
             return Some(socket);
         }
         None
