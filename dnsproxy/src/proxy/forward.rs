@@ -11,12 +11,22 @@ use tokio::time::Instant;
 
 use super::{Handled, Shared, Worker};
 use crate::case;
+use crate::ids::IdSource;
 use crate::querylog::QueryResult;
 use crate::question::Question;
 use crate::shards::Job;
 use crate::upstream::{Asked, OpenError, Origin, ReplyTo, Upstream};
 use crate::upstream_socket::{Inflight, UpstreamSocket};
 use crate::wire::{self, rcode};
+
+/// Why a query was not placed on a socket.
+enum NotPlaced {
+    /// Every ID of it is in flight.
+    Full,
+    /// Closed (retired and drained): its slot holds another socket now.
+    Closed,
+}
+use NotPlaced::{Closed, Full};
 
 /// Where an allowed query is forwarded.
 enum Target {
@@ -60,8 +70,12 @@ impl Shared {
             })
             .unwrap_or(asked.server);
         let pool = self.pools.for_name(question.name(raw));
+        let mut pooled = None;
         let upstream: &Arc<Upstream> = match self.upstream_for(w, target, pool) {
-            Ok(Target::Pool(ui)) => &self.upstreams[ui],
+            Ok(Target::Pool(ui)) => {
+                pooled = Some(ui);
+                &self.upstreams[ui]
+            }
             Ok(Target::Original(upstream)) => {
                 original = upstream;
                 &original
@@ -87,9 +101,30 @@ impl Shared {
         if !w.batching {
             w.next_socket = w.next_socket.wrapping_add(1);
         }
-        let chosen =
-            order.find_map(|si| self.reserve(w, upstream, si, raw, question, sent, &mut origin));
-        let Some(socket) = chosen else {
+        let chosen = order.find_map(|si| {
+            // A slot this batch sent to already (pooled UDP upstreams): its socket as queued.
+            if let Some(k) = pooled
+                .filter(|_| w.batching)
+                .and_then(|ui| w.queued_socket(ui, si, sent))
+            {
+                let Worker {
+                    ids, name, queries, ..
+                } = &mut *w;
+                let queued = &mut queries[k];
+                match self.place(ids, name, &queued.socket, raw, question, sent, &mut origin) {
+                    Ok(()) => {
+                        queued.queue.push(raw, None);
+                        return Some(None);
+                    }
+                    Err(Full) => return None,
+                    // Replaced and drained meanwhile: the slot's socket now.
+                    Err(Closed) => {}
+                }
+            }
+            self.reserve(w, upstream, si, raw, question, sent, &mut origin)
+                .map(|socket| Some((socket, si)))
+        });
+        let Some(chosen) = chosen else {
             // Every socket of the upstream holds its maximum: refuse like the concurrency limit.
             self.inflight.fetch_sub(1, Ordering::Relaxed);
             self.metrics.concurrency_limited.inc();
@@ -105,12 +140,16 @@ impl Shared {
                 rcode::SERVFAIL,
             );
         };
+        // Queued already.
+        let Some((socket, si)) = chosen else {
+            return Handled::Forwarded;
+        };
         if let Some(encrypted) = &upstream.encrypted {
             encrypted.send(raw.to_vec());
             return Handled::Forwarded;
         }
         if w.batching {
-            w.queue_query(&socket, raw);
+            w.queue_query(&socket, pooled.map(|ui| (ui, si)), raw);
             return Handled::Forwarded;
         }
         // Every socket but an encrypted upstream's (sent above) has its UDP socket.
@@ -157,36 +196,66 @@ impl Shared {
         // slot again gives the new one.
         for _ in 0..4 {
             let socket = self.current_socket(upstream, si, sent);
-            {
-                let mut table = socket.lock();
-                if table.is_closed() {
-                    continue;
-                }
-                let mut slot = table.insert(&mut w.ids)?;
-                wire::set_id(raw, slot.id());
-                // Buffers of earlier queries on this socket: no allocation once warm.
-                let (mut query, mut sent_name, name) = {
-                    let spare = slot.spare();
-                    (spare.bytes(), spare.bytes(), spare.name())
-                };
-                // The query took the worker's name buffer along: a spare one takes its place.
-                w.name = name;
-                query.extend_from_slice(raw);
-                if self.config.randomize_case {
-                    case::randomize(raw, question, &mut w.ids, &mut sent_name);
-                }
-                slot.fill(Inflight {
-                    query,
-                    question,
-                    sent_name,
-                    sent,
-                    origin: origin.take(),
-                });
-                socket.count_query(&table);
+            match self.place(
+                &mut w.ids,
+                &mut w.name,
+                &socket,
+                raw,
+                question,
+                sent,
+                origin,
+            ) {
+                Ok(()) => return Some(socket),
+                Err(Full) => return None,
+                Err(Closed) => {}
             }
-            return Some(socket);
         }
         None
+    }
+
+    /// Under `socket`'s table lock: a random free ID for the query, written into `raw`, and
+    /// the query recorded in flight (`origin` taken); with `randomize_case` the name's case
+    /// in `raw` is then randomised (the table keeps the client's bytes). `name`, the worker's
+    /// name buffer that the query took along, gets a spare one.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the query's parts and the worker's buffers, passed through once"
+    )]
+    fn place(
+        &self,
+        ids: &mut IdSource,
+        name: &mut String,
+        socket: &UpstreamSocket,
+        raw: &mut [u8],
+        question: Question,
+        sent: Instant,
+        origin: &mut Option<Origin>,
+    ) -> Result<(), NotPlaced> {
+        let mut table = socket.lock();
+        if table.is_closed() {
+            return Err(Closed);
+        }
+        let mut slot = table.insert(ids).ok_or(Full)?;
+        wire::set_id(raw, slot.id());
+        // Buffers of earlier queries on this socket: no allocation once warm.
+        let (mut query, mut sent_name, spare_name) = {
+            let spare = slot.spare();
+            (spare.bytes(), spare.bytes(), spare.name())
+        };
+        *name = spare_name;
+        query.extend_from_slice(raw);
+        if self.config.randomize_case {
+            case::randomize(raw, question, ids, &mut sent_name);
+        }
+        slot.fill(Inflight {
+            query,
+            question,
+            sent_name,
+            sent,
+            origin: origin.take(),
+        });
+        socket.count_query(&table);
+        Ok(())
     }
 
     /// The socket of slot `si`, replaced first by one on a fresh port if it has carried

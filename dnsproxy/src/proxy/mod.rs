@@ -149,7 +149,7 @@ pub(crate) struct Worker {
     /// Per upstream socket, the queries forwarded since the last flush. Emptied by the flush,
     /// so a worker holds no socket between batches (a socket a rotation retired closes once
     /// its receiver drains it, not when this worker next forwards a batch).
-    queries: Vec<(Arc<UpstreamSocket>, SendBatch)>,
+    queries: Vec<Queued>,
     /// The send batches of earlier flushes, for their buffers.
     spare_queues: Vec<SendBatch>,
     /// Batching: the UDP replies of the batch (per listener socket).
@@ -207,20 +207,52 @@ impl Worker {
         slot_order(n, self.next_socket, self.shard)
     }
 
-    /// Queues a query for `socket`.
-    fn queue_query(&mut self, socket: &Arc<UpstreamSocket>, bytes: &[u8]) {
-        if let Some((_, queue)) = self
+    /// Queues a query for `socket`, the socket of slot `slot` (pooled upstream, slot) if known.
+    fn queue_query(
+        &mut self,
+        socket: &Arc<UpstreamSocket>,
+        slot: Option<(usize, usize)>,
+        bytes: &[u8],
+    ) {
+        if let Some(queued) = self
             .queries
             .iter_mut()
-            .find(|(s, _)| Arc::ptr_eq(s, socket))
+            .find(|q| Arc::ptr_eq(&q.socket, socket))
         {
-            queue.push(bytes, None);
+            queued.queue.push(bytes, None);
             return;
         }
         let mut queue = self.spare_queues.pop().unwrap_or_default();
         queue.push(bytes, None);
-        self.queries.push((socket.clone(), queue));
+        self.queries.push(Queued {
+            socket: socket.clone(),
+            slot,
+            queue,
+        });
     }
+
+    /// Where in `queries` the socket of pooled upstream `ui`'s slot `si` is, if this batch
+    /// queued a query for it already and it is not due for rotation at `now`: the batch's next
+    /// queries for that slot go there without reading the slot again (its lock and the
+    /// socket's reference count: four locked instructions a query). A rotation by another
+    /// thread meanwhile is seen by the next batch; until then the old socket, retired but
+    /// still read, takes the rest of this one (a closed one takes none: see `forward`).
+    fn queued_socket(&self, ui: usize, si: usize, now: Instant) -> Option<usize> {
+        self.queries
+            .iter()
+            .rposition(|q| q.slot == Some((ui, si)))
+            .filter(|&k| !self.queries[k].socket.is_due(now))
+    }
+}
+
+/// The queries a batching worker queued for one upstream socket.
+struct Queued {
+    socket: Arc<UpstreamSocket>,
+    /// The pooled upstream and the slot the socket was taken from (`None`: an original
+    /// destination's, never looked up here: its upstream may be dropped and another opened
+    /// in its place).
+    slot: Option<(usize, usize)>,
+    queue: SendBatch,
 }
 
 /// The upstream socket slots (of `n`) a query is offered to, in order: from `first` on, the
@@ -376,7 +408,7 @@ impl Shared {
     /// then the next batch starts on the next socket) and the replies (one per listener).
     pub(crate) async fn flush(&self, w: &mut Worker) {
         if !w.queries.is_empty() {
-            for (socket, queue) in &mut w.queries {
+            for Queued { socket, queue, .. } in &mut w.queries {
                 if queue.is_empty() {
                     continue;
                 }
@@ -391,8 +423,7 @@ impl Shared {
                     })
                     .await;
             }
-            w.spare_queues
-                .extend(w.queries.drain(..).map(|(_, queue)| queue));
+            w.spare_queues.extend(w.queries.drain(..).map(|q| q.queue));
             w.next_socket = w.next_socket.wrapping_add(1);
         }
         self.flush_replies(&mut w.replies).await;
