@@ -12,7 +12,7 @@ use hickory_proto::rr::RecordType;
 
 use crate::harness::{
     Harness, Mode, TcpClient, advance, ask_udp, eventually, ips, parse_reply, patiently, query,
-    udp_exchange,
+    udp_client, udp_exchange, udp_recv,
 };
 use crate::upstream::{Fault, Rule, answer, question_name_end};
 
@@ -142,6 +142,41 @@ async fn sockets_rotate_to_new_ports_and_answers_in_flight_on_the_old_one_arrive
     assert_eq!(stats.upstream_socket_rotation_failures, 0);
     assert_eq!(stats.queries(QueryResult::Answered), 6);
     assert_eq!(stats.dropped_total(), 0);
+}
+
+/// The queries of one batch (six datagrams read by one `recvmmsg`) go to the socket the batch
+/// queued to already only until it has carried `upstream_socket_max_queries`: then the slot
+/// is rotated in the middle of the batch.
+#[tokio::test(start_paused = true)]
+async fn a_batch_moves_to_a_new_socket_when_the_one_it_queued_to_is_due() {
+    let h = Harness::start(Mode::Done, |c| {
+        c.upstream_sockets = 1;
+        c.upstream_socket_max_queries = 2;
+        c.upstream_socket_max_age = Duration::ZERO;
+    })
+    .await;
+    h.upstream
+        .rule("burst.example.", answer("burst.example.", [REAL]));
+    let client = udp_client(Ipv4Addr::LOCALHOST.into()).await;
+    let queries: Vec<Vec<u8>> = (0..6)
+        .map(|_| query("burst.example.", RecordType::A, None))
+        .collect();
+    // Sent before the proxy's task runs (the paused runtime has one thread): one batch.
+    for q in &queries {
+        client.send_to(q, h.udp).await.unwrap();
+    }
+    for _ in 0..6 {
+        let reply = udp_recv(&client).await;
+        let asked = queries.iter().find(|q| q[..2] == reply[..2]).unwrap();
+        assert_eq!(ips(&parse_reply(asked, &reply)), [REAL].into());
+    }
+    let p = ports(&h, "burst.example.");
+    assert_eq!(p.len(), 6);
+    let distinct: HashSet<_> = p.iter().collect();
+    assert_eq!(distinct.len(), 3, "two queries per socket: {p:?}");
+    let stats = h.settled().await;
+    assert_eq!(stats.upstream_socket_rotations, 2, "{stats:?}");
+    assert_eq!(stats.queries(QueryResult::Answered), 6);
 }
 
 #[tokio::test(start_paused = true)]
