@@ -16,21 +16,16 @@
 # Needs `perf` (installed with linux-perf if missing).
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ROOT="$(cd "$HERE/.." && pwd)"
+PROFILE_ROOT="$(cd "$HERE/.." && pwd)"
 SECONDS_REC="${SECONDS_REC:-4}" FREQ="${FREQ:-1999}" RATE_P="${RATE:-}"
 export RUN="${RUN:-/tmp/fqdnd-profile}"
-# vs-peers.sh's functions (setup, need, wait_port), without running its main.
+# vs-peers.sh's functions (setup, need, need_perf, fqdnd_bin, wait_port), without running its
+# main (which sets its own HERE and ROOT: this script's tree is in PROFILE_ROOT).
 # shellcheck source=/dev/null
 source <(sed 's/^main "\$@"$//' "$HERE/vs-peers.sh")
 need
-command -v perf >/dev/null || {
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >/dev/null
-}
-BIN="${FQDND_BIN:-}"
-if [[ -z $BIN ]]; then
-  (cd "$ROOT" && cargo build --release --locked --quiet)
-  BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/fqdnd"
-fi
+need_perf
+BIN=$(fqdnd_bin "$PROFILE_ROOT")
 setup
 nsd -c "$RUN/nsd.conf" -d >"$RUN/nsd.out" 2>&1 & PIDS+=($!)
 wait_port "$AUTH"

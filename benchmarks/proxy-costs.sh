@@ -16,22 +16,17 @@
 # <u> CPU us/q, dnsperf p50/p99 <a>/<b> ms`, then fqdnd's histograms' p50/p99.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ROOT="$(cd "$HERE/.." && pwd)"
+COSTS_ROOT="$(cd "$HERE/.." && pwd)"
 RATE="${RATE:-20000}" DURATION_C="${DURATION:-10}" MEASURE="${MEASURE:-5}"
 export RUN="${RUN:-/tmp/fqdnd-proxy-costs}"
 METRICS=127.0.0.1:9968
-# vs-peers.sh's functions (setup, need, wait_port, field), without running its main.
+# vs-peers.sh's functions (setup, need, need_perf, fqdnd_bin, wait_port, field), without
+# running its main (which sets its own HERE and ROOT: this script's tree is in COSTS_ROOT).
 # shellcheck source=/dev/null
 source <(sed 's/^main "\$@"$//' "$HERE/vs-peers.sh")
 need
-command -v perf >/dev/null || {
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >/dev/null
-}
-BIN="${FQDND_BIN:-}"
-if [[ -z $BIN ]]; then
-  (cd "$ROOT" && cargo build --release --locked --quiet)
-  BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/fqdnd"
-fi
+need_perf
+BIN=$(fqdnd_bin "$COSTS_ROOT")
 setup
 # fqdnd's histograms on a port of their own.
 sed -i "s|^  adminSocket: \(.*fqdnd.sock\)$|  adminSocket: \1\n  metrics: $METRICS|" "$RUN/fqdnd.yaml"

@@ -90,6 +90,23 @@ need() {
   fi
 }
 
+need_perf() { # perf, for the scripts that measure on this set-up (proxy-costs.sh, profile.sh)
+  command -v perf >/dev/null || {
+    log "installing linux-perf"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >/dev/null
+  }
+}
+
+fqdnd_bin() { # tree -> the fqdnd to run: $FQDND_BIN, or the tree's release build
+  if [[ -n ${FQDND_BIN:-} ]]; then
+    echo "$FQDND_BIN"
+    return
+  fi
+  log "building fqdnd (release)"
+  (cd "$1" && cargo build --release --locked --quiet)
+  echo "${CARGO_TARGET_DIR:-$1/target}/release/fqdnd"
+}
+
 PIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -285,12 +302,8 @@ wait_port() { # port
 
 main() {
   need
-  local bin="$FQDND_BIN"
-  if [[ -z $bin ]]; then
-    log "building fqdnd (release)"
-    (cd "$ROOT" && cargo build --release --locked --quiet)
-    bin="$ROOT/target/release/fqdnd"
-  fi
+  local bin
+  bin=$(fqdnd_bin "$ROOT")
   local bare="$ROOT/target/release/bare_forwarder"
   if [[ $BARE == 1 ]]; then
     (cd "$ROOT" && cargo build --release --locked --quiet -p fqdnd-benchmarks --bin bare_forwarder)

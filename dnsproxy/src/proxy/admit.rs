@@ -76,6 +76,7 @@ impl Shared {
                     not_forwarded.qtype(),
                     received,
                     Outcome::local(QueryResult::Malformed, code),
+                    None,
                 );
                 return match code {
                     Some(_) => Handled::Reply,
@@ -121,7 +122,15 @@ impl Shared {
         let (result, code) = if limited {
             if self.config.rate_limit_action == RateLimitAction::Drop {
                 let outcome = Outcome::local(QueryResult::RateLimited, None);
-                self.finish(client, transport, &w.name, Some(qtype), received, outcome);
+                self.finish(
+                    client,
+                    transport,
+                    &w.name,
+                    Some(qtype),
+                    received,
+                    outcome,
+                    None,
+                );
                 return Handled::Dropped;
             }
             (QueryResult::RateLimited, rcode::REFUSED)
@@ -201,6 +210,7 @@ impl Shared {
             Some(qtype),
             received,
             Outcome::local(result, Some(code)),
+            None,
         );
         Handled::Reply
     }
@@ -293,6 +303,7 @@ impl Shared {
             Some(asked.qtype),
             asked.received,
             Outcome::local(result, Some(code)),
+            None,
         );
         // The name's buffer serves the worker's next query.
         w.name = asked.name;

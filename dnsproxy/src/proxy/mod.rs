@@ -519,18 +519,7 @@ impl Shared {
     /// A forwarded query ended: counted now, or with `ended`'s batch when its reply was queued
     /// in one (logged now either way).
     fn finish_admitted(&self, asked: &Asked, outcome: Outcome, ended: Option<&mut Ended>) {
-        if let Some(ended) = ended {
-            ended.add(outcome.result, asked.transport);
-            self.log_query(
-                asked.client,
-                asked.transport,
-                &asked.name,
-                Some(asked.qtype),
-                asked.received,
-                outcome,
-            );
-            return;
-        }
+        let now = ended.is_none();
         self.finish(
             asked.client,
             asked.transport,
@@ -538,12 +527,19 @@ impl Shared {
             Some(asked.qtype),
             asked.received,
             outcome,
+            ended,
         );
-        // Last, so a snapshot showing nothing in flight includes this query's counts.
-        self.inflight.fetch_sub(1, Ordering::Release);
+        if now {
+            // Last, so a snapshot showing nothing in flight includes this query's counts.
+            self.inflight.fetch_sub(1, Ordering::Release);
+        }
     }
 
-    /// Counts the query and writes its log entry.
+    /// Counts the query (now, or in `ended` for its batch) and writes its log entry.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the query's parts, for its count and its log entry"
+    )]
     fn finish(
         &self,
         client: SocketAddr,
@@ -552,22 +548,15 @@ impl Shared {
         qtype: Option<RecordType>,
         received: Instant,
         outcome: Outcome,
+        ended: Option<&mut Ended>,
     ) {
-        self.metrics.query(outcome.result);
-        self.metrics.transport_query(transport);
-        self.log_query(client, transport, name, qtype, received, outcome);
-    }
-
-    /// Writes a finished query's log entry (with a query log).
-    fn log_query(
-        &self,
-        client: SocketAddr,
-        transport: Transport,
-        name: &str,
-        qtype: Option<RecordType>,
-        received: Instant,
-        outcome: Outcome,
-    ) {
+        match ended {
+            Some(ended) => ended.add(outcome.result, transport),
+            None => {
+                self.metrics.query(outcome.result);
+                self.metrics.transport_query(transport);
+            }
+        }
         let Some(log) = &self.query_log else { return };
         let total = received.elapsed();
         let answers = outcome.addresses.unwrap_or(0);
