@@ -19,9 +19,7 @@ impl Clock {
             start: Instant::now(),
         }
     }
-}
 
-impl Clock {
     /// `at` as this clock's time (zero if before its start): an instant read elsewhere,
     /// such as an answer's arrival, without another read of the clock.
     pub fn at(&self, at: tokio::time::Instant) -> Duration {

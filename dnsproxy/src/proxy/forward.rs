@@ -28,6 +28,14 @@ enum NotPlaced {
 }
 use NotPlaced::{Closed, Full};
 
+/// Where an admitted query was placed.
+enum Placed {
+    /// In the batch's queue of the socket it queued to already for that slot.
+    Queued,
+    /// On the socket of slot `si`, reserved from the slot, to queue or send.
+    Reserved(Arc<UpstreamSocket>, usize),
+}
+
 /// Where an allowed query is forwarded.
 enum Target {
     /// The pooled upstream with this index.
@@ -114,7 +122,7 @@ impl Shared {
                 match self.place(ids, name, &queued.socket, raw, question, sent, &mut origin) {
                     Ok(()) => {
                         queued.queue.push(raw, None);
-                        return Some(None);
+                        return Some(Placed::Queued);
                     }
                     Err(Full) => return None,
                     // Replaced and drained meanwhile: the slot's socket now.
@@ -122,7 +130,7 @@ impl Shared {
                 }
             }
             self.reserve(w, upstream, si, raw, question, sent, &mut origin)
-                .map(|socket| Some((socket, si)))
+                .map(|socket| Placed::Reserved(socket, si))
         });
         let Some(chosen) = chosen else {
             // Every socket of the upstream holds its maximum: refuse like the concurrency limit.
@@ -140,8 +148,7 @@ impl Shared {
                 rcode::SERVFAIL,
             );
         };
-        // Queued already.
-        let Some((socket, si)) = chosen else {
+        let Placed::Reserved(socket, si) = chosen else {
             return Handled::Forwarded;
         };
         if let Some(encrypted) = &upstream.encrypted {

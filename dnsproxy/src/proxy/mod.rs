@@ -306,14 +306,17 @@ impl Replies {
 pub(crate) struct Ended {
     results: [u32; QueryResult::ALL.len()],
     transports: [u32; Transport::ALL.len()],
-    queries: usize,
 }
 
 impl Ended {
     fn add(&mut self, result: QueryResult, transport: Transport) {
         self.results[result.index()] += 1;
         self.transports[transport as usize] += 1;
-        self.queries += 1;
+    }
+
+    /// How many queries ended.
+    fn queries(&self) -> usize {
+        self.results.iter().map(|&n| n as usize).sum()
     }
 }
 
@@ -447,11 +450,12 @@ impl Shared {
                 .await;
         }
         let ended = std::mem::take(&mut replies.ended);
-        if ended.queries > 0 {
+        let queries = ended.queries();
+        if queries > 0 {
             self.metrics
                 .queries_ended(&ended.results, &ended.transports);
             // Last, as in `finish_admitted`.
-            self.inflight.fetch_sub(ended.queries, Ordering::Release);
+            self.inflight.fetch_sub(queries, Ordering::Release);
         }
     }
 
