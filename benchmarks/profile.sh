@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# profile.sh — where fqdnd's gateway spends its CPU, on vs-peers.sh's set-up (same NSD
-# upstream, same 2k-suffix policy, full FQDN engine): dnsperf saturates it (or holds RATE
-# queries/s) while `perf record` samples it with call stacks for SECONDS; then the split of its
+# profile.sh — where fqdnd's gateway (or, with SERVER=bare, the bare forwarder) spends its
+# CPU, on vs-peers.sh's set-up (same NSD upstream, same 2k-suffix policy, full FQDN engine):
+# dnsperf saturates it (or holds RATE queries/s) while `perf record` samples it with call
+# stacks for SECONDS_REC; then the split of its
 # samples by object (kernel, fqdnd, libc, vDSO), its user-space functions above 0.3 %, and the
 # share of its samples on the instruction right after a locked one (`lock …`, `xchg`: each
 # waits for the CPU's pending stores, so its cost lands there), per function above 0.05 %.
@@ -10,8 +11,13 @@
 #
 #   benchmarks/profile.sh
 #   FQDND_BIN=/tmp/fqdnd-old benchmarks/profile.sh; FQDND_BIN=target/release/fqdnd benchmarks/profile.sh
+#   SERVER=bare benchmarks/profile.sh     # the bare forwarder, as vs-peers.sh runs it, to compare
 #
-# Knobs (env): FQDND_BIN (default: build this tree's), RATE (queries/s; default: saturation),
+# Last, the kernel's samples where interrupts are enabled again (`_raw_spin_unlock_irqrestore`),
+# by the function that enabled them: this VM has no PMU, so perf samples on a timer, and a
+# sample that falls where interrupts are off (a wake-up under a wait queue's lock) lands there.
+#
+# Knobs (env): SERVER=fqdnd|bare, FQDND_BIN (default: build this tree's), RATE (queries/s; default: saturation),
 # SECONDS_REC=4, FREQ=1999 (samples/s), RUN=/tmp/fqdnd-profile (perf.data is kept there).
 # Needs `perf` (installed with linux-perf if missing).
 set -euo pipefail
@@ -23,25 +29,36 @@ export RUN="${RUN:-/tmp/fqdnd-profile}"
 # main (which sets its own HERE and ROOT: this script's tree is in PROFILE_ROOT).
 # shellcheck source=/dev/null
 source <(sed 's/^main "\$@"$//' "$HERE/vs-peers.sh")
+SERVER="${SERVER:-fqdnd}"
 need
 need_perf
-BIN=$(fqdnd_bin "$PROFILE_ROOT")
 setup
 nsd -c "$RUN/nsd.conf" -d >"$RUN/nsd.out" 2>&1 & PIDS+=($!)
 wait_port "$AUTH"
-"$BIN" gateway --config "$RUN/fqdnd.yaml" 2>"$RUN/fqdnd.err" & PIDS+=($!)
+case $SERVER in
+  fqdnd)
+    BIN=$(fqdnd_bin "$PROFILE_ROOT")
+    "$BIN" gateway --config "$RUN/fqdnd.yaml" 2>"$RUN/fqdnd.err" & PIDS+=($!)
+    PORT_P=$FQDND ;;
+  bare)
+    (cd "$PROFILE_ROOT" && cargo build --release --locked --quiet -p fqdnd-benchmarks --bin bare_forwarder)
+    "$PROFILE_ROOT/target/release/bare_forwarder" "127.0.0.1:$BARE_PORT" "127.0.0.1:$AUTH" "$BARE_THREADS" \
+      2>"$RUN/bare.err" & PIDS+=($!)
+    PORT_P=$BARE_PORT ;;
+  *) log "SERVER is fqdnd or bare, not $SERVER"; exit 2 ;;
+esac
 FQ=$!
-wait_port "$FQDND"
+wait_port "$PORT_P"
 # Every name once, so the run measures the steady state (every name learned).
-timeout 60 dnsperf -s 127.0.0.1 -p "$FQDND" -d "$RUN/queries.txt" -n 1 -c 1 -q 100 >/dev/null 2>&1 || true
-timeout $((SECONDS_REC + 40)) dnsperf -s 127.0.0.1 -p "$FQDND" -d "$RUN/queries.txt" -l $((SECONDS_REC + 3)) \
+timeout 60 dnsperf -s 127.0.0.1 -p "$PORT_P" -d "$RUN/queries.txt" -n 1 -c 1 -q 100 >/dev/null 2>&1 || true
+timeout $((SECONDS_REC + 40)) dnsperf -s 127.0.0.1 -p "$PORT_P" -d "$RUN/queries.txt" -l $((SECONDS_REC + 3)) \
   -c "$CLIENTS" -q "$OUTSTANDING" ${RATE_P:+-Q "$RATE_P"} -t 2 >"$RUN/dnsperf.txt" 2>&1 &
 LOAD=$!
 sleep 1
 perf record -q -F "$FREQ" --call-graph dwarf,16384 -o "$RUN/perf.data" -p "$FQ" -- sleep "$SECONDS_REC" >/dev/null 2>&1
 wait "$LOAD" || true
 kill "$FQ" 2>/dev/null || true
-echo "profile: $(awk '/Queries per second/ {print $4}' "$RUN/dnsperf.txt") qps; $RUN/perf.data"
+echo "profile: $SERVER, $(awk '/Queries per second/ {print $4}' "$RUN/dnsperf.txt") qps; $RUN/perf.data"
 
 report() { perf report -i "$RUN/perf.data" --no-children --stdio -g none "$@" 2>/dev/null | grep '%'; }
 echo "profile: by object"
@@ -57,3 +74,7 @@ report --sort sym | grep -F '[.]' | awk '$1+0 >= 0.1' | while read -r pct _ sym;
 done | awk '{ share = $1 * $2 / 100; total += share; sym = $0; sub(/^[^ ]+ [^ ]+ /, "", sym)
     if (share >= 0.05) printf "  %.2f %%  %s\n", share, sym }
   END { printf "profile: after a locked instruction, in all: %.2f %% of the samples\n", total }'
+echo "profile: where interrupts are enabled again (_raw_spin_unlock_irqrestore), by caller"
+perf report -i "$RUN/perf.data" --no-children --stdio --sort sym -S _raw_spin_unlock_irqrestore \
+  -g caller,0.1,callee,function,percent --max-stack 2 2>/dev/null |
+  grep -E '^ {12}\|--|^ {13}--' | sed -E 's/^ *\|?--([0-9.]+%)--/  \1  /'
