@@ -28,7 +28,9 @@
 #   ratio fqdnd/dnsdist doh qps: X.XX
 # and each server's CPU µs per answered query in the table, then `ratio fqdnd/dnsdist dot|doh
 # cpu per query: X.XX`. With BARE=1 also `ratio fqdnd/bare cpu per query: X.XX`
-# (issue 39's figure). No fixed-rate latency runs for them.
+# (issue 39's figure). No fixed-rate latency runs for them. After the table, the host's steal
+# time over the run (`host steal during the run: N %`): runs with more than a few per cent
+# compare the host's stalls more than the servers.
 #
 # Policy on both: allowed suffixes = example.test + 1000 others; denied = 500 suffixes inside
 # example.test + 500 elsewhere. fqdnd additionally learns every answer (NameManager → IpCache)
@@ -40,7 +42,8 @@
 # LAT_QPS="5000 20000", LAT_DURATION=10 (s per server and rate, in LAT_ROUNDS=1 rounds that
 # take the servers in turn),
 # CLIENTS=4, OUTSTANDING=200, RUN=/tmp/fqdnd-vs-peers, MODES="nocache cached",
-# FQDND_BIN (a built fqdnd to measure instead of building this tree's), BARE=1 (also measure
+# FQDND_BIN (a built fqdnd to measure instead of building this tree's), FQDND_THREADS (the
+# gateways' `dns.threads`; default: fqdnd's own, half the CPUs), BARE=1 (also measure
 # `benchmarks/src/bin/bare_forwarder.rs` in mode nocache: the same I/O as a forwarder with
 # nothing else to do, about the most a forwarder with this I/O reaches here; its line
 # `ratio bare/dnsdist qps: X.XX` comes before fqdnd's), PIN=1 (the servers on CPU 0, NSD and
@@ -63,6 +66,7 @@ CLIENTS="${CLIENTS:-4}"
 OUTSTANDING="${OUTSTANDING:-200}"
 MODES="${MODES:-nocache cached}"
 FQDND_BIN="${FQDND_BIN:-}"
+FQDND_THREADS="${FQDND_THREADS:-}"
 BARE="${BARE:-0}"
 PIN="${PIN:-0}"
 SRV=() GEN=() BARE_THREADS=2
@@ -207,6 +211,9 @@ GW
   - toFQDNs: [{matchPattern: "*.example.test"}]
     toPorts: [{ports: [{port: "443", protocol: TCP}]}]
 GW
+      if [[ -n $FQDND_THREADS ]]; then
+        printf -- '---\napiVersion: fqdnd.io/v1\nkind: Settings\nspec:\n  dns: {threads: %s}\n' "$FQDND_THREADS"
+      fi
     } >"$file"
   done
 
@@ -302,6 +309,10 @@ wait_port() { # port
 
 main() {
   need
+  # The host's steal time over the whole run (a VM's vCPU given to another guest): with more
+  # than a few per cent, every server stalls for milliseconds at a time and p99 is the host's.
+  local stat0
+  stat0=$(head -1 /proc/stat)
   local bin
   bin=$(fqdnd_bin "$ROOT")
   local bare="$ROOT/target/release/bare_forwarder"
@@ -423,6 +434,10 @@ main() {
   for s in "${servers[@]}"; do
     printf '%-15s %10s %10s %18s %18s %14s\n' "$s" "${QPS[$s]:-NA}" "${CPU[$s]:-NA}" "${P50_5[$s]:-NA}/${P99_5[$s]:-NA}" "${P50_20[$s]:-NA}/${P99_20[$s]:-NA}" "${CPU_20[$s]:-NA}"
   done
+  printf '%s\n%s\n' "$stat0" "$(head -1 /proc/stat)" | awk '
+    NR == 1 { for (i = 2; i <= NF; i++) a[i] = $i }
+    NR == 2 { for (i = 2; i <= NF; i++) t += $i - a[i]; st = $9 - a[9] }
+    END { if (t > 0) printf "host steal during the run: %.1f %% of the CPU time (/proc/stat)\n", 100 * st / t }'
   for s in fqdnd fqdnd-cached; do
     [[ -f "$RUN/$s-status.txt" ]] || continue
     grep -E 'queries:|identities:|dns cache:|answer cache:' "$RUN/$s-status.txt" | sed "s/^/$s /" || true
