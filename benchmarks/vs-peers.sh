@@ -309,10 +309,6 @@ wait_port() { # port
 
 main() {
   need
-  # The host's steal time over the whole run (a VM's vCPU given to another guest): with more
-  # than a few per cent, every server stalls for milliseconds at a time and p99 is the host's.
-  local stat0
-  stat0=$(head -1 /proc/stat)
   local bin
   bin=$(fqdnd_bin "$ROOT")
   local bare="$ROOT/target/release/bare_forwarder"
@@ -320,6 +316,11 @@ main() {
     (cd "$ROOT" && cargo build --release --locked --quiet -p fqdnd-benchmarks --bin bare_forwarder)
   fi
   setup
+  # The host's steal time over the run, builds excluded (a VM's vCPU given to another guest):
+  # with more than a few per cent, every server stalls for milliseconds at a time and p99 is
+  # the host's.
+  local stat0
+  stat0=$(head -1 /proc/stat)
   "${GEN[@]}" nsd -c "$RUN/nsd.conf" -d >"$RUN/nsd.out" 2>&1 & PIDS+=($!)
   wait_port $AUTH
   declare -A PID PORT
