@@ -3,7 +3,8 @@
 //!
 //! It owns
 //! - the client-facing listeners: UDP (several SO_REUSEPORT sockets per address, each drained
-//!   by its own task) and TCP (RFC 7766 framing and pipelining, idle timeout, a connection
+//!   by its own task, its replies sent through a send-only twin that no `epoll` set watches,
+//!   see `twin.rs`) and TCP (RFC 7766 framing and pipelining, idle timeout, a connection
 //!   limit);
 //! - the threads of the UDP path ([`Config::udp_threads`], half the CPUs by default): each
 //!   waits in `epoll_wait` on its share of the UDP listener and upstream sockets and runs what
@@ -122,6 +123,7 @@ mod ratelimit;
 mod record;
 mod shards;
 mod transparent;
+mod twin;
 mod udp;
 mod upstream;
 mod upstream_encrypted;
@@ -221,6 +223,9 @@ impl DnsProxy {
                 .map_err(|error| Error::Threads { error })?;
         let mut udp = Vec::new();
         for &addr in &config.listen_udp {
+            // Checked before the listeners bind: they make it held.
+            let twins = !transparent && twin::address_is_free(addr);
+            let first = udp.len();
             let mut actual = addr;
             for _ in 0..config.udp_sockets_per_address {
                 // Listener `i` is served by shard `i` (or by this runtime's reactor).
@@ -234,8 +239,12 @@ impl DnsProxy {
                 })?;
                 udp.push(UdpListener {
                     socket,
+                    twin: None,
                     local: actual,
                 });
+            }
+            if twins {
+                add_twins(&mut udp[first..], actual);
             }
         }
         let mut tcp = Vec::new();
@@ -602,6 +611,28 @@ fn stats(shared: &Shared) -> ProxyStats {
             .collect(),
         encrypted_connections: m.encrypted_open_now.load(Ordering::Relaxed),
         encrypted_errors: m.encrypted_error_counts(),
+    }
+}
+
+/// Gives each of `listeners` (every socket bound at `addr`) a send-only twin, once the group's
+/// program keeps datagrams from the twins ([`twin`]). If the kernel refuses, the listeners
+/// send their own replies.
+fn add_twins(listeners: &mut [UdpListener], addr: SocketAddr) {
+    let Some(first) = listeners.first() else {
+        return;
+    };
+    if let Err(e) = twin::steer_to_receivers(&first.socket, listeners.len(), addr.is_ipv6()) {
+        tracing::debug!(%addr, error = %e, "UDP replies leave through the listeners: no steering program");
+        return;
+    }
+    for listener in listeners.iter_mut() {
+        match twin::bind_twin(addr) {
+            Ok(socket) => listener.twin = Some(socket),
+            Err(e) => {
+                tracing::debug!(%addr, error = %e, "a UDP listener sends its own replies: no twin");
+                return;
+            }
+        }
     }
 }
 

@@ -30,8 +30,8 @@ pub(crate) struct UdpSocket {
 enum Watched {
     /// Registered with a runtime's reactor for reads.
     Reactor(AsyncFd<std::net::UdpSocket>),
-    /// Watched by a shard thread's `epoll` set: no registration here.
-    Shard(std::net::UdpSocket),
+    /// Watched by a shard thread's `epoll` set, or by nobody: no registration here.
+    Unregistered(std::net::UdpSocket),
 }
 
 /// Who tells the proxy that a socket has datagrams to read.
@@ -41,6 +41,8 @@ pub(crate) enum Watcher {
     Reactor,
     /// A shard thread's `epoll` set ([`crate::shards`]).
     Shard,
+    /// Nobody: a socket that only sends ([`crate::twin`]).
+    Nobody,
 }
 
 /// Registers `socket` with the current runtime's reactor for `interest` only.
@@ -64,7 +66,7 @@ impl UdpSocket {
         socket.set_nonblocking(true)?;
         let io = match watcher {
             Watcher::Reactor => Watched::Reactor(register(socket, Interest::READABLE)?),
-            Watcher::Shard => Watched::Shard(socket),
+            Watcher::Shard | Watcher::Nobody => Watched::Unregistered(socket),
         };
         Ok(Self { io })
     }
@@ -72,7 +74,7 @@ impl UdpSocket {
     fn std(&self) -> &std::net::UdpSocket {
         match &self.io {
             Watched::Reactor(io) => io.get_ref(),
-            Watched::Shard(socket) => socket,
+            Watched::Unregistered(socket) => socket,
         }
     }
 
@@ -84,14 +86,15 @@ impl UdpSocket {
 
     /// Waits until the reactor says the socket may be read. The readiness stays until a read
     /// through [`UdpSocket::try_read`] finds nothing.
-    /// A socket a shard thread watches has no reactor to wait on: the wait fails at once.
+    /// A socket a shard thread (or nobody) watches has no reactor to wait on: the wait fails
+    /// at once.
     pub(crate) async fn readable(&self) -> io::Result<()> {
         match &self.io {
             // Dropping the guard keeps the readiness for the reads that follow.
             Watched::Reactor(io) => io.readable().await.map(drop),
-            Watched::Shard(_) => Err(io::Error::new(
+            Watched::Unregistered(_) => Err(io::Error::new(
                 io::ErrorKind::Unsupported,
-                "the socket is watched by a shard thread, not by a reactor",
+                "the socket is not watched by a reactor",
             )),
         }
     }
@@ -102,7 +105,7 @@ impl UdpSocket {
     pub(crate) fn try_read<R>(&self, read: impl FnOnce() -> io::Result<R>) -> io::Result<R> {
         match &self.io {
             Watched::Reactor(io) => io.try_io(Interest::READABLE, |_| read()),
-            Watched::Shard(_) => read(),
+            Watched::Unregistered(_) => read(),
         }
     }
 

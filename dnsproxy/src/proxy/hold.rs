@@ -356,7 +356,7 @@ impl Shared {
             .as_ref()
             .filter(|_| self.needs_raw(listener_index, server))
         else {
-            return send_udp(&listener.socket, bytes, client).await;
+            return send_udp(listener.sender(), bytes, client).await;
         };
         let mut sent = raw.send(server, client, bytes).await;
         if let Err(e) = &sent

@@ -78,7 +78,16 @@ impl Round {
 /// One UDP listener socket (several may share an address through SO_REUSEPORT).
 pub(crate) struct UdpListener {
     pub(crate) socket: UdpSocket,
+    /// Its send-only twin, which its replies leave through ([`crate::twin`]), if it has one.
+    pub(crate) twin: Option<UdpSocket>,
     pub(crate) local: SocketAddr,
+}
+
+impl UdpListener {
+    /// The socket replies leave through: the twin if there is one, else the listener itself.
+    pub(crate) fn sender(&self) -> &UdpSocket {
+        self.twin.as_ref().unwrap_or(&self.socket)
+    }
 }
 
 /// State shared by every task of one proxy.
@@ -444,7 +453,7 @@ impl Shared {
                 continue;
             };
             queue
-                .flush(&l.socket, |client, e| {
+                .flush(l.sender(), |client, e| {
                     tracing::debug!(?client, error = %e, "DNS reply not sent");
                 })
                 .await;
