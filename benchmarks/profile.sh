@@ -25,7 +25,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PROFILE_ROOT="$(cd "$HERE/.." && pwd)"
 SECONDS_REC="${SECONDS_REC:-4}" FREQ="${FREQ:-1999}" RATE_P="${RATE:-}"
 export RUN="${RUN:-/tmp/fqdnd-profile}"
-# vs-peers.sh's functions (setup, need, need_perf, fqdnd_bin, wait_port), without running its
+# vs-peers.sh's functions (setup, need, need_perf, start_one), without running its
 # main (which sets its own HERE and ROOT: this script's tree is in PROFILE_ROOT).
 # shellcheck source=/dev/null
 source <(sed 's/^main "\$@"$//' "$HERE/vs-peers.sh")
@@ -35,22 +35,8 @@ need_perf
 setup
 nsd -c "$RUN/nsd.conf" -d >"$RUN/nsd.out" 2>&1 & PIDS+=($!)
 wait_port "$AUTH"
-case $SERVER in
-  fqdnd)
-    BIN=$(fqdnd_bin "$PROFILE_ROOT")
-    "$BIN" gateway --config "$RUN/fqdnd.yaml" 2>"$RUN/fqdnd.err" & PIDS+=($!)
-    PORT_P=$FQDND ;;
-  bare)
-    (cd "$PROFILE_ROOT" && cargo build --release --locked --quiet -p fqdnd-benchmarks --bin bare_forwarder)
-    "$PROFILE_ROOT/target/release/bare_forwarder" "127.0.0.1:$BARE_PORT" "127.0.0.1:$AUTH" "$BARE_THREADS" \
-      2>"$RUN/bare.err" & PIDS+=($!)
-    PORT_P=$BARE_PORT ;;
-  *) log "SERVER is fqdnd or bare, not $SERVER"; exit 2 ;;
-esac
-FQ=$!
-wait_port "$PORT_P"
-# Every name once, so the run measures the steady state (every name learned).
-timeout 60 dnsperf -s 127.0.0.1 -p "$PORT_P" -d "$RUN/queries.txt" -n 1 -c 1 -q 100 >/dev/null 2>&1 || true
+start_one "$SERVER" "$PROFILE_ROOT"
+FQ=$ONE_PID PORT_P=$ONE_PORT
 timeout $((SECONDS_REC + 40)) dnsperf -s 127.0.0.1 -p "$PORT_P" -d "$RUN/queries.txt" -l $((SECONDS_REC + 3)) \
   -c "$CLIENTS" -q "$OUTSTANDING" ${RATE_P:+-Q "$RATE_P"} -t 2 >"$RUN/dnsperf.txt" 2>&1 &
 LOAD=$!

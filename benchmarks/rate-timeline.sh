@@ -25,7 +25,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 TIMELINE_ROOT="$(cd "$HERE/.." && pwd)"
 SERVER="${SERVER:-fqdnd}" RATE="${RATE:-20000}" SECONDS_RUN="${SECONDS_RUN:-12}"
 export RUN="${RUN:-/tmp/fqdnd-rate-timeline}"
-# vs-peers.sh's functions (setup, need, fqdnd_bin, wait_port), without running its main.
+# vs-peers.sh's functions (setup, need, need_perf, start_one), without running its main.
 # shellcheck source=/dev/null
 source <(sed 's/^main "\$@"$//' "$HERE/vs-peers.sh")
 need
@@ -33,23 +33,8 @@ need
 setup
 nsd -c "$RUN/nsd.conf" -d >"$RUN/nsd.out" 2>&1 & PIDS+=($!)
 wait_port "$AUTH"
-case $SERVER in
-  fqdnd)
-    BIN=$(fqdnd_bin "$TIMELINE_ROOT")
-    "$BIN" gateway --config "$RUN/fqdnd.yaml" 2>"$RUN/fqdnd.err" & PIDS+=($!)
-    PID=$! PORT_S=$FQDND
-    ;;
-  bare)
-    (cd "$TIMELINE_ROOT" && cargo build --release --locked --quiet -p fqdnd-benchmarks --bin bare_forwarder)
-    "$TIMELINE_ROOT/target/release/bare_forwarder" "127.0.0.1:$BARE_PORT" "127.0.0.1:$AUTH" "$BARE_THREADS" \
-      2>"$RUN/bare.err" & PIDS+=($!)
-    PID=$! PORT_S=$BARE_PORT
-    ;;
-  *) log "SERVER must be fqdnd or bare"; exit 1 ;;
-esac
-wait_port "$PORT_S"
-# Every name once, so the run measures the steady state (every name learned).
-timeout 60 dnsperf -s 127.0.0.1 -p "$PORT_S" -d "$RUN/queries.txt" -n 1 -c 1 -q 100 >/dev/null 2>&1 || true
+start_one "$SERVER" "$TIMELINE_ROOT"
+PID=$ONE_PID PORT_S=$ONE_PORT
 verbose=()
 [[ ${VERBOSE:-} == 1 ]] && verbose=(-v)
 timeout $((SECONDS_RUN + 30)) dnsperf -s 127.0.0.1 -p "$PORT_S" -d "$RUN/queries.txt" -l "$SECONDS_RUN" \

@@ -111,6 +111,26 @@ fqdnd_bin() { # tree -> the fqdnd to run: $FQDND_BIN, or the tree's release buil
   echo "${CARGO_TARGET_DIR:-$1/target}/release/fqdnd"
 }
 
+start_one() { # server tree -> starts fqdnd's gateway or (`bare`) tree's bare forwarder on this
+  # set-up, waits for it to answer, sends it every name once (so what follows measures the
+  # steady state: every name learned); sets ONE_PID and ONE_PORT
+  case $1 in
+    fqdnd)
+      local bin
+      bin=$(fqdnd_bin "$2")
+      "$bin" gateway --config "$RUN/fqdnd.yaml" 2>"$RUN/fqdnd.err" & PIDS+=($!)
+      ONE_PID=$! ONE_PORT=$FQDND ;;
+    bare)
+      (cd "$2" && cargo build --release --locked --quiet -p fqdnd-benchmarks --bin bare_forwarder)
+      "$2/target/release/bare_forwarder" "127.0.0.1:$BARE_PORT" "127.0.0.1:$AUTH" "$BARE_THREADS" \
+        2>"$RUN/bare.err" & PIDS+=($!)
+      ONE_PID=$! ONE_PORT=$BARE_PORT ;;
+    *) log "SERVER is fqdnd or bare, not $1"; return 2 ;;
+  esac
+  wait_port "$ONE_PORT"
+  timeout 60 dnsperf -s 127.0.0.1 -p "$ONE_PORT" -d "$RUN/queries.txt" -n 1 -c 1 -q 100 >/dev/null 2>&1 || true
+}
+
 PIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
