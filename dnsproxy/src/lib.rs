@@ -244,7 +244,7 @@ impl DnsProxy {
                 });
             }
             if twins {
-                add_twins(&mut udp[first..], actual);
+                twin::add_twins(&mut udp[first..], actual);
             }
         }
         let mut tcp = Vec::new();
@@ -611,28 +611,6 @@ fn stats(shared: &Shared) -> ProxyStats {
             .collect(),
         encrypted_connections: m.encrypted_open_now.load(Ordering::Relaxed),
         encrypted_errors: m.encrypted_error_counts(),
-    }
-}
-
-/// Gives each of `listeners` (every socket bound at `addr`) a send-only twin, once the group's
-/// program keeps datagrams from the twins ([`twin`]). If the kernel refuses, the listeners
-/// send their own replies.
-fn add_twins(listeners: &mut [UdpListener], addr: SocketAddr) {
-    let Some(first) = listeners.first() else {
-        return;
-    };
-    if let Err(e) = twin::steer_to_receivers(&first.socket, listeners.len(), addr.is_ipv6()) {
-        tracing::debug!(%addr, error = %e, "UDP replies leave through the listeners: no steering program");
-        return;
-    }
-    for listener in listeners.iter_mut() {
-        match twin::bind_twin(addr) {
-            Ok(socket) => listener.twin = Some(socket),
-            Err(e) => {
-                tracing::debug!(%addr, error = %e, "a UDP listener sends its own replies: no twin");
-                return;
-            }
-        }
     }
 }
 

@@ -25,6 +25,7 @@ use nix::libc;
 use nix::sys::socket::{setsockopt, sockopt};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
+use crate::proxy::UdpListener;
 use crate::udp::{UdpSocket, Watcher};
 
 /// Whether nothing is bound to `addr` now (port 0: a port is picked, so nothing can be). A
@@ -42,13 +43,31 @@ pub(crate) fn address_is_free(addr: SocketAddr) -> bool {
     probe.bind(&SockAddr::from(addr)).is_ok()
 }
 
+/// Gives each of `listeners` (every socket bound at `addr`, in bind order) a send-only twin,
+/// once the group's program keeps datagrams from the twins. If the kernel refuses, the
+/// listeners send their own replies.
+pub(crate) fn add_twins(listeners: &mut [UdpListener], addr: SocketAddr) {
+    let Some(first) = listeners.first() else {
+        return;
+    };
+    if let Err(e) = steer_to_receivers(&first.socket, listeners.len(), addr.is_ipv6()) {
+        tracing::debug!(%addr, error = %e, "UDP replies leave through the listeners: no steering program");
+        return;
+    }
+    for listener in listeners.iter_mut() {
+        match bind_twin(addr) {
+            Ok(socket) => listener.twin = Some(socket),
+            Err(e) => {
+                tracing::debug!(%addr, error = %e, "a UDP listener sends its own replies: no twin");
+                return;
+            }
+        }
+    }
+}
+
 /// Sets the program of the `SO_REUSEPORT` group `receiver` belongs to: each datagram goes to
 /// one of the group's first `receivers` sockets.
-pub(crate) fn steer_to_receivers(
-    receiver: &impl AsFd,
-    receivers: usize,
-    ipv6: bool,
-) -> io::Result<()> {
+fn steer_to_receivers(receiver: &impl AsFd, receivers: usize, ipv6: bool) -> io::Result<()> {
     let receivers = u32::try_from(receivers)
         .ok()
         .filter(|&n| n > 0)
@@ -62,7 +81,7 @@ pub(crate) fn steer_to_receivers(
 }
 
 /// Binds a send-only twin at `addr` (a receiver's bound address), in its `SO_REUSEPORT` group.
-pub(crate) fn bind_twin(addr: SocketAddr) -> io::Result<UdpSocket> {
+fn bind_twin(addr: SocketAddr) -> io::Result<UdpSocket> {
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
     if addr.is_ipv6() {
         socket.set_only_v6(true)?;
@@ -133,35 +152,34 @@ mod tests {
     use std::collections::HashMap;
     use std::time::Duration;
 
-    /// Binds `n` receivers then `n` twins at `addr`, steered as the proxy does.
-    fn group(addr: &str, n: usize) -> io::Result<(Vec<std::net::UdpSocket>, Vec<UdpSocket>)> {
+    /// Binds `n` listeners at `addr` and gives them twins, as the proxy does.
+    fn group(addr: &str, n: usize) -> Vec<UdpListener> {
         let mut local: SocketAddr = addr.parse().unwrap();
-        let mut receivers = Vec::new();
+        let mut listeners = Vec::new();
         for _ in 0..n {
-            let socket = Socket::new(Domain::for_address(local), Type::DGRAM, None)?;
-            if local.is_ipv6() {
-                socket.set_only_v6(true)?;
-            }
-            socket.set_reuse_port(true)?;
-            socket.bind(&SockAddr::from(local))?;
-            let socket: std::net::UdpSocket = socket.into();
-            local = socket.local_addr()?;
-            receivers.push(socket);
+            let socket = crate::listen::bind_udp(local, false, Watcher::Shard).unwrap();
+            local = socket.local_addr().unwrap();
+            listeners.push(UdpListener {
+                socket,
+                twin: None,
+                local,
+            });
         }
-        steer_to_receivers(&receivers[0], n, local.is_ipv6())?;
-        let twins = (0..n)
-            .map(|_| bind_twin(local))
-            .collect::<io::Result<_>>()?;
-        Ok((receivers, twins))
+        add_twins(&mut listeners, local);
+        assert!(
+            listeners.iter().all(|l| l.twin.is_some()),
+            "every listener has its twin"
+        );
+        listeners
     }
 
-    /// Sends from `clients` sockets twice each; returns, per client, the receivers that got its
-    /// datagrams, and checks that no twin got any.
+    /// Sends from `clients` sockets twice each; returns, per client, the listeners that got
+    /// its datagrams, and checks that no twin got any.
     fn deliveries(addr: &str, n: usize, clients: usize) -> Vec<Vec<usize>> {
-        use nix::sys::socket::{MsgFlags, recv};
+        use nix::sys::socket::{MsgFlags, SockaddrStorage, recv, recvfrom};
         use std::os::fd::AsRawFd;
-        let (receivers, twins) = group(addr, n).unwrap();
-        let to = receivers[0].local_addr().unwrap();
+        let listeners = group(addr, n);
+        let to = listeners[0].local;
         let senders: Vec<_> = (0..clients)
             .map(|_| std::net::UdpSocket::bind(SocketAddr::new(to.ip(), 0)).unwrap())
             .collect();
@@ -174,16 +192,19 @@ mod tests {
         let mut buf = [0u8; 8];
         let (mut received, deadline) = (0, tokio::time::Instant::now() + Duration::from_secs(60));
         while received < 2 * clients && tokio::time::Instant::now() < deadline {
-            for (r, socket) in receivers.iter().enumerate() {
-                socket.set_nonblocking(true).unwrap();
-                while let Ok((_, from)) = socket.recv_from(&mut buf) {
+            for (r, listener) in listeners.iter().enumerate() {
+                // The listeners are non-blocking: each read ends when one is empty.
+                while let Ok((_, Some(from))) =
+                    recvfrom::<SockaddrStorage>(listener.socket.as_raw_fd(), &mut buf)
+                {
+                    let from = crate::batch::to_socket_addr(&from).unwrap();
                     got.entry(from).or_default().push(r);
                     received += 1;
                 }
             }
             std::thread::yield_now();
         }
-        for twin in &twins {
+        for twin in listeners.iter().filter_map(|l| l.twin.as_ref()) {
             let unread = recv(twin.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT);
             assert_eq!(
                 unread,
