@@ -169,7 +169,7 @@ fi
 metrics() {
   ip netns exec "$P-host" python3 -c 'import urllib.request;print(urllib.request.urlopen("http://127.0.0.1:9967/metrics").read().decode())'
 }
-# The exporter's summary: quantiles over its recent window (seconds → µs).
+# The proxy's summary: quantiles over its last 40–60 s (seconds → µs).
 quantile() {
   awk -v q="$1" '$1 ~ /^fqdnd_dns_hold_seconds\{/ && $0 ~ "quantile=\""q"\"" {printf "%.0f", $2*1e6}'
 }

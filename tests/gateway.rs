@@ -184,6 +184,33 @@ fn allowed_refused_nxdomain_cname_tcp_edns_and_listings() {
             }
         },
     );
+    // The proxy's own latency summaries are on the same page, with the answers' samples
+    // (recorded as each reply leaves: polled, as the counters are).
+    poll(
+        PATIENCE,
+        "the latency summaries with 3 samples each",
+        || {
+            let page = gw.metrics_text();
+            let samples = |name: &str| {
+                page.lines()
+                    .find_map(|l| l.strip_prefix(&format!("{name}_count ")))
+                    .and_then(|n| n.parse::<u64>().ok())
+            };
+            let complete = [
+                "fqdnd_dns_upstream_latency_seconds",
+                "fqdnd_dns_hold_seconds",
+                "fqdnd_dns_observer_seconds",
+            ]
+            .iter()
+            .all(|name| {
+                page.contains(&format!("# TYPE {name} summary"))
+                    && page.contains(&format!("{name}{{quantile=\"0.99\"}} "))
+                    && !page.contains(&format!("{name}{{quantile=\"0.99\"}} NaN"))
+                    && samples(name).is_some_and(|n| n >= 3)
+            });
+            if complete { Ok(()) } else { Err(page) }
+        },
+    );
 
     // The query log has a line per query (written behind the replies).
     poll(PATIENCE, "a query-log line per query", || {

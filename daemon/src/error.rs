@@ -142,7 +142,6 @@ other_errors!(
     hickory_proto::serialize::binary::DecodeError,
     tokio::time::error::Elapsed,
     hickory_proto::serialize::txt::ParseError,
-    metrics_exporter_prometheus::BuildError,
     fqdnd_lb::Error,
     fqdnd_privileges::Error,
 );

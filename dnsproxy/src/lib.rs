@@ -111,6 +111,7 @@ mod framing;
 #[doc(hidden)]
 pub mod fuzz;
 mod ids;
+mod latency;
 mod listen;
 pub mod metrics;
 mod observer;
@@ -611,6 +612,12 @@ fn stats(shared: &Shared) -> ProxyStats {
             .collect(),
         encrypted_connections: m.encrypted_open_now.load(Ordering::Relaxed),
         encrypted_errors: m.encrypted_error_counts(),
+        latency_samples: [
+            latency::Series::Upstream,
+            latency::Series::Hold,
+            latency::Series::Observer,
+        ]
+        .map(|s| m.latency.count(s)),
     }
 }
 

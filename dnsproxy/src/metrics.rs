@@ -9,9 +9,11 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use metrics::{Counter, Gauge, Histogram, Unit};
+use metrics::{Counter, Gauge, Unit};
 
 use crate::encrypted::EncryptedError;
+use crate::latency::LatencySet;
+pub use crate::latency::render_summaries;
 use crate::policy::Transport;
 use crate::querylog::QueryResult;
 
@@ -89,8 +91,9 @@ pub enum Kind {
     Counter,
     /// Goes up and down.
     Gauge,
-    /// A distribution (rendered as a summary).
-    Histogram,
+    /// A latency distribution, rendered as a summary by the proxy itself
+    /// ([`render_summaries`]), not through the facade.
+    Summary,
 }
 
 /// One series of a catalogue: its name, kind, unit and description, written once.
@@ -144,19 +147,19 @@ pub const SERIES: &[Series] = &[
     ),
     series(
         UPSTREAM_LATENCY,
-        Kind::Histogram,
+        Kind::Summary,
         SECONDS,
         "time from forwarding a query to its validated upstream answer",
     ),
     series(
         HOLD,
-        Kind::Histogram,
+        Kind::Summary,
         SECONDS,
         "time an answer was held for the observer before the reply left",
     ),
     series(
         OBSERVER,
-        Kind::Histogram,
+        Kind::Summary,
         SECONDS,
         "time the response observer took",
     ),
@@ -314,8 +317,8 @@ pub fn describe<'a>(catalogue: impl IntoIterator<Item = &'a Series>) {
             (Kind::Counter, None) => metrics::describe_counter!(s.name, s.help),
             (Kind::Gauge, Some(u)) => metrics::describe_gauge!(s.name, u, s.help),
             (Kind::Gauge, None) => metrics::describe_gauge!(s.name, s.help),
-            (Kind::Histogram, Some(u)) => metrics::describe_histogram!(s.name, u, s.help),
-            (Kind::Histogram, None) => metrics::describe_histogram!(s.name, s.help),
+            (Kind::Summary, Some(u)) => metrics::describe_histogram!(s.name, u, s.help),
+            (Kind::Summary, None) => metrics::describe_histogram!(s.name, s.help),
         }
     }
 }
@@ -459,6 +462,9 @@ pub struct ProxyStats {
     /// DoT and DoH connections or requests turned away, per transport and reason (only the
     /// reasons that happened).
     pub encrypted_errors: Vec<(Transport, EncryptedError, u64)>,
+    /// Samples recorded in the latency summaries since the start: upstream latency, hold,
+    /// observer ([`UPSTREAM_LATENCY`], [`HOLD`], [`OBSERVER`]).
+    pub latency_samples: [u64; 3],
 }
 
 impl ProxyStats {
@@ -562,9 +568,8 @@ pub(crate) struct Metrics {
     pub(crate) raw_reply_errors: Count,
     pub(crate) original_destination_overflow: Count,
     pub(crate) original_destinations: Gauge,
-    pub(crate) upstream_latency: Histogram,
-    pub(crate) hold: Histogram,
-    pub(crate) observer: Histogram,
+    /// Upstream latency, hold and observer time.
+    pub(crate) latency: LatencySet,
     pub(crate) inflight: Gauge,
     pub(crate) transports: [Count; 4],
     /// Per encrypted transport (DoT, DoH), per [`EncryptedError::ALL`].
@@ -601,9 +606,7 @@ impl Metrics {
                 ORIGINAL_DESTINATION_OVERFLOW
             )),
             original_destinations: metrics::gauge!(ORIGINAL_DESTINATIONS),
-            upstream_latency: metrics::histogram!(UPSTREAM_LATENCY),
-            hold: metrics::histogram!(HOLD),
-            observer: metrics::histogram!(OBSERVER),
+            latency: LatencySet::new(),
             inflight: metrics::gauge!(INFLIGHT),
             transports: Transport::ALL.map(|t| {
                 Count::new(metrics::counter!(TRANSPORT_QUERIES, "transport" => t.as_str()))

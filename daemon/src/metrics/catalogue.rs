@@ -420,7 +420,7 @@ mod tests {
             let kind = match cells.get(2).copied() {
                 Some("counter") => Counter,
                 Some("gauge") => Gauge,
-                Some("summary") => Kind::Histogram,
+                Some("summary") => Kind::Summary,
                 other => panic!("{line}: type {other:?}"),
             };
             for name in documented(line) {

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use super::{Answer, Held, Outcome, Replies, Shared};
 use crate::answer;
 use crate::config::HoldFallback;
+use crate::latency::Series;
 use crate::metrics::HoldFailure;
 use crate::observer::{Observation, ObserveError, ObserveFuture, ResponseContext};
 use crate::querylog::QueryResult;
@@ -71,8 +72,8 @@ impl Shared {
                 // One clock read ends the observation and the hold.
                 let observed = Instant::now();
                 self.metrics
-                    .observer
-                    .record((observed - started).as_secs_f64());
+                    .latency
+                    .record(Series::Observer, observed - started);
                 Held::Done(
                     self.release(answer, raw, QueryResult::Answered, out, observed)
                         .await,
@@ -81,8 +82,8 @@ impl Shared {
             // Boxed: a rare path kept out of the common path's future (see `release`).
             Observation::Done(Err(e)) => {
                 self.metrics
-                    .observer
-                    .record(started.elapsed().as_secs_f64());
+                    .latency
+                    .record(Series::Observer, started.elapsed());
                 Held::Done(
                     Box::pin(self.fallback(answer, raw, HoldFailure::ObserverError, Some(&e), out))
                         .await,
@@ -112,7 +113,7 @@ impl Shared {
             biased;
             result = &mut future => {
                 let observed = Instant::now();
-                self.metrics.observer.record((observed - started).as_secs_f64());
+                self.metrics.latency.record(Series::Observer, observed - started);
                 match result {
                     Ok(()) => self.release(answer, &mut raw, QueryResult::Answered, None, observed).await,
                     Err(e) => {
@@ -123,7 +124,7 @@ impl Shared {
             () = tokio::time::sleep_until(deadline) => {
                 let name = self.fallback(answer, &mut raw, HoldFailure::Timeout, None, None).await;
                 let result = future.await;
-                self.metrics.observer.record(started.elapsed().as_secs_f64());
+                self.metrics.latency.record(Series::Observer, started.elapsed());
                 if let Err(e) = result {
                     if self.warn_due(&self.observer_warned_ms, Instant::now()) {
                         tracing::warn!(%name, reason = %e, "DNS observer failed after the hold timed out (the fallback was applied then)");
@@ -194,7 +195,7 @@ impl Shared {
             }
         }
         let hold = released.saturating_duration_since(answered);
-        self.metrics.hold.record(hold.as_secs_f64());
+        self.metrics.latency.record(Series::Hold, hold);
         let outcome = Outcome {
             result,
             rcode: Some(code),
@@ -240,7 +241,7 @@ impl Shared {
             .send_servfail(reply, &asked, raw, question, result)
             .await;
         let hold = answered.elapsed();
-        self.metrics.hold.record(hold.as_secs_f64());
+        self.metrics.latency.record(Series::Hold, hold);
         let outcome = Outcome {
             result,
             rcode: Some(code.into()),

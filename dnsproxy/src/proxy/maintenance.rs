@@ -73,6 +73,8 @@ impl Shared {
                     }
                 }
             }
+            // The latency summaries' window moves on.
+            self.metrics.latency.tick(now);
             #[allow(clippy::cast_precision_loss, reason = "a gauge")]
             self.metrics
                 .inflight

@@ -14,6 +14,7 @@ use super::{Answer, BATCH, Held, Replies, Round, Shared, Slow, addresses, is_tra
 use crate::answer::{self, Validated};
 use crate::batch::RecvBatch;
 use crate::config::TruncatedAction;
+use crate::latency::Series;
 use crate::metrics::DropReason;
 use crate::policy::Transport;
 use crate::upstream::Upstream;
@@ -274,7 +275,7 @@ impl Shared {
             upstream.probing.store(false, Ordering::Relaxed);
             return Accepted::Ended;
         };
-        self.metrics.upstream_latency.record(rtt.as_secs_f64());
+        self.metrics.latency.record(Series::Upstream, rtt);
         let pass_through = origin.asked.transport == Transport::Udp
             && self.config.on_truncated == TruncatedAction::PassThrough;
         let decoded = decoder.decoded();
