@@ -1,4 +1,5 @@
-//! The proxy's metrics (through the `metrics` facade) and the counters behind
+//! The proxy's metrics (counters and gauges through the `metrics` facade; the latency summaries
+//! its own, rendered by [`render_summaries`]) and the counters behind
 //! [`crate::DnsProxy::stats`].
 //!
 //! Every handle is registered once when the proxy binds, so a query costs a few atomic adds and
@@ -101,7 +102,7 @@ pub enum Kind {
 pub struct Series {
     /// The name (one of this module's constants).
     pub name: &'static str,
-    /// Counter, gauge or histogram.
+    /// Counter, gauge or summary.
     pub kind: Kind,
     /// Its unit, when it has one.
     pub unit: Option<Unit>,
@@ -317,8 +318,8 @@ pub fn describe<'a>(catalogue: impl IntoIterator<Item = &'a Series>) {
             (Kind::Counter, None) => metrics::describe_counter!(s.name, s.help),
             (Kind::Gauge, Some(u)) => metrics::describe_gauge!(s.name, u, s.help),
             (Kind::Gauge, None) => metrics::describe_gauge!(s.name, s.help),
-            (Kind::Summary, Some(u)) => metrics::describe_histogram!(s.name, u, s.help),
-            (Kind::Summary, None) => metrics::describe_histogram!(s.name, s.help),
+            // Rendered with their description by `render_summaries`.
+            (Kind::Summary, _) => {}
         }
     }
 }

@@ -116,6 +116,13 @@ async fn queries_move_the_described_metrics() {
             "{name} described"
         );
     }
+    // The latency summaries are described where the proxy renders them, not to the recorder.
+    for name in [m::UPSTREAM_LATENCY, m::HOLD, m::OBSERVER] {
+        assert!(
+            !recorder.described.lock().unwrap().iter().any(|d| d == name),
+            "{name} described to the facade"
+        );
+    }
     let ip = Ipv4Addr::new(192, 0, 2, 1);
     h.upstream.rule(
         "www.example.",
