@@ -403,7 +403,7 @@ mod tests {
     fn read(text: &str, line: &str) -> String {
         text.lines()
             .filter_map(|l| l.strip_prefix(line)?.strip_prefix(' '))
-            .last()
+            .next_back()
             .unwrap_or_else(|| panic!("{line} in {text}"))
             .to_owned()
     }
