@@ -43,7 +43,9 @@
 # take the servers in turn),
 # CLIENTS=4, OUTSTANDING=200, RUN=/tmp/fqdnd-vs-peers, MODES="nocache cached",
 # FQDND_BIN (a built fqdnd to measure instead of building this tree's), FQDND_THREADS (the
-# gateways' `dns.threads`; default: fqdnd's own, half the CPUs), BARE=1 (also measure
+# gateways' `dns.threads`; default: fqdnd's own, half the CPUs), FQDND_METRICS (an address:
+# the uncached gateway serves Prometheus `/metrics` there, as a gateway in service does;
+# default off), BARE=1 (also measure
 # `benchmarks/src/bin/bare_forwarder.rs` in mode nocache: the same I/O as a forwarder with
 # nothing else to do, about the most a forwarder with this I/O reaches here; its line
 # `ratio bare/dnsdist qps: X.XX` comes before fqdnd's), PIN=1 (the servers on CPU 0, NSD and
@@ -67,6 +69,7 @@ OUTSTANDING="${OUTSTANDING:-200}"
 MODES="${MODES:-nocache cached}"
 FQDND_BIN="${FQDND_BIN:-}"
 FQDND_THREADS="${FQDND_THREADS:-}"
+FQDND_METRICS="${FQDND_METRICS:-}"
 BARE="${BARE:-0}"
 PIN="${PIN:-0}"
 SRV=() GEN=() BARE_THREADS=2
@@ -193,10 +196,11 @@ DD
   done
 
   for cached in 0 1; do
-    local port=$FQDND file="$RUN/fqdnd.yaml" admin="$RUN/fqdnd.sock" cache=""
+    local port=$FQDND file="$RUN/fqdnd.yaml" admin="$RUN/fqdnd.sock" cache="" metrics=""
+    if [[ -n $FQDND_METRICS ]]; then metrics="  metrics: $FQDND_METRICS"; fi
     if ((cached)); then
       port=$FQDND_CACHED file="$RUN/fqdnd-cached.yaml" admin="$RUN/fqdnd-cached.sock"
-      cache="  cache: {enabled: true, size: 100000}"
+      cache="  cache: {enabled: true, size: 100000}" metrics=""
     fi
     {
       cat <<GW
@@ -207,6 +211,7 @@ spec:
   upstreams: ["127.0.0.1:$AUTH"]
   adminSocket: $admin
 $cache
+$metrics
   lists:
     deny: [$RUN/deny.txt]
 ---
@@ -248,8 +253,9 @@ GW
 addTLSLocal("127.0.0.1:$DNSDIST_DOT", "$RUN/tls.pem", "$RUN/tls.key", {reusePort=true})
 addDOHLocal("127.0.0.1:$DNSDIST_DOH", "$RUN/tls.pem", "$RUN/tls.key", "/dns-query", {reusePort=true})
 DD
-  # The DNS rule allows the DoT and DoH services too (TCP 853 and 443 for `toPorts`).
-  sed -e "s/127.0.0.1:$FQDND\"/127.0.0.1:$FQDND_TLS\"/" -e "s|fqdnd.sock|fqdnd-tls.sock|" \
+  # The DNS rule allows the DoT and DoH services too (TCP 853 and 443 for `toPorts`); the
+  # uncached gateway's `metrics:` line is left out (one process serves that address).
+  sed -e "s/127.0.0.1:$FQDND\"/127.0.0.1:$FQDND_TLS\"/" -e "s|fqdnd.sock|fqdnd-tls.sock|" -e '/^  metrics: /d' \
     -e 's/ports: \[{port: "53", protocol: ANY}\]/ports: [{port: "53", protocol: ANY}, {port: "853", protocol: TCP}, {port: "443", protocol: TCP}]/' \
     "$RUN/fqdnd.yaml" |
     awk -v tls="  tls: {certificate: $RUN/tls.pem, key: $RUN/tls.key, dot: [\"127.0.0.1:$FQDND_DOT\"], doh: [\"127.0.0.1:$FQDND_DOH\"]}" \
