@@ -272,6 +272,14 @@ impl Total {
         self.sum_ns = self.sum_ns.wrapping_add(c.sum_ns.load(Relaxed));
     }
 
+    /// Adds `other`'s counts and sum (another set's totals) to these.
+    fn merge(&mut self, other: &Total) {
+        for (t, n) in self.buckets.iter_mut().zip(&other.buckets) {
+            *t += n;
+        }
+        self.sum_ns = self.sum_ns.wrapping_add(other.sum_ns);
+    }
+
     fn count(&self) -> u64 {
         self.buckets.iter().sum()
     }
@@ -322,12 +330,7 @@ fn render(sets: &[Arc<Inner>], out: &mut String) {
             for (j, n) in c.buckets.iter().enumerate() {
                 window.0[i].buckets[j] += n - since.map_or(0, |b| b.buckets[j].min(*n));
             }
-            now.0[i]
-                .buckets
-                .iter_mut()
-                .zip(&c.buckets)
-                .for_each(|(t, n)| *t += n);
-            now.0[i].sum_ns = now.0[i].sum_ns.wrapping_add(c.sum_ns);
+            now.0[i].merge(c);
         }
     }
     for (i, name) in SERIES.iter().enumerate() {
