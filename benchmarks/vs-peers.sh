@@ -40,7 +40,8 @@
 # Knobs (env): DURATION=15 (s per saturation run), SAT_ROUNDS=1 (saturation runs per server,
 # in rounds that take the servers in turn; QPS is their mean, CPU per query pooled over them),
 # LAT_QPS="5000 20000", LAT_DURATION=10 (s per server and rate, in LAT_ROUNDS=1 rounds that
-# take the servers in turn),
+# take the servers in turn; p50/p99 are pooled over the rounds, and each round's p99 is
+# printed too, with the number of rounds where fqdnd's was at or below dnsdist's),
 # CLIENTS=4, OUTSTANDING=200, RUN=/tmp/fqdnd-vs-peers, MODES="nocache cached",
 # FQDND_BIN (a built fqdnd to measure instead of building this tree's), FQDND_THREADS (the
 # gateways' `dns.threads`; default: fqdnd's own, half the CPUs), FQDND_METRICS (an address:
@@ -312,6 +313,8 @@ fixed_rate() { # name port rate seconds pid -> appends dnsperf's per-query lines
   timeout $(($4 + 30)) "${GEN[@]}" dnsperf -s 127.0.0.1 -p "$2" -d "$RUN/queries.txt" -l "$4" -c "$CLIENTS" -q "$OUTSTANDING" -Q "$3" -t 2 -v >"$out" 2>&1 || true
   t1=$(cpu_ticks "$5")
   cat "$out" >>"$RUN/lat-$1-$3.txt"
+  # This round's p99 alone: whether one round's slow spell decided the pooled p99.
+  lat_quantiles "$out" | awk '{print $2}' >>"$RUN/p99r-$1-$3.txt"
   printf '%s %s\n' $((t1 - t0)) "$(field 'Queries completed' "$out" | awk '{print $1}')" >>"$RUN/cpu-$1-$3.txt"
 }
 
@@ -319,10 +322,13 @@ fixed_cpu() { # name rate -> the server's CPU µs per answered query over its fi
   awk -v hz="$(getconf CLK_TCK)" '{t += $1; n += $2} END{ if (n>0) printf "%.1f\n", t * 1e6 / hz / n; else print "NA" }' "$RUN/cpu-$1-$2.txt" 2>/dev/null || echo NA
 }
 
-percentiles() { # name rate -> "p50 p99" in ms over every fixed-rate run of that server and rate
-  local out="$RUN/lat-$1-$2.txt"
-  awk '$1==">" && $2!="T" {print $NF}' "$out" | sort -g | awk '{v[NR]=$1} END{ if(NR==0){print "NA NA"; exit}
+lat_quantiles() { # file of dnsperf -v output -> "p50 p99" in ms of its answered queries
+  awk '$1==">" && $2!="T" {print $NF}' "$1" | sort -g | awk '{v[NR]=$1} END{ if(NR==0){print "NA NA"; exit}
     i50=int(NR*0.50); i99=int(NR*0.99); if(i50<1)i50=1; if(i99<1)i99=1; printf "%.3f %.3f\n", v[i50]*1000, v[i99]*1000 }'
+}
+
+percentiles() { # name rate -> "p50 p99" in ms over every fixed-rate run of that server and rate
+  lat_quantiles "$RUN/lat-$1-$2.txt"
 }
 
 wait_port() { # port
@@ -438,7 +444,7 @@ main() {
   local round_s=$((LAT_DURATION / LAT_ROUNDS))
   ((round_s >= 1)) || round_s=1
   for rate in $LAT_QPS; do
-    for s in "${servers[@]}"; do rm -f "$RUN/lat-$s-$rate.txt" "$RUN/cpu-$s-$rate.txt"; done
+    for s in "${servers[@]}"; do rm -f "$RUN/lat-$s-$rate.txt" "$RUN/cpu-$s-$rate.txt" "$RUN/p99r-$s-$rate.txt"; done
     for ((round = 1; round <= LAT_ROUNDS; round++)); do
       for s in "${servers[@]}"; do
         [[ $s == *-dot || $s == *-doh ]] && continue
@@ -483,6 +489,18 @@ main() {
     CPU[fqdnd-20k]=${CPU_20[fqdnd]} CPU[bare-20k]=${CPU_20[bare]}
     cpu_ratio "ratio fqdnd/bare cpu per query at 20000 qps" fqdnd-20k bare-20k
   fi
+  # The pooled p99 above is decided by the rounds with the host's slow spells; each round's
+  # own p99, and in how many rounds fqdnd's was at or below dnsdist's round just before it.
+  for rate in $LAT_QPS; do
+    for s in "${servers[@]}"; do
+      [[ -f "$RUN/p99r-$s-$rate.txt" ]] || continue
+      printf 'p99 by round at %s qps, ms, %s: %s\n' "$rate" "$s" "$(paste -sd' ' "$RUN/p99r-$s-$rate.txt")"
+    done
+    if [[ -f "$RUN/p99r-fqdnd-$rate.txt" && -f "$RUN/p99r-dnsdist-$rate.txt" ]]; then
+      paste "$RUN/p99r-fqdnd-$rate.txt" "$RUN/p99r-dnsdist-$rate.txt" | awk -v r="$rate" \
+        '$1 != "NA" && $2 != "NA" { n++; if ($1 + 0 <= $2 + 0) k++ } END{ printf "rounds with fqdnd p99 at or below dnsdist at %s qps: %d of %d\n", r, k, n }'
+    fi
+  done
   [[ -n ${CPU[fqdnd-dot]:-} ]] && cpu_ratio "ratio fqdnd/dnsdist dot cpu per query" fqdnd-dot dnsdist-dot
   [[ -n ${CPU[fqdnd-doh]:-} ]] && cpu_ratio "ratio fqdnd/dnsdist doh cpu per query" fqdnd-doh dnsdist-doh
   return 0
