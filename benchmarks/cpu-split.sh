@@ -16,15 +16,12 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 SPLIT_ROOT="$(cd "$HERE/.." && pwd)"
 ROUNDS="${ROUNDS:-3}" SECONDS_RUN="${SECONDS_RUN:-4}"
 export RUN="${RUN:-/tmp/fqdnd-cpu-split}"
-# vs-peers.sh's functions (setup, need, fqdnd_bin, wait_port), without running its main.
+# vs-peers.sh's functions (setup, need, start_upstream, wait_port), without running its main.
 # shellcheck source=/dev/null
 source <(sed 's/^main "\$@"$//' "$HERE/vs-peers.sh")
 need
 setup
-BIN=$(fqdnd_bin "$SPLIT_ROOT")
-(cd "$SPLIT_ROOT" && cargo build --release --locked --quiet -p fqdnd-benchmarks --bin bare_forwarder)
-nsd -c "$RUN/nsd.conf" -d >"$RUN/nsd.out" 2>&1 & PIDS+=($!)
-wait_port "$AUTH"
+start_upstream "$SPLIT_ROOT"
 "$BIN" gateway --config "$RUN/fqdnd.yaml" 2>"$RUN/fqdnd.err" & PIDS+=($!)
 declare -A PID PORT
 PID[fqdnd]=$! PORT[fqdnd]=$FQDND

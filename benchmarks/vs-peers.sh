@@ -135,6 +135,14 @@ start_one() { # server tree -> starts fqdnd's gateway or (`bare`) tree's bare fo
   timeout 60 dnsperf -s 127.0.0.1 -p "$ONE_PORT" -d "$RUN/queries.txt" -n 1 -c 1 -q 100 >/dev/null 2>&1 || true
 }
 
+start_upstream() { # tree -> the scripts that measure on this set-up: sets BIN (the fqdnd to
+  # run), builds the tree's bare forwarder, starts NSD and waits for it to answer
+  BIN=$(fqdnd_bin "$1")
+  (cd "$1" && cargo build --release --locked --quiet -p fqdnd-benchmarks --bin bare_forwarder)
+  nsd -c "$RUN/nsd.conf" -d >"$RUN/nsd.out" 2>&1 & PIDS+=($!)
+  wait_port "$AUTH"
+}
+
 PIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done

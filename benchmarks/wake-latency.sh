@@ -22,16 +22,13 @@ WAKE_ROOT="$(cd "$HERE/.." && pwd)"
 SECONDS_REC="${SECONDS_REC:-4}" RATE_W="${RATE:-20000}"
 SERVERS_W="${SERVERS:-dnsdist fqdnd bare}"
 export RUN="${RUN:-/tmp/fqdnd-wake-latency}"
-# vs-peers.sh's functions (setup, need, need_perf, fqdnd_bin, wait_port), without its main.
+# vs-peers.sh's functions (setup, need, need_perf, start_upstream), without its main.
 # shellcheck source=/dev/null
 source <(sed 's/^main "\$@"$//' "$HERE/vs-peers.sh")
 need
 need_perf
 setup
-BIN=$(fqdnd_bin "$WAKE_ROOT")
-(cd "$WAKE_ROOT" && cargo build --release --locked --quiet -p fqdnd-benchmarks --bin bare_forwarder)
-nsd -c "$RUN/nsd.conf" -d >"$RUN/nsd.out" 2>&1 & PIDS+=($!)
-wait_port "$AUTH"
+start_upstream "$WAKE_ROOT"
 declare -A PORT
 for s in $SERVERS_W; do
   case $s in
