@@ -115,7 +115,7 @@ fqdnd_bin() { # tree -> the fqdnd to run: $FQDND_BIN, or the tree's release buil
   echo "${CARGO_TARGET_DIR:-$1/target}/release/fqdnd"
 }
 
-start_one() { # server tree -> starts fqdnd's gateway or (`bare`) tree's bare forwarder on this
+start_one() { # server tree -> starts fqdnd's gateway, dnsdist or (`bare`) tree's bare forwarder on this
   # set-up, waits for it to answer, sends it every name once (so what follows measures the
   # steady state: every name learned); sets ONE_PID and ONE_PORT
   case $1 in
@@ -124,15 +124,26 @@ start_one() { # server tree -> starts fqdnd's gateway or (`bare`) tree's bare fo
       bin=$(fqdnd_bin "$2")
       "$bin" gateway --config "$RUN/fqdnd.yaml" 2>"$RUN/fqdnd.err" & PIDS+=($!)
       ONE_PID=$! ONE_PORT=$FQDND ;;
+    dnsdist)
+      dnsdist --supervised --disable-syslog -C "$RUN/dnsdist.conf" >"$RUN/dnsdist.out" 2>&1 & PIDS+=($!)
+      ONE_PID=$! ONE_PORT=$DNSDIST ;;
     bare)
       (cd "$2" && cargo build --release --locked --quiet -p fqdnd-benchmarks --bin bare_forwarder)
       "$2/target/release/bare_forwarder" "127.0.0.1:$BARE_PORT" "127.0.0.1:$AUTH" "$BARE_THREADS" \
         2>"$RUN/bare.err" & PIDS+=($!)
       ONE_PID=$! ONE_PORT=$BARE_PORT ;;
-    *) log "SERVER is fqdnd or bare, not $1"; return 2 ;;
+    *) log "SERVER is fqdnd, bare or dnsdist, not $1"; return 2 ;;
   esac
   wait_port "$ONE_PORT"
   timeout 60 dnsperf -s 127.0.0.1 -p "$ONE_PORT" -d "$RUN/queries.txt" -n 1 -c 1 -q 100 >/dev/null 2>&1 || true
+}
+
+steal_since() { # the first line of /proc/stat taken before -> the host's steal time since
+  # then (a VM's vCPU given to another guest), in per cent of the CPU time, or NA
+  printf '%s\n%s\n' "$1" "$(head -1 /proc/stat)" | awk '
+    NR == 1 { for (i = 2; i <= NF; i++) a[i] = $i }
+    NR == 2 { for (i = 2; i <= NF; i++) t += $i - a[i]; st = $9 - a[9] }
+    END { if (t > 0) printf "%.1f\n", 100 * st / t; else print "NA" }'
 }
 
 start_upstream() { # tree -> the scripts that measure on this set-up: sets BIN (the fqdnd to
@@ -475,10 +486,9 @@ main() {
   for s in "${servers[@]}"; do
     printf '%-15s %10s %10s %18s %18s %14s\n' "$s" "${QPS[$s]:-NA}" "${CPU[$s]:-NA}" "${P50_5[$s]:-NA}/${P99_5[$s]:-NA}" "${P50_20[$s]:-NA}/${P99_20[$s]:-NA}" "${CPU_20[$s]:-NA}"
   done
-  printf '%s\n%s\n' "$stat0" "$(head -1 /proc/stat)" | awk '
-    NR == 1 { for (i = 2; i <= NF; i++) a[i] = $i }
-    NR == 2 { for (i = 2; i <= NF; i++) t += $i - a[i]; st = $9 - a[9] }
-    END { if (t > 0) printf "host steal during the run: %.1f %% of the CPU time (/proc/stat)\n", 100 * st / t }'
+  local steal
+  steal=$(steal_since "$stat0")
+  [[ $steal == NA ]] || printf 'host steal during the run: %s %% of the CPU time (/proc/stat)\n' "$steal"
   for s in fqdnd fqdnd-cached; do
     [[ -f "$RUN/$s-status.txt" ]] || continue
     grep -E 'queries:|identities:|dns cache:|answer cache:' "$RUN/$s-status.txt" | sed "s/^/$s /" || true

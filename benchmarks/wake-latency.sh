@@ -22,7 +22,8 @@ WAKE_ROOT="$(cd "$HERE/.." && pwd)"
 SECONDS_REC="${SECONDS_REC:-4}" RATE_W="${RATE:-20000}"
 SERVERS_W="${SERVERS:-dnsdist fqdnd bare}"
 export RUN="${RUN:-/tmp/fqdnd-wake-latency}"
-# vs-peers.sh's functions (setup, need, need_perf, start_upstream), without its main.
+# vs-peers.sh's functions (setup, need, need_perf, start_upstream, start_one, steal_since),
+# without its main.
 # shellcheck source=/dev/null
 source <(sed 's/^main "\$@"$//' "$HERE/vs-peers.sh")
 need
@@ -31,24 +32,9 @@ setup
 start_upstream "$WAKE_ROOT"
 declare -A PORT
 for s in $SERVERS_W; do
-  case $s in
-    dnsdist)
-      dnsdist --supervised --disable-syslog -C "$RUN/dnsdist.conf" >"$RUN/dnsdist.out" 2>&1 & PIDS+=($!)
-      PORT[dnsdist]=$DNSDIST ;;
-    fqdnd)
-      "$BIN" gateway --config "$RUN/fqdnd.yaml" 2>"$RUN/fqdnd.err" & PIDS+=($!)
-      PORT[fqdnd]=$FQDND ;;
-    bare)
-      "$WAKE_ROOT/target/release/bare_forwarder" "127.0.0.1:$BARE_PORT" "127.0.0.1:$AUTH" "$BARE_THREADS" \
-        2>"$RUN/bare.err" & PIDS+=($!)
-      PORT[bare]=$BARE_PORT ;;
-    *) log "SERVERS holds dnsdist, fqdnd or bare, not $s"; exit 2 ;;
-  esac
-done
-for s in $SERVERS_W; do
-  wait_port "${PORT[$s]}"
-  # Every name once: the engine knows every name (steady state).
-  timeout 60 dnsperf -s 127.0.0.1 -p "${PORT[$s]}" -d "$RUN/queries.txt" -n 1 -c 1 -q 100 >/dev/null 2>&1 || true
+  # Started, and sent every name once (the engine knows every name: steady state).
+  start_one "$s" "$WAKE_ROOT"
+  PORT[$s]=$ONE_PORT
 done
 for s in $SERVERS_W; do
   timeout $((SECONDS_REC + 40)) dnsperf -s 127.0.0.1 -p "${PORT[$s]}" -d "$RUN/queries.txt" -l $((SECONDS_REC + 3)) \
@@ -57,12 +43,8 @@ for s in $SERVERS_W; do
   sleep 1
   stat0=$(head -1 /proc/stat)
   perf sched record -q -o "$RUN/sched-$s.data" -- sleep "$SECONDS_REC" >/dev/null 2>&1
-  # The host's steal time over the record (a VM's vCPU given to another guest): with more
-  # than a few per cent, every wake waits for the host too.
-  steal=$(printf '%s\n%s\n' "$stat0" "$(head -1 /proc/stat)" | awk '
-    NR == 1 { for (i = 2; i <= NF; i++) a[i] = $i }
-    NR == 2 { for (i = 2; i <= NF; i++) t += $i - a[i]; st = $9 - a[9] }
-    END { if (t > 0) printf "%.1f", 100 * st / t; else print "NA" }')
+  # With more than a few per cent of steal, every wake waits for the host too.
+  steal=$(steal_since "$stat0")
   wait "$LOAD" || true
   echo "wake-latency: $s at $(awk '/Queries per second/ {printf "%.0f", $4}' "$RUN/dnsperf-$s.txt") qps, host steal $steal %; $RUN/sched-$s.data"
   # timehist: time, CPU, task[tid/pid], then wait (sleep), sched delay and run time in ms;
